@@ -1,0 +1,209 @@
+"""Analytical parameter and FLOP model of Echo TTS: the MFU numerator.
+
+Conventions (DESIGN.md "What MFU means here"):
+- 2 FLOPs per multiply-add; only matmuls count (linear layers and attention scores / values);
+  element-wise work (norms, RoPE, softmax, activations, the loss) does not.
+- Attention is counted in full (bidirectional, every query against every key), on the
+  real (unpadded) lengths of a sample.
+- Backward of a trainable matmul is 2x its forward (input and weight gradients), except for
+  the first layer of each stream, whose input carries no gradient: only the weight gradient
+  is computed there (1x). This is what autograd actually executes, and what
+  torch.utils.flop_counter.FlopCounterMode measures.
+- The frozen text encoder runs forward only (1x).
+- Activation recompute is not model work: it is counted in hardware FLOPs (HFU) only.
+
+The tests hold these formulas against FlopCounterMode on the real modules (meta device),
+with attention under the math SDPA backend (scores and values as two bmm, backward 2x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from echobench.model.config import EchoConfig
+
+PARTS = (
+    "dit_attention",
+    "dit_mlp",
+    "dit_conditioning",
+    "dit_io",
+    "speaker_encoder",
+    "text_projection",
+    "text_encoder",
+)
+TRAINABLE_PARTS = PARTS[:-1]
+
+
+def speaker_patches(cfg: EchoConfig, speaker_frames: int) -> int:
+    return -(-speaker_frames // cfg.speaker_patch)
+
+
+def _linear(tokens: int, fan_in: int, fan_out: int) -> int:
+    return 2 * tokens * fan_in * fan_out
+
+
+@dataclass
+class PartFlops:
+    forward: int = 0
+    backward: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward
+
+    def add(self, fwd: int, input_has_grad: bool = True) -> None:
+        self.forward += fwd
+        self.backward += (2 if input_has_grad else 1) * fwd
+
+
+@dataclass
+class FlopBreakdown:
+    """Model FLOPs of ONE training sample, by part."""
+
+    parts: dict[str, PartFlops]
+    audio_frames: int
+    text_tokens: int
+    speaker_frames: int
+
+    @property
+    def forward(self) -> int:
+        return sum(p.forward for p in self.parts.values())
+
+    @property
+    def total(self) -> int:
+        return sum(p.total for p in self.parts.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "total": self.total,
+            "forward": self.forward,
+            "lengths": {"audio_frames": self.audio_frames, "text_tokens": self.text_tokens,
+                        "speaker_frames": self.speaker_frames},
+            "parts": {k: {**asdict(v), "total": v.total} for k, v in self.parts.items()},
+        }
+
+
+def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int) -> FlopBreakdown:
+    """FLOPs of one sample's forward + backward (frozen encoder: forward) on real lengths."""
+    d, La, Lt = cfg.width, audio_frames, text_tokens
+    ds, P = cfg.speaker_width, speaker_patches(cfg, speaker_frames)
+    keys = La + Lt + P
+    parts = {name: PartFlops() for name in PARTS}
+
+    # DiT blocks.
+    attn, mlp, cond = parts["dit_attention"], parts["dit_mlp"], parts["dit_conditioning"]
+    for _ in range(cfg.layers):
+        attn.add(5 * _linear(La, d, d))  # q, k, v, gate, out
+        attn.add(2 * _linear(Lt, d, d))  # text keys, values
+        attn.add(2 * _linear(P, ds, d))  # speaker keys, values
+        attn.add(2 * 2 * La * keys * d)  # scores q.k and weighted values
+        mlp.add(3 * _linear(La, d, cfg.mlp))
+        cond.add(_linear(1, d, cfg.adaln_rank) + _linear(1, cfg.adaln_rank, 6 * d))
+    cond.add(_linear(1, d, cfg.adaln_rank) + _linear(1, cfg.adaln_rank, 2 * d))  # final AdaLN
+    cond.add(_linear(1, cfg.timestep_dim, d), input_has_grad=False)  # timestep MLP
+    cond.add(_linear(1, d, d))
+    parts["dit_io"].add(_linear(La, cfg.latent_dim, d), input_has_grad=False)
+    parts["dit_io"].add(_linear(La, d, cfg.latent_dim))
+
+    # Speaker encoder.
+    spk = parts["speaker_encoder"]
+    spk.add(_linear(P, cfg.latent_dim * cfg.speaker_patch, ds), input_has_grad=False)
+    for _ in range(cfg.speaker_layers):
+        spk.add(4 * _linear(P, ds, ds))
+        spk.add(2 * 2 * P * P * ds)
+        spk.add(3 * _linear(P, ds, cfg.speaker_mlp))
+
+    # Text: frozen encoder forward only, then the trainable projection.
+    enc = cfg.text_encoder
+    parts["text_projection"].add(_linear(Lt, enc.hidden, d), input_has_grad=False)
+    q_dim, kv_dim = enc.heads * enc.head_dim, enc.kv_heads * enc.head_dim
+    per_layer = (
+        _linear(Lt, enc.hidden, q_dim) + 2 * _linear(Lt, enc.hidden, kv_dim) + _linear(Lt, q_dim, enc.hidden)
+        + 2 * 2 * Lt * Lt * q_dim
+        + 3 * _linear(Lt, enc.hidden, enc.mlp)
+    )
+    parts["text_encoder"].forward = enc.layers * per_layer
+    return FlopBreakdown(parts, audio_frames, text_tokens, speaker_frames)
+
+
+def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
+    """Extra forward FLOPs that activation checkpointing re-executes in backward.
+
+    full: every DiT block and speaker block is re-run forward (all of their matmuls).
+    selective: matmul and attention outputs are saved, element-wise ops recomputed: no
+    extra matmul FLOPs. none: nothing.
+    """
+    if ac in ("none", "selective"):
+        return 0
+    if ac != "full":
+        raise ValueError(f"unknown activation checkpointing mode {ac!r}: none, selective or full")
+    p = flops.parts
+    dit_blocks = p["dit_attention"].forward + p["dit_mlp"].forward
+    dit_blocks += cfg.layers * _linear(1, cfg.width, cfg.adaln_rank) + cfg.layers * _linear(1, cfg.adaln_rank, 6 * cfg.width)
+    patch_embed = _linear(speaker_patches(cfg, flops.speaker_frames), cfg.latent_dim * cfg.speaker_patch, cfg.speaker_width)
+    speaker_blocks = p["speaker_encoder"].forward - patch_embed
+    return dit_blocks + speaker_blocks
+
+
+def hardware_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
+    return flops.total + recompute_flops(cfg, flops, ac)
+
+
+@dataclass
+class ParamCounts:
+    parts: dict[str, int]
+
+    @property
+    def trainable(self) -> int:
+        return sum(v for k, v in self.parts.items() if k != "text_encoder")
+
+    @property
+    def frozen(self) -> int:
+        return self.parts["text_encoder"]
+
+    def as_dict(self) -> dict:
+        return {"trainable": self.trainable, "frozen": self.frozen, "parts": dict(self.parts)}
+
+
+def param_counts(cfg: EchoConfig) -> ParamCounts:
+    d, ds, r = cfg.width, cfg.speaker_width, cfg.adaln_rank
+    hd = cfg.head_dim
+    attn = 7 * d * d + 2 * ds * d + 2 * hd  # 7 square projections, speaker k/v, q/k norms
+    norms = 2 * d
+    block_cond = d * r + r * 6 * d + 6 * d
+    parts = {
+        "dit_attention": cfg.layers * attn,
+        "dit_mlp": cfg.layers * (3 * d * cfg.mlp + norms),
+        "dit_conditioning": cfg.layers * block_cond
+        + (d * r + r * 2 * d + 2 * d)
+        + (cfg.timestep_dim * d + d) + (d * d + d),
+        "dit_io": (cfg.latent_dim * d + d) + (d * cfg.latent_dim + cfg.latent_dim) + d,
+        "speaker_encoder": (cfg.latent_dim * cfg.speaker_patch * ds + ds)
+        + cfg.speaker_layers * (4 * ds * ds + 2 * (ds // cfg.speaker_heads) + 3 * ds * cfg.speaker_mlp + 2 * ds)
+        + ds,
+        "text_projection": cfg.text_encoder.hidden * d + d,
+    }
+    enc = cfg.text_encoder
+    q_dim, kv_dim = enc.heads * enc.head_dim, enc.kv_heads * enc.head_dim
+    enc_layer = (
+        enc.hidden * (q_dim + 2 * kv_dim) + q_dim * enc.hidden  # projections
+        + 2 * enc.head_dim  # q / k norms
+        + 3 * enc.hidden * enc.mlp
+        + 4 * enc.hidden  # four RMSNorms per Gemma-3 layer
+    )
+    # embedding table, its end-of-image embedding, layers, final norm
+    parts["text_encoder"] = enc.vocab * enc.hidden + enc.hidden + enc.layers * enc_layer + enc.hidden
+    return ParamCounts(parts)
+
+
+def flops_report(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int, ac: str = "none") -> dict:
+    """Everything `echobench flops` prints, as one JSON-able dict."""
+    f = model_flops(cfg, audio_frames, text_tokens, speaker_frames)
+    return {
+        "scale": cfg.name,
+        "params": param_counts(cfg).as_dict(),
+        "model_flops_per_sample": f.total,
+        "hardware_flops_per_sample": hardware_flops(cfg, f, ac),
+        "ac": ac,
+        "breakdown": f.as_dict(),
+    }

@@ -1,0 +1,135 @@
+"""Building blocks of the Echo DiT: plain PyTorch, no parallelism."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32: bf16 sums of squares lose too much precision.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).type_as(x)
+
+
+def rope_frequencies(seq_len: int, head_dim: int, device=None, theta: float = 10000.0) -> torch.Tensor:
+    """Complex rotations (seq_len, head_dim/2) for rotary position embedding."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D); freqs: (T, D/2) complex. Rotates pairs of channels."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    out = torch.view_as_real(xc * freqs).flatten(-2)
+    return out.type_as(x)
+
+
+def timestep_features(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features of diffusion time t in [0, 1] (scaled to [0, 1000])."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = (t.float() * 1000.0)[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Sinusoidal features -> MLP: the conditioning vector shared by every block."""
+
+    def __init__(self, feature_dim: int, width: int):
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.fc1 = nn.Linear(feature_dim, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        feats = timestep_features(t, self.feature_dim).to(self.fc1.weight.dtype)
+        return self.fc2(F.silu(self.fc1(feats)))
+
+
+class LowRankAdaLN(nn.Module):
+    """Per-block modulation from the timestep embedding through a rank-r bottleneck.
+
+    A full AdaLN projection is 6 * width^2 per block; the low-rank factorisation
+    (width -> rank -> n_chunks * width) keeps that small at 8B scale.
+    Returns n_chunks tensors of shape (B, 1, width): shift / scale / gate triples.
+    """
+
+    def __init__(self, width: int, rank: int, n_chunks: int = 6):
+        super().__init__()
+        self.n_chunks = n_chunks
+        self.down = nn.Linear(width, rank, bias=False)
+        self.up = nn.Linear(rank, n_chunks * width)
+        # Zero-init the up-projection: every block starts as the identity (DiT's adaLN-Zero).
+        nn.init.zeros_(self.up.weight)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, cond: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.up(self.down(F.silu(cond))).unsqueeze(1).chunk(self.n_chunks, dim=-1)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)"""
+    b, t, _ = x.shape
+    return x.view(b, t, heads, -1).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H*D)"""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+def attention(q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Bidirectional attention with a key-padding mask (B, Tk) of True = attend."""
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class SelfAttention(nn.Module):
+    """Plain bidirectional self-attention with QK-norm and RoPE (speaker encoder)."""
+
+    def __init__(self, width: int, heads: int, eps: float = 1e-6):
+        super().__init__()
+        self.heads = heads
+        head_dim = width // heads
+        self.wq = nn.Linear(width, width, bias=False)
+        self.wk = nn.Linear(width, width, bias=False)
+        self.wv = nn.Linear(width, width, bias=False)
+        self.wo = nn.Linear(width, width, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x, freqs, mask):
+        q = apply_rope(self.q_norm(split_heads(self.wq(x), self.heads)), freqs)
+        k = apply_rope(self.k_norm(split_heads(self.wk(x), self.heads)), freqs)
+        v = split_heads(self.wv(x), self.heads)
+        return self.wo(merge_heads(attention(q, k, v, mask)))

@@ -1,0 +1,96 @@
+"""Model configuration: typed dataclasses and the scale presets of DESIGN.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+LATENT_DIM = 128  # DAC-VAE latent channels (echobench.data.format has the same constant)
+
+
+@dataclass(frozen=True)
+class TextEncoderConfig:
+    """A Gemma-3 text tower as used by T5Gemma2 (sizes from the published configs)."""
+
+    name: str
+    hidden: int
+    mlp: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    sliding_window: int = 512
+
+
+TEXT_ENCODERS = {
+    # Tiny tower for tests: same architecture, toy sizes.
+    "tiny": TextEncoderConfig("tiny", hidden=64, mlp=128, layers=2, heads=2, kv_heads=1, head_dim=32, vocab=512),
+    "t5gemma-2-270m": TextEncoderConfig("t5gemma-2-270m", 640, 2048, 18, 4, 1, 256, 262144),
+    "t5gemma-2-1b": TextEncoderConfig("t5gemma-2-1b", 1152, 6912, 26, 4, 1, 256, 262144),
+    "t5gemma-2-4b": TextEncoderConfig("t5gemma-2-4b", 2560, 10240, 34, 8, 4, 256, 262144),
+}
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    """The Echo TTS DiT plus its speaker encoder and frozen text encoder."""
+
+    name: str
+    # DiT
+    width: int
+    layers: int
+    heads: int
+    mlp: int
+    # speaker encoder (patches the reference latent by `speaker_patch`)
+    speaker_width: int
+    speaker_layers: int
+    speaker_heads: int
+    text_encoder: TextEncoderConfig
+    speaker_patch: int = 4
+    adaln_rank: int = 256
+    timestep_dim: int = 256  # sinusoidal features fed to the timestep MLP
+    latent_dim: int = LATENT_DIM
+    cfg_dropout: float = 0.1  # classifier-free guidance: drop text and speaker this often
+    norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def speaker_mlp(self) -> int:
+        # 8/3 x width rounded up to a multiple of 256, the usual SwiGLU sizing.
+        return -(-(8 * self.speaker_width // 3) // 256) * 256
+
+    def __post_init__(self):
+        if self.width % self.heads or self.speaker_width % self.speaker_heads:
+            raise ValueError(f"{self.name}: width must be divisible by heads")
+
+
+def _preset(name, w, l, h, mlp, sw, sl, sh, enc, **kw):
+    return EchoConfig(name, w, l, h, mlp, sw, sl, sh, TEXT_ENCODERS[enc], **kw)
+
+
+PRESETS: dict[str, EchoConfig] = {
+    "tiny": _preset("tiny", 64, 2, 4, 172, 64, 2, 4, "tiny", adaln_rank=16, timestep_dim=64),
+    "800M": _preset("800M", 1280, 24, 10, 3456, 768, 8, 6, "t5gemma-2-270m"),
+    "3B": _preset("3B", 2560, 28, 20, 6912, 1024, 8, 8, "t5gemma-2-1b"),
+    "8B": _preset("8B", 4096, 32, 32, 10240, 1536, 8, 12, "t5gemma-2-1b"),
+}
+
+# Trainable parameter count the preset's name promises (DESIGN: land within 10%).
+NOMINAL_PARAMS = {"800M": 800e6, "3B": 3e9, "8B": 8e9}
+
+
+def get_preset(scale: str, text_encoder: str | None = None) -> EchoConfig:
+    if scale not in PRESETS:
+        raise ValueError(f"unknown scale {scale!r}: choose one of {', '.join(PRESETS)}")
+    cfg = PRESETS[scale]
+    if text_encoder is not None:
+        if text_encoder not in TEXT_ENCODERS:
+            raise ValueError(f"unknown text encoder {text_encoder!r}: choose one of {', '.join(TEXT_ENCODERS)}")
+        cfg = replace(cfg, text_encoder=TEXT_ENCODERS[text_encoder])
+    return cfg
+
+
+__all__ = ["EchoConfig", "TextEncoderConfig", "PRESETS", "TEXT_ENCODERS", "NOMINAL_PARAMS", "get_preset"]
