@@ -1,0 +1,32 @@
+"""Training backends: each turns the plain model into something that trains on this process group.
+
+A backend returns a TrainSetup; the benchmark loop (echobench.bench) owns timing and metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class TrainSetup:
+    model: torch.nn.Module  # model(batch, generator=...) -> scalar loss
+    optimizer: torch.optim.Optimizer
+    clip_grad: Callable[[], torch.Tensor]  # clips gradients in place, returns the total norm
+    autocast_dtype: torch.dtype | None  # None: run in the parameters' dtype
+    info: dict = field(default_factory=dict)  # what ran (kernels, sharding...), kept in the record
+
+
+def build_training(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
+    if cfg.framework == "torchtitan":
+        from echobench.backends.torchtitan import build
+
+        return build(cfg, dist_info, dtype)
+    if cfg.framework == "megatron":
+        from echobench.backends.megatron import build
+
+        return build(cfg, dist_info, dtype)
+    raise ValueError(f"unknown framework {cfg.framework!r}: choose torchtitan or megatron")

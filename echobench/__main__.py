@@ -1,0 +1,3 @@
+from echobench.cli import main
+
+main()

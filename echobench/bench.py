@@ -1,0 +1,340 @@
+"""The measured training loop: the one place that owns timing, FLOPs and the result record.
+
+Timing (DESIGN.md): warm-up steps (compile happens there) are excluded; on GPU each step is
+timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
+clock; each step counts at its slowest rank. The data wait is how long the step blocked on
+the loader. Model FLOPs are counted on the real lengths of every measured sample.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+import traceback
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from echobench import flops as flops_model
+from echobench.config import RunConfig, run_id
+from echobench.data.format import FRAME_RATE
+from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
+from echobench.hardware import default_dtype, env_info, resolve_peak
+from echobench.model.config import get_preset
+from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
+
+GIB = 1024**3
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        return default_dtype(device)
+    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}[precision]
+
+
+def precision_name(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16" if default_dtype(device) == torch.bfloat16 else "fp32"
+
+
+def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
+    if cfg.fail_at_step is None or step != cfg.fail_at_step:
+        return
+    if cfg.fail_rank is not None and cfg.fail_rank != rank:
+        return
+    if cfg.fail_kind == "oom":
+        raise torch.OutOfMemoryError(f"injected out-of-memory at step {step} on rank {rank}")
+    raise InjectedFailure(f"injected failure at step {step} on rank {rank}")
+
+
+def memory_stats(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+            "device_total_gib": torch.cuda.get_device_properties(device).total_memory / GIB,
+        }
+    # ru_maxrss is in KiB on Linux: the process's peak resident set.
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+def peak_mem_gib(mem: dict) -> float:
+    return mem.get("peak_reserved_gib", mem.get("peak_rss_gib", 0.0))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class StepTimer:
+    """CUDA events on the compute stream on GPU (no host sync per step); host clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def base_record(cfg: RunConfig, device: torch.device) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id(cfg),
+        "status": "error",
+        "error": "",
+        "scale": cfg.scale,
+        "framework": cfg.framework,
+        "parallelism": cfg.parallelism,
+        "tp": cfg.tp,
+        "dp": cfg.dp,
+        "nodes": cfg.nodes,
+        "gpus_per_node": cfg.gpus_per_node,
+        "world_size": cfg.world_size,
+        "micro_batch": cfg.micro_batch,
+        "global_batch": cfg.global_batch,
+        "audio_frames": cfg.audio_frames,
+        "text_tokens": cfg.text_tokens,
+        "speaker_frames": cfg.speaker_frames,
+        "precision": precision_name(cfg.precision, device),
+        "compile": cfg.compile,
+        "ac": cfg.ac,
+        "steps": cfg.steps,
+        "warmup_steps": cfg.warmup_steps,
+        "data": cfg.data,
+        "seed": cfg.seed,
+        "step_time_s": None,
+        "step_time_p10_s": None,
+        "step_time_p90_s": None,
+        "samples_per_s": None,
+        "audio_seconds_per_s": None,
+        "model_flops_per_sample": None,
+        "flops_breakdown": None,
+        "tflops_per_gpu": None,
+        "mfu": None,
+        "hfu": None,
+        "mfu_vs_ceiling": None,
+        "peak_tflops": cfg.peak_tflops,
+        "peak_source": "flag" if cfg.peak_tflops else None,
+        "ceiling_tflops": None,
+        "peak_mem_gib": None,
+        "data_wait_frac": None,
+        "per_rank": [],
+        "config": cfg.to_dict(),
+        "env": env_info(device),
+    }
+
+
+@lru_cache(maxsize=4096)
+def _sample_flops(scale: str, text_encoder: str | None, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
+    cfg = get_preset(scale, text_encoder)
+    f = flops_model.model_flops(cfg, la, lt, ls)
+    return f.total, flops_model.hardware_flops(cfg, f, ac)
+
+
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
+    """Builds the training setup and runs warm-up + measured steps. Returns this rank's figures."""
+    from echobench.backends import build_training
+    from echobench.data import build_tokenizer, make_loader
+
+    dtype = resolve_dtype(cfg.precision, info.device)
+    setup = build_training(cfg, info, dtype)
+    model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+    tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
+    # Data-parallel rank: tensor-parallel peers read the same batch.
+    dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
+    loader = make_loader(
+        cfg.data, micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens,
+        speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
+        seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples,
+    )
+    generator = torch.Generator(device=info.device).manual_seed(cfg.seed * 1000 + dp_rank)
+    model, optimizer = setup.model, setup.optimizer
+    model.train()
+    device_type = info.device.type
+    timer = StepTimer(info.device)
+    waits, lengths, losses = [], [], []
+    total = cfg.warmup_steps + cfg.steps
+    try:
+        for step in range(total):
+            if step == cfg.warmup_steps:
+                if device_type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(info.device)
+                timer.mark()  # start of the first measured step
+            t0 = time.perf_counter()
+            batch = next(loader)
+            wait = time.perf_counter() - t0
+            if step >= cfg.warmup_steps:
+                waits.append(wait)
+                lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+            batch = batch.to(info.device)
+            maybe_inject_failure(cfg, step, info.rank)
+            with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
+                                enabled=setup.autocast_dtype is not None):
+                loss = model(batch, generator=generator)
+            loss.backward()
+            setup.clip_grad()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+            if step >= cfg.warmup_steps:
+                timer.mark()
+        step_times = timer.durations()
+    finally:
+        loader.close()
+
+    flops_total = hw_total = samples = 0
+    for la, lt, ls in lengths:
+        for a, t, s in zip(la, lt, ls):
+            m, h = _sample_flops(cfg.scale, cfg.text_encoder, cfg.ac, a, t, s)
+            flops_total += m
+            hw_total += h
+            samples += 1
+    audio_frames = sum(sum(la) for la, _, _ in lengths)
+    return {
+        "rank": info.rank,
+        "hostname": os.uname().nodename,
+        "step_times_s": step_times,
+        "median_step_time_s": statistics.median(step_times),
+        "data_wait_s": waits,
+        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
+        "samples": samples,
+        "model_flops": flops_total,
+        "hardware_flops": hw_total,
+        "audio_frames": audio_frames,
+        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
+        "skipped_samples": getattr(loader, "skipped", 0),
+        "memory": memory_stats(info.device),
+        "backend_info": setup.info,
+    }
+
+
+def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
+    """Fills the record's figures from every rank's measurements."""
+    n = min(len(r["step_times_s"]) for r in ranks)
+    # Each step counts at its slowest rank.
+    slowest = [max(r["step_times_s"][i] for r in ranks) for i in range(n)]
+    step_time = statistics.median(slowest)
+    # Tensor-parallel peers process the same samples: count data-parallel replicas only.
+    dp_ranks = ranks[:: cfg.tp]
+    samples = sum(r["samples"] for r in dp_ranks)
+    model_flops_per_sample = sum(r["model_flops"] for r in dp_ranks) / samples
+    hw_flops_per_sample = sum(r["hardware_flops"] for r in dp_ranks) / samples
+    samples_per_step = samples / n
+    samples_per_s = samples_per_step / step_time
+    audio_s_per_step = sum(r["audio_frames"] for r in dp_ranks) / n / FRAME_RATE
+    tflops_per_gpu = model_flops_per_sample * samples_per_s / cfg.world_size / 1e12
+    hw_tflops_per_gpu = hw_flops_per_sample * samples_per_s / cfg.world_size / 1e12
+    slowest_rank = max(ranks, key=lambda r: r["median_step_time_s"])
+    peak = record["peak_tflops"]
+    ceiling = record.get("ceiling_tflops")
+    record.update(
+        status="ok",
+        error="",
+        step_time_s=step_time,
+        step_time_p10_s=percentile(slowest, 0.1),
+        step_time_p90_s=percentile(slowest, 0.9),
+        step_times_s=slowest,
+        samples_per_s=samples_per_s,
+        audio_seconds_per_s=audio_s_per_step / step_time,
+        model_flops_per_sample=model_flops_per_sample,
+        hardware_flops_per_sample=hw_flops_per_sample,
+        tflops_per_gpu=tflops_per_gpu,
+        mfu=tflops_per_gpu / peak,
+        hfu=hw_tflops_per_gpu / peak,
+        mfu_vs_ceiling=tflops_per_gpu / ceiling if ceiling else None,
+        peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
+        data_wait_frac=max(r["data_wait_frac"] for r in ranks),
+        slowest_rank=slowest_rank["rank"],
+        losses=ranks[0]["losses"],
+        skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
+        backend=ranks[0]["backend_info"],
+        per_rank=[
+            {
+                "rank": r["rank"],
+                "hostname": r["hostname"],
+                "median_step_time_s": r["median_step_time_s"],
+                "data_wait_frac": r["data_wait_frac"],
+                "peak_mem_gib": peak_mem_gib(r["memory"]),
+                "memory": r["memory"],
+                "losses": r["losses"],
+            }
+            for r in ranks
+        ],
+    )
+    return record
+
+
+def failure_kind(exc: BaseException) -> str:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    return "error"
+
+
+def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
+    """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
+
+    A failure is never lost: this rank's status, error and traceback tail go to
+    OUT/ranks/rank-N.json, and rank 0 (or the launcher) turns them into the record.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = init_distributed(cfg.device, cfg.collective_timeout_s)
+    record = base_record(cfg, info.device)
+    try:
+        model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+        record["flops_breakdown"] = flops_model.flops_report(
+            model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
+        record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
+                                   cfg.peak_tflops))
+        mine = run_loop(cfg, info, out_dir)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
+        status = failure_kind(exc)
+        rank_record = {
+            "rank": info.rank,
+            "status": status,
+            "error": f"rank {info.rank}: {type(exc).__name__}: {exc}".splitlines()[0][:500],
+            "traceback_tail": traceback.format_exc()[-4000:],
+            "memory": memory_stats(info.device),
+        }
+        write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
+        record.update(status=status, error=rank_record["error"], traceback_tail=rank_record["traceback_tail"],
+                      peak_mem_gib=peak_mem_gib(rank_record["memory"]),
+                      per_rank=[{k: v for k, v in rank_record.items() if k != "traceback_tail"}])
+        if info.is_main and not info.enabled:
+            write_record(out_dir, record)
+        shutdown()
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return record
+    ranks = all_gather_object(mine, info)
+    if info.is_main:
+        summarize(cfg, record, ranks)
+        write_record(out_dir, record)
+    shutdown()
+    return record

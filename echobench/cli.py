@@ -1,0 +1,193 @@
+"""The `echobench` command line (typer). Each command is a thin layer over a module."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
+data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
+app.add_typer(data_app, name="data")
+# Wide enough for the tables when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """A clear one-line error for bad input; no Python traceback."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@app.command()
+def run(
+    out: Path = typer.Option(..., "--out", help="Directory for result.json (created)."),
+    scale: str = typer.Option("tiny", help="Model preset: tiny, 800M, 3B, 8B."),
+    framework: str = typer.Option("torchtitan", help="torchtitan or megatron."),
+    parallelism: str = typer.Option("single", help="single, ddp, fsdp2, hsdp (torchtitan) or tpN (megatron)."),
+    steps: int = typer.Option(30, help="Measured steps."),
+    warmup_steps: int = typer.Option(10, help="Warm-up steps, excluded from timing (compile happens here)."),
+    micro_batch: int = typer.Option(8, help="Samples per data-parallel rank per step."),
+    data: str = typer.Option("synthetic", help="'synthetic' (in memory) or a directory of tar shards."),
+    precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32, fp8."),
+    peak_tflops: Optional[float] = typer.Option(None, help="Peak TFLOP/s per device for MFU (else table / calibration)."),
+    audio_frames: int = typer.Option(750, help="Max audio latent frames (25 per second)."),
+    text_tokens: int = typer.Option(256, help="Max text tokens."),
+    speaker_frames: int = typer.Option(750, help="Max speaker reference frames."),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile each block."),
+    ac: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto", help="auto, cuda or cpu."),
+    skip_bad_samples: bool = typer.Option(False, help="Count and skip corrupt samples instead of failing."),
+    text_encoder: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
+    encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
+    tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
+    fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
+    fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
+    fail_kind: str = typer.Option("error", help="Testing: error or oom."),
+):
+    """One benchmark run: real training steps of the full model; writes OUT/result.json."""
+    settings = {k: v for k, v in locals().items() if k != "out"}
+    from echobench.config import RunConfig
+
+    try:
+        cfg = RunConfig(**settings)
+    except ValueError as exc:
+        fail(str(exc))
+    from echobench.bench import run_benchmark
+
+    record = run_benchmark(cfg, out)
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    print_record(record)
+    console.print(f"wrote {out / 'result.json'}")
+    if record["status"] != "ok":
+        raise typer.Exit(1)
+
+
+def print_record(record: dict) -> None:
+    if record["status"] != "ok":
+        err_console.print(f"[bold red]{record['status']}:[/] {record['error']}", highlight=False)
+        return
+    table = Table(title=record["run_id"], show_header=False)
+    rows = [
+        ("device", record["env"]["device_name"]),
+        ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
+        ("samples/s", fmt(record["samples_per_s"], ".2f")),
+        ("audio seconds/s", fmt(record["audio_seconds_per_s"], ".1f")),
+        ("model TFLOP/sample", fmt(record["model_flops_per_sample"] / 1e12, ".4g")),
+        ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
+        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} ({record['peak_source']})"),
+        ("MFU", f"{record['mfu']:.2%}"),
+        ("HFU", f"{record['hfu']:.2%}"),
+        ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
+        ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
+        ("data wait", f"{record['data_wait_frac']:.1%}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+@app.command()
+def flops(
+    scale: str = typer.Option("8B", help="Model preset: tiny, 800M, 3B, 8B."),
+    audio_frames: int = typer.Option(750),
+    text_tokens: int = typer.Option(256),
+    speaker_frames: int = typer.Option(750),
+    ac: str = typer.Option("none", help="Activation checkpointing for HFU: none, selective, full."),
+    text_encoder: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Parameter and FLOP breakdown of one training sample."""
+    from echobench.flops import flops_report
+    from echobench.model.config import get_preset
+
+    try:
+        report = flops_report(get_preset(scale, text_encoder), audio_frames, text_tokens, speaker_frames, ac)
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    params = report["params"]
+    table = Table(title=f"Echo TTS {scale}: {audio_frames} audio frames, {text_tokens} text tokens, "
+                        f"{speaker_frames} speaker frames")
+    for col in ("part", "params (M)", "forward GFLOP", "backward GFLOP", "total GFLOP", "share"):
+        table.add_column(col, justify="right" if col != "part" else "left")
+    total = report["model_flops_per_sample"]
+    for name, part in report["breakdown"]["parts"].items():
+        table.add_row(name, f"{params['parts'][name] / 1e6:.1f}", f"{part['forward'] / 1e9:.1f}",
+                      f"{part['backward'] / 1e9:.1f}", f"{part['total'] / 1e9:.1f}", f"{part['total'] / total:.1%}")
+    table.add_row("total", f"{(params['trainable'] + params['frozen']) / 1e6:.1f}", "", "", f"{total / 1e9:.1f}", "100%")
+    console.print(table)
+    console.print(f"trainable parameters: {params['trainable'] / 1e6:.1f}M; frozen text encoder: {params['frozen'] / 1e6:.1f}M")
+    console.print(f"model FLOPs per sample: {total / 1e12:.3f} TFLOP; with ac={ac}: "
+                  f"{report['hardware_flops_per_sample'] / 1e12:.3f} TFLOP (HFU numerator)")
+
+
+@app.command()
+def calibrate(
+    device: str = typer.Option("auto", help="auto, cuda or cpu."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16 or fp32."),
+    size: Optional[int] = typer.Option(None, help="Matrix size (default 8192 on GPU, 1024 on CPU)."),
+    iters: int = typer.Option(10, help="Timed matmuls (after 3 warm-up ones)."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Measure the achievable GEMM rate of this device; runs then report MFU against it too."""
+    import torch
+
+    from echobench.distributed import pick_device
+    from echobench.hardware import calibrate as measure
+
+    try:
+        dev = pick_device(device)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
+    record = measure(dev, dtypes[dtype], size, iters)
+    if as_json:
+        print(json.dumps(record, indent=2))
+        return
+    sheet = record["datasheet_tflops"]
+    console.print(f"{record['device']}: {record['dtype']} {record['size']}^3 GEMM "
+                  f"{record['tflops']:.4g} TFLOP/s median (min {record['tflops_min']:.4g}, max {record['tflops_max']:.4g})"
+                  + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
+    console.print(f"saved {record['path']}")
+
+
+@data_app.command("synth")
+def data_synth(
+    out: Path = typer.Option(..., "--out", help="Directory for the shards (created)."),
+    shards: int = typer.Option(4, help="Number of tar shards."),
+    samples_per_shard: int = typer.Option(64),
+    seed: int = typer.Option(0),
+    max_seconds: float = typer.Option(30.0, help="Longest audio clip in seconds (25 latent frames/s)."),
+):
+    """Write tar shards of (latent, speaker reference, text) triplets in the training format."""
+    from echobench.data import synth_shards
+
+    paths = synth_shards(out, shards, samples_per_shard, seed=seed, max_seconds=max_seconds)
+    size = sum(p.stat().st_size for p in paths)
+    console.print(f"wrote {len(paths)} shards, {len(paths) * samples_per_shard} samples, {size / 1e6:.1f} MB to {out}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""One benchmark run's settings: a typed dataclass with defaults (the TorchTitan way).
+
+The same keys appear in a matrix file's `defaults` and axes, and in `echobench run` flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+FRAMEWORKS = ("torchtitan", "megatron")
+PRECISIONS = ("auto", "bf16", "fp32", "fp8")
+AC_MODES = ("none", "selective", "full")
+
+
+@dataclass
+class RunConfig:
+    scale: str = "tiny"
+    framework: str = "torchtitan"
+    parallelism: str = "single"  # single | ddp | fsdp2 | hsdp | tpN
+    nodes: int = 1
+    gpus_per_node: int = 1  # processes per node (GPUs, or CPU processes on a CPU machine)
+    steps: int = 30
+    warmup_steps: int = 10
+    micro_batch: int = 8
+    precision: str = "auto"  # bf16 on GPU, fp32 on CPU (bf16 GEMMs crawl on most CPUs)
+    audio_frames: int = 750
+    text_tokens: int = 256
+    speaker_frames: int = 750
+    compile: bool = False
+    ac: str = "none"
+    data: str = "synthetic"  # "synthetic" or a directory of tar shards
+    skip_bad_samples: bool = False
+    seed: int = 0
+    device: str = "auto"
+    peak_tflops: float | None = None
+    text_encoder: str | None = None  # default: the preset's
+    encoder_checkpoint: str | None = None
+    tokenizer: str | None = None  # local Hugging Face tokenizer directory
+    profile: bool = False
+    fail_at_step: int | None = None  # failure injection for tests: raise at this step
+    fail_rank: int | None = None  # ... on this rank only (all ranks when None)
+    fail_kind: str = "error"  # error | oom
+    collective_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(key, value, allowed):
+            raise ValueError(f"{key}={value!r} is not valid: allowed {allowed}")
+
+        from echobench.model.config import PRESETS
+
+        if self.scale not in PRESETS:
+            bad("scale", self.scale, ", ".join(PRESETS))
+        if self.framework not in FRAMEWORKS:
+            bad("framework", self.framework, ", ".join(FRAMEWORKS))
+        if self.precision not in PRECISIONS:
+            bad("precision", self.precision, ", ".join(PRECISIONS))
+        if self.ac not in AC_MODES:
+            bad("ac", self.ac, ", ".join(AC_MODES))
+        if self.fail_kind not in ("error", "oom"):
+            bad("fail_kind", self.fail_kind, "error, oom")
+        for key in ("nodes", "gpus_per_node", "steps", "micro_batch", "audio_frames", "text_tokens", "speaker_frames"):
+            if getattr(self, key) < 1:
+                bad(key, getattr(self, key), "an integer >= 1")
+        if self.warmup_steps < 0:
+            bad("warmup_steps", self.warmup_steps, "an integer >= 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def tp(self) -> int:
+        return int(self.parallelism[2:]) if self.parallelism.startswith("tp") else 1
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.tp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.dp
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown run key(s) {', '.join(unknown)}: allowed {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+# Keys that do not change what is measured: left out of the run id.
+NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "encoder_checkpoint", "tokenizer"}
+
+
+def run_id(cfg: RunConfig) -> str:
+    """Stable, readable id from the settings: same settings, same id, across sessions."""
+    identity = {k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+    par = cfg.parallelism
+    return f"{cfg.scale}-{cfg.framework}-{par}-n{cfg.nodes}x{cfg.gpus_per_node}-mb{cfg.micro_batch}-{digest}"
