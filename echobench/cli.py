@@ -30,9 +30,39 @@ def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx")
+
+
+def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
+    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override."""
+    import click
+    import yaml
+
+    settings = {}
+    if config is not None:
+        try:
+            settings = yaml.safe_load(config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            fail(f"--config {config}: cannot read it ({exc})")
+        if not isinstance(settings, dict):
+            fail(f"--config {config}: expected a mapping of run settings")
+    explicit = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    for name, value in params.items():
+        if name not in settings or ctx.get_parameter_source(name) in explicit:
+            settings[name] = value
+    return settings
+
+
 @app.command()
 def run(
+    ctx: typer.Context,
     out: Path = typer.Option(..., "--out", help="Directory for result.json (created)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file of run settings; flags override it."),
+    nproc: Optional[int] = typer.Option(None, help="Launch torchrun with this many processes on this node."),
+    nnodes: int = typer.Option(1, help="With --nproc: number of nodes (one launcher per node)."),
+    node_rank: int = typer.Option(0, help="With --nproc: this node's rank (SLURM_NODEID)."),
+    master_addr: Optional[str] = typer.Option(None, help="With --nproc: rendezvous host (first node)."),
+    master_port: int = typer.Option(29500, help="With --nproc: rendezvous port."),
     scale: str = typer.Option("tiny", help="Model preset: tiny, 800M, 3B, 8B."),
     framework: str = typer.Option("torchtitan", help="torchtitan or megatron."),
     parallelism: str = typer.Option("single", help="single, ddp, fsdp2, hsdp (torchtitan) or tpN (megatron)."),
@@ -58,18 +88,30 @@ def run(
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
-    settings = {k: v for k, v in locals().items() if k != "out"}
+    params = {k: v for k, v in locals().items() if k not in LAUNCH_OPTIONS}
     from echobench.config import RunConfig
 
+    settings = run_settings(ctx, params, config)
+    if nproc is not None:
+        if nproc < 1 or nnodes < 1:
+            fail("--nproc and --nnodes must be >= 1")
+        settings.update(gpus_per_node=nproc, nodes=nnodes)
     try:
-        cfg = RunConfig(**settings)
-    except ValueError as exc:
-        fail(str(exc))
-    from echobench.bench import run_benchmark
+        cfg = RunConfig.from_dict(settings)
+    except (ValueError, TypeError) as exc:
+        fail(f"{config or 'run settings'}: {exc}")
+    if nproc is not None:
+        from echobench.launch import launch
 
-    record = run_benchmark(cfg, out)
-    if int(os.environ.get("RANK", 0)) != 0:
-        return
+        record = launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
+        if record is None:  # not node 0: node 0's launcher owns the record
+            return
+    else:
+        from echobench.bench import run_benchmark
+
+        record = run_benchmark(cfg, out)
+        if int(os.environ.get("RANK", 0)) != 0:
+            return
     print_record(record)
     console.print(f"wrote {out / 'result.json'}")
     if record["status"] != "ok":

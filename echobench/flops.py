@@ -129,7 +129,10 @@ def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_fr
 def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     """Extra forward FLOPs that activation checkpointing re-executes in backward.
 
-    full: every DiT block and speaker block is re-run forward (all of their matmuls).
+    full: every DiT block and speaker block is re-run forward. torch's non-reentrant checkpoint
+    stops recomputing once every saved tensor is rebuilt, so the last matmul of a speaker block
+    (the MLP down-projection, whose output only feeds a residual add) is not re-run; a DiT
+    block's is, since its output is saved for the AdaLN gate's gradient.
     selective: matmul and attention outputs are saved, element-wise ops recomputed: no
     extra matmul FLOPs. none: nothing.
     """
@@ -140,8 +143,11 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     p = flops.parts
     dit_blocks = p["dit_attention"].forward + p["dit_mlp"].forward
     dit_blocks += cfg.layers * _linear(1, cfg.width, cfg.adaln_rank) + cfg.layers * _linear(1, cfg.adaln_rank, 6 * cfg.width)
-    patch_embed = _linear(speaker_patches(cfg, flops.speaker_frames), cfg.latent_dim * cfg.speaker_patch, cfg.speaker_width)
-    speaker_blocks = p["speaker_encoder"].forward - patch_embed
+    patch_embed = _linear(speaker_patches(cfg, flops.speaker_frames), cfg.latent_dim * cfg.speaker_patch,
+                          cfg.speaker_width)
+    P = speaker_patches(cfg, flops.speaker_frames)
+    speaker_down_proj = cfg.speaker_layers * _linear(P, cfg.speaker_mlp, cfg.speaker_width)
+    speaker_blocks = p["speaker_encoder"].forward - patch_embed - speaker_down_proj
     return dit_blocks + speaker_blocks
 
 

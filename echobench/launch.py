@@ -1,0 +1,99 @@
+"""`echobench run --nproc N`: launch torchrun for this node, then make sure a record exists.
+
+torchrun ends every worker when one fails, so a dead rank never leaves the others hanging.
+The ranks that failed left OUT/ranks/rank-N.json; if rank 0 could not write result.json,
+this process (the launcher, on node 0) assembles it from those files: no failure is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from echobench.config import RunConfig
+from echobench.results import read_record, write_record
+
+STATUS_RANK = {"oom": 0, "error": 1}  # an OOM anywhere explains the other ranks' errors
+
+
+def clear_previous(out_dir: Path) -> None:
+    """A rerun into the same directory must not report the previous run's result."""
+    (out_dir / "result.json").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "ranks", ignore_errors=True)
+
+
+def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
+                     master_addr: str | None, master_port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nnodes == 1 and master_addr is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
+                f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+    return cmd + ["-m", "echobench", "run", *run_args]
+
+
+def child_env(nproc: int) -> dict:
+    env = dict(os.environ)
+    # Works from a source checkout too: the children import this very package.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # Share the cores between the local ranks instead of oversubscribing them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def launch(cfg: RunConfig, out_dir: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
+           master_addr: str | None = None, master_port: int = 29500) -> dict | None:
+    """Runs torchrun for this node; the workers read the resolved settings from a YAML file."""
+    import yaml
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if node_rank == 0:
+        clear_previous(out_dir)
+    config_path = out_dir / f"run-node{node_rank}.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    run_args = ["--config", str(config_path), "--out", str(out_dir)]
+    cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port)
+    env = child_env(nproc)
+    started = time.time()
+    code = subprocess.call(cmd, env=env)
+    if node_rank != 0:
+        return None
+    return finalize(cfg, out_dir, code, started)
+
+
+def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> dict:
+    """Returns the run's record, writing one from the rank files when rank 0 could not."""
+    path = out_dir / "result.json"
+    if path.exists() and path.stat().st_mtime >= started - 1:
+        return read_record(path)
+    from echobench.bench import base_record
+    from echobench.distributed import pick_device
+
+    record = base_record(cfg, pick_device(cfg.device))
+    failures = []
+    for rank_file in sorted((out_dir / "ranks").glob("rank-*.json")):
+        try:
+            failures.append(json.loads(rank_file.read_text()))
+        except (OSError, ValueError):
+            continue
+    if failures:
+        first = min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 2), f["rank"]))
+        record.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),
+                      failed_ranks=sorted(f["rank"] for f in failures),
+                      per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])
+        mems = [f["memory"] for f in failures if f.get("memory")]
+        if mems:
+            from echobench.bench import peak_mem_gib
+
+            record["peak_mem_gib"] = max(peak_mem_gib(m) for m in mems)
+    else:
+        record.update(status="error", error=f"torchrun exited with code {exit_code} and no rank left a record; see the log")
+    write_record(out_dir, record)
+    return record

@@ -1,0 +1,33 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_env(tmp_path: Path | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if tmp_path is not None:
+        env["ECHOBENCH_CACHE"] = str(tmp_path / "cache")  # calibrations stay inside the test
+    return env
+
+
+def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+    """Runs `python -m echobench ARGS` as a user would, from this checkout."""
+    proc = subprocess.run([sys.executable, "-m", "echobench", *map(str, args)], capture_output=True, text=True,
+                          env=cli_env(tmp_path), timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"echobench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli(tmp_path):
+    def _run(*args, **kw):
+        return run_cli(*args, tmp_path=tmp_path, **kw)
+
+    return _run
