@@ -35,7 +35,6 @@ LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr"
 
 def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
     """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override."""
-    import click
     import yaml
 
     settings = {}
@@ -46,9 +45,11 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
             fail(f"--config {config}: cannot read it ({exc})")
         if not isinstance(settings, dict):
             fail(f"--config {config}: expected a mapping of run settings")
-    explicit = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    # Compared by name: typer may carry its own copy of click's ParameterSource enum.
+    explicit = ("COMMANDLINE", "ENVIRONMENT")
     for name, value in params.items():
-        if name not in settings or ctx.get_parameter_source(name) in explicit:
+        source = ctx.get_parameter_source(name)
+        if name not in settings or getattr(source, "name", None) in explicit:
             settings[name] = value
     return settings
 

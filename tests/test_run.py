@@ -1,0 +1,117 @@
+"""`echobench run`, `flops` and `calibrate` end to end, as a user runs them."""
+
+import json
+
+import pytest
+
+from echobench.results import REQUIRED_FIELDS
+
+TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
+        "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
+
+
+def record(out):
+    return json.loads((out / "result.json").read_text())
+
+
+def test_tiny_run_writes_a_complete_record(cli, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--peak-tflops", "0.5", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    r = record(out)
+    assert [k for k in REQUIRED_FIELDS if k not in r] == []
+    assert r["status"] == "ok" and r["error"] == ""
+    assert r["peak_tflops"] == 0.5 and r["peak_source"] == "flag"
+    assert r["world_size"] == 1 and r["tp"] == 1 and r["dp"] == 1 and r["global_batch"] == 2
+    assert r["precision"] == "fp32"  # auto on CPU
+    assert len(r["step_times_s"]) == 3 and r["step_time_p10_s"] <= r["step_time_s"] <= r["step_time_p90_s"]
+    # The figures hang together: throughput from step time, MFU from the FLOP model.
+    assert r["samples_per_s"] == pytest.approx(2 / r["step_time_s"])
+    assert r["tflops_per_gpu"] == pytest.approx(r["model_flops_per_sample"] * r["samples_per_s"] / 1e12)
+    assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 0.5) and r["mfu"] > 0
+    assert r["model_flops_per_sample"] == r["flops_breakdown"]["model_flops_per_sample"]  # synthetic: full lengths
+    assert set(r["flops_breakdown"]["breakdown"]["parts"]) >= {"dit_attention", "text_encoder"}
+    assert r["audio_seconds_per_s"] == pytest.approx(r["samples_per_s"] * 50 / 25)
+    assert 0 <= r["data_wait_frac"] < 1 and r["peak_mem_gib"] > 0
+    assert len(r["per_rank"]) == 1 and len(r["losses"]) == 4
+    assert r["env"]["torch"] and r["env"]["device_name"].startswith("CPU")
+
+
+def test_unknown_device_without_peak_is_an_error_record(cli, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--out", out)
+    assert proc.returncode == 1
+    r = record(out)
+    assert r["status"] == "error" and "no peak FLOP/s known" in r["error"] and "calibrate" in r["error"]
+
+
+def test_calibrate_then_run_reports_mfu_against_the_ceiling(cli, tmp_path):
+    proc = cli("calibrate", "--size", "256", "--iters", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    cal = json.loads(proc.stdout)
+    assert cal["tflops"] > 0 and cal["dtype"] == "float32"
+    out = tmp_path / "run"
+    assert cli("run", *TINY, "--out", out).returncode == 0
+    r = record(out)
+    assert r["peak_source"].startswith("calibrated") and r["peak_tflops"] == cal["tflops"]
+    assert r["mfu_vs_ceiling"] == pytest.approx(r["mfu"])
+    # A datasheet-style peak given by flag: MFU against it, and against the ceiling beside it.
+    out2 = tmp_path / "run2"
+    assert cli("run", *TINY, "--peak-tflops", "10", "--out", out2).returncode == 0
+    r2 = record(out2)
+    assert r2["mfu"] == pytest.approx(r2["tflops_per_gpu"] / 10)
+    assert r2["mfu_vs_ceiling"] == pytest.approx(r2["tflops_per_gpu"] / cal["tflops"])
+
+
+@pytest.mark.parametrize("kind,status", [("error", "error"), ("oom", "oom")])
+def test_a_failing_run_still_writes_its_record(cli, tmp_path, kind, status):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--peak-tflops", "1", "--fail-at-step", "2", "--fail-kind", kind, "--out", out)
+    assert proc.returncode == 1
+    r = record(out)
+    assert r["status"] == status
+    assert "injected" in r["error"] and "step 2" in r["error"]
+    assert r["traceback_tail"] and r["peak_mem_gib"] > 0
+
+
+def test_config_file_with_flag_override(cli, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("scale: tiny\nsteps: 2\nwarmup_steps: 1\nmicro_batch: 3\naudio_frames: 40\n"
+                   "text_tokens: 8\nspeaker_frames: 20\npeak_tflops: 1.0\n")
+    out = tmp_path / "run"
+    assert cli("run", "--config", cfg, "--micro-batch", "1", "--out", out).returncode == 0
+    r = record(out)
+    assert r["micro_batch"] == 1 and r["steps"] == 2 and r["audio_frames"] == 40
+
+
+def test_bad_settings_are_one_line_errors(cli, tmp_path):
+    proc = cli("run", "--scale", "XL", "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "scale='XL' is not valid: allowed tiny, 800M, 3B, 8B" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("scale: tiny\nmicro_batches: 4\n")
+    proc = cli("run", "--config", cfg, "--out", tmp_path / "y")
+    assert proc.returncode == 2 and "unknown run key(s) micro_batches" in proc.stderr
+
+
+def test_run_from_shards_reports_real_lengths(cli, tmp_path):
+    shards = tmp_path / "shards"
+    assert cli("data", "synth", "--out", shards, "--shards", "2", "--samples-per-shard", "8",
+               "--max-seconds", "4").returncode == 0
+    out = tmp_path / "run"
+    proc = cli("run", "--scale", "tiny", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "4",
+               "--audio-frames", "100", "--text-tokens", "80", "--speaker-frames", "100",
+               "--peak-tflops", "1", "--data", shards, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    r = record(out)
+    # Variable-length clips: the per-sample FLOPs on real lengths are below the padded maximum.
+    assert r["model_flops_per_sample"] < r["flops_breakdown"]["model_flops_per_sample"]
+
+
+def test_flops_json(cli):
+    proc = cli("flops", "--scale", "8B", "--json")
+    assert proc.returncode == 0
+    report = json.loads(proc.stdout)
+    assert report["params"]["trainable"] > 7.2e9
+    parts = report["breakdown"]["parts"]
+    assert sum(p["total"] for p in parts.values()) == report["model_flops_per_sample"]
