@@ -1,0 +1,147 @@
+"""The training shard format: plain (uncompressed) tar files of sample triplets.
+
+    KEY.npy       (T, 128) float16  audio latent (DAC-VAE frames, 25 per second)
+    KEY.ref.npy   (T', 128) float16 speaker reference latent (its own length)
+    KEY.json      {"text": str, "target_duration": seconds}
+
+Members of one sample are stored next to each other (the webdataset convention): the key is the
+file name up to its first dot, and a sample ends where the next key begins.
+"""
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+LATENT_DIM = 128  # DAC-VAE latent channels
+FRAME_RATE = 25  # DAC-VAE latent frames per second (750 frames = 30 s)
+SUFFIXES = ("npy", "ref.npy", "json")  # the members every sample must have
+SKIP_HINT = "pass --skip-bad-samples to skip bad samples"
+
+
+class DataError(Exception):
+    """A shard or sample that cannot be read; the message is one line naming shard and key."""
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _latent(array, what: str, key: str) -> np.ndarray:
+    array = np.asarray(array)
+    if array.ndim != 2 or array.shape[1] != LATENT_DIM:
+        raise ValueError(f"sample {key!r}: {what} must be (T, {LATENT_DIM}), got {array.shape}")
+    return array.astype(np.float16, copy=False)
+
+
+def write_shard(path, samples: Iterable[dict]) -> Path:
+    """Write samples (dicts with key, latent, ref, text, target_duration) to one tar shard.
+
+    Written to a temporary name and renamed, so a reader never sees a half-written shard.
+    Member times are fixed, so the same samples give the same bytes.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for s in samples:
+            key = str(s["key"])
+            if not key or "." in key or "/" in key:
+                raise ValueError(f"sample key {key!r} must be non-empty, without '.' or '/'")
+            meta = {"text": str(s["text"]), "target_duration": float(s["target_duration"])}
+            members = {
+                "npy": _npy_bytes(_latent(s["latent"], "latent", key)),
+                "ref.npy": _npy_bytes(_latent(s["ref"], "ref", key)),
+                "json": json.dumps(meta, ensure_ascii=False).encode(),
+            }
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, path)
+    return path
+
+
+def decode_sample(shard, key: str, members: dict[str, bytes]) -> dict:
+    """Turn one key's raw members into a sample dict; raise DataError if one is missing or bad."""
+    missing = [f"{key}.{s}" for s in SUFFIXES if s not in members]
+    if missing:
+        missing = ", ".join(missing)
+        raise DataError(f"{shard}: sample {key!r}: missing member {missing} ({SKIP_HINT})")
+    try:
+        latent = np.load(io.BytesIO(members["npy"]), allow_pickle=False)
+        ref = np.load(io.BytesIO(members["ref.npy"]), allow_pickle=False)
+        meta = json.loads(members["json"])
+        for name, a in (("latent", latent), ("ref", ref)):
+            if a.ndim != 2 or a.shape[1] != LATENT_DIM:
+                raise ValueError(f"{name} has shape {a.shape}, expected (T, {LATENT_DIM})")
+        text, duration = meta["text"], float(meta["target_duration"])
+        if not isinstance(text, str):
+            raise ValueError("'text' is not a string")
+    except Exception as e:  # any decode failure becomes a one-line DataError
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{shard}: sample {key!r}: cannot decode ({msg}) ({SKIP_HINT})") from e
+    return {"key": key, "latent": latent, "ref": ref, "text": text,
+            "target_duration": duration, "shard": str(shard)}
+
+
+def read_shard(path, keep: Callable[[int], bool] | None = None,
+               on_error: Callable[[DataError], None] | None = None) -> Iterator[dict]:
+    """Yield the samples of one shard in order.
+
+    keep(i) says whether to decode the i-th sample of the shard (None: all); members of other
+    samples are skipped without reading them. A bad sample raises DataError, or, when on_error is
+    given, is handed to it and skipped. A truncated or corrupt shard ends at the damage: the error
+    names the last key read and belongs to that sample (so only its keeper reports it).
+    """
+    keep = keep or (lambda i: True)
+    index, key, members = -1, None, {}  # the sample being gathered
+
+    def fail(err: DataError):
+        if on_error is None:
+            raise err
+        on_error(err)
+
+    def finish():  # the current sample is complete: decode it if it is ours
+        if key is not None and keep(index):
+            try:
+                return decode_sample(path, key, members)
+            except DataError as e:
+                fail(e)
+        return None
+
+    damage = None  # why the shard ends early, if it does
+    try:
+        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                name = member.name.rsplit("/", 1)[-1]
+                k, _, suffix = name.partition(".")
+                if k != key:
+                    sample = finish()
+                    if sample is not None:
+                        yield sample
+                    index, key, members = index + 1, k, {}
+                if keep(index):
+                    members[suffix] = tar.extractfile(member).read()
+            # tarfile stops silently at a truncated or garbled header; a clean end is a zero block.
+            f.seek(tar.offset)
+            end = f.read(tarfile.BLOCKSIZE)
+            if len(end) != tarfile.BLOCKSIZE or end.count(0) != tarfile.BLOCKSIZE:
+                damage = "truncated or corrupt shard (no end-of-archive marker after this sample)"
+    except (tarfile.TarError, OSError, EOFError) as e:
+        damage = f"truncated or corrupt shard ({e or type(e).__name__})"
+    if damage is None or all(s in members for s in SUFFIXES):
+        sample = finish()  # the last sample is whole, even if damage follows it
+        if sample is not None:
+            yield sample
+    if damage is not None:
+        if key is None:
+            index, key = 0, "<first sample>"
+        if keep(index):
+            fail(DataError(f"{path}: sample {key!r}: {damage} ({SKIP_HINT})"))
