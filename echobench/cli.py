@@ -101,6 +101,10 @@ def run(
         cfg = RunConfig.from_dict(settings)
     except (ValueError, TypeError) as exc:
         fail(f"{config or 'run settings'}: {exc}")
+    from echobench.backends import parallelism_problem
+
+    if problem := parallelism_problem(cfg):
+        fail(problem)
     if nproc is not None:
         from echobench.launch import launch
 

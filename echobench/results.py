@@ -50,3 +50,64 @@ def read_record(path: Path) -> dict:
     if not isinstance(record, dict) or "status" not in record or "run_id" not in record:
         raise ValueError(f"{path}: not a result record (no run_id / status)")
     return record
+
+
+# ---- collection: reports and status read only stored records ----
+
+def find_record_files(paths) -> list[Path]:
+    """result.json files under each path (a record file, a run dir or a sweep dir)."""
+    found = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(sorted(p.rglob("result.json")))
+    return found
+
+
+def load_records(paths) -> tuple[list[dict], list[str]]:
+    """All records under paths, newest per run_id; corrupt ones reported, never fatal.
+
+    Returns (records, problems) where problems are one-line messages naming the file.
+    """
+    newest: dict[str, dict] = {}
+    problems = []
+    for path in find_record_files(paths):
+        try:
+            record = read_record(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        record["_path"] = str(path)
+        key = record["run_id"]
+        stamp = (record.get("env") or {}).get("time") or ""
+        if key not in newest or stamp >= ((newest[key].get("env") or {}).get("time") or ""):
+            newest[key] = record
+    return list(newest.values()), problems
+
+
+TABLE_COLUMNS = [
+    "run_id", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
+    "world_size", "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames", "precision",
+    "compile", "ac", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+    "samples_per_s", "audio_seconds_per_s", "model_flops_per_sample", "tflops_per_gpu", "mfu", "hfu",
+    "mfu_vs_ceiling", "peak_tflops", "peak_source", "ceiling_tflops", "peak_mem_gib", "data_wait_frac",
+]
+
+
+def records_frame(records: list[dict]):
+    """One row per record: the flat fields plus env's device, host, versions and time."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        row = {c: r.get(c) for c in TABLE_COLUMNS}
+        env = r.get("env") or {}
+        for key in ("device_name", "hostname", "torch", "cuda", "megatron_core", "transformer_engine", "git_commit", "time"):
+            row[key] = env.get(key)
+        row["samples_per_s_per_gpu"] = (r["samples_per_s"] / r["world_size"]) if r.get("samples_per_s") else None
+        row["path"] = r.get("_path")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS + ["device_name", "hostname", "torch", "cuda", "megatron_core",
+                                                       "transformer_engine", "git_commit", "time",
+                                                       "samples_per_s_per_gpu", "path"])

@@ -30,3 +30,18 @@ def build_training(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
 
         return build(cfg, dist_info, dtype)
     raise ValueError(f"unknown framework {cfg.framework!r}: choose torchtitan or megatron")
+
+
+def parallelism_problem(cfg) -> str | None:
+    """Why this run's layout cannot work (None when it can), without starting any process.
+
+    Used by `echobench run` before launching and by the matrix expansion to list skipped runs.
+    Each backend module has a `validate(cfg) -> str | None` that imports nothing heavy.
+    """
+    if cfg.framework == "torchtitan":
+        from echobench.backends.torchtitan import validate
+    elif cfg.framework == "megatron":
+        from echobench.backends.megatron import validate
+    else:
+        return f"unknown framework {cfg.framework!r}: choose torchtitan or megatron"
+    return validate(cfg)

@@ -15,6 +15,14 @@ from echobench.model.echo import EchoTTS
 SUPPORTED = ("single",)
 
 
+def validate(cfg) -> str | None:
+    if cfg.parallelism not in SUPPORTED:
+        return f"torchtitan has no parallelism {cfg.parallelism!r}: choose {', '.join(SUPPORTED)}"
+    if cfg.parallelism == "single" and cfg.world_size != 1:
+        return f"parallelism 'single' runs on one process, not {cfg.world_size}"
+    return None
+
+
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     torch.manual_seed(cfg.seed)  # same initial weights on every rank and in every backend
     with torch.device(device):
@@ -31,12 +39,8 @@ def build_optimizer(params, device: torch.device) -> torch.optim.Optimizer:
 
 
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    if cfg.parallelism not in SUPPORTED:
-        raise ValueError(
-            f"torchtitan parallelism {cfg.parallelism!r} is not available: choose {', '.join(SUPPORTED)}"
-        )
-    if dist_info.world_size != 1:
-        raise ValueError("parallelism 'single' runs on one process: use --nproc 1")
+    if problem := validate(cfg):
+        raise ValueError(problem)
     model = build_model(cfg, dist_info.device, dtype)
     params = model.trainable_parameters()
     optimizer = build_optimizer(params, dist_info.device)

@@ -1,0 +1,25 @@
+import json
+
+from echobench.results import load_records, records_frame, write_json_atomic
+
+
+def rec(run_id, time, mfu, status="ok"):
+    return {"run_id": run_id, "status": status, "mfu": mfu, "world_size": 1, "samples_per_s": 2.0,
+            "env": {"time": time, "device_name": "X"}}
+
+
+def test_newest_record_per_run_wins_and_corrupt_ones_are_reported(tmp_path):
+    write_json_atomic(tmp_path / "old" / "a" / "result.json", rec("a", "2026-01-01T00:00:00", 0.1))
+    write_json_atomic(tmp_path / "new" / "a" / "result.json", rec("a", "2026-02-01T00:00:00", 0.2))
+    write_json_atomic(tmp_path / "new" / "b" / "result.json", rec("b", "2026-02-01T00:00:00", None, "oom"))
+    (tmp_path / "new" / "c").mkdir()
+    (tmp_path / "new" / "c" / "result.json").write_text('{"run_id": "c", "sta')
+    (tmp_path / "new" / "d").mkdir()
+    (tmp_path / "new" / "d" / "result.json").write_text(json.dumps({"hello": 1}))
+    records, problems = load_records([tmp_path / "old", tmp_path / "new"])
+    by_id = {r["run_id"]: r for r in records}
+    assert set(by_id) == {"a", "b"} and by_id["a"]["mfu"] == 0.2
+    assert len(problems) == 2 and any("c/result.json" in p for p in problems)
+    frame = records_frame(records)
+    assert len(frame) == 2 and set(frame["status"]) == {"ok", "oom"}
+    assert frame.set_index("run_id").loc["a", "samples_per_s_per_gpu"] == 2.0
