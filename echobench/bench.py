@@ -24,6 +24,7 @@ from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
 from echobench.model.config import get_preset
+from echobench.model.echo import diffusion_draws
 from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
 
 GIB = 1024**3
@@ -173,13 +174,16 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
         seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples,
     )
-    generator = torch.Generator(device=info.device).manual_seed(cfg.seed * 1000 + dp_rank)
+    # Noise, time and CFG draws are a function of (seed, global sample index): the same samples
+    # get the same draws whatever the number of ranks (diffusion_draws).
+    generator = torch.Generator(device=info.device)
     model, optimizer = setup.model, setup.optimizer
     model.train()
     device_type = info.device.type
     timer = StepTimer(info.device)
     waits, lengths, losses = [], [], []
     total = cfg.warmup_steps + cfg.steps
+    profiler = make_profiler(cfg, info, out_dir)
     try:
         for step in range(total):
             if step == cfg.warmup_steps:
@@ -194,9 +198,12 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                 lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
             batch = batch.to(info.device)
             maybe_inject_failure(cfg, step, info.rank)
+            first = (step * dp_size + dp_rank) * cfg.micro_batch
+            draws = diffusion_draws(cfg.seed, range(first, first + batch.size), cfg.audio_frames,
+                                    model_cfg.latent_dim, model_cfg.cfg_dropout, info.device, generator)
             with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
                                 enabled=setup.autocast_dtype is not None):
-                loss = model(batch, generator=generator)
+                loss = model(batch, draws=draws)
             loss.backward()
             setup.clip_grad()
             optimizer.step()
@@ -204,9 +211,13 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             losses.append(loss.detach())
             if step >= cfg.warmup_steps:
                 timer.mark()
+            if profiler is not None:
+                profiler.step()
         step_times = timer.durations()
     finally:
         loader.close()
+        if profiler is not None:
+            profiler.stop()
 
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
@@ -231,7 +242,39 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
+        "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
     }
+
+
+PROFILED_STEPS = 3
+
+
+def trace_path(out_dir: Path, rank: int) -> Path:
+    return Path(out_dir) / f"trace-rank{rank}.json"
+
+
+def profiled_steps(cfg: RunConfig) -> list[int]:
+    """The last few measured steps (0 = the first measured step): the profiler slows them a little."""
+    n = min(PROFILED_STEPS, cfg.steps)
+    return list(range(cfg.steps - n, cfg.steps))
+
+
+def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
+    """With --profile, a torch.profiler that records the last few measured steps of every rank
+    and writes a chrome trace (OUT/trace-rankN.json) next to the result."""
+    if not cfg.profile:
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    active = len(profiled_steps(cfg))
+    warmup = 1 if cfg.warmup_steps + cfg.steps > active else 0
+    wait = cfg.warmup_steps + cfg.steps - active - warmup
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
+    path = trace_path(out_dir, info.rank)
+    prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                   on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+    prof.start()
+    return prof
 
 
 def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
@@ -271,7 +314,9 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
         slowest_rank=slowest_rank["rank"],
-        losses=ranks[0]["losses"],
+        # The step's loss: the mean over data-parallel ranks (what the averaged gradients follow;
+        # equal to one loss over all samples when the ranks' masks hold as many frames).
+        losses=[statistics.fmean(r["losses"][i] for r in dp_ranks) for i in range(len(ranks[0]["losses"]))],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
         per_rank=[
@@ -287,6 +332,8 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
             for r in ranks
         ],
     )
+    if cfg.profile:
+        record.update(profile_traces=[r["trace"] for r in ranks], profiled_steps=profiled_steps(cfg))
     return record
 
 
@@ -333,8 +380,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             raise
         return record
     ranks = all_gather_object(mine, info)
+    summarize(cfg, record, ranks)  # on every rank: each returns the run's status
     if info.is_main:
-        summarize(cfg, record, ranks)
         write_record(out_dir, record)
     shutdown()
     return record

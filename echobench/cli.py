@@ -84,6 +84,7 @@ def run(
     text_encoder: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
+    profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler chrome trace of the last 3 measured steps (OUT/trace-rankN.json)."),
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),
@@ -116,6 +117,8 @@ def run(
 
         record = run_benchmark(cfg, out)
         if int(os.environ.get("RANK", 0)) != 0:
+            if record["status"] != "ok":  # a non-zero exit makes torchrun stop the other ranks
+                raise typer.Exit(1)
             return
     print_record(record)
     console.print(f"wrote {out / 'result.json'}")
