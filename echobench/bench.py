@@ -23,7 +23,6 @@ from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
-from echobench.model.config import get_preset
 from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
 
 GIB = 1024**3
@@ -124,6 +123,8 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "precision": precision_name(cfg.precision, device),
         "compile": cfg.compile,
         "ac": cfg.ac,
+        "encoder_model": cfg.model_config().text_encoder.name,
+        "frozen_encoder": cfg.frozen_encoder,
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
         "data": cfg.data,
@@ -151,10 +152,9 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
 
 
 @lru_cache(maxsize=4096)
-def _sample_flops(scale: str, text_encoder: str | None, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
-    cfg = get_preset(scale, text_encoder)
-    f = flops_model.model_flops(cfg, la, lt, ls)
-    return f.total, flops_model.hardware_flops(cfg, f, ac)
+def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
+    f = flops_model.model_flops(model_cfg, la, lt, ls)
+    return f.total, flops_model.hardware_flops(model_cfg, f, ac)
 
 
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
@@ -164,7 +164,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
 
     dtype = resolve_dtype(cfg.precision, info.device)
     setup = build_training(cfg, info, dtype)
-    model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+    model_cfg = cfg.model_config()
     tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
     # Data-parallel rank: tensor-parallel peers read the same batch.
     dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
@@ -211,7 +211,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
         for a, t, s in zip(la, lt, ls):
-            m, h = _sample_flops(cfg.scale, cfg.text_encoder, cfg.ac, a, t, s)
+            m, h = _sample_flops(model_cfg, cfg.ac, a, t, s)
             flops_total += m
             hw_total += h
             samples += 1
@@ -307,7 +307,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     info = init_distributed(cfg.device, cfg.collective_timeout_s)
     record = base_record(cfg, info.device)
     try:
-        model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+        model_cfg = cfg.model_config()
         record["flops_breakdown"] = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
