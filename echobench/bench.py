@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 import traceback
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -296,6 +297,14 @@ def failure_kind(exc: BaseException) -> str:
     return "error"
 
 
+def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
+    """The record describes the processes that really ran (e.g. a user's own torchrun)."""
+    if cfg.world_size == info.world_size:
+        return cfg
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
+
+
 def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
 
@@ -305,6 +314,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info = init_distributed(cfg.device, cfg.collective_timeout_s)
+    cfg = match_process_group(cfg, info)
     record = base_record(cfg, info.device)
     try:
         model_cfg = cfg.model_config()
