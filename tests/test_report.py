@@ -15,7 +15,7 @@ from echobench.results import write_json_atomic
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 XSS = "<script>alert(1)</script>"
-TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--audio-frames", "50", "--text-tokens", "16",
+TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16",
             "--speaker-frames", "40", "--peak-tflops", "1"]
 
 
@@ -59,7 +59,7 @@ def tiny_run(cli, out: Path, *extra):
 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory):
-    """Records of real `echobench run`s (two micro-batches, two lengths, one injected failure),
+    """Records of real `echobench run`s (two micro-batches and lengths, one injected failure),
     plus a copy of the failed one whose error text is a script tag."""
     from tests.conftest import run_cli
 
@@ -69,8 +69,7 @@ def real_sweep(tmp_path_factory):
         return run_cli(*args, tmp_path=root)
 
     tiny_run(cli, root / "mb1")
-    tiny_run(cli, root / "mb2", "--micro-batch", "2")
-    tiny_run(cli, root / "long", "--audio-frames", "100")
+    tiny_run(cli, root / "mb2-long", "--micro-batch", "2", "--audio-frames", "100")
     failed = tiny_run(cli, root / "failed", "--fail-at-step", "1")
     assert failed["status"] == "error"
     xss = copy.deepcopy(failed)
@@ -151,7 +150,7 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
     page_html = out.read_text()
     assert "<script src" not in page_html and XSS not in page_html  # nothing to fetch; no raw tag
     runs = load_report_input([real_sweep]).records
-    assert len(runs) == 5
+    assert len(runs) == 4
     with browser_or_skip() as page:
         page.open(out)
         assert_clean(page)
@@ -211,7 +210,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         # the text filter
         page.evaluate("var f = document.getElementById('run-filter'); f.value = 'ddp-n4';"
                       "f.dispatchEvent(new Event('input'))")
-        assert page.evaluate("document.getElementById('run-count').textContent") == "1 of 17 runs"
+        assert page.evaluate("document.getElementById('run-count').textContent") == "1 of 16 runs"
         page.evaluate("var s = document.getElementById('scale-filter'); s.value = '';"
                       "s.dispatchEvent(new Event('change')); document.getElementById('run-filter').value = '';"
                       "document.getElementById('run-filter').dispatchEvent(new Event('input'))")

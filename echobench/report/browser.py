@@ -131,6 +131,8 @@ class Chromium:
         return result["result"].get("value")
 
     def screenshot(self, path: Path, full_page: bool = True) -> Path:
+        # plotly's toolbars show in a headless capture as if hovered; they say nothing in a picture
+        self.evaluate("document.head.insertAdjacentHTML('beforeend', '<style>.modebar{display:none}</style>')")
         if full_page:
             size = self.send("Page.getLayoutMetrics")["cssContentSize"]
             self.send("Emulation.setDeviceMetricsOverride", width=self.width, height=int(size["height"]),

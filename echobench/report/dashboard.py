@@ -23,7 +23,8 @@ from echobench.report.tables import fmt_number
 
 FLOP_CONVENTION = (
     "Model FLOPs of one training sample: every matmul of the trainable parts (DiT, speaker encoder, "
-    "text projection) forward and backward, plus the forward of the frozen text encoder, at 2 FLOPs "
+    "text projection) forward and backward, plus the forward of the frozen text encoder (forward and "
+    "backward when a run trains the encoder), at 2 FLOPs "
     "per multiply-add; attention scores and values counted in full (bidirectional); element-wise work "
     "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths. "
     "MFU = model FLOPs per sample x samples/s / (GPUs x peak)."
@@ -44,9 +45,9 @@ def _num(series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
 
 
-def _layout(fig: go.Figure, title: str, height: int = 340, **kw) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, **kw) -> go.Figure:
     fig.update_layout(title={"text": esc(title), "font": {"size": 14}}, height=height, template="plotly_white",
-                      margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"font": {"size": 10}}, **kw)
+                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}}, **kw)
     return fig
 
 
@@ -110,7 +111,8 @@ class Figures:
         axis = self._node_axis(group)
         fig.update_xaxes(**axis)
         fig.update_yaxes(rangemode="tozero")
-        return _layout(fig, f"{scale}: per-GPU throughput")
+        fig.update_annotations(font_size=12)  # the subplot titles
+        return _layout(fig, f"{scale}: per-GPU throughput", height=370, top=80)
 
     def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure:
         fig = go.Figure()

@@ -18,10 +18,10 @@ from echobench.results import load_records, records_frame
 # A configuration is everything that is not the scale or the node count. framework and
 # parallelism always name it; the others join the label only when they vary in the input.
 CONFIG_KEYS = ("framework", "parallelism")
-VARYING_CONFIG_KEYS = ("gpus_per_node", "micro_batch", "precision", "compile", "ac",
-                       "audio_frames", "text_tokens", "speaker_frames", "steps")
+VARYING_CONFIG_KEYS = ("gpus_per_node", "micro_batch", "precision", "compile", "ac", "encoder_model",
+                       "frozen_encoder", "audio_frames", "text_tokens", "speaker_frames", "steps")
 SHORT_NAMES = {"gpus_per_node": "gpn", "micro_batch": "mb", "precision": "", "compile": "compile",
-               "ac": "ac", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk",
+               "ac": "ac", "encoder_model": "enc", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk",
                "steps": "steps"}
 # Where a sweep's plan may have put the per-GPU memory estimate of a run.
 SPEC_KEYS = ("spec", "run_spec", "plan", "config")
@@ -120,6 +120,8 @@ def config_labels(frame: pd.DataFrame) -> list[str]:
             value = row[k]
             if k == "compile":
                 parts.append("compile" if value else "eager")
+            elif k == "frozen_encoder":
+                parts.append({True: "enc-frozen", False: "enc-trained"}.get(value, f"frozen={value}"))
             elif k == "precision":
                 parts.append(str(value))
             else:
