@@ -124,6 +124,7 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "precision": precision_name(cfg.precision, device),
         "compile": cfg.compile,
         "ac": cfg.ac,
+        "te": None,  # whether TransformerEngine kernels ran: set from the backend's info
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
         "data": cfg.data,
@@ -274,6 +275,7 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         losses=ranks[0]["losses"],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
+        te=bool(ranks[0]["backend_info"].get("te", False)),
         per_rank=[
             {
                 "rank": r["rank"],
