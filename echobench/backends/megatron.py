@@ -10,6 +10,12 @@ Data parallelism: torch DDP over megatron's data-parallel group (when dp > 1).
 
 This module imports megatron-core only inside build(): validate() runs before any process
 starts, on machines that may not have it.
+
+CPU: what this model uses of megatron-core (parallel_state, Column/RowParallelLinear, MLP)
+runs on CPU over gloo unpatched, so no CUDA redirection is applied. The CUDA-only parts
+stay unused: the RNG tracker (seeded on GPU only; no dropout, weights come from the plain
+model), GlobalMemoryBuffer and the sequence-parallel collectives in tensor_parallel.mappings
+(both allocate on torch.cuda.current_device()), hence sequence parallelism is GPU only.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def validate(cfg) -> str | None:
         if tp == 1:
             return "sequence parallelism needs tp > 1"
         if cfg.device == "cpu":
-            return "sequence parallelism runs on GPU only (megatron's sequence-parallel path assumes CUDA): drop it on CPU"
+            return "sequence parallelism runs on GPU only (megatron's sequence-parallel collectives allocate on CUDA): drop it on CPU"
         if cfg.audio_frames % tp:
             return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
     return None
