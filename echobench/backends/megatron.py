@@ -40,12 +40,10 @@ def te_installed() -> bool:
 
 
 def validate(cfg) -> str | None:
-    from echobench.model.config import get_preset
-
     tp = tp_of(cfg.parallelism)
     if tp is None or tp < 1:
         return f"megatron has no parallelism {cfg.parallelism!r}: use tpN (tp1, tp2, tp4, tp8) or --tp N"
-    model = get_preset(cfg.scale, cfg.text_encoder)
+    model = cfg.model_config()
     if model.heads % tp:
         return f"tp={tp} must divide the DiT's {model.heads} attention heads ({cfg.scale}): choose another --tp"
     if model.mlp % tp:
@@ -177,7 +175,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
             "sequence_parallel": sequence_parallel,
             "data_parallel": "torch DDP over megatron's data-parallel group" if dp > 1 else "none",
             "sharding": "DiT attention heads and MLP across the TP group",
-            "replicated": "frozen text encoder, text projection, speaker encoder; DiT norms, AdaLN, "
+            "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
                           "timestep embedding, input/output projections",
             **versions(),
         },
