@@ -333,6 +333,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             "error": f"rank {info.rank}: {type(exc).__name__}: {exc}".splitlines()[0][:500],
             "traceback_tail": traceback.format_exc()[-4000:],
             "memory": memory_stats(info.device),
+            "failed_at": time.time(),  # the first failure is the cause; peers fail after it
         }
         write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
         record.update(status=status, error=rank_record["error"], traceback_tail=rank_record["traceback_tail"],
