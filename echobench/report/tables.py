@@ -89,9 +89,11 @@ def sort_rows(table: pd.DataFrame, scales: list[str], extra: list[str] = ()) -> 
 def distinguishing_keys(ok: pd.DataFrame) -> list[str]:
     """Settings that tell apart rows the standard columns cannot (e.g. two lengths at one layout)."""
     standard = [c for c, _ in COLUMNS[:6]]
-    if not ok.duplicated(standard).any():
+    dups = ok[ok.duplicated(standard, keep=False)]
+    if dups.empty:
         return []
-    return [k for k in VARYING_CONFIG_KEYS if k not in standard and ok[k].astype(str).nunique() > 1]
+    groups = dups.astype(str).groupby(standard)
+    return [k for k in VARYING_CONFIG_KEYS if k not in standard and (groups[k].nunique() > 1).any()]
 
 
 def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
