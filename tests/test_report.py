@@ -357,9 +357,11 @@ def test_compare_gates_on_threshold(tmp_path, cli):
     assert proc.returncode == 2 and "no run ids in common" in proc.stderr
 
 
-def test_skipped_list_absent_or_present(tmp_path):
+def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):
     write(tmp_path, record("a"))
     assert load_report_input([tmp_path]).skipped == []
+    (tmp_path / "sweep.json").write_text(json.dumps({"matrix": "smoke", "runs": {}}))
+    assert load_report_input([tmp_path]).records[0]["matrix"] == "smoke"
     (tmp_path / "skipped.json").write_text(json.dumps({"skipped": [
         {"run": {"scale": "8B", "framework": "torchtitan", "parallelism": "ddp", "nodes": 1},
          "reason": "8B does not fit with DDP"}]}))

@@ -45,9 +45,28 @@ class ReportInput:
         return self.frame[self.frame["status"] != "ok"]
 
 
+def sweep_matrix_names(paths) -> dict[Path, str]:
+    """Sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root."""
+    names = {}
+    for p in map(Path, paths):
+        for state_file in sorted(p.rglob("sweep.json")) if p.is_dir() else []:
+            try:
+                name = json.loads(state_file.read_text()).get("matrix")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(name, str) and name:
+                names[state_file.parent.resolve()] = name
+    return names
+
+
 def load_report_input(paths) -> ReportInput:
     paths = [Path(p) for p in paths]
     records, problems = load_records(paths)
+    sweeps = sweep_matrix_names(paths)
+    for r in records:  # a record without its matrix name takes its sweep directory's
+        if not _matrix_name(r) and r.get("_path"):
+            parents = Path(r["_path"]).resolve().parents
+            r["matrix"] = next((sweeps[d] for d in parents if d in sweeps), None)
     skipped, skip_problems = load_skipped(paths)
     return ReportInput(paths, records, report_frame(records), skipped, problems + skip_problems)
 
@@ -166,7 +185,7 @@ def load_skipped(paths) -> tuple[list[dict], list[str]]:
     """Entries of every `skipped.json` under paths: the run's settings and the reason it was skipped.
 
     Accepts a list of entries or {"skipped": [...]}; an entry's settings may sit at its top level or
-    under "run" / "spec" / "config". A missing file is normal (not every sweep skips runs).
+    under "run" / "spec" / "config" / "settings". A missing file is normal (not every sweep skips runs).
     """
     entries, problems, seen = [], [], set()
     files = []
@@ -185,7 +204,7 @@ def load_skipped(paths) -> tuple[list[dict], list[str]]:
             if not isinstance(entry, dict):
                 entry = {"reason": str(entry)}
             settings = dict(entry)
-            for key in ("run", "spec", "config"):
+            for key in ("run", "spec", "config", "settings"):
                 if isinstance(entry.get(key), dict):
                     settings = {**entry[key], **{k: v for k, v in entry.items() if k != key}}
             row = {k: settings.get(k) for k in ("run_id", "scale", "framework", "parallelism", "nodes")}
