@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 import traceback
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
-from echobench.model.config import get_preset
 from echobench.model.echo import diffusion_draws
 from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
 
@@ -125,6 +125,9 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "precision": precision_name(cfg.precision, device),
         "compile": cfg.compile,
         "ac": cfg.ac,
+        "te": None,  # whether TransformerEngine kernels ran: set from the backend's info
+        "encoder_model": cfg.model_config().text_encoder.name,
+        "frozen_encoder": cfg.frozen_encoder,
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
         "data": cfg.data,
@@ -152,10 +155,9 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
 
 
 @lru_cache(maxsize=4096)
-def _sample_flops(scale: str, text_encoder: str | None, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
-    cfg = get_preset(scale, text_encoder)
-    f = flops_model.model_flops(cfg, la, lt, ls)
-    return f.total, flops_model.hardware_flops(cfg, f, ac)
+def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
+    f = flops_model.model_flops(model_cfg, la, lt, ls)
+    return f.total, flops_model.hardware_flops(model_cfg, f, ac)
 
 
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
@@ -165,7 +167,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
 
     dtype = resolve_dtype(cfg.precision, info.device)
     setup = build_training(cfg, info, dtype)
-    model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+    model_cfg = cfg.model_config()
     tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
     # Data-parallel rank: tensor-parallel peers read the same batch.
     dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
@@ -222,7 +224,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
         for a, t, s in zip(la, lt, ls):
-            m, h = _sample_flops(cfg.scale, cfg.text_encoder, cfg.ac, a, t, s)
+            m, h = _sample_flops(model_cfg, cfg.ac, a, t, s)
             flops_total += m
             hw_total += h
             samples += 1
@@ -319,6 +321,7 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         losses=[statistics.fmean(r["losses"][i] for r in dp_ranks) for i in range(len(ranks[0]["losses"]))],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
+        te=bool(ranks[0]["backend_info"].get("te", False)),
         per_rank=[
             {
                 "rank": r["rank"],
@@ -343,6 +346,14 @@ def failure_kind(exc: BaseException) -> str:
     return "error"
 
 
+def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
+    """The record describes the processes that really ran (e.g. a user's own torchrun)."""
+    if cfg.world_size == info.world_size:
+        return cfg
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
+
+
 def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
 
@@ -352,9 +363,10 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info = init_distributed(cfg.device, cfg.collective_timeout_s)
+    cfg = match_process_group(cfg, info)
     record = base_record(cfg, info.device)
     try:
-        model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+        model_cfg = cfg.model_config()
         record["flops_breakdown"] = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
@@ -368,6 +380,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             "error": f"rank {info.rank}: {type(exc).__name__}: {exc}".splitlines()[0][:500],
             "traceback_tail": traceback.format_exc()[-4000:],
             "memory": memory_stats(info.device),
+            "failed_at": time.time(),  # the first failure is the cause; peers fail after it
         }
         write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
         record.update(status=status, error=rank_record["error"], traceback_tail=rank_record["traceback_tail"],

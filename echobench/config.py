@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 FRAMEWORKS = ("torchtitan", "megatron")
 PRECISIONS = ("auto", "bf16", "fp32", "fp8")
 AC_MODES = ("none", "selective", "full")
+TE_MODES = ("auto", "on", "off")  # TransformerEngine kernels in the megatron backend
 
 
 @dataclass
@@ -35,7 +36,9 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     peak_tflops: float | None = None
-    text_encoder: str | None = None  # default: the preset's
+    encoder_model: str | None = None  # text encoder by name; default: the preset's
+    frozen_encoder: bool = True  # False: the encoder trains too (gradients, optimizer, FLOPs)
+    t5_hidden_dim: int | None = None  # optional check: must equal the encoder's hidden size
     encoder_checkpoint: str | None = None
     tokenizer: str | None = None  # local Hugging Face tokenizer directory
     profile: bool = False
@@ -43,6 +46,8 @@ class RunConfig:
     fail_rank: int | None = None  # ... on this rank only (all ranks when None)
     fail_kind: str = "error"  # error | oom
     collective_timeout_s: float = 300.0
+    te: str = "auto"  # megatron: TransformerEngine kernels when they import (auto), required (on), never (off)
+    sequence_parallel: bool = False  # megatron, GPU only: split the latent stream along T between TP regions
 
     def __post_init__(self):
         self.validate()
@@ -61,6 +66,8 @@ class RunConfig:
             bad("precision", self.precision, ", ".join(PRECISIONS))
         if self.ac not in AC_MODES:
             bad("ac", self.ac, ", ".join(AC_MODES))
+        if self.te not in TE_MODES:
+            bad("te", self.te, ", ".join(TE_MODES))
         if self.fail_kind not in ("error", "oom"):
             bad("fail_kind", self.fail_kind, "error, oom")
         for key in ("nodes", "gpus_per_node", "steps", "micro_batch", "audio_frames", "text_tokens", "speaker_frames"):
@@ -68,6 +75,16 @@ class RunConfig:
                 bad(key, getattr(self, key), "an integer >= 1")
         if self.warmup_steps < 0:
             bad("warmup_steps", self.warmup_steps, "an integer >= 0")
+        encoder = self.model_config().text_encoder
+        if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
+            raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
+                             f"whose hidden size is {encoder.hidden}: drop t5_hidden_dim or choose a matching encoder")
+
+    def model_config(self):
+        """The model this run trains: the preset, its encoder choice and whether the encoder trains."""
+        from echobench.model.config import get_preset
+
+        return get_preset(self.scale, self.encoder_model, self.frozen_encoder)
 
     @property
     def world_size(self) -> int:

@@ -2,8 +2,9 @@
 
 Each technique is one small function applied to the built model, in torchtitan's order:
 float8 conversion -> activation checkpointing -> compile (per block) -> DDP or FSDP2 / HSDP.
-The model files know nothing of any of them. The frozen text encoder is never trained, so it is
-left out of FSDP sharding (it stays replicated, in the compute dtype, on every rank).
+The model files know nothing of any of them. A frozen text encoder is never trained, so it is
+left out of FSDP sharding (it stays replicated, in the compute dtype, on every rank); a trainable
+one (--train-encoder) is sharded as one more FSDP unit.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import torch
 from torch import nn
 
 from echobench.backends import TrainSetup
-from echobench.model.config import get_preset
 from echobench.model.echo import EchoTTS
 
 SUPPORTED = ("single", "ddp", "fsdp2", "hsdp")
@@ -44,9 +44,10 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(get_preset(cfg.scale, cfg.text_encoder), cfg.encoder_checkpoint)
-    # The frozen encoder keeps no fp32 master copy: store it in the compute dtype.
-    model.text_encoder.to(dtype)
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint)
+    if cfg.frozen_encoder:
+        # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
+        model.text_encoder.to(dtype)
     return model
 
 
@@ -120,7 +121,7 @@ def apply_compile(model: EchoTTS) -> None:
 
 
 def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
-    return set(model.text_encoder.parameters())
+    return {p for p in model.text_encoder.parameters() if not p.requires_grad}
 
 
 def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) -> None:
@@ -135,6 +136,8 @@ def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) 
     ignored = frozen_params(model)
     for container, i in blocks(model):
         fully_shard(container[i], mesh=mesh, mp_policy=policy)
+    if not model.cfg.frozen_encoder:
+        fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy)
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     fully_shard(model, mesh=mesh, mp_policy=root_policy, ignored_params=ignored)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
@@ -175,13 +178,19 @@ def build_optimizer(params, device: torch.device) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, foreach=not fused)
 
 
+def text_encoder_layout(cfg, dtype: torch.dtype) -> str:
+    if not cfg.frozen_encoder:
+        return "trainable: sharded as one FSDP unit" if cfg.parallelism in ("fsdp2", "hsdp") else "trainable"
+    return f"frozen, replicated on every rank (not sharded), {str(dtype).removeprefix('torch.')}"
+
+
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     if problem := validate(cfg):
         raise ValueError(problem)
     device = dist_info.device
     model = build_model(cfg, device, dtype)
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
-            "text_encoder": f"frozen, replicated on every rank (not sharded), {str(dtype).removeprefix('torch.')}",
+            "text_encoder": text_encoder_layout(cfg, dtype),
             "ac": cfg.ac, "compile": cfg.compile}
     if cfg.precision == "fp8":
         info.update(apply_float8(model, device))
