@@ -184,7 +184,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     device_type = info.device.type
     timer = StepTimer(info.device)
     waits, lengths, losses = [], [], []
-    total = cfg.warmup_steps + cfg.steps
+    measured_end = cfg.warmup_steps + cfg.steps
+    total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
     profiler = make_profiler(cfg, info, out_dir)
     try:
         for step in range(total):
@@ -195,7 +196,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             t0 = time.perf_counter()
             batch = next(loader)
             wait = time.perf_counter() - t0
-            if step >= cfg.warmup_steps:
+            measured = cfg.warmup_steps <= step < measured_end
+            if measured:
                 waits.append(wait)
                 lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
             batch = batch.to(info.device)
@@ -210,8 +212,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             setup.clip_grad()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-            if step >= cfg.warmup_steps:
+            if step < measured_end:
+                losses.append(loss.detach())
+            if measured:
                 timer.mark()
             if profiler is not None:
                 profiler.step()
@@ -248,7 +251,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     }
 
 
-PROFILED_STEPS = 3
+PROFILER_WARMUP, PROFILED_STEPS = 1, 3
 
 
 def trace_path(out_dir: Path, rank: int) -> Path:
@@ -256,21 +259,21 @@ def trace_path(out_dir: Path, rank: int) -> Path:
 
 
 def profiled_steps(cfg: RunConfig) -> list[int]:
-    """The last few measured steps (0 = the first measured step): the profiler slows them a little."""
-    n = min(PROFILED_STEPS, cfg.steps)
-    return list(range(cfg.steps - n, cfg.steps))
+    """Steps traced by --profile (0 = the first step): extra steps after the measured ones,
+    so the profiler's overhead never reaches the timings."""
+    first = cfg.warmup_steps + cfg.steps + PROFILER_WARMUP
+    return list(range(first, first + PROFILED_STEPS))
 
 
 def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
-    """With --profile, a torch.profiler that records the last few measured steps of every rank
-    and writes a chrome trace (OUT/trace-rankN.json) next to the result."""
+    """With --profile, a torch.profiler that traces a few steps after the measured ones on every
+    rank and writes a chrome trace (OUT/trace-rankN.json) next to the result."""
     if not cfg.profile:
         return None
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    active = len(profiled_steps(cfg))
-    warmup = 1 if cfg.warmup_steps + cfg.steps > active else 0
-    wait = cfg.warmup_steps + cfg.steps - active - warmup
+    active, warmup = PROFILED_STEPS, PROFILER_WARMUP
+    wait = cfg.warmup_steps + cfg.steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
     path = trace_path(out_dir, info.rank)
     prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),

@@ -74,8 +74,8 @@ def test_data_parallel_matches_single_process(cli, tmp_path, single_run, paralle
     assert "not sharded" in backend["text_encoder"]
     if parallelism == "fsdp2":
         assert backend["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
-        # --profile: a chrome trace of the last measured steps from every rank.
-        assert r["profiled_steps"] == [0, 1, 2]
+        # --profile: a chrome trace from every rank, of steps after the measured ones (untimed).
+        assert min(r["profiled_steps"]) > r["warmup_steps"] + r["steps"] - 1
         for rank in (0, 1):
             trace = json.loads((out / f"trace-rank{rank}.json").read_text())
             assert any("aten::mm" in e.get("name", "") for e in trace["traceEvents"])
