@@ -1,9 +1,11 @@
 """Swappable text encoders and the trainable-encoder option (FLOPs, parameters, training)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from echobench.config import RunConfig
 from echobench.flops import model_flops, param_counts
@@ -101,3 +103,36 @@ def test_mismatched_t5_hidden_dim_is_a_one_line_error():
     message = str(err.value)
     assert "t5_hidden_dim=1024" in message and "768" in message and "\n" not in message
     assert RunConfig(scale="tiny", encoder_model="t5-base", t5_hidden_dim=768).t5_hidden_dim == 768
+
+
+RUN_FILES = sorted((Path(__file__).resolve().parent.parent / "matrices" / "runs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: p.stem)
+def test_shipped_run_files_are_valid_on_four_gpus(path):
+    from echobench.backends import parallelism_problem
+
+    settings = yaml.safe_load(path.read_text())
+    cfg = RunConfig.from_dict({**settings, "gpus_per_node": 4})
+    assert parallelism_problem(cfg) is None
+    assert cfg.scale in path.stem.upper() or cfg.scale.lower() in path.stem
+
+
+def test_run_file_with_overrides_runs_on_cpu(cli, tmp_path):
+    import json
+
+    run_file = next(p for p in RUN_FILES if p.stem == "torchtitan-800m-ddp")
+    out = tmp_path / "run"
+    proc = cli("run", "--config", run_file, "--scale", "tiny", "--nproc", "2", "--steps", "2", "--warmup-steps", "1",
+               "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40",
+               "--encoder-model", "tiny-t5", "--train-encoder", "--peak-tflops", "1", "--out", out, timeout=600)
+    record = json.loads((out / "result.json").read_text())
+    assert proc.returncode == 0, record["error"]
+    # From the file: framework and parallelism; from the flags: scale, sizes, encoder, trainable encoder.
+    assert (record["scale"], record["framework"], record["parallelism"], record["world_size"]) == \
+        ("tiny", "torchtitan", "ddp", 2)
+    assert record["encoder_model"] == "tiny-t5" and record["frozen_encoder"] is False
+    assert record["config"]["warmup_steps"] == 1 and record["config"]["precision"] == "auto"
+    breakdown = record["flops_breakdown"]
+    assert breakdown["frozen_encoder"] is False
+    assert breakdown["breakdown"]["parts"]["text_encoder"]["backward"] > 0
