@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import statistics
 import time
 import traceback
@@ -343,9 +344,33 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
     return record
 
 
+class RunTimeout(Exception):
+    pass
+
+
+def start_time_limit(seconds: float | None) -> None:
+    """SIGALRM interrupts whatever runs (a compile too) once the limit is reached."""
+    if not seconds:
+        return
+
+    def expire(signum, frame):
+        raise RunTimeout(f"time limit of {seconds:g} s reached")
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def stop_time_limit() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def failure_kind(exc: BaseException) -> str:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
+    if isinstance(exc, RunTimeout):
+        return "timeout"
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a scheduler's SIGINT
+        return "cancelled"
     return "error"
 
 
@@ -368,6 +393,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     info = init_distributed(cfg.device, cfg.collective_timeout_s)
     cfg = match_process_group(cfg, info)
     record = base_record(cfg, info.device)
+    start_time_limit(cfg.time_limit_s)
     try:
         model_cfg = cfg.model_config()
         record["flops_breakdown"] = flops_model.flops_report(
@@ -375,7 +401,9 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
         record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
                                    cfg.peak_tflops))
         mine = run_loop(cfg, info, out_dir)
+        stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
+        stop_time_limit()
         status = failure_kind(exc)
         rank_record = {
             "rank": info.rank,

@@ -94,6 +94,7 @@ def run(
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),
+    time_limit_s: Optional[float] = typer.Option(None, help="Stop the run after this many seconds (status timeout)."),
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
     params = {k: v for k, v in locals().items() if k not in LAUNCH_OPTIONS}

@@ -46,6 +46,7 @@ class RunConfig:
     fail_rank: int | None = None  # ... on this rank only (all ranks when None)
     fail_kind: str = "error"  # error | oom
     collective_timeout_s: float = 300.0
+    time_limit_s: float | None = None  # the run stops itself after this long, with status timeout
     te: str = "auto"  # megatron: TransformerEngine kernels when they import (auto), required (on), never (off)
     sequence_parallel: bool = False  # megatron, GPU only: split the latent stream along T between TP regions
 
@@ -115,7 +116,7 @@ class RunConfig:
 
 
 # Keys that do not change what is measured: left out of the run id.
-NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "encoder_checkpoint", "tokenizer"}
+NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "encoder_checkpoint", "tokenizer"}
 
 
 def run_id(cfg: RunConfig) -> str:

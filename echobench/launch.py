@@ -18,7 +18,8 @@ from pathlib import Path
 from echobench.config import RunConfig
 from echobench.results import read_record, write_record
 
-STATUS_RANK = {"oom": 0, "error": 1}  # an OOM anywhere explains the other ranks' errors
+# An OOM or a time limit anywhere explains the other ranks' errors.
+STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "error": 3}
 
 
 def originating_failure(failures: list[dict]) -> dict:
@@ -27,7 +28,7 @@ def originating_failure(failures: list[dict]) -> dict:
     When a rank dies, its peers fail afterwards with "connection closed by peer" and the like;
     the earliest failure is the cause, whatever its rank.
     """
-    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 2), f.get("failed_at", float("inf")), f["rank"]))
+    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
 
 
 def clear_previous(out_dir: Path) -> None:

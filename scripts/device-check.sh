@@ -15,7 +15,7 @@ mkdir -p "$OUT/runs"
 cd "$(dirname "$0")/.."
 EB=${ECHOBENCH:-python3 -m echobench}
 BUDGET=${DEVICE_CHECK_BUDGET_S:-420}
-RUN_LIMIT=${DEVICE_CHECK_RUN_S:-150}
+RUN_LIMIT=${DEVICE_CHECK_RUN_S:-$([ -n "${DEVICE_CHECK_DRY:-}" ] && echo 400 || echo 150)}
 start=$(date +%s)
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/echobench-inductor}
 
@@ -49,8 +49,9 @@ run() {  # run NAME ARGS...: one benchmark run within the remaining budget
   fi
   local limit=$(( left < RUN_LIMIT ? left : RUN_LIMIT ))
   echo "== $name (limit ${limit}s): $*"
-  timeout --signal=INT --kill-after=15 "$limit" $EB run "${COMMON[@]}" "$@" --out "$OUT/runs/$name" \
-    > "$OUT/runs/$name.log" 2>&1
+  # The run stops itself at its limit (status timeout); `timeout` is only a backstop.
+  timeout --kill-after=10 $(( limit + 60 )) $EB run "${COMMON[@]}" "$@" --time-limit-s "$limit" \
+    --out "$OUT/runs/$name" > "$OUT/runs/$name.log" 2>&1
   local rc=$?
   if [ ! -f "$OUT/runs/$name/result.json" ]; then
     echo "   $name left no record (exit $rc): see $OUT/runs/$name.log"

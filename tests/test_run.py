@@ -115,3 +115,11 @@ def test_flops_json(cli):
     assert report["params"]["trainable"] > 7.2e9
     parts = report["breakdown"]["parts"]
     assert sum(p["total"] for p in parts.values()) == report["model_flops_per_sample"]
+
+
+def test_time_limit_stops_a_run_with_status_timeout(cli, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--steps", "100000", "--peak-tflops", "1", "--time-limit-s", "8", "--out", out)
+    assert proc.returncode == 1
+    r = record(out)
+    assert r["status"] == "timeout" and "time limit of 8 s" in r["error"]
