@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 import traceback
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
-from echobench.model.config import get_preset
 from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
 
 GIB = 1024**3
@@ -124,6 +124,8 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "precision": precision_name(cfg.precision, device),
         "compile": cfg.compile,
         "ac": cfg.ac,
+        "encoder_model": cfg.model_config().text_encoder.name,
+        "frozen_encoder": cfg.frozen_encoder,
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
         "data": cfg.data,
@@ -151,10 +153,9 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
 
 
 @lru_cache(maxsize=4096)
-def _sample_flops(scale: str, text_encoder: str | None, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
-    cfg = get_preset(scale, text_encoder)
-    f = flops_model.model_flops(cfg, la, lt, ls)
-    return f.total, flops_model.hardware_flops(cfg, f, ac)
+def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
+    f = flops_model.model_flops(model_cfg, la, lt, ls)
+    return f.total, flops_model.hardware_flops(model_cfg, f, ac)
 
 
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
@@ -164,7 +165,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
 
     dtype = resolve_dtype(cfg.precision, info.device)
     setup = build_training(cfg, info, dtype)
-    model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+    model_cfg = cfg.model_config()
     tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
     # Data-parallel rank: tensor-parallel peers read the same batch.
     dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
@@ -211,7 +212,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
         for a, t, s in zip(la, lt, ls):
-            m, h = _sample_flops(cfg.scale, cfg.text_encoder, cfg.ac, a, t, s)
+            m, h = _sample_flops(model_cfg, cfg.ac, a, t, s)
             flops_total += m
             hw_total += h
             samples += 1
@@ -296,6 +297,14 @@ def failure_kind(exc: BaseException) -> str:
     return "error"
 
 
+def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
+    """The record describes the processes that really ran (e.g. a user's own torchrun)."""
+    if cfg.world_size == info.world_size:
+        return cfg
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
+
+
 def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
 
@@ -305,9 +314,10 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info = init_distributed(cfg.device, cfg.collective_timeout_s)
+    cfg = match_process_group(cfg, info)
     record = base_record(cfg, info.device)
     try:
-        model_cfg = get_preset(cfg.scale, cfg.text_encoder)
+        model_cfg = cfg.model_config()
         record["flops_breakdown"] = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),

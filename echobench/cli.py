@@ -81,7 +81,10 @@ def run(
     seed: int = typer.Option(0),
     device: str = typer.Option("auto", help="auto, cuda or cpu."),
     skip_bad_samples: bool = typer.Option(False, help="Count and skip corrupt samples instead of failing."),
-    text_encoder: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
+    encoder_model: Optional[str] = typer.Option(None, help="Text encoder: t5gemma-2-270m|1b|4b, t5-base, t5-large "
+                                                "(default: the preset's)."),
+    frozen_encoder: bool = typer.Option(True, "--frozen-encoder/--train-encoder", help="Freeze the text encoder (default) or train it."),
+    t5_hidden_dim: Optional[int] = typer.Option(None, help="Expected encoder hidden size (checked against encoder_model)."),
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
@@ -154,7 +157,8 @@ def flops(
     text_tokens: int = typer.Option(256),
     speaker_frames: int = typer.Option(750),
     ac: str = typer.Option("none", help="Activation checkpointing for HFU: none, selective, full."),
-    text_encoder: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
+    encoder_model: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
+    frozen_encoder: bool = typer.Option(True, "--frozen-encoder/--train-encoder"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Parameter and FLOP breakdown of one training sample."""
@@ -162,7 +166,7 @@ def flops(
     from echobench.model.config import get_preset
 
     try:
-        report = flops_report(get_preset(scale, text_encoder), audio_frames, text_tokens, speaker_frames, ac)
+        report = flops_report(get_preset(scale, encoder_model, frozen_encoder), audio_frames, text_tokens, speaker_frames, ac)
     except ValueError as exc:
         fail(str(exc))
     if as_json:

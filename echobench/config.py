@@ -35,7 +35,9 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     peak_tflops: float | None = None
-    text_encoder: str | None = None  # default: the preset's
+    encoder_model: str | None = None  # text encoder by name; default: the preset's
+    frozen_encoder: bool = True  # False: the encoder trains too (gradients, optimizer, FLOPs)
+    t5_hidden_dim: int | None = None  # optional check: must equal the encoder's hidden size
     encoder_checkpoint: str | None = None
     tokenizer: str | None = None  # local Hugging Face tokenizer directory
     profile: bool = False
@@ -68,6 +70,16 @@ class RunConfig:
                 bad(key, getattr(self, key), "an integer >= 1")
         if self.warmup_steps < 0:
             bad("warmup_steps", self.warmup_steps, "an integer >= 0")
+        encoder = self.model_config().text_encoder
+        if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
+            raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
+                             f"whose hidden size is {encoder.hidden}: drop t5_hidden_dim or choose a matching encoder")
+
+    def model_config(self):
+        """The model this run trains: the preset, its encoder choice and whether the encoder trains."""
+        from echobench.model.config import get_preset
+
+        return get_preset(self.scale, self.encoder_model, self.frozen_encoder)
 
     @property
     def world_size(self) -> int:

@@ -9,7 +9,8 @@ Conventions (DESIGN.md "What MFU means here"):
   the first layer of each stream, whose input carries no gradient: only the weight gradient
   is computed there (1x). This is what autograd actually executes, and what
   torch.utils.flop_counter.FlopCounterMode measures.
-- The frozen text encoder runs forward only (1x).
+- The frozen text encoder runs forward only (1x). A trainable one (frozen_encoder: false) counts
+  its backward too (2x: its first matmuls read the embedding output, which has a gradient).
 - Activation recompute is not model work: it is counted in hardware FLOPs (HFU) only.
 
 The tests hold these formulas against FlopCounterMode on the real modules (meta device),
@@ -113,16 +114,19 @@ def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_fr
         spk.add(2 * 2 * P * P * ds)
         spk.add(3 * _linear(P, ds, cfg.speaker_mlp))
 
-    # Text: frozen encoder forward only, then the trainable projection.
+    # Text: the encoder (frozen: forward only), then the trainable projection.
     enc = cfg.text_encoder
-    parts["text_projection"].add(_linear(Lt, enc.hidden, d), input_has_grad=False)
+    parts["text_projection"].add(_linear(Lt, enc.hidden, d), input_has_grad=not cfg.frozen_encoder)
     q_dim, kv_dim = enc.heads * enc.head_dim, enc.kv_heads * enc.head_dim
     per_layer = (
         _linear(Lt, enc.hidden, q_dim) + 2 * _linear(Lt, enc.hidden, kv_dim) + _linear(Lt, q_dim, enc.hidden)
         + 2 * 2 * Lt * Lt * q_dim
-        + 3 * _linear(Lt, enc.hidden, enc.mlp)
+        + (3 if enc.gated_mlp else 2) * _linear(Lt, enc.hidden, enc.mlp)
     )
-    parts["text_encoder"].forward = enc.layers * per_layer
+    if cfg.frozen_encoder:
+        parts["text_encoder"].forward = enc.layers * per_layer
+    else:
+        parts["text_encoder"].add(enc.layers * per_layer)
     return FlopBreakdown(parts, audio_frames, text_tokens, speaker_frames)
 
 
@@ -158,14 +162,15 @@ def hardware_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
 @dataclass
 class ParamCounts:
     parts: dict[str, int]
+    frozen_encoder: bool = True
 
     @property
     def trainable(self) -> int:
-        return sum(v for k, v in self.parts.items() if k != "text_encoder")
+        return sum(v for k, v in self.parts.items() if k != "text_encoder" or not self.frozen_encoder)
 
     @property
     def frozen(self) -> int:
-        return self.parts["text_encoder"]
+        return self.parts["text_encoder"] if self.frozen_encoder else 0
 
     def as_dict(self) -> dict:
         return {"trainable": self.trainable, "frozen": self.frozen, "parts": dict(self.parts)}
@@ -189,17 +194,22 @@ def param_counts(cfg: EchoConfig) -> ParamCounts:
         + ds,
         "text_projection": cfg.text_encoder.hidden * d + d,
     }
-    enc = cfg.text_encoder
+    parts["text_encoder"] = text_encoder_params(cfg.text_encoder)
+    return ParamCounts(parts, cfg.frozen_encoder)
+
+
+def text_encoder_params(enc) -> int:
     q_dim, kv_dim = enc.heads * enc.head_dim, enc.kv_heads * enc.head_dim
-    enc_layer = (
-        enc.hidden * (q_dim + 2 * kv_dim) + q_dim * enc.hidden  # projections
-        + 2 * enc.head_dim  # q / k norms
-        + 3 * enc.hidden * enc.mlp
-        + 4 * enc.hidden  # four RMSNorms per Gemma-3 layer
-    )
-    # embedding table, its end-of-image embedding, layers, final norm
-    parts["text_encoder"] = enc.vocab * enc.hidden + enc.hidden + enc.layers * enc_layer + enc.hidden
-    return ParamCounts(parts)
+    projections = enc.hidden * (q_dim + 2 * kv_dim) + q_dim * enc.hidden
+    mlp = (3 if enc.gated_mlp else 2) * enc.hidden * enc.mlp
+    if enc.family == "t5":
+        # two layer norms per layer; the first layer holds the relative position bias; final norm
+        layer = projections + mlp + 2 * enc.hidden
+        return enc.vocab * enc.hidden + enc.layers * layer + enc.relative_buckets * enc.heads + enc.hidden
+    # Gemma-3: q / k norms and four RMSNorms per layer; the embedding table, its
+    # end-of-image embedding, and the final norm.
+    layer = projections + mlp + 2 * enc.head_dim + 4 * enc.hidden
+    return enc.vocab * enc.hidden + enc.hidden + enc.layers * layer + enc.hidden
 
 
 def flops_report(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int, ac: str = "none") -> dict:
@@ -207,6 +217,8 @@ def flops_report(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_f
     f = model_flops(cfg, audio_frames, text_tokens, speaker_frames)
     return {
         "scale": cfg.name,
+        "encoder_model": cfg.text_encoder.name,
+        "frozen_encoder": cfg.frozen_encoder,
         "params": param_counts(cfg).as_dict(),
         "model_flops_per_sample": f.total,
         "hardware_flops_per_sample": hardware_flops(cfg, f, ac),

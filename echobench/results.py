@@ -89,7 +89,7 @@ def load_records(paths) -> tuple[list[dict], list[str]]:
 TABLE_COLUMNS = [
     "run_id", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
     "world_size", "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames", "precision",
-    "compile", "ac", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+    "compile", "ac", "encoder_model", "frozen_encoder", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
     "samples_per_s", "audio_seconds_per_s", "model_flops_per_sample", "tflops_per_gpu", "mfu", "hfu",
     "mfu_vs_ceiling", "peak_tflops", "peak_source", "ceiling_tflops", "peak_mem_gib", "data_wait_frac",
 ]

@@ -30,8 +30,13 @@ def counted_flops(model, batch) -> tuple[int, int]:
     """(forward + backward, forward) FLOPs that FlopCounterMode sees for one training step.
 
     Attention runs under the math SDPA backend: scores and values as bmm, backward 2x.
+    A trainable encoder's embedding backward indexes by a mask (nonzero), which the meta device
+    can only shape by assuming every element is non-zero; that changes no matmul.
     """
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True), sdpa_kernel(SDPBackend.MATH), \
+            FlopCounterMode(display=False) as counter:
         loss = model(batch)
         forward = counter.get_total_flops()
         loss.backward()

@@ -139,5 +139,5 @@ def test_text_encoder_is_the_transformers_t5gemma2_tower():
 def test_unknown_scale_and_encoder_are_clear_errors():
     with pytest.raises(ValueError, match="unknown scale 'XL'.*tiny, 800M, 3B, 8B"):
         get_preset("XL")
-    with pytest.raises(ValueError, match="unknown text encoder"):
+    with pytest.raises(ValueError, match="unknown encoder_model"):
         get_preset("tiny", "bert")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from echobench.backends import TrainSetup
-from echobench.model.config import get_preset
 from echobench.model.echo import EchoTTS
 
 SUPPORTED = ("single",)
@@ -26,9 +25,10 @@ def validate(cfg) -> str | None:
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     torch.manual_seed(cfg.seed)  # same initial weights on every rank and in every backend
     with torch.device(device):
-        model = EchoTTS(get_preset(cfg.scale, cfg.text_encoder), cfg.encoder_checkpoint)
-    # The frozen encoder keeps no fp32 master copy: store it in the compute dtype.
-    model.text_encoder.to(dtype)
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint)
+    if cfg.frozen_encoder:
+        # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
+        model.text_encoder.to(dtype)
     return model
 
 

@@ -9,7 +9,10 @@ LATENT_DIM = 128  # DAC-VAE latent channels (echobench.data.format has the same 
 
 @dataclass(frozen=True)
 class TextEncoderConfig:
-    """A Gemma-3 text tower as used by T5Gemma2 (sizes from the published configs)."""
+    """A text encoder's sizes: the Gemma-3 text tower of T5Gemma2, or a classic T5 encoder.
+
+    Sizes come from the published configs; the hidden size is what the text projection reads.
+    """
 
     name: str
     hidden: int
@@ -19,7 +22,10 @@ class TextEncoderConfig:
     kv_heads: int
     head_dim: int
     vocab: int
+    family: str = "t5gemma2"  # t5gemma2 (transformers T5Gemma2TextEncoder) or t5 (T5EncoderModel)
     sliding_window: int = 512
+    gated_mlp: bool = True  # Gemma: gate/up/down; T5 v1.0: relu wi/wo
+    relative_buckets: int = 32  # T5's relative position bias buckets
 
 
 TEXT_ENCODERS = {
@@ -28,7 +34,20 @@ TEXT_ENCODERS = {
     "t5gemma-2-270m": TextEncoderConfig("t5gemma-2-270m", 640, 2048, 18, 4, 1, 256, 262144),
     "t5gemma-2-1b": TextEncoderConfig("t5gemma-2-1b", 1152, 6912, 26, 4, 1, 256, 262144),
     "t5gemma-2-4b": TextEncoderConfig("t5gemma-2-4b", 2560, 10240, 34, 8, 4, 256, 262144),
+    "t5-base": TextEncoderConfig("t5-base", 768, 3072, 12, 12, 12, 64, 32128, family="t5", gated_mlp=False),
+    "t5-large": TextEncoderConfig("t5-large", 1024, 4096, 24, 16, 16, 64, 32128, family="t5", gated_mlp=False),
+    "tiny-t5": TextEncoderConfig("tiny-t5", 64, 128, 2, 2, 2, 32, 512, family="t5", gated_mlp=False),
 }
+# The hub names of the T5Gemma2 checkpoints (encoder-decoder sizes) map to their text towers.
+ENCODER_ALIASES = {"t5gemma-2-270m-270m": "t5gemma-2-270m", "t5gemma-2-1b-1b": "t5gemma-2-1b",
+                   "t5gemma-2-4b-4b": "t5gemma-2-4b"}
+
+
+def get_text_encoder(name: str) -> TextEncoderConfig:
+    name = ENCODER_ALIASES.get(name, name)
+    if name not in TEXT_ENCODERS:
+        raise ValueError(f"unknown encoder_model {name!r}: choose one of {', '.join([*TEXT_ENCODERS, *ENCODER_ALIASES])}")
+    return TEXT_ENCODERS[name]
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class EchoConfig:
     timestep_dim: int = 256  # sinusoidal features fed to the timestep MLP
     latent_dim: int = LATENT_DIM
     cfg_dropout: float = 0.1  # classifier-free guidance: drop text and speaker this often
+    frozen_encoder: bool = True  # False: the text encoder trains too (its backward is counted)
     norm_eps: float = 1e-6
 
     @property
@@ -82,15 +102,15 @@ PRESETS: dict[str, EchoConfig] = {
 NOMINAL_PARAMS = {"800M": 800e6, "3B": 3e9, "8B": 8e9}
 
 
-def get_preset(scale: str, text_encoder: str | None = None) -> EchoConfig:
+def get_preset(scale: str, encoder_model: str | None = None, frozen_encoder: bool = True) -> EchoConfig:
+    """A preset, optionally with another text encoder (by name) and a trainable encoder."""
     if scale not in PRESETS:
         raise ValueError(f"unknown scale {scale!r}: choose one of {', '.join(PRESETS)}")
-    cfg = PRESETS[scale]
-    if text_encoder is not None:
-        if text_encoder not in TEXT_ENCODERS:
-            raise ValueError(f"unknown text encoder {text_encoder!r}: choose one of {', '.join(TEXT_ENCODERS)}")
-        cfg = replace(cfg, text_encoder=TEXT_ENCODERS[text_encoder])
+    cfg = replace(PRESETS[scale], frozen_encoder=frozen_encoder)
+    if encoder_model is not None:
+        cfg = replace(cfg, text_encoder=get_text_encoder(encoder_model))
     return cfg
 
 
-__all__ = ["EchoConfig", "TextEncoderConfig", "PRESETS", "TEXT_ENCODERS", "NOMINAL_PARAMS", "get_preset"]
+__all__ = ["EchoConfig", "TextEncoderConfig", "PRESETS", "TEXT_ENCODERS", "NOMINAL_PARAMS", "get_preset",
+           "get_text_encoder"]

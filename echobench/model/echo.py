@@ -1,4 +1,4 @@
-"""Echo TTS: frozen text encoder + text projection + speaker encoder + DiT, and its loss."""
+"""Echo TTS: text encoder (frozen by default) + text projection + speaker encoder + DiT, and its loss."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from torch import nn
 from echobench.model.config import EchoConfig
 from echobench.model.dit import EchoDiT
 from echobench.model.speaker import SpeakerEncoder
-from echobench.model.text_encoder import FrozenTextEncoder
+from echobench.model.text_encoder import TextEncoder
 
 
 class EchoTTS(nn.Module):
     def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None):
         super().__init__()
         self.cfg = cfg
-        self.text_encoder = FrozenTextEncoder(cfg.text_encoder, encoder_checkpoint)
+        self.text_encoder = TextEncoder(cfg.text_encoder, encoder_checkpoint, frozen=cfg.frozen_encoder)
         self.text_proj = nn.Linear(cfg.text_encoder.hidden, cfg.width)
         self.speaker_encoder = SpeakerEncoder(cfg)
         self.dit = EchoDiT(cfg)

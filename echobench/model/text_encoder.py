@@ -1,4 +1,8 @@
-"""The frozen T5Gemma2 text tower from `transformers`, built from a config (no download)."""
+"""The text encoder from `transformers`, built from a config (no download).
+
+T5Gemma2's Gemma-3 text tower (the default) or a classic T5 encoder. Frozen by default:
+run under no_grad in eval mode; with frozen=False it trains with the rest of the model.
+"""
 
 from __future__ import annotations
 
@@ -28,47 +32,85 @@ def t5gemma2_text_config(cfg: TextEncoderConfig):
     return config
 
 
+def t5_config(cfg: TextEncoderConfig):
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=cfg.vocab, d_model=cfg.hidden, d_ff=cfg.mlp, num_layers=cfg.layers, num_heads=cfg.heads,
+        d_kv=cfg.head_dim, relative_attention_num_buckets=cfg.relative_buckets,
+        feed_forward_proj="gated-gelu" if cfg.gated_mlp else "relu", dropout_rate=0.0,
+    )
+
+
 def build_text_encoder(cfg: TextEncoderConfig, checkpoint: str | None = None) -> nn.Module:
     """Random weights from the config unless a local checkpoint directory is given.
 
     Throughput does not depend on the weights' values, so benchmarks need no download.
     """
+    if cfg.family == "t5":
+        from transformers import T5EncoderModel
+
+        if checkpoint:
+            return T5EncoderModel.from_pretrained(checkpoint, local_files_only=True)
+        return T5EncoderModel(t5_config(cfg))
     from transformers.models.t5gemma2.modeling_t5gemma2 import T5Gemma2TextEncoder
 
     if checkpoint:
         model = T5Gemma2TextEncoder.from_pretrained(checkpoint, local_files_only=True)
         model.config._attn_implementation = "sdpa"
-    else:
-        model = T5Gemma2TextEncoder(t5gemma2_text_config(cfg))
-    return model
+        return model
+    return T5Gemma2TextEncoder(t5gemma2_text_config(cfg))
 
 
-class FrozenTextEncoder(nn.Module):
-    """Runs the encoder under no_grad in eval mode; its parameters never train."""
+def check_checkpoint_size(cfg: TextEncoderConfig, model: nn.Module) -> None:
+    config = model.config
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
+    if hidden != cfg.hidden:
+        raise ValueError(f"encoder checkpoint has hidden size {hidden}, but encoder_model {cfg.name!r} has "
+                         f"{cfg.hidden}: pick the encoder_model that matches the checkpoint")
 
-    def __init__(self, cfg: TextEncoderConfig, checkpoint: str | None = None):
+
+class TextEncoder(nn.Module):
+    """(B, T) token ids + mask -> (B, T, hidden). Frozen: no_grad, eval mode, no trainable parameters."""
+
+    def __init__(self, cfg: TextEncoderConfig, checkpoint: str | None = None, frozen: bool = True):
         super().__init__()
+        self.family = cfg.family
         self.sliding_window = cfg.sliding_window
+        self.frozen = frozen
         self.encoder = build_text_encoder(cfg, checkpoint)
-        self.encoder.requires_grad_(False)
-        self.encoder.eval()
+        if checkpoint:
+            check_checkpoint_size(cfg, self.encoder)
+        if frozen:
+            self.encoder.requires_grad_(False)
+            self.encoder.eval()
 
     def train(self, mode: bool = True):
-        # Stay in eval mode whatever the parent does (no dropout in a frozen encoder).
-        return super().train(False)
+        # A frozen encoder stays in eval mode whatever the parent does.
+        return super().train(mode and not self.frozen)
 
-    def attention_masks(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Boolean (B, 1, T, T) masks for the full and sliding-window layers.
-
-        Built here rather than by transformers, whose mask helper checks `mask.all()`
+    def attention_masks(self, mask: torch.Tensor, dtype: torch.dtype):
+        """Masks built here rather than by transformers, whose helper checks `mask.all()`
         on the host: a device sync every step, and impossible on the meta device.
+
+        T5Gemma2: boolean (B, 1, 1, T) masks for its full and sliding-window layers.
+        T5: an additive float mask, which T5 adds to its relative position bias.
         """
-        t = mask.shape[1]
         keys = mask[:, None, None, :]
+        if self.family == "t5":
+            return torch.zeros(keys.shape, dtype=dtype, device=mask.device).masked_fill(~keys, torch.finfo(dtype).min)
+        t = mask.shape[1]
         pos = torch.arange(t, device=mask.device)
         window = (pos[:, None] - pos[None, :]).abs() < self.sliding_window
         return {"full_attention": keys, "sliding_attention": keys & window[None, None]}
 
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return next(self.encoder.parameters()).dtype
+
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.encoder(input_ids=ids, attention_mask=self.attention_masks(mask)).last_hidden_state
+        dtype = self.compute_dtype(mask.device)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
+            out = self.encoder(input_ids=ids, attention_mask=self.attention_masks(mask, dtype))
+        return out.last_hidden_state
