@@ -293,13 +293,14 @@ def plan(
         est = sw.estimated_seconds(run, matrix)
         est_h = None if est is None else est / 3600 * c.world_size
         est_total += est_h or 0
-        limit_total += limit_h * c.world_size
+        run_limit_h = sw.time_limit_s(matrix, executor, run) / 3600
+        limit_total += run_limit_h * c.world_size
         fits = {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits]
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
-                     "gpu_hours_estimate": est_h, "gpu_hours_limit": limit_h * c.world_size})
+                     "gpu_hours_estimate": est_h, "gpu_hours_limit": run_limit_h * c.world_size})
         table.add_row(run.id, f"{c.tp} x {c.dp}",
                       f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib), fits,
-                      "-" if est_h is None else f"{est_h:.2f}", f"{limit_h * c.world_size:.2f}")
+                      "-" if est_h is None else f"{est_h:.2f}", f"{run_limit_h * c.world_size:.2f}")
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
@@ -396,14 +397,15 @@ def status(
                 break
             _time.sleep(poll)
     table = Table(title=f"{runs_dir}: {len(rows)} runs")
-    for col in ("run id", "state", "job", "step time s", "samples/s", "MFU", "mem GiB", "error"):
+    table.add_column("run id", no_wrap=True)
+    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB", "error"):
         table.add_column(col, overflow="fold")
     for r in rows:
         st = r["state"]
         color = "green" if st == "ok" else ("cyan" if st in ACTIVE else "red")
         table.add_row(r["run_id"], f"[{color}]{st}[/]", str(r.get("job_id") or "-"), fmt(r.get("step_time_s"), ".4f"),
                       fmt(r.get("samples_per_s"), ".3g"), "-" if r.get("mfu") is None else f"{r['mfu']:.2%}",
-                      fmt(r.get("peak_mem_gib"), ".2f"), (r.get("error") or "")[:200])
+                      fmt(r.get("peak_mem_gib"), ".2f"), (r.get("error") or "")[:160])
     console.print(table)
     counts: dict[str, int] = {}
     for r in rows:

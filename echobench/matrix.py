@@ -2,7 +2,8 @@
 
 A matrix (DESIGN.md "Matrix file") has `defaults`, `axes` (any RunConfig key; the runs are their
 cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
-matches any of its items) and `include` (extra single runs). The file is checked with pydantic:
+matches any of its items) and `include` (extra single runs; an entry may carry its own
+`time_limit`). The file is checked with pydantic:
 an unknown key, a wrong type or a bad value is an error naming the file, the key and what is
 allowed. A combination that cannot run (a layout the framework lacks, TP wider than a node, ...)
 is listed as skipped with its reason, never an error.
@@ -93,7 +94,7 @@ class SlurmSettings(Strict):
     exclusive: bool = False
     extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc"
     setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
-    env: dict[str, str | int | float | bool] = {}
+    env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
     python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
 
@@ -201,6 +202,10 @@ def _allowed(key: str) -> tuple[str, ...] | None:
         from echobench.model.config import PRESETS
 
         return tuple(PRESETS)
+    if key == "encoder_model":
+        from echobench.model.config import TEXT_ENCODERS
+
+        return tuple(TEXT_ENCODERS)
     return ALLOWED_VALUES.get(key)
 
 
@@ -265,6 +270,7 @@ class Matrix:
     axes: dict[str, list]
     exclude: list[dict]
     include: list[dict]
+    include_limits: list[str | None]  # per include entry: its time_limit, if any
 
     @property
     def name(self) -> str:
@@ -296,11 +302,21 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
             raise MatrixError(f"{path}: axes.{key}: an axis needs at least one value")
         axes.update(_check_run_mapping(path, "axes", {key: values}, allow_lists=True))
     exclude = [_check_run_mapping(path, f"exclude[{i}]", e, allow_lists=True) for i, e in enumerate(spec.exclude)]
-    include = [_check_run_mapping(path, f"include[{i}]", e, allow_lists=False) for i, e in enumerate(spec.include)]
+    include, include_limits = [], []
+    for i, entry in enumerate(spec.include):
+        entry = dict(entry)
+        limit = entry.pop("time_limit", None)  # a per-run time limit (slurm.time / local.time otherwise)
+        if limit is not None:
+            try:
+                limit = _check_time(limit)
+            except ValueError as exc:
+                raise MatrixError(f"{path}: include[{i}].time_limit: {exc}") from None
+        include.append(_check_run_mapping(path, f"include[{i}]", entry, allow_lists=False))
+        include_limits.append(limit)
     for i, e in enumerate(exclude):
         if not e:
             raise MatrixError(f"{path}: exclude[{i}] is empty: it would exclude every run")
-    return Matrix(path, text, spec, defaults, axes, exclude, include)
+    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits)
 
 
 def load_matrix(path: Path | str) -> Matrix:
@@ -319,6 +335,7 @@ class PlannedRun:
     id: str
     cfg: RunConfig
     settings: dict  # the keys the matrix set (what `--only` and the run.yaml see)
+    time_limit: str | None = None  # this run's own limit (an include's time_limit), else the matrix's
     memory: Any = None  # echobench.memory.MemoryEstimate
     fits: bool | None = None  # None: device memory unknown
 
@@ -327,6 +344,7 @@ class PlannedRun:
 class SkippedRun:
     settings: dict
     reason: str
+    cfg: RunConfig | None = None  # None when the settings themselves are invalid
 
 
 @dataclass
@@ -360,9 +378,7 @@ def layout_problem(cfg: RunConfig) -> str | None:
         return f"{par} needs {cfg.tp} GPUs in one node; a node has {cfg.gpus_per_node}"
     if cfg.world_size % cfg.tp:
         return f"world size {cfg.world_size} is not divisible by tp={cfg.tp}"
-    from echobench.model.config import get_preset
-
-    heads = get_preset(cfg.scale, cfg.text_encoder).heads
+    heads = cfg.model_config().heads
     if heads % cfg.tp:
         return f"tp={cfg.tp} does not divide the {heads} attention heads of {cfg.scale}"
     if par == "hsdp" and cfg.nodes < 2:
@@ -384,6 +400,8 @@ def expand(matrix: Matrix, executor: str | None = None) -> Plan:
         base["peak_tflops"] = spec.hardware.peak_tflops
     keys = list(matrix.axes)
     combos = [dict(zip(keys, values)) for values in itertools.product(*(matrix.axes[k] for k in keys))]
+    if not keys and matrix.include:
+        combos = []  # no axes: the runs are the includes alone (not also the bare defaults)
     plan = Plan(matrix)
     candidates = []
     for combo in combos:
@@ -391,10 +409,10 @@ def expand(matrix: Matrix, executor: str | None = None) -> Plan:
         if any(_matches(settings, e) for e in matrix.exclude):
             plan.excluded += 1
             continue
-        candidates.append(settings)
-    candidates += [{**base, **inc} for inc in matrix.include]
+        candidates.append((settings, None))
+    candidates += [({**base, **inc}, limit) for inc, limit in zip(matrix.include, matrix.include_limits)]
     seen = set()
-    for settings in candidates:
+    for settings, limit in candidates:
         full = dict(settings)
         if "gpus_per_node" not in full:
             # Processes per node come from slurm.gpus_per_node; `single` is one process.
@@ -406,17 +424,17 @@ def expand(matrix: Matrix, executor: str | None = None) -> Plan:
             continue
         if executor == "local" and cfg.nodes > 1:
             plan.skipped.append(SkippedRun(settings, f"the local executor runs on this one machine: nodes={cfg.nodes} "
-                                                     f"needs --executor slurm"))
+                                                     f"needs --executor slurm", cfg))
             continue
         if problem := layout_problem(cfg):
-            plan.skipped.append(SkippedRun(settings, problem))
+            plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
         rid = run_id(cfg)
         if rid in seen:
             plan.duplicates += 1
             continue
         seen.add(rid)
-        plan.runs.append(PlannedRun(rid, cfg, settings))
+        plan.runs.append(PlannedRun(rid, cfg, settings, limit))
     from echobench.memory import device_memory_gib, estimate_memory
 
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)

@@ -11,7 +11,8 @@ not fit unless --force. Parts, in bytes per GPU:
                lengths (flash / efficient attention: no score matrix), times micro_batch;
                selective AC keeps ~60%, full AC only the block inputs plus one block's worth;
                Megatron TP splits the attention / MLP part (no sequence parallelism).
-- encoder:     the frozen text encoder, stored in the compute dtype, replicated, no gradients.
+- encoder:     the frozen text encoder, stored in the compute dtype, replicated, no gradients
+               (a trainable one counts as trainable parameters instead).
 - transient:   FSDP2's all-gathered bf16 blocks (current + prefetched).
 - overhead:    CUDA context, NCCL / cuBLAS workspaces (1.5 GiB) plus 10% allocator fragmentation.
 """
@@ -22,7 +23,6 @@ from dataclasses import asdict, dataclass
 
 from echobench.config import RunConfig
 from echobench.flops import param_counts
-from echobench.model.config import get_preset
 
 GIB = 2**30
 
@@ -92,7 +92,7 @@ def state_shards(cfg: RunConfig) -> int:
 
 def activation_elements_per_sample(cfg: RunConfig) -> tuple[float, float, float]:
     """(total, per-block inputs, largest single block) saved elements for one sample."""
-    m = get_preset(cfg.scale, cfg.text_encoder)
+    m = cfg.model_config()
     la, lt = cfg.audio_frames, cfg.text_tokens
     p = -(-cfg.speaker_frames // m.speaker_patch)
     d, ds = m.width, m.speaker_width
@@ -103,11 +103,14 @@ def activation_elements_per_sample(cfg: RunConfig) -> tuple[float, float, float]
     blocks = m.layers * dit_block + m.speaker_layers * spk_block
     inputs = m.layers * la * d + m.speaker_layers * p * ds
     io = la * (4 * d + 4 * m.latent_dim) + lt * (m.text_encoder.hidden + d)  # embeddings, head, loss, text
+    if not m.frozen_encoder:  # a trained encoder saves its activations too
+        enc = m.text_encoder
+        blocks += enc.layers * lt * (10 * enc.hidden + 3 * enc.mlp)
     return blocks + io, inputs + io, max(dit_block, spk_block)
 
 
 def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
-    model = get_preset(cfg.scale, cfg.text_encoder)
+    model = cfg.model_config()
     counts = param_counts(model)
     b = compute_bytes(cfg.precision)
     trainable = float(counts.trainable)

@@ -58,16 +58,19 @@ def default_out(matrix: Matrix) -> Path:
 
 # ---- plan: time and GPU-hours ----
 
-def time_limit_s(matrix: Matrix, executor: str) -> int:
-    spec = matrix.spec
-    return parse_time(spec.slurm.time if executor == "slurm" else spec.local.time)
+def time_limit(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> str:
+    if run is not None and run.time_limit:
+        return run.time_limit
+    return matrix.spec.slurm.time if executor == "slurm" else matrix.spec.local.time
+
+
+def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> int:
+    return parse_time(time_limit(matrix, executor, run))
 
 
 def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
     """Startup plus all steps at the matrix's assumed MFU; None without a known peak."""
     from echobench.flops import hardware_flops, model_flops
-    from echobench.model.config import get_preset
-
     hw = matrix.spec.hardware
     peak = run.cfg.peak_tflops or hw.peak_tflops
     if peak is None and hw.device:
@@ -77,7 +80,7 @@ def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
     if peak is None:
         return None
     cfg = run.cfg
-    model = get_preset(cfg.scale, cfg.text_encoder)
+    model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
     work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
     return STARTUP_S + (COMPILE_S if cfg.compile else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
@@ -111,15 +114,16 @@ def make_executor(name: str, matrix: Matrix | None = None, env: dict | None = No
         return SlurmExecutor()
     from echobench.executors.local import LocalExecutor
 
-    limit = time_limit_s(matrix, "local") if matrix is not None else 0
-    return LocalExecutor(limit, env)
+    # The matrix's env applies to local runs too (as process environment: no shell involved).
+    return LocalExecutor({**(matrix.spec.slurm.env if matrix is not None else {}), **(env or {})})
 
 
 def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) -> str:
     if executor == "slurm":
         from echobench.executors.slurm import render_script
 
-        return render_script(run.cfg, rd, matrix.spec.slurm)
+        slurm = matrix.spec.slurm.model_copy(update={"time": time_limit(matrix, "slurm", run)})
+        return render_script(run.cfg, rd, slurm)
     from echobench.executors.local import render_local_script
 
     return render_local_script(run.cfg, rd)
@@ -283,7 +287,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         write_run_files(run, rd, matrix, opts.executor)
         entries[run.id] = {"executor": opts.executor, "attempt": attempt, "submitted": now_iso(), "state": "pending"}
         try:
-            job_id = executor.submit(run, rd)
+            job_id = executor.submit(run, rd, time_limit_s(matrix, opts.executor, run))
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
             entries[run.id].update(settled=True, state=record["status"])

@@ -54,8 +54,11 @@ def log_tail(run_dir: Path, lines: int = 40) -> str:
 
 
 def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
-    kept = [line.strip() for line in tail.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)[-limit:]
+    """A few log lines for the one-line error: SLURM's own `*** ... ***` verdict first."""
+    all_lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    verdict = [line for line in all_lines if "***" in line][-1:]
+    kept = verdict + [line for line in all_lines[-lines:] if line not in verdict]
+    return " | ".join(kept)[:limit]
 
 
 def current_record(run_dir: Path) -> dict | None:

@@ -73,19 +73,18 @@ class LocalExecutor:
     name = "local"
     max_active = 1  # one run at a time: runs on one machine must not share it
 
-    def __init__(self, time_limit_s: int, env: dict | None = None):
-        self.time_limit_s = time_limit_s
+    def __init__(self, env: dict | None = None):
         self.env = env or {}
-        self.jobs: dict[str, tuple[subprocess.Popen, float]] = {}
+        self.jobs: dict[str, tuple[subprocess.Popen, float, int]] = {}
 
-    def submit(self, run, run_dir: Path) -> str:
+    def submit(self, run, run_dir: Path, time_limit_s: int) -> str:
         log = open(run_dir / "logs" / "local.log", "ab")
         env = {**os.environ, **self.env}
         proc = subprocess.Popen(["bash", str(run_dir / "job.sh")], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log.close()
         job_id = f"local-{proc.pid}"
-        self.jobs[job_id] = (proc, time.monotonic() + self.time_limit_s)
+        self.jobs[job_id] = (proc, time.monotonic() + time_limit_s, time_limit_s)
         return job_id
 
     def state(self, job_id: str, run_dir: Path) -> JobState:
@@ -93,7 +92,7 @@ class LocalExecutor:
             if job_alive(job_id, run_dir):  # run by another sweep process that is still going
                 return JobState("running", "run by another echobench process")
             return JobState("gone", "the local sweep that ran it stopped before it finished")
-        proc, deadline = self.jobs[job_id]
+        proc, deadline, limit = self.jobs[job_id]
         code = proc.poll()
         if code is not None:
             del self.jobs[job_id]
@@ -101,13 +100,13 @@ class LocalExecutor:
         if time.monotonic() > deadline:
             stop_group(proc)
             del self.jobs[job_id]
-            return JobState("timeout", f"local time limit of {self.time_limit_s} s exceeded: stopped")
+            return JobState("timeout", f"local time limit of {limit} s exceeded: stopped")
         return JobState("running")
 
     def cancel_all(self) -> list[str]:
         """Ctrl-C: stop every running job; returns their ids."""
         stopped = list(self.jobs)
-        for proc, _ in self.jobs.values():
+        for proc, _, _ in self.jobs.values():
             stop_group(proc)
         self.jobs.clear()
         return stopped

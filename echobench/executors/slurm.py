@@ -122,7 +122,8 @@ class SlurmExecutor:
     def __init__(self):
         self.accounting: bool | None = None  # unknown until sacct has been tried
 
-    def submit(self, run, run_dir: Path) -> str:
+    def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
+        # The time limit is in the script (#SBATCH --time).
         try:
             proc = _run(["sbatch", "--parsable", str(run_dir / "job.sh")])
         except FileNotFoundError:
