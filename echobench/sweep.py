@@ -231,7 +231,7 @@ class SweepOptions:
     poll_s: float | None = None
 
 
-def calibrate_once(sweep_dir: Path, console) -> dict:
+def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
     """A local sweep with no peak given: measure this machine's GEMM rate once, in the sweep
     directory, so the runs report MFU against it (CPU devices have no datasheet peak)."""
     cache = sweep_dir / "cache"
@@ -242,7 +242,7 @@ def calibrate_once(sweep_dir: Path, console) -> dict:
 
         env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(sweep_dir / "calibrate.log", "w") as out:
-            code = subprocess.call([sys.executable, "-m", "echobench", "calibrate"], stdout=out,
+            code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
                                    stderr=subprocess.STDOUT, env=env)
         if code != 0:
             log(console, f"[red]calibration failed[/] (see {sweep_dir / 'calibrate.log'}); runs without a peak will fail")
@@ -277,7 +277,8 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                  f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
                                               if failed_before else "") + f" -> {sweep_dir}")
     if opts.executor == "local" and any(r.cfg.peak_tflops is None for r in to_submit):
-        executor.env.update(calibrate_once(sweep_dir, console))
+        devices = {r.cfg.device for r in to_submit}
+        executor.env.update(calibrate_once(sweep_dir, console, devices.pop() if len(devices) == 1 else "auto"))
 
     def submit(run: PlannedRun) -> None:
         rd = dirs[run.id]

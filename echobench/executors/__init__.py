@@ -50,7 +50,12 @@ def log_tail(run_dir: Path, lines: int = 40) -> str:
         text = logs[-1].read_text(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+    all_lines = text.rstrip().splitlines()
+    tail = all_lines[-lines:]
+    # SLURM's own verdict ("*** JOB 7 ON node1 CANCELLED AT ... DUE TO TIME LIMIT ***") may sit
+    # above a long traceback: keep it.
+    verdict = [line for line in all_lines[:-lines] if "***" in line and "slurmstepd" in line][-2:]
+    return "\n".join(verdict + tail)
 
 
 def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
