@@ -381,10 +381,12 @@ def status(
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
+    plain_records = None  # a directory of records that is not a sweep
     if not (runs_dir / sw.SWEEP_FILE).exists() and not list(runs_dir.glob("*/run.yaml")):
         from echobench.results import load_records
 
         records, problems = load_records([runs_dir])
+        plain_records = records
         rows = [{"run_id": r["run_id"], "state": r["status"], "step_time_s": r.get("step_time_s"), "mfu": r.get("mfu"),
                  "samples_per_s": r.get("samples_per_s"), "peak_mem_gib": r.get("peak_mem_gib"), "error": r.get("error")}
                 for r in records]
@@ -412,7 +414,13 @@ def status(
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no runs")
     if export:
-        sw.collect(runs_dir.resolve(), [runs_dir.resolve() / r["run_id"] for r in rows], console)
+        if plain_records is not None:
+            from echobench.results import export_table, records_frame
+
+            paths = export_table(records_frame(plain_records), runs_dir)
+            console.print(f"results: {', '.join(map(str, paths))}")
+        else:
+            sw.collect(runs_dir.resolve(), [runs_dir.resolve() / r["run_id"] for r in rows], console)
 
 
 def main() -> None:

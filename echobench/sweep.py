@@ -253,6 +253,10 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
     0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C."""
     sweep_dir = opts.out.resolve()
+    if opts.executor == "slurm":
+        from echobench.executors.slurm import sbatch_path
+
+        sbatch_path(sweep_dir)  # raises ValueError, before anything is written
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
     state = load_state(sweep_dir)
