@@ -124,6 +124,7 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "precision": precision_name(cfg.precision, device),
         "compile": cfg.compile,
         "ac": cfg.ac,
+        "te": None,  # whether TransformerEngine kernels ran: set from the backend's info
         "encoder_model": cfg.model_config().text_encoder.name,
         "frozen_encoder": cfg.frozen_encoder,
         "steps": cfg.steps,
@@ -275,6 +276,7 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         losses=ranks[0]["losses"],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
+        te=bool(ranks[0]["backend_info"].get("te", False)),
         per_rank=[
             {
                 "rank": r["rank"],
@@ -331,6 +333,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             "error": f"rank {info.rank}: {type(exc).__name__}: {exc}".splitlines()[0][:500],
             "traceback_tail": traceback.format_exc()[-4000:],
             "memory": memory_stats(info.device),
+            "failed_at": time.time(),  # the first failure is the cause; peers fail after it
         }
         write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
         record.update(status=status, error=rank_record["error"], traceback_tail=rank_record["traceback_tail"],

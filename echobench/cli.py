@@ -30,7 +30,7 @@ def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx")
+LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx", "tp")
 
 
 def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
@@ -67,6 +67,9 @@ def run(
     scale: str = typer.Option("tiny", help="Model preset: tiny, 800M, 3B, 8B."),
     framework: str = typer.Option("torchtitan", help="torchtitan or megatron."),
     parallelism: str = typer.Option("single", help="single, ddp, fsdp2, hsdp (torchtitan) or tpN (megatron)."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
+    te: str = typer.Option("auto", help="megatron: TransformerEngine kernels auto (when they import), on, off."),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="megatron, GPU only: sequence parallelism."),
     steps: int = typer.Option(30, help="Measured steps."),
     warmup_steps: int = typer.Option(10, help="Warm-up steps, excluded from timing (compile happens here)."),
     micro_batch: int = typer.Option(8, help="Samples per data-parallel rank per step."),
@@ -96,6 +99,8 @@ def run(
     from echobench.config import RunConfig
 
     settings = run_settings(ctx, params, config)
+    if tp is not None:
+        settings["parallelism"] = tp_parallelism(ctx, tp)
     if nproc is not None:
         if nproc < 1 or nnodes < 1:
             fail("--nproc and --nnodes must be >= 1")
@@ -124,6 +129,16 @@ def run(
     console.print(f"wrote {out / 'result.json'}")
     if record["status"] != "ok":
         raise typer.Exit(1)
+
+
+def tp_parallelism(ctx: typer.Context, tp: int) -> str:
+    """`--tp N` is shorthand for `--parallelism tpN`; both at once must agree."""
+    if tp < 1:
+        fail(f"--tp {tp}: must be >= 1")
+    given = ctx.params.get("parallelism")
+    if getattr(ctx.get_parameter_source("parallelism"), "name", None) == "COMMANDLINE" and given != f"tp{tp}":
+        fail(f"--tp {tp} conflicts with --parallelism {given}: give one of them")
+    return f"tp{tp}"
 
 
 def print_record(record: dict) -> None:

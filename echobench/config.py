@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 FRAMEWORKS = ("torchtitan", "megatron")
 PRECISIONS = ("auto", "bf16", "fp32", "fp8")
 AC_MODES = ("none", "selective", "full")
+TE_MODES = ("auto", "on", "off")  # TransformerEngine kernels in the megatron backend
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RunConfig:
     fail_rank: int | None = None  # ... on this rank only (all ranks when None)
     fail_kind: str = "error"  # error | oom
     collective_timeout_s: float = 300.0
+    te: str = "auto"  # megatron: TransformerEngine kernels when they import (auto), required (on), never (off)
+    sequence_parallel: bool = False  # megatron, GPU only: split the latent stream along T between TP regions
 
     def __post_init__(self):
         self.validate()
@@ -63,6 +66,8 @@ class RunConfig:
             bad("precision", self.precision, ", ".join(PRECISIONS))
         if self.ac not in AC_MODES:
             bad("ac", self.ac, ", ".join(AC_MODES))
+        if self.te not in TE_MODES:
+            bad("te", self.te, ", ".join(TE_MODES))
         if self.fail_kind not in ("error", "oom"):
             bad("fail_kind", self.fail_kind, "error, oom")
         for key in ("nodes", "gpus_per_node", "steps", "micro_batch", "audio_frames", "text_tokens", "speaker_frames"):

@@ -21,6 +21,15 @@ from echobench.results import read_record, write_record
 STATUS_RANK = {"oom": 0, "error": 1}  # an OOM anywhere explains the other ranks' errors
 
 
+def originating_failure(failures: list[dict]) -> dict:
+    """The failure that explains the run: an OOM first, else the earliest one.
+
+    When a rank dies, its peers fail afterwards with "connection closed by peer" and the like;
+    the earliest failure is the cause, whatever its rank.
+    """
+    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 2), f.get("failed_at", float("inf")), f["rank"]))
+
+
 def clear_previous(out_dir: Path) -> None:
     """A rerun into the same directory must not report the previous run's result."""
     (out_dir / "result.json").unlink(missing_ok=True)
@@ -84,7 +93,7 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> d
         except (OSError, ValueError):
             continue
     if failures:
-        first = min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 2), f["rank"]))
+        first = originating_failure(failures)
         record.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),
                       failed_ranks=sorted(f["rank"] for f in failures),
                       per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])

@@ -23,3 +23,13 @@ def test_newest_record_per_run_wins_and_corrupt_ones_are_reported(tmp_path):
     frame = records_frame(records)
     assert len(frame) == 2 and set(frame["status"]) == {"ok", "oom"}
     assert frame.set_index("run_id").loc["a", "samples_per_s_per_gpu"] == 2.0
+
+
+def test_the_originating_failure_explains_a_multi_rank_run():
+    from echobench.launch import originating_failure
+
+    peer = {"rank": 0, "status": "error", "error": "rank 0: Connection closed by peer", "failed_at": 20.0}
+    cause = {"rank": 1, "status": "error", "error": "rank 1: injected failure", "failed_at": 10.0}
+    assert originating_failure([peer, cause]) is cause
+    oom = {"rank": 1, "status": "oom", "error": "rank 1: out of memory", "failed_at": 30.0}
+    assert originating_failure([peer, cause, oom]) is oom

@@ -1,0 +1,182 @@
+"""The megatron backend: the Echo DiT tensor-parallel on megatron-core, data-parallel across the rest.
+
+Rank layout (megatron's default order, tp first): TP groups are contiguous ranks
+[0..tp-1], [tp..2tp-1], ...; the data-parallel rank is rank // tp, which is how bench.run_loop
+picks the batch (TP peers read the same batch) and how bench.summarize counts samples.
+
+Replicated on every rank: the frozen text encoder, the text projection, the speaker encoder,
+and inside the DiT the norms, AdaLN, timestep embedding and input / output projections.
+Data parallelism: torch DDP over megatron's data-parallel group (when dp > 1).
+
+This module imports megatron-core only inside build(): validate() runs before any process
+starts, on machines that may not have it.
+
+CPU: what this model uses of megatron-core (parallel_state, Column/RowParallelLinear, MLP)
+runs on CPU over gloo unpatched, so no CUDA redirection is applied. The CUDA-only parts
+stay unused: the RNG tracker (seeded on GPU only; no dropout, weights come from the plain
+model), GlobalMemoryBuffer and the sequence-parallel collectives in tensor_parallel.mappings
+(both allocate on torch.cuda.current_device()), hence sequence parallelism is GPU only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import torch
+
+from echobench.backends import TrainSetup
+
+TE_MODES = ("auto", "on", "off")
+
+
+def tp_of(parallelism: str) -> int | None:
+    m = re.fullmatch(r"tp(\d+)", parallelism)
+    return int(m.group(1)) if m else None
+
+
+def te_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def validate(cfg) -> str | None:
+    tp = tp_of(cfg.parallelism)
+    if tp is None or tp < 1:
+        return f"megatron has no parallelism {cfg.parallelism!r}: use tpN (tp1, tp2, tp4, tp8) or --tp N"
+    model = cfg.model_config()
+    if model.heads % tp:
+        return f"tp={tp} must divide the DiT's {model.heads} attention heads ({cfg.scale}): choose another --tp"
+    if model.mlp % tp:
+        return f"tp={tp} must divide the DiT's MLP width {model.mlp} ({cfg.scale}): choose another --tp"
+    if cfg.world_size % tp:
+        return f"tp={tp} must divide the world size {cfg.world_size}: change --tp or --nproc/--nnodes"
+    if tp > cfg.gpus_per_node or cfg.gpus_per_node % tp:
+        return (f"tp={tp} must divide the {cfg.gpus_per_node} processes per node "
+                f"(tensor parallelism stays inside a node): change --tp or --nproc")
+    te = getattr(cfg, "te", "auto")
+    if te not in TE_MODES:
+        return f"te={te!r} is not valid: allowed {', '.join(TE_MODES)}"
+    if te == "on" and not te_installed():
+        return "--te on: transformer_engine is not installed here; use --te auto or --te off"
+    if getattr(cfg, "sequence_parallel", False):
+        if tp == 1:
+            return "sequence parallelism needs tp > 1"
+        if cfg.device == "cpu":
+            return "sequence parallelism runs on GPU only (megatron's sequence-parallel collectives allocate on CUDA): drop it on CPU"
+        if cfg.audio_frames % tp:
+            return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
+    return None
+
+
+def resolve_te(mode: str) -> bool:
+    """Whether TransformerEngine kernels run: auto uses them when they import, on requires them."""
+    if mode == "off":
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no TE (it raises more than ImportError)
+        if mode == "on":
+            raise RuntimeError(f"--te on: transformer_engine does not import ({type(exc).__name__}: {exc})") from exc
+        return False
+    return True
+
+
+def init_model_parallel(tp: int, seed: int, device: torch.device) -> None:
+    """megatron's process groups (tp innermost, so TP groups are contiguous ranks)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    if not dist.is_initialized():  # a single-process run: megatron still needs a group
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    rank = dist.get_rank()
+    if parallel_state.get_tensor_model_parallel_rank() != rank % tp:
+        raise RuntimeError("megatron placed TP groups on non-contiguous ranks; bench.py assumes rank // tp is the DP rank")
+    if device.type == "cuda":
+        # megatron's RNG tracker (TE layers take it); the CPU run needs none: no dropout, no init.
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for key, dist_names in (("megatron_core", ("megatron-core", "megatron_core")),
+                            ("transformer_engine", ("transformer-engine", "transformer_engine"))):
+        out[key] = None
+        for name in dist_names:
+            try:
+                out[key] = version(name)
+                break
+            except PackageNotFoundError:
+                continue
+    return out
+
+
+def tp_clip_grad(params: list[torch.nn.Parameter], partial: list[torch.nn.Parameter], group, max_norm: float):
+    """TP-aware clipping: sum partial gradients over the TP group, then clip by the global norm."""
+    from echobench.model.megatron import allreduce_partial_grads, tp_grad_norm
+
+    def clip() -> torch.Tensor:
+        allreduce_partial_grads(partial, group)
+        norm = tp_grad_norm(params, group)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    return clip
+
+
+def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
+    if problem := validate(cfg):
+        raise ValueError(problem)
+    device = dist_info.device
+    sequence_parallel = getattr(cfg, "sequence_parallel", False)
+    if sequence_parallel and device.type != "cuda":
+        raise ValueError("sequence parallelism runs on GPU only: drop --sequence-parallel on CPU")
+    te = resolve_te(getattr(cfg, "te", "auto"))
+    tp = cfg.tp
+    init_model_parallel(tp, cfg.seed, device)
+
+    from megatron.core import parallel_state
+
+    from echobench.backends.torchtitan import build_model, build_optimizer
+    from echobench.model.megatron import build_tp_dit, tp_partial_grad_params
+
+    # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
+    # is then replaced by the TP DiT holding this rank's shards of the same weights.
+    model = build_model(cfg, device, dtype)
+    plain_dit = model.dit
+    model.dit = build_tp_dit(model.cfg, plain_dit, parallel_state.get_tensor_model_parallel_rank(), tp, te,
+                             sequence_parallel, device)
+    del plain_dit
+    params = model.trainable_parameters()
+    partial = tp_partial_grad_params(model)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    dp = parallel_state.get_data_parallel_world_size()
+    if dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, process_group=parallel_state.get_data_parallel_group(),
+                                        device_ids=[device] if device.type == "cuda" else None)
+    return TrainSetup(
+        model=model,
+        optimizer=build_optimizer(params, device),
+        clip_grad=tp_clip_grad(params, partial, tp_group, 1.0),
+        autocast_dtype=dtype if dtype != torch.float32 else None,
+        info={
+            "backend": "megatron",
+            "te": te,
+            "kernels": ("transformer_engine (TE linear, norm, attention)" if te else
+                        "megatron-core local (ColumnParallelLinear, RowParallelLinear, MLP) + torch SDPA attention"),
+            "tp": tp,
+            "dp": dp,
+            "sequence_parallel": sequence_parallel,
+            "data_parallel": "torch DDP over megatron's data-parallel group" if dp > 1 else "none",
+            "sharding": "DiT attention heads and MLP across the TP group",
+            "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
+                          "timestep embedding, input/output projections",
+            **versions(),
+        },
+    )

@@ -1,0 +1,241 @@
+"""The megatron backend: TP layouts, equivalence with the plain model, validation, end-to-end runs.
+
+Tolerance: fp32 on CPU. The TP model computes the same sums in a different order (row-parallel
+partial sums, all-reduced), so outputs, loss and gradients agree to rounding: we allow
+rtol 1e-5 / atol 1e-6 on outputs and loss, rtol 1e-4 / atol 1e-6 on gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import warnings
+
+import pytest
+import torch
+
+from echobench.config import RunConfig
+from echobench.model.config import get_preset
+from echobench.model.dit import EchoDiT
+
+pytest.importorskip("megatron.core")
+
+TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
+        "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "0.5"]
+OUT_RTOL, OUT_ATOL = 1e-5, 1e-6
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6
+
+
+def perturbed_plain_dit(seed: int = 0) -> EchoDiT:
+    """The tiny DiT with every weight random: AdaLN-zero would otherwise make each block the
+    identity at init and hide a wrong attention or MLP."""
+    torch.manual_seed(seed)
+    dit = EchoDiT(get_preset("tiny"))
+    with torch.no_grad():
+        for p in dit.parameters():
+            p.normal_(0.0, 0.2)
+    return dit
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_state_dict_round_trip_is_exact(tp):
+    from echobench.model.megatron import from_tp_state_dicts, to_tp_state_dict
+
+    plain = perturbed_plain_dit().state_dict()
+    shards = [to_tp_state_dict(plain, r, tp) for r in range(tp)]
+    # Sharded weights hold 1/tp of the rows (column-parallel) or columns (row-parallel).
+    qkvg = shards[0]["blocks.0.attention.linear_qkvg.weight"]
+    assert qkvg.shape == (4 * 64 // tp, 64)
+    assert shards[0]["blocks.0.attention.linear_proj.weight"].shape == (64, 64 // tp)
+    assert shards[0]["blocks.1.mlp.linear_fc1.weight"].shape == (2 * 172 // tp, 64)
+    # Rank r's fused q rows are the plain q rows of its heads.
+    rows = 64 // tp
+    assert torch.equal(shards[-1]["blocks.0.attention.linear_qkvg.weight"][:rows],
+                       plain["blocks.0.attn.wq.weight"][(tp - 1) * rows:])
+    back = from_tp_state_dicts(shards)
+    assert set(back) == set(plain)
+    assert all(torch.equal(back[k], plain[k]) for k in plain)
+    # ... and the other direction: shards -> plain -> shards.
+    again = [to_tp_state_dict(back, r, tp) for r in range(tp)]
+    assert all(torch.equal(a[k], s[k]) for a, s in zip(again, shards) for k in s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_batch():
+    from echobench.data import build_tokenizer, make_loader
+
+    cfg = get_preset("tiny")
+    loader = make_loader("synthetic", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20,
+                         tokenizer=build_tokenizer(cfg.text_encoder.vocab, None), rank=0, world_size=1, seed=3,
+                         skip_bad_samples=False)
+    try:
+        return next(loader)
+    finally:
+        loader.close()
+
+
+def _tp_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch."""
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    from megatron.core import parallel_state
+
+    from echobench.model.echo import EchoTTS
+    from echobench.model.megatron import (
+        allreduce_partial_grads, build_tp_dit, from_tp_state_dicts, tp_grad_norm, tp_partial_grad_params,
+        tp_state_dict,
+    )
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    group = parallel_state.get_tensor_model_parallel_group()
+    cfg = get_preset("tiny")
+    torch.manual_seed(0)
+    plain = EchoTTS(cfg)
+    plain.dit = perturbed_plain_dit()
+    torch.manual_seed(0)
+    tp_model = EchoTTS(cfg)  # same seed: same encoders
+    tp_model.dit = build_tp_dit(cfg, plain.dit, parallel_state.get_tensor_model_parallel_rank(), world,
+                                te=False, sequence_parallel=False, device=torch.device("cpu"))
+    batch = make_batch()
+
+    # Loss and output of the whole model (same noise: same generator seed on both).
+    losses, outputs = [], []
+    for model in (plain, tp_model):
+        captured = []
+        handle = model.dit.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+        loss = model(batch, generator=torch.Generator().manual_seed(7))
+        handle.remove()
+        loss.backward()
+        losses.append(loss.detach())
+        outputs.append(captured[0])
+
+    params = tp_model.trainable_parameters()
+    allreduce_partial_grads(tp_partial_grad_params(tp_model), group)
+    tp_norm = tp_grad_norm(params, group)
+    plain_norm = torch.nn.utils.get_total_norm([p.grad for p in plain.trainable_parameters()])
+    grads = {name: p.grad for name, p in tp_model.dit.named_parameters()}
+    all_grads = [None] * world
+    dist.all_gather_object(all_grads, grads)
+    all_weights = [None] * world
+    dist.all_gather_object(all_weights, tp_state_dict(tp_model.dit))
+    if rank == 0:
+        plain_grads = {name: p.grad for name, p in plain.dit.named_parameters()}
+        gathered = from_tp_state_dicts(all_grads)
+        grad_err = {k: (gathered[k] - plain_grads[k]).abs().max().item() for k in plain_grads
+                    if not torch.allclose(gathered[k], plain_grads[k], rtol=GRAD_RTOL, atol=GRAD_ATOL)}
+        weights_back = from_tp_state_dicts(all_weights)
+        result = {
+            "loss": [float(x) for x in losses],
+            "out_max_err": (outputs[0] - outputs[1]).abs().max().item(),
+            "out_close": torch.allclose(outputs[0], outputs[1], rtol=OUT_RTOL, atol=OUT_ATOL),
+            "grad_mismatch": grad_err,
+            "grad_keys_match": set(gathered) == set(plain_grads),
+            "norms": [float(plain_norm), float(tp_norm)],
+            "weights_exact": all(torch.equal(weights_back[k], v) for k, v in plain.dit.state_dict().items()),
+        }
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_tp2_matches_plain_model(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "result.json"
+    mp.spawn(_tp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    r = json.loads(out.read_text())
+    assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
+    assert r["out_close"], f"DiT output differs by {r['out_max_err']}"
+    assert r["loss"][1] == pytest.approx(r["loss"][0], rel=OUT_RTOL, abs=OUT_ATOL)
+    assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]
+    # TP-aware gradient norm: each element counted once (and the clip would act: norm > 1).
+    assert r["norms"][1] == pytest.approx(r["norms"][0], rel=GRAD_RTOL)
+    assert r["norms"][0] > 1.0
+
+
+def problem(**kw):
+    from echobench.backends import parallelism_problem
+
+    return parallelism_problem(RunConfig(framework="megatron", **kw))
+
+
+def test_validation_errors_are_clear():
+    assert problem(parallelism="tp2", gpus_per_node=2) is None
+    assert problem(parallelism="tp1") is None
+    assert problem(parallelism="tp2", gpus_per_node=4, nodes=2) is None  # tp2 x dp4
+    assert "divide the DiT's 4 attention heads" in problem(parallelism="tp3", gpus_per_node=3)
+    assert "MLP width 3456" in problem(scale="800M", parallelism="tp5", gpus_per_node=5)
+    assert "world size 3" in problem(parallelism="tp2", gpus_per_node=3)
+    assert "processes per node" in problem(parallelism="tp4", gpus_per_node=2, nodes=2)
+    assert "no parallelism 'ddp'" in problem(parallelism="ddp")
+    assert "GPU only" in problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu")
+    assert "tp > 1" in problem(parallelism="tp1", sequence_parallel=True)
+    from echobench.backends.megatron import te_installed
+
+    if not te_installed():
+        assert "transformer_engine is not installed" in problem(parallelism="tp1", te="on")
+    with pytest.raises(ValueError, match="te='maybe'"):
+        RunConfig(te="maybe")
+
+
+def test_tp_run_writes_a_record(cli, tmp_path):
+    """`echobench run --framework megatron --tp 2 --nproc 2`: a complete record, same figures as torchtitan's."""
+    from echobench.flops import flops_report
+    from echobench.results import REQUIRED_FIELDS
+
+    out = tmp_path / "tp2"
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    assert [k for k in REQUIRED_FIELDS if k not in r] == []
+    assert r["status"] == "ok" and r["parallelism"] == "tp2"
+    assert r["tp"] == 2 and r["dp"] == 1 and r["world_size"] == 2 and r["global_batch"] == 2
+    assert r["te"] is False and r["backend"]["te"] is False and r["backend"]["backend"] == "megatron"
+    assert r["env"]["megatron_core"] and r["backend"]["megatron_core"] == r["env"]["megatron_core"]
+    # Same FLOP model as every backend; TP peers process one batch, so it counts once.
+    report = flops_report(get_preset("tiny"), 50, 16, 40, "none")
+    assert r["model_flops_per_sample"] == report["model_flops_per_sample"]
+    assert r["samples_per_s"] == pytest.approx(2 / r["step_time_s"])
+    assert r["mfu"] == pytest.approx(r["model_flops_per_sample"] * r["samples_per_s"] / 2 / 0.5e12)
+    # TP peers computed the same loss every step.
+    assert len(r["per_rank"]) == 2 and r["per_rank"][0]["losses"] == r["per_rank"][1]["losses"]
+    # A single-process run of the plain model on the same seed and data trains the same way:
+    # same weights, same batches, same optimizer and (TP-aware) clipping.
+    single = tmp_path / "single"
+    assert cli("run", *TINY, "--out", single, timeout=600).returncode == 0
+    s = json.loads((single / "result.json").read_text())
+    assert s["te"] is False
+    assert r["losses"] == pytest.approx(s["losses"], rel=1e-4)
+
+
+def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
+    proc = cli("run", "--framework", "megatron", "--tp", "3", "--nproc", "3", *TINY, "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "divide the DiT's 4 attention heads" in proc.stderr
+    assert not (tmp_path / "x").exists()  # no process started
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--parallelism", "ddp", *TINY, "--out", tmp_path / "y")
+    assert proc.returncode == 2 and "conflicts with --parallelism ddp" in proc.stderr
+
+
+def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
+    out = tmp_path / "fail"
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--fail-at-step", "1",
+               "--fail-rank", "1", "--out", out, timeout=600)
+    assert proc.returncode == 1
+    r = json.loads((out / "result.json").read_text())
+    assert r["status"] == "error" and r["tp"] == 2
+    # The dead rank's own failure is in the record (the headline may be its peer's lost connection).
+    assert 1 in r["failed_ranks"]
+    assert any(p["rank"] == 1 and "injected failure at step 1" in p["error"] for p in r["per_rank"])
