@@ -335,9 +335,10 @@ def plan(
                   + (f", {the_plan.duplicates} duplicates" if the_plan.duplicates else "")
                   + (f"; {len(too_big)} would not fit in {gib(capacity)} GiB (sweep skips them unless --force)"
                      if too_big else ""))
-    console.print(f"GPU-hours: {limit_total:.2f} at most (time limits), "
-                  + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else
-                     "no estimate (no peak known: set hardware.peak_tflops or hardware.device)"))
+    if the_plan.runs:
+        console.print(f"GPU-hours: {limit_total:.2f} at most (time limits), "
+                      + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else
+                         "no estimate (no peak known: set hardware.peak_tflops or hardware.device)"))
 
 
 @app.command()
