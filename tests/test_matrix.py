@@ -271,7 +271,9 @@ def test_shipped_matrices_parse_and_expand():
                        ("3B", "megatron", "tp2", False), ("8B", "megatron", "tp4", False)] for n in (1, 4, 16)}
     assert all(r.cfg.gpus_per_node == 4 and r.fits for r in gh.runs)
     h200 = expand(load_matrix(ROOT / "matrices" / "h200-single.yaml"))
-    assert len(h200.runs) == 24 and all(r.cfg.world_size == 1 for r in h200.runs)
+    titan = [r for r in h200.runs if r.cfg.framework == "torchtitan"]
+    assert len(titan) == 24 and len(h200.runs) + len(h200.skipped) == 26  # + megatron tp1 at 800M and 3B
+    assert all(r.cfg.world_size == 1 for r in h200.runs)
 
 
 def test_plan_command_prints_runs_skips_and_the_exact_script(cli, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from echobench.executors import JobState
 
-KILL_GRACE_S = 10
+KILL_GRACE_S = 30
 
 
 def source_root() -> Path:
@@ -42,21 +42,53 @@ def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
     ])
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the job's process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5)):
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains `text` (a run directory: unique to one run)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_group(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGTERM the job's process group and give torchrun time to stop its workers (they run in
+    sessions of their own); then SIGKILL whatever of the run is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, or the group never looks empty
+        if not group_alive(proc.pid):
+            break
+        time.sleep(0.2)
+    else:
         try:
-            proc.wait(wait)
-            # The leader is gone; make sure no worker of its group is left either.
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            pass
+    proc.wait()
+    for pid in processes_mentioning(str(run_dir)):  # workers orphaned by a SIGKILLed torchrun
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def job_alive(job_id: str, run_dir: Path) -> bool:
@@ -75,7 +107,7 @@ class LocalExecutor:
 
     def __init__(self, env: dict | None = None):
         self.env = env or {}
-        self.jobs: dict[str, tuple[subprocess.Popen, float, int]] = {}
+        self.jobs: dict[str, tuple[subprocess.Popen, float, int, Path]] = {}
 
     def submit(self, run, run_dir: Path, time_limit_s: int) -> str:
         log = open(run_dir / "logs" / "local.log", "ab")
@@ -84,7 +116,7 @@ class LocalExecutor:
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log.close()
         job_id = f"local-{proc.pid}"
-        self.jobs[job_id] = (proc, time.monotonic() + time_limit_s, time_limit_s)
+        self.jobs[job_id] = (proc, time.monotonic() + time_limit_s, time_limit_s, run_dir)
         return job_id
 
     def state(self, job_id: str, run_dir: Path) -> JobState:
@@ -92,13 +124,13 @@ class LocalExecutor:
             if job_alive(job_id, run_dir):  # run by another sweep process that is still going
                 return JobState("running", "run by another echobench process")
             return JobState("gone", "the local sweep that ran it stopped before it finished")
-        proc, deadline, limit = self.jobs[job_id]
+        proc, deadline, limit, _ = self.jobs[job_id]
         code = proc.poll()
         if code is not None:
             del self.jobs[job_id]
             return JobState("exited", f"job exited with code {code}", code)
         if time.monotonic() > deadline:
-            stop_group(proc)
+            stop_group(proc, run_dir)
             del self.jobs[job_id]
             return JobState("timeout", f"local time limit of {limit} s exceeded: stopped")
         return JobState("running")
@@ -106,8 +138,8 @@ class LocalExecutor:
     def cancel_all(self) -> list[str]:
         """Ctrl-C: stop every running job; returns their ids."""
         stopped = list(self.jobs)
-        for proc, _, _ in self.jobs.values():
-            stop_group(proc)
+        for proc, _, _, run_dir in self.jobs.values():
+            stop_group(proc, run_dir)
         self.jobs.clear()
         return stopped
 
