@@ -363,20 +363,23 @@ def sweep(
         runs = select(the_plan.runs, parse_only(only))
     except MatrixError as exc:
         fail(str(exc))
+    skipped = []
     for s in the_plan.skipped:
         console.print(f"[dim]skipped[/] {' '.join(f'{k}={v}' for k, v in s.settings.items() if k in sw.varying_keys(the_plan))}: {s.reason}", highlight=False)
+        skipped.append(sw.skipped_entry(s.settings, s.reason, s.cfg))
     too_big = [r for r in runs if r.fits is False]
     if too_big and not force:
         for r in too_big:
-            console.print(f"[yellow]not run[/] {r.id}: needs ~{r.memory.total_gib:.1f} GiB per GPU, more than the device "
-                          f"has (--force runs it anyway)", highlight=False)
+            why = f"needs ~{r.memory.total_gib:.1f} GiB per GPU, more than the device has (--force runs it anyway)"
+            console.print(f"[yellow]not run[/] {r.id}: {why}", highlight=False)
+            skipped.append(sw.skipped_entry(r.settings, why, r.cfg))
         runs = [r for r in runs if r.fits is not False]
     if not runs:
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     opts = sw.SweepOptions(executor=executor, out=out or sw.default_out(matrix), wait=wait,
                            retry_failed=retry_failed, force=force, poll_s=poll)
     try:
-        code = sw.run_sweep(matrix, runs, opts, console)
+        code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)

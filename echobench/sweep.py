@@ -3,7 +3,9 @@ resumable, collected.
 
     SWEEP/matrix.yaml            a copy of the matrix file
     SWEEP/sweep.json             per run: executor, job id, attempt, whether it is settled
-    SWEEP/RUN_ID/                run.yaml, job.sh, logs/, job-state, result.json (echobench.executors)
+    SWEEP/skipped.json           runs not run: invalid combinations, or too big for the device
+    SWEEP/RUN_ID/                run.yaml, job.sh, logs/, job-state, result.json (echobench.executors),
+                                 plan.json (the plan's memory estimate, time limit)
     SWEEP/RUN_ID/attempts/N/     an earlier attempt's files, moved aside by --retry-failed
     SWEEP/results.csv|.parquet   one row per run (echobench.results.records_frame)
     SWEEP/cache/                 local sweeps without a peak: this machine's GEMM calibration
@@ -146,6 +148,20 @@ def write_run_files(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) ->
     (rd / "logs").mkdir(exist_ok=True)
     (rd / "run.yaml").write_text(yaml.safe_dump(run.cfg.to_dict(), sort_keys=False))
     (rd / "job.sh").write_text(render_job_script(run, rd, matrix, executor))
+    # What the plan said about this run (the report shows the estimate beside the measured peak).
+    write_json_atomic(rd / "plan.json", {
+        "run_id": run.id, "matrix": matrix.name, "executor": executor, "time_limit": time_limit(matrix, executor, run),
+        "memory_estimate_gib": run.memory.total_gib if run.memory else None,
+        "memory_estimate": run.memory.as_gib() if run.memory else None, "fits": run.fits,
+    })
+
+
+def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> dict:
+    """One entry of SWEEP/skipped.json: the run's settings, its id when it has one, and why."""
+    from echobench.config import run_id
+
+    return {"run_id": run_id(cfg) if cfg else None, "reason": reason,
+            "settings": cfg.to_dict() if cfg else dict(settings)}
 
 
 def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
@@ -249,9 +265,11 @@ def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
     return {"ECHOBENCH_CACHE": str(cache)}
 
 
-def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console) -> int:
+def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
+              skipped: list[dict] | None = None) -> int:
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
-    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C."""
+    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C.
+    `skipped` (skipped_entry dicts) goes to SWEEP/skipped.json for the report."""
     sweep_dir = opts.out.resolve()
     if opts.executor == "slurm":
         from echobench.executors.slurm import sbatch_path
@@ -259,6 +277,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         sbatch_path(sweep_dir)  # raises ValueError, before anything is written
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
+    write_json_atomic(sweep_dir / "skipped.json", {"matrix": matrix.name, "skipped": skipped or []})
     state = load_state(sweep_dir)
     state.update(matrix=matrix.name, updated=now_iso())
     entries = state["runs"]

@@ -67,6 +67,7 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
         {"seed": 0},                                    # ok
         {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
         {"seed": 2, "steps": 100000, "time_limit": "0:25"},  # outlives its 25 s limit
+        {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
     ])
     sweep = tmp_path / "sweep"
     proc = cli("sweep", matrix, "--out", sweep, timeout=600)
@@ -82,6 +83,12 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
     assert leftover == []
     table = pd.read_csv(sweep / "results.csv")
     assert sorted(table["status"]) == ["error", "ok", "timeout"]
+    # For the report: what was skipped and why, and each run's memory estimate beside its record.
+    skipped = json.loads((sweep / "skipped.json").read_text())["skipped"]
+    assert [(s["settings"]["parallelism"], s["reason"]) for s in skipped] == [
+        ("tp2", "torchtitan has no parallelism tp2 (it has single, ddp, fsdp2, hsdp)")]
+    for rid in runs:
+        assert json.loads((sweep / rid / "plan.json").read_text())["memory_estimate_gib"] > 0
 
     proc = cli("sweep", matrix, "--out", sweep)  # failed ones are not rerun without --retry-failed
     assert proc.returncode == 1 and "0 to run, 2 failed earlier" in proc.stdout and state(sweep) == runs
