@@ -24,6 +24,7 @@ from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
+from echobench.model.echo import diffusion_draws
 from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
 
 GIB = 1024**3
@@ -175,13 +176,17 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
         seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples,
     )
-    generator = torch.Generator(device=info.device).manual_seed(cfg.seed * 1000 + dp_rank)
+    # Noise, time and CFG draws are a function of (seed, global sample index): the same samples
+    # get the same draws whatever the number of ranks (diffusion_draws).
+    generator = torch.Generator(device=info.device)
     model, optimizer = setup.model, setup.optimizer
     model.train()
     device_type = info.device.type
     timer = StepTimer(info.device)
     waits, lengths, losses = [], [], []
-    total = cfg.warmup_steps + cfg.steps
+    measured_end = cfg.warmup_steps + cfg.steps
+    total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
+    profiler = make_profiler(cfg, info, out_dir)
     try:
         for step in range(total):
             if step == cfg.warmup_steps:
@@ -191,24 +196,33 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             t0 = time.perf_counter()
             batch = next(loader)
             wait = time.perf_counter() - t0
-            if step >= cfg.warmup_steps:
+            measured = cfg.warmup_steps <= step < measured_end
+            if measured:
                 waits.append(wait)
                 lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
             batch = batch.to(info.device)
             maybe_inject_failure(cfg, step, info.rank)
+            first = (step * dp_size + dp_rank) * cfg.micro_batch
+            draws = diffusion_draws(cfg.seed, range(first, first + batch.size), cfg.audio_frames,
+                                    model_cfg.latent_dim, model_cfg.cfg_dropout, info.device, generator)
             with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
                                 enabled=setup.autocast_dtype is not None):
-                loss = model(batch, generator=generator)
+                loss = model(batch, draws=draws)
             loss.backward()
             setup.clip_grad()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-            if step >= cfg.warmup_steps:
+            if step < measured_end:
+                losses.append(loss.detach())
+            if measured:
                 timer.mark()
+            if profiler is not None:
+                profiler.step()
         step_times = timer.durations()
     finally:
         loader.close()
+        if profiler is not None:
+            profiler.stop()
 
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
@@ -233,7 +247,39 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
+        "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
     }
+
+
+PROFILER_WARMUP, PROFILED_STEPS = 1, 3
+
+
+def trace_path(out_dir: Path, rank: int) -> Path:
+    return Path(out_dir) / f"trace-rank{rank}.json"
+
+
+def profiled_steps(cfg: RunConfig) -> list[int]:
+    """Steps traced by --profile (0 = the first step): extra steps after the measured ones,
+    so the profiler's overhead never reaches the timings."""
+    first = cfg.warmup_steps + cfg.steps + PROFILER_WARMUP
+    return list(range(first, first + PROFILED_STEPS))
+
+
+def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
+    """With --profile, a torch.profiler that traces a few steps after the measured ones on every
+    rank and writes a chrome trace (OUT/trace-rankN.json) next to the result."""
+    if not cfg.profile:
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    active, warmup = PROFILED_STEPS, PROFILER_WARMUP
+    wait = cfg.warmup_steps + cfg.steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
+    path = trace_path(out_dir, info.rank)
+    prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                   on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+    prof.start()
+    return prof
 
 
 def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
@@ -273,7 +319,9 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
         slowest_rank=slowest_rank["rank"],
-        losses=ranks[0]["losses"],
+        # The step's loss: the mean over data-parallel ranks (what the averaged gradients follow;
+        # equal to one loss over all samples when the ranks' masks hold as many frames).
+        losses=[statistics.fmean(r["losses"][i] for r in dp_ranks) for i in range(len(ranks[0]["losses"]))],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
         te=bool(ranks[0]["backend_info"].get("te", False)),
@@ -290,6 +338,8 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
             for r in ranks
         ],
     )
+    if cfg.profile:
+        record.update(profile_traces=[r["trace"] for r in ranks], profiled_steps=profiled_steps(cfg))
     return record
 
 
@@ -346,8 +396,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             raise
         return record
     ranks = all_gather_object(mine, info)
+    summarize(cfg, record, ranks)  # on every rank: each returns the run's status
     if info.is_main:
-        summarize(cfg, record, ranks)
         write_record(out_dir, record)
     shutdown()
     return record

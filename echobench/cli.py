@@ -90,6 +90,7 @@ def run(
     t5_hidden_dim: Optional[int] = typer.Option(None, help="Expected encoder hidden size (checked against encoder_model)."),
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
+    profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler chrome trace of the last 3 measured steps (OUT/trace-rankN.json)."),
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),
@@ -124,6 +125,8 @@ def run(
 
         record = run_benchmark(cfg, out)
         if int(os.environ.get("RANK", 0)) != 0:
+            if record["status"] != "ok":  # a non-zero exit makes torchrun stop the other ranks
+                raise typer.Exit(1)
             return
     print_record(record)
     console.print(f"wrote {out / 'result.json'}")
@@ -233,6 +236,93 @@ def calibrate(
                   f"{record['tflops']:.4g} TFLOP/s median (min {record['tflops_min']:.4g}, max {record['tflops_max']:.4g})"
                   + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
     console.print(f"saved {record['path']}")
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="Sweep or run directories (or result.json files); merged, newest record per run id."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Dashboard HTML file (default report.html unless --table)."),
+    table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the table (see README)."),
+):
+    """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
+    from echobench.report import load_report_input, read_reference, render_dashboard, render_table
+    from echobench.report.tables import RENDERERS, ReferenceError
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        fail(f"no such file or directory: {', '.join(missing)}")
+    if table is not None and table not in RENDERERS:
+        fail(f"--table {table!r} is not valid: allowed {', '.join(RENDERERS)}")
+    if reference is not None and table is None:
+        fail("--reference needs --table md|csv|latex")
+    ref = None
+    if reference is not None:
+        try:
+            ref = read_reference(reference)
+        except ReferenceError as exc:
+            fail(str(exc))
+    data = load_report_input(paths)
+    for problem in data.problems:
+        err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+    if not data.records:
+        err_console.print(f"no result records under {', '.join(map(str, paths))}", highlight=False)
+    elif data.ok.empty:
+        err_console.print(f"no successful runs: all {len(data.records)} record(s) failed", highlight=False)
+    if table is not None:
+        sys.stdout.write(render_table(data.frame, table, ref))
+    if out is None and table is None:
+        out = Path("report.html")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_dashboard(data), encoding="utf-8")
+        err_console.print(f"wrote {out} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
+
+
+@app.command()
+def compare(
+    old: Path = typer.Argument(..., help="Baseline sweep or run directory."),
+    new: Path = typer.Argument(..., help="Candidate sweep or run directory."),
+    threshold: float = typer.Option(5.0, "--threshold", help="Percent loss of samples/s or MFU that fails the gate."),
+):
+    """Pair runs by id, print throughput / MFU changes; exit 1 when any paired run lost more than the threshold."""
+    from echobench.report import compare_records
+    from echobench.results import load_records
+
+    for p in (old, new):
+        if not p.exists():
+            fail(f"no such file or directory: {p}")
+    if threshold < 0:
+        fail("--threshold must be >= 0 (a percentage)")
+    (old_records, old_problems), (new_records, new_problems) = load_records([old]), load_records([new])
+    for problem in old_problems + new_problems:
+        err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+    result = compare_records(old_records, new_records, threshold)
+    if not result.changes:
+        fail(f"no run ids in common between {old} ({len(old_records)} records) and {new} ({len(new_records)} records)")
+
+    def pct(v):
+        return "-" if v is None else f"{v:+.1f}%"
+
+    t = Table(title=f"{old} -> {new} (threshold {threshold:g}%)")
+    for col in ("run", "status", "samples/s old", "samples/s new", "change", "MFU old", "MFU new", "change", "verdict"):
+        t.add_column(col, justify="left" if col in ("run", "status", "verdict") else "right")
+    for c in result.changes:
+        status = c.new_status if c.old_status == c.new_status else f"{c.old_status} -> {c.new_status}"
+        mfu_old = "-" if c.old_mfu is None else f"{c.old_mfu:.2%}"
+        mfu_new = "-" if c.new_mfu is None else f"{c.new_mfu:.2%}"
+        verdict = f"[red]REGRESSION[/] {c.reason}" if c.regressed else "ok"
+        t.add_row(c.run_id, status, fmt(c.old_samples_per_s, ".4g"), fmt(c.new_samples_per_s, ".4g"),
+                  pct(c.samples_change_pct), mfu_old, mfu_new, pct(c.mfu_change_pct), verdict)
+    console.print(t)
+    for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)):
+        if ids:
+            console.print(f"{label} ({len(ids)}): {', '.join(ids)}", highlight=False)
+    if result.regressions:
+        console.print(f"[red]{len(result.regressions)} of {len(result.changes)} paired run(s) regressed "
+                      f"by more than {threshold:g}%[/]")
+        raise typer.Exit(1)
+    console.print(f"{len(result.changes)} paired run(s), none lost more than {threshold:g}%")
 
 
 @data_app.command("synth")

@@ -1,29 +1,48 @@
 """The torchtitan-style backend: the plain model, parallelised from outside.
 
-Single device for now; DDP / FSDP2 / HSDP, compile, activation checkpointing and float8
-are applied by small named functions here (see the torchtitan backend issue).
+Each technique is one small function applied to the built model, in torchtitan's order:
+float8 conversion -> activation checkpointing -> compile (per block) -> DDP or FSDP2 / HSDP.
+The model files know nothing of any of them. A frozen text encoder is never trained, so it is
+left out of FSDP sharding (it stays replicated, in the compute dtype, on every rank); a trainable
+one (--train-encoder) is sharded as one more FSDP unit.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+from torch import nn
 
 from echobench.backends import TrainSetup
 from echobench.model.echo import EchoTTS
 
-SUPPORTED = ("single",)
+SUPPORTED = ("single", "ddp", "fsdp2", "hsdp")
+DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")
 
 
 def validate(cfg) -> str | None:
     if cfg.parallelism not in SUPPORTED:
         return f"torchtitan has no parallelism {cfg.parallelism!r}: choose {', '.join(SUPPORTED)}"
     if cfg.parallelism == "single" and cfg.world_size != 1:
-        return f"parallelism 'single' runs on one process, not {cfg.world_size}"
+        return f"parallelism 'single' runs on one process, not {cfg.world_size}: use ddp, fsdp2 or hsdp"
+    if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
+        return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
+    if cfg.parallelism == "hsdp" and cfg.nodes < 2:
+        return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
     return None
 
 
+def blocks(model: EchoTTS) -> list[tuple[nn.ModuleList, int]]:
+    """(container, index) of every transformer block: the unit of AC, compile and sharding."""
+    return [(container, i) for container in (model.speaker_encoder.blocks, model.dit.blocks)
+            for i in range(len(container))]
+
+
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank and in every backend
+    # Same initial weights on every rank and in every backend. Built directly on the device:
+    # an 8B model in fp32 fits on one GPU before it is sharded.
+    torch.manual_seed(cfg.seed)
     with torch.device(device):
         model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint)
     if cfg.frozen_encoder:
@@ -32,22 +51,174 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     return model
 
 
+def float8_filter(module: nn.Module, fqn: str) -> bool:
+    """Trainable linears whose dims are multiples of 16 (what float8 GEMMs need)."""
+    if fqn.startswith("text_encoder"):
+        return False  # frozen: float8 training does not apply
+    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def float8_emulated(device: torch.device) -> bool:
+    # Real float8 GEMMs need SM 8.9+ (Ada, Hopper); elsewhere torchao emulates them.
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
+
+
+def apply_float8(model: EchoTTS, device: torch.device) -> dict:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.startswith("text_encoder")}
+    emulate = float8_emulated(device)
+    convert_to_float8_training(model, config=Float8LinearConfig(emulate=emulate), module_filter_fn=float8_filter)
+    converted = {n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    return {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
+            "float8_skipped": sorted(linears - converted)}
+
+
+# Selective AC: keep the outputs of matmuls and attention, recompute everything else (norms,
+# RoPE, activations, gates). No matmul is re-run, so recompute adds no FLOPs (flops.recompute_flops).
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_mm.default,  # float8
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
+def apply_ac(model: EchoTTS, mode: str) -> None:
+    """Non-reentrant checkpointing of every block: full (re-run the block) or selective."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode not in ("full", "selective"):
+        raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
+    kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
+    for container, i in blocks(model):
+        container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
+
+
+def apply_compile(model: EchoTTS) -> None:
+    """torch.compile each block in place: the blocks repeat, so one graph serves them all."""
+    for container, i in blocks(model):
+        container[i].compile(fullgraph=True)
+
+
+def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
+    return {p for p in model.text_encoder.parameters() if not p.requires_grad}
+
+
+def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) -> None:
+    """FSDP2: each block, then the root (the remaining trainable layers); float32 gradient reduction.
+
+    On a 2-D mesh (replicate, shard) this is HSDP. The root keeps its inputs as they come
+    (cast_forward_inputs=False), so the loss target stays float32 as in the other layouts.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    ignored = frozen_params(model)
+    for container, i in blocks(model):
+        fully_shard(container[i], mesh=mesh, mp_policy=policy)
+    if not model.cfg.frozen_encoder:
+        fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy)
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy, ignored_params=ignored)
+    if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def apply_ddp(model: EchoTTS, mesh) -> None:
+    from torch.distributed._composable.replicate import replicate
+
+    replicate(model, device_mesh=mesh, bucket_cap_mb=100)
+
+
+def build_mesh(cfg, device: torch.device):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.parallelism == "hsdp":
+        return init_device_mesh(device.type, (cfg.nodes, cfg.gpus_per_node), mesh_dim_names=("dp_replicate", "dp_shard"))
+    return init_device_mesh(device.type, (cfg.world_size,), mesh_dim_names=("dp",))
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Like torch's, for sharded (DTensor) gradients too: the norm is reduced over the mesh."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
 def build_optimizer(params, device: torch.device) -> torch.optim.Optimizer:
     # fused AdamW on GPU is the fast path torchtitan uses; foreach on CPU.
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, foreach=not fused)
 
 
+def text_encoder_layout(cfg, dtype: torch.dtype) -> str:
+    if not cfg.frozen_encoder:
+        return "trainable: sharded as one FSDP unit" if cfg.parallelism in ("fsdp2", "hsdp") else "trainable"
+    return f"frozen, replicated on every rank (not sharded), {str(dtype).removeprefix('torch.')}"
+
+
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     if problem := validate(cfg):
         raise ValueError(problem)
-    model = build_model(cfg, dist_info.device, dtype)
+    device = dist_info.device
+    model = build_model(cfg, device, dtype)
+    info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
+            "text_encoder": text_encoder_layout(cfg, dtype),
+            "ac": cfg.ac, "compile": cfg.compile}
+    if cfg.precision == "fp8":
+        info.update(apply_float8(model, device))
+    apply_ac(model, cfg.ac)
+    if cfg.compile:
+        apply_compile(model)
+    if cfg.parallelism in DATA_PARALLEL:
+        mesh = build_mesh(cfg, device)
+        info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
+        info["process_group_backend"] = torch.distributed.get_backend()
+        if cfg.parallelism == "ddp":
+            apply_ddp(model, mesh)
+            info["sharding"] = "replicated (DDP, float32 gradient all-reduce)"
+        else:
+            force_sum = torch.distributed.get_backend() == "gloo"
+            apply_fsdp(model, mesh, dtype, force_sum)
+            info["sharding"] = ("FSDP2 per block + root" if cfg.parallelism == "fsdp2"
+                                else "HSDP: replicate across nodes, FSDP2 per block + root inside a node")
+            info["mixed_precision"] = {"param_dtype": str(dtype).removeprefix("torch."), "reduce_dtype": "float32"}
+            if force_sum:
+                info["reduce_op"] = "sum (gloo lacks PREMUL_SUM)"
     params = model.trainable_parameters()
-    optimizer = build_optimizer(params, dist_info.device)
+    optimizer = build_optimizer(params, device)
     return TrainSetup(
         model=model,
         optimizer=optimizer,
-        clip_grad=lambda: torch.nn.utils.clip_grad_norm_(params, 1.0),
+        clip_grad=partial(clip_grad_norm_, params, 1.0),
+        # bf16 runs under autocast in every layout (FSDP2 also stores the gathered params in bf16).
         autocast_dtype=dtype if dtype != torch.float32 else None,
-        info={"backend": "torchtitan", "sharding": "none"},
+        info=info,
     )

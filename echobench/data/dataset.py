@@ -182,10 +182,15 @@ def _random_latent(rng, frames: int) -> np.ndarray:
 class SyntheticSource:
     """Full-length random samples from memory, with no I/O: takes the data path out of a
     measurement on purpose. A few samples are made once and repeated (they are shared: read-only).
+
+    The sample at global index g (step * world_size * micro_batch + rank * micro_batch + i) is
+    samples[g % distinct], the same pool on every rank: 2 ranks x micro-batch B see exactly the
+    samples of 1 rank x micro-batch 2B, so runs of different layouts can be compared step by step.
     """
 
     def __init__(self, audio_frames: int, text_tokens: int, speaker_frames: int, seed: int = 0,
-                 distinct: int = 4):
+                 distinct: int = 4, rank: int = 0, world_size: int = 1, micro_batch: int = 1):
+        self.rank, self.world_size, self.micro_batch = rank, world_size, micro_batch
         rng = np.random.default_rng(seed)
         self.samples = []
         for i in range(distinct):
@@ -201,8 +206,12 @@ class SyntheticSource:
             })
 
     def __iter__(self):
+        step = 0
         while True:
-            yield from self.samples
+            first = (step * self.world_size + self.rank) * self.micro_batch
+            for g in range(first, first + self.micro_batch):
+                yield self.samples[g % len(self.samples)]
+            step += 1
 
 
 _END = object()  # the source is exhausted
@@ -306,7 +315,8 @@ def make_loader(source: str, *, micro_batch: int, audio_frames: int, text_tokens
     collates); then skipped-sample counts stay in the workers.
     """
     if source == "synthetic":
-        samples = SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed + rank)
+        samples = SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed, rank=rank,
+                                  world_size=world_size, micro_batch=micro_batch)
     else:
         samples = LocalTarDataset(source, rank=rank, world_size=world_size, shuffle_seed=seed,
                                   skip_bad_samples=skip_bad_samples, loop=True)

@@ -23,16 +23,22 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(seq_len: int, head_dim: int, device=None, theta: float = 10000.0) -> torch.Tensor:
-    """Complex rotations (seq_len, head_dim/2) for rotary position embedding."""
+    """Rotation cosines and sines, (seq_len, head_dim/2, 2), for rotary position embedding.
+
+    Real-valued rather than complex: inductor fuses real arithmetic into one kernel, while
+    complex ops fall back to eager kernels and break the compiled block apart.
+    """
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, D); freqs: (T, D/2) complex. Rotates pairs of channels."""
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    out = torch.view_as_real(xc * freqs).flatten(-2)
+    """x: (B, H, T, D); freqs: (T, D/2, 2). Rotates each pair of channels by its angle."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    cos, sin = freqs[..., 0], freqs[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
     return out.type_as(x)
 
 

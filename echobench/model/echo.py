@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,43 @@ from echobench.model.config import EchoConfig
 from echobench.model.dit import EchoDiT
 from echobench.model.speaker import SpeakerEncoder
 from echobench.model.text_encoder import TextEncoder
+
+
+@dataclass
+class DiffusionDraws:
+    """The random draws of one training objective evaluation, per sample."""
+
+    t: torch.Tensor  # (B,) diffusion time in [0, 1)
+    noise: torch.Tensor  # (B, T, C) standard normal
+    keep: torch.Tensor  # (B,) bool: False drops text and speaker conditioning (CFG)
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """A well-mixed 32-bit seed of (run seed, global sample index): splitmix64, folded to 32 bits
+    because the CPU generator (mt19937) only uses the low 32 bits of a seed."""
+    m = 0xFFFFFFFFFFFFFFFF
+    z = ((((seed & 0xFFFFFFFF) << 32) | (index & 0xFFFFFFFF)) + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return (z ^ (z >> 32)) & 0xFFFFFFFF
+
+
+def diffusion_draws(seed: int, sample_ids: Sequence[int], frames: int, channels: int, cfg_dropout: float,
+                    device: torch.device, generator: torch.Generator | None = None) -> DiffusionDraws:
+    """Draws that depend only on (seed, global sample index), not on how samples split across ranks.
+
+    One generator, reseeded per sample on the host (no device sync): 2 ranks x B samples draw
+    exactly what 1 rank x 2B draws. Two small random kernels per sample.
+    """
+    gen = generator or torch.Generator(device)
+    uniforms, noises = [], []
+    for g in sample_ids:
+        gen.manual_seed(sample_seed(seed, g))
+        uniforms.append(torch.rand(2, device=device, generator=gen))
+        noises.append(torch.randn(frames, channels, device=device, generator=gen))
+    u = torch.stack(uniforms)
+    return DiffusionDraws(t=u[:, 0], noise=torch.stack(noises), keep=u[:, 1] >= cfg_dropout)
 
 
 class EchoTTS(nn.Module):
@@ -26,20 +65,27 @@ class EchoTTS(nn.Module):
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
 
-    def forward(self, batch, generator: torch.Generator | None = None) -> torch.Tensor:
-        """One training objective evaluation: the masked noise-prediction MSE."""
+    def forward(self, batch, generator: torch.Generator | None = None,
+                draws: DiffusionDraws | None = None) -> torch.Tensor:
+        """One training objective evaluation: the masked noise-prediction MSE.
+
+        The random draws come from `draws` when given (see diffusion_draws), else from `generator`.
+        """
         x0 = batch.latent
         b = x0.shape[0]
         device = x0.device
-        # Diffusion time and noise; cosine schedule, epsilon prediction.
-        t = torch.rand(b, device=device, generator=generator)
-        noise = torch.randn(x0.shape, device=device, dtype=x0.dtype, generator=generator)
+        if draws is None:
+            t = torch.rand(b, device=device, generator=generator)
+            noise = torch.randn(x0.shape, device=device, dtype=x0.dtype, generator=generator)
+            keep = torch.rand(b, device=device, generator=generator) >= self.cfg.cfg_dropout
+        else:
+            t, noise, keep = draws.t, draws.noise.to(x0.dtype), draws.keep
+        # Cosine schedule, epsilon prediction.
         alpha = torch.cos(t * math.pi / 2)[:, None, None]
         sigma = torch.sin(t * math.pi / 2)[:, None, None]
         x_t = alpha * x0 + sigma * noise
 
-        # Classifier-free guidance: drop text and speaker conditioning together for some samples.
-        keep = torch.rand(b, device=device, generator=generator) >= self.cfg.cfg_dropout
+        # Classifier-free guidance: drop text and speaker conditioning together where keep is False.
         text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask).to(self.text_proj.weight.dtype))
         text_mask = batch.text_mask & keep[:, None]
         speaker, speaker_mask = self.speaker_encoder(batch.ref, batch.ref_mask)

@@ -1,0 +1,371 @@
+"""The HTML dashboard: one self-contained file (plotly.js inlined once, no CDN) from stored records.
+
+Every figure is drawn per scale, in its own element tagged with `data-scale`, so the page's scale
+filter only shows and hides elements. Strings from records reach the page through jinja2's
+autoescaping, or, inside figures, HTML-escaped (plotly renders a subset of HTML in its labels).
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from datetime import datetime, timezone
+from importlib import resources
+from itertools import cycle
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from echobench.report.data import ReportInput, scale_order
+from echobench.report.tables import fmt_number
+
+FLOP_CONVENTION = (
+    "Model FLOPs of one training sample: every matmul of the trainable parts (DiT, speaker encoder, "
+    "text projection) forward and backward, plus the forward of the frozen text encoder (forward and "
+    "backward when a run trains the encoder), at 2 FLOPs "
+    "per multiply-add; attention scores and values counted in full (bidirectional); element-wise work "
+    "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths. "
+    "MFU = model FLOPs per sample x samples/s / (GPUs x peak)."
+)
+VERSION_KEYS = ("python", "torch", "cuda", "nccl", "transformers", "megatron_core", "transformer_engine",
+                "torchao", "git_commit")
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": "hover"}
+FLOP_PARTS_ORDER = ("dit_attention", "dit_mlp", "dit_conditioning", "dit_io", "speaker_encoder",
+                    "text_projection", "text_encoder")
+
+
+def esc(value) -> str:
+    """Text for plotly labels: escaped, so a record's `<b>` or `<a>` shows as typed."""
+    return html.escape("" if value is None else str(value))
+
+
+def _num(series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce")
+
+
+def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, **kw) -> go.Figure:
+    fig.update_layout(title={"text": esc(title), "font": {"size": 14}}, height=height, template="plotly_white",
+                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}}, **kw)
+    return fig
+
+
+def with_labels(group: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by configuration and nodes, each with a short label unique within the group."""
+    rows = group.assign(_n=_num(group["nodes"])).sort_values(["config", "_n", "run_id"])
+    labels, seen = [], Counter()
+    for config, nodes in zip(rows["config"], rows["nodes"]):
+        label = f"{config} | {nodes}n"
+        seen[label] += 1
+        labels.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return rows.assign(label=labels)
+
+
+class Figures:
+    """Builds the per-scale figures; keeps one colour per configuration across the page."""
+
+    def __init__(self, data: ReportInput):
+        self.data = data
+        self.ok = data.ok.copy()
+        self.scales = scale_order(data.frame)
+        palette = cycle(qualitative.Plotly + qualitative.D3)
+        self.colors = {c: next(palette) for c in sorted(data.frame["config"].unique())}
+        self._first = True
+
+    def html(self, fig: go.Figure, div_id: str) -> str:
+        return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
+
+    def _node_axis(self, group: pd.DataFrame) -> dict:
+        nodes = sorted(_num(group["nodes"]).dropna().astype(int).unique())
+        return {"type": "category", "categoryorder": "array", "categoryarray": [str(n) for n in nodes],
+                "title": "nodes"}
+
+    def _per_config(self, group: pd.DataFrame):
+        """(config, rows sorted by nodes, best MFU per node count) for each configuration."""
+        for config, rows in group.groupby("config", sort=True):
+            rows = rows.sort_values("mfu", ascending=False).drop_duplicates("nodes")
+            yield config, rows.assign(_n=_num(rows["nodes"])).sort_values("_n")
+
+    def _hover(self, rows: pd.DataFrame) -> list[str]:
+        return [f"{esc(r.run_id)}<br>{r.world_size} GPUs, global batch {r.global_batch}"
+                for r in rows.itertuples()]
+
+    def mfu_vs_nodes(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        fig = go.Figure()
+        for config, rows in self._per_config(group):
+            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=_num(rows["mfu"]) * 100, name=esc(config),
+                                     mode="lines+markers", line={"color": self.colors[config]},
+                                     text=self._hover(rows), hovertemplate="%{text}<br>MFU %{y:.3g}%<extra></extra>"))
+        return _layout(fig, f"{scale}: MFU vs nodes", xaxis=self._node_axis(group),
+                       yaxis={"title": "MFU (%)", "rangemode": "tozero"})
+
+    def throughput(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("samples/s per GPU", "audio seconds/s per GPU"))
+        for config, rows in self._per_config(group):
+            for col, column in ((1, "samples_per_s_per_gpu"), (2, "audio_seconds_per_s_per_gpu")):
+                fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=_num(rows[column]), name=esc(config),
+                                         legendgroup=esc(config), showlegend=col == 1, mode="lines+markers",
+                                         line={"color": self.colors[config]}, text=self._hover(rows),
+                                         hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"), row=1, col=col)
+        axis = self._node_axis(group)
+        fig.update_xaxes(**axis)
+        fig.update_yaxes(rangemode="tozero")
+        fig.update_annotations(font_size=12)  # the subplot titles
+        return _layout(fig, f"{scale}: per-GPU throughput", height=370, top=80)
+
+    def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        fig = go.Figure()
+        for config, rows in self._per_config(group):
+            per_gpu = _num(rows["samples_per_s_per_gpu"])
+            efficiency = per_gpu / per_gpu.iloc[0] * 100
+            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=efficiency, name=esc(config), mode="lines+markers",
+                                     line={"color": self.colors[config]}, text=self._hover(rows),
+                                     hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of {rows['nodes'].iloc[0]} node(s)"
+                                                   "<extra></extra>"))
+        fig.add_hline(y=100, line={"dash": "dot", "color": "#888"})
+        return _layout(fig, f"{scale}: scaling efficiency",
+                       xaxis=self._node_axis(group), yaxis={"title": "efficiency (%)", "rangemode": "tozero"})
+
+    def _run_height(self, n: int) -> int:
+        return 110 + 30 * n
+
+    def step_time(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        rows = with_labels(group)
+        med, p10, p90 = _num(rows["step_time_s"]), _num(rows["step_time_p10_s"]), _num(rows["step_time_p90_s"])
+        fig = go.Figure(go.Scatter(
+            x=med, y=[esc(x) for x in rows["label"]], mode="markers", name="median",
+            marker={"color": [self.colors[c] for c in rows["config"]], "size": 9},
+            error_x={"type": "data", "array": (p90 - med).clip(lower=0), "arrayminus": (med - p10).clip(lower=0)},
+            text=[esc(r) for r in rows["run_id"]],
+            customdata=list(zip(p10, p90)),
+            hovertemplate="%{text}<br>median %{x:.4g} s (p10 %{customdata[0]:.4g}, p90 %{customdata[1]:.4g})"
+                          "<extra></extra>"))
+        return _layout(fig, f"{scale}: step time, median with p10-p90", height=self._run_height(len(rows)),
+                       xaxis={"title": "step time (s)", "rangemode": "tozero"},
+                       yaxis={"automargin": True, "autorange": "reversed"}, showlegend=False)
+
+    def memory(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        rows = with_labels(group)
+        labels = [esc(x) for x in rows["label"]]
+        fig = go.Figure(go.Bar(x=_num(rows["peak_mem_gib"]), y=labels, orientation="h", name="measured peak",
+                               marker={"color": [self.colors[c] for c in rows["config"]]},
+                               hovertext=[esc(r) for r in rows["run_id"]],
+                               hovertemplate="%{hovertext}<br>measured %{x:.3g} GiB<extra></extra>"))
+        estimate = _num(rows["memory_estimate_gib"])
+        if estimate.notna().any():
+            fig.add_trace(go.Scatter(x=estimate, y=labels, mode="markers", name="plan estimate",
+                                     marker={"symbol": "x", "size": 11, "color": "#222"},
+                                     hovertemplate="estimate %{x:.3g} GiB<extra></extra>"))
+        device = _num(rows["device_memory_gib"])
+        if device.notna().any():
+            fig.add_trace(go.Scatter(x=device, y=labels, mode="markers", name="device memory",
+                                     marker={"symbol": "line-ns-open", "size": 22, "color": "#d62728",
+                                             "line": {"width": 3, "color": "#d62728"}},
+                                     hovertemplate="device %{x:.3g} GiB<extra></extra>"))
+        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)),
+                       xaxis={"title": "GiB", "rangemode": "tozero"},
+                       yaxis={"automargin": True, "autorange": "reversed"})
+
+    def flop_breakdown(self, scale: str) -> tuple[go.Figure | None, str]:
+        """Forward / backward FLOPs per part for the commonest lengths of this scale."""
+        settings = Counter()
+        breakdowns = {}
+        for r in self.data.records:
+            bd = ((r.get("flops_breakdown") or {}).get("breakdown") or {})
+            if r.get("scale") != scale or not bd.get("parts"):
+                continue
+            key = (r.get("audio_frames"), r.get("text_tokens"), r.get("speaker_frames"))
+            settings[key] += 1
+            breakdowns[key] = bd
+        if not settings:
+            return None, ""
+        key = settings.most_common(1)[0][0]
+        parts = breakdowns[key]["parts"]
+        names = [p for p in FLOP_PARTS_ORDER if p in parts] + [p for p in parts if p not in FLOP_PARTS_ORDER]
+        fig = go.Figure()
+        for phase, color in (("forward", "#4c78a8"), ("backward", "#f58518")):
+            fig.add_trace(go.Bar(x=[esc(n) for n in names], y=[parts[n].get(phase, 0) for n in names],
+                                 name=phase, marker={"color": color},
+                                 hovertemplate="%{x} " + phase + ": %{y:.4s}FLOP<extra></extra>"))
+        total = breakdowns[key].get("total") or sum(p.get("total", 0) for p in parts.values())
+        fig.update_layout(barmode="stack")
+        title = f"{scale}: {flops_text(total)} per sample"
+        others = [f"audio {k[0]} / text {k[1]} / speaker {k[2]}: {flops_text(breakdowns[k].get('total') or 0)}"
+                  for k in settings if k != key]
+        note = f"Lengths: audio {key[0]}, text {key[1]}, speaker {key[2]} frames."
+        if others:
+            note += " Other lengths at this scale: " + "; ".join(others) + "."
+        return _layout(fig, title, yaxis={"title": "FLOPs per sample", "tickformat": "~s"}), note
+
+
+def flops_text(flops: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if flops >= scale:
+            return f"{flops / scale:.4g} {unit}"
+    return f"{flops:.4g} FLOP"
+
+
+def _unique(values) -> list[str]:
+    return sorted({str(v) for v in values if v is not None and str(v) != "" and not pd.isna(v)})
+
+
+def header_facts(data: ReportInput) -> dict:
+    records = data.records
+    envs = [r.get("env") or {} for r in records]
+    times = _unique(e.get("time") for e in envs)
+    devices = Counter(e.get("device_name") or "unknown" for e in envs)
+    peaks = Counter((r.get("peak_tflops"), r.get("peak_source"), (r.get("env") or {}).get("device_name"))
+                    for r in records if r.get("peak_tflops") is not None)
+    ceilings = _unique(f"{r['ceiling_tflops']:.4g}" for r in records if r.get("ceiling_tflops"))
+    versions = {k: ", ".join(_unique(e.get(k) for e in envs)) or "-" for k in VERSION_KEYS}
+    matrices = _unique(data.frame["matrix"])
+    statuses = Counter(r.get("status") for r in records)
+    return {
+        "sources": [str(p) for p in data.paths],
+        "matrices": matrices,
+        "first_time": times[0] if times else None,
+        "last_time": times[-1] if times else None,
+        "devices": [f"{name} ({n} run{'s' if n != 1 else ''})" for name, n in devices.most_common()],
+        "peaks": [f"{fmt_number(p)} TFLOP/s ({src}) on {dev} ({n} run{'s' if n != 1 else ''})"
+                  for (p, src, dev), n in peaks.most_common()],
+        "ceilings": ceilings,
+        "versions": versions,
+        "n_runs": len(records),
+        "statuses": ", ".join(f"{n} {s}" for s, n in statuses.most_common()),
+        "n_skipped": len(data.skipped),
+    }
+
+
+def best_rows(data: ReportInput, scales: list[str]) -> list[dict]:
+    ok = data.ok
+    rows = []
+    for scale in scales:
+        group = ok[ok["scale"] == scale]
+        for nodes in sorted(_num(group["nodes"]).dropna().unique()):
+            at = group[_num(group["nodes"]) == nodes]
+            best = at.loc[_num(at["mfu"]).idxmax()]
+            rows.append({"scale": scale, "nodes": int(nodes), "gpus": best["world_size"],
+                         "mfu": fmt_number(best["mfu"], percent=True),
+                         "tflops": fmt_number(best["tflops_per_gpu"]),
+                         "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
+                         "run_id": best["run_id"], "n": len(at)})
+    return rows
+
+
+# Full table of runs: (frame column, header, kind) where kind picks the formatting.
+RUN_COLUMNS = [
+    ("run_id", "run", "text"), ("status", "status", "text"), ("scale", "scale", "text"),
+    ("framework", "framework", "text"), ("parallelism", "parallelism", "text"), ("nodes", "nodes", "int"),
+    ("world_size", "GPUs", "int"), ("micro_batch", "micro-batch", "int"), ("global_batch", "global batch", "int"),
+    ("step_time_s", "step time (s)", "num"), ("step_time_p10_s", "p10 (s)", "num"),
+    ("step_time_p90_s", "p90 (s)", "num"), ("samples_per_s", "samples/s", "num"),
+    ("samples_per_s_per_gpu", "samples/s/GPU", "num"), ("audio_seconds_per_s_per_gpu", "audio s/s/GPU", "num"),
+    ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("mfu", "MFU (%)", "pct"), ("hfu", "HFU (%)", "pct"),
+    ("peak_mem_gib", "memory (GiB)", "num"), ("memory_estimate_gib", "estimate (GiB)", "num"),
+    ("lengths", "lengths a/t/s", "text"), ("precision", "precision", "text"), ("compile", "compile", "text"),
+    ("ac", "ac", "text"), ("device_name", "device", "text"), ("hostname", "host", "text"), ("time", "time", "text"),
+    ("error", "error", "text"),
+]
+
+
+def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
+    rank = {s: i for i, s in enumerate(scales)}
+    frame = frame.assign(_s=frame["scale"].map(lambda s: rank.get(s, len(rank))),
+                         lengths=[f"{a}/{t}/{s}" for a, t, s in
+                                  zip(frame["audio_frames"], frame["text_tokens"], frame["speaker_frames"])])
+    rows = []
+    for _, r in frame.sort_values(["_s", "framework", "parallelism", "nodes", "run_id"]).iterrows():
+        cells = []
+        for column, _, kind in RUN_COLUMNS:
+            value = r[column]
+            missing = value is None or (not isinstance(value, str) and pd.isna(value))
+            if missing:
+                cells.append({"text": "", "sort": ""})
+            elif kind == "num":
+                cells.append({"text": fmt_number(value), "sort": repr(float(value))})
+            elif kind == "pct":
+                cells.append({"text": fmt_number(value, percent=True), "sort": repr(float(value))})
+            elif kind == "int":
+                cells.append({"text": str(int(value)), "sort": str(int(value))})
+            else:
+                cells.append({"text": str(value), "sort": str(value)})
+        rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells})
+    return rows
+
+
+def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
+    return {"scale": scale, "html": html, "empty": empty, "note": note}
+
+
+def build_sections(data: ReportInput) -> list[dict]:
+    """The figure sections, each a list of per-scale panels (a figure or a 'no data' line)."""
+    figs = Figures(data)
+    specs = [
+        ("mfu", "MFU vs node count", "One line per configuration; at each node count the best run of it.",
+         figs.mfu_vs_nodes),
+        ("throughput", "Per-GPU throughput", "samples/s and seconds of audio per second, per GPU.", figs.throughput),
+        ("scaling", "Scaling efficiency",
+         "Per-GPU samples/s relative to the configuration's smallest node count (100% = linear scaling).",
+         figs.scaling_efficiency),
+        ("steptime", "Step-time spread", "Median step time of the slowest rank, bars from p10 to p90.",
+         figs.step_time),
+        ("memory", "Peak memory per GPU",
+         "Measured peak (max over ranks) against the device memory (where the record has it: GPU runs) and, where the plan gave one, its estimate.",
+         figs.memory),
+    ]
+    sections = []
+    for n, (key, title, caption, make) in enumerate(specs):
+        panels = []
+        for i, scale in enumerate(figs.scales):
+            group = figs.ok[figs.ok["scale"] == scale]
+            if len(group) == 0:
+                panels.append(_panel(scale, empty=f"{scale}: no successful runs"))
+                continue
+            panels.append(_panel(scale, html=figs.html(make(scale, group), f"fig-{key}-{i}")))
+        sections.append({"id": key, "title": title, "caption": caption, "panels": panels})
+    flop_panels = []
+    for i, scale in enumerate(figs.scales):
+        fig, note = figs.flop_breakdown(scale)
+        if fig is None:
+            flop_panels.append(_panel(scale, empty=f"{scale}: no FLOP breakdown in the records"))
+        else:
+            flop_panels.append(_panel(scale, html=figs.html(fig, f"fig-flops-{i}"), note=note))
+    sections.append({"id": "flops", "title": "FLOP breakdown per scale",
+                     "caption": "Model FLOPs of one sample by part (the MFU numerator), forward and backward.",
+                     "panels": flop_panels})
+    if data.ok.empty:
+        for s in sections:
+            s["panels"] = [p for p in s["panels"] if p["html"]] if s["id"] == "flops" else []
+    return sections
+
+
+def failed_rows(data: ReportInput) -> list[dict]:
+    rows = []
+    for _, r in data.failed.iterrows():
+        rows.append({"run_id": r["run_id"], "status": r["status"], "error": r["error"] or "", "scale": r["scale"],
+                     "config": r["config"], "nodes": r["nodes"], "host": r["hostname"] or "", "path": r["path"] or ""})
+    return rows
+
+
+def render_dashboard(data: ReportInput) -> str:
+    import jinja2
+    from plotly.offline import get_plotlyjs
+
+    scales = scale_order(data.frame)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(resources.files("echobench.report").joinpath("dashboard.html.j2").read_text())
+    if not data.records:
+        message = "No result records found under " + ", ".join(str(p) for p in data.paths) + "."
+    elif data.ok.empty:
+        message = f"No successful runs: all {len(data.records)} record(s) failed (see Failed and skipped runs)."
+    else:
+        message = ""
+    return template.render(
+        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
+        problems=data.problems, best=best_rows(data, scales), sections=build_sections(data),
+        failed=failed_rows(data), skipped=data.skipped,
+        run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
+        plotlyjs=get_plotlyjs(),
+    )

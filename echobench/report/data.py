@@ -1,0 +1,217 @@
+"""What the report is built from: stored result records (and a sweep's skipped list), as one frame.
+
+Only files on disk are read: `result.json` records through `echobench.results.load_records`
+(newest per run id, corrupt ones reported) and `skipped.json` files a sweep may leave beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from echobench.results import load_records, records_frame
+
+# A configuration is everything that is not the scale or the node count. framework and
+# parallelism always name it; the others join the label only when they vary in the input.
+CONFIG_KEYS = ("framework", "parallelism")
+VARYING_CONFIG_KEYS = ("gpus_per_node", "micro_batch", "precision", "compile", "ac", "encoder_model",
+                       "frozen_encoder", "audio_frames", "text_tokens", "speaker_frames", "steps")
+SHORT_NAMES = {"gpus_per_node": "gpn", "micro_batch": "mb", "precision": "", "compile": "compile",
+               "ac": "ac", "encoder_model": "enc", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk",
+               "steps": "steps"}
+# Where a sweep's plan may have put the per-GPU memory estimate of a run.
+SPEC_KEYS = ("spec", "run_spec", "plan", "config")
+SPEC_FILES = ("spec.json", "run.json", "plan.json")
+
+
+@dataclass
+class ReportInput:
+    paths: list[Path]
+    records: list[dict]
+    frame: pd.DataFrame
+    skipped: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        return self.frame[(self.frame["status"] == "ok") & self.frame["mfu"].notna()]
+
+    @property
+    def failed(self) -> pd.DataFrame:
+        return self.frame[self.frame["status"] != "ok"]
+
+
+def sweep_matrix_names(paths) -> dict[Path, str]:
+    """Sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root."""
+    names = {}
+    for p in map(Path, paths):
+        for state_file in sorted(p.rglob("sweep.json")) if p.is_dir() else []:
+            try:
+                name = json.loads(state_file.read_text()).get("matrix")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(name, str) and name:
+                names[state_file.parent.resolve()] = name
+    return names
+
+
+def load_report_input(paths) -> ReportInput:
+    paths = [Path(p) for p in paths]
+    records, problems = load_records(paths)
+    sweeps = sweep_matrix_names(paths)
+    for r in records:  # a record without its matrix name takes its sweep directory's
+        if not _matrix_name(r) and r.get("_path"):
+            parents = Path(r["_path"]).resolve().parents
+            r["matrix"] = next((sweeps[d] for d in parents if d in sweeps), None)
+    skipped, skip_problems = load_skipped(paths)
+    return ReportInput(paths, records, report_frame(records), skipped, problems + skip_problems)
+
+
+# ---- the frame: records_frame plus what the report needs ----
+
+def _memory_estimate(record: dict) -> float | None:
+    """`memory_estimate_gib` from the record, its run spec, or a spec file beside it."""
+    if record.get("memory_estimate_gib") is not None:
+        return float(record["memory_estimate_gib"])
+    for key in SPEC_KEYS:
+        spec = record.get(key)
+        if isinstance(spec, dict) and spec.get("memory_estimate_gib") is not None:
+            return float(spec["memory_estimate_gib"])
+    if record.get("_path"):
+        for name in SPEC_FILES:
+            spec_path = Path(record["_path"]).with_name(name)
+            try:
+                spec = json.loads(spec_path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(spec, dict) and spec.get("memory_estimate_gib") is not None:
+                return float(spec["memory_estimate_gib"])
+    return None
+
+
+def _device_memory(record: dict) -> float | None:
+    """Total memory of one device, from the ranks' memory stats (GPU runs record it)."""
+    totals = [(r.get("memory") or {}).get("device_total_gib") for r in record.get("per_rank") or []]
+    totals = [t for t in totals if t]
+    return min(totals) if totals else None
+
+
+def _trainable_params(record: dict) -> float | None:
+    params = (record.get("flops_breakdown") or {}).get("params") or {}
+    return params.get("trainable")
+
+
+def _matrix_name(record: dict) -> str | None:
+    for key in ("matrix", "matrix_name"):
+        value = record.get(key)
+        if isinstance(value, dict):
+            value = value.get("name")
+        if value:
+            return str(value)
+    return None
+
+
+def report_frame(records: list[dict]) -> pd.DataFrame:
+    frame = records_frame(records)
+    extra = pd.DataFrame({
+        "memory_estimate_gib": [_memory_estimate(r) for r in records],
+        "device_memory_gib": [_device_memory(r) for r in records],
+        "trainable_params": [_trainable_params(r) for r in records],
+        "matrix": [_matrix_name(r) for r in records],
+    }, index=frame.index)
+    frame = pd.concat([frame, extra], axis=1)
+    ws = pd.to_numeric(frame["world_size"], errors="coerce")
+    frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
+    frame["config"] = config_labels(frame)
+    return frame
+
+
+def config_labels(frame: pd.DataFrame) -> list[str]:
+    varying = [k for k in VARYING_CONFIG_KEYS if frame[k].astype(str).nunique() > 1]
+    labels = []
+    for _, row in frame.iterrows():
+        parts = [str(row[k]) for k in CONFIG_KEYS]
+        for k in varying:
+            value = row[k]
+            if k == "compile":
+                parts.append("compile" if value else "eager")
+            elif k == "frozen_encoder":
+                parts.append({True: "enc-frozen", False: "enc-trained"}.get(value, f"frozen={value}"))
+            elif k == "precision":
+                parts.append(str(value))
+            else:
+                parts.append(f"{SHORT_NAMES[k]}={value}")
+        labels.append(" ".join(parts))
+    return labels
+
+
+# ---- scales, by size ----
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMBT])$", re.IGNORECASE)
+_UNIT = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def scale_size(name: str) -> float:
+    """800M -> 8e8, 3B -> 3e9; names without a size (tiny) sort first."""
+    match = _SIZE.match(str(name))
+    return float(match.group(1)) * _UNIT[match.group(2).upper()] if match else 0.0
+
+
+def scale_order(frame: pd.DataFrame) -> list[str]:
+    """Scales from smallest to largest: by trainable parameters where recorded, else by name."""
+    sizes = {}
+    for scale, group in frame.groupby("scale", dropna=True):
+        params = pd.to_numeric(group["trainable_params"], errors="coerce").dropna()
+        sizes[scale] = float(params.max()) if len(params) else scale_size(scale)
+    return sorted(sizes, key=lambda s: (sizes[s], str(s)))
+
+
+# ---- a sweep's skipped runs ----
+
+def _skipped_entries(obj) -> list:
+    if isinstance(obj, dict):
+        for key in ("skipped", "runs"):
+            if isinstance(obj.get(key), list):
+                return obj[key]
+        return [obj]
+    return obj if isinstance(obj, list) else []
+
+
+def load_skipped(paths) -> tuple[list[dict], list[str]]:
+    """Entries of every `skipped.json` under paths: the run's settings and the reason it was skipped.
+
+    Accepts a list of entries or {"skipped": [...]}; an entry's settings may sit at its top level or
+    under "run" / "spec" / "config" / "settings". A missing file is normal (not every sweep skips runs).
+    """
+    entries, problems, seen = [], [], set()
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted(p.rglob("skipped.json")))
+        elif p.name == "skipped.json":
+            files.append(p)
+    for path in files:
+        try:
+            obj = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: unreadable skipped list ({exc})")
+            continue
+        for entry in _skipped_entries(obj):
+            if not isinstance(entry, dict):
+                entry = {"reason": str(entry)}
+            settings = dict(entry)
+            for key in ("run", "spec", "config", "settings"):
+                if isinstance(entry.get(key), dict):
+                    settings = {**entry[key], **{k: v for k, v in entry.items() if k != key}}
+            row = {k: settings.get(k) for k in ("run_id", "scale", "framework", "parallelism", "nodes")}
+            row["reason"] = str(settings.get("reason") or settings.get("why") or settings.get("error") or "")
+            row["source"] = str(path)
+            key = json.dumps({k: row[k] for k in row if k != "source"}, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                entries.append(row)
+    return entries, problems

@@ -1,0 +1,201 @@
+"""The publication table: one row per successful run, sorted the way papers sort it.
+
+`--reference FILE.csv` puts published figures beside the measured ones. Its columns:
+
+    scale,framework,parallelism,nodes        the key (all four required)
+    mfu                                      published MFU as a fraction (0.42, not 42)
+    tflops_per_gpu                           published TFLOP/s per GPU
+    samples_per_s                            published samples/s (whole job)
+    source                                   optional: where the figure comes from
+
+Any of the three figures may be left empty or left out. Differences are measured minus published:
+MFU in percentage points, TFLOP/s and samples/s in percent of the published value. A published
+row with no measured run appears with empty measured columns.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+
+from echobench.report.data import VARYING_CONFIG_KEYS, scale_order
+
+KEYS = ["scale", "framework", "parallelism", "nodes"]
+REFERENCE_FIGURES = ["mfu", "tflops_per_gpu", "samples_per_s"]
+# (frame column, header)
+COLUMNS = [
+    ("scale", "scale"), ("framework", "framework"), ("parallelism", "parallelism"), ("nodes", "nodes"),
+    ("world_size", "GPUs"), ("global_batch", "global batch"), ("step_time_s", "step time (s)"),
+    ("samples_per_s", "samples/s"), ("tflops_per_gpu", "TFLOP/s per GPU"), ("mfu", "MFU (%)"),
+    ("peak_mem_gib", "memory (GiB)"),
+]
+REFERENCE_COLUMNS = [
+    ("ref_mfu", "published MFU (%)"), ("diff_mfu_pp", "MFU diff (pp)"),
+    ("ref_tflops_per_gpu", "published TFLOP/s per GPU"), ("diff_tflops_pct", "TFLOP/s diff (%)"),
+    ("ref_samples_per_s", "published samples/s"), ("diff_samples_pct", "samples/s diff (%)"),
+    ("ref_source", "source"),
+]
+PERCENT_COLUMNS = {"mfu", "ref_mfu"}  # fractions shown as percent
+
+
+class ReferenceError(ValueError):
+    pass
+
+
+def read_reference(path: Path) -> pd.DataFrame:
+    """Reads and checks a reference CSV (see the module docstring for its columns)."""
+    try:
+        ref = pd.read_csv(path, dtype={"scale": str, "framework": str, "parallelism": str})
+    except (OSError, ValueError) as exc:
+        raise ReferenceError(f"{path}: cannot read the reference CSV ({exc})") from exc
+    ref.columns = [c.strip() for c in ref.columns]
+    missing = [k for k in KEYS if k not in ref.columns]
+    if missing:
+        raise ReferenceError(f"{path}: missing key column(s) {', '.join(missing)}; "
+                             f"expected {','.join(KEYS)} plus any of {','.join(REFERENCE_FIGURES)}")
+    figures = [c for c in REFERENCE_FIGURES if c in ref.columns]
+    if not figures:
+        raise ReferenceError(f"{path}: no published figure column; add one of {', '.join(REFERENCE_FIGURES)}")
+    try:
+        ref["nodes"] = ref["nodes"].astype(int)
+        for c in figures:
+            ref[c] = pd.to_numeric(ref[c], errors="raise")
+    except (ValueError, TypeError) as exc:
+        raise ReferenceError(f"{path}: nodes and figures must be numbers ({exc})") from exc
+    if "mfu" in ref.columns and (ref["mfu"] > 1).any():
+        raise ReferenceError(f"{path}: mfu must be a fraction (0.42 for 42%); found {ref['mfu'].max()}")
+    dup = ref[ref.duplicated(KEYS, keep=False)]
+    if len(dup):
+        raise ReferenceError(f"{path}: more than one row for {dup.iloc[0][KEYS].to_dict()}")
+    for c in REFERENCE_FIGURES + ["source"]:
+        if c not in ref.columns:
+            ref[c] = None
+    for k in ("scale", "framework", "parallelism"):
+        ref[k] = ref[k].str.strip()
+    return ref[KEYS + REFERENCE_FIGURES + ["source"]].rename(
+        columns={c: f"ref_{c}" for c in REFERENCE_FIGURES + ["source"]})
+
+
+def sort_rows(table: pd.DataFrame, scales: list[str], extra: list[str] = ()) -> pd.DataFrame:
+    """Scale by size, then framework, parallelism, nodes, GPUs, global batch (then extra keys)."""
+    rank = {s: i for i, s in enumerate(scales)}
+    order = table.assign(_scale=table["scale"].map(lambda s: rank.get(s, len(rank))))
+    by = ["_scale", "scale", "framework", "parallelism", "nodes", "world_size", "global_batch", *extra]
+    return order.sort_values(by, kind="stable", na_position="last").drop(columns="_scale").reset_index(drop=True)
+
+
+def distinguishing_keys(ok: pd.DataFrame) -> list[str]:
+    """Settings that tell apart rows the standard columns cannot (e.g. two lengths at one layout)."""
+    standard = [c for c, _ in COLUMNS[:6]]
+    dups = ok[ok.duplicated(standard, keep=False)]
+    if dups.empty:
+        return []
+    groups = dups.astype(str).groupby(standard)
+    return [k for k in VARYING_CONFIG_KEYS if k not in standard and (groups[k].nunique() > 1).any()]
+
+
+def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Raw numbers (fractions for MFU), one row per successful run, plus reference columns.
+
+    When two runs share the standard columns, the settings that differ between them are added
+    after `parallelism` (e.g. micro_batch, audio_frames), so no two rows look the same.
+    """
+    ok = frame[(frame["status"] == "ok") & frame["mfu"].notna()]
+    extra = distinguishing_keys(ok)
+    columns = [c for c, _ in COLUMNS[:3]] + extra + [c for c, _ in COLUMNS[3:]]
+    table = ok[columns].copy()
+    for c in ("nodes", "world_size", "global_batch"):
+        table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
+    scales = scale_order(frame)
+    if reference is not None:
+        reference = reference.copy()
+        reference["nodes"] = reference["nodes"].astype("Int64")
+        table = table.merge(reference, on=KEYS, how="outer")
+        table["diff_mfu_pp"] = (table["mfu"] - table["ref_mfu"]) * 100
+        table["diff_tflops_pct"] = (table["tflops_per_gpu"] / table["ref_tflops_per_gpu"] - 1) * 100
+        table["diff_samples_pct"] = (table["samples_per_s"] / table["ref_samples_per_s"] - 1) * 100
+        scales = scales + [s for s in reference["scale"].drop_duplicates() if s not in scales]
+        table = table[columns + [c for c, _ in REFERENCE_COLUMNS]]
+    return sort_rows(table, scales, extra)
+
+
+def fmt_number(value, percent: bool = False) -> str:
+    """Three significant figures without exponents: 989, 41.2, 3.07, 0.0365."""
+    if value is None or pd.isna(value):
+        return "-"
+    if isinstance(value, str):
+        return value
+    v = float(value) * (100 if percent else 1)
+    if float(v).is_integer() and abs(v) >= 1 and not percent:
+        return str(int(v))
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}" if a >= 1e-4 else f"{v:.2e}"
+
+
+def formatted(table: pd.DataFrame) -> pd.DataFrame:
+    headers = dict(COLUMNS + REFERENCE_COLUMNS)
+    out = pd.DataFrame(index=table.index)
+    for c in table.columns:
+        if c in VARYING_CONFIG_KEYS:
+            out[c.replace("_", " ")] = table[c].map(str)
+        elif c in ("scale", "framework", "parallelism", "ref_source"):
+            out[headers[c]] = table[c].map(lambda v: "-" if v is None or pd.isna(v) else str(v))
+        elif c in ("nodes", "world_size", "global_batch"):
+            out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else str(int(v)))
+        elif c.startswith("diff_"):
+            out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else f"{v:+.1f}")
+        else:
+            out[headers[c]] = table[c].map(lambda v, p=c in PERCENT_COLUMNS: fmt_number(v, p))
+    return out
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    text = formatted(table)
+    cols = list(text.columns)
+    numeric = [c not in ("scale", "framework", "parallelism", "source") for c in cols]
+
+    def cell(v):
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cols) + " |",
+             "| " + " | ".join("---:" if n else "---" for n in numeric) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in text.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: pd.DataFrame) -> str:
+    """Raw numbers, machine-readable: MFU as a fraction, full precision."""
+    buf = io.StringIO()
+    table.to_csv(buf, index=False, float_format="%.6g")
+    return buf.getvalue()
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    text = formatted(table)
+    align = "".join("l" if c in ("scale", "framework", "parallelism", "source") else "r" for c in text.columns)
+    return text.to_latex(index=False, escape=True, column_format=align)
+
+
+RENDERERS = {"md": to_markdown, "csv": to_csv, "latex": to_latex}
+
+
+def render_table(frame: pd.DataFrame, fmt: str, reference: pd.DataFrame | None = None) -> str:
+    """The publication table as md / csv / latex; with no successful run, a table saying so."""
+    table = publication_table(frame, reference)
+    if len(table) == 0:
+        n = len(frame)
+        note = "no result records" if n == 0 else f"no successful runs ({n} record(s), none ok)"
+        if fmt == "csv":
+            return ",".join(table.columns) + "\n"
+        if fmt == "latex":
+            return f"% {note}\n" + to_latex(table)
+        return f"_{note}_\n\n" + to_markdown(table)
+    return RENDERERS[fmt](table)

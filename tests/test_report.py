@@ -1,0 +1,372 @@
+"""The report: dashboard (in real headless Chromium), publication tables, reference CSV, compare."""
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from echobench.report import load_report_input, read_reference, render_table
+from echobench.report.tables import ReferenceError, publication_table
+from echobench.results import write_json_atomic
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+XSS = "<script>alert(1)</script>"
+TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16",
+            "--speaker-frames", "40", "--peak-tflops", "1"]
+
+
+# ---- records ----
+
+def record(run_id, scale="800M", framework="torchtitan", parallelism="fsdp2", nodes=1, gpus_per_node=4,
+           micro_batch=8, mfu=0.4, samples_per_s=100.0, tflops_per_gpu=None, status="ok", error="",
+           step_time_s=1.0, peak_mem_gib=40.0, time="2026-11-01T00:00:00+00:00", **extra):
+    """A hand-built record with round numbers, for tests that check computed values."""
+    world = nodes * gpus_per_node
+    ok = status == "ok"
+    rec = {
+        "schema_version": 1, "run_id": run_id, "status": status, "error": error, "scale": scale,
+        "framework": framework, "parallelism": parallelism, "tp": 1, "dp": world, "nodes": nodes,
+        "gpus_per_node": gpus_per_node, "world_size": world, "micro_batch": micro_batch,
+        "global_batch": micro_batch * world, "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750,
+        "precision": "bf16", "compile": False, "ac": "none", "steps": 30, "warmup_steps": 10,
+        "step_time_s": step_time_s if ok else None, "step_time_p10_s": step_time_s * 0.9 if ok else None,
+        "step_time_p90_s": step_time_s * 1.1 if ok else None, "samples_per_s": samples_per_s if ok else None,
+        "audio_seconds_per_s": samples_per_s * 30 if ok else None, "model_flops_per_sample": 1e13,
+        "flops_breakdown": {}, "tflops_per_gpu": (tflops_per_gpu if tflops_per_gpu is not None else mfu * 990) if ok else None,
+        "mfu": mfu if ok else None, "hfu": mfu if ok else None, "peak_tflops": 990.0, "peak_source": "datasheet:GH200",
+        "peak_mem_gib": peak_mem_gib, "data_wait_frac": 0.0, "per_rank": [],
+        "env": {"device_name": "NVIDIA GH200 120GB", "hostname": "nid001", "time": time},
+    }
+    rec.update(extra)
+    return rec
+
+
+def write(root: Path, rec: dict, name: str | None = None) -> Path:
+    path = root / (name or rec["run_id"]) / "result.json"
+    write_json_atomic(path, rec)
+    return path
+
+
+def tiny_run(cli, out: Path, *extra):
+    proc = cli("run", "--out", out, *TINY_RUN, *extra)
+    assert (out / "result.json").exists(), proc.stderr[-2000:]
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+    """Records of real `echobench run`s (two micro-batches and lengths, one injected failure),
+    plus a copy of the failed one whose error text is a script tag."""
+    from tests.conftest import run_cli
+
+    root = tmp_path_factory.mktemp("real-sweep")
+
+    def cli(*args):
+        return run_cli(*args, tmp_path=root)
+
+    tiny_run(cli, root / "mb1")
+    tiny_run(cli, root / "mb2-long", "--micro-batch", "2", "--audio-frames", "100")
+    failed = tiny_run(cli, root / "failed", "--fail-at-step", "1")
+    assert failed["status"] == "error"
+    xss = copy.deepcopy(failed)
+    xss.update(run_id="xss-" + failed["run_id"], error=XSS)
+    xss["env"]["hostname"] = "<b>host</b>"
+    write(root, xss)
+    (root / "skipped.json").write_text(json.dumps(
+        [{"run_id": "tiny-megatron-tp4-n1x1", "scale": "tiny", "framework": "megatron", "parallelism": "tp4",
+          "nodes": 1, "reason": "tp4 needs 4 GPUs per node, have 1"}]))
+    return root
+
+
+def synthetic_multinode(real: dict, out: Path) -> list[dict]:
+    """SYNTHETIC layout fixture: copies of one real record with node counts, scales and figures made
+    up, so the multi-node panels have lines to draw. Used for layout tests only, never reported."""
+    records = []
+    for scale, params, base_mfu in (("800M", 757e6, 0.30), ("3B", 3.16e9, 0.40)):
+        for config, factor in (("fsdp2", 1.0), ("ddp", 0.8)):
+            for nodes in (1, 2, 4):
+                rec = copy.deepcopy(real)
+                world = nodes * 4
+                mfu = base_mfu * factor * (1 - 0.05 * (nodes - 1))
+                rec.update(run_id=f"synthetic-{scale}-{config}-n{nodes}", scale=scale, parallelism=config,
+                           nodes=nodes, gpus_per_node=4, world_size=world, dp=world,
+                           global_batch=real["micro_batch"] * world, mfu=mfu, hfu=mfu,
+                           tflops_per_gpu=mfu * 990, peak_tflops=990.0, peak_source="synthetic",
+                           samples_per_s=mfu * 990e12 * world / 1e13, audio_seconds_per_s=mfu * 990e12 * world / 1e13 * 30,
+                           peak_mem_gib=20.0 * nodes ** -0.5, memory_estimate_gib=22.0 * nodes ** -0.5, synthetic=True)
+                rec["flops_breakdown"]["params"]["trainable"] = params
+                rec["per_rank"] = [{"rank": 0, "memory": {"device_total_gib": 94.5}}]
+                rec["env"] = {**rec["env"], "hostname": "synthetic-fixture", "device_name": "SYNTHETIC GH200"}
+                write(out, rec)
+                records.append(rec)
+    return records
+
+
+# ---- the browser ----
+
+def browser_or_skip():
+    from echobench.report.browser import find_chromium
+
+    missing = []
+    if find_chromium() is None:
+        missing.append("chromium (apt-get install chromium)")
+    try:
+        import websocket  # noqa: F401
+    except ImportError:
+        missing.append("websocket-client (pip install -e .[dev])")
+    if missing:
+        if os.environ.get("ECHOBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ECHOBENCH_REQUIRE_BROWSER=1 but missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+    from echobench.report.browser import Chromium
+
+    return Chromium()
+
+
+PLOTS_JS = """Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+    id: el.id,
+    traces: (el.data || []).length,
+    points: el.querySelectorAll('.point').length,  // markers and bars as drawn
+    visible: el.offsetParent !== null}))"""
+
+
+def assert_clean(page):
+    assert page.log.console_errors == [] and page.log.exceptions == []
+    assert page.log.dialogs == []
+    outside = [u for u in page.log.requests if not u.startswith(("file:", "data:", "about:", "blob:"))]
+    assert outside == [], f"the page fetched from the network: {outside}"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
+    out = tmp_path / "report.html"
+    proc = cli("report", real_sweep, "-o", out, check=True)
+    assert "wrote" in proc.stderr
+    page_html = out.read_text()
+    assert "<script src" not in page_html and XSS not in page_html  # nothing to fetch; no raw tag
+    runs = load_report_input([real_sweep]).records
+    assert len(runs) == 4
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        plots = page.evaluate(PLOTS_JS)
+        # one scale (tiny): MFU, throughput, scaling, step time, memory, FLOP breakdown
+        assert len(plots) == 6
+        assert all(p["traces"] > 0 and p["points"] > 0 for p in plots), plots
+        table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
+                                  ".map(tr => tr.cells[0].textContent.trim())")
+        assert sorted(table_ids) == sorted(r["run_id"] for r in runs)
+        # the script tag from a record is text, not markup; no alert fired (checked in assert_clean)
+        errors = page.evaluate("Array.from(document.querySelectorAll('#failed-table td.error'))"
+                               ".map(td => td.textContent)")
+        assert XSS in errors
+        assert page.evaluate("document.querySelectorAll('#failed-table script, #runs script').length") == 0
+        assert page.evaluate("document.querySelectorAll('#failures b').length") == 0  # the <b> hostname
+        assert "tp4 needs 4 GPUs" in page.evaluate("document.getElementById('skipped-table').textContent")
+        shot = page.screenshot(ARTIFACTS / "dashboard-real-runs.png")
+    assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
+    """Layout of the multi-node panels, on the SYNTHETIC fixture (made-up node counts and figures)."""
+    real = json.loads((real_sweep / "mb1" / "result.json").read_text())
+    synthetic = synthetic_multinode(real, tmp_path / "synthetic")
+    out = tmp_path / "report.html"
+    cli("report", tmp_path / "synthetic", real_sweep, "-o", out, check=True)
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        plots = page.evaluate(PLOTS_JS)
+        assert len(plots) == 6 * 3  # three scales: tiny, 800M, 3B
+        assert all(p["traces"] > 0 and p["points"] > 0 for p in plots)
+        mfu_800m = page.evaluate("document.getElementById('fig-mfu-1').data.map(t => [t.name, t.x.length])")
+        assert sorted((name.split()[:2], n) for name, n in mfu_800m) == [
+            (["torchtitan", "ddp"], 3), (["torchtitan", "fsdp2"], 3)]
+        # best MFU per scale and node count: 3B at 1 node is the synthetic fsdp2 run
+        best = page.evaluate("Array.from(document.querySelectorAll('#best tr[data-scale=\"3B\"]'))"
+                             ".map(tr => tr.textContent)")
+        assert len(best) == 3 and "synthetic-3B-fsdp2-n1" in best[0]
+        # the scale filter hides other scales' panels and rows
+        page.evaluate("var s = document.getElementById('scale-filter'); s.value = '3B';"
+                      "s.dispatchEvent(new Event('change'))")
+        visible = page.evaluate(PLOTS_JS)
+        assert sum(p["visible"] for p in visible) == 6
+        rows = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
+                             ".map(tr => tr.cells[0].textContent.trim())")
+        assert sorted(rows) == sorted(r["run_id"] for r in synthetic if r["scale"] == "3B")
+        # sorting by MFU (a header click) orders the rows by the number, highest last
+        page.evaluate("Array.from(document.querySelectorAll('#runs th')).find(th => th.textContent === 'MFU (%)').click()")
+        order = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
+                              ".map(tr => tr.cells[0].textContent.trim())")
+        by_mfu = sorted((r for r in synthetic if r["scale"] == "3B"), key=lambda r: r["mfu"])
+        assert order == [r["run_id"] for r in by_mfu]
+        # the text filter
+        page.evaluate("var f = document.getElementById('run-filter'); f.value = 'ddp-n4';"
+                      "f.dispatchEvent(new Event('input'))")
+        assert page.evaluate("document.getElementById('run-count').textContent") == "1 of 16 runs"
+        page.evaluate("var s = document.getElementById('scale-filter'); s.value = '';"
+                      "s.dispatchEvent(new Event('change')); document.getElementById('run-filter').value = '';"
+                      "document.getElementById('run-filter').dispatchEvent(new Event('input'))")
+        page.screenshot(ARTIFACTS / "dashboard-synthetic-multinode.png")
+        assert_clean(page)
+
+
+# ---- empty and failed input ----
+
+def test_empty_dir_gives_a_page_and_a_table_saying_so(tmp_path, cli):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r.html"
+    proc = cli("report", tmp_path / "empty", "-o", out)
+    assert proc.returncode == 0 and "no result records" in proc.stderr
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    assert "No result records found under" in text
+    proc = cli("report", tmp_path / "empty", "--table", "md")
+    assert proc.returncode == 0 and "no result records" in proc.stdout and "| scale |" in proc.stdout
+    proc = cli("report", tmp_path / "nope", "-o", out)
+    assert proc.returncode == 2 and "no such file or directory" in proc.stderr
+
+
+def test_only_failed_runs_and_corrupt_records(tmp_path, cli):
+    write(tmp_path, record("a", status="oom", error="CUDA out of memory"))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "result.json").write_text("{not json")
+    out = tmp_path / "r.html"
+    proc = cli("report", tmp_path, "-o", out)
+    assert proc.returncode == 0 and "no successful runs" in proc.stderr and "bad/result.json" in proc.stderr
+    text = out.read_text()
+    assert "No successful runs" in text and "CUDA out of memory" in text and "bad/result.json" in text
+    proc = cli("report", tmp_path, "--table", "csv")
+    assert proc.stdout.splitlines() == ["scale,framework,parallelism,nodes,world_size,global_batch,step_time_s,"
+                                        "samples_per_s,tflops_per_gpu,mfu,peak_mem_gib"]
+
+
+def test_strings_from_records_are_escaped(tmp_path):
+    from echobench.report import render_dashboard
+
+    write(tmp_path, record("r<img src=x onerror=alert(2)>", memory_estimate_gib=45.0), name="r1")
+    rec = record("f1", status="error", error=XSS)
+    rec["env"]["hostname"] = "<i>h</i>"
+    write(tmp_path, rec)
+    data = load_report_input([tmp_path])
+    assert data.frame.set_index("run_id").loc["r<img src=x onerror=alert(2)>", "memory_estimate_gib"] == 45.0
+    page = render_dashboard(data)
+    for raw in (XSS, "<img src=x", "<i>h</i>"):
+        assert raw not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;i&gt;h&lt;/i&gt;" in page
+
+
+# ---- the publication table ----
+
+def table_records():
+    return [
+        record("8b-tt-2", scale="8B", nodes=2, mfu=0.38, samples_per_s=80.0, step_time_s=3.2),
+        record("800m-mg-1", scale="800M", framework="megatron", parallelism="tp2", mfu=0.45, samples_per_s=900.0),
+        record("800m-tt-4", scale="800M", nodes=4, mfu=0.40, samples_per_s=120.0, tflops_per_gpu=396.0),
+        record("800m-tt-1", scale="800M", nodes=1, mfu=0.42, samples_per_s=40.0),
+        record("3b-tt-1", scale="3B", nodes=1, mfu=0.41, samples_per_s=20.0),
+        record("3b-oom", scale="3B", nodes=1, parallelism="ddp", status="oom", error="oom"),
+    ]
+
+
+def test_publication_table_rows_and_order(tmp_path, cli):
+    for rec in table_records():
+        write(tmp_path, rec)
+    table = publication_table(load_report_input([tmp_path]).frame)
+    keys = list(zip(table["scale"], table["framework"], table["parallelism"], table["nodes"]))
+    # scale by size, then framework, parallelism, nodes; failed runs left out
+    assert keys == [("800M", "megatron", "tp2", 1), ("800M", "torchtitan", "fsdp2", 1),
+                    ("800M", "torchtitan", "fsdp2", 4), ("3B", "torchtitan", "fsdp2", 1),
+                    ("8B", "torchtitan", "fsdp2", 2)]
+    assert list(table["world_size"]) == [4, 4, 16, 4, 8] and list(table["global_batch"]) == [32, 32, 128, 32, 64]
+    md = cli("report", tmp_path, "--table", "md", check=True).stdout.splitlines()
+    assert md[0] == ("| scale | framework | parallelism | nodes | GPUs | global batch | step time (s) | samples/s "
+                     "| TFLOP/s per GPU | MFU (%) | memory (GiB) |")
+    assert md[2] == "| 800M | megatron | tp2 | 1 | 4 | 32 | 1 | 900 | 446 | 45.0 | 40 |"
+    assert md[4] == "| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40 |"
+    assert md[6] == "| 8B | torchtitan | fsdp2 | 2 | 8 | 64 | 3.20 | 80 | 376 | 38.0 | 40 |"
+    latex = cli("report", tmp_path, "--table", "latex", check=True).stdout
+    assert "\\toprule" in latex and "MFU (\\%)" in latex and latex.count("\\\\") == 6
+    csv = cli("report", tmp_path, "--table", "csv", check=True).stdout.splitlines()
+    assert csv[2] == "800M,torchtitan,fsdp2,1,4,32,1,40,415.8,0.42,40"
+
+
+def test_reference_differences(tmp_path, cli):
+    for rec in table_records():
+        write(tmp_path / "runs", rec)
+    ref = tmp_path / "published.csv"
+    ref.write_text("scale,framework,parallelism,nodes,mfu,tflops_per_gpu,samples_per_s,source\n"
+                   "800M,torchtitan,fsdp2,4,0.42,400,100,paper table 2\n"
+                   "8B,torchtitan,fsdp2,2,0.40,,,paper table 3\n"
+                   "8B,megatron,tp4,16,0.35,,,paper table 3\n")
+    table = publication_table(load_report_input([tmp_path / "runs"]).frame, read_reference(ref)).set_index(
+        ["scale", "framework", "parallelism", "nodes"])
+    row = table.loc[("800M", "torchtitan", "fsdp2", 4)]
+    # measured 0.40 MFU, 396 TFLOP/s, 120 samples/s against published 0.42, 400, 100
+    assert row["diff_mfu_pp"] == pytest.approx(-2.0)
+    assert row["diff_tflops_pct"] == pytest.approx(-1.0)
+    assert row["diff_samples_pct"] == pytest.approx(20.0)
+    assert table.loc[("8B", "torchtitan", "fsdp2", 2), "diff_mfu_pp"] == pytest.approx(-2.0)
+    published_only = table.loc[("8B", "megatron", "tp4", 16)]
+    assert published_only["mfu"] != published_only["mfu"] and published_only["ref_mfu"] == 0.35  # NaN measured
+    md = cli("report", tmp_path / "runs", "--table", "md", "--reference", ref, check=True).stdout
+    assert "| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40 | 42.0 | -2.0 | 400 | -1.0 | 100 | +20.0 | paper table 2 |" in md
+    assert md.index("| 800M | megatron") < md.index("| 3B |") < md.index("| 8B | megatron")
+
+
+def test_reference_csv_errors(tmp_path, cli):
+    write(tmp_path / "runs", record("a"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("scale,framework,parallelism,nodes,mfu\n800M,torchtitan,fsdp2,1,42\n")
+    with pytest.raises(ReferenceError, match="fraction"):
+        read_reference(bad)
+    bad.write_text("scale,framework,nodes,mfu\n800M,torchtitan,1,0.4\n")
+    proc = cli("report", tmp_path / "runs", "--table", "md", "--reference", bad)
+    assert proc.returncode == 2 and "missing key column(s) parallelism" in proc.stderr
+    assert render_table(load_report_input([tmp_path / "runs"]).frame, "md").count("\n") == 3
+
+
+# ---- compare ----
+
+def test_compare_gates_on_threshold(tmp_path, cli):
+    for run_id in ("a", "b"):
+        write(tmp_path / "old", record(run_id, mfu=0.40, samples_per_s=100.0))
+    write(tmp_path / "new", record("a", mfu=0.40, samples_per_s=101.0))
+    write(tmp_path / "new", record("b", mfu=0.36, samples_per_s=100.0))  # MFU -10%
+    write(tmp_path / "new", record("c"))  # only in NEW: listed, not a regression
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REGRESSION MFU -10.0%" in proc.stdout and "only in NEW (1): c" in proc.stdout
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "15")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "none lost more than 15%" in proc.stdout
+    # a run that succeeded before and fails now is a regression whatever the threshold
+    write(tmp_path / "new", record("a", status="oom", error="CUDA out of memory", time="2026-12-01T00:00:00+00:00"))
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "50")
+    assert proc.returncode == 1 and "now oom" in proc.stdout
+    (tmp_path / "other").mkdir()
+    write(tmp_path / "other", record("z"))
+    proc = cli("compare", tmp_path / "old", tmp_path / "other")
+    assert proc.returncode == 2 and "no run ids in common" in proc.stderr
+
+
+def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):
+    write(tmp_path, record("a"))
+    assert load_report_input([tmp_path]).skipped == []
+    (tmp_path / "sweep.json").write_text(json.dumps({"matrix": "smoke", "runs": {}}))
+    assert load_report_input([tmp_path]).records[0]["matrix"] == "smoke"
+    (tmp_path / "skipped.json").write_text(json.dumps({"skipped": [
+        {"run": {"scale": "8B", "framework": "torchtitan", "parallelism": "ddp", "nodes": 1},
+         "reason": "8B does not fit with DDP"}]}))
+    data = load_report_input([tmp_path])
+    assert [(s["scale"], s["parallelism"], s["reason"]) for s in data.skipped] == [
+        ("8B", "ddp", "8B does not fit with DDP")]
+    shutil.rmtree(tmp_path / "a")
+    assert load_report_input([tmp_path]).skipped  # a skipped list alone still reads

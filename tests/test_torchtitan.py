@@ -1,0 +1,229 @@
+"""The torchtitan backend: DDP / FSDP2 / HSDP over 2 gloo processes, compile, AC, float8, failures.
+
+The multi-process tests run `echobench run` as a user does (torchrun underneath) on the tiny
+model with short lengths; each takes tens of seconds on a loaded 2-core machine.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from conftest import ROOT, cli_env, run_cli
+from echobench.backends.torchtitan import apply_ac, float8_filter, validate
+from echobench.config import RunConfig
+from echobench.data import SyntheticSource
+from echobench.flops import hardware_flops, model_flops
+from echobench.model.config import PRESETS
+from echobench.model.echo import EchoTTS, diffusion_draws
+
+SHAPE = ["--scale", "tiny", "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40",
+         "--peak-tflops", "1"]
+EQUIV = [*SHAPE, "--steps", "3", "--warmup-steps", "0"]
+# Losses of a 2-rank run against the 1-rank run over 3 steps, in fp32. Both see the same samples
+# and draws; only the order of floating-point reductions differs (rank means then averaged,
+# gradient all-reduce, a different number of threads per process), which moves the losses by
+# ~1e-7 relative (measured). Skipping the gradient all-reduce for one step moves the next loss by
+# ~2e-4 relative (measured), so 5e-6 separates the two by more than 10x either way.
+RTOL = 5e-6
+
+
+def record(out):
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """The reference: one process, micro-batch 2 (the global batch of 2 ranks x micro-batch 1)."""
+    out = tmp_path_factory.mktemp("single")
+    run_cli("run", *EQUIV, "--micro-batch", "2", "--out", out, tmp_path=out, check=True, timeout=600)
+    return record(out)
+
+
+def assert_same_losses(r, ref):
+    assert r["status"] == "ok", r["error"]
+    assert r["world_size"] == 2 and r["global_batch"] == 2 and r["micro_batch"] == 1
+    assert [p["rank"] for p in r["per_rank"]] == [0, 1]
+    assert all(p["median_step_time_s"] > 0 and p["peak_mem_gib"] > 0 for p in r["per_rank"])
+    assert r["slowest_rank"] in (0, 1)
+    # The ranks saw different samples; their mean is the step's loss.
+    assert r["per_rank"][0]["losses"][0] != r["per_rank"][1]["losses"][0]
+    assert len(r["losses"]) == len(ref["losses"]) == 3
+    assert r["losses"] == pytest.approx(ref["losses"], rel=RTOL, abs=0)
+    assert ref["losses"][1] != ref["losses"][0]  # it trains
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_data_parallel_matches_single_process(cli, tmp_path, single_run, parallelism):
+    out = tmp_path / parallelism
+    extra = ["--profile"] if parallelism == "fsdp2" else []
+    proc = cli("run", *EQUIV, "--micro-batch", "1", "--nproc", "2", "--parallelism", parallelism, *extra,
+               "--out", out, timeout=600)
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert_same_losses(r, single_run)
+    backend = r["backend"]
+    assert backend["mesh"] == {"dp": 2} and backend["process_group_backend"] == "gloo"
+    assert "not sharded" in backend["text_encoder"]
+    if parallelism == "fsdp2":
+        assert backend["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+        # --profile: a chrome trace from every rank, of steps after the measured ones (untimed).
+        assert min(r["profiled_steps"]) > r["warmup_steps"] + r["steps"] - 1
+        for rank in (0, 1):
+            trace = json.loads((out / f"trace-rank{rank}.json").read_text())
+            assert any("aten::mm" in e.get("name", "") for e in trace["traceEvents"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single_run):
+    """Two launchers on this machine stand in for two nodes: a 2x1 (replicate x shard) mesh."""
+    out = tmp_path / "hsdp"
+    port = free_port()
+    env = cli_env(tmp_path) | {"OMP_NUM_THREADS": "1"}
+
+    def launcher(node_rank):
+        args = ["run", *EQUIV, "--micro-batch", "1", "--parallelism", "hsdp", "--nproc", "1", "--nnodes", "2",
+                "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--out", str(out)]
+        return subprocess.Popen([sys.executable, "-m", "echobench", *args], env=env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = [launcher(1), launcher(0)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    r = record(out)
+    assert procs[1].returncode == 0, r["error"] + logs[1][-3000:]
+    assert_same_losses(r, single_run)
+    assert r["nodes"] == 2 and r["gpus_per_node"] == 1
+    assert r["backend"]["mesh"] == {"dp_replicate": 2, "dp_shard": 1}
+
+
+def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
+    # A collective timeout far beyond the bounds below: the run must end because the failed rank
+    # exits and torchrun stops the others, not because rank 0 times out waiting for it.
+    config = tmp_path / "run.yaml"
+    config.write_text("collective_timeout_s: 900\n")
+    out = tmp_path / "oom"
+    started = time.time()
+    proc = cli("run", "--config", config, *SHAPE, "--steps", "3", "--warmup-steps", "1", "--micro-batch", "1",
+               "--nproc", "2", "--parallelism", "ddp", "--fail-at-step", "2", "--fail-rank", "1",
+               "--fail-kind", "oom", "--out", out, timeout=900)
+    elapsed = time.time() - started
+    assert proc.returncode == 1
+    r = record(out)
+    assert r["status"] == "oom" and "rank 1" in r["error"] and "step 2" in r["error"]
+    assert r["world_size"] == 2 and r["peak_mem_gib"] > 0 and r["traceback_tail"]
+    assert 1 in r["failed_ranks"]
+    failed_at = (out / "ranks" / "rank-1.json").stat().st_mtime
+    recorded_at = (out / "result.json").stat().st_mtime
+    assert recorded_at - failed_at < 60, f"record {recorded_at - failed_at:.0f} s after the failure"
+    assert elapsed < 300, f"took {elapsed:.0f} s"  # mostly process start-up on a loaded machine
+
+
+def test_compiled_tiny_run_completes(cli, tmp_path, monkeypatch):
+    # A shared inductor cache makes reruns cheap (a cold compile of the two block kinds: minutes here).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
+    out = tmp_path / "compile"
+    proc = cli("run", *SHAPE, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "2", "--compile",
+               "--out", out, timeout=900)
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert r["compile"] is True and r["backend"]["compile"] is True and r["mfu"] > 0
+
+
+def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
+    out = tmp_path / "fp8"
+    proc = cli("run", *SHAPE, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "2", "--precision", "fp8",
+               "--out", out, timeout=600)
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert r["precision"] == "fp8" and r["backend"]["float8"] == "emulated"
+    # The tiny DiT's MLP (hidden 172) is not a multiple of 16: those linears stay in high precision.
+    assert "dit.blocks.0.mlp.gate" in r["backend"]["float8_skipped"] and r["backend"]["float8_linears"] > 20
+    assert all(x == x for x in r["losses"])  # finite
+
+
+def test_float8_filter_skips_frozen_and_odd_sized_layers():
+    assert float8_filter(torch.nn.Linear(64, 128), "dit.blocks.0.attn.wq")
+    assert not float8_filter(torch.nn.Linear(64, 172), "dit.blocks.0.mlp.gate")
+    assert not float8_filter(torch.nn.Linear(64, 64), "text_encoder.encoder.layers.0.mlp")
+
+
+def test_validate_names_the_problem():
+    assert validate(RunConfig(parallelism="fsdp2", gpus_per_node=2)) is None
+    assert "at least 2 processes" in validate(RunConfig(parallelism="ddp"))
+    assert "nodes >= 2" in validate(RunConfig(parallelism="hsdp", gpus_per_node=4))
+    assert validate(RunConfig(parallelism="hsdp", nodes=2, gpus_per_node=4)) is None
+    assert "runs on one process" in validate(RunConfig(parallelism="single", gpus_per_node=2))
+    assert "no parallelism" in validate(RunConfig(parallelism="tp2", gpus_per_node=2))
+
+
+def test_samples_and_draws_do_not_depend_on_the_split():
+    """2 ranks x micro-batch B see exactly the samples and draws of 1 rank x micro-batch 2B."""
+    def keys(rank, world, mb, n):
+        it = iter(SyntheticSource(10, 4, 8, distinct=7, rank=rank, world_size=world, micro_batch=mb))
+        return [next(it)["key"] for _ in range(n)]
+
+    one = keys(0, 1, 4, 12)
+    r0, r1 = keys(0, 2, 2, 6), keys(1, 2, 2, 6)
+    assert one == [k for s in range(3) for k in r0[2 * s:2 * s + 2] + r1[2 * s:2 * s + 2]]
+    cpu = torch.device("cpu")
+    whole = diffusion_draws(3, range(8, 12), 10, 128, 0.5, cpu)
+    halves = [diffusion_draws(3, range(a, a + 2), 10, 128, 0.5, cpu) for a in (8, 10)]
+    for name in ("t", "noise", "keep"):
+        assert torch.equal(getattr(whole, name), torch.cat([getattr(h, name) for h in halves]))
+    assert not torch.equal(whole.noise[0], whole.noise[1])
+    assert not torch.equal(whole.noise, diffusion_draws(4, range(8, 12), 10, 128, 0.5, cpu).noise)
+
+
+def tiny_batch(device, b=2, la=12, lt=6, ls=8):
+    with torch.device(device):
+        g = torch.Generator(device).manual_seed(0) if device != "meta" else None
+        return SimpleNamespace(
+            latent=torch.randn(b, la, 128, generator=g), latent_mask=torch.ones(b, la, dtype=torch.bool),
+            ref=torch.randn(b, ls, 128, generator=g), ref_mask=torch.ones(b, ls, dtype=torch.bool),
+            text_ids=torch.zeros(b, lt, dtype=torch.long), text_mask=torch.ones(b, lt, dtype=torch.bool),
+        )
+
+
+@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_activation_checkpointing_flops_match_the_hfu_model(ac):
+    """FlopCounterMode on the checkpointed model sees exactly flops.hardware_flops(ac)."""
+    with torch.device("meta"):
+        model = EchoTTS(PRESETS["tiny"])
+    apply_ac(model, ac)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(tiny_batch("meta", b=1, la=60, lt=20, ls=40)).backward()
+    cfg = PRESETS["tiny"]
+    f = model_flops(cfg, 60, 20, 40)
+    assert counter.get_total_flops() == hardware_flops(cfg, f, ac)
+    assert (hardware_flops(cfg, f, ac) > f.total) == (ac == "full")
+
+
+@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_activation_checkpointing_keeps_loss_and_gradients(ac):
+    def loss_and_grads(mode):
+        torch.manual_seed(0)
+        model = EchoTTS(PRESETS["tiny"])
+        apply_ac(model, mode)
+        draws = diffusion_draws(0, [0, 1], 12, 128, 0.1, torch.device("cpu"))
+        loss = model(tiny_batch("cpu"), draws=draws)
+        loss.backward()
+        return loss, [p.grad for p in model.trainable_parameters()]
+
+    ref_loss, ref_grads = loss_and_grads("none")
+    loss, grads = loss_and_grads(ac)
+    assert torch.equal(loss, ref_loss)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
