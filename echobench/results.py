@@ -111,3 +111,41 @@ def records_frame(records: list[dict]):
     return pd.DataFrame(rows, columns=TABLE_COLUMNS + ["device_name", "hostname", "torch", "cuda", "megatron_core",
                                                        "transformer_engine", "git_commit", "time",
                                                        "samples_per_s_per_gpu", "path"])
+
+
+# ---- records the job could not write itself ----
+
+def stub_record(cfg, status: str, error: str, **extra) -> dict:
+    """A complete record for a run that died before writing one (timeout, cancel, node failure,
+    a crash before the benchmark started): the settings, no figures, and why."""
+    import socket
+    from datetime import datetime, timezone
+
+    from echobench.config import run_id
+
+    record = {k: None for k in REQUIRED_FIELDS}
+    record.update(cfg.to_dict())
+    record.update(
+        schema_version=SCHEMA_VERSION, run_id=run_id(cfg), status=status, error=error,
+        tp=cfg.tp, dp=cfg.dp, world_size=cfg.world_size, global_batch=cfg.global_batch,
+        per_rank=[], config=cfg.to_dict(),
+        env={"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hostname": socket.gethostname(),
+             "recorded_by": "echobench sweep (the job left no record of its own)"},
+    )
+    record.update(extra)
+    return record
+
+
+def export_table(frame, out_dir: Path, stem: str = "results") -> list[Path]:
+    """Writes the table as CSV and Parquet (atomically); returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suffix, write in ((".csv", lambda p: frame.to_csv(p, index=False)),
+                          (".parquet", lambda p: frame.to_parquet(p, index=False))):
+        path = out_dir / f"{stem}{suffix}"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        write(tmp)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

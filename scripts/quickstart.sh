@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job on any machine: set up, measure this device's GEMM ceiling, run a tiny benchmark.
+# The main job on any machine: set up, then run the smoke sweep (tiny runs of both backends on this
+# machine's CPU, resumable: a second call runs only what is missing) into runs/smoke.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . "${ECHOBENCH_VENV:-.venv}/bin/activate"
-echobench calibrate
-echobench run --scale tiny --steps 10 --warmup-steps 3 --micro-batch 4 --out runs/quickstart
+echobench sweep matrices/smoke.yaml --out runs/smoke
+echobench status runs/smoke
+# Dashboard of runs/smoke: added here by the report step (echobench report).

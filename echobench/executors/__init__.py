@@ -1,0 +1,93 @@
+"""Executors: how a sweep's runs get run. `local` (this machine, one run after another) and
+`slurm` (one sbatch job per run). Both write the same files into a run's directory:
+
+    RUN_DIR/run.yaml      the run's settings (RunConfig keys)
+    RUN_DIR/job.sh        the exact script that runs it
+    RUN_DIR/logs/         the job's output
+    RUN_DIR/job-state     written by the job itself: "running ID TIME", then "exited ID RC TIME"
+    RUN_DIR/result.json   the record: written by the run, or by the sweep when the job died first
+
+A job's state is read from its own files first, then from the scheduler; a job that ended
+without a record gets one here (`finish_without_record`), with the log tail as its error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from echobench.results import read_record, stub_record, write_record
+
+ACTIVE = ("pending", "running")
+
+
+@dataclass
+class JobState:
+    state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, node_fail, oom, error)
+    detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
+    exit_code: int | None = None
+
+
+def read_job_state(run_dir: Path, job_id: str) -> JobState | None:
+    """The job's own status file, when it is about this job."""
+    try:
+        words = (run_dir / "job-state").read_text().split()
+    except OSError:
+        return None
+    if len(words) >= 3 and words[0] == "exited" and words[1] == job_id:
+        return JobState("exited", f"job exited with code {words[2]}", int(words[2]))
+    if len(words) >= 2 and words[0] == "running" and words[1] == job_id:
+        return JobState("running")
+    return None
+
+
+def log_tail(run_dir: Path, lines: int = 40) -> str:
+    """The last lines of the run's newest log file."""
+    logs = sorted((run_dir / "logs").glob("*"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return ""
+    try:
+        text = logs[-1].read_text(errors="replace")
+    except OSError:
+        return ""
+    all_lines = text.rstrip().splitlines()
+    tail = all_lines[-lines:]
+    # SLURM's own verdict ("*** JOB 7 ON node1 CANCELLED AT ... DUE TO TIME LIMIT ***") may sit
+    # above a long traceback: keep it.
+    verdict = [line for line in all_lines[:-lines] if "***" in line and "slurmstepd" in line][-2:]
+    return "\n".join(verdict + tail)
+
+
+def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
+    """A few log lines for the one-line error: SLURM's own `*** ... ***` verdict first."""
+    all_lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    verdict = [line for line in all_lines if "***" in line][-1:]
+    kept = verdict + [line for line in all_lines[-lines:] if line not in verdict]
+    return " | ".join(kept)[:limit]
+
+
+def current_record(run_dir: Path) -> dict | None:
+    try:
+        return read_record(run_dir / "result.json")
+    except ValueError:
+        return None
+
+
+def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
+    """The record of a job that ended by the scheduler's hand or before writing its own.
+
+    A record the run wrote itself stands when it is ok; a failure record it left (e.g. the
+    launcher noticing its workers die under a time-limit kill) is replaced by the scheduler's
+    verdict, keeping the run's own error beside it.
+    """
+    own = current_record(run_dir)
+    if own is not None and (own["status"] == "ok" or status == "error"):
+        return own
+    tail = log_tail(run_dir)
+    error = f"{why}; log: {short_tail(tail)}" if tail else why
+    extra = {"log_tail": tail}
+    if own is not None:
+        extra["run_error"] = own.get("error")
+    record = stub_record(cfg, status, error, **extra)
+    write_record(run_dir, record)
+    return record

@@ -1,0 +1,147 @@
+"""The local executor: each run's job.sh (`echobench run --nproc N`, i.e. torchrun) on this
+machine, one run after another, with a per-run time limit. Each job runs in its own session,
+so a time-limit kill or Ctrl-C stops the whole process tree: launcher, torchrun, workers."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from echobench.executors import JobState
+
+KILL_GRACE_S = 30
+
+
+def source_root() -> Path:
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
+    q = shlex.quote
+    python = python or sys.executable
+    run_dir = run_dir.resolve()
+    return "\n".join([
+        "#!/bin/bash",
+        f"# echobench run {run_dir.name}: written by `echobench sweep --executor local`.",
+        "set -euo pipefail",
+        f"RUN_DIR={q(str(run_dir))}",
+        f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        'echo "running local $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
+        "set +e",
+        f'{q(python)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
+        "rc=$?",
+        "set -e",
+        'echo "exited local $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
+        "exit $rc",
+        "",
+    ])
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains `text` (a run directory: unique to one run)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_group(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGTERM the job's process group and give torchrun time to stop its workers (they run in
+    sessions of their own); then SIGKILL whatever of the run is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, or the group never looks empty
+        if not group_alive(proc.pid):
+            break
+        time.sleep(0.2)
+    else:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    for pid in processes_mentioning(str(run_dir)):  # workers orphaned by a SIGKILLed torchrun
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def job_alive(job_id: str, run_dir: Path) -> bool:
+    """Whether local job `local-PID` still runs this run's job.sh (a pid may be reused)."""
+    try:
+        pid = int(job_id.removeprefix("local-"))
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (ValueError, OSError):
+        return False
+    return str(run_dir / "job.sh").encode() in cmdline
+
+
+class LocalExecutor:
+    name = "local"
+    max_active = 1  # one run at a time: runs on one machine must not share it
+
+    def __init__(self, env: dict | None = None):
+        self.env = env or {}
+        self.jobs: dict[str, tuple[subprocess.Popen, float, int, Path]] = {}
+
+    def submit(self, run, run_dir: Path, time_limit_s: int) -> str:
+        log = open(run_dir / "logs" / "local.log", "ab")
+        env = {**os.environ, **self.env}
+        proc = subprocess.Popen(["bash", str(run_dir / "job.sh")], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.close()
+        job_id = f"local-{proc.pid}"
+        self.jobs[job_id] = (proc, time.monotonic() + time_limit_s, time_limit_s, run_dir)
+        return job_id
+
+    def state(self, job_id: str, run_dir: Path) -> JobState:
+        if job_id not in self.jobs:
+            if job_alive(job_id, run_dir):  # run by another sweep process that is still going
+                return JobState("running", "run by another echobench process")
+            return JobState("gone", "the local sweep that ran it stopped before it finished")
+        proc, deadline, limit, _ = self.jobs[job_id]
+        code = proc.poll()
+        if code is not None:
+            del self.jobs[job_id]
+            return JobState("exited", f"job exited with code {code}", code)
+        if time.monotonic() > deadline:
+            stop_group(proc, run_dir)
+            del self.jobs[job_id]
+            return JobState("timeout", f"local time limit of {limit} s exceeded: stopped")
+        return JobState("running")
+
+    def cancel_all(self) -> list[str]:
+        """Ctrl-C: stop every running job; returns their ids."""
+        stopped = list(self.jobs)
+        for proc, _, _, run_dir in self.jobs.values():
+            stop_group(proc, run_dir)
+        self.jobs.clear()
+        return stopped
+
+    def detach_message(self) -> str:
+        return ""

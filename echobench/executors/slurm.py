@@ -1,0 +1,204 @@
+"""The SLURM executor: one sbatch script per run, submitted with `sbatch --parsable`.
+
+The script asks for N nodes with one task each and starts one launcher per node with srun:
+`echobench run --nproc GPUS --nnodes N --node-rank $SLURM_NODEID --master-addr FIRST_HOST`,
+which runs torchrun there; node 0's launcher assembles the record. Every value from the matrix
+that reaches the script is validated (echobench.matrix) and quoted here (shlex.quote); per-node
+values reach the srun'd command as arguments, never as code.
+
+A job is tracked by its own status file first (RUN_DIR/job-state), then by sacct where
+accounting exists, then by scontrol, then squeue. A job that ended without a record (TIMEOUT,
+CANCELLED, NODE_FAIL, OUT_OF_MEMORY, or a crash before the benchmark) gets one from the sweep.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from echobench.executors import JobState
+from echobench.executors.local import source_root
+
+# Scheduler states -> record statuses, for a job that is over.
+ENDED = {
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "cancelled",
+    "REVOKED": "cancelled",
+    "NODE_FAIL": "node_fail",
+    "BOOT_FAIL": "node_fail",
+    "OUT_OF_MEMORY": "oom",
+    "FAILED": "error",
+    "COMPLETED": "error",  # completed without a record of its own
+    "SPECIAL_EXIT": "error",
+}
+PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "SUSPENDED",
+           "STOPPED", "RESIZING"}
+RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+# Shared by every rendered job.sh and scripts/run.sh (a test keeps them identical).
+LAUNCH_BODY = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+mkdir -p "$RUN_DIR"
+echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
+set +e
+# One launcher per node; each takes its node rank from SLURM_NODEID (not from host names).
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
+  'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+  "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
+rc=$?
+set -e
+echo "exited $SLURM_JOB_ID $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
+exit $rc
+"""
+
+SAFE_PATH_RE = r"^/[A-Za-z0-9_./+-]+$"  # paths in #SBATCH lines are not shell-quoted by sbatch
+
+
+def sbatch_path(path: Path) -> str:
+    text = str(path.resolve())
+    if not re.fullmatch(SAFE_PATH_RE, text):
+        raise ValueError(f"the sweep directory {text!r} goes into #SBATCH lines: use a path of letters, digits "
+                         f"and . _ + - / only")
+    return text
+
+
+def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
+    """The exact sbatch script for one run. `slurm` is the matrix's SlurmSettings."""
+    q = shlex.quote
+    rid = run_dir.name
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=eb-{rid}",
+        f"#SBATCH --nodes={int(cfg.nodes)}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --time={slurm.time}",
+        f"#SBATCH --output={sbatch_path(run_dir)}/logs/slurm-%j.out",
+    ]
+    if slurm.request_gpus:
+        head.append(f"#SBATCH --gpus-per-node={int(cfg.gpus_per_node)}")
+    if slurm.cpus_per_task:
+        head.append(f"#SBATCH --cpus-per-task={int(slurm.cpus_per_task)}")
+    if slurm.mem is not None:
+        head.append(f"#SBATCH --mem={slurm.mem}")
+    if slurm.exclusive:
+        head.append("#SBATCH --exclusive")
+    for key in ("partition", "account", "qos", "constraint"):
+        if (value := getattr(slurm, key)) is not None:
+            head.append(f"#SBATCH --{key}={value}")
+    head += [f"#SBATCH {line}" for line in slurm.extra]
+    body = [
+        "",
+        f"# echobench run {rid}: written by `echobench sweep`. By hand: sbatch THIS_FILE [RUN.yaml]",
+        "set -euo pipefail",
+        f"RUN_DIR={q(str(run_dir.resolve()))}",
+        'RUN_CONFIG=${1:-$RUN_DIR/run.yaml}',
+        f"NPROC={int(cfg.gpus_per_node)}",
+        f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % 10000 ))  # jobs sharing a node need their own",
+        f"PYTHON={q(slurm.python or sys.executable)}",
+        f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
+    ]
+    body += [f"export {key}={q(value)}" for key, value in slurm.env.items()]
+    if slurm.setup:
+        body += ["# setup (from the matrix)", *slurm.setup]
+    return "\n".join(head + body) + "\n" + LAUNCH_BODY
+
+
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+class SlurmExecutor:
+    name = "slurm"
+    max_active = None  # the scheduler queues them
+
+    def __init__(self):
+        self.accounting: bool | None = None  # unknown until sacct has been tried
+
+    def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
+        # The time limit is in the script (#SBATCH --time).
+        try:
+            proc = _run(["sbatch", "--parsable", str(run_dir / "job.sh")])
+        except FileNotFoundError:
+            raise SlurmError("sbatch not found: is this a SLURM login node? (locally: bash scripts/slurm-local.sh up)")
+        if proc.returncode != 0:
+            raise SlurmError(f"sbatch rejected {run.id}: {proc.stderr.strip() or proc.stdout.strip()}")
+        job_id = proc.stdout.strip().split(";")[0]  # "ID" or "ID;cluster"
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
+        return job_id
+
+    # ---- the scheduler's view, most authoritative first ----
+
+    def _sacct(self, job_id: str) -> tuple[str, str] | None:
+        if self.accounting is False:
+            return None
+        try:
+            proc = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            self.accounting = False
+            return None
+        if proc.returncode != 0:  # "Slurm accounting storage is disabled"
+            self.accounting = False
+            return None
+        self.accounting = True
+        line = proc.stdout.strip().splitlines()[:1]
+        if not line:
+            return None  # not in the database yet
+        state, _, code = line[0].partition("|")
+        return state.split()[0], f"exit {code}"  # "CANCELLED by 0" -> CANCELLED
+
+    def _scontrol(self, job_id: str) -> tuple[str, str] | None:
+        try:
+            proc = _run(["scontrol", "show", "job", "-o", job_id])
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return None
+        if proc.returncode != 0:
+            return None  # "Invalid job id specified": purged after MinJobAge
+        fields = dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+        if "JobState" not in fields:
+            return None
+        return fields["JobState"], f"{fields.get('Reason', '')} exit {fields.get('ExitCode', '?')}".strip()
+
+    def _squeue(self, job_id: str) -> tuple[str, str] | None:
+        try:
+            proc = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %r"])
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return None
+        words = proc.stdout.split()
+        if proc.returncode != 0 or not words:
+            return None
+        return words[0], " ".join(words[1:])
+
+    def scheduler_state(self, job_id: str) -> tuple[str, str] | None:
+        return self._sacct(job_id) or self._scontrol(job_id) or self._squeue(job_id)
+
+    def state(self, job_id: str, run_dir: Path) -> JobState:
+        from echobench.executors import read_job_state
+
+        own = read_job_state(run_dir, job_id)
+        if own is not None and own.state == "exited":
+            return own
+        seen = self.scheduler_state(job_id)
+        if seen is None:
+            return JobState("gone", f"SLURM job {job_id} is unknown to the scheduler (purged?) and left no exit status")
+        state, detail = seen
+        if state in PENDING:
+            return JobState("pending", f"{state} {detail}")
+        if state in RUNNING:
+            return JobState("running", f"{state} {detail}")
+        status = ENDED.get(state, "error")
+        return JobState(status, f"SLURM job {job_id} ended {state} ({detail})")
+
+    def cancel_all(self) -> list[str]:
+        return []  # Ctrl-C while waiting leaves SLURM jobs running (see detach_message)
+
+    def detach_message(self) -> str:
+        return "the SLURM jobs keep running: `echobench status DIR` follows them, `scancel` stops them"

@@ -1,0 +1,466 @@
+"""Matrix files: YAML -> validated settings -> the list of runs (and the skipped ones, with why).
+
+A matrix (DESIGN.md "Matrix file") has `defaults`, `axes` (any RunConfig key; the runs are their
+cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
+matches any of its items) and `include` (extra single runs; an entry may carry its own
+`time_limit`). The file is checked with pydantic:
+an unknown key, a wrong type or a bad value is an error naming the file, the key and what is
+allowed. A combination that cannot run (a layout the framework lacks, TP wider than a node, ...)
+is listed as skipped with its reason, never an error.
+
+Everything that later reaches a shell script (names, SLURM options, env) is validated here;
+the job script quotes it again (echobench.executors.slurm).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from echobench.config import AC_MODES, FRAMEWORKS, PRECISIONS, RunConfig, run_id
+
+PARALLELISMS = {
+    "torchtitan": ("single", "ddp", "fsdp2", "hsdp"),
+    "megatron": ("tp1", "tp2", "tp4", "tp8"),
+}
+ALL_PARALLELISMS = tuple(p for ps in PARALLELISMS.values() for p in ps)
+
+
+class MatrixError(ValueError):
+    """A matrix file that cannot be used; the message names the file and the key."""
+
+
+# ---- values that reach a shell script: validated by pattern ----
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SLURM_WORD_RE = r"^[A-Za-z0-9_.,:+-]{1,128}$"  # partition, account, qos
+CONSTRAINT_RE = r"^[A-Za-z0-9_.,:+&|\[\]*()-]{1,256}$"
+TIME_RE = r"^(\d+-)?\d{1,4}(:\d{1,2}){0,2}$"  # SLURM forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+EXTRA_RE = r"^--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:+/@%=-]+)?$"  # one sbatch option, no spaces
+ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MEM_RE = r"^\d+[KMGT]?$"
+
+
+def _check(pattern: str, what: str, value: str) -> str:
+    if not re.fullmatch(pattern, value):
+        raise ValueError(f"{value!r} is not a valid {what}: must match {pattern}")
+    return value
+
+
+def _check_time(value) -> str:
+    return _check(TIME_RE, "time limit (e.g. 00:30:00, 90, 1-00:00:00)", str(value))
+
+
+def parse_time(text: str) -> int:
+    """SLURM time limit -> seconds ('30' is minutes, '1:30' min:sec, '2-12' days-hours, ...)."""
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        h, m, s = (parts + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SlurmSettings(Strict):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time: str = "00:30:00"
+    gpus_per_node: int = Field(1, ge=1, le=64)  # processes per node (GPUs; CPU processes on a CPU cluster)
+    request_gpus: bool = True  # emit --gpus-per-node (false on a CPU-only cluster)
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | None = None  # per node, e.g. 0 (all) or 200G
+    exclusive: bool = False
+    extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc"
+    setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
+    env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
+    master_port: int = Field(29500, ge=1024, le=65535)
+    python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _word(cls, v, info):
+        return v if v is None else _check(SLURM_WORD_RE, info.field_name, v)
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v):
+        return v if v is None else _check(CONSTRAINT_RE, "constraint", v)
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v):
+        return _check_time(v)
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, v):
+        return v if v is None else _check(MEM_RE, "memory size (e.g. 0, 200G)", v)
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, v):
+        return [_check(EXTRA_RE, "sbatch option (one --name=value per entry)", x) for x in v]
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v):
+        for line in v:
+            if "\0" in line:
+                raise ValueError("setup commands cannot contain NUL bytes")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v):
+        out = {}
+        for key, value in v.items():
+            _check(ENV_KEY_RE, "environment variable name", key)
+            value = str(value).lower() if isinstance(value, bool) else str(value)
+            if "\0" in value:
+                raise ValueError(f"env {key}: value cannot contain NUL bytes")
+            out[key] = value
+        return out
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v):
+        if v is not None and ("\0" in v or "\n" in v):
+            raise ValueError("python must be a path on one line")
+        return v
+
+
+class LocalSettings(Strict):
+    time: str = "00:30:00"  # per-run time limit on the local executor
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v):
+        return _check_time(v)
+
+
+class HardwareSettings(Strict):
+    peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; else the run's device table / calibration
+    memory_gib: float | None = Field(None, gt=0)  # per device, for the fit check; else from `device`
+    device: str | None = None  # a device name for the memory table (GH200, H200, H100, ...)
+    assumed_mfu: float = Field(0.4, gt=0, le=1)  # only for the GPU-hours estimate of `plan`
+
+
+class MatrixFile(Strict):
+    name: str
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmSettings = SlurmSettings()
+    local: LocalSettings = LocalSettings()
+    hardware: HardwareSettings = HardwareSettings()
+    defaults: dict[str, Any] = {}
+    axes: dict[str, list[Any]] = {}
+    exclude: list[dict[str, Any]] = []
+    include: list[dict[str, Any]] = []
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return _check(NAME_RE, "matrix name (letters, digits, . _ -)", v)
+
+
+# ---- run keys: each value checked against RunConfig's field type and allowed values ----
+
+RUN_HINTS = typing.get_type_hints(RunConfig)
+RUN_KEYS = tuple(f.name for f in fields(RunConfig))
+ALLOWED_VALUES = {
+    "framework": FRAMEWORKS,
+    "parallelism": ALL_PARALLELISMS,
+    "precision": PRECISIONS,
+    "ac": AC_MODES,
+    "fail_kind": ("error", "oom"),
+}
+
+
+def _allowed(key: str) -> tuple[str, ...] | None:
+    if key == "scale":
+        from echobench.model.config import PRESETS
+
+        return tuple(PRESETS)
+    if key == "encoder_model":
+        from echobench.model.config import TEXT_ENCODERS
+
+        return tuple(TEXT_ENCODERS)
+    return ALLOWED_VALUES.get(key)
+
+
+def check_run_value(key: str, value: Any) -> Any:
+    """A run setting's value, type-checked; raises ValueError naming what is allowed."""
+    if key not in RUN_KEYS:
+        raise ValueError(f"unknown run key {key!r}: allowed {', '.join(RUN_KEYS)}")
+    from pydantic import TypeAdapter
+
+    hint = RUN_HINTS[key]
+    try:
+        value = TypeAdapter(hint).validate_python(value, strict=True)
+    except (ValidationError, TypeError, ValueError):
+        raise ValueError(f"{value!r} has the wrong type: expected {getattr(hint, '__name__', hint)}") from None
+    allowed = _allowed(key)
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"{value!r} is not allowed: choose {', '.join(map(str, allowed))}")
+    return value
+
+
+def _loc(parts) -> str:
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def _format_pydantic(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = _loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            model = MatrixFile
+            for part in err["loc"][:-1]:
+                model = model.model_fields[part].annotation if isinstance(part, str) else model
+            allowed = ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else ""
+            lines.append(f"{path}: unknown key {loc!r}: allowed {allowed}")
+        elif err["type"] == "missing":
+            lines.append(f"{path}: {loc} is required")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{path}: {loc}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
+    out = {}
+    for key, value in mapping.items():
+        try:
+            if allow_lists and isinstance(value, list):
+                out[key] = [check_run_value(key, v) for v in value]
+            else:
+                out[key] = check_run_value(key, value)
+        except ValueError as exc:
+            raise MatrixError(f"{path}: {where}.{key}: {exc}") from None
+    return out
+
+
+@dataclass
+class Matrix:
+    path: Path
+    text: str  # the file as read: the sweep directory keeps a copy
+    spec: MatrixFile
+    defaults: dict
+    axes: dict[str, list]
+    exclude: list[dict]
+    include: list[dict]
+    include_limits: list[str | None]  # per include entry: its time_limit, if any
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise MatrixError(f"{path}: expected a mapping with name, axes, defaults, ...")
+    try:
+        spec = MatrixFile.model_validate(data)
+    except ValidationError as exc:
+        raise MatrixError(_format_pydantic(path, exc)) from None
+    from echobench.memory import device_memory_gib
+
+    try:
+        device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
+    except ValueError as exc:
+        raise MatrixError(f"{path}: hardware.device: {exc}") from None
+    defaults = _check_run_mapping(path, "defaults", spec.defaults, allow_lists=False)
+    axes = {}
+    for key, values in spec.axes.items():
+        if not values:
+            raise MatrixError(f"{path}: axes.{key}: an axis needs at least one value")
+        axes.update(_check_run_mapping(path, "axes", {key: values}, allow_lists=True))
+    exclude = [_check_run_mapping(path, f"exclude[{i}]", e, allow_lists=True) for i, e in enumerate(spec.exclude)]
+    include, include_limits = [], []
+    for i, entry in enumerate(spec.include):
+        entry = dict(entry)
+        limit = entry.pop("time_limit", None)  # a per-run time limit (slurm.time / local.time otherwise)
+        if limit is not None:
+            try:
+                limit = _check_time(limit)
+            except ValueError as exc:
+                raise MatrixError(f"{path}: include[{i}].time_limit: {exc}") from None
+        include.append(_check_run_mapping(path, f"include[{i}]", entry, allow_lists=False))
+        include_limits.append(limit)
+    for i, e in enumerate(exclude):
+        if not e:
+            raise MatrixError(f"{path}: exclude[{i}] is empty: it would exclude every run")
+    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits)
+
+
+def load_matrix(path: Path | str) -> Matrix:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MatrixError(f"{path}: cannot read it ({exc.strerror})") from None
+    return parse_matrix(text, path)
+
+
+# ---- expansion ----
+
+@dataclass
+class PlannedRun:
+    id: str
+    cfg: RunConfig
+    settings: dict  # the keys the matrix set (what `--only` and the run.yaml see)
+    time_limit: str | None = None  # this run's own limit (an include's time_limit), else the matrix's
+    memory: Any = None  # echobench.memory.MemoryEstimate
+    fits: bool | None = None  # None: device memory unknown
+
+
+@dataclass
+class SkippedRun:
+    settings: dict
+    reason: str
+    cfg: RunConfig | None = None  # None when the settings themselves are invalid
+
+
+@dataclass
+class Plan:
+    matrix: Matrix
+    runs: list[PlannedRun] = field(default_factory=list)
+    skipped: list[SkippedRun] = field(default_factory=list)
+    excluded: int = 0
+    duplicates: int = 0
+
+    def by_id(self, rid: str) -> PlannedRun | None:
+        return next((r for r in self.runs if r.id == rid), None)
+
+
+def _matches(settings: dict, entry: dict) -> bool:
+    for key, want in entry.items():
+        values = want if isinstance(want, list) else [want]
+        if settings.get(key) not in values:
+            return False
+    return True
+
+
+def layout_problem(cfg: RunConfig) -> str | None:
+    """Generic reasons a layout cannot run, then the backend's own (parallelism_problem)."""
+    par, fw = cfg.parallelism, cfg.framework
+    if par not in PARALLELISMS[fw]:
+        return f"{fw} has no parallelism {par} (it has {', '.join(PARALLELISMS[fw])})"
+    if par == "single" and cfg.world_size != 1:
+        return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}"
+    if cfg.tp > cfg.gpus_per_node:
+        return f"{par} needs {cfg.tp} GPUs in one node; a node has {cfg.gpus_per_node}"
+    if cfg.world_size % cfg.tp:
+        return f"world size {cfg.world_size} is not divisible by tp={cfg.tp}"
+    heads = cfg.model_config().heads
+    if heads % cfg.tp:
+        return f"tp={cfg.tp} does not divide the {heads} attention heads of {cfg.scale}"
+    if par == "hsdp" and cfg.nodes < 2:
+        return "hsdp shards within a node and replicates across nodes: it needs nodes >= 2 (use fsdp2)"
+    from echobench.backends import parallelism_problem
+
+    try:
+        return parallelism_problem(cfg)
+    except ImportError as exc:
+        return f"the {fw} backend is not available here ({exc})"
+
+
+def expand(matrix: Matrix, executor: str | None = None) -> Plan:
+    """Every run of the matrix, in file order; invalid combinations become SkippedRun."""
+    spec = matrix.spec
+    executor = executor or spec.executor
+    base = dict(matrix.defaults)
+    if spec.hardware.peak_tflops is not None and "peak_tflops" not in base:
+        base["peak_tflops"] = spec.hardware.peak_tflops
+    keys = list(matrix.axes)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(matrix.axes[k] for k in keys))]
+    if not keys and matrix.include:
+        combos = []  # no axes: the runs are the includes alone (not also the bare defaults)
+    plan = Plan(matrix)
+    candidates = []
+    for combo in combos:
+        settings = {**base, **combo}
+        if any(_matches(settings, e) for e in matrix.exclude):
+            plan.excluded += 1
+            continue
+        candidates.append((settings, None))
+    candidates += [({**base, **inc}, limit) for inc, limit in zip(matrix.include, matrix.include_limits)]
+    seen = set()
+    for settings, limit in candidates:
+        full = dict(settings)
+        if "gpus_per_node" not in full:
+            # Processes per node come from slurm.gpus_per_node; `single` is one process.
+            full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else spec.slurm.gpus_per_node
+        try:
+            cfg = RunConfig.from_dict(full)
+        except (TypeError, ValueError) as exc:
+            plan.skipped.append(SkippedRun(settings, str(exc)))
+            continue
+        if executor == "local" and cfg.nodes > 1:
+            plan.skipped.append(SkippedRun(settings, f"the local executor runs on this one machine: nodes={cfg.nodes} "
+                                                     f"needs --executor slurm", cfg))
+            continue
+        if problem := layout_problem(cfg):
+            plan.skipped.append(SkippedRun(settings, problem, cfg))
+            continue
+        rid = run_id(cfg)
+        if rid in seen:
+            plan.duplicates += 1
+            continue
+        seen.add(rid)
+        plan.runs.append(PlannedRun(rid, cfg, settings, limit))
+    from echobench.memory import device_memory_gib, estimate_memory
+
+    capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
+    for run in plan.runs:
+        run.memory = estimate_memory(run.cfg)
+        run.fits = None if capacity is None else run.memory.total_gib <= capacity
+    return plan
+
+
+def parse_only(items: list[str]) -> dict[str, list]:
+    """--only KEY=VALUE (repeatable; the same key twice means either value)."""
+    wanted: dict[str, list] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in RUN_KEYS:
+            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(RUN_KEYS)}")
+        value = yaml.safe_load(text) if text else text
+        hint = RUN_HINTS[key]
+        if hint is str or hint == (str | None):
+            value = text  # "800M", "3B": never numbers here
+        try:
+            wanted.setdefault(key, []).append(check_run_value(key, value))
+        except ValueError as exc:
+            raise MatrixError(f"--only {item!r}: {exc}") from None
+    return wanted
+
+
+def select(runs: list[PlannedRun], only: dict[str, list]) -> list[PlannedRun]:
+    return [r for r in runs if all(getattr(r.cfg, k) in vs for k, vs in only.items())]

@@ -1,0 +1,297 @@
+"""Matrix files: schema errors, expansion, skip reasons, memory estimate, ids, shell safety."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from echobench import backends
+from echobench.config import RunConfig, run_id
+from echobench.executors.slurm import LAUNCH_BODY, render_script
+from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
+from echobench.memory import device_memory_gib, estimate_memory
+from echobench.sweep import run_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def plan(text, executor=None):
+    return expand(parse_matrix(text, "m.yaml"), executor)
+
+
+def error(text) -> str:
+    with pytest.raises(MatrixError) as exc:
+        parse_matrix(text, "m.yaml")
+    return str(exc.value)
+
+
+# ---- expansion ----
+
+def test_axes_expand_to_their_product_minus_excludes_plus_includes():
+    p = plan("""
+name: t
+defaults: {scale: tiny}
+axes:
+  micro_batch: [1, 2, 4]
+  ac: [none, selective, full]
+  compile: [false, true]
+exclude:
+  - {ac: full, compile: true}          # 3 combos
+  - {micro_batch: [1, 2], ac: none}    # 4 combos
+include:
+  - {micro_batch: 8}
+  - {micro_batch: 1, ac: none}         # excluded above, back by include
+""")
+    assert p.excluded == 7
+    assert len(p.runs) == 3 * 3 * 2 - 7 + 2 and not p.skipped
+    mbs = sorted(r.cfg.micro_batch for r in p.runs)
+    assert mbs.count(8) == 1 and any(r.cfg.micro_batch == 1 and r.cfg.ac == "none" for r in p.runs)
+    # No exclude entry matched a run that stayed.
+    for r in p.runs[:-2]:
+        assert not (r.cfg.ac == "full" and r.cfg.compile) and not (r.cfg.micro_batch in (1, 2) and r.cfg.ac == "none")
+
+
+def test_no_axes_means_the_defaults_alone_or_the_includes_alone():
+    assert len(plan("name: t\ndefaults: {scale: tiny}\n").runs) == 1
+    p = plan("name: t\ninclude: [{seed: 1}, {seed: 2}, {seed: 1}]\n")
+    assert [r.cfg.seed for r in p.runs] == [1, 2] and p.duplicates == 1
+
+
+def test_processes_per_node_come_from_slurm_and_single_takes_one():
+    p = plan("""
+name: t
+slurm: {gpus_per_node: 4}
+axes: {parallelism: [single, ddp, fsdp2]}
+include: [{parallelism: ddp, gpus_per_node: 2, nodes: 2}]
+""", executor="slurm")
+    cfgs = [r.cfg for r in p.runs] + [s.cfg for s in p.skipped]  # skipped: until the backend has the layout
+    layouts = sorted((c.parallelism, c.nodes, c.gpus_per_node) for c in cfgs)
+    assert layouts == [("ddp", 1, 4), ("ddp", 2, 2), ("fsdp2", 1, 4), ("single", 1, 1)]
+
+
+def test_each_skip_reason(monkeypatch):
+    reasons = {}
+
+    def reason(text, executor="slurm"):
+        p = plan(text, executor)
+        assert not p.runs and len(p.skipped) == 1, (p.runs, p.skipped)
+        return p.skipped[0].reason
+
+    base = "name: t\nslurm: {gpus_per_node: 2}\n"
+    reasons["framework"] = reason(base + "defaults: {framework: megatron, parallelism: ddp}")
+    assert reasons["framework"] == "megatron has no parallelism ddp (it has tp1, tp2, tp4, tp8)"
+    reasons["single"] = reason(base + "defaults: {parallelism: single, nodes: 2}")
+    assert "single runs on one process, not 2 node(s) x 1" == reasons["single"]
+    reasons["tp_node"] = reason(base + "defaults: {framework: megatron, parallelism: tp4}")
+    assert reasons["tp_node"] == "tp4 needs 4 GPUs in one node; a node has 2"
+    reasons["divisible"] = reason("name: t\nslurm: {gpus_per_node: 3}\ndefaults: {framework: megatron, parallelism: tp2}")
+    assert reasons["divisible"] == "world size 3 is not divisible by tp=2"
+    reasons["heads"] = reason("name: t\nslurm: {gpus_per_node: 4}\ndefaults: {scale: 800M, framework: megatron, parallelism: tp4}")
+    assert reasons["heads"] == "tp=4 does not divide the 10 attention heads of 800M"
+    reasons["hsdp"] = reason(base + "defaults: {parallelism: hsdp}")
+    assert "hsdp" in reasons["hsdp"] and "nodes >= 2" in reasons["hsdp"]
+    reasons["local"] = reason(base + "defaults: {parallelism: ddp, nodes: 2}", executor="local")
+    assert "local executor" in reasons["local"] and "--executor slurm" in reasons["local"]
+    # The backend's own verdict (echobench.backends.parallelism_problem) comes last, verbatim.
+    monkeypatch.setattr(backends, "parallelism_problem", lambda cfg: "the backend says no")
+    assert reason(base + "defaults: {parallelism: ddp}") == "the backend says no"
+    # A bad combination of valid values (RunConfig's own check) is skipped too, not fatal.
+    assert "t5_hidden_dim" in reason("name: t\ndefaults: {t5_hidden_dim: 7}")
+
+
+def test_only_filters_by_setting():
+    p = plan("name: t\naxes: {micro_batch: [1, 2, 4], ac: [none, full]}\n")
+    assert len(select(p.runs, parse_only(["micro_batch=2"]))) == 2
+    assert len(select(p.runs, parse_only(["micro_batch=2", "micro_batch=4", "ac=full"]))) == 2
+    with pytest.raises(MatrixError, match="KEY=VALUE"):
+        parse_only(["bogus=1"])
+    with pytest.raises(MatrixError, match="choose none, selective, full"):
+        parse_only(["ac=most"])
+
+
+def test_run_ids_are_stable_and_follow_the_settings():
+    text = "name: t\naxes: {scale: [tiny], micro_batch: [1, 2]}\ndefaults: {steps: 3}\n"
+    reordered = "name: other\ndefaults: {steps: 3}\naxes: {micro_batch: [1, 2], scale: [tiny]}\n"
+    ids = [r.id for r in plan(text).runs]
+    assert ids == [r.id for r in plan(text).runs]
+    assert sorted(ids) == sorted(r.id for r in plan(reordered).runs)  # the matrix's name or order: no matter
+    assert len(set(ids)) == 2 and ids[0].startswith("tiny-torchtitan-single-n1x1-mb1-")
+    # Same as the run itself computes, and blind to settings that do not change what is measured.
+    cfg = plan(text).runs[0].cfg
+    assert ids[0] == run_id(cfg) == run_id(RunConfig.from_dict({**cfg.to_dict(), "device": "cpu"}))
+    assert run_id(RunConfig.from_dict({**cfg.to_dict(), "seed": 1})) != ids[0]
+
+
+# ---- validation errors: the file, the key, what is allowed ----
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: t\nexecutr: local\n", "m.yaml: unknown key 'executr': allowed name, executor, slurm, local, hardware"),
+    ("name: t\nslurm: {gpu_per_node: 4}\n", "m.yaml: unknown key 'slurm.gpu_per_node': allowed partition, account"),
+    ("name: t\nexecutor: cloud\n", "m.yaml: executor: Input should be 'local' or 'slurm' (got 'cloud')"),
+    ("name: t\nslurm: {gpus_per_node: four}\n", "m.yaml: slurm.gpus_per_node: Input should be a valid integer"),
+    ("name: t\nslurm: {gpus_per_node: 0}\n", "m.yaml: slurm.gpus_per_node: Input should be greater than or equal to 1"),
+    ("name: t\nslurm: {time: soon}\n", "m.yaml: slurm.time: 'soon' is not a valid time limit"),
+    ("name: t\nhardware: {peak_tflops: -1}\n", "m.yaml: hardware.peak_tflops: Input should be greater than 0"),
+    ("name: t\nhardware: {device: TPU9}\n", "m.yaml: hardware.device: no memory size known for device 'TPU9'"),
+    ("axes: {}\n", "m.yaml: name is required"),
+    ("name: t\naxes: {scale: [800M, 5B]}\n", "m.yaml: axes.scale: '5B' is not allowed: choose tiny, 800M, 3B, 8B"),
+    ("name: t\naxes: {parallelism: [tp3]}\n", "m.yaml: axes.parallelism: 'tp3' is not allowed: choose single, ddp, fsdp2, hsdp, tp1"),
+    ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: 'ten' has the wrong type: expected int"),
+    ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: 'yes please' has the wrong type: expected bool"),
+    ("name: t\naxes: {scale: []}\n", "m.yaml: axes.scale: an axis needs at least one value"),
+    ("name: t\naxes: {scale: 3B}\n", "m.yaml: axes.scale: Input should be a valid list"),
+    ("name: t\ndefaults: {batch: 8}\n", "m.yaml: defaults.batch: unknown run key 'batch': allowed scale, framework"),
+    ("name: t\ndefaults: {precision: fp16}\n", "m.yaml: defaults.precision: 'fp16' is not allowed: choose auto, bf16, fp32, fp8"),
+    ("name: t\nexclude: [{}]\n", "m.yaml: exclude[0] is empty"),
+    ("name: t\nexclude: [{ac: [none, most]}]\n", "m.yaml: exclude[0].ac: 'most' is not allowed: choose none, selective, full"),
+    ("name: t\ninclude: [{nodes: 0}]\n", None),  # valid type; RunConfig rejects it -> skipped, see below
+    ("name: t\ninclude: [{time_limit: forever}]\n", "m.yaml: include[0].time_limit: 'forever' is not a valid time limit"),
+    ("- a list\n", "m.yaml: expected a mapping"),
+    ("name: [unclosed\n", "m.yaml: not valid YAML"),
+])
+def test_validation_errors_name_the_file_the_key_and_the_allowed_values(text, expected):
+    if expected is None:
+        p = plan(text)
+        assert p.skipped and "nodes=0 is not valid: allowed an integer >= 1" in p.skipped[0].reason
+        return
+    assert expected in error(text)
+
+
+def test_a_missing_file_is_a_one_line_error(tmp_path):
+    with pytest.raises(MatrixError, match="cannot read it"):
+        load_matrix(tmp_path / "nope.yaml")
+
+
+# ---- shell safety ----
+
+@pytest.mark.parametrize("text, where", [
+    ("name: 'x; rm -rf ~'\n", "name"),
+    ("name: ../../etc\n", "name"),
+    ("name: t\nslurm: {partition: \"debug\\n#SBATCH --wrap=id\"}\n", "slurm.partition"),
+    ("name: t\nslurm: {account: '$(id)'}\n", "slurm.account"),
+    ("name: t\nslurm: {extra: ['--comment=a b; id']}\n", "slurm.extra"),
+    ("name: t\nslurm: {extra: ['-w node1']}\n", "slurm.extra"),
+    ("name: t\nslurm: {env: {'A;id': x}}\n", "slurm.env"),
+    ("name: t\nslurm: {time: '1:00; id'}\n", "slurm.time"),
+    ("name: t\nslurm: {mem: '1G --wrap=id'}\n", "slurm.mem"),
+])
+def test_injection_attempts_are_rejected(text, where):
+    assert f"m.yaml: {where}" in error(text)
+
+
+def test_env_values_reach_the_script_quoted(tmp_path):
+    """An env value full of shell syntax is exported literally: nothing runs."""
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}` ' \" \\ \n; touch {marker}"
+    m = parse_matrix(json.dumps({"name": "t", "executor": "slurm", "slurm": {"env": {"EVIL": evil}}}), "m.yaml")
+    run = expand(m).runs[0]
+    script = render_script(run.cfg, tmp_path / run.id, m.spec.slurm)
+    exports = [line for line in script.splitlines(keepends=True) if line.startswith("export EVIL=")]
+    start = script.index("export EVIL=")
+    end = script.index("\nMASTER_ADDR=") if "# setup" not in script else script.index("# setup")
+    proc = subprocess.run(["bash", "-c", script[start:end] + '\nprintf %s "$EVIL"'], capture_output=True, text=True)
+    assert exports and proc.returncode == 0 and proc.stdout == evil and not marker.exists()
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+
+
+def test_run_dirs_stay_inside_the_sweep(tmp_path):
+    assert run_dir(tmp_path, "tiny-torchtitan-single-n1x1-mb2-12345678") == tmp_path / "tiny-torchtitan-single-n1x1-mb2-12345678"
+    for bad in ("../x", "..", "a/b", "/etc", "x y", "$(id)"):
+        with pytest.raises(ValueError):
+            run_dir(tmp_path, bad)
+
+
+def test_job_script_asks_slurm_for_the_layout_and_matches_scripts_run_sh(tmp_path):
+    m = parse_matrix("""
+name: t
+executor: slurm
+slurm: {partition: gpu, account: proj1, qos: high, constraint: 'gh200&ib', time: "00:20:00", gpus_per_node: 4,
+        cpus_per_task: 72, extra: ['--reservation=bench'], setup: ['module load cuda'], env: {NCCL_DEBUG: WARN}}
+defaults: {parallelism: single}
+""", "m.yaml")
+    run = expand(m).runs[0]
+    script = render_script(run.cfg, tmp_path / run.id, m.spec.slurm)
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=1", "#SBATCH --time=00:20:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=proj1", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=gh200&ib", "#SBATCH --cpus-per-task=72", "#SBATCH --reservation=bench",
+                 f"#SBATCH --output={tmp_path / run.id}/logs/slurm-%j.out", "module load cuda", "export NCCL_DEBUG=WARN",
+                 "NPROC=1"):
+        assert line in script.splitlines(), line
+    assert script.endswith(LAUNCH_BODY)
+    assert (ROOT / "scripts" / "run.sh").read_text().endswith(LAUNCH_BODY)
+    with pytest.raises(ValueError, match="#SBATCH lines"):
+        render_script(run.cfg, tmp_path / "a dir" / run.id, m.spec.slurm)
+
+
+# ---- memory estimate ----
+
+def cfg(**kw):
+    return RunConfig.from_dict({"precision": "bf16", "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750,
+                                "micro_batch": 8, **kw})
+
+
+def test_memory_estimate_follows_sharding_checkpointing_and_size():
+    gib = lambda **kw: estimate_memory(cfg(**kw)).total_gib  # noqa: E731
+    assert gib(scale="800M") < gib(scale="3B") < gib(scale="8B")
+    assert gib(scale="3B", ac="full") < gib(scale="3B", ac="selective") < gib(scale="3B")
+    assert gib(scale="3B", micro_batch=4) < gib(scale="3B", micro_batch=8)
+    four = dict(scale="8B", nodes=1, gpus_per_node=4)
+    assert gib(parallelism="fsdp2", **four) < gib(parallelism="ddp", **four)
+    assert gib(parallelism="hsdp", scale="8B", nodes=2, gpus_per_node=4) > gib(parallelism="fsdp2", scale="8B", nodes=2, gpus_per_node=4)
+    assert gib(framework="megatron", parallelism="tp4", **four) < gib(framework="megatron", parallelism="tp1", **four)
+    e = estimate_memory(cfg(scale="3B"))
+    assert e.optimizer == 2 * e.weights and e.encoder > 0 and e.activations > 0
+
+
+def test_runs_that_would_not_fit_are_marked():
+    assert device_memory_gib(None, "NVIDIA GH200 480GB") == 95.0 and device_memory_gib(None, None) is None
+    p = plan("name: t\nhardware: {device: H200}\ndefaults: {precision: bf16}\naxes: {scale: [800M, 8B]}\n")
+    fits = {r.cfg.scale: r.fits for r in p.runs}
+    assert fits == {"800M": True, "8B": False}  # 8B's weights + AdamW alone are ~130 GiB on one GPU
+    p = plan("name: t\nhardware: {memory_gib: 2}\ndefaults: {scale: tiny}\n")
+    assert p.runs[0].fits is True
+    p = plan("name: t\ndefaults: {scale: tiny}\n")
+    assert p.runs[0].fits is None  # no device memory known: not checked
+
+
+# ---- shipped matrices ----
+
+def test_shipped_matrices_parse_and_expand():
+    smoke = expand(load_matrix(ROOT / "matrices" / "smoke.yaml"))
+    layouts = {(r.cfg.framework, r.cfg.parallelism) for r in smoke.runs} | {
+        (s.settings["framework"], s.settings["parallelism"]) for s in smoke.skipped}
+    assert layouts == {("torchtitan", "single"), ("torchtitan", "ddp"), ("megatron", "tp2")}
+    assert all(r.cfg.scale == "tiny" for r in smoke.runs)
+    gh = expand(load_matrix(ROOT / "matrices" / "gh200-published.yaml"))
+    combos = {(s.get("scale"), s.get("framework"), s.get("parallelism"), s.get("compile"), s.get("nodes"))
+              for s in [r.settings for r in gh.runs] + [s.settings for s in gh.skipped]}
+    assert combos == {(scale, fw, par, comp, n) for scale, fw, par, comp in
+                      [("800M", "torchtitan", "ddp", False), ("3B", "torchtitan", "fsdp2", True),
+                       ("3B", "megatron", "tp2", False), ("8B", "megatron", "tp4", False)] for n in (1, 4, 16)}
+    assert all(r.cfg.gpus_per_node == 4 and r.fits for r in gh.runs)
+    h200 = expand(load_matrix(ROOT / "matrices" / "h200-single.yaml"))
+    titan = [r for r in h200.runs if r.cfg.framework == "torchtitan"]
+    assert len(titan) == 24 and len(h200.runs) + len(h200.skipped) == 26  # + megatron tp1 at 800M and 3B
+    assert all(r.cfg.world_size == 1 for r in h200.runs)
+
+
+def test_plan_command_prints_runs_skips_and_the_exact_script(cli, tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: t\nexecutor: slurm\nhardware: {peak_tflops: 100, memory_gib: 80}\n"
+                 "axes: {parallelism: [single, tp2]}\n")
+    proc = cli("plan", m, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [s["reason"] for s in out["skipped"]] == ["torchtitan has no parallelism tp2 (it has single, ddp, fsdp2, hsdp)"]
+    rid = out["runs"][0]["run_id"]
+    assert out["runs"][0]["fits"] is True and out["runs"][0]["gpu_hours_limit"] == pytest.approx(0.5)
+    proc = cli("plan", m, "--out", tmp_path / "sweep", "--script", rid)
+    assert proc.returncode == 0 and proc.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=eb-" + rid)
+    assert f"RUN_DIR={tmp_path / 'sweep' / rid}" in proc.stdout
+    proc = cli("plan", m)
+    assert proc.returncode == 0 and "1 runs, 1 skipped" in proc.stdout and "GPU-hours" in proc.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: t\naxes: {scale: [9B]}\n")
+    proc = cli("plan", bad)
+    assert proc.returncode == 2 and "axes.scale: '9B' is not allowed" in proc.stderr and "Traceback" not in proc.stderr

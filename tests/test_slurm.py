@@ -1,0 +1,188 @@
+"""A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
+nodes, megatron TP=2 on one, an injected failure, a time-limit kill, a scancel; then resumption.
+
+Skipped when no cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slurm
+
+TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
+        "speaker_frames": 40}
+MATRIX = {
+    "name": "slurm-ci",
+    "executor": "slurm",
+    # CPU nodes: no --gpus-per-node; `gpus_per_node` is processes per node.
+    "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1}},
+    "hardware": {"peak_tflops": 0.5},
+    "defaults": TINY,
+    "include": [
+        {"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1},
+        {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
+        {"seed": 1, "fail_at_step": 2},
+        {"seed": 2, "steps": 100000, "time_limit": "1"},  # one minute: SLURM kills it 60-90 s in
+        {"seed": 3, "steps": 100000},  # scancel'd by the test
+    ],
+}
+
+
+def cluster_nodes() -> int:
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len(set(nodes.stdout.split())) if "UP" in ping.stdout else 0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if cluster_nodes() < 2:
+        message = "no local SLURM cluster with 2 nodes: bash scripts/slurm-local.sh up 2"
+        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def runs(sweep: Path) -> dict:
+    return json.loads((sweep / "sweep.json").read_text())["runs"]
+
+
+def record(sweep: Path, rid: str) -> dict:
+    return json.loads((sweep / rid / "result.json").read_text())
+
+
+def squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def sweep(cluster, tmp_path_factory):
+    """Submits the matrix, scancels one run once it runs, waits for every run to settle."""
+    base = tmp_path_factory.mktemp("slurm")
+    matrix = base / "slurm-ci.yaml"
+    matrix.write_text(json.dumps(MATRIX))
+    out = base / "sweep"
+    t0 = time.time()
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    submitted = runs(out)
+    cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
+    job = submitted[cancel_id]["job_id"]
+    deadline = time.time() + 300
+    while squeue_state(job) != "RUNNING" and time.time() < deadline:
+        time.sleep(1)
+    time.sleep(3)
+    subprocess.run(["scancel", job], check=True)
+    proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
+    wall = time.time() - t0
+    print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall}
+
+
+def record_seed(sweep: Path, rid: str) -> int:
+    import yaml
+
+    return yaml.safe_load((sweep / rid / "run.yaml").read_text())["seed"]
+
+
+def by_layout(sweep_info) -> dict:
+    out = {}
+    for rid in sweep_info["submitted"]:
+        r = record(sweep_info["dir"], rid)
+        key = (r["framework"], r["parallelism"]) if r["seed"] == 0 else r["seed"]
+        out[key] = r
+    return out
+
+
+def test_ddp_ranks_rendezvous_across_two_nodes(sweep):
+    r = by_layout(sweep)[("torchtitan", "ddp")]
+    assert r["status"] == "ok", r["error"]
+    assert r["nodes"] == 2 and r["gpus_per_node"] == 1 and r["world_size"] == 2 and len(r["per_rank"]) == 2
+    run_dir = sweep["dir"] / r["run_id"]
+    # One launcher per node, node rank from SLURM_NODEID: both wrote their settings file.
+    assert (run_dir / "run-node0.yaml").exists() and (run_dir / "run-node1.yaml").exists()
+    job = runs(sweep["dir"])[r["run_id"]]["job_id"]
+    info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+    assert re.search(r"\bNodeList=node\[1-2\]", info), info
+
+
+def test_megatron_tp2_on_one_node(sweep):
+    r = by_layout(sweep)[("megatron", "tp2")]
+    assert r["status"] == "ok", r["error"]
+    assert r["tp"] == 2 and r["dp"] == 1 and r["nodes"] == 1 and r["world_size"] == 2
+
+
+def test_failure_timeout_and_cancel_become_record_statuses(sweep):
+    layouts = by_layout(sweep)
+    failed, slow, cancelled = layouts[1], layouts[2], layouts[3]
+    assert failed["status"] == "error" and "injected failure at step 2" in failed["error"]
+    assert slow["status"] == "timeout" and "TIMEOUT" in slow["error"] and "TIME LIMIT" in slow["log_tail"]
+    assert cancelled["status"] == "cancelled" and "CANCELLED" in cancelled["error"]
+    for r in (slow, cancelled):  # written by the sweep from the scheduler's state: complete records
+        assert r["env"]["recorded_by"].startswith("echobench sweep") and r["run_id"] in sweep["submitted"]
+    proc = run_cli("status", sweep["dir"], "--export", tmp_path=sweep["base"])
+    assert proc.returncode == 0 and "1 cancelled" in proc.stdout and "1 timeout" in proc.stdout
+    import pandas as pd
+
+    table = pd.read_parquet(sweep["dir"] / "results.parquet")
+    assert sorted(table["run_id"]) == sorted(sweep["submitted"])
+
+
+def test_scripts_run_sh_works_by_hand(sweep):
+    """`sbatch --nodes=1 scripts/run.sh RUN.yaml OUT`: the same launch, no sweep involved."""
+    base = sweep["base"]
+    run_yaml = base / "by-hand.yaml"
+    run_yaml.write_text(json.dumps({**TINY, "peak_tflops": 0.5}))
+    out = base / "by-hand"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={base}/by-hand-%j.out",
+                           str(ROOT / "scripts" / "run.sh"), str(run_yaml), str(out)],
+                          capture_output=True, text=True, env=env, cwd=base)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    deadline = time.time() + 300
+    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
+        time.sleep(2)
+    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text()
+    assert json.loads((out / "result.json").read_text())["status"] == "ok"
+
+
+def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_failed(sweep):
+    out, matrix, base = sweep["dir"], sweep["matrix"], sweep["base"]
+    before = runs(out)
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
+    assert proc.returncode == 0 and "0 to run" in proc.stdout and "submitted as" not in proc.stdout
+    assert runs(out) == before
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--retry-failed", tmp_path=base)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = runs(out)
+    try:
+        failed = {rid for rid, e in before.items() if record_status(out, rid, e) != "ok"}
+        resubmitted = {rid for rid in after if after[rid]["job_id"] != before[rid]["job_id"]}
+        assert len(failed) == 3 and resubmitted == failed
+        for rid in failed:
+            assert after[rid]["attempt"] == 2 and (out / rid / "attempts" / "1" / "result.json").exists()
+    finally:
+        new_jobs = [after[rid]["job_id"] for rid in after if after[rid]["job_id"] != before[rid]["job_id"]]
+        if new_jobs:
+            subprocess.run(["scancel", *new_jobs])
+
+
+def record_status(out: Path, rid: str, entry: dict) -> str:
+    if (out / rid / "attempts" / "1" / "result.json").exists():
+        return json.loads((out / rid / "attempts" / "1" / "result.json").read_text())["status"]
+    return record(out, rid)["status"]

@@ -1,0 +1,137 @@
+"""`echobench sweep` on the local executor, end to end: real runs through torchrun, records,
+resumption, --retry-failed, the per-run time limit and Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from conftest import ROOT, cli_env
+
+TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
+        "speaker_frames": 40}
+
+
+def state(sweep: Path) -> dict:
+    return json.loads((sweep / "sweep.json").read_text())["runs"]
+
+
+def record(sweep: Path, rid: str) -> dict:
+    return json.loads((sweep / rid / "result.json").read_text())
+
+
+def write_matrix(path: Path, **body) -> Path:
+    path.write_text(json.dumps({"name": "t", "executor": "local", "hardware": {"peak_tflops": 0.5},
+                                "defaults": TINY, **body}))
+    return path
+
+
+def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, tmp_path):
+    sweep = tmp_path / "smoke"
+    t0 = time.time()
+    proc = cli("sweep", ROOT / "matrices" / "smoke.yaml", "--out", sweep, timeout=900)
+    print(f"smoke sweep: {time.time() - t0:.0f} s\n{proc.stdout}\n{proc.stderr}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (sweep / "matrix.yaml").read_text() == (ROOT / "matrices" / "smoke.yaml").read_text()
+    runs = state(sweep)
+    # Both backends: torchtitan single (+ full AC) and DDP on 2 processes, megatron TP=2.
+    layouts = sorted((r["framework"], r["parallelism"], r["world_size"]) for r in (record(sweep, rid) for rid in runs))
+    assert layouts == [("megatron", "tp2", 2), ("torchtitan", "ddp", 2), ("torchtitan", "single", 1),
+                       ("torchtitan", "single", 1)]
+    for rid in runs:
+        r = record(sweep, rid)
+        assert r["status"] == "ok" and r["run_id"] == rid and r["mfu"] > 0
+        # No peak in the smoke matrix: the sweep calibrated this machine once, inside the sweep directory.
+        assert r["peak_source"].startswith("calibrated")
+        for name in ("run.yaml", "job.sh", "logs/local.log"):
+            assert (sweep / rid / name).exists(), name
+    assert list((sweep / "cache" / "calibration").glob("*.json"))
+    table = pd.read_parquet(sweep / "results.parquet")
+    assert sorted(table["run_id"]) == sorted(runs) and set(table["status"]) == {"ok"}
+    assert len(pd.read_csv(sweep / "results.csv")) == len(runs)
+
+    proc = cli("sweep", ROOT / "matrices" / "smoke.yaml", "--out", sweep)
+    assert proc.returncode == 0 and f"{len(runs)} ok already" in proc.stdout and "0 to run" in proc.stdout
+    assert "submitted" not in proc.stdout and state(sweep) == runs
+    proc = cli("status", sweep)
+    assert proc.returncode == 0 and f"{len(runs)} ok" in proc.stdout
+
+
+def test_failures_time_limit_and_retry_failed(cli, tmp_path):
+    matrix = write_matrix(tmp_path / "m.yaml", local={"time": "00:05:00"}, include=[
+        {"seed": 0},                                    # ok
+        {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
+        {"seed": 2, "steps": 100000, "time_limit": "0:25"},  # outlives its 25 s limit
+        {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
+    ])
+    sweep = tmp_path / "sweep"
+    proc = cli("sweep", matrix, "--out", sweep, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    runs = state(sweep)
+    by_seed = {record(sweep, rid)["seed"]: record(sweep, rid) for rid in runs}
+    assert by_seed[0]["status"] == "ok"
+    assert by_seed[1]["status"] == "error" and "injected failure at step 2" in by_seed[1]["error"]
+    assert by_seed[2]["status"] == "timeout" and "time limit of 25 s" in by_seed[2]["error"]
+    assert by_seed[2]["log_tail"]  # what the job printed, kept in the record
+    # The killed job left no process behind (its whole session was stopped).
+    leftover = subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
+    assert leftover == []
+    table = pd.read_csv(sweep / "results.csv")
+    assert sorted(table["status"]) == ["error", "ok", "timeout"]
+    # For the report: what was skipped and why, and each run's memory estimate beside its record.
+    skipped = json.loads((sweep / "skipped.json").read_text())["skipped"]
+    assert [(s["settings"]["parallelism"], s["reason"]) for s in skipped] == [
+        ("tp2", "torchtitan has no parallelism tp2 (it has single, ddp, fsdp2, hsdp)")]
+    for rid in runs:
+        assert json.loads((sweep / rid / "plan.json").read_text())["memory_estimate_gib"] > 0
+
+    proc = cli("sweep", matrix, "--out", sweep)  # failed ones are not rerun without --retry-failed
+    assert proc.returncode == 1 and "0 to run, 2 failed earlier" in proc.stdout and state(sweep) == runs
+
+    # --retry-failed runs exactly the two failed ones again; the ok one and old attempts stay.
+    proc = cli("sweep", matrix, "--out", sweep, "--retry-failed", timeout=600)
+    assert proc.returncode == 1 and "1 ok already" in proc.stdout and "2 to run" in proc.stdout
+    after = state(sweep)
+    ok_id = by_seed[0]["run_id"]
+    assert after[ok_id] == runs[ok_id]
+    for seed in (1, 2):
+        rid = by_seed[seed]["run_id"]
+        assert after[rid]["attempt"] == 2 and after[rid]["job_id"] != runs[rid]["job_id"]
+        old = json.loads((sweep / rid / "attempts" / "1" / "result.json").read_text())
+        assert old["status"] == by_seed[seed]["status"] and record(sweep, rid)["status"] == old["status"]
+
+
+def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(tmp_path):
+    matrix = write_matrix(tmp_path / "m.yaml", include=[{"seed": 0}, {"seed": 1, "steps": 100000}])
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(sweep)],
+                            env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    long_id = None
+    while time.time() < deadline:  # wait until the second (endless) run is going
+        runs = state(sweep) if (sweep / "sweep.json").exists() else {}
+        long_id = next((rid for rid, e in runs.items() if e.get("state") == "running" and e["attempt"] == 1
+                        and len(runs) == 2), None)
+        if long_id and (sweep / long_id / "job-state").exists():
+            break
+        time.sleep(1)
+    assert long_id, "the second run never started"
+    job_pid = int(state(sweep)[long_id]["job_id"].removeprefix("local-"))
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    records = {rid: record(sweep, rid) for rid in state(sweep)}
+    assert records[long_id]["status"] == "cancelled" and "Ctrl-C" in records[long_id]["error"]
+    assert [r["status"] for rid, r in records.items() if rid != long_id] == ["ok"]
+    try:
+        os.killpg(job_pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the interrupted job's processes are still running"
