@@ -8,4 +8,7 @@ bash scripts/setup.sh
 . "${ECHOBENCH_VENV:-.venv}/bin/activate"
 echobench sweep matrices/smoke.yaml --out runs/smoke
 echobench status runs/smoke
-# Dashboard of runs/smoke: added here by the report step (echobench report).
+# The dashboard (one self-contained HTML file, opens offline) and the publication table.
+echobench report runs/smoke -o runs/smoke/report.html
+echobench report runs/smoke --table md
+echo "dashboard: $(pwd)/runs/smoke/report.html"

@@ -31,3 +31,18 @@ def cli(tmp_path):
         return run_cli(*args, tmp_path=tmp_path, **kw)
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory):
+    """One real local sweep of matrices/smoke.yaml, shared by the sweep and report tests.
+
+    Returns (sweep dir, the completed `echobench sweep` process, wall seconds).
+    """
+    import time
+
+    root = tmp_path_factory.mktemp("smoke")
+    sweep = root / "smoke"
+    t0 = time.time()
+    proc = run_cli("sweep", ROOT / "matrices" / "smoke.yaml", "--out", sweep, tmp_path=root, timeout=1200)
+    return sweep, proc, time.time() - t0

@@ -58,18 +58,19 @@ def tiny_run(cli, out: Path, *extra):
 
 
 @pytest.fixture(scope="module")
-def real_sweep(tmp_path_factory):
-    """Records of real `echobench run`s (two micro-batches and lengths, one injected failure),
-    plus a copy of the failed one whose error text is a script tag."""
+def real_sweep(tmp_path_factory, smoke_sweep):
+    """Records of the real smoke sweep (matrices/smoke.yaml on the local executor), one real run
+    with an injected failure, and a copy of it whose error text is a script tag."""
     from tests.conftest import run_cli
 
     root = tmp_path_factory.mktemp("real-sweep")
+    sweep, proc, _ = smoke_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shutil.copytree(sweep, root / "smoke")
 
     def cli(*args):
         return run_cli(*args, tmp_path=root)
 
-    tiny_run(cli, root / "mb1")
-    tiny_run(cli, root / "mb2-long", "--micro-batch", "2", "--audio-frames", "100")
     failed = tiny_run(cli, root / "failed", "--fail-at-step", "1")
     assert failed["status"] == "error"
     xss = copy.deepcopy(failed)
@@ -176,7 +177,8 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
 @pytest.mark.slow
 def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
     """Layout of the multi-node panels, on the SYNTHETIC fixture (made-up node counts and figures)."""
-    real = json.loads((real_sweep / "mb1" / "result.json").read_text())
+    real = next(r for r in map(json.loads, (p.read_text() for p in sorted(real_sweep.rglob("result.json"))))
+                if r["status"] == "ok")
     synthetic = synthetic_multinode(real, tmp_path / "synthetic")
     out = tmp_path / "report.html"
     cli("report", tmp_path / "synthetic", real_sweep, "-o", out, check=True)

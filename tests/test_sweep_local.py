@@ -31,11 +31,9 @@ def write_matrix(path: Path, **body) -> Path:
     return path
 
 
-def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, tmp_path):
-    sweep = tmp_path / "smoke"
-    t0 = time.time()
-    proc = cli("sweep", ROOT / "matrices" / "smoke.yaml", "--out", sweep, timeout=900)
-    print(f"smoke sweep: {time.time() - t0:.0f} s\n{proc.stdout}\n{proc.stderr}")
+def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, smoke_sweep):
+    sweep, proc, seconds = smoke_sweep
+    print(f"smoke sweep: {seconds:.0f} s\n{proc.stdout}\n{proc.stderr}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (sweep / "matrix.yaml").read_text() == (ROOT / "matrices" / "smoke.yaml").read_text()
     runs = state(sweep)
