@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from echobench import flops as flops_model
-from echobench.config import RunConfig, config_id, run_id
+from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
@@ -103,7 +103,6 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id(cfg),
-        "config_id": config_id(cfg),
         "repeat": cfg.repeat,
         "status": "error",
         "error": "",

@@ -144,7 +144,7 @@ def run(
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     """`run --repeats N`: N launches one after another, then the median over the ok ones."""
     from echobench.launch import launch_repeats
-    from echobench.results import over_repeats
+    from echobench.results import configuration_key, over_repeats
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
@@ -153,7 +153,7 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     records = launch_repeats(cfg, out, repeats, *launch_args)
     if not records:  # not node 0: node 0's launcher owns the records
         return
-    table = Table(title=f"{len(records)} repeats of {records[0]['config_id']}")
+    table = Table(title=f"{len(records)} repeats of {configuration_key(records[0])}")
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):

@@ -13,7 +13,7 @@ SCHEMA_VERSION = 2
 STATUSES = ("ok", "oom", "error", "timeout", "cancelled", "node_fail")
 
 REQUIRED_FIELDS = (
-    "schema_version", "run_id", "config_id", "repeat", "status", "error",
+    "schema_version", "run_id", "repeat", "status", "error",
     "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node", "world_size",
     "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames",
     "precision", "compile", "ac", "steps", "warmup_steps",
@@ -90,7 +90,6 @@ def _from_v1(record: dict) -> None:
     time of every measured step, so the window figures are recomputed from them; the counts v1
     did not keep are derived (samples = samples/s x median step x steps) or left None."""
     record.setdefault("repeat", 0)
-    record.setdefault("config_id", record.get("run_id"))
     record.setdefault("peak_precision", peak_precision_of(record.get("peak_source")))
     for key in ("num_alloc_retries", "num_ooms", "mfu_fp8_peak", "peak_fp8_tflops", "measured_steps",
                 "measured_time_s", "measured_samples", "measured_model_flops", "measured_hardware_flops",
@@ -226,10 +225,11 @@ def peak_notes(record: dict) -> list[str]:
 # ---- repeats: records of one configuration ----
 
 def configuration_key(record: dict) -> str:
-    """What the repeats of one configuration share: the records with equal keys are launches of
-    the same settings, and reports give the median over them. (The run id without the repeat
-    index; a record from before repeats existed is its own configuration.)"""
-    return str(record.get("config_id") or record["run_id"])
+    """What the repeats of one configuration share: records with equal keys are launches of the
+    same settings, and reports give the median over them. The run id without its repeat suffix
+    (echobench.config.config_id); a record from before repeats existed is its own configuration."""
+    run_id, repeat = str(record["run_id"]), record.get("repeat") or 0
+    return run_id.removesuffix(f"-r{repeat}") if repeat else run_id
 
 
 def over_repeats(values) -> dict | None:
@@ -241,7 +241,7 @@ def over_repeats(values) -> dict | None:
 
 
 TABLE_COLUMNS = [
-    "run_id", "config_id", "repeat", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
+    "run_id", "repeat", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
     "world_size", "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames", "precision",
     "compile", "ac", "encoder_model", "frozen_encoder", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
     "step_time_mean_s", "step_time_mean_vs_median", "measured_time_s",
@@ -277,12 +277,12 @@ def stub_record(cfg, status: str, error: str, **extra) -> dict:
     import socket
     from datetime import datetime, timezone
 
-    from echobench.config import config_id, run_id
+    from echobench.config import run_id
 
     record = {k: None for k in REQUIRED_FIELDS}
     record.update(cfg.to_dict())
     record.update(
-        schema_version=SCHEMA_VERSION, run_id=run_id(cfg), config_id=config_id(cfg), status=status, error=error,
+        schema_version=SCHEMA_VERSION, run_id=run_id(cfg), status=status, error=error,
         tp=cfg.tp, dp=cfg.dp, world_size=cfg.world_size, global_batch=cfg.global_batch,
         per_rank=[], config=cfg.to_dict(),
         env={"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hostname": socket.gethostname(),

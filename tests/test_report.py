@@ -414,8 +414,8 @@ def test_a_1_5x_slower_copy_flags_and_few_steps_are_a_weak_comparison(tmp_path, 
 
 def test_compare_pools_the_repeats_of_a_configuration():
     rng = random.Random(2)
-    old = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, sigma=0.1), config_id="a", repeat=k) for k in range(3)]
-    new = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, scale=1.5, sigma=0.1), config_id="a", repeat=k)
+    old = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, sigma=0.1), repeat=k) for k in range(3)]
+    new = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, scale=1.5, sigma=0.1), repeat=k)
            for k in range(3)]
     comparison = compare_records(old, new, threshold_pct=5)
     (change,) = comparison.changes  # 3 steps a run would be weak; pooled over 3 repeats: 9 a side
@@ -426,7 +426,7 @@ def test_compare_pools_the_repeats_of_a_configuration():
 # ---- repeats, peaks and allocator flags in the table and the dashboard ----
 
 def repeat_records():
-    runs = [record("a" if k == 0 else f"a-r{k}", config_id="a", repeat=k, mfu=m, samples_per_s=s)
+    runs = [record("a" if k == 0 else f"a-r{k}", repeat=k, mfu=m, samples_per_s=s)
             for k, (m, s) in enumerate([(0.30, 90.0), (0.42, 120.0), (0.40, 100.0)])]
     return runs + [
         record("fp8", scale="3B", precision="fp8", mfu=0.30, mfu_fp8_peak=0.15, peak_precision="bf16",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from echobench.results import REQUIRED_FIELDS
+from echobench.results import REQUIRED_FIELDS, configuration_key
 
 TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
         "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
@@ -43,7 +43,7 @@ def test_tiny_run_writes_a_complete_record(cli, tmp_path):
     # the peak's precision is recorded; no CUDA allocator on CPU
     assert r["peak_precision"] == "bf16" and r["mfu_fp8_peak"] is None
     assert r["num_alloc_retries"] is None and r["num_ooms"] is None
-    assert r["repeat"] == 0 and r["config_id"] == r["run_id"]
+    assert r["repeat"] == 0
     assert 0 <= r["data_wait_frac"] < 1 and r["peak_mem_gib"] > 0
     assert len(r["per_rank"]) == 1 and len(r["losses"]) == 4
     assert r["env"]["torch"] and r["env"]["device_name"].startswith("CPU")
@@ -144,7 +144,8 @@ def test_run_repeats_are_independent_launches_of_the_same_settings(cli, tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, second = (record(out / f"repeat-{k}") for k in range(2))
     assert (first["repeat"], second["repeat"]) == (0, 1) and first["run_id"] != second["run_id"]
-    assert first["config_id"] == second["config_id"] == first["run_id"]
+    assert second["run_id"] == first["run_id"] + "-r1"
+    assert configuration_key(first) == configuration_key(second) == first["run_id"]
     assert first["env"]["pid"] != second["env"]["pid"]  # each in a process of its own
     same = {k: v for k, v in first["config"].items() if k != "repeat"}
     assert same == {k: v for k, v in second["config"].items() if k != "repeat"}
