@@ -203,6 +203,8 @@ def print_record(record: dict) -> None:
         ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
         ("peak TFLOP/s", f"{record['peak_tflops']:.4g} {record['peak_precision']} ({record['peak_source']})"),
         ("MFU (window)", f"{record['mfu']:.2%}"),
+        *([("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}")]
+          if record.get("precision") == "fp8" else []),
         ("HFU (window)", f"{record['hfu']:.2%}"),
         ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
         ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
@@ -210,8 +212,6 @@ def print_record(record: dict) -> None:
          else f"{record['num_alloc_retries']} / {record['num_ooms']}"),
         ("data wait", f"{record['data_wait_frac']:.1%}"),
     ]
-    if record.get("precision") == "fp8":
-        rows.insert(10, ("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}"))
     for k, v in rows:
         table.add_row(k, str(v))
     console.print(table)
@@ -363,8 +363,7 @@ def compare(
 
     t = Table(title=f"{old} -> {new} (threshold {threshold:g}%, alpha {alpha:g})")
     t.add_column("configuration", overflow="fold")
-    for col in ("repeats", "status", "samples/s old", "samples/s new", "change", "MFU old", "MFU new", "change",
-                "steps", "p (slower)", "verdict"):
+    for col in ("repeats", "status", "samples/s old -> new", "MFU old -> new", "steps", "p (slower)", "verdict"):
         t.add_column(col, justify="left" if col in ("status", "verdict") else "right")
     explained = []
     for c in result.changes:
@@ -372,9 +371,9 @@ def compare(
         mfu_old = "-" if c.old_mfu is None else f"{c.old_mfu:.2%}"
         mfu_new = "-" if c.new_mfu is None else f"{c.new_mfu:.2%}"
         verdict = ("REGRESSION" if c.regressed else "weak" if c.weak else "not significant" if c.reason else "ok")
-        t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status), fmt(c.old_samples_per_s, ".4g"),
-                  fmt(c.new_samples_per_s, ".4g"), pct(c.samples_change_pct), mfu_old, mfu_new,
-                  pct(c.mfu_change_pct), f"{c.old_steps}/{c.new_steps}",
+        t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status),
+                  f"{fmt(c.old_samples_per_s, '.4g')} -> {fmt(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
+                  f"{mfu_old} -> {mfu_new} ({pct(c.mfu_change_pct)})", f"{c.old_steps}/{c.new_steps}",
                   "-" if c.p_value is None else f"{c.p_value:.2g}",
                   Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
         if c.reason:  # one line each, so the reason is never squeezed into a column

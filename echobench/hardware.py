@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from echobench.results import write_json_atomic
+from echobench.results import peak_precision_of, write_json_atomic
 
 # Dense (no sparsity) tensor-core peaks per device in TFLOP/s: (name pattern, bf16, fp8 or None).
 # NVIDIA's datasheets print the 2:4-sparsity figure with a footnote; dense is half of it.
@@ -145,9 +145,6 @@ def load_calibration(name: str, dtype: torch.dtype) -> dict | None:
         return None
 
 
-DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
 def resolve_peak(name: str, dtype: torch.dtype, flag: float | None = None, precision: str | None = None) -> dict:
     """The MFU denominator per GPU: the flag, else the datasheet table, else a calibration.
 
@@ -167,8 +164,8 @@ def resolve_peak(name: str, dtype: torch.dtype, flag: float | None = None, preci
     if (hit := table_peak(name)) is not None:
         return {"peak_tflops": hit[0], "peak_source": hit[1], "peak_precision": "bf16", **extra}
     if cal is not None:
-        return {"peak_tflops": ceiling, "peak_source": f"calibrated:{cal['dtype']} GEMM {cal['time']}",
-                "peak_precision": DTYPE_NAMES.get(cal["dtype"], cal["dtype"]), **extra}
+        source = f"calibrated:{cal['dtype']} GEMM {cal['time']}"
+        return {"peak_tflops": ceiling, "peak_source": source, "peak_precision": peak_precision_of(source), **extra}
     raise UnknownPeakError(
         f"no peak FLOP/s known for device {name!r}: pass --peak-tflops X (or hardware.peak_tflops in the matrix), "
         f"or run `echobench calibrate` on this machine first"

@@ -71,10 +71,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-# ---- older records ----
-
 def peak_precision_of(source: str | None) -> str | None:
-    """The precision a version-1 record's peak was for, from its peak_source."""
+    """The precision a peak is for, from its peak_source: a flag or the datasheet table give the
+    dense bf16 peak; a calibration is for its GEMM's dtype."""
     if not source:
         return None
     if source == "flag" or source.startswith("datasheet:"):
@@ -84,6 +83,8 @@ def peak_precision_of(source: str | None) -> str | None:
         return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
     return None
 
+
+# ---- older records ----
 
 def _from_v1(record: dict) -> None:
     """Version 1 took samples/s and MFU from the median step. Its records keep the slowest rank's
@@ -125,9 +126,9 @@ MIGRATIONS = {1: _from_v1}  # version -> the function that brings a record to th
 def migrate(record: dict, where: str = "record") -> dict:
     """Brings a record of an older schema version up to SCHEMA_VERSION, in place."""
     version = record.get("schema_version", 1)
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ValueError(f"{where}: schema_version {version!r} is newer than this echobench reads "
-                         f"({SCHEMA_VERSION}): update echobench")
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(f"{where}: schema_version {version!r} is not one this echobench reads (1 to "
+                         f"{SCHEMA_VERSION}): a newer echobench wrote it, or it is not a result record")
     while version < SCHEMA_VERSION:
         MIGRATIONS[version](record)
         record["migrated_from"] = record.get("migrated_from", version)

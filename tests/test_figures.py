@@ -123,4 +123,4 @@ def test_version_1_records_load_with_window_figures(tmp_path):
 def test_a_record_from_a_newer_echobench_is_reported_not_misread(tmp_path):
     write_json_atomic(tmp_path / "a" / "result.json", {"run_id": "a", "status": "ok", "schema_version": 99})
     records, problems = load_records([tmp_path])
-    assert records == [] and "schema_version 99 is newer than this echobench reads" in problems[0]
+    assert records == [] and "schema_version 99 is not one this echobench reads" in problems[0]
