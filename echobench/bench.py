@@ -26,7 +26,7 @@ from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
 from echobench.model.echo import diffusion_draws
-from echobench.results import SCHEMA_VERSION, write_json_atomic, write_record
+from echobench.results import SCHEMA_VERSION, step_figures, window_figures, write_json_atomic, write_record
 
 GIB = 1024**3
 
@@ -59,10 +59,15 @@ def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
 
 def memory_stats(device: torch.device) -> dict:
     if device.type == "cuda":
+        # Allocator retries (cudaMalloc failed, caches flushed, tried again) slow the steps they
+        # hit; counted over the whole run, warm-up included.
+        stats = torch.cuda.memory_stats(device)
         return {
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
             "device_total_gib": torch.cuda.get_device_properties(device).total_memory / GIB,
+            "num_alloc_retries": stats.get("num_alloc_retries", 0),
+            "num_ooms": stats.get("num_ooms", 0),
         }
     # ru_maxrss is in KiB on Linux: the process's peak resident set.
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
@@ -70,16 +75,6 @@ def memory_stats(device: torch.device) -> dict:
 
 def peak_mem_gib(mem: dict) -> float:
     return mem.get("peak_reserved_gib", mem.get("peak_rss_gib", 0.0))
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 class StepTimer:
@@ -108,6 +103,7 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id(cfg),
+        "repeat": cfg.repeat,
         "status": "error",
         "error": "",
         "scale": cfg.scale,
@@ -136,6 +132,13 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "step_time_s": None,
         "step_time_p10_s": None,
         "step_time_p90_s": None,
+        "step_time_mean_s": None,
+        "step_time_mean_vs_median": None,
+        "measured_steps": None,
+        "measured_time_s": None,
+        "measured_samples": None,
+        "measured_model_flops": None,
+        "measured_hardware_flops": None,
         "samples_per_s": None,
         "audio_seconds_per_s": None,
         "model_flops_per_sample": None,
@@ -144,10 +147,15 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
         "mfu": None,
         "hfu": None,
         "mfu_vs_ceiling": None,
+        "mfu_fp8_peak": None,
         "peak_tflops": cfg.peak_tflops,
         "peak_source": "flag" if cfg.peak_tflops else None,
+        "peak_precision": "bf16" if cfg.peak_tflops else None,
+        "peak_fp8_tflops": None,
         "ceiling_tflops": None,
         "peak_mem_gib": None,
+        "num_alloc_retries": None,
+        "num_ooms": None,
         "data_wait_frac": None,
         "per_rank": [],
         "config": cfg.to_dict(),
@@ -283,40 +291,44 @@ def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
     return prof
 
 
+def allocator_count(ranks: list[dict], key: str) -> int | None:
+    """A CUDA allocator counter summed over ranks; None where no rank has it (CPU)."""
+    counts = [r["memory"][key] for r in ranks if r["memory"].get(key) is not None]
+    return sum(counts) if counts else None
+
+
 def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
-    """Fills the record's figures from every rank's measurements."""
+    """Fills the record's figures from every rank's measurements.
+
+    Throughput is over the whole measured window (stalls included, as a training run pays them):
+    samples / total measured time, and MFU = model FLOPs of the measured samples /
+    (total time x world size x peak). The median and p10 / p90 step are kept beside it.
+    """
     n = min(len(r["step_times_s"]) for r in ranks)
     # Each step counts at its slowest rank.
     slowest = [max(r["step_times_s"][i] for r in ranks) for i in range(n)]
-    step_time = statistics.median(slowest)
+    steps = step_figures(slowest)
     # Tensor-parallel peers process the same samples: count data-parallel replicas only.
     dp_ranks = ranks[:: cfg.tp]
     samples = sum(r["samples"] for r in dp_ranks)
-    model_flops_per_sample = sum(r["model_flops"] for r in dp_ranks) / samples
-    hw_flops_per_sample = sum(r["hardware_flops"] for r in dp_ranks) / samples
-    samples_per_step = samples / n
-    samples_per_s = samples_per_step / step_time
-    audio_s_per_step = sum(r["audio_frames"] for r in dp_ranks) / n / FRAME_RATE
-    tflops_per_gpu = model_flops_per_sample * samples_per_s / cfg.world_size / 1e12
-    hw_tflops_per_gpu = hw_flops_per_sample * samples_per_s / cfg.world_size / 1e12
+    flops = sum(r["model_flops"] for r in dp_ranks)
+    hw_flops = sum(r["hardware_flops"] for r in dp_ranks)
     slowest_rank = max(ranks, key=lambda r: r["median_step_time_s"])
-    peak = record["peak_tflops"]
-    ceiling = record.get("ceiling_tflops")
     record.update(
         status="ok",
         error="",
-        step_time_s=step_time,
-        step_time_p10_s=percentile(slowest, 0.1),
-        step_time_p90_s=percentile(slowest, 0.9),
         step_times_s=slowest,
-        samples_per_s=samples_per_s,
-        audio_seconds_per_s=audio_s_per_step / step_time,
-        model_flops_per_sample=model_flops_per_sample,
-        hardware_flops_per_sample=hw_flops_per_sample,
-        tflops_per_gpu=tflops_per_gpu,
-        mfu=tflops_per_gpu / peak,
-        hfu=hw_tflops_per_gpu / peak,
-        mfu_vs_ceiling=tflops_per_gpu / ceiling if ceiling else None,
+        **steps,
+        measured_samples=samples,
+        measured_model_flops=flops,
+        measured_hardware_flops=hw_flops,
+        **window_figures(measured_time_s=steps["measured_time_s"], samples=samples, model_flops=flops,
+                         hardware_flops=hw_flops,
+                         audio_seconds=sum(r["audio_frames"] for r in dp_ranks) / FRAME_RATE,
+                         world_size=cfg.world_size, peak_tflops=record["peak_tflops"],
+                         ceiling_tflops=record.get("ceiling_tflops"), peak_fp8_tflops=record.get("peak_fp8_tflops")),
+        num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
+        num_ooms=allocator_count(ranks, "num_ooms"),
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
         slowest_rank=slowest_rank["rank"],
@@ -399,7 +411,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
         record["flops_breakdown"] = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
-                                   cfg.peak_tflops))
+                                   cfg.peak_tflops, record["precision"]))
         mine = run_loop(cfg, info, out_dir)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -30,7 +31,7 @@ def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx", "tp")
+LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx", "tp", "repeats")
 
 
 def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
@@ -64,6 +65,8 @@ def run(
     node_rank: int = typer.Option(0, help="With --nproc: this node's rank (SLURM_NODEID)."),
     master_addr: Optional[str] = typer.Option(None, help="With --nproc: rendezvous host (first node)."),
     master_port: int = typer.Option(29500, help="With --nproc: rendezvous port."),
+    repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
+                                "group writing OUT/repeat-K/result.json; prints the median over them."),
     scale: str = typer.Option("tiny", help="Model preset: tiny, 800M, 3B, 8B."),
     framework: str = typer.Option("torchtitan", help="torchtitan or megatron."),
     parallelism: str = typer.Option("single", help="single, ddp, fsdp2, hsdp (torchtitan) or tpN (megatron)."),
@@ -75,7 +78,7 @@ def run(
     micro_batch: int = typer.Option(8, help="Samples per data-parallel rank per step."),
     data: str = typer.Option("synthetic", help="'synthetic' (in memory) or a directory of tar shards."),
     precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32, fp8."),
-    peak_tflops: Optional[float] = typer.Option(None, help="Peak TFLOP/s per device for MFU (else table / calibration)."),
+    peak_tflops: Optional[float] = typer.Option(None, help="Dense bf16 peak TFLOP/s per device for MFU (else table / calibration)."),
     audio_frames: int = typer.Option(750, help="Max audio latent frames (25 per second)."),
     text_tokens: int = typer.Option(256, help="Max text tokens."),
     speaker_frames: int = typer.Option(750, help="Max speaker reference frames."),
@@ -115,6 +118,9 @@ def run(
 
     if problem := parallelism_problem(cfg):
         fail(problem)
+    if repeats != 1:
+        run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
+        return
     if nproc is not None:
         from echobench.launch import launch
 
@@ -135,6 +141,39 @@ def run(
         raise typer.Exit(1)
 
 
+def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
+    """`run --repeats N`: N launches one after another, then the median over the ok ones."""
+    from echobench.launch import launch_repeats
+    from echobench.results import configuration_key, over_repeats
+
+    if repeats < 1:
+        fail(f"--repeats {repeats}: must be >= 1")
+    if "RANK" in os.environ:
+        fail("--repeats launches its own processes: run it outside torchrun (with --nproc N for several per node)")
+    records = launch_repeats(cfg, out, repeats, *launch_args)
+    if not records:  # not node 0: node 0's launcher owns the records
+        return
+    table = Table(title=f"{len(records)} repeats of {configuration_key(records[0])}")
+    for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
+        table.add_column(col, justify="left" if col in ("run id", "status") else "right")
+    for k, r in enumerate(records):
+        ok = r["status"] == "ok"
+        table.add_row(str(k), r["run_id"], r["status"], fmt(r["samples_per_s"], ".4g") if ok else "-",
+                      f"{r['mfu']:.2%}" if ok else "-", fmt(r["step_time_s"], ".4f") if ok else "-",
+                      f"{r['step_time_mean_vs_median']:+.1%}" if ok else "-")
+    console.print(table)
+    ok = [r for r in records if r["status"] == "ok"]
+    if ok:
+        sps, mfu = over_repeats(r["samples_per_s"] for r in ok), over_repeats(r["mfu"] for r in ok)
+        console.print(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
+                      f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
+                      f"({mfu['min']:.2%}-{mfu['max']:.2%})", highlight=False)
+    console.print(f"wrote {', '.join(str(out / f'repeat-{k}' / 'result.json') for k in range(len(records)))}",
+                  highlight=False)
+    if len(ok) < len(records):
+        raise typer.Exit(1)
+
+
 def tp_parallelism(ctx: typer.Context, tp: int) -> str:
     """`--tp N` is shorthand for `--parallelism tpN`; both at once must agree."""
     if tp < 1:
@@ -149,24 +188,35 @@ def print_record(record: dict) -> None:
     if record["status"] != "ok":
         err_console.print(f"[bold red]{record['status']}:[/] {record['error']}", highlight=False)
         return
+    from echobench.results import peak_notes
+
     table = Table(title=record["run_id"], show_header=False)
     rows = [
         ("device", record["env"]["device_name"]),
         ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
-        ("samples/s", fmt(record["samples_per_s"], ".2f")),
-        ("audio seconds/s", fmt(record["audio_seconds_per_s"], ".1f")),
+        ("step time (mean)", f"{record['step_time_mean_s']:.4f} s ({record['step_time_mean_vs_median']:+.1%} vs median)"),
+        ("measured window", f"{record['measured_steps']} steps, {record['measured_time_s']:.3f} s, "
+                            f"{record['measured_samples']} samples"),
+        ("samples/s (window)", fmt(record["samples_per_s"], ".2f")),
+        ("audio seconds/s (window)", fmt(record["audio_seconds_per_s"], ".1f")),
         ("model TFLOP/sample", fmt(record["model_flops_per_sample"] / 1e12, ".4g")),
         ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
-        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} ({record['peak_source']})"),
-        ("MFU", f"{record['mfu']:.2%}"),
-        ("HFU", f"{record['hfu']:.2%}"),
+        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} {record['peak_precision']} ({record['peak_source']})"),
+        ("MFU (window)", f"{record['mfu']:.2%}"),
+        *([("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}")]
+          if record.get("precision") == "fp8" else []),
+        ("HFU (window)", f"{record['hfu']:.2%}"),
         ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
         ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
+        ("allocator retries / OOMs", "-" if record.get("num_alloc_retries") is None
+         else f"{record['num_alloc_retries']} / {record['num_ooms']}"),
         ("data wait", f"{record['data_wait_frac']:.1%}"),
     ]
     for k, v in rows:
         table.add_row(k, str(v))
     console.print(table)
+    for note in peak_notes(record):
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 @app.command()
@@ -285,9 +335,12 @@ def compare(
     old: Path = typer.Argument(..., help="Baseline sweep or run directory."),
     new: Path = typer.Argument(..., help="Candidate sweep or run directory."),
     threshold: float = typer.Option(5.0, "--threshold", help="Percent loss of samples/s or MFU that fails the gate."),
+    alpha: float = typer.Option(0.01, "--alpha", help="Significance level of the step-time test (one-sided Mann-Whitney U)."),
 ):
-    """Pair runs by id, print throughput / MFU changes; exit 1 when any paired run lost more than the threshold."""
+    """Pair configurations, print throughput / MFU changes; exit 1 when any lost more than the
+    threshold and its step times say the slowdown is significant."""
     from echobench.report import compare_records
+    from echobench.report.compare import MIN_STEPS
     from echobench.results import load_records
 
     for p in (old, new):
@@ -295,35 +348,51 @@ def compare(
             fail(f"no such file or directory: {p}")
     if threshold < 0:
         fail("--threshold must be >= 0 (a percentage)")
+    if not 0 < alpha < 1:
+        fail(f"--alpha {alpha:g}: must be between 0 and 1 (e.g. 0.01)")
     (old_records, old_problems), (new_records, new_problems) = load_records([old]), load_records([new])
     for problem in old_problems + new_problems:
         err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
-    result = compare_records(old_records, new_records, threshold)
+    result = compare_records(old_records, new_records, threshold, alpha)
     if not result.changes:
-        fail(f"no run ids in common between {old} ({len(old_records)} records) and {new} ({len(new_records)} records)")
+        fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
+             f"({len(new_records)} records)")
 
     def pct(v):
         return "-" if v is None else f"{v:+.1f}%"
 
-    t = Table(title=f"{old} -> {new} (threshold {threshold:g}%)")
-    for col in ("run", "status", "samples/s old", "samples/s new", "change", "MFU old", "MFU new", "change", "verdict"):
-        t.add_column(col, justify="left" if col in ("run", "status", "verdict") else "right")
+    t = Table(title=f"{old} -> {new} (threshold {threshold:g}%, alpha {alpha:g})")
+    t.add_column("configuration", overflow="fold")
+    for col in ("repeats", "status", "samples/s old -> new", "MFU old -> new", "steps", "p (slower)", "verdict"):
+        t.add_column(col, justify="left" if col in ("status", "verdict") else "right")
+    explained = []
     for c in result.changes:
         status = c.new_status if c.old_status == c.new_status else f"{c.old_status} -> {c.new_status}"
         mfu_old = "-" if c.old_mfu is None else f"{c.old_mfu:.2%}"
         mfu_new = "-" if c.new_mfu is None else f"{c.new_mfu:.2%}"
-        verdict = f"[red]REGRESSION[/] {c.reason}" if c.regressed else "ok"
-        t.add_row(c.run_id, status, fmt(c.old_samples_per_s, ".4g"), fmt(c.new_samples_per_s, ".4g"),
-                  pct(c.samples_change_pct), mfu_old, mfu_new, pct(c.mfu_change_pct), verdict)
+        verdict = ("REGRESSION" if c.regressed else "weak" if c.weak else "not significant" if c.reason else "ok")
+        t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status),
+                  f"{fmt(c.old_samples_per_s, '.4g')} -> {fmt(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
+                  f"{mfu_old} -> {mfu_new} ({pct(c.mfu_change_pct)})", f"{c.old_steps}/{c.new_steps}",
+                  "-" if c.p_value is None else f"{c.p_value:.2g}",
+                  Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
+        if c.reason:  # one line each, so the reason is never squeezed into a column
+            explained.append(Text(f"{c.run_id}: ") + Text(f"{verdict} ", style="red" if c.regressed else "yellow")
+                             + Text(c.reason))
     console.print(t)
+    for line in explained:
+        console.print(line, soft_wrap=True)
     for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)):
         if ids:
             console.print(f"{label} ({len(ids)}): {', '.join(ids)}", highlight=False)
+    if result.weak:
+        console.print(f"[yellow]{len(result.weak)} weak comparison(s): fewer than {MIN_STEPS} stored steps a side, "
+                      "not decided[/]")
     if result.regressions:
-        console.print(f"[red]{len(result.regressions)} of {len(result.changes)} paired run(s) regressed "
-                      f"by more than {threshold:g}%[/]")
+        console.print(f"[red]{len(result.regressions)} of {len(result.changes)} configuration(s) regressed "
+                      f"(more than {threshold:g}% and p < {alpha:g}, or now failing)[/]")
         raise typer.Exit(1)
-    console.print(f"{len(result.changes)} paired run(s), none lost more than {threshold:g}%")
+    console.print(f"{len(result.changes)} paired configuration(s), no significant loss of more than {threshold:g}%")
 
 
 @data_app.command("synth")

@@ -49,6 +49,7 @@ class RunConfig:
     time_limit_s: float | None = None  # the run stops itself after this long, with status timeout
     te: str = "auto"  # megatron: TransformerEngine kernels when they import (auto), required (on), never (off)
     sequence_parallel: bool = False  # megatron, GPU only: split the latent stream along T between TP regions
+    repeat: int = 0  # which independent launch of the same settings this is (`repeats: N` -> 0..N-1)
 
     def __post_init__(self):
         self.validate()
@@ -74,8 +75,9 @@ class RunConfig:
         for key in ("nodes", "gpus_per_node", "steps", "micro_batch", "audio_frames", "text_tokens", "speaker_frames"):
             if getattr(self, key) < 1:
                 bad(key, getattr(self, key), "an integer >= 1")
-        if self.warmup_steps < 0:
-            bad("warmup_steps", self.warmup_steps, "an integer >= 0")
+        for key in ("warmup_steps", "repeat"):
+            if getattr(self, key) < 0:
+                bad(key, getattr(self, key), "an integer >= 0")
         encoder = self.model_config().text_encoder
         if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
             raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
@@ -119,9 +121,15 @@ class RunConfig:
 NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "encoder_checkpoint", "tokenizer"}
 
 
-def run_id(cfg: RunConfig) -> str:
-    """Stable, readable id from the settings: same settings, same id, across sessions."""
-    identity = {k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS}
+def config_id(cfg: RunConfig) -> str:
+    """Stable, readable id of the settings, the repeat index aside: what repeats of a run share."""
+    identity = {k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS and k != "repeat"}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
     par = cfg.parallelism
     return f"{cfg.scale}-{cfg.framework}-{par}-n{cfg.nodes}x{cfg.gpus_per_node}-mb{cfg.micro_batch}-{digest}"
+
+
+def run_id(cfg: RunConfig) -> str:
+    """Stable id of one run: same settings, same id, across sessions. Repeat 0 keeps the id the
+    run had before repeats existed (a sweep does not redo it); repeat k > 0 adds `-rK`."""
+    return config_id(cfg) if cfg.repeat == 0 else f"{config_id(cfg)}-r{cfg.repeat}"

@@ -16,24 +16,29 @@ from pathlib import Path
 
 import torch
 
-from echobench.results import write_json_atomic
+from echobench.results import peak_precision_of, write_json_atomic
 
-# Dense bf16 tensor-core peaks in TFLOP/s (no sparsity). Checked in order: the first
-# pattern found in the device name wins, so more specific names come first.
-PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
-    ("GH200", 990.0),  # the figure the published GH200 tables use
-    ("GB200", 2500.0),
-    ("B200", 2250.0),
-    ("H200", 989.5),
-    ("H100 NVL", 835.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.5),  # SXM
-    ("H800", 989.5),
-    ("A100", 312.0),
-    ("A800", 312.0),
-    ("L40S", 362.0),
-    ("MI300X", 1307.4),
+# Dense (no sparsity) tensor-core peaks per device in TFLOP/s: (name pattern, bf16, fp8 or None).
+# NVIDIA's datasheets print the 2:4-sparsity figure with a footnote; dense is half of it.
+# Checked in order: the first pattern found in the device name wins, so more specific names
+# come first ("H200 NVL" before "H200", "GH200" before "H200").
+PEAK_TFLOPS: list[tuple[str, float, float | None]] = [
+    ("GH200", 990.0, 1979.0),  # GH200 datasheet: bf16 1,979 / fp8 3,958 sparse; 990 is what the published GH200 tables use
+    ("GB200", 2500.0, 5000.0),  # GB200 NVL72 datasheet: bf16 360 / fp8 720 PFLOP/s sparse for 72 GPUs
+    ("B200", 2250.0, 4500.0),  # HGX B200 datasheet: bf16 36 / fp8 72 PFLOP/s sparse for 8 GPUs
+    ("H200 NVL", 835.5, 1670.5),  # H200 NVL datasheet: bf16 1,671 / fp8 3,341 sparse
+    ("H200", 989.5, 1979.0),  # H200 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
+    ("H100 NVL", 835.5, 1670.5),  # H100 NVL datasheet: bf16 1,671 / fp8 3,341 sparse
+    ("H100 PCIe", 756.5, 1513.0),  # H100 PCIe datasheet: bf16 1,513 / fp8 3,026 sparse
+    ("H100", 989.5, 1979.0),  # H100 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
+    ("H800 PCIe", 756.5, 1513.0),  # H800 PCIe datasheet: bf16 1,513 / fp8 3,026 sparse
+    ("H800", 989.5, 1979.0),  # H800 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
+    ("A100", 312.0, None),  # A100 datasheet: bf16 312 dense (624 sparse); no fp8 tensor cores
+    ("A800", 312.0, None),  # A800 datasheet: as A100
+    ("L40S", 362.05, 733.0),  # L40S datasheet: bf16 362.05 / fp8 733 dense (733 / 1,466 sparse)
+    ("MI300X", 1307.4, 2614.9),  # AMD Instinct MI300X datasheet: bf16 1,307.4 / fp8 2,614.9 dense
 ]
+PEAK_PRECISIONS = ("bf16", "fp8")
 
 
 class UnknownPeakError(RuntimeError):
@@ -59,10 +64,13 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def table_peak(name: str) -> tuple[float, str] | None:
-    for pattern, peak in PEAK_BF16_TFLOPS:
+def table_peak(name: str, precision: str = "bf16") -> tuple[float, str] | None:
+    """(dense peak TFLOP/s, "datasheet:PATTERN") of the first row whose pattern is in the name;
+    None when no row matches or the device has no peak for that precision."""
+    for pattern, *peaks in PEAK_TFLOPS:
         if pattern.lower() in name.lower():
-            return peak, f"datasheet:{pattern}"
+            peak = peaks[PEAK_PRECISIONS.index(precision)]
+            return None if peak is None else (peak, f"datasheet:{pattern}")
     return None
 
 
@@ -137,23 +145,27 @@ def load_calibration(name: str, dtype: torch.dtype) -> dict | None:
         return None
 
 
-def resolve_peak(name: str, dtype: torch.dtype, flag: float | None = None) -> dict:
+def resolve_peak(name: str, dtype: torch.dtype, flag: float | None = None, precision: str | None = None) -> dict:
     """The MFU denominator per GPU: the flag, else the datasheet table, else a calibration.
 
-    Returns peak_tflops, peak_source and, when a calibration exists, ceiling_tflops.
+    Returns peak_tflops, peak_source, peak_precision (the precision the peak is for: a flag or
+    the table gives the dense bf16 peak; a calibration is for its GEMM dtype), ceiling_tflops
+    when a calibration exists, and for an fp8 run peak_fp8_tflops (the table's dense fp8 peak).
     An unknown device with neither is an error, never a silent default.
     """
     cal = load_calibration(name, dtype)
     ceiling = cal["tflops"] if cal else None
+    fp8 = table_peak(name, "fp8") if precision == "fp8" else None
+    extra = {"ceiling_tflops": ceiling, "peak_fp8_tflops": fp8[0] if fp8 else None}
     if flag is not None:
         if flag <= 0:
             raise ValueError(f"--peak-tflops must be positive, got {flag}")
-        return {"peak_tflops": flag, "peak_source": "flag", "ceiling_tflops": ceiling}
+        return {"peak_tflops": flag, "peak_source": "flag", "peak_precision": "bf16", **extra}
     if (hit := table_peak(name)) is not None:
-        return {"peak_tflops": hit[0], "peak_source": hit[1], "ceiling_tflops": ceiling}
+        return {"peak_tflops": hit[0], "peak_source": hit[1], "peak_precision": "bf16", **extra}
     if cal is not None:
-        return {"peak_tflops": ceiling, "peak_source": f"calibrated:{cal['dtype']} GEMM {cal['time']}",
-                "ceiling_tflops": ceiling}
+        source = f"calibrated:{cal['dtype']} GEMM {cal['time']}"
+        return {"peak_tflops": ceiling, "peak_source": source, "peak_precision": peak_precision_of(source), **extra}
     raise UnknownPeakError(
         f"no peak FLOP/s known for device {name!r}: pass --peak-tflops X (or hardware.peak_tflops in the matrix), "
         f"or run `echobench calibrate` on this machine first"
@@ -193,6 +205,7 @@ def env_info(device: torch.device) -> dict:
         "device_name": device_name(device),
         "device_type": device.type,
         "hostname": socket.gethostname(),
+        "pid": os.getpid(),  # tells apart the launches of repeats
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from echobench.config import RunConfig
@@ -58,9 +59,10 @@ def child_env(nproc: int) -> dict:
     return env
 
 
-def launch(cfg: RunConfig, out_dir: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
+def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
            master_addr: str | None = None, master_port: int = 29500) -> dict | None:
-    """Runs torchrun for this node; the workers read the resolved settings from a YAML file."""
+    """Runs torchrun for this node (one `echobench run` process when nproc is None); the workers
+    read the resolved settings from a YAML file."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,13 +71,29 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int, nnodes: int = 1, node_rank
     config_path = out_dir / f"run-node{node_rank}.yaml"
     config_path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     run_args = ["--config", str(config_path), "--out", str(out_dir)]
-    cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port)
-    env = child_env(nproc)
+    if nproc is None:
+        cmd = [sys.executable, "-m", "echobench", "run", *run_args]
+    else:
+        cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port)
+    env = child_env(nproc or 1)
     started = time.time()
     code = subprocess.call(cmd, env=env)
     if node_rank != 0:
         return None
     return finalize(cfg, out_dir, code, started)
+
+
+def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
+                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> list[dict]:
+    """`run --repeats N`: N independent launches (fresh processes each) into OUT/repeat-K, the
+    repeat index counted from cfg.repeat; returns their records (none on nodes other than 0)."""
+    records = []
+    for k in range(repeats):
+        record = launch(replace(cfg, repeat=cfg.repeat + k), out_dir / f"repeat-{k}", nproc, nnodes, node_rank,
+                        master_addr, master_port)
+        if record is not None:
+            records.append(record)
+    return records
 
 
 def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> dict:

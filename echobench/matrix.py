@@ -3,7 +3,8 @@
 A matrix (DESIGN.md "Matrix file") has `defaults`, `axes` (any RunConfig key; the runs are their
 cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
 matches any of its items) and `include` (extra single runs; an entry may carry its own
-`time_limit`). The file is checked with pydantic:
+`time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,
+the same settings otherwise). The file is checked with pydantic:
 an unknown key, a wrong type or a bad value is an error naming the file, the key and what is
 allowed. A combination that cannot run (a layout the framework lacks, TP wider than a node, ...)
 is listed as skipped with its reason, never an error.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import itertools
 import re
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,6 +178,7 @@ class MatrixFile(Strict):
     axes: dict[str, list[Any]] = {}
     exclude: list[dict[str, Any]] = []
     include: list[dict[str, Any]] = []
+    repeats: int = Field(1, ge=1, le=100)  # independent launches of every run (repeat = 0 .. N-1)
 
     @field_validator("name")
     @classmethod
@@ -429,12 +431,13 @@ def expand(matrix: Matrix, executor: str | None = None) -> Plan:
         if problem := layout_problem(cfg):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
-        rid = run_id(cfg)
-        if rid in seen:
+        if run_id(cfg) in seen:
             plan.duplicates += 1
             continue
-        seen.add(rid)
-        plan.runs.append(PlannedRun(rid, cfg, settings, limit))
+        for k in range(spec.repeats):
+            repeat = cfg if k == 0 else replace(cfg, repeat=cfg.repeat + k)
+            seen.add(run_id(repeat))
+            plan.runs.append(PlannedRun(run_id(repeat), repeat, settings, limit))
     from echobench.memory import device_memory_gib, estimate_memory
 
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)

@@ -4,20 +4,137 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+# 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
+#    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
+SCHEMA_VERSION = 2
 STATUSES = ("ok", "oom", "error", "timeout", "cancelled", "node_fail")
 
 REQUIRED_FIELDS = (
-    "schema_version", "run_id", "status", "error",
+    "schema_version", "run_id", "repeat", "status", "error",
     "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node", "world_size",
     "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames",
     "precision", "compile", "ac", "steps", "warmup_steps",
     "step_time_s", "step_time_p10_s", "step_time_p90_s", "samples_per_s", "audio_seconds_per_s",
     "model_flops_per_sample", "flops_breakdown", "tflops_per_gpu", "mfu", "hfu",
-    "peak_tflops", "peak_source", "peak_mem_gib", "data_wait_frac", "per_rank", "env",
+    "peak_tflops", "peak_source", "peak_precision", "peak_mem_gib", "data_wait_frac", "per_rank", "env",
 )
+
+
+def window_figures(*, measured_time_s: float, samples: int, model_flops: int, hardware_flops: int,
+                   audio_seconds: float, world_size: int, peak_tflops: float, ceiling_tflops: float | None = None,
+                   peak_fp8_tflops: float | None = None) -> dict:
+    """Throughput and MFU over the whole measured window: the one place of this convention.
+
+    measured_time_s is the sum of the measured steps, each at its slowest rank; samples and
+    FLOPs are those of the measured steps (data-parallel replicas, real lengths).
+    """
+    tflops_per_gpu = model_flops / measured_time_s / world_size / 1e12
+    return {
+        "samples_per_s": samples / measured_time_s,
+        "audio_seconds_per_s": audio_seconds / measured_time_s,
+        "model_flops_per_sample": model_flops / samples,
+        "hardware_flops_per_sample": hardware_flops / samples,
+        "tflops_per_gpu": tflops_per_gpu,
+        "mfu": model_flops / (measured_time_s * world_size * peak_tflops * 1e12),
+        "hfu": hardware_flops / (measured_time_s * world_size * peak_tflops * 1e12),
+        "mfu_vs_ceiling": tflops_per_gpu / ceiling_tflops if ceiling_tflops else None,
+        "mfu_fp8_peak": tflops_per_gpu / peak_fp8_tflops if peak_fp8_tflops else None,
+    }
+
+
+def step_figures(step_times_s: list[float]) -> dict:
+    """Median, p10 / p90 and mean of the measured steps, and how far the mean sits above the median."""
+    n = len(step_times_s)
+    median = statistics.median(step_times_s)
+    mean = sum(step_times_s) / n
+    return {
+        "step_time_s": median,
+        "step_time_p10_s": percentile(step_times_s, 0.1),
+        "step_time_p90_s": percentile(step_times_s, 0.9),
+        "step_time_mean_s": mean,
+        "step_time_mean_vs_median": mean / median - 1,
+        "measured_steps": n,
+        "measured_time_s": sum(step_times_s),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def peak_precision_of(source: str | None) -> str | None:
+    """The precision a peak is for, from its peak_source: a flag or the datasheet table give the
+    dense bf16 peak; a calibration is for its GEMM's dtype."""
+    if not source:
+        return None
+    if source == "flag" or source.startswith("datasheet:"):
+        return "bf16"
+    if source.startswith("calibrated:"):
+        dtype = source.removeprefix("calibrated:").split()[0]
+        return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    return None
+
+
+# ---- older records ----
+
+def _from_v1(record: dict) -> None:
+    """Version 1 took samples/s and MFU from the median step. Its records keep the slowest rank's
+    time of every measured step, so the window figures are recomputed from them; the counts v1
+    did not keep are derived (samples = samples/s x median step x steps) or left None."""
+    record.setdefault("repeat", 0)
+    record.setdefault("peak_precision", peak_precision_of(record.get("peak_source")))
+    for key in ("num_alloc_retries", "num_ooms", "mfu_fp8_peak", "peak_fp8_tflops", "measured_steps",
+                "measured_time_s", "measured_samples", "measured_model_flops", "measured_hardware_flops",
+                "step_time_mean_s", "step_time_mean_vs_median"):
+        record.setdefault(key, None)
+    times = record.get("step_times_s")
+    needed = ("samples_per_s", "step_time_s", "model_flops_per_sample", "audio_seconds_per_s", "peak_tflops",
+              "world_size")
+    if record.get("status") != "ok" or not times or any(record.get(k) is None for k in needed):
+        return
+    n, median = len(times), record["step_time_s"]
+    samples = round(record["samples_per_s"] * median * n)
+    hw_per_sample = record.get("hardware_flops_per_sample") or record["model_flops_per_sample"]
+    if record.get("precision") == "fp8" and (record.get("env") or {}).get("device_name"):
+        from echobench.hardware import table_peak  # imports torch: only for fp8 records
+
+        fp8 = table_peak(record["env"]["device_name"], "fp8")
+        record["peak_fp8_tflops"] = fp8[0] if fp8 else None
+    record.update(step_figures(times))
+    record.update(measured_samples=samples, measured_model_flops=round(record["model_flops_per_sample"] * samples),
+                  measured_hardware_flops=round(hw_per_sample * samples))
+    record.update(window_figures(
+        measured_time_s=record["measured_time_s"], samples=samples, model_flops=record["measured_model_flops"],
+        hardware_flops=record["measured_hardware_flops"],
+        audio_seconds=record["audio_seconds_per_s"] * median * n, world_size=record["world_size"],
+        peak_tflops=record["peak_tflops"], ceiling_tflops=record.get("ceiling_tflops"),
+        peak_fp8_tflops=record["peak_fp8_tflops"]))
+
+
+MIGRATIONS = {1: _from_v1}  # version -> the function that brings a record to the next version
+
+
+def migrate(record: dict, where: str = "record") -> dict:
+    """Brings a record of an older schema version up to SCHEMA_VERSION, in place."""
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(f"{where}: schema_version {version!r} is not one this echobench reads (1 to "
+                         f"{SCHEMA_VERSION}): a newer echobench wrote it, or it is not a result record")
+    while version < SCHEMA_VERSION:
+        MIGRATIONS[version](record)
+        record["migrated_from"] = record.get("migrated_from", version)
+        version += 1
+        record["schema_version"] = version
+    return record
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -49,7 +166,7 @@ def read_record(path: Path) -> dict:
         raise ValueError(f"{path}: unreadable result record ({exc})") from exc
     if not isinstance(record, dict) or "status" not in record or "run_id" not in record:
         raise ValueError(f"{path}: not a result record (no run_id / status)")
-    return record
+    return migrate(record, str(path))
 
 
 # ---- collection: reports and status read only stored records ----
@@ -86,12 +203,52 @@ def load_records(paths) -> tuple[list[dict], list[str]]:
     return list(newest.values()), problems
 
 
+# ---- what a reader must know beside the MFU ----
+
+def peak_notes(record: dict) -> list[str]:
+    """Warnings that belong next to a record's MFU: a calibrated denominator, a peak for another
+    precision than the run's, an fp8 run (whose MFU against the fp8 peak is a figure of its own).
+    The same for every repeat of a configuration: no per-run numbers."""
+    notes = []
+    source, pp, precision = record.get("peak_source") or "", record.get("peak_precision"), record.get("precision")
+    if source.startswith("calibrated"):
+        notes.append(f"MFU is against a calibrated GEMM rate ({source.removeprefix('calibrated:')}), not a datasheet "
+                     "peak: it reads higher than datasheet-based MFU")
+    if precision == "fp8":
+        notes.append(f"fp8 run: MFU is against the {pp or 'given'} peak, "
+                     + ("and against the dense fp8 peak in a figure of its own" if record.get("mfu_fp8_peak") is not None
+                        else "and no fp8 peak is known for this device"))
+    elif precision and pp and precision != pp:
+        notes.append(f"{precision} run measured against the {pp} peak")
+    return notes
+
+
+# ---- repeats: records of one configuration ----
+
+def configuration_key(record: dict) -> str:
+    """What the repeats of one configuration share: records with equal keys are launches of the
+    same settings, and reports give the median over them. The run id without its repeat suffix
+    (echobench.config.config_id); a record from before repeats existed is its own configuration."""
+    run_id, repeat = str(record["run_id"]), record.get("repeat") or 0
+    return run_id.removesuffix(f"-r{repeat}") if repeat else run_id
+
+
+def over_repeats(values) -> dict | None:
+    """Median, min, max and count of one figure over repeats (missing values left out)."""
+    values = [float(v) for v in values if v is not None and v == v]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
 TABLE_COLUMNS = [
-    "run_id", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
+    "run_id", "repeat", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
     "world_size", "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames", "precision",
     "compile", "ac", "encoder_model", "frozen_encoder", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+    "step_time_mean_s", "step_time_mean_vs_median", "measured_time_s",
     "samples_per_s", "audio_seconds_per_s", "model_flops_per_sample", "tflops_per_gpu", "mfu", "hfu",
-    "mfu_vs_ceiling", "peak_tflops", "peak_source", "ceiling_tflops", "peak_mem_gib", "data_wait_frac",
+    "mfu_vs_ceiling", "mfu_fp8_peak", "peak_tflops", "peak_source", "peak_precision", "peak_fp8_tflops",
+    "ceiling_tflops", "peak_mem_gib", "num_alloc_retries", "num_ooms", "data_wait_frac",
 ]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from echobench import backends
-from echobench.config import RunConfig, run_id
+from echobench.config import RunConfig, config_id, run_id
 from echobench.executors.slurm import LAUNCH_BODY, render_script
 from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
 from echobench.memory import device_memory_gib, estimate_memory
@@ -121,6 +121,21 @@ def test_run_ids_are_stable_and_follow_the_settings():
     cfg = plan(text).runs[0].cfg
     assert ids[0] == run_id(cfg) == run_id(RunConfig.from_dict({**cfg.to_dict(), "device": "cpu"}))
     assert run_id(RunConfig.from_dict({**cfg.to_dict(), "seed": 1})) != ids[0]
+
+
+def test_repeats_run_every_run_n_times_with_distinct_ids():
+    text = "name: t\ndefaults: {scale: tiny}\naxes: {micro_batch: [1, 2]}\n"
+    once = plan(text)
+    p = plan(text + "repeats: 3\n")
+    assert len(p.runs) == 6 and p.duplicates == 0 and len({r.id for r in p.runs}) == 6
+    for mb in (1, 2):
+        runs = [r for r in p.runs if r.cfg.micro_batch == mb]
+        assert sorted(r.cfg.repeat for r in runs) == [0, 1, 2]
+        # the same settings otherwise: one configuration id, and repeat 0 keeps the id it had without repeats
+        assert len({config_id(r.cfg) for r in runs}) == 1
+        assert {r.id for r in runs} == {config_id(runs[0].cfg)} | {f"{config_id(runs[0].cfg)}-r{k}" for k in (1, 2)}
+    assert {r.id for r in once.runs} <= {r.id for r in p.runs}
+    assert "m.yaml: repeats: Input should be greater than or equal to 1" in error("name: t\nrepeats: 0\n")
 
 
 # ---- validation errors: the file, the key, what is allowed ----

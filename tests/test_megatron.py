@@ -208,7 +208,8 @@ def test_tp_run_writes_a_record(cli, tmp_path):
     # Same FLOP model as every backend; TP peers process one batch, so it counts once.
     report = flops_report(get_preset("tiny"), 50, 16, 40, "none")
     assert r["model_flops_per_sample"] == report["model_flops_per_sample"]
-    assert r["samples_per_s"] == pytest.approx(2 / r["step_time_s"])
+    assert r["measured_samples"] == 2 * r["measured_steps"]  # global batch 2 a step
+    assert r["samples_per_s"] == r["measured_samples"] / sum(r["step_times_s"])
     assert r["mfu"] == pytest.approx(r["model_flops_per_sample"] * r["samples_per_s"] / 2 / 0.5e12)
     # TP peers computed the same loss every step.
     assert len(r["per_rank"]) == 2 and r["per_rank"][0]["losses"] == r["per_rank"][1]["losses"]

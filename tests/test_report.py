@@ -3,14 +3,17 @@
 import copy
 import json
 import os
+import random
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
 
 from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.tables import ReferenceError, publication_table
-from echobench.results import write_json_atomic
+from echobench.report.compare import compare_records
+from echobench.results import SCHEMA_VERSION, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -28,7 +31,7 @@ def record(run_id, scale="800M", framework="torchtitan", parallelism="fsdp2", no
     world = nodes * gpus_per_node
     ok = status == "ok"
     rec = {
-        "schema_version": 1, "run_id": run_id, "status": status, "error": error, "scale": scale,
+        "schema_version": SCHEMA_VERSION, "run_id": run_id, "status": status, "error": error, "scale": scale,
         "framework": framework, "parallelism": parallelism, "tp": 1, "dp": world, "nodes": nodes,
         "gpus_per_node": gpus_per_node, "world_size": world, "micro_batch": micro_batch,
         "global_batch": micro_batch * world, "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750,
@@ -249,7 +252,7 @@ def test_only_failed_runs_and_corrupt_records(tmp_path, cli):
     assert "No successful runs" in text and "CUDA out of memory" in text and "bad/result.json" in text
     proc = cli("report", tmp_path, "--table", "csv")
     assert proc.stdout.splitlines() == ["scale,framework,parallelism,nodes,world_size,global_batch,step_time_s,"
-                                        "samples_per_s,tflops_per_gpu,mfu,peak_mem_gib"]
+                                        "samples_per_s,tflops_per_gpu,mfu,mfu_min,mfu_max,repeats,peak_mem_gib,notes"]
 
 
 def test_strings_from_records_are_escaped(tmp_path):
@@ -292,14 +295,14 @@ def test_publication_table_rows_and_order(tmp_path, cli):
     assert list(table["world_size"]) == [4, 4, 16, 4, 8] and list(table["global_batch"]) == [32, 32, 128, 32, 64]
     md = cli("report", tmp_path, "--table", "md", check=True).stdout.splitlines()
     assert md[0] == ("| scale | framework | parallelism | nodes | GPUs | global batch | step time (s) | samples/s "
-                     "| TFLOP/s per GPU | MFU (%) | memory (GiB) |")
-    assert md[2] == "| 800M | megatron | tp2 | 1 | 4 | 32 | 1 | 900 | 446 | 45.0 | 40 |"
-    assert md[4] == "| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40 |"
-    assert md[6] == "| 8B | torchtitan | fsdp2 | 2 | 8 | 64 | 3.20 | 80 | 376 | 38.0 | 40 |"
+                     "| TFLOP/s per GPU | MFU (%) | MFU min (%) | MFU max (%) | repeats | memory (GiB) |")
+    assert md[2] == "| 800M | megatron | tp2 | 1 | 4 | 32 | 1 | 900 | 446 | 45.0 | 45.0 | 45.0 | 1 | 40 |"
+    assert md[4] == "| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40.0 | 40.0 | 1 | 40 |"
+    assert md[6] == "| 8B | torchtitan | fsdp2 | 2 | 8 | 64 | 3.20 | 80 | 376 | 38.0 | 38.0 | 38.0 | 1 | 40 |"
     latex = cli("report", tmp_path, "--table", "latex", check=True).stdout
     assert "\\toprule" in latex and "MFU (\\%)" in latex and latex.count("\\\\") == 6
     csv = cli("report", tmp_path, "--table", "csv", check=True).stdout.splitlines()
-    assert csv[2] == "800M,torchtitan,fsdp2,1,4,32,1,40,415.8,0.42,40"
+    assert csv[2] == "800M,torchtitan,fsdp2,1,4,32,1,40,415.8,0.42,0.42,0.42,1,40,"
 
 
 def test_reference_differences(tmp_path, cli):
@@ -321,7 +324,8 @@ def test_reference_differences(tmp_path, cli):
     published_only = table.loc[("8B", "megatron", "tp4", 16)]
     assert published_only["mfu"] != published_only["mfu"] and published_only["ref_mfu"] == 0.35  # NaN measured
     md = cli("report", tmp_path / "runs", "--table", "md", "--reference", ref, check=True).stdout
-    assert "| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40 | 42.0 | -2.0 | 400 | -1.0 | 100 | +20.0 | paper table 2 |" in md
+    assert ("| 800M | torchtitan | fsdp2 | 4 | 16 | 128 | 1 | 120 | 396 | 40.0 | 40.0 | 40.0 | 1 | 40 | 42.0 | -2.0 "
+            "| 400 | -1.0 | 100 | +20.0 | paper table 2 |") in md
     assert md.index("| 800M | megatron") < md.index("| 3B |") < md.index("| 8B | megatron")
 
 
@@ -339,18 +343,32 @@ def test_reference_csv_errors(tmp_path, cli):
 
 # ---- compare ----
 
-def test_compare_gates_on_threshold(tmp_path, cli):
-    for run_id in ("a", "b"):
-        write(tmp_path / "old", record(run_id, mfu=0.40, samples_per_s=100.0))
-    write(tmp_path / "new", record("a", mfu=0.40, samples_per_s=101.0))
-    write(tmp_path / "new", record("b", mfu=0.36, samples_per_s=100.0))  # MFU -10%
+def timed(run_id, step_times, **kw):
+    """A record whose window figures follow from its stored step times (32 samples a step,
+    1e13 FLOPs a sample, 4 GPUs of 990 TFLOP/s)."""
+    samples_per_s = 32 * len(step_times) / sum(step_times)
+    return record(run_id, samples_per_s=samples_per_s, mfu=samples_per_s * 1e13 / (4 * 990e12),
+                  step_times_s=list(step_times), step_time_s=statistics.median(step_times), **kw)
+
+
+def noisy_steps(rng, n=30, scale=1.0, sigma=0.3):
+    return [scale * rng.lognormvariate(0, sigma) for _ in range(n)]
+
+
+def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
+    rng = random.Random(0)
+    base_a, base_b = noisy_steps(rng, sigma=0.1), noisy_steps(rng, sigma=0.1)
+    for run_id, steps in (("a", base_a), ("b", base_b)):
+        write(tmp_path / "old", timed(run_id, steps))
+    write(tmp_path / "new", timed("a", base_a))  # unchanged
+    write(tmp_path / "new", timed("b", [t * 1.25 for t in base_b]))  # every step 25% slower
     write(tmp_path / "new", record("c"))  # only in NEW: listed, not a regression
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "REGRESSION MFU -10.0%" in proc.stdout and "only in NEW (1): c" in proc.stdout
-    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "15")
+    assert "b: REGRESSION samples/s -20.0%, MFU -20.0% (p=" in proc.stdout and "only in NEW (1): c" in proc.stdout
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "25")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "none lost more than 15%" in proc.stdout
+    assert "no significant loss of more than 25%" in proc.stdout
     # a run that succeeded before and fails now is a regression whatever the threshold
     write(tmp_path / "new", record("a", status="oom", error="CUDA out of memory", time="2026-12-01T00:00:00+00:00"))
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "50")
@@ -358,7 +376,100 @@ def test_compare_gates_on_threshold(tmp_path, cli):
     (tmp_path / "other").mkdir()
     write(tmp_path / "other", record("z"))
     proc = cli("compare", tmp_path / "old", tmp_path / "other")
-    assert proc.returncode == 2 and "no run ids in common" in proc.stderr
+    assert proc.returncode == 2 and "no configurations in common" in proc.stderr
+
+
+def test_two_samples_of_one_noisy_distribution_do_not_flag(tmp_path, cli):
+    flagged, over_threshold = [], 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        old, new = timed("a", noisy_steps(rng)), timed("a", noisy_steps(rng))
+        change = compare_records([old], [new], threshold_pct=5).changes[0]
+        over_threshold += -change.samples_change_pct > 5  # a bare percentage gate would fail these
+        flagged += [seed] if change.regressed else []
+    assert flagged == [] and over_threshold >= 4
+    # seed 5: samples/s 10% lower by chance, p = 0.14: reported, not a regression
+    rng = random.Random(5)
+    write(tmp_path / "old", timed("a", noisy_steps(rng)))
+    write(tmp_path / "new", timed("a", noisy_steps(rng)))
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
+    assert proc.returncode == 0, proc.stdout
+    assert "a: not significant samples/s -10.3%, MFU -10.3% but not significant (p=0.14 >= 0.01)" in proc.stdout
+
+
+def test_a_1_5x_slower_copy_flags_and_few_steps_are_a_weak_comparison(tmp_path, cli):
+    for seed in range(20):  # a fresh draw of the same noise, 1.5x slower: flagged every time
+        rng = random.Random(seed)
+        old, slower = noisy_steps(rng), noisy_steps(rng, scale=1.5)
+        change = compare_records([timed("a", old)], [timed("a", slower)], threshold_pct=5).changes[0]
+        assert change.regressed and change.p_value < 0.01 and not change.weak, (seed, change)
+    # 4 steps a side: even a 1.5x slowdown is not decided
+    write(tmp_path / "old", timed("a", old[:4]))
+    write(tmp_path / "new", timed("a", [t * 1.5 for t in old[:4]]))
+    proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
+    assert proc.returncode == 0 and "REGRESSION" not in proc.stdout, proc.stdout
+    assert "a: weak weak comparison: 4 old / 4 new steps stored (need 5 a side to decide)" in proc.stdout
+    assert "1 weak comparison(s)" in proc.stdout
+
+
+def test_compare_pools_the_repeats_of_a_configuration():
+    rng = random.Random(2)
+    old = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, sigma=0.1), repeat=k) for k in range(3)]
+    new = [timed("a" if k == 0 else f"a-r{k}", noisy_steps(rng, n=3, scale=1.5, sigma=0.1), repeat=k)
+           for k in range(3)]
+    comparison = compare_records(old, new, threshold_pct=5)
+    (change,) = comparison.changes  # 3 steps a run would be weak; pooled over 3 repeats: 9 a side
+    assert (change.old_repeats, change.new_steps) == (3, 9) and change.regressed
+    assert change.old_mfu == statistics.median(r["mfu"] for r in old)
+
+
+# ---- repeats, peaks and allocator flags in the table and the dashboard ----
+
+def repeat_records():
+    runs = [record("a" if k == 0 else f"a-r{k}", repeat=k, mfu=m, samples_per_s=s)
+            for k, (m, s) in enumerate([(0.30, 90.0), (0.42, 120.0), (0.40, 100.0)])]
+    return runs + [
+        record("fp8", scale="3B", precision="fp8", mfu=0.30, mfu_fp8_peak=0.15, peak_precision="bf16",
+               peak_fp8_tflops=1979.0),
+        record("cal", scale="8B", mfu=0.50, peak_precision="bf16", peak_source="calibrated:bfloat16 GEMM 2026-11-30"),
+        record("thrash", scale="8B", nodes=2, mfu=0.35, num_alloc_retries=12, num_ooms=0),
+    ]
+
+
+def test_repeats_report_the_median_with_min_max_and_count(tmp_path, cli):
+    for rec in repeat_records():
+        write(tmp_path, rec)
+    table = publication_table(load_report_input([tmp_path]).frame).set_index("scale")
+    row = table.loc["800M"]
+    assert (row["mfu"], row["mfu_min"], row["mfu_max"], row["repeats"]) == (0.40, 0.30, 0.42, 3)
+    assert row["samples_per_s"] == 100.0 and table.loc["3B", "repeats"] == 1
+    md = cli("report", tmp_path, "--table", "md", check=True).stdout
+    assert "| MFU (%) | MFU min (%) | MFU max (%) | MFU vs fp8 peak (%) | repeats |" in md
+    assert "| 800M | torchtitan | fsdp2 | 1 | 4 | 32 | 1 | 100 | 396 | 40.0 | 30.0 | 42.0 | - | 3 | 40 |" in md
+
+
+def test_calibrated_peaks_and_fp8_runs_carry_visible_notes(tmp_path, cli):
+    from echobench.report import render_dashboard
+
+    for rec in repeat_records():
+        write(tmp_path, rec)
+    md = cli("report", tmp_path, "--table", "md", check=True).stdout
+    assert "| 3B | torchtitan | fsdp2 | 1 | 4 | 32 | 1 | 100 | 297 | 30.0 | 30.0 | 30.0 | 15.0 | 1 | 40 | [1] |" in md
+    assert "_[1] fp8 run: MFU is against the bf16 peak, and against the dense fp8 peak in a figure of its own._" in md
+    assert ("_[2] MFU is against a calibrated GEMM rate (bfloat16 GEMM 2026-11-30), not a datasheet peak: it reads "
+            "higher than datasheet-based MFU._") in md
+    latex = cli("report", tmp_path, "--table", "latex", check=True).stdout
+    assert "\\noindent\\textit{[2] MFU is against a calibrated GEMM rate" in latex
+    csv = cli("report", tmp_path, "--table", "csv", check=True).stdout
+    assert csv.splitlines()[0].endswith(",repeats,peak_mem_gib,notes") and "calibrated GEMM rate" in csv
+    page = render_dashboard(load_report_input([tmp_path]))
+    notes = page[page.index('id="notes"'):page.index("</div>", page.index('id="notes"'))]
+    assert "1 of 6 successful run(s) report MFU against a calibrated GEMM rate" in notes
+    assert "1 fp8 run(s), marked fp8" in notes
+    assert "1 run(s) had CUDA allocator retries" in notes and "thrash" in notes
+    runs = page[page.index('<table id="runs">'):]
+    assert runs.count('data-fp8="1"') == 1 and runs.count('data-retries="1"') == 1
+    assert runs.count('class="flag calibrated"') == 1 and 'class="flag fp8"' in runs
 
 
 def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from echobench.results import REQUIRED_FIELDS
+from echobench.results import REQUIRED_FIELDS, configuration_key
 
 TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
         "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
@@ -25,13 +25,25 @@ def test_tiny_run_writes_a_complete_record(cli, tmp_path):
     assert r["world_size"] == 1 and r["tp"] == 1 and r["dp"] == 1 and r["global_batch"] == 2
     assert r["precision"] == "fp32"  # auto on CPU
     assert len(r["step_times_s"]) == 3 and r["step_time_p10_s"] <= r["step_time_s"] <= r["step_time_p90_s"]
-    # The figures hang together: throughput from step time, MFU from the FLOP model.
-    assert r["samples_per_s"] == pytest.approx(2 / r["step_time_s"])
-    assert r["tflops_per_gpu"] == pytest.approx(r["model_flops_per_sample"] * r["samples_per_s"] / 1e12)
-    assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 0.5) and r["mfu"] > 0
-    assert r["model_flops_per_sample"] == r["flops_breakdown"]["model_flops_per_sample"]  # synthetic: full lengths
-    assert set(r["flops_breakdown"]["breakdown"]["parts"]) >= {"dit_attention", "text_encoder"}
+    # Throughput and MFU over the whole measured window, recomputed from the stored step times
+    # (each at its slowest rank) and the counted FLOPs, to the last digit.
+    total = sum(r["step_times_s"])
+    assert r["measured_time_s"] == total and r["measured_steps"] == 3 and r["measured_samples"] == 3 * 2
+    assert r["measured_model_flops"] == 6 * r["flops_breakdown"]["model_flops_per_sample"]  # synthetic: full lengths
+    assert r["samples_per_s"] == r["measured_samples"] / total
+    assert r["mfu"] == r["measured_model_flops"] / (total * r["world_size"] * r["peak_tflops"] * 1e12) and r["mfu"] > 0
+    assert r["hfu"] == r["measured_hardware_flops"] / (total * r["world_size"] * r["peak_tflops"] * 1e12)
+    assert r["tflops_per_gpu"] == r["measured_model_flops"] / total / r["world_size"] / 1e12
+    assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 0.5)
     assert r["audio_seconds_per_s"] == pytest.approx(r["samples_per_s"] * 50 / 25)
+    # the median step stays beside it, with the mean and the gap between them
+    assert r["step_time_mean_s"] == pytest.approx(total / 3)
+    assert r["step_time_mean_vs_median"] == pytest.approx(r["step_time_mean_s"] / r["step_time_s"] - 1)
+    assert set(r["flops_breakdown"]["breakdown"]["parts"]) >= {"dit_attention", "text_encoder"}
+    # the peak's precision is recorded; no CUDA allocator on CPU
+    assert r["peak_precision"] == "bf16" and r["mfu_fp8_peak"] is None
+    assert r["num_alloc_retries"] is None and r["num_ooms"] is None
+    assert r["repeat"] == 0
     assert 0 <= r["data_wait_frac"] < 1 and r["peak_mem_gib"] > 0
     assert len(r["per_rank"]) == 1 and len(r["losses"]) == 4
     assert r["env"]["torch"] and r["env"]["device_name"].startswith("CPU")
@@ -54,6 +66,7 @@ def test_calibrate_then_run_reports_mfu_against_the_ceiling(cli, tmp_path):
     assert cli("run", *TINY, "--out", out).returncode == 0
     r = record(out)
     assert r["peak_source"].startswith("calibrated") and r["peak_tflops"] == cal["tflops"]
+    assert r["peak_precision"] == "fp32"  # the calibration's GEMM dtype
     assert r["mfu_vs_ceiling"] == pytest.approx(r["mfu"])
     # A datasheet-style peak given by flag: MFU against it, and against the ceiling beside it.
     out2 = tmp_path / "run2"
@@ -123,3 +136,19 @@ def test_time_limit_stops_a_run_with_status_timeout(cli, tmp_path):
     assert proc.returncode == 1
     r = record(out)
     assert r["status"] == "timeout" and "time limit of 8 s" in r["error"]
+
+
+def test_run_repeats_are_independent_launches_of_the_same_settings(cli, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--steps", "2", "--peak-tflops", "1", "--repeats", "2", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = (record(out / f"repeat-{k}") for k in range(2))
+    assert (first["repeat"], second["repeat"]) == (0, 1) and first["run_id"] != second["run_id"]
+    assert second["run_id"] == first["run_id"] + "-r1"
+    assert configuration_key(first) == configuration_key(second) == first["run_id"]
+    assert first["env"]["pid"] != second["env"]["pid"]  # each in a process of its own
+    same = {k: v for k, v in first["config"].items() if k != "repeat"}
+    assert same == {k: v for k, v in second["config"].items() if k != "repeat"}
+    assert "median over 2 ok repeat(s)" in proc.stdout
+    proc = cli("run", *TINY, "--repeats", "0", "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "--repeats 0: must be >= 1" in proc.stderr

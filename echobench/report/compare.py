@@ -1,25 +1,43 @@
-"""`echobench compare OLD NEW`: pair runs by id, report throughput and MFU changes, gate regressions.
+"""`echobench compare OLD NEW`: pair configurations, report throughput and MFU changes, gate regressions.
 
-A paired run regresses when its samples/s or its MFU fell by more than the threshold (percent of
-the old value), or when it succeeded in OLD and failed in NEW. Runs in only one side are listed,
-never a regression: a matrix may grow or shrink between two sweeps.
+Runs pair by configuration (`echobench.results.configuration_key`: the repeats of one set of
+settings); each side's figure is the median over its successful repeats. A paired configuration
+regresses when its samples/s or MFU fell by more than the threshold (percent of the old value)
+AND its stored per-step times say the slowdown is real: a one-sided Mann-Whitney U test (new
+steps slower than old, all repeats' steps pooled) with p below alpha, as asv's compare does
+before it trusts a difference. Fewer than MIN_STEPS steps on a side is a weak comparison:
+reported, never decided. A configuration that succeeded in OLD and has a failure in NEW
+regresses whatever the numbers. Configurations in only one side are listed, never a regression:
+a matrix may grow or shrink between two sweeps.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
+
+from echobench.results import configuration_key, over_repeats
+
+MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
+DEFAULT_ALPHA = 0.01
 
 
 @dataclass
 class Change:
-    run_id: str
+    run_id: str  # the configuration (the run id of its first repeat)
     old_status: str
     new_status: str
     old_samples_per_s: float | None = None
     new_samples_per_s: float | None = None
     old_mfu: float | None = None
     new_mfu: float | None = None
+    old_repeats: int = 0
+    new_repeats: int = 0
+    old_steps: int = 0
+    new_steps: int = 0
+    p_value: float | None = None  # one-sided Mann-Whitney U: new steps slower than old
     regressed: bool = False
+    weak: bool = False  # too few steps a side to decide
     reason: str = ""
 
     @property
@@ -34,6 +52,7 @@ class Change:
 @dataclass
 class Comparison:
     threshold_pct: float
+    alpha: float = DEFAULT_ALPHA
     changes: list[Change] = field(default_factory=list)
     only_old: list[str] = field(default_factory=list)
     only_new: list[str] = field(default_factory=list)
@@ -41,6 +60,10 @@ class Comparison:
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regressed]
+
+    @property
+    def weak(self) -> list[Change]:
+        return [c for c in self.changes if c.weak]
 
 
 def _change(old: float | None, new: float | None) -> float | None:
@@ -53,24 +76,68 @@ def _ok(record: dict) -> bool:
     return record.get("status") == "ok" and record.get("mfu") is not None
 
 
-def compare_records(old: list[dict], new: list[dict], threshold_pct: float) -> Comparison:
-    old_by_id = {r["run_id"]: r for r in old}
-    new_by_id = {r["run_id"]: r for r in new}
-    result = Comparison(threshold_pct,
-                        only_old=sorted(set(old_by_id) - set(new_by_id)),
-                        only_new=sorted(set(new_by_id) - set(old_by_id)))
-    for run_id in sorted(set(old_by_id) & set(new_by_id)):
-        a, b = old_by_id[run_id], new_by_id[run_id]
-        change = Change(run_id, a.get("status"), b.get("status"),
-                        a.get("samples_per_s"), b.get("samples_per_s"), a.get("mfu"), b.get("mfu"))
-        if _ok(a) and not _ok(b):
-            change.regressed, change.reason = True, f"now {b.get('status')}: {b.get('error') or ''}".strip()
-        elif _ok(a) and _ok(b):
-            losses = [(name, -pct) for name, pct in (("samples/s", change.samples_change_pct),
-                                                     ("MFU", change.mfu_change_pct))
-                      if pct is not None and -pct > threshold_pct]
-            if losses:
-                change.regressed = True
-                change.reason = ", ".join(f"{name} -{loss:.1f}%" for name, loss in losses)
-        result.changes.append(change)
+def _status(records: list[dict]) -> str:
+    statuses = sorted({r.get("status") or "?" for r in records})
+    return statuses[0] if len(statuses) == 1 else "/".join(statuses)
+
+
+def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
+    """p-value of 'new steps are no slower than old' (one-sided Mann-Whitney U)."""
+    from scipy.stats import mannwhitneyu  # only `compare` needs scipy
+
+    return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
+
+
+def compare_configuration(key: str, old: list[dict], new: list[dict], threshold_pct: float, alpha: float) -> Change:
+    old_ok, new_ok = [r for r in old if _ok(r)], [r for r in new if _ok(r)]
+
+    def median(records, name):
+        stats = over_repeats(r.get(name) for r in records)
+        return stats["median"] if stats else None
+
+    change = Change(key, _status(old), _status(new), median(old_ok, "samples_per_s"), median(new_ok, "samples_per_s"),
+                    median(old_ok, "mfu"), median(new_ok, "mfu"), len(old), len(new))
+    failed = [r for r in new if not _ok(r)]
+    if old_ok and failed and len(failed) / len(new) > 1 - len(old_ok) / len(old):
+        first = failed[0]
+        change.regressed = True
+        change.reason = (f"{len(failed)} of {len(new)} now {first.get('status')}: {first.get('error') or ''}".strip()
+                         if len(new) > 1 else f"now {first.get('status')}: {first.get('error') or ''}".strip())
+        return change
+    if not (old_ok and new_ok):
+        return change
+    old_steps = [t for r in old_ok for t in r.get("step_times_s") or []]
+    new_steps = [t for r in new_ok for t in r.get("step_times_s") or []]
+    change.old_steps, change.new_steps = len(old_steps), len(new_steps)
+    losses = [(name, -pct) for name, pct in (("samples/s", change.samples_change_pct), ("MFU", change.mfu_change_pct))
+              if pct is not None and -pct > threshold_pct]
+    if min(len(old_steps), len(new_steps)) < MIN_STEPS:
+        change.weak = True
+        change.reason = (f"weak comparison: {len(old_steps)} old / {len(new_steps)} new steps stored "
+                         f"(need {MIN_STEPS} a side to decide)")
+        return change
+    change.p_value = slower_p_value(old_steps, new_steps)
+    if losses and change.p_value < alpha:
+        change.regressed = True
+        change.reason = ", ".join(f"{name} -{loss:.1f}%" for name, loss in losses) + f" (p={change.p_value:.2g})"
+    elif losses:
+        change.reason = (", ".join(f"{name} -{loss:.1f}%" for name, loss in losses)
+                         + f" but not significant (p={change.p_value:.2g} >= {alpha:g})")
+    return change
+
+
+def group_by_configuration(records: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[configuration_key(r)].append(r)
+    return groups
+
+
+def compare_records(old: list[dict], new: list[dict], threshold_pct: float, alpha: float = DEFAULT_ALPHA) -> Comparison:
+    old_by_key, new_by_key = group_by_configuration(old), group_by_configuration(new)
+    result = Comparison(threshold_pct, alpha,
+                        only_old=sorted(set(old_by_key) - set(new_by_key)),
+                        only_new=sorted(set(new_by_key) - set(old_by_key)))
+    for key in sorted(set(old_by_key) & set(new_by_key)):
+        result.changes.append(compare_configuration(key, old_by_key[key], new_by_key[key], threshold_pct, alpha))
     return result

@@ -1,5 +1,10 @@
 """The HTML dashboard: one self-contained file (plotly.js inlined once, no CDN) from stored records.
 
+The per-configuration views (MFU, throughput, scaling, best MFU) show the median over a
+configuration's repeats, MFU with its min-max; the step-time and memory views and the table of
+runs show every run. Notes flag what a bare MFU would hide: a calibrated denominator, fp32 / fp8
+runs against a bf16 peak (fp8 rows also show MFU against the fp8 peak), allocator retries.
+
 Every figure is drawn per scale, in its own element tagged with `data-scale`, so the page's scale
 filter only shows and hides elements. Strings from records reach the page through jinja2's
 autoescaping, or, inside figures, HTML-escaped (plotly renders a subset of HTML in its labels).
@@ -27,7 +32,9 @@ FLOP_CONVENTION = (
     "backward when a run trains the encoder), at 2 FLOPs "
     "per multiply-add; attention scores and values counted in full (bidirectional); element-wise work "
     "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths. "
-    "MFU = model FLOPs per sample x samples/s / (GPUs x peak)."
+    "Throughput is over the whole measured window: samples/s = measured samples / total measured time "
+    "(each step at its slowest rank); MFU = model FLOPs of the measured samples / (total measured time x GPUs x peak). "
+    "A configuration's figure is the median over its repeats."
 )
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "transformers", "megatron_core", "transformer_engine",
                 "torchao", "git_commit")
@@ -68,6 +75,7 @@ class Figures:
     def __init__(self, data: ReportInput):
         self.data = data
         self.ok = data.ok.copy()
+        self.configs = data.configurations
         self.scales = scale_order(data.frame)
         palette = cycle(qualitative.Plotly + qualitative.D3)
         self.colors = {c: next(palette) for c in sorted(data.frame["config"].unique())}
@@ -82,22 +90,29 @@ class Figures:
                 "title": "nodes"}
 
     def _per_config(self, group: pd.DataFrame):
-        """(config, rows sorted by nodes, best MFU per node count) for each configuration."""
+        """(config, rows sorted by nodes, best MFU per node count) for each configuration label;
+        group holds one row per configuration (medians over repeats)."""
         for config, rows in group.groupby("config", sort=True):
             rows = rows.sort_values("mfu", ascending=False).drop_duplicates("nodes")
             yield config, rows.assign(_n=_num(rows["nodes"])).sort_values("_n")
 
     def _hover(self, rows: pd.DataFrame) -> list[str]:
         return [f"{esc(r.run_id)}<br>{r.world_size} GPUs, global batch {r.global_batch}"
+                + (f"<br>median of {r.repeats} repeats" if getattr(r, "repeats", 1) > 1 else "")
                 for r in rows.itertuples()]
 
     def mfu_vs_nodes(self, scale: str, group: pd.DataFrame) -> go.Figure:
         fig = go.Figure()
         for config, rows in self._per_config(group):
-            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=_num(rows["mfu"]) * 100, name=esc(config),
+            mfu, lo, hi = (_num(rows[c]) * 100 for c in ("mfu", "mfu_min", "mfu_max"))
+            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=mfu, name=esc(config),
                                      mode="lines+markers", line={"color": self.colors[config]},
-                                     text=self._hover(rows), hovertemplate="%{text}<br>MFU %{y:.3g}%<extra></extra>"))
-        return _layout(fig, f"{scale}: MFU vs nodes", xaxis=self._node_axis(group),
+                                     error_y={"type": "data", "array": (hi - mfu).clip(lower=0),
+                                              "arrayminus": (mfu - lo).clip(lower=0), "visible": bool((hi > lo).any())},
+                                     text=self._hover(rows), customdata=list(zip(lo, hi)),
+                                     hovertemplate="%{text}<br>MFU %{y:.3g}% (min %{customdata[0]:.3g}, "
+                                                   "max %{customdata[1]:.3g})<extra></extra>"))
+        return _layout(fig, f"{scale}: MFU vs nodes (median over repeats, bars min-max)", xaxis=self._node_axis(group),
                        yaxis={"title": "MFU (%)", "rangemode": "tozero"})
 
     def throughput(self, scale: str, group: pd.DataFrame) -> go.Figure:
@@ -133,15 +148,22 @@ class Figures:
     def step_time(self, scale: str, group: pd.DataFrame) -> go.Figure:
         rows = with_labels(group)
         med, p10, p90 = _num(rows["step_time_s"]), _num(rows["step_time_p10_s"]), _num(rows["step_time_p90_s"])
+        labels = [esc(x) for x in rows["label"]]
         fig = go.Figure(go.Scatter(
-            x=med, y=[esc(x) for x in rows["label"]], mode="markers", name="median",
+            x=med, y=labels, mode="markers", name="median",
             marker={"color": [self.colors[c] for c in rows["config"]], "size": 9},
             error_x={"type": "data", "array": (p90 - med).clip(lower=0), "arrayminus": (med - p10).clip(lower=0)},
             text=[esc(r) for r in rows["run_id"]],
             customdata=list(zip(p10, p90)),
             hovertemplate="%{text}<br>median %{x:.4g} s (p10 %{customdata[0]:.4g}, p90 %{customdata[1]:.4g})"
                           "<extra></extra>"))
-        return _layout(fig, f"{scale}: step time, median with p10-p90", height=self._run_height(len(rows)),
+        mean = _num(rows["step_time_mean_s"])
+        if mean.notna().any():  # the mean is what the window throughput pays; far above the median: stalls
+            fig.add_trace(go.Scatter(x=mean, y=labels, mode="markers", name="mean",
+                                     marker={"symbol": "x", "size": 9, "color": "#222"},
+                                     customdata=_num(rows["step_time_mean_vs_median"]) * 100,
+                                     hovertemplate="mean %{x:.4g} s (%{customdata:+.1f}% vs median)<extra></extra>"))
+        return _layout(fig, f"{scale}: step time, median with p10-p90, x = mean", height=self._run_height(len(rows)),
                        xaxis={"title": "step time (s)", "rangemode": "tozero"},
                        yaxis={"automargin": True, "autorange": "reversed"}, showlegend=False)
 
@@ -215,7 +237,8 @@ def header_facts(data: ReportInput) -> dict:
     envs = [r.get("env") or {} for r in records]
     times = _unique(e.get("time") for e in envs)
     devices = Counter(e.get("device_name") or "unknown" for e in envs)
-    peaks = Counter((r.get("peak_tflops"), r.get("peak_source"), (r.get("env") or {}).get("device_name"))
+    peaks = Counter((r.get("peak_tflops"), r.get("peak_precision") or "", r.get("peak_source"),
+                     (r.get("env") or {}).get("device_name"))
                     for r in records if r.get("peak_tflops") is not None)
     ceilings = _unique(f"{r['ceiling_tflops']:.4g}" for r in records if r.get("ceiling_tflops"))
     versions = {k: ", ".join(_unique(e.get(k) for e in envs)) or "-" for k in VERSION_KEYS}
@@ -227,8 +250,8 @@ def header_facts(data: ReportInput) -> dict:
         "first_time": times[0] if times else None,
         "last_time": times[-1] if times else None,
         "devices": [f"{name} ({n} run{'s' if n != 1 else ''})" for name, n in devices.most_common()],
-        "peaks": [f"{fmt_number(p)} TFLOP/s ({src}) on {dev} ({n} run{'s' if n != 1 else ''})"
-                  for (p, src, dev), n in peaks.most_common()],
+        "peaks": [f"{fmt_number(p)} TFLOP/s {prec} ({src}) on {dev} ({n} run{'s' if n != 1 else ''})"
+                  for (p, prec, src, dev), n in peaks.most_common()],
         "ceilings": ceilings,
         "versions": versions,
         "n_runs": len(records),
@@ -237,19 +260,46 @@ def header_facts(data: ReportInput) -> dict:
     }
 
 
-def best_rows(data: ReportInput, scales: list[str]) -> list[dict]:
+def page_notes(data: ReportInput) -> list[str]:
+    """Notes shown above the figures: what makes some MFU figures not comparable with others."""
     ok = data.ok
+    notes = []
+    calibrated = ok[ok["peak_source"].fillna("").str.startswith("calibrated")]
+    if len(calibrated):
+        notes.append(f"{len(calibrated)} of {len(ok)} successful run(s) report MFU against a calibrated GEMM rate "
+                     "(this device's measured matmul throughput), not a datasheet peak: their MFU reads higher than "
+                     "datasheet-based figures. See the notes column of the table of runs.")
+    mismatched = ok[(ok["precision"] != "fp8") & ok["peak_precision"].notna() & (ok["precision"] != ok["peak_precision"])]
+    if len(mismatched):
+        notes.append(f"{len(mismatched)} run(s) computed in another precision than their peak's "
+                     f"({', '.join(sorted(set(mismatched['precision'] + ' against ' + mismatched['peak_precision'])))}).")
+    fp8 = ok[ok["precision"] == "fp8"]
+    if len(fp8):
+        notes.append(f"{len(fp8)} fp8 run(s), marked fp8 in the table of runs: MFU is against the bf16 peak; the "
+                     "column 'MFU fp8 peak' gives it against the dense fp8 peak.")
+    retries = ok[_num(ok["num_alloc_retries"]).fillna(0) > 0]
+    if len(retries):
+        notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "
+                     "allocation), which slow the steps they hit: " + ", ".join(retries["run_id"].astype(str)) + ".")
+    return notes
+
+
+def best_rows(data: ReportInput, scales: list[str]) -> list[dict]:
+    """Per scale and node count, the configuration of the highest median MFU over its repeats."""
+    configs = data.configurations
     rows = []
     for scale in scales:
-        group = ok[ok["scale"] == scale]
+        group = configs[configs["scale"] == scale]
         for nodes in sorted(_num(group["nodes"]).dropna().unique()):
             at = group[_num(group["nodes"]) == nodes]
             best = at.loc[_num(at["mfu"]).idxmax()]
             rows.append({"scale": scale, "nodes": int(nodes), "gpus": best["world_size"],
                          "mfu": fmt_number(best["mfu"], percent=True),
+                         "mfu_range": f"{fmt_number(best['mfu_min'], percent=True)}-{fmt_number(best['mfu_max'], percent=True)}",
+                         "repeats": int(best["repeats"]),
                          "tflops": fmt_number(best["tflops_per_gpu"]),
                          "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
-                         "run_id": best["run_id"], "n": len(at)})
+                         "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at)})
     return rows
 
 
@@ -258,14 +308,18 @@ RUN_COLUMNS = [
     ("run_id", "run", "text"), ("status", "status", "text"), ("scale", "scale", "text"),
     ("framework", "framework", "text"), ("parallelism", "parallelism", "text"), ("nodes", "nodes", "int"),
     ("world_size", "GPUs", "int"), ("micro_batch", "micro-batch", "int"), ("global_batch", "global batch", "int"),
+    ("repeat", "repeat", "int"),
     ("step_time_s", "step time (s)", "num"), ("step_time_p10_s", "p10 (s)", "num"),
-    ("step_time_p90_s", "p90 (s)", "num"), ("samples_per_s", "samples/s", "num"),
+    ("step_time_p90_s", "p90 (s)", "num"), ("step_time_mean_vs_median", "mean vs median (%)", "pct"),
+    ("samples_per_s", "samples/s", "num"),
     ("samples_per_s_per_gpu", "samples/s/GPU", "num"), ("audio_seconds_per_s_per_gpu", "audio s/s/GPU", "num"),
     ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("mfu", "MFU (%)", "pct"), ("hfu", "HFU (%)", "pct"),
+    ("mfu_fp8_peak", "MFU fp8 peak (%)", "pct"), ("peak_label", "peak", "text"),
     ("peak_mem_gib", "memory (GiB)", "num"), ("memory_estimate_gib", "estimate (GiB)", "num"),
+    ("num_alloc_retries", "alloc retries", "int"),
     ("lengths", "lengths a/t/s", "text"), ("precision", "precision", "text"), ("compile", "compile", "text"),
     ("ac", "ac", "text"), ("device_name", "device", "text"), ("hostname", "host", "text"), ("time", "time", "text"),
-    ("error", "error", "text"),
+    ("notes", "notes", "text"), ("error", "error", "text"),
 ]
 
 
@@ -273,7 +327,10 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
     rank = {s: i for i, s in enumerate(scales)}
     frame = frame.assign(_s=frame["scale"].map(lambda s: rank.get(s, len(rank))),
                          lengths=[f"{a}/{t}/{s}" for a, t, s in
-                                  zip(frame["audio_frames"], frame["text_tokens"], frame["speaker_frames"])])
+                                  zip(frame["audio_frames"], frame["text_tokens"], frame["speaker_frames"])],
+                         peak_label=[None if pd.isna(p) else f"{fmt_number(p)} {pp or ''} {_peak_kind(src)}".replace("  ", " ")
+                                     for p, pp, src in zip(frame["peak_tflops"], frame["peak_precision"], frame["peak_source"])],
+                         notes=frame["notes"].map(lambda n: "; ".join(n) if isinstance(n, tuple) else None))
     rows = []
     for _, r in frame.sort_values(["_s", "framework", "parallelism", "nodes", "run_id"]).iterrows():
         cells = []
@@ -290,8 +347,17 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
                 cells.append({"text": str(int(value)), "sort": str(int(value))})
             else:
                 cells.append({"text": str(value), "sort": str(value)})
-        rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells})
+        retries = _num(pd.Series([r["num_alloc_retries"]])).fillna(0).iloc[0]
+        rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells,
+                     "fp8": r["precision"] == "fp8", "retries": bool(retries > 0),
+                     "calibrated": str(r["peak_source"] or "").startswith("calibrated")})
     return rows
+
+
+def _peak_kind(source) -> str:
+    """datasheet / flag / calibrated, from a record's peak_source."""
+    source = "" if source is None or (not isinstance(source, str) and pd.isna(source)) else str(source)
+    return source.split(":", 1)[0] if source else ""
 
 
 def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
@@ -301,24 +367,29 @@ def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
 def build_sections(data: ReportInput) -> list[dict]:
     """The figure sections, each a list of per-scale panels (a figure or a 'no data' line)."""
     figs = Figures(data)
+    # (id, title, caption, figure, drawn from: one row per configuration or one per run)
     specs = [
-        ("mfu", "MFU vs node count", "One line per configuration; at each node count the best run of it.",
-         figs.mfu_vs_nodes),
-        ("throughput", "Per-GPU throughput", "samples/s and seconds of audio per second, per GPU.", figs.throughput),
+        ("mfu", "MFU vs node count",
+         "One line per configuration; at each node count the best configuration of it, its median over repeats "
+         "with bars from min to max.", figs.mfu_vs_nodes, figs.configs),
+        ("throughput", "Per-GPU throughput",
+         "samples/s and seconds of audio per second, per GPU, over the whole measured window (median over repeats).",
+         figs.throughput, figs.configs),
         ("scaling", "Scaling efficiency",
          "Per-GPU samples/s relative to the configuration's smallest node count (100% = linear scaling).",
-         figs.scaling_efficiency),
-        ("steptime", "Step-time spread", "Median step time of the slowest rank, bars from p10 to p90.",
-         figs.step_time),
+         figs.scaling_efficiency, figs.configs),
+        ("steptime", "Step-time spread",
+         "Every run: median step time of the slowest rank, bars from p10 to p90; x marks the mean, which the "
+         "window throughput pays (far right of the median: stalls).", figs.step_time, figs.ok),
         ("memory", "Peak memory per GPU",
          "Measured peak (max over ranks) against the device memory (where the record has it: GPU runs) and, where the plan gave one, its estimate.",
-         figs.memory),
+         figs.memory, figs.ok),
     ]
     sections = []
-    for n, (key, title, caption, make) in enumerate(specs):
+    for n, (key, title, caption, make, rows) in enumerate(specs):
         panels = []
         for i, scale in enumerate(figs.scales):
-            group = figs.ok[figs.ok["scale"] == scale]
+            group = rows[rows["scale"] == scale]
             if len(group) == 0:
                 panels.append(_panel(scale, empty=f"{scale}: no successful runs"))
                 continue
@@ -364,7 +435,7 @@ def render_dashboard(data: ReportInput) -> str:
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
-        problems=data.problems, best=best_rows(data, scales), sections=build_sections(data),
+        problems=data.problems, notes=page_notes(data), best=best_rows(data, scales), sections=build_sections(data),
         failed=failed_rows(data), skipped=data.skipped,
         run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
         plotlyjs=get_plotlyjs(),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.results import load_records, records_frame
+from echobench.results import configuration_key, load_records, over_repeats, peak_notes, records_frame
 
 # A configuration is everything that is not the scale or the node count. framework and
 # parallelism always name it; the others join the label only when they vary in the input.
@@ -43,6 +43,11 @@ class ReportInput:
     @property
     def failed(self) -> pd.DataFrame:
         return self.frame[self.frame["status"] != "ok"]
+
+    @property
+    def configurations(self) -> pd.DataFrame:
+        """One row per configuration of the successful runs: medians over its repeats."""
+        return over_configurations(self.ok)
 
 
 def sweep_matrix_names(paths) -> dict[Path, str]:
@@ -122,12 +127,45 @@ def report_frame(records: list[dict]) -> pd.DataFrame:
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
         "matrix": [_matrix_name(r) for r in records],
+        "configuration": [configuration_key(r) for r in records],
+        "notes": [tuple(peak_notes(r)) for r in records],
     }, index=frame.index)
     frame = pd.concat([frame, extra], axis=1)
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
     frame["config"] = config_labels(frame)
     return frame
+
+
+# ---- repeats: one row per configuration ----
+
+# Figures reported as the median over a configuration's repeats (MFU and samples/s with min-max).
+REPEAT_FIGURES = ("step_time_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "step_time_mean_vs_median",
+                  "samples_per_s", "samples_per_s_per_gpu", "audio_seconds_per_s", "audio_seconds_per_s_per_gpu",
+                  "tflops_per_gpu", "mfu", "hfu", "mfu_fp8_peak", "mfu_vs_ceiling", "peak_mem_gib")
+RANGE_FIGURES = ("mfu", "samples_per_s")
+
+
+def over_configurations(ok: pd.DataFrame) -> pd.DataFrame:
+    """The successful runs grouped by configuration (configuration_key): the first repeat's
+    settings, the median over the repeats of each figure, min and max of MFU and samples/s,
+    the number of repeats, the most allocator retries any repeat had, and the run ids."""
+    rows = []
+    for _, group in ok.groupby("configuration", sort=False):
+        group = group.assign(_r=pd.to_numeric(group["repeat"], errors="coerce").fillna(0)).sort_values(["_r", "run_id"])
+        row = group.iloc[0].drop("_r").to_dict()
+        for c in REPEAT_FIGURES:
+            stats = over_repeats(pd.to_numeric(group[c], errors="coerce"))
+            row[c] = stats["median"] if stats else None
+            if c in RANGE_FIGURES:
+                row[f"{c}_min"], row[f"{c}_max"] = (stats["min"], stats["max"]) if stats else (None, None)
+        retries = pd.to_numeric(group["num_alloc_retries"], errors="coerce").dropna()
+        row["num_alloc_retries"] = retries.max() if len(retries) else None
+        row["repeats"] = len(group)
+        row["run_ids"] = list(group["run_id"])
+        rows.append(row)
+    columns = list(ok.columns) + [f"{c}_{m}" for c in RANGE_FIGURES for m in ("min", "max")] + ["repeats", "run_ids"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def config_labels(frame: pd.DataFrame) -> list[str]:

@@ -1,4 +1,9 @@
-"""The publication table: one row per successful run, sorted the way papers sort it.
+"""The publication table: one row per configuration, sorted the way papers sort it.
+
+A configuration's figures are the median over its successful repeats, with MFU's min-max and
+the number of repeats beside them. Notes under the table say when an MFU is not against a
+datasheet bf16 peak (a calibrated GEMM rate, an fp32 run, an fp8 run); an fp8 row also gets
+its MFU against the fp8 peak, in its own column.
 
 `--reference FILE.csv` puts published figures beside the measured ones. Its columns:
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.report.data import VARYING_CONFIG_KEYS, scale_order
+from echobench.report.data import VARYING_CONFIG_KEYS, over_configurations, scale_order
 
 KEYS = ["scale", "framework", "parallelism", "nodes"]
 REFERENCE_FIGURES = ["mfu", "tflops_per_gpu", "samples_per_s"]
@@ -29,15 +34,17 @@ COLUMNS = [
     ("scale", "scale"), ("framework", "framework"), ("parallelism", "parallelism"), ("nodes", "nodes"),
     ("world_size", "GPUs"), ("global_batch", "global batch"), ("step_time_s", "step time (s)"),
     ("samples_per_s", "samples/s"), ("tflops_per_gpu", "TFLOP/s per GPU"), ("mfu", "MFU (%)"),
-    ("peak_mem_gib", "memory (GiB)"),
+    ("mfu_min", "MFU min (%)"), ("mfu_max", "MFU max (%)"), ("repeats", "repeats"), ("peak_mem_gib", "memory (GiB)"),
 ]
+FP8_COLUMN = ("mfu_fp8_peak", "MFU vs fp8 peak (%)")  # only when a row ran in fp8
+NOTES_COLUMN = "notes"  # a column in csv; numbered notes under md and latex
 REFERENCE_COLUMNS = [
     ("ref_mfu", "published MFU (%)"), ("diff_mfu_pp", "MFU diff (pp)"),
     ("ref_tflops_per_gpu", "published TFLOP/s per GPU"), ("diff_tflops_pct", "TFLOP/s diff (%)"),
     ("ref_samples_per_s", "published samples/s"), ("diff_samples_pct", "samples/s diff (%)"),
     ("ref_source", "source"),
 ]
-PERCENT_COLUMNS = {"mfu", "ref_mfu"}  # fractions shown as percent
+PERCENT_COLUMNS = {"mfu", "mfu_min", "mfu_max", "mfu_fp8_peak", "ref_mfu"}  # fractions shown as percent
 
 
 class ReferenceError(ValueError):
@@ -97,15 +104,20 @@ def distinguishing_keys(ok: pd.DataFrame) -> list[str]:
 
 
 def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Raw numbers (fractions for MFU), one row per successful run, plus reference columns.
+    """Raw numbers (fractions for MFU), one row per configuration of the successful runs (the
+    median over its repeats), plus reference columns and the notes on its peak.
 
-    When two runs share the standard columns, the settings that differ between them are added
-    after `parallelism` (e.g. micro_batch, audio_frames), so no two rows look the same.
+    When two configurations share the standard columns, the settings that differ between them
+    are added after `parallelism` (e.g. micro_batch, audio_frames), so no two rows look the same.
     """
-    ok = frame[(frame["status"] == "ok") & frame["mfu"].notna()]
+    ok = over_configurations(frame[(frame["status"] == "ok") & frame["mfu"].notna()])
     extra = distinguishing_keys(ok)
-    columns = [c for c, _ in COLUMNS[:3]] + extra + [c for c, _ in COLUMNS[3:]]
+    figures = [c for c, _ in COLUMNS[3:]]
+    if (ok["precision"] == "fp8").any():
+        figures.insert(figures.index("mfu_max") + 1, FP8_COLUMN[0])
+    columns = [c for c, _ in COLUMNS[:3]] + extra + figures + [NOTES_COLUMN]
     table = ok[columns].copy()
+    table["repeats"] = table["repeats"].astype("Int64")
     for c in ("nodes", "world_size", "global_batch"):
         table[c] = pd.to_numeric(table[c], errors="coerce").astype("Int64")
     scales = scale_order(frame)
@@ -117,7 +129,7 @@ def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None
         table["diff_tflops_pct"] = (table["tflops_per_gpu"] / table["ref_tflops_per_gpu"] - 1) * 100
         table["diff_samples_pct"] = (table["samples_per_s"] / table["ref_samples_per_s"] - 1) * 100
         scales = scales + [s for s in reference["scale"].drop_duplicates() if s not in scales]
-        table = table[columns + [c for c, _ in REFERENCE_COLUMNS]]
+        table = table[columns[:-1] + [c for c, _ in REFERENCE_COLUMNS] + [NOTES_COLUMN]]
     return sort_rows(table, scales, extra)
 
 
@@ -141,10 +153,16 @@ def fmt_number(value, percent: bool = False) -> str:
 
 
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
-    headers = dict(COLUMNS + REFERENCE_COLUMNS)
+    """Text cells; the notes column becomes numbered marks ([1], [2]) that notes_text() explains."""
+    headers = dict(COLUMNS + REFERENCE_COLUMNS + [FP8_COLUMN])
     out = pd.DataFrame(index=table.index)
+    marks = note_numbers(table)
     for c in table.columns:
-        if c in VARYING_CONFIG_KEYS:
+        if c == NOTES_COLUMN:
+            out[NOTES_COLUMN] = table[c].map(lambda v: " ".join(f"[{marks[n]}]" for n in split_notes(v)))
+        elif c == "repeats":
+            out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else str(int(v)))
+        elif c in VARYING_CONFIG_KEYS:
             out[c.replace("_", " ")] = table[c].map(str)
         elif c in ("scale", "framework", "parallelism", "ref_source"):
             out[headers[c]] = table[c].map(lambda v: "-" if v is None or pd.isna(v) else str(v))
@@ -157,10 +175,30 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def split_notes(value) -> list[str]:
+    """The notes of a row (a tuple in the frame; absent on reference-only rows)."""
+    return list(value) if isinstance(value, (tuple, list)) else []
+
+
+def note_numbers(table: pd.DataFrame) -> dict[str, int]:
+    """Each distinct note of the table's rows -> its number, in order of first appearance."""
+    numbers: dict[str, int] = {}
+    for value in table.get(NOTES_COLUMN, []):
+        for note in split_notes(value):
+            numbers.setdefault(note, len(numbers) + 1)
+    return numbers
+
+
+def notes_text(table: pd.DataFrame) -> list[str]:
+    return [f"[{n}] {note}." for note, n in note_numbers(table).items()]
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     text = formatted(table)
+    if not text[NOTES_COLUMN].str.len().any():
+        text = text.drop(columns=NOTES_COLUMN)
     cols = list(text.columns)
-    numeric = [c not in ("scale", "framework", "parallelism", "source") for c in cols]
+    numeric = [c not in ("scale", "framework", "parallelism", "source", NOTES_COLUMN) for c in cols]
 
     def cell(v):
         return str(v).replace("|", "\\|")
@@ -168,20 +206,37 @@ def to_markdown(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(cols) + " |",
              "| " + " | ".join("---:" if n else "---" for n in numeric) + " |"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in text.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    notes = notes_text(table)
+    return "\n".join(lines) + "\n" + ("\n" + "\n".join(f"_{cell(n)}_" for n in notes) + "\n" if notes else "")
 
 
 def to_csv(table: pd.DataFrame) -> str:
-    """Raw numbers, machine-readable: MFU as a fraction, full precision."""
+    """Raw numbers, machine-readable: MFU as a fraction, full precision; notes as text."""
     buf = io.StringIO()
+    table = table.assign(**{NOTES_COLUMN: table[NOTES_COLUMN].map(lambda v: "; ".join(split_notes(v)))})
     table.to_csv(buf, index=False, float_format="%.6g")
     return buf.getvalue()
 
 
 def to_latex(table: pd.DataFrame) -> str:
     text = formatted(table)
-    align = "".join("l" if c in ("scale", "framework", "parallelism", "source") else "r" for c in text.columns)
-    return text.to_latex(index=False, escape=True, column_format=align)
+    if not text[NOTES_COLUMN].str.len().any():
+        text = text.drop(columns=NOTES_COLUMN)
+    align = "".join("l" if c in ("scale", "framework", "parallelism", "source", NOTES_COLUMN) else "r"
+                    for c in text.columns)
+    body = text.to_latex(index=False, escape=True, column_format=align)
+    notes = notes_text(table)
+    if notes:  # text after the tabular: visible under the table
+        body += "\\par\\smallskip\n" + "\\par\n".join(f"\\noindent\\textit{{{latex_escape(n)}}}" for n in notes) + "\n"
+    return body
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
 
 
 RENDERERS = {"md": to_markdown, "csv": to_csv, "latex": to_latex}
