@@ -55,3 +55,35 @@ def test_layout_matches_single_process_on_shards(cli, tmp_path, shards, single, 
     assert r["model_flops_per_sample"] == single["model_flops_per_sample"]
     assert len(r["losses"]) == 3 and single["losses"][1] != single["losses"][0]  # it trains
     assert r["losses"] == pytest.approx(single["losses"], rel=RTOL, abs=0)
+
+
+def test_a_stand_in_row_adds_nothing_to_loss_or_gradients():
+    """--skip-bad-samples: a stand-in keeps the batch's shape but changes neither the error sum,
+    nor the frame count, nor any gradient, even when its CFG draw drops the conditioning."""
+    import numpy as np
+    import torch
+
+    from echobench.data import STAND_IN, build_tokenizer, collate
+    from echobench.data.synth import synth_sample
+    from echobench.model.config import PRESETS
+    from echobench.model.echo import EchoTTS, diffusion_draws, loss_frames
+
+    cfg = PRESETS["tiny"]
+    real = synth_sample(np.random.default_rng(0), "a", max_seconds=3.0)
+    tok = build_tokenizer(cfg.text_encoder.vocab)
+
+    def run(samples):
+        torch.manual_seed(0)
+        model = EchoTTS(cfg)
+        batch = collate(samples, tok, audio_frames=80, text_tokens=48, speaker_frames=80)
+        draws = diffusion_draws(0, range(len(samples)), 80, cfg.latent_dim, 1.0, torch.device("cpu"))  # drop all
+        err = model(batch, draws=draws, reduction="sum")
+        err.backward()
+        return err, loss_frames(batch), [p.grad for p in model.trainable_parameters()]
+
+    err, frames, grads = run([real])
+    err2, frames2, grads2 = run([real, STAND_IN])
+    assert torch.isfinite(err2) and err2.item() == pytest.approx(err.item(), rel=1e-6)
+    assert frames2 == frames
+    for a, b in zip(grads, grads2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
