@@ -96,8 +96,8 @@ class EchoTTS(nn.Module):
 
         # Classifier-free guidance: drop text and speaker conditioning together where keep is False.
         # A row without audio frames (a stand-in for a skipped sample) keeps them, so that its
-        # attention has keys: torch's SDPA gives zeros for a row that attends to nothing, but not
-        # every kernel defines it (TE's fused attention). It adds nothing to the loss.
+        # attention has keys: torch's SDPA gives zeros for a row that attends to nothing; other
+        # kernels (TE) are not checked for it. It adds nothing to the loss.
         keep = keep | ~batch.latent_mask.any(1)
         text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask).to(self.text_proj.weight.dtype))
         text_mask = batch.text_mask & keep[:, None]
