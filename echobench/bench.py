@@ -25,7 +25,7 @@ from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
-from echobench.model.echo import diffusion_draws
+from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.results import SCHEMA_VERSION, step_figures, window_figures, write_json_atomic, write_record
 
 GIB = 1024**3
@@ -185,8 +185,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
         seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples,
     )
-    # Noise, time and CFG draws are a function of (seed, global sample index): the same samples
-    # get the same draws whatever the number of ranks (diffusion_draws).
+    # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
+    # are a function of (seed, global sample index): the same samples get the same draws whatever
+    # the number of ranks (diffusion_draws).
     generator = torch.Generator(device=info.device)
     model, optimizer = setup.model, setup.optimizer
     model.train()
@@ -209,14 +210,19 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             if measured:
                 waits.append(wait)
                 lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+            sample_ids = batch.index.tolist()  # still on the host: no device sync
             batch = batch.to(info.device)
             maybe_inject_failure(cfg, step, info.rank)
-            first = (step * dp_size + dp_rank) * cfg.micro_batch
-            draws = diffusion_draws(cfg.seed, range(first, first + batch.size), cfg.audio_frames,
-                                    model_cfg.latent_dim, model_cfg.cfg_dropout, info.device, generator)
+            draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
+                                    model_cfg.cfg_dropout, info.device, generator)
+            frames, reduce_frames = global_frame_count(batch, setup.dp_group)
             with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
                                 enabled=setup.autocast_dtype is not None):
-                loss = model(batch, draws=draws)
+                err = model(batch, draws=draws, reduction="sum")
+            if reduce_frames is not None:
+                reduce_frames.wait()  # on GPU the stream waits, not the host
+            # The replicas average their gradients: x dp_size makes that the global batch's mean.
+            loss = err / frames.clamp(min=1) * dp_size
             loss.backward()
             setup.clip_grad()
             optimizer.step()
@@ -236,6 +242,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
         for a, t, s in zip(la, lt, ls):
+            if a == 0:  # a stand-in for a skipped sample (data.STAND_IN): no work to count
+                continue
             m, h = _sample_flops(model_cfg, cfg.ac, a, t, s)
             flops_total += m
             hw_total += h
@@ -258,6 +266,16 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "backend_info": setup.info,
         "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
     }
+
+
+def global_frame_count(batch, dp_group):
+    """The loss's frame count (loss_frames) summed over the data-parallel replicas: started before
+    the forward, which it overlaps; wait() the returned work (None: one replica) before using it.
+    The count stays on the device (no .item()), so the step gains no host sync."""
+    frames = loss_frames(batch)
+    if dp_group is None:
+        return frames, None
+    return frames, torch.distributed.all_reduce(frames, group=dp_group, async_op=True)
 
 
 PROFILER_WARMUP, PROFILED_STEPS = 1, 3
@@ -332,8 +350,8 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
         slowest_rank=slowest_rank["rank"],
-        # The step's loss: the mean over data-parallel ranks (what the averaged gradients follow;
-        # equal to one loss over all samples when the ranks' masks hold as many frames).
+        # The step's loss over the global batch: each rank's loss is its error sum over the global
+        # frame count x dp (run_loop), so their mean over data-parallel ranks is the global loss.
         losses=[statistics.fmean(r["losses"][i] for r in dp_ranks) for i in range(len(ranks[0]["losses"]))],
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-from echobench.data import LocalTarDataset, build_tokenizer, make_loader, synth_shards  # noqa: E402
+from echobench.data import LocalTarDataset, build_tokenizer, make_loader, read_shard, synth_shards  # noqa: E402
+from echobench.data.dataset import find_shards  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -31,15 +32,29 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def bench_dataset(data, num_samples: int):
-    it = iter(LocalTarDataset(data, shuffle_seed=0, loop=True))
+def bench_dataset(data, num_samples: int, rank: int = 0, world_size: int = 1):
+    it = iter(LocalTarDataset(data, rank=rank, world_size=world_size, shuffle_seed=0, loop=True))
     next(it)  # open the first shard before timing
-    nbytes, t0 = 0, time.perf_counter()
+    nbytes, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     for _ in range(num_samples):
         s = next(it)
         nbytes += s["latent"].nbytes + s["ref"].nbytes
-    dt = time.perf_counter() - t0
-    return num_samples / dt, nbytes / dt / 1e6
+    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    # Reads from the page cache are CPU work: samples per CPU-second hardly depend on other load.
+    return num_samples / dt, nbytes / dt / 1e6, num_samples / cpu
+
+
+def bench_header_walk(data) -> float:
+    """CPU seconds per sample to walk the shards' tar headers without reading a sample: what a
+    reader pays for each sample of another rank (every rank numbers every sample)."""
+    shards = find_shards(data)
+    cpu0 = time.process_time()
+    for shard in shards:
+        for _ in read_shard(shard, keep=lambda i: False):
+            pass
+    cpu = time.process_time() - cpu0
+    slots = sum(1 for shard in shards for _ in read_shard(shard))
+    return cpu / slots
 
 
 def bench_loader(source, num_batches: int, num_workers: int = 0):
@@ -78,9 +93,16 @@ def main():
             print(f"wrote {args.shards} x {args.per_shard} synthetic samples ({size:.0f} MB) "
                   f"in {time.perf_counter() - t0:.1f} s to {tmp}")
             data = tmp
-        sps, mbps = bench_dataset(data, args.samples)
+        sps, mbps, per_cpu = bench_dataset(data, args.samples)
         print(f"LocalTarDataset: {sps:8.0f} samples/s  {mbps:7.0f} MB/s of latents "
-              f"(audio + ref, float16) over {args.samples} samples, warm page cache")
+              f"(audio + ref, float16) over {args.samples} samples, warm page cache; "
+              f"{per_cpu:.0f} samples per CPU-second")
+        # A rank of two reads half the samples (and, for one global order, walks every header).
+        sps, mbps, per_cpu = bench_dataset(data, args.samples, rank=0, world_size=2)
+        print(f"LocalTarDataset(rank 0 of 2): {sps:8.0f} samples/s  {mbps:7.0f} MB/s of latents; "
+              f"{per_cpu:.0f} samples per CPU-second")
+        walk = bench_header_walk(data)
+        print(f"tar header walk: {walk * 1e6:.0f} CPU-us per sample (skipped unread)")
         for workers in (0, 2):
             bps = bench_loader(data, args.batches, num_workers=workers)
             print(f"BatchLoader(shards, num_workers={workers}): {bps:7.1f} batches/s "

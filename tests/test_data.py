@@ -12,7 +12,8 @@ import torch
 
 from echobench.data import (
     CONDITIONING_TOKENS, FRAME_RATE, LATENT_DIM, BatchLoader, DataError, LocalTarDataset,
-    SyntheticSource, build_tokenizer, collate, make_loader, read_shard, synth_shards, write_shard,
+    SyntheticSource, build_tokenizer, collate, make_loader, make_source, read_shard, synth_shards,
+    write_shard,
 )
 from echobench.data import dataset as dataset_module
 
@@ -129,6 +130,53 @@ def test_ranks_and_workers_read_every_sample_once(tmp_path, monkeypatch, num_sha
         assert all(parts.values())  # everyone gets work
 
 
+def steps_of(data, rank, world_size, micro_batch, steps, num_workers=0, **kw):
+    """The samples a rank trains on, step by step (make_source: what make_loader batches)."""
+    source = make_source(str(data), micro_batch=micro_batch, rank=rank, world_size=world_size, seed=5,
+                         num_workers=num_workers, audio_frames=100, text_tokens=64, speaker_frames=100,
+                         **kw)
+    it = iter(source)
+    out = [[next(it) for _ in range(micro_batch)] for _ in range(steps)]
+    del it  # stops DataLoader workers
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_layout_reads_the_same_samples_per_step(tmp_path, num_workers):
+    """1 rank x micro-batch 2B and 2 ranks x micro-batch B train on the same samples at every step:
+    rank r takes slice r of each global batch of one global order, with or without workers."""
+    synth_shards(tmp_path, 3, 5, max_seconds=3.0)  # 15 samples: steps straddle shards and epochs
+    single = steps_of(tmp_path, 0, 1, 4, 6, num_workers)
+    ranks = [steps_of(tmp_path, r, 2, 2, 6, num_workers) for r in range(2)]
+    for k in range(6):
+        assert keys_of(single[k]) == keys_of(ranks[0][k]) + keys_of(ranks[1][k])
+        assert [s["index"] for s in single[k]] == list(range(4 * k, 4 * k + 4))
+        assert [s["index"] for s in ranks[1][k]] == list(range(4 * k + 2, 4 * k + 4))
+    # The global order: each epoch every sample once, shards whole and in sample order.
+    stream = keys_of([s for batch in single for s in batch])
+    for epoch in (stream[:15], stream[15:]):
+        shards = [k.split("-")[0] for k in epoch]
+        runs = [shards[i] for i in range(len(shards)) if i == 0 or shards[i] != shards[i - 1]]
+        assert len(set(runs)) == len(runs)  # each shard read in one run
+        assert [k for k in epoch if k.startswith(runs[0])] == sorted(k for k in epoch if k.startswith(runs[0]))
+    assert sorted(stream[:15]) == sorted(keys_of(LocalTarDataset(tmp_path, loop=False)))
+
+
+def test_a_skipped_sample_moves_nothing(tmp_path):
+    """A bad sample's place holds a stand-in on whichever rank reads it: the layouts stay aligned."""
+    synth_shards(tmp_path, 2, 5, max_seconds=3.0)
+    rewrite_without(tmp_path / "shard-000001.tar", drop=["s000001-000002.json"])
+    single = steps_of(tmp_path, 0, 1, 4, 5, skip_bad_samples=True)
+    ranks = [steps_of(tmp_path, r, 2, 2, 5, skip_bad_samples=True) for r in range(2)]
+    for k in range(5):
+        assert keys_of(single[k]) == keys_of(ranks[0][k]) + keys_of(ranks[1][k])
+    stream = [s for batch in single for s in batch]
+    assert [s["index"] for s in stream] == list(range(20))
+    stand_ins = [s["index"] for s in stream if s["key"] is None]
+    assert len(stand_ins) == 2 and stand_ins[0] < 10 <= stand_ins[1]  # once per epoch of 10
+    assert all(len(s["latent"]) == 0 for s in stream if s["key"] is None)
+
+
 def test_loop_repeats_epochs_with_reshuffled_shards(tmp_path):
     synth_shards(tmp_path, 4, 2, max_seconds=3.0)
     ds = LocalTarDataset(tmp_path, shuffle_seed=1, loop=True)
@@ -173,6 +221,7 @@ def test_truncated_shard_names_shard_and_key(tmp_path, where):
     assert "s000001-000000" in keys  # samples before the damage survive
     assert "s000001-000003" not in keys
     assert (key in keys) == (where == "at-a-header")  # a whole sample before the cut survives
+    assert (None in keys) == (where == "mid-data")  # a cut sample's slot holds a stand-in
 
 
 def rewrite_without(path, drop=(), replace=None):
@@ -206,8 +255,12 @@ def test_bad_member_raises_or_is_skipped(tmp_path, damage, expect):
     assert "--skip-bad-samples" in msg
 
     ds = LocalTarDataset(tmp_path, loop=False, skip_bad_samples=True)
-    keys = keys_of(ds)
-    assert ds.skipped == 1 and bad_key not in keys and len(keys) == 3
+    samples = list(ds)
+    # A stand-in (no key, no audio) keeps the bad sample's place: nothing after it moves.
+    assert ds.skipped == 1
+    assert keys_of(samples) == [None if i == int(bad_key[-1]) else f"s000000-{i:06d}" for i in range(4)]
+    assert [s["index"] for s in samples] == [0, 1, 2, 3]
+    assert len(samples[int(bad_key[-1])]["latent"]) == 0
 
 
 def test_bad_sample_is_reported_by_one_consumer(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ SHAPE = ["--scale", "tiny", "--audio-frames", "50", "--text-tokens", "16", "--sp
          "--peak-tflops", "1"]
 EQUIV = [*SHAPE, "--steps", "3", "--warmup-steps", "0"]
 # Losses of a 2-rank run against the 1-rank run over 3 steps, in fp32. Both see the same samples
-# and draws; only the order of floating-point reductions differs (rank means then averaged,
+# and draws; only the order of floating-point reductions differs (per-rank error sums, the
 # gradient all-reduce, a different number of threads per process), which moves the losses by
 # ~1e-7 relative (measured). Skipping the gradient all-reduce for one step moves the next loss by
 # ~2e-4 relative (measured), so 5e-6 separates the two by more than 10x either way.

@@ -6,18 +6,21 @@ A backend returns a TrainSetup; the benchmark loop (echobench.bench) owns timing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 
 @dataclass
 class TrainSetup:
-    model: torch.nn.Module  # model(batch, generator=...) -> scalar loss
+    model: torch.nn.Module  # model(batch, draws=..., reduction=...) -> scalar loss
     optimizer: torch.optim.Optimizer
     clip_grad: Callable[[], torch.Tensor]  # clips gradients in place, returns the total norm
     autocast_dtype: torch.dtype | None  # None: run in the parameters' dtype
     info: dict = field(default_factory=dict)  # what ran (kernels, sharding...), kept in the record
+    # The process group whose replicas average their gradients (None: one replica). The loop sums
+    # the loss's frame count over it, so that every layout minimises the global batch's mean.
+    dp_group: Any = None
 
 
 def build_training(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:

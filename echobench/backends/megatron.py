@@ -155,10 +155,11 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     partial = tp_partial_grad_params(model)
     tp_group = parallel_state.get_tensor_model_parallel_group()
     dp = parallel_state.get_data_parallel_world_size()
+    dp_group = parallel_state.get_data_parallel_group() if dp > 1 else None
     if dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, process_group=parallel_state.get_data_parallel_group(),
+        model = DistributedDataParallel(model, process_group=dp_group,
                                         device_ids=[device] if device.type == "cuda" else None)
     return TrainSetup(
         model=model,
@@ -179,4 +180,5 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
                           "timestep embedding, input/output projections",
             **versions(),
         },
+        dp_group=dp_group,
     )

@@ -214,6 +214,8 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
                 info["reduce_op"] = "sum (gloo lacks PREMUL_SUM)"
     params = model.trainable_parameters()
     optimizer = build_optimizer(params, device)
+    # Every rank is a data-parallel replica (HSDP: both mesh dimensions).
+    dp_group = torch.distributed.group.WORLD if cfg.parallelism in DATA_PARALLEL else None
     return TrainSetup(
         model=model,
         optimizer=optimizer,
@@ -221,4 +223,5 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
         # bf16 runs under autocast in every layout (FSDP2 also stores the gathered params in bf16).
         autocast_dtype=dtype if dtype != torch.float32 else None,
         info=info,
+        dp_group=dp_group,
     )

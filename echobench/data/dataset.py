@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .format import FRAME_RATE, LATENT_DIM, DataError, read_shard
+from .format import FRAME_RATE, LATENT_DIM, DataError, iter_shard
 from .synth import WORDS
 from .tokenizer import TextTokenizer
 
@@ -36,6 +36,7 @@ class Batch:
     audio_len: torch.Tensor  # (B,) int64, real (unpadded) lengths: the FLOP count uses these
     ref_len: torch.Tensor
     text_len: torch.Tensor
+    index: torch.Tensor  # (B,) int64: each sample's global index (the diffusion draws are keyed by it)
 
     @property
     def size(self) -> int:
@@ -81,6 +82,7 @@ def collate(samples: list[dict], tokenizer: TextTokenizer, audio_frames: int, te
     ref = torch.from_numpy(np.zeros((B, ref_padded, LATENT_DIM), np.float32))
     text_ids = np.full((B, text_tokens), tokenizer.pad_id, np.int64)
     audio_len, ref_len, text_len = (np.zeros(B, np.int64) for _ in range(3))
+    index = np.array([s.get("index", -1) for s in samples], np.int64)  # -1: a sample from nowhere
     for i, s in enumerate(samples):
         a = s["latent"][:audio_frames]
         r = s["ref"][:speaker_frames]
@@ -93,7 +95,7 @@ def collate(samples: list[dict], tokenizer: TextTokenizer, audio_frames: int, te
     ref_len, ref_mask = _lengths_mask(ref_len, ref_padded)
     text_len, text_mask = _lengths_mask(text_len, text_tokens)
     return Batch(latent, latent_mask, ref, ref_mask, torch.from_numpy(text_ids), text_mask,
-                 audio_len, ref_len, text_len)
+                 audio_len, ref_len, text_len, torch.from_numpy(index))
 
 
 def find_shards(data) -> list[Path]:
@@ -115,26 +117,35 @@ def find_shards(data) -> list[Path]:
 
 
 class LocalTarDataset(IterableDataset):
-    """Streams samples from local tar shards, split across ranks and DataLoader workers.
+    """Streams samples from local tar shards in one global order; each rank takes its slice.
 
-    Each (rank, worker) pair is one consumer; all consumers see the same shard order (shuffled per
-    epoch with shuffle_seed, else sorted). With at least as many shards as consumers, shards are
-    dealt round-robin: each shard is read by one consumer only. With fewer shards, every consumer
-    reads every shard and keeps the samples whose index (offset by the shard's position, to spread
-    small shards) modulo the number of consumers is its own id; the others are skipped unread.
-    Either way every sample goes to exactly one consumer per epoch.
+    The global order is the same for every layout: shards in an order shuffled per epoch with
+    shuffle_seed (else sorted), samples in shard order, epoch after epoch; a sample's position in
+    this stream is its global index (kept in sample["index"]: the diffusion draws are keyed by it).
+    The stream is cut into global batches of micro_batch x world_size samples and rank r takes the
+    r-th micro-batch of each, so 2 ranks x micro-batch B read exactly the samples of 1 rank x
+    micro-batch 2B, step by step. DataLoader workers deal a rank's samples round-robin (its i-th
+    to worker i mod workers), the order in which a DataLoader takes items from its workers: the
+    rank gets its samples in global order with or without workers.
+
+    Every reader walks the tar headers of every shard, so that all number the samples alike, but
+    reads only its own samples; after the first epoch it skips shards that hold none of them.
 
     A bad sample or shard raises DataError, or with skip_bad_samples=True is counted in
-    self.skipped (per process: each DataLoader worker counts its own) and skipped.
+    self.skipped (per process: each DataLoader worker counts its own) and replaced by a stand-in
+    (STAND_IN, no audio frames), so that nothing after it moves: step k of every layout trains on
+    global batch k less its bad samples, and the stand-in adds nothing to the loss or the FLOPs.
     """
 
     def __init__(self, data_dir_or_shard_list, rank: int = 0, world_size: int = 1,
-                 shuffle_seed: int | None = None, skip_bad_samples: bool = False,
-                 loop: bool = True):
+                 micro_batch: int = 1, shuffle_seed: int | None = None,
+                 skip_bad_samples: bool = False, loop: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
         self.shards = find_shards(data_dir_or_shard_list)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.micro_batch = rank, world_size, micro_batch
         self.shuffle_seed, self.skip_bad_samples, self.loop = shuffle_seed, skip_bad_samples, loop
         self.skipped = 0
 
@@ -146,33 +157,60 @@ class LocalTarDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        consumers, me = self.world_size * workers, self.rank * workers + worker
-        on_error = self._skip if self.skip_bad_samples else None
-        epoch = 0
+        mine = functools.partial(_is_mine, self.micro_batch * self.world_size,
+                                 self.rank * self.micro_batch, self.micro_batch, workers, worker)
+        counts = {}  # shard -> its number of samples, once walked
+        offset, epoch = 0, 0  # global index of the next shard's first sample
         while True:
             shards = list(self.shards)
-            if self.shuffle_seed is not None:  # same seed and epoch on every consumer: same order
+            if self.shuffle_seed is not None:  # same seed and epoch on every reader: same order
                 random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(shards)
-            if len(shards) >= consumers:
-                plan = [(shard, None) for shard in shards[me::consumers]]
-            else:
-                plan = [(shard, functools.partial(_is_mine, pos, consumers, me))
-                        for pos, shard in enumerate(shards)]
-            count = 0
-            for shard, keep in plan:
-                for sample in read_shard(shard, keep, on_error):
-                    count += 1
-                    yield sample
+            epoch_start = offset
+            for shard in shards:
+                count = counts.get(shard)
+                if count is None or any(mine(g) for g in range(offset, offset + count)):
+                    yield from self._read(shard, offset, mine, counts)
+                offset += counts[shard]
             if not self.loop:
                 return
-            if count == 0:  # looping would spin forever
-                raise DataError(f"consumer {me} of {consumers} (rank {self.rank}, worker {worker}) "
-                                f"read no samples from {len(shards)} shard(s) in a full pass")
+            if offset == epoch_start:  # looping would spin forever
+                raise DataError(f"{len(shards)} shard(s) hold no samples in a full pass")
             epoch += 1
 
+    def _read(self, shard, first: int, mine, counts: dict):
+        """This reader's samples of one shard, whose first sample has global index `first`."""
+        last = -1  # the last slot handed out
+        counts[shard] = 0
+        for i, item in iter_shard(shard, lambda i: mine(first + i)):
+            counts[shard] = i + 1
+            if item is None:
+                continue
+            if isinstance(item, DataError):
+                if not self.skip_bad_samples:
+                    raise item
+                self._skip(item)
+                if i == last:  # damage after a whole sample: that sample keeps its slot
+                    continue
+                item = STAND_IN
+            last = i
+            yield {**item, "index": first + i, "shard": str(shard)}
 
-def _is_mine(pos: int, consumers: int, me: int, index: int) -> bool:
-    return (pos + index) % consumers == me
+
+def _is_mine(global_batch: int, start: int, micro_batch: int, workers: int, worker: int,
+             g: int) -> bool:
+    """Whether global sample g is in this rank's slice [start, start + micro_batch) of its global
+    batch, and, among the rank's samples, dealt to this worker."""
+    pos = g % global_batch - start
+    if not 0 <= pos < micro_batch:
+        return False
+    return (g // global_batch * micro_batch + pos) % workers == worker
+
+
+# Takes a skipped sample's place in its batch (static shapes): no audio frames, so it adds nothing
+# to the loss or the FLOP count; one reference frame and a speaker tag, so that its attention has
+# keys. Shared by every stand-in: read-only by convention, like SyntheticSource's samples.
+STAND_IN = {"key": None, "latent": np.zeros((0, LATENT_DIM), np.float16),
+            "ref": np.zeros((1, LATENT_DIM), np.float16), "text": "[S1]", "target_duration": 0.0}
 
 
 def _random_latent(rng, frames: int) -> np.ndarray:
@@ -183,9 +221,9 @@ class SyntheticSource:
     """Full-length random samples from memory, with no I/O: takes the data path out of a
     measurement on purpose. A few samples are made once and repeated (they are shared: read-only).
 
-    The sample at global index g (step * world_size * micro_batch + rank * micro_batch + i) is
-    samples[g % distinct], the same pool on every rank: 2 ranks x micro-batch B see exactly the
-    samples of 1 rank x micro-batch 2B, so runs of different layouts can be compared step by step.
+    The same global order as LocalTarDataset: the sample at global index g (step * world_size *
+    micro_batch + rank * micro_batch + i) is samples[g % distinct], the same pool on every rank,
+    so 2 ranks x micro-batch B see exactly the samples of 1 rank x micro-batch 2B.
     """
 
     def __init__(self, audio_frames: int, text_tokens: int, speaker_frames: int, seed: int = 0,
@@ -210,7 +248,7 @@ class SyntheticSource:
         while True:
             first = (step * self.world_size + self.rank) * self.micro_batch
             for g in range(first, first + self.micro_batch):
-                yield self.samples[g % len(self.samples)]
+                yield {**self.samples[g % len(self.samples)], "index": g}
             step += 1
 
 
@@ -305,24 +343,32 @@ def _as_is(sample):  # DataLoader collate_fn that keeps numpy arrays (module lev
     return sample
 
 
+def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int = 1, seed: int = 0,
+                skip_bad_samples: bool = False, num_workers: int = 0, audio_frames: int,
+                text_tokens: int, speaker_frames: int):
+    """This rank's samples in global order: SyntheticSource for "synthetic", else a
+    LocalTarDataset over a directory of shards, read in num_workers DataLoader processes when > 0
+    (skipped-sample counts then stay in the workers)."""
+    if source == "synthetic":
+        return SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed, rank=rank,
+                               world_size=world_size, micro_batch=micro_batch)
+    samples = LocalTarDataset(source, rank=rank, world_size=world_size, micro_batch=micro_batch,
+                              shuffle_seed=seed, skip_bad_samples=skip_bad_samples, loop=True)
+    if num_workers > 0:  # in_order (the default): items come from the workers round-robin
+        samples = torch.utils.data.DataLoader(samples, batch_size=None, collate_fn=_as_is,
+                                              num_workers=num_workers, prefetch_factor=8)
+    return samples
+
+
 def make_loader(source: str, *, micro_batch: int, audio_frames: int, text_tokens: int,
                 speaker_frames: int, tokenizer: TextTokenizer, rank: int = 0, world_size: int = 1,
                 seed: int = 0, skip_bad_samples: bool = False, prefetch: int = 4,
                 num_workers: int = 0) -> BatchLoader:
-    """A BatchLoader over "synthetic" (SyntheticSource) or a directory of shards.
-
-    num_workers > 0 reads shards in that many DataLoader processes (the prefetch thread still
-    collates); then skipped-sample counts stay in the workers.
-    """
-    if source == "synthetic":
-        samples = SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed, rank=rank,
-                                  world_size=world_size, micro_batch=micro_batch)
-    else:
-        samples = LocalTarDataset(source, rank=rank, world_size=world_size, shuffle_seed=seed,
-                                  skip_bad_samples=skip_bad_samples, loop=True)
-        if num_workers > 0:
-            samples = torch.utils.data.DataLoader(samples, batch_size=None, collate_fn=_as_is,
-                                                  num_workers=num_workers, prefetch_factor=8)
+    """A BatchLoader over make_source: this rank's micro-batches of the global batches."""
+    samples = make_source(source, micro_batch=micro_batch, rank=rank, world_size=world_size, seed=seed,
+                          skip_bad_samples=skip_bad_samples, num_workers=num_workers,
+                          audio_frames=audio_frames, text_tokens=text_tokens,
+                          speaker_frames=speaker_frames)
     collate_fn = functools.partial(collate, tokenizer=tokenizer, audio_frames=audio_frames,
                                    text_tokens=text_tokens, speaker_frames=speaker_frames)
     return BatchLoader(samples, collate_fn, micro_batch, prefetch=prefetch, pin_memory=True)

@@ -79,6 +79,8 @@ def decode_sample(shard, key: str, members: dict[str, bytes]) -> dict:
         for name, a in (("latent", latent), ("ref", ref)):
             if a.ndim != 2 or a.shape[1] != LATENT_DIM:
                 raise ValueError(f"{name} has shape {a.shape}, expected (T, {LATENT_DIM})")
+            if len(a) == 0:  # only a stand-in for a skipped sample has no frames (dataset.py)
+                raise ValueError(f"{name} has no frames")
         text, duration = meta["text"], float(meta["target_duration"])
         if not isinstance(text, str):
             raise ValueError("'text' is not a string")
@@ -89,30 +91,25 @@ def decode_sample(shard, key: str, members: dict[str, bytes]) -> dict:
             "target_duration": duration, "shard": str(shard)}
 
 
-def read_shard(path, keep: Callable[[int], bool] | None = None,
-               on_error: Callable[[DataError], None] | None = None) -> Iterator[dict]:
-    """Yield the samples of one shard in order.
+def iter_shard(path, keep: Callable[[int], bool] | None = None) -> Iterator[tuple[int, dict | DataError | None]]:
+    """Every sample slot of one shard, in order, as (index in the shard, item).
 
-    keep(i) says whether to decode the i-th sample of the shard (None: all); members of other
-    samples are skipped without reading them. A bad sample raises DataError, or, when on_error is
-    given, is handed to it and skipped. A truncated or corrupt shard ends at the damage: the error
-    names the last key read and belongs to that sample (so only its keeper reports it).
+    item is the sample when keep(index) (None: keep all), a DataError when that sample cannot be
+    read, and None for a slot not kept: its members are skipped without reading them, but the slot
+    is still counted, so every reader numbers the shard's samples alike. A truncated or corrupt
+    shard ends at the damage; the error names the last key read and belongs to that slot (a whole
+    sample before the damage is yielded first, then the error for the same index).
     """
     keep = keep or (lambda i: True)
     index, key, members = -1, None, {}  # the sample being gathered
 
-    def fail(err: DataError):
-        if on_error is None:
-            raise err
-        on_error(err)
-
-    def finish():  # the current sample is complete: decode it if it is ours
-        if key is not None and keep(index):
-            try:
-                return decode_sample(path, key, members)
-            except DataError as e:
-                fail(e)
-        return None
+    def finish():  # the current sample is complete: decode it if it is kept
+        if not keep(index):
+            return None
+        try:
+            return decode_sample(path, key, members)
+        except DataError as e:
+            return e
 
     damage = None  # why the shard ends early, if it does
     try:
@@ -123,9 +120,8 @@ def read_shard(path, keep: Callable[[int], bool] | None = None,
                 name = member.name.rsplit("/", 1)[-1]
                 k, _, suffix = name.partition(".")
                 if k != key:
-                    sample = finish()
-                    if sample is not None:
-                        yield sample
+                    if key is not None:
+                        yield index, finish()
                     index, key, members = index + 1, k, {}
                 if keep(index):
                     members[suffix] = tar.extractfile(member).read()
@@ -136,12 +132,30 @@ def read_shard(path, keep: Callable[[int], bool] | None = None,
                 damage = "truncated or corrupt shard (no end-of-archive marker after this sample)"
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = f"truncated or corrupt shard ({e or type(e).__name__})"
-    if damage is None or all(s in members for s in SUFFIXES):
-        sample = finish()  # the last sample is whole, even if damage follows it
-        if sample is not None:
-            yield sample
-    if damage is not None:
-        if key is None:
-            index, key = 0, "<first sample>"
-        if keep(index):
-            fail(DataError(f"{path}: sample {key!r}: {damage} ({SKIP_HINT})"))
+    if damage is None:
+        if key is not None:
+            yield index, finish()
+        return
+    if key is None:  # damaged before the first sample: one slot, so that readers agree
+        index, key = 0, "<first sample>"
+    if not keep(index):
+        yield index, None
+        return
+    if all(s in members for s in SUFFIXES):  # the last sample is whole, even if damage follows it
+        yield index, finish()
+    yield index, DataError(f"{path}: sample {key!r}: {damage} ({SKIP_HINT})")
+
+
+def read_shard(path, keep: Callable[[int], bool] | None = None,
+               on_error: Callable[[DataError], None] | None = None) -> Iterator[dict]:
+    """Yield the kept samples of one shard in order (iter_shard without the slots).
+
+    A bad sample raises DataError, or, when on_error is given, is handed to it and skipped.
+    """
+    for _, item in iter_shard(path, keep):
+        if isinstance(item, DataError):
+            if on_error is None:
+                raise item
+            on_error(item)
+        elif item is not None:
+            yield item

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,13 @@ def diffusion_draws(seed: int, sample_ids: Sequence[int], frames: int, channels:
     return DiffusionDraws(t=u[:, 0], noise=torch.stack(noises), keep=u[:, 1] >= cfg_dropout)
 
 
+def loss_frames(batch) -> torch.Tensor:
+    """What the loss averages over: real (unpadded) latent frames x channels, a device tensor.
+
+    A data-parallel backend sums it over its replicas to normalise by the global batch."""
+    return batch.latent_mask.sum() * batch.latent.shape[-1]
+
+
 class EchoTTS(nn.Module):
     def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None):
         super().__init__()
@@ -65,11 +72,13 @@ class EchoTTS(nn.Module):
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
 
-    def forward(self, batch, generator: torch.Generator | None = None,
-                draws: DiffusionDraws | None = None) -> torch.Tensor:
+    def forward(self, batch, generator: torch.Generator | None = None, draws: DiffusionDraws | None = None,
+                reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
         """One training objective evaluation: the masked noise-prediction MSE.
 
         The random draws come from `draws` when given (see diffusion_draws), else from `generator`.
+        reduction "sum" returns the squared error summed over real frames, for the caller to divide
+        by loss_frames summed over every data-parallel replica.
         """
         x0 = batch.latent
         b = x0.shape[0]
@@ -86,6 +95,10 @@ class EchoTTS(nn.Module):
         x_t = alpha * x0 + sigma * noise
 
         # Classifier-free guidance: drop text and speaker conditioning together where keep is False.
+        # A row without audio frames (a stand-in for a skipped sample) keeps them, so that its
+        # attention has keys: torch's SDPA gives zeros for a row that attends to nothing; other
+        # kernels (TE) are not checked for it. It adds nothing to the loss.
+        keep = keep | ~batch.latent_mask.any(1)
         text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask).to(self.text_proj.weight.dtype))
         text_mask = batch.text_mask & keep[:, None]
         speaker, speaker_mask = self.speaker_encoder(batch.ref, batch.ref_mask)
@@ -93,5 +106,5 @@ class EchoTTS(nn.Module):
 
         pred = self.dit(x_t, t, batch.latent_mask, text, text_mask, speaker, speaker_mask)
         mask = batch.latent_mask[..., None].to(pred.dtype)
-        err = (pred.float() - noise.float()).pow(2) * mask
-        return err.sum() / (mask.sum() * x0.shape[-1]).clamp(min=1.0)
+        err = ((pred.float() - noise.float()).pow(2) * mask).sum()
+        return err if reduction == "sum" else err / loss_frames(batch).clamp(min=1)
