@@ -374,12 +374,14 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
     return record
 
 
-class RunTimeout(Exception):
-    pass
+class RunTimeout(BaseException):
+    """A BaseException, like KeyboardInterrupt: torch.compile's `except Exception` handlers must not
+    swallow it (a limit reached inside an inductor compile was lost that way)."""
 
 
 def start_time_limit(seconds: float | None) -> None:
-    """SIGALRM interrupts whatever runs (a compile too) once the limit is reached."""
+    """SIGALRM interrupts whatever runs (a compile too) once the limit is reached, and again every
+    5 s until stop_time_limit(), in case a handler somewhere still swallows it."""
     if not seconds:
         return
 
@@ -387,7 +389,7 @@ def start_time_limit(seconds: float | None) -> None:
         raise RunTimeout(f"time limit of {seconds:g} s reached")
 
     signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 5.0)
 
 
 def stop_time_limit() -> None:
