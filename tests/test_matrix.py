@@ -216,10 +216,12 @@ defaults: {parallelism: single}
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj1", "#SBATCH --qos=high",
                  "#SBATCH --constraint=gh200&ib", "#SBATCH --cpus-per-task=72", "#SBATCH --reservation=bench",
                  f"#SBATCH --output={tmp_path / run.id}/logs/slurm-%j.out", "module load cuda", "export NCCL_DEBUG=WARN",
-                 "NPROC=1"):
+                 "NPROC=1", "#SBATCH --no-requeue"):
         assert line in script.splitlines(), line
     assert script.endswith(LAUNCH_BODY)
-    assert (ROOT / "scripts" / "run.sh").read_text().endswith(LAUNCH_BODY)
+    by_hand = (ROOT / "scripts" / "run.sh").read_text()
+    # A requeued job would rerun under the same id and truncate its log: never requeued, --retry-failed reruns.
+    assert by_hand.endswith(LAUNCH_BODY) and "#SBATCH --no-requeue" in by_hand.splitlines()
     with pytest.raises(ValueError, match="#SBATCH lines"):
         render_script(run.cfg, tmp_path / "a dir" / run.id, m.spec.slurm)
 

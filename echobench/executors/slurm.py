@@ -77,6 +77,9 @@ def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --time={slurm.time}",
         f"#SBATCH --output={sbatch_path(run_dir)}/logs/slurm-%j.out",
+        # A requeue (SLURM's default after a node failure) reruns the job under the same id and
+        # truncates its log: no requeue; the run ends as node_fail and --retry-failed reruns it.
+        "#SBATCH --no-requeue",
     ]
     if slurm.request_gpus:
         head.append(f"#SBATCH --gpus-per-node={int(cfg.gpus_per_node)}")
