@@ -59,8 +59,10 @@ def child_env(nproc: int) -> dict:
 
 
 def launch(cfg: RunConfig, out_dir: Path, nproc: int, nnodes: int = 1, node_rank: int = 0,
-           master_addr: str | None = None, master_port: int = 29500) -> dict | None:
-    """Runs torchrun for this node; the workers read the resolved settings from a YAML file."""
+           master_addr: str | None = None, master_port: int = 29500) -> tuple[dict | None, int]:
+    """Runs torchrun for this node; the workers read the resolved settings from a YAML file.
+
+    Returns (the run's record, torchrun's exit code); the record is None on nodes other than 0."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,8 +76,8 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int, nnodes: int = 1, node_rank
     started = time.time()
     code = subprocess.call(cmd, env=env)
     if node_rank != 0:
-        return None
-    return finalize(cfg, out_dir, code, started)
+        return None, code
+    return finalize(cfg, out_dir, code, started), code
 
 
 def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> dict:

@@ -30,7 +30,8 @@ from pathlib import Path
 import yaml
 
 from echobench.config import RunConfig
-from echobench.executors import ACTIVE, current_record, finish_without_record
+from echobench.console import esc
+from echobench.executors import ACTIVE, CorruptRecord, current_record, finish_without_record
 from echobench.matrix import Matrix, Plan, PlannedRun, expand, parse_time
 from echobench.results import export_table, load_records, records_frame, write_json_atomic
 
@@ -133,7 +134,7 @@ def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) 
 
 def archive_attempt(rd: Path, attempt: int) -> None:
     """Moves an earlier attempt's record, status and logs aside: nothing measured is lost."""
-    names = ["result.json", "job-state", "logs", "ranks"]
+    names = ["result.json", "result.json.corrupt", "job-state", "logs", "ranks"]
     if not any((rd / n).exists() for n in names):
         return
     dest = rd / "attempts" / str(attempt)
@@ -164,11 +165,20 @@ def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> 
             "settings": cfg.to_dict() if cfg else dict(settings)}
 
 
+def record_state(rd: Path) -> tuple[str, dict]:
+    """(state, record) from a run's current record: its status; "new" without one; "corrupt",
+    with an error naming the file, when it is there but unreadable (a failure, never "new")."""
+    try:
+        record = current_record(rd)
+    except CorruptRecord as exc:
+        return "corrupt", {"error": f"corrupt record: {exc}"}
+    return (record["status"], record) if record else ("new", {})
+
+
 def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
     """A tracked job's state now; once it is over, its record exists (written here if need be)."""
     if entry.get("settled"):
-        record = current_record(rd)
-        return record["status"] if record else "new"
+        return record_state(rd)[0]
     job = executor.state(entry["job_id"], rd)
     entry["detail"] = job.detail
     if job.state in ACTIVE:
@@ -188,8 +198,7 @@ def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
 def run_state(cfg: RunConfig, rd: Path, entry: dict | None, executor) -> str:
     """new | pending | running | a record status."""
     if entry is None or not entry.get("job_id"):
-        record = current_record(rd)
-        return record["status"] if record else "new"
+        return record_state(rd)[0]
     return settle(cfg, rd, entry, executor)
 
 
@@ -211,7 +220,7 @@ class Progress:
             table.add_column(col, overflow="fold")
         for rid, state, detail in rows:
             color = {"ok": "green", "running": "cyan", "pending": "yellow"}.get(state, "red" if state != "queued" else "")
-            table.add_row(rid, f"[{color}]{state}[/]" if color else state, detail[:80])
+            table.add_row(esc(rid), f"[{color}]{esc(state)}[/]" if color else esc(state), esc(detail[:80]))
         return table
 
     def __enter__(self):
@@ -232,6 +241,7 @@ class Progress:
 
 
 def log(console, text: str) -> None:
+    """One timestamped line; `text` is rich markup: pass outside strings through esc()."""
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False)
 
 
@@ -261,7 +271,7 @@ def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
             code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
                                    stderr=subprocess.STDOUT, env=env)
         if code != 0:
-            log(console, f"[red]calibration failed[/] (see {sweep_dir / 'calibrate.log'}); runs without a peak will fail")
+            log(console, f"[red]calibration failed[/] (see {esc(sweep_dir / 'calibrate.log')}); runs without a peak will fail")
     return {"ECHOBENCH_CACHE": str(cache)}
 
 
@@ -294,11 +304,14 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
             tracked.append(run.id)
         elif st != "ok":
             (to_submit if opts.retry_failed else failed_before).append(run)
+            if st == "corrupt":
+                log(console, f"{run.id}: [red]{esc(record_state(dirs[run.id])[1]['error'])}[/]"
+                             + ("" if opts.retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
     save_state(sweep_dir, state)
     done = len(runs) - len(to_submit) - len(tracked) - len(failed_before)
     log(console, f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(tracked)} in progress, "
                  f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
-                                              if failed_before else "") + f" -> {sweep_dir}")
+                                              if failed_before else "") + f" -> {esc(sweep_dir)}")
     if opts.executor == "local" and any(r.cfg.peak_tflops is None for r in to_submit):
         devices = {r.cfg.device for r in to_submit}
         executor.env.update(calibrate_once(sweep_dir, console, devices.pop() if len(devices) == 1 else "auto"))
@@ -315,11 +328,11 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
             entries[run.id].update(settled=True, state=record["status"])
-            log(console, f"{run.id}: [red]not submitted[/]: {exc}")
+            log(console, f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             entries[run.id]["job_id"] = job_id
             tracked.append(run.id)
-            log(console, f"{run.id}: submitted as {job_id}")
+            log(console, f"{run.id}: submitted as {esc(job_id)}")
         save_state(sweep_dir, state)
 
     queue = list(to_submit)
@@ -329,7 +342,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     if not opts.wait:
         if queue:
             raise ValueError("--no-wait needs a scheduler: the local executor runs jobs in this process")
-        log(console, f"submitted; follow with: echobench status {sweep_dir}")
+        log(console, f"submitted; follow with: echobench status {esc(sweep_dir)}")
         return 0
 
     poll_s = opts.poll_s or (1.0 if opts.executor == "local" else 5.0)
@@ -344,11 +357,11 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                     st = settle(by_id[rid].cfg, dirs[rid], entries[rid], executor)
                     if st not in ACTIVE:
                         tracked.remove(rid)
-                        record = current_record(dirs[rid]) or {}
-                        note = "" if st == "ok" else f": {record.get('error', '')[:300]}"
-                        log(console, f"{rid}: [{'green' if st == 'ok' else 'red'}]{st}[/]{note}")
+                        record = record_state(dirs[rid])[1]
+                        note = "" if st == "ok" else f": {esc(record.get('error', '')[:300])}"
+                        log(console, f"{rid}: [{'green' if st == 'ok' else 'red'}]{esc(st)}[/]{note}")
                     elif st != before:
-                        log(console, f"{rid}: {st}")
+                        log(console, f"{rid}: {esc(st)}")
                 save_state(sweep_dir, state)
                 rows = [(r.id, entries.get(r.id, {}).get("state", "queued"), entries.get(r.id, {}).get("detail", ""))
                         for r in runs]
@@ -363,7 +376,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
             finish_without_record(by_id[rid].cfg, dirs[rid], "cancelled", "interrupted (Ctrl-C) while running")
             entries[rid].update(settled=True, state="cancelled")
         save_state(sweep_dir, state)
-        log(console, "interrupted: finished results are kept" + (f"; {executor.detach_message()}"
+        log(console, "interrupted: finished results are kept" + (f"; {esc(executor.detach_message())}"
                                                                if executor.detach_message() else ""))
     statuses = collect(sweep_dir, [dirs[r.id] for r in runs], console)
     if interrupted:
@@ -375,10 +388,10 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
     """One table of the runs' current records -> SWEEP/results.csv and .parquet."""
     records, problems = load_records([d / "result.json" for d in run_dirs if (d / "result.json").exists()])
     for p in problems:
-        log(console, f"[yellow]skipped a corrupt record[/]: {p}")
+        log(console, f"[yellow]skipped a corrupt record[/]: {esc(p)}")
     if records:
         paths = export_table(records_frame(records), sweep_dir)
-        log(console, f"results: {', '.join(str(p) for p in paths)}")
+        log(console, f"results: {esc(', '.join(str(p) for p in paths))}")
     return {r["run_id"]: r["status"] for r in records}
 
 
@@ -414,7 +427,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
         name = (entry or {}).get("executor", "local")
         executor = executors.setdefault(name, make_executor(name))
         st = run_state(cfg, rd, entry, executor)
-        record = current_record(rd) or {}
+        record = record_state(rd)[1]
         rows.append({"run_id": rid, "state": st, "job_id": (entry or {}).get("job_id"),
                      "attempt": (entry or {}).get("attempt"), "step_time_s": record.get("step_time_s"),
                      "samples_per_s": record.get("samples_per_s"), "mfu": record.get("mfu"),
