@@ -370,17 +370,22 @@ def data_synth(
 
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----
 
-def load_plan(matrix_path: Path, executor: str | None):
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
     from echobench.matrix import MatrixError, expand, load_matrix
 
     if executor not in (None, "local", "slurm"):
         fail(f"--executor {executor!r} is not valid: allowed local, slurm")
+    if max_runs is not None and max_runs < 1:
+        fail(f"--max-runs {max_runs}: must be >= 1")
     try:
         matrix = load_matrix(matrix_path)
+        executor = executor or matrix.spec.executor
+        return matrix, expand(matrix, executor, max_runs), executor
     except MatrixError as exc:
         fail(str(exc))
-    executor = executor or matrix.spec.executor
-    return matrix, expand(matrix, executor), executor
+
+
+MAX_RUNS_HELP = "Refuse a matrix of more runs than this (default: the file's max_runs, else 10000)."
 
 
 def gib(value) -> str:
@@ -394,11 +399,12 @@ def plan(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): paths in --script."),
     script: Optional[str] = typer.Option(None, "--script", metavar="RUN_ID", help="Print this run's exact job script."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours."""
     from echobench import sweep as sw
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     sweep_dir = (out or sw.default_out(matrix)).resolve()
     if script is not None:
         run = the_plan.by_id(script)
@@ -468,12 +474,13 @@ def sweep(
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
     poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results."""
     from echobench import sweep as sw
     from echobench.matrix import MatrixError, parse_only, select
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     if not wait and executor == "local":
         fail("--no-wait needs --executor slurm: the local executor runs each job from this process")
     try:
