@@ -434,13 +434,17 @@ def plan(
         run_limit_h = sw.time_limit_s(matrix, executor, run) / 3600
         limit_total += run_limit_h * c.world_size
         fits = {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits]
+        peak, peak_source = sw.planned_peak(run, matrix)
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
+                     "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": est_h, "gpu_hours_limit": run_limit_h * c.world_size})
         table.add_row(run.id, f"{c.tp} x {c.dp}",
                       f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib), fits,
                       "-" if est_h is None else f"{est_h:.2f}", f"{run_limit_h * c.world_size:.2f}")
+    no_peak = sw.peak_note(the_plan.runs, matrix, executor)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
+                          "no_peak": no_peak,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
@@ -460,8 +464,9 @@ def plan(
                      if too_big else ""))
     if the_plan.runs:
         console.print(f"GPU-hours: {limit_total:.2f} at most (time limits), "
-                      + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else
-                         "no estimate (no peak known: set hardware.peak_tflops or hardware.device)"))
+                      + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
+    if no_peak:
+        console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
 
 
 @app.command()

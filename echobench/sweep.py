@@ -71,15 +71,37 @@ def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -
     return parse_time(time_limit(matrix, executor, run))
 
 
+def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
+    """The peak TFLOP/s a run will use as far as the plan can tell, and where it comes from: the
+    matrix, else the datasheet entry of hardware.device; (None, None) when only the node can tell."""
+    if run.cfg.peak_tflops is not None:
+        return run.cfg.peak_tflops, "matrix"
+    device = matrix.spec.hardware.device
+    if device:
+        from echobench.hardware import table_peak  # imports torch: only when asked
+
+        if hit := table_peak(device):
+            return hit[0], hit[1]
+    return None, None
+
+
+def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
+    """Which runs have no peak in the plan, and where theirs will come from."""
+    missing = [r.id for r in runs if planned_peak(r, matrix)[0] is None]
+    if not missing:
+        return None
+    which = f"all {len(runs)} runs" if len(missing) == len(runs) else f"{len(missing)} of {len(runs)} runs ({', '.join(missing)})"
+    where = "on a compute node, in a job the runs wait for" if executor == "slurm" else "on this machine"
+    return (f"no peak known for {which}: each takes its node's datasheet peak when the device is in the table, "
+            f"else the GEMM rate the sweep calibrates once {where} (SWEEP/cache); "
+            f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
+
+
 def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
     """Startup plus all steps at the matrix's assumed MFU; None without a known peak."""
     from echobench.flops import hardware_flops, model_flops
     hw = matrix.spec.hardware
-    peak = run.cfg.peak_tflops or hw.peak_tflops
-    if peak is None and hw.device:
-        from echobench.hardware import table_peak  # imports torch: only when asked
-
-        peak = (table_peak(hw.device) or (None,))[0]
+    peak = planned_peak(run, matrix)[0]
     if peak is None:
         return None
     cfg = run.cfg
@@ -125,7 +147,10 @@ def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) 
     if executor == "slurm":
         from echobench.executors.slurm import render_script
 
-        slurm = matrix.spec.slurm.model_copy(update={"time": time_limit(matrix, "slurm", run)})
+        env = dict(matrix.spec.slurm.env)
+        if run.cfg.peak_tflops is None:  # where the sweep's calibration job writes (calibrate_on_slurm)
+            env.setdefault("ECHOBENCH_CACHE", str(rd.parent.resolve() / "cache"))
+        slurm = matrix.spec.slurm.model_copy(update={"time": time_limit(matrix, "slurm", run), "env": env})
         return render_script(run.cfg, rd, slurm)
     from echobench.executors.local import render_local_script
 
@@ -275,6 +300,25 @@ def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
     return {"ECHOBENCH_CACHE": str(cache)}
 
 
+def calibrate_on_slurm(sweep_dir: Path, matrix: Matrix, executor, console, device: str = "auto") -> None:
+    """A SLURM sweep with no peak given: one calibration job on a compute node (the login node's
+    device says nothing about the nodes'), which every run then waits for (executor.after).
+    Raises ValueError, before any run is submitted, when SLURM refuses it."""
+    if list((sweep_dir / "cache" / "calibration").glob("*.json")):
+        return
+    from echobench.executors.slurm import SlurmError, render_calibration_script
+
+    script = sweep_dir / "calibrate.sh"
+    script.write_text(render_calibration_script(sweep_dir, matrix.spec.slurm, device))
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    try:
+        executor.after = executor.sbatch(script, "the calibration job")
+    except SlurmError as exc:
+        raise ValueError(f"{exc}; nothing submitted (or set hardware.peak_tflops in the matrix)") from None
+    log(console, f"no peak_tflops in the matrix: calibrating once on a compute node (job {esc(executor.after)}, "
+                 f"log {esc(sweep_dir / 'logs')}/calibrate-{esc(executor.after)}.out); the runs wait for it")
+
+
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
               skipped: list[dict] | None = None) -> int:
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
@@ -312,9 +356,13 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     log(console, f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(tracked)} in progress, "
                  f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
                                               if failed_before else "") + f" -> {esc(sweep_dir)}")
-    if opts.executor == "local" and any(r.cfg.peak_tflops is None for r in to_submit):
+    if any(r.cfg.peak_tflops is None for r in to_submit):
         devices = {r.cfg.device for r in to_submit}
-        executor.env.update(calibrate_once(sweep_dir, console, devices.pop() if len(devices) == 1 else "auto"))
+        device = devices.pop() if len(devices) == 1 else "auto"
+        if opts.executor == "local":
+            executor.env.update(calibrate_once(sweep_dir, console, device))
+        else:
+            calibrate_on_slurm(sweep_dir, matrix, executor, console, device)
 
     def submit(run: PlannedRun) -> None:
         rd = dirs[run.id]

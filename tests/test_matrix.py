@@ -347,3 +347,34 @@ def test_plan_and_sweep_refuse_a_bad_matrix_in_one_line_and_write_nothing(cli, t
         err = proc.stderr.strip()
         assert proc.returncode == 2 and len(err.splitlines()) == 1 and str(m) in err and expected in err, err
     assert not out.exists()
+
+
+def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli, tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\n"
+                 "include: [{seed: 1}, {seed: 2, peak_tflops: 3}]\n")
+    out = json.loads(cli("plan", m, "--json").stdout)
+    no_peak, with_peak = out["runs"]
+    assert (no_peak["peak_tflops"], with_peak["peak_tflops"], with_peak["peak_source"]) == (None, 3, "matrix")
+    assert f"1 of 2 runs ({no_peak['run_id']})" in out["no_peak"] and "calibrates once on a compute node" in out["no_peak"]
+    proc = cli("plan", m)
+    assert proc.returncode == 0 and "no peak known for 1 of 2 runs" in proc.stdout
+    # The run without a peak reads the calibration the sweep makes in SWEEP/cache; the other does not need it.
+    for run, exported in ((no_peak, True), (with_peak, False)):
+        script = cli("plan", m, "--out", tmp_path / "sweep", "--script", run["run_id"]).stdout
+        assert (f"export ECHOBENCH_CACHE={tmp_path / 'sweep' / 'cache'}" in script.splitlines()) == exported
+
+
+def test_the_calibration_job_script(tmp_path):
+    from echobench.executors.slurm import render_calibration_script
+
+    m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "
+                     "env: {A: b}}\n", "m.yaml")
+    script = render_calibration_script(tmp_path, m.spec.slurm, "cuda")
+    lines = script.splitlines()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --gpus-per-node=1", "#SBATCH --partition=cpu", "#SBATCH --time=10",
+                 "#SBATCH --no-requeue", f"#SBATCH --output={tmp_path}/logs/calibrate-%j.out", "export A=b",
+                 f"export ECHOBENCH_CACHE={tmp_path}/cache"):
+        assert line in lines, line
+    assert lines[-1] == 'exec "$PYTHON" -m echobench calibrate --device cuda'
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
