@@ -31,6 +31,17 @@ def originating_failure(failures: list[dict]) -> dict:
     return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
 
 
+def rank_failures(out_dir: Path) -> list[dict]:
+    """The failures ranks recorded in OUT/ranks/rank-N.json (unreadable files skipped)."""
+    failures = []
+    for rank_file in sorted((Path(out_dir) / "ranks").glob("rank-*.json")):
+        try:
+            failures.append(json.loads(rank_file.read_text()))
+        except (OSError, ValueError):
+            continue
+    return failures
+
+
 def clear_previous(out_dir: Path) -> None:
     """A rerun into the same directory must not report the previous run's result."""
     (out_dir / "result.json").unlink(missing_ok=True)
@@ -89,12 +100,7 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> d
     from echobench.distributed import pick_device
 
     record = base_record(cfg, pick_device(cfg.device))
-    failures = []
-    for rank_file in sorted((out_dir / "ranks").glob("rank-*.json")):
-        try:
-            failures.append(json.loads(rank_file.read_text()))
-        except (OSError, ValueError):
-            continue
+    failures = rank_failures(out_dir)
     if failures:
         first = originating_failure(failures)
         record.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),

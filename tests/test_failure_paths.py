@@ -115,6 +115,19 @@ def test_a_startup_failure_writes_a_record(cli, tmp_path):
     assert (out / "ranks" / "rank-0.json").exists()
 
 
+def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
+    """srun stops node 0's launcher when node 1's fails, so no launcher assembles the record: the
+    sweep's record names the rank from the file it left."""
+    from echobench.executors import finish_without_record
+
+    write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
+        "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
+        "traceback_tail": "Traceback ...", "failed_at": 1.0})
+    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
+    assert record["status"] == "error" and record["failed_ranks"] == [1]
+    assert record["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
+
+
 def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):
     assert "fail_at_step=-2" in one_line_error(cli("run", "--fail-at-step", "-2", "--out", tmp_path / "x"))
 

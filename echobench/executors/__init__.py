@@ -96,9 +96,18 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
         (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
     if own is not None and (own["status"] == "ok" or status == "error"):
         return own
+    from echobench.launch import originating_failure, rank_failures
+
     tail = log_tail(run_dir)
-    error = f"{why}; log: {short_tail(tail)}" if tail else why
     extra = {"log_tail": tail}
+    if own is None and (failures := rank_failures(run_dir)):
+        # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
+        # when another node's failed): name that rank first.
+        first = originating_failure(failures)
+        status = first["status"] if status == "error" else status
+        why = f"{first['error']}; {why}"
+        extra.update(failed_ranks=sorted(f["rank"] for f in failures), traceback_tail=first.get("traceback_tail"))
+    error = f"{why}; log: {short_tail(tail)}" if tail else why
     if own is not None:
         extra["run_error"] = own.get("error")
     if corrupt is not None:
