@@ -302,7 +302,7 @@ def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
 
 def calibrate_on_slurm(sweep_dir: Path, matrix: Matrix, executor, console, device: str = "auto") -> None:
     """A SLURM sweep with no peak given: one calibration job on a compute node (the login node's
-    device says nothing about the nodes'), which every run then waits for (executor.after).
+    device says nothing about the nodes'), which the runs without a peak then wait for.
     Raises ValueError, before any run is submitted, when SLURM refuses it."""
     if list((sweep_dir / "cache" / "calibration").glob("*.json")):
         return
@@ -312,11 +312,12 @@ def calibrate_on_slurm(sweep_dir: Path, matrix: Matrix, executor, console, devic
     script.write_text(render_calibration_script(sweep_dir, matrix.spec.slurm, device))
     (sweep_dir / "logs").mkdir(exist_ok=True)
     try:
-        executor.after = executor.sbatch(script, "the calibration job")
+        executor.calibration = executor.sbatch(script, "the calibration job")
     except SlurmError as exc:
         raise ValueError(f"{exc}; nothing submitted (or set hardware.peak_tflops in the matrix)") from None
-    log(console, f"no peak_tflops in the matrix: calibrating once on a compute node (job {esc(executor.after)}, "
-                 f"log {esc(sweep_dir / 'logs')}/calibrate-{esc(executor.after)}.out); the runs wait for it")
+    job = esc(executor.calibration)
+    log(console, f"no peak_tflops in the matrix: calibrating once on a compute node (job {job}, "
+                 f"log {esc(sweep_dir / 'logs')}/calibrate-{job}.out); the runs without a peak wait for it")
 
 
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
@@ -356,12 +357,12 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     log(console, f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(tracked)} in progress, "
                  f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
                                               if failed_before else "") + f" -> {esc(sweep_dir)}")
-    if any(r.cfg.peak_tflops is None for r in to_submit):
-        devices = {r.cfg.device for r in to_submit}
+    if no_peak := [r for r in to_submit if r.cfg.peak_tflops is None]:
+        devices = {r.cfg.device for r in no_peak}
         device = devices.pop() if len(devices) == 1 else "auto"
         if opts.executor == "local":
             executor.env.update(calibrate_once(sweep_dir, console, device))
-        else:
+        elif any(planned_peak(r, matrix)[0] is None for r in no_peak):  # hardware.device in the table needs none
             calibrate_on_slurm(sweep_dir, matrix, executor, console, device)
 
     def submit(run: PlannedRun) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from conftest import ROOT, cli_env
@@ -130,6 +131,29 @@ def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
 
 def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):
     assert "fail_at_step=-2" in one_line_error(cli("run", "--fail-at-step", "-2", "--out", tmp_path / "x"))
+
+
+# ---- 8. a SLURM sweep without a peak ----
+
+def test_a_slurm_sweep_without_a_peak_submits_one_calibration_job_that_only_peakless_runs_wait_for(
+        cli, tmp_path, monkeypatch):
+    """Against a stand-in sbatch that logs its arguments (the real cluster: tests/test_slurm.py)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\necho "$@" >>"{calls}"\necho $((100 + $(wc -l <"{calls}")))\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "slurm", "slurm": {"request_gpus": False},
+                                  "defaults": TINY, "include": [{"seed": 1}, {"seed": 2, "peak_tflops": 3}]}))
+    sweep = tmp_path / "sweep"
+    proc = cli("sweep", matrix, "--out", sweep, "--no-wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, *jobs = calls.read_text().splitlines()
+    assert first.endswith(f"{sweep}/calibrate.sh") and "calibrating once on a compute node (job 101" in proc.stdout
+    waits = {job.split()[-1].split("/")[-2]: "--dependency=afterany:101" in job for job in jobs}
+    by_seed = {yaml.safe_load((sweep / rid / "run.yaml").read_text())["seed"]: w for rid, w in waits.items()}
+    assert by_seed == {1: True, 2: False}
 
 
 # ---- 4. a corrupt current record ----

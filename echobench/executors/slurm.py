@@ -152,15 +152,15 @@ class SlurmExecutor:
 
     def __init__(self):
         self.accounting: bool | None = None  # unknown until sacct has been tried
-        self.after: str | None = None  # a job every run waits for (the sweep's calibration)
+        self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
 
     def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
         # The time limit is in the script (#SBATCH --time).
-        return self.sbatch(run_dir / "job.sh", run.id)
+        return self.sbatch(run_dir / "job.sh", run.id, self.calibration if run.cfg.peak_tflops is None else None)
 
-    def sbatch(self, script: Path, what: str) -> str:
-        # afterany: a run starts whether or not the calibration worked (a node with a datasheet peak needs none).
-        depend = [f"--dependency=afterany:{self.after}"] if self.after else []
+    def sbatch(self, script: Path, what: str, after: str | None = None) -> str:
+        # afterany: the run starts whether or not the calibration worked (a node with a datasheet peak needs none).
+        depend = [f"--dependency=afterany:{after}"] if after else []
         try:
             proc = _run(["sbatch", "--parsable", *depend, str(script)])
         except FileNotFoundError:
