@@ -23,7 +23,7 @@ import torch
 from echobench import flops as flops_model
 from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
-from echobench.distributed import DistInfo, all_gather_object, init_distributed, shutdown
+from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, env_info, resolve_peak
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.results import SCHEMA_VERSION, step_figures, window_figures, write_json_atomic, write_record
@@ -33,6 +33,9 @@ GIB = 1024**3
 
 class InjectedFailure(RuntimeError):
     pass
+
+
+STARTUP_STEP = -1  # fail_at_step -1: fail at start-up, before the process group forms
 
 
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -52,9 +55,10 @@ def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
         return
     if cfg.fail_rank is not None and cfg.fail_rank != rank:
         return
+    where = "start-up" if step == STARTUP_STEP else f"step {step}"
     if cfg.fail_kind == "oom":
-        raise torch.OutOfMemoryError(f"injected out-of-memory at step {step} on rank {rank}")
-    raise InjectedFailure(f"injected failure at step {step} on rank {rank}")
+        raise torch.OutOfMemoryError(f"injected out-of-memory at {where} on rank {rank}")
+    raise InjectedFailure(f"injected failure at {where} on rank {rank}")
 
 
 def memory_stats(device: torch.device) -> dict:
@@ -422,11 +426,13 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    info = init_distributed(cfg.device, cfg.collective_timeout_s)
+    info = dist_info(cfg.device)
     cfg = match_process_group(cfg, info)
     record = base_record(cfg, info.device)
     start_time_limit(cfg.time_limit_s)
     try:
+        maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
+        form_process_group(info, cfg.collective_timeout_s)
         model_cfg = cfg.model_config()
         record["flops_breakdown"] = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
@@ -451,7 +457,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
                       per_rank=[{k: v for k, v in rank_record.items() if k != "traceback_tail"}])
         if info.is_main and not info.enabled:
             write_record(out_dir, record)
-        shutdown()
+        shutdown(abort=True)
         if isinstance(exc, KeyboardInterrupt):
             raise
         return record

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from echobench.console import esc
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
 app.add_typer(data_app, name="data")
@@ -22,9 +24,23 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> None:
-    """A clear one-line error for bad input; no Python traceback."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """A clear one-line error for bad input; no Python traceback. The message is plain text."""
+    err_console.print(f"[bold red]error:[/] {esc(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def writable_dir(path: Path, what: str | None = None) -> Path:
+    """Creates the directory `path` (and its parents) and checks a file can be written in it;
+    else one line naming `what` (default: --out PATH)."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        fail(f"{what or f'--out {path}'}: cannot write a directory there ({exc.strerror or exc}): choose another path")
+    return path
 
 
 def fmt(value, spec: str = ".3g") -> str:
@@ -94,7 +110,8 @@ def run(
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
     profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler chrome trace of the last 3 measured steps (OUT/trace-rankN.json)."),
-    fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
+    fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step (-1: at start-up, "
+                                               "before the process group forms)."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),
     time_limit_s: Optional[float] = typer.Option(None, help="Stop the run after this many seconds (status timeout)."),
@@ -104,6 +121,7 @@ def run(
     from echobench.config import RunConfig
 
     settings = run_settings(ctx, params, config)
+    code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
         settings["parallelism"] = tp_parallelism(ctx, tp)
     if nproc is not None:
@@ -118,15 +136,16 @@ def run(
 
     if problem := parallelism_problem(cfg):
         fail(problem)
+    writable_dir(out)
     if repeats != 1:
         run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
         return
     if nproc is not None:
         from echobench.launch import launch
 
-        record = launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
-        if record is None:  # not node 0: node 0's launcher owns the record
-            return
+        record, code = launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
+        if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
+            raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
         from echobench.bench import run_benchmark
 
@@ -136,9 +155,9 @@ def run(
                 raise typer.Exit(1)
             return
     print_record(record)
-    console.print(f"wrote {out / 'result.json'}")
-    if record["status"] != "ok":
-        raise typer.Exit(1)
+    console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+    if record["status"] != "ok" or code:
+        raise typer.Exit(code or 1)
 
 
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
@@ -150,15 +169,15 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
         fail(f"--repeats {repeats}: must be >= 1")
     if "RANK" in os.environ:
         fail("--repeats launches its own processes: run it outside torchrun (with --nproc N for several per node)")
-    records = launch_repeats(cfg, out, repeats, *launch_args)
-    if not records:  # not node 0: node 0's launcher owns the records
-        return
-    table = Table(title=f"{len(records)} repeats of {configuration_key(records[0])}")
+    records, code = launch_repeats(cfg, out, repeats, *launch_args)
+    if not records:  # not node 0: node 0's launcher owns the records; this one exits as its torchruns did
+        raise typer.Exit(code)
+    table = Table(title=esc(f"{len(records)} repeats of {configuration_key(records[0])}"))
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):
         ok = r["status"] == "ok"
-        table.add_row(str(k), r["run_id"], r["status"], fmt(r["samples_per_s"], ".4g") if ok else "-",
+        table.add_row(str(k), esc(r["run_id"]), esc(r["status"]), fmt(r["samples_per_s"], ".4g") if ok else "-",
                       f"{r['mfu']:.2%}" if ok else "-", fmt(r["step_time_s"], ".4f") if ok else "-",
                       f"{r['step_time_mean_vs_median']:+.1%}" if ok else "-")
     console.print(table)
@@ -168,7 +187,7 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
         console.print(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
                       f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
                       f"({mfu['min']:.2%}-{mfu['max']:.2%})", highlight=False)
-    console.print(f"wrote {', '.join(str(out / f'repeat-{k}' / 'result.json') for k in range(len(records)))}",
+    console.print(f"wrote {esc(', '.join(str(out / f'repeat-{k}' / 'result.json') for k in range(len(records))))}",
                   highlight=False)
     if len(ok) < len(records):
         raise typer.Exit(1)
@@ -186,11 +205,12 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
 
 def print_record(record: dict) -> None:
     if record["status"] != "ok":
-        err_console.print(f"[bold red]{record['status']}:[/] {record['error']}", highlight=False)
+        err_console.print(f"[bold red]{esc(record['status'])}:[/] {esc(record['error'])}", highlight=False,
+                          soft_wrap=True)
         return
     from echobench.results import peak_notes
 
-    table = Table(title=record["run_id"], show_header=False)
+    table = Table(title=esc(record["run_id"]), show_header=False)
     rows = [
         ("device", record["env"]["device_name"]),
         ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
@@ -213,7 +233,7 @@ def print_record(record: dict) -> None:
         ("data wait", f"{record['data_wait_frac']:.1%}"),
     ]
     for k, v in rows:
-        table.add_row(k, str(v))
+        table.add_row(k, esc(v))
     console.print(table)
     for note in peak_notes(record):
         console.print(f"note: {note}", highlight=False, markup=False)
@@ -283,10 +303,10 @@ def calibrate(
         print(json.dumps(record, indent=2))
         return
     sheet = record["datasheet_tflops"]
-    console.print(f"{record['device']}: {record['dtype']} {record['size']}^3 GEMM "
+    console.print(f"{esc(record['device'])}: {record['dtype']} {record['size']}^3 GEMM "
                   f"{record['tflops']:.4g} TFLOP/s median (min {record['tflops_min']:.4g}, max {record['tflops_max']:.4g})"
                   + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
-    console.print(f"saved {record['path']}")
+    console.print(f"saved {esc(record['path'])}", highlight=False)
 
 
 @app.command()
@@ -307,6 +327,12 @@ def report(
         fail(f"--table {table!r} is not valid: allowed {', '.join(RENDERERS)}")
     if reference is not None and table is None:
         fail("--reference needs --table md|csv|latex")
+    if out is None and table is None:
+        out = Path("report.html")
+    if out is not None:
+        if out.is_dir():
+            fail(f"-o {out} is a directory: give the HTML file's path (e.g. {out / 'report.html'})")
+        writable_dir(out.parent, f"-o {out}")
     ref = None
     if reference is not None:
         try:
@@ -315,19 +341,19 @@ def report(
             fail(str(exc))
     data = load_report_input(paths)
     for problem in data.problems:
-        err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     if not data.records:
-        err_console.print(f"no result records under {', '.join(map(str, paths))}", highlight=False)
+        err_console.print(f"no result records under {esc(', '.join(map(str, paths)))}", highlight=False)
     elif data.ok.empty:
         err_console.print(f"no successful runs: all {len(data.records)} record(s) failed", highlight=False)
     if table is not None:
         sys.stdout.write(render_table(data.frame, table, ref))
-    if out is None and table is None:
-        out = Path("report.html")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_dashboard(data), encoding="utf-8")
-        err_console.print(f"wrote {out} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
+        try:
+            out.write_text(render_dashboard(data), encoding="utf-8")
+        except OSError as exc:
+            fail(f"-o {out}: cannot write it ({exc.strerror or exc})")
+        err_console.print(f"wrote {esc(out)} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
 
 
 @app.command()
@@ -352,7 +378,7 @@ def compare(
         fail(f"--alpha {alpha:g}: must be between 0 and 1 (e.g. 0.01)")
     (old_records, old_problems), (new_records, new_problems) = load_records([old]), load_records([new])
     for problem in old_problems + new_problems:
-        err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     result = compare_records(old_records, new_records, threshold, alpha)
     if not result.changes:
         fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
@@ -361,7 +387,7 @@ def compare(
     def pct(v):
         return "-" if v is None else f"{v:+.1f}%"
 
-    t = Table(title=f"{old} -> {new} (threshold {threshold:g}%, alpha {alpha:g})")
+    t = Table(title=esc(f"{old} -> {new} (threshold {threshold:g}%, alpha {alpha:g})"))
     t.add_column("configuration", overflow="fold")
     for col in ("repeats", "status", "samples/s old -> new", "MFU old -> new", "steps", "p (slower)", "verdict"):
         t.add_column(col, justify="left" if col in ("status", "verdict") else "right")
@@ -384,7 +410,7 @@ def compare(
         console.print(line, soft_wrap=True)
     for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)):
         if ids:
-            console.print(f"{label} ({len(ids)}): {', '.join(ids)}", highlight=False)
+            console.print(f"{label} ({len(ids)}): {esc(', '.join(ids))}", highlight=False)
     if result.weak:
         console.print(f"[yellow]{len(result.weak)} weak comparison(s): fewer than {MIN_STEPS} stored steps a side, "
                       "not decided[/]")
@@ -406,24 +432,29 @@ def data_synth(
     """Write tar shards of (latent, speaker reference, text) triplets in the training format."""
     from echobench.data import synth_shards
 
-    paths = synth_shards(out, shards, samples_per_shard, seed=seed, max_seconds=max_seconds)
+    paths = synth_shards(writable_dir(out), shards, samples_per_shard, seed=seed, max_seconds=max_seconds)
     size = sum(p.stat().st_size for p in paths)
-    console.print(f"wrote {len(paths)} shards, {len(paths) * samples_per_shard} samples, {size / 1e6:.1f} MB to {out}")
+    console.print(f"wrote {len(paths)} shards, {len(paths) * samples_per_shard} samples, {size / 1e6:.1f} MB to {esc(out)}", highlight=False)
 
 
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----
 
-def load_plan(matrix_path: Path, executor: str | None):
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
     from echobench.matrix import MatrixError, expand, load_matrix
 
     if executor not in (None, "local", "slurm"):
         fail(f"--executor {executor!r} is not valid: allowed local, slurm")
+    if max_runs is not None and max_runs < 1:
+        fail(f"--max-runs {max_runs}: must be >= 1")
     try:
         matrix = load_matrix(matrix_path)
+        executor = executor or matrix.spec.executor
+        return matrix, expand(matrix, executor, max_runs), executor
     except MatrixError as exc:
         fail(str(exc))
-    executor = executor or matrix.spec.executor
-    return matrix, expand(matrix, executor), executor
+
+
+MAX_RUNS_HELP = "Refuse a matrix of more runs than this (default: the file's max_runs, else 10000)."
 
 
 def gib(value) -> str:
@@ -437,11 +468,12 @@ def plan(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): paths in --script."),
     script: Optional[str] = typer.Option(None, "--script", metavar="RUN_ID", help="Print this run's exact job script."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours."""
     from echobench import sweep as sw
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     sweep_dir = (out or sw.default_out(matrix)).resolve()
     if script is not None:
         run = the_plan.by_id(script)
@@ -471,13 +503,17 @@ def plan(
         run_limit_h = sw.time_limit_s(matrix, executor, run) / 3600
         limit_total += run_limit_h * c.world_size
         fits = {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits]
+        peak, peak_source = sw.planned_peak(run, matrix)
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
+                     "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": est_h, "gpu_hours_limit": run_limit_h * c.world_size})
         table.add_row(run.id, f"{c.tp} x {c.dp}",
                       f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib), fits,
                       "-" if est_h is None else f"{est_h:.2f}", f"{run_limit_h * c.world_size:.2f}")
+    no_peak = sw.peak_note(the_plan.runs, matrix, executor)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
+                          "no_peak": no_peak,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
@@ -488,7 +524,7 @@ def plan(
         skipped.add_column("settings")
         skipped.add_column("reason")
         for s in the_plan.skipped:
-            skipped.add_row(" ".join(f"{k}={s.settings.get(k)}" for k in keys if k in s.settings), s.reason)
+            skipped.add_row(esc(" ".join(f"{k}={s.settings.get(k)}" for k in keys if k in s.settings)), esc(s.reason))
         console.print(skipped)
     too_big = [r for r in the_plan.runs if r.fits is False]
     console.print(f"{len(the_plan.runs)} runs, {len(the_plan.skipped)} skipped, {the_plan.excluded} excluded"
@@ -497,8 +533,9 @@ def plan(
                      if too_big else ""))
     if the_plan.runs:
         console.print(f"GPU-hours: {limit_total:.2f} at most (time limits), "
-                      + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else
-                         "no estimate (no peak known: set hardware.peak_tflops or hardware.device)"))
+                      + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
+    if no_peak:
+        console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
 
 
 @app.command()
@@ -511,12 +548,13 @@ def sweep(
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
     poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results."""
     from echobench import sweep as sw
     from echobench.matrix import MatrixError, parse_only, select
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     if not wait and executor == "local":
         fail("--no-wait needs --executor slurm: the local executor runs each job from this process")
     try:
@@ -525,18 +563,19 @@ def sweep(
         fail(str(exc))
     skipped = []
     for s in the_plan.skipped:
-        console.print(f"[dim]skipped[/] {' '.join(f'{k}={v}' for k, v in s.settings.items() if k in sw.varying_keys(the_plan))}: {s.reason}", highlight=False)
+        settings = " ".join(f"{k}={v}" for k, v in s.settings.items() if k in sw.varying_keys(the_plan))
+        console.print(f"[dim]skipped[/] {esc(settings)}: {esc(s.reason)}", highlight=False)
         skipped.append(sw.skipped_entry(s.settings, s.reason, s.cfg))
     too_big = [r for r in runs if r.fits is False]
     if too_big and not force:
         for r in too_big:
             why = f"needs ~{r.memory.total_gib:.1f} GiB per GPU, more than the device has (--force runs it anyway)"
-            console.print(f"[yellow]not run[/] {r.id}: {why}", highlight=False)
+            console.print(f"[yellow]not run[/] {esc(r.id)}: {esc(why)}", highlight=False)
             skipped.append(sw.skipped_entry(r.settings, why, r.cfg))
         runs = [r for r in runs if r.fits is not False]
     if not runs:
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
-    opts = sw.SweepOptions(executor=executor, out=out or sw.default_out(matrix), wait=wait,
+    opts = sw.SweepOptions(executor=executor, out=writable_dir(out or sw.default_out(matrix)), wait=wait,
                            retry_failed=retry_failed, force=force, poll_s=poll)
     try:
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
@@ -570,34 +609,35 @@ def status(
                  "samples_per_s": r.get("samples_per_s"), "peak_mem_gib": r.get("peak_mem_gib"), "error": r.get("error")}
                 for r in records]
         for p in problems:
-            err_console.print(f"[yellow]skipped a corrupt record:[/] {p}", highlight=False)
+            err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
     else:
         while True:
             rows = sw.refresh_status(runs_dir)
             if not wait or not any(r["state"] in ACTIVE for r in rows):
                 break
             _time.sleep(poll)
-    table = Table(title=f"{runs_dir}: {len(rows)} runs")
+    table = Table(title=esc(f"{runs_dir}: {len(rows)} runs"))
     table.add_column("run id", no_wrap=True)
     for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB", "error"):
         table.add_column(col, overflow="fold")
     for r in rows:
         st = r["state"]
         color = "green" if st == "ok" else ("cyan" if st in ACTIVE else "red")
-        table.add_row(r["run_id"], f"[{color}]{st}[/]", str(r.get("job_id") or "-"), fmt(r.get("step_time_s"), ".4f"),
+        table.add_row(esc(r["run_id"]), f"[{color}]{esc(st)}[/]", esc(r.get("job_id") or "-"), fmt(r.get("step_time_s"), ".4f"),
                       fmt(r.get("samples_per_s"), ".3g"), "-" if r.get("mfu") is None else f"{r['mfu']:.2%}",
-                      fmt(r.get("peak_mem_gib"), ".2f"), (r.get("error") or "")[:160])
+                      fmt(r.get("peak_mem_gib"), ".2f"), esc((r.get("error") or "")[:160]))
     console.print(table)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
-    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no runs")
+    console.print(esc(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no runs"))
     if export:
+        writable_dir(runs_dir, f"--export into {runs_dir}")
         if plain_records is not None:
             from echobench.results import export_table, records_frame
 
             paths = export_table(records_frame(plain_records), runs_dir)
-            console.print(f"results: {', '.join(map(str, paths))}")
+            console.print(f"results: {esc(', '.join(map(str, paths)))}", highlight=False)
         else:
             sw.collect(runs_dir.resolve(), [runs_dir.resolve() / r["run_id"] for r in rows], console)
 

@@ -13,6 +13,16 @@ FRAMEWORKS = ("torchtitan", "megatron")
 PRECISIONS = ("auto", "bf16", "fp32", "fp8")
 AC_MODES = ("none", "selective", "full")
 TE_MODES = ("auto", "on", "off")  # TransformerEngine kernels in the megatron backend
+# Lower bounds of the integer settings; a matrix file's values are checked against them too.
+MIN_VALUES = {"nodes": 1, "gpus_per_node": 1, "steps": 1, "micro_batch": 1, "audio_frames": 1, "text_tokens": 1,
+              "speaker_frames": 1, "warmup_steps": 0, "repeat": 0, "fail_at_step": -1}
+
+
+def check_min(key: str, value) -> None:
+    """Raises ValueError naming the key when an integer setting is below its lower bound."""
+    low = MIN_VALUES.get(key)
+    if low is not None and value is not None and value < low:
+        raise ValueError(f"{key}={value!r} is not valid: allowed an integer >= {low}")
 
 
 @dataclass
@@ -42,7 +52,8 @@ class RunConfig:
     encoder_checkpoint: str | None = None
     tokenizer: str | None = None  # local Hugging Face tokenizer directory
     profile: bool = False
-    fail_at_step: int | None = None  # failure injection for tests: raise at this step
+    fail_at_step: int | None = None  # failure injection for tests: raise at this step; -1: at start-up,
+    # before the process group forms (a worker that dies while its peers wait to rendezvous)
     fail_rank: int | None = None  # ... on this rank only (all ranks when None)
     fail_kind: str = "error"  # error | oom
     collective_timeout_s: float = 300.0
@@ -72,12 +83,8 @@ class RunConfig:
             bad("te", self.te, ", ".join(TE_MODES))
         if self.fail_kind not in ("error", "oom"):
             bad("fail_kind", self.fail_kind, "error, oom")
-        for key in ("nodes", "gpus_per_node", "steps", "micro_batch", "audio_frames", "text_tokens", "speaker_frames"):
-            if getattr(self, key) < 1:
-                bad(key, getattr(self, key), "an integer >= 1")
-        for key in ("warmup_steps", "repeat"):
-            if getattr(self, key) < 0:
-                bad(key, getattr(self, key), "an integer >= 0")
+        for key in MIN_VALUES:
+            check_min(key, getattr(self, key))
         encoder = self.model_config().text_encoder
         if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
             raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "

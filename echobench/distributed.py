@@ -38,25 +38,27 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     raise ValueError(f"unknown device {requested!r}: choose auto, cuda or cpu")
 
 
-def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistInfo:
-    """Reads RANK / WORLD_SIZE / LOCAL_RANK (set by torchrun); NCCL on GPUs, gloo on CPU.
-
-    The collective timeout bounds how long a live rank waits for a dead one.
-    """
+def dist_info(device: str = "auto") -> DistInfo:
+    """This process's place in the job, from RANK / WORLD_SIZE / LOCAL_RANK (set by torchrun);
+    no process group yet."""
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    dev = pick_device(device, local_rank)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
-        backend = "nccl" if dev.type == "cuda" else "gloo"
+    return DistInfo(rank, world, local_rank, pick_device(device, local_rank))
+
+
+def form_process_group(info: DistInfo, timeout_s: float = 300.0) -> None:
+    """NCCL on GPUs, gloo on CPU. The collective timeout bounds how long a live rank waits for
+    a dead one."""
+    if info.device.type == "cuda":
+        torch.cuda.set_device(info.device)
+    if info.enabled and not dist.is_initialized():
+        backend = "nccl" if info.device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=dev if dev.type == "cuda" else None,
+            device_id=info.device if info.device.type == "cuda" else None,
         )
-    return DistInfo(rank, world, local_rank, dev)
 
 
 def all_gather_object(obj, info: DistInfo) -> list:
@@ -67,6 +69,18 @@ def all_gather_object(obj, info: DistInfo) -> list:
     return out
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(abort: bool = False) -> None:
+    """Ends the process group. A rank that failed aborts it instead: its peers may sit in a
+    collective it will never join, and a graceful destroy can wait on them (NCCL flushes pending
+    work); an abort closes the connections, so the peers fail now, not at the collective timeout."""
+    if not dist.is_initialized():
+        return
+    if abort:
+        try:  # a private API (torch 2.13 has it, for gloo and NCCL): destroy where it is missing
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
+            return
+        except (ImportError, RuntimeError, ValueError):
+            pass
+    dist.destroy_process_group()

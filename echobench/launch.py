@@ -32,6 +32,17 @@ def originating_failure(failures: list[dict]) -> dict:
     return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
 
 
+def rank_failures(out_dir: Path) -> list[dict]:
+    """The failures ranks recorded in OUT/ranks/rank-N.json (unreadable files skipped)."""
+    failures = []
+    for rank_file in sorted((Path(out_dir) / "ranks").glob("rank-*.json")):
+        try:
+            failures.append(json.loads(rank_file.read_text()))
+        except (OSError, ValueError):
+            continue
+    return failures
+
+
 def clear_previous(out_dir: Path) -> None:
     """A rerun into the same directory must not report the previous run's result."""
     (out_dir / "result.json").unlink(missing_ok=True)
@@ -60,9 +71,11 @@ def child_env(nproc: int) -> dict:
 
 
 def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
-           master_addr: str | None = None, master_port: int = 29500) -> dict | None:
+           master_addr: str | None = None, master_port: int = 29500) -> tuple[dict | None, int]:
     """Runs torchrun for this node (one `echobench run` process when nproc is None); the workers
-    read the resolved settings from a YAML file."""
+    read the resolved settings from a YAML file.
+
+    Returns (the run's record, torchrun's exit code); the record is None on nodes other than 0."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -79,21 +92,23 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
     started = time.time()
     code = subprocess.call(cmd, env=env)
     if node_rank != 0:
-        return None
-    return finalize(cfg, out_dir, code, started)
+        return None, code
+    return finalize(cfg, out_dir, code, started), code
 
 
 def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
-                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> list[dict]:
+                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> tuple[list[dict], int]:
     """`run --repeats N`: N independent launches (fresh processes each) into OUT/repeat-K, the
-    repeat index counted from cfg.repeat; returns their records (none on nodes other than 0)."""
-    records = []
+    repeat index counted from cfg.repeat; returns their records (none on nodes other than 0) and
+    the first non-zero torchrun exit code (0 when every launch exited 0)."""
+    records, first_code = [], 0
     for k in range(repeats):
-        record = launch(replace(cfg, repeat=cfg.repeat + k), out_dir / f"repeat-{k}", nproc, nnodes, node_rank,
-                        master_addr, master_port)
+        record, code = launch(replace(cfg, repeat=cfg.repeat + k), out_dir / f"repeat-{k}", nproc, nnodes, node_rank,
+                              master_addr, master_port)
+        first_code = first_code or code
         if record is not None:
             records.append(record)
-    return records
+    return records, first_code
 
 
 def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> dict:
@@ -105,12 +120,7 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> d
     from echobench.distributed import pick_device
 
     record = base_record(cfg, pick_device(cfg.device))
-    failures = []
-    for rank_file in sorted((out_dir / "ranks").glob("rank-*.json")):
-        try:
-            failures.append(json.loads(rank_file.read_text()))
-        except (OSError, ValueError):
-            continue
+    failures = rank_failures(out_dir)
     if failures:
         first = originating_failure(failures)
         record.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),

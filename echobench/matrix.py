@@ -16,6 +16,7 @@ the job script quotes it again (echobench.executors.slurm).
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -25,13 +26,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from echobench.config import AC_MODES, FRAMEWORKS, PRECISIONS, RunConfig, run_id
+from echobench.config import AC_MODES, FRAMEWORKS, PRECISIONS, RunConfig, check_min, run_id
 
 PARALLELISMS = {
     "torchtitan": ("single", "ddp", "fsdp2", "hsdp"),
-    "megatron": ("tp1", "tp2", "tp4", "tp8"),
+    "megatron": ("tpN",),  # tensor parallelism of any width N >= 1: tp1, tp2, tp3, ...
 }
-ALL_PARALLELISMS = tuple(p for ps in PARALLELISMS.values() for p in ps)
+TP_RE = r"tp[1-9][0-9]*"
+MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
+
+
+def has_parallelism(framework: str, parallelism: str) -> bool:
+    return any(parallelism == p or (p == "tpN" and re.fullmatch(TP_RE, parallelism))
+               for p in PARALLELISMS[framework])
 
 
 class MatrixError(ValueError):
@@ -179,6 +186,7 @@ class MatrixFile(Strict):
     exclude: list[dict[str, Any]] = []
     include: list[dict[str, Any]] = []
     repeats: int = Field(1, ge=1, le=100)  # independent launches of every run (repeat = 0 .. N-1)
+    max_runs: int = Field(MAX_RUNS, ge=1)  # refuse a matrix that expands to more runs (a typo'd axis)
 
     @field_validator("name")
     @classmethod
@@ -192,7 +200,6 @@ RUN_HINTS = typing.get_type_hints(RunConfig)
 RUN_KEYS = tuple(f.name for f in fields(RunConfig))
 ALLOWED_VALUES = {
     "framework": FRAMEWORKS,
-    "parallelism": ALL_PARALLELISMS,
     "precision": PRECISIONS,
     "ac": AC_MODES,
     "fail_kind": ("error", "oom"),
@@ -222,9 +229,13 @@ def check_run_value(key: str, value: Any) -> Any:
         value = TypeAdapter(hint).validate_python(value, strict=True)
     except (ValidationError, TypeError, ValueError):
         raise ValueError(f"{value!r} has the wrong type: expected {getattr(hint, '__name__', hint)}") from None
+    if key == "parallelism" and not any(has_parallelism(fw, value) for fw in PARALLELISMS):
+        names = [p for ps in PARALLELISMS.values() for p in ps]
+        raise ValueError(f"{value!r} is not allowed: choose {', '.join(names)} (N >= 1)")
     allowed = _allowed(key)
     if allowed is not None and value not in allowed:
         raise ValueError(f"{value!r} is not allowed: choose {', '.join(map(str, allowed))}")
+    check_min(key, value)
     return value
 
 
@@ -279,10 +290,25 @@ class Matrix:
         return self.spec.name
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
     path = Path(path)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except MatrixError as exc:
+        raise MatrixError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise MatrixError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
@@ -324,9 +350,12 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
 def load_matrix(path: Path | str) -> Matrix:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MatrixError(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                          f"save the file as UTF-8") from None
     return parse_matrix(text, path)
 
 
@@ -372,7 +401,7 @@ def _matches(settings: dict, entry: dict) -> bool:
 def layout_problem(cfg: RunConfig) -> str | None:
     """Generic reasons a layout cannot run, then the backend's own (parallelism_problem)."""
     par, fw = cfg.parallelism, cfg.framework
-    if par not in PARALLELISMS[fw]:
+    if not has_parallelism(fw, par):
         return f"{fw} has no parallelism {par} (it has {', '.join(PARALLELISMS[fw])})"
     if par == "single" and cfg.world_size != 1:
         return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}"
@@ -393,8 +422,26 @@ def layout_problem(cfg: RunConfig) -> str | None:
         return f"the {fw} backend is not available here ({exc})"
 
 
-def expand(matrix: Matrix, executor: str | None = None) -> Plan:
-    """Every run of the matrix, in file order; invalid combinations become SkippedRun."""
+def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
+    """Refuses a matrix whose axes and includes give more than max_runs runs (default: the file's
+    max_runs), counted from the axis sizes before anything is expanded."""
+    limit = max_runs or matrix.spec.max_runs
+    sizes = {k: len(v) for k, v in matrix.axes.items()}
+    total = ((math.prod(sizes.values()) if sizes else (0 if matrix.include else 1)) + len(matrix.include)) \
+        * matrix.spec.repeats
+    if total > limit:
+        shape = " x ".join(f"{k} {n}" for k, n in sizes.items())
+        raise MatrixError(f"{matrix.path}: axes: {total:,} runs ({shape}"
+                          + (f", + {len(matrix.include)} included" if matrix.include else "")
+                          + (f", x {matrix.spec.repeats} repeats" if matrix.spec.repeats > 1 else "")
+                          + f") are over the limit of {limit:,}: split the matrix, or raise the limit "
+                            f"(max_runs: N in the file, or --max-runs N)")
+
+
+def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = None) -> Plan:
+    """Every run of the matrix, in file order; invalid combinations become SkippedRun.
+    Raises MatrixError when it would give more than max_runs runs (check_size)."""
+    check_size(matrix, max_runs)
     spec = matrix.spec
     executor = executor or spec.executor
     base = dict(matrix.defaults)

@@ -172,13 +172,18 @@ def read_record(path: Path) -> dict:
 # ---- collection: reports and status read only stored records ----
 
 def find_record_files(paths) -> list[Path]:
-    """result.json files under each path (a record file, a run dir or a sweep dir)."""
+    """result.json files under each path (a record file, a run dir or a sweep dir). A sweep's
+    earlier attempts (RUN/attempts/N/result.json) are left out: they never stand in for a run's
+    current record (an attempt directory named itself is read)."""
     found = []
     for p in map(Path, paths):
         if p.is_file():
             found.append(p)
         elif p.is_dir():
-            found.extend(sorted(p.rglob("result.json")))
+            for f in sorted(p.rglob("result.json")):
+                rel = f.relative_to(p).parts
+                if not (len(rel) >= 3 and rel[-3] == "attempts" and rel[-2].isdigit()):
+                    found.append(f)
     return found
 
 

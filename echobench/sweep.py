@@ -30,7 +30,8 @@ from pathlib import Path
 import yaml
 
 from echobench.config import RunConfig
-from echobench.executors import ACTIVE, current_record, finish_without_record
+from echobench.console import esc
+from echobench.executors import ACTIVE, CorruptRecord, current_record, finish_without_record
 from echobench.matrix import Matrix, Plan, PlannedRun, expand, parse_time
 from echobench.results import export_table, load_records, records_frame, write_json_atomic
 
@@ -70,15 +71,37 @@ def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -
     return parse_time(time_limit(matrix, executor, run))
 
 
+def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
+    """The peak TFLOP/s a run will use as far as the plan can tell, and where it comes from: the
+    matrix, else the datasheet entry of hardware.device; (None, None) when only the node can tell."""
+    if run.cfg.peak_tflops is not None:
+        return run.cfg.peak_tflops, "matrix"
+    device = matrix.spec.hardware.device
+    if device:
+        from echobench.hardware import table_peak  # imports torch: only when asked
+
+        if hit := table_peak(device):
+            return hit[0], hit[1]
+    return None, None
+
+
+def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
+    """Which runs have no peak in the plan, and where theirs will come from."""
+    missing = [r.id for r in runs if planned_peak(r, matrix)[0] is None]
+    if not missing:
+        return None
+    which = f"all {len(runs)} runs" if len(missing) == len(runs) else f"{len(missing)} of {len(runs)} runs ({', '.join(missing)})"
+    where = "on a compute node, in a job the runs wait for" if executor == "slurm" else "on this machine"
+    return (f"no peak known for {which}: each takes its node's datasheet peak when the device is in the table, "
+            f"else the GEMM rate the sweep calibrates once {where} (SWEEP/cache); "
+            f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
+
+
 def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
     """Startup plus all steps at the matrix's assumed MFU; None without a known peak."""
     from echobench.flops import hardware_flops, model_flops
     hw = matrix.spec.hardware
-    peak = run.cfg.peak_tflops or hw.peak_tflops
-    if peak is None and hw.device:
-        from echobench.hardware import table_peak  # imports torch: only when asked
-
-        peak = (table_peak(hw.device) or (None,))[0]
+    peak = planned_peak(run, matrix)[0]
     if peak is None:
         return None
     cfg = run.cfg
@@ -124,7 +147,10 @@ def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) 
     if executor == "slurm":
         from echobench.executors.slurm import render_script
 
-        slurm = matrix.spec.slurm.model_copy(update={"time": time_limit(matrix, "slurm", run)})
+        env = dict(matrix.spec.slurm.env)
+        if run.cfg.peak_tflops is None:  # where the sweep's calibration job writes (calibrate_on_slurm)
+            env.setdefault("ECHOBENCH_CACHE", str(rd.parent.resolve() / "cache"))
+        slurm = matrix.spec.slurm.model_copy(update={"time": time_limit(matrix, "slurm", run), "env": env})
         return render_script(run.cfg, rd, slurm)
     from echobench.executors.local import render_local_script
 
@@ -133,7 +159,7 @@ def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) 
 
 def archive_attempt(rd: Path, attempt: int) -> None:
     """Moves an earlier attempt's record, status and logs aside: nothing measured is lost."""
-    names = ["result.json", "job-state", "logs", "ranks"]
+    names = ["result.json", "result.json.corrupt", "job-state", "logs", "ranks"]
     if not any((rd / n).exists() for n in names):
         return
     dest = rd / "attempts" / str(attempt)
@@ -164,11 +190,20 @@ def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> 
             "settings": cfg.to_dict() if cfg else dict(settings)}
 
 
+def record_state(rd: Path) -> tuple[str, dict]:
+    """(state, record) from a run's current record: its status; "new" without one; "corrupt",
+    with an error naming the file, when it is there but unreadable (a failure, never "new")."""
+    try:
+        record = current_record(rd)
+    except CorruptRecord as exc:
+        return "corrupt", {"error": f"corrupt record: {exc}"}
+    return (record["status"], record) if record else ("new", {})
+
+
 def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
     """A tracked job's state now; once it is over, its record exists (written here if need be)."""
     if entry.get("settled"):
-        record = current_record(rd)
-        return record["status"] if record else "new"
+        return record_state(rd)[0]
     job = executor.state(entry["job_id"], rd)
     entry["detail"] = job.detail
     if job.state in ACTIVE:
@@ -188,8 +223,7 @@ def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
 def run_state(cfg: RunConfig, rd: Path, entry: dict | None, executor) -> str:
     """new | pending | running | a record status."""
     if entry is None or not entry.get("job_id"):
-        record = current_record(rd)
-        return record["status"] if record else "new"
+        return record_state(rd)[0]
     return settle(cfg, rd, entry, executor)
 
 
@@ -211,7 +245,7 @@ class Progress:
             table.add_column(col, overflow="fold")
         for rid, state, detail in rows:
             color = {"ok": "green", "running": "cyan", "pending": "yellow"}.get(state, "red" if state != "queued" else "")
-            table.add_row(rid, f"[{color}]{state}[/]" if color else state, detail[:80])
+            table.add_row(esc(rid), f"[{color}]{esc(state)}[/]" if color else esc(state), esc(detail[:80]))
         return table
 
     def __enter__(self):
@@ -232,6 +266,7 @@ class Progress:
 
 
 def log(console, text: str) -> None:
+    """One timestamped line; `text` is rich markup: pass outside strings through esc()."""
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False)
 
 
@@ -261,8 +296,28 @@ def calibrate_once(sweep_dir: Path, console, device: str = "auto") -> dict:
             code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
                                    stderr=subprocess.STDOUT, env=env)
         if code != 0:
-            log(console, f"[red]calibration failed[/] (see {sweep_dir / 'calibrate.log'}); runs without a peak will fail")
+            log(console, f"[red]calibration failed[/] (see {esc(sweep_dir / 'calibrate.log')}); runs without a peak will fail")
     return {"ECHOBENCH_CACHE": str(cache)}
+
+
+def calibrate_on_slurm(sweep_dir: Path, matrix: Matrix, executor, console, device: str = "auto") -> None:
+    """A SLURM sweep with no peak given: one calibration job on a compute node (the login node's
+    device says nothing about the nodes'), which the runs without a peak then wait for.
+    Raises ValueError, before any run is submitted, when SLURM refuses it."""
+    if list((sweep_dir / "cache" / "calibration").glob("*.json")):
+        return
+    from echobench.executors.slurm import SlurmError, render_calibration_script
+
+    script = sweep_dir / "calibrate.sh"
+    script.write_text(render_calibration_script(sweep_dir, matrix.spec.slurm, device))
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    try:
+        executor.calibration = executor.sbatch(script, "the calibration job")
+    except SlurmError as exc:
+        raise ValueError(f"{exc}; nothing submitted (or set hardware.peak_tflops in the matrix)") from None
+    job = esc(executor.calibration)
+    log(console, f"no peak_tflops in the matrix: calibrating once on a compute node (job {job}, "
+                 f"log {esc(sweep_dir / 'logs')}/calibrate-{job}.out); the runs without a peak wait for it")
 
 
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
@@ -294,14 +349,21 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
             tracked.append(run.id)
         elif st != "ok":
             (to_submit if opts.retry_failed else failed_before).append(run)
+            if st == "corrupt":
+                log(console, f"{run.id}: [red]{esc(record_state(dirs[run.id])[1]['error'])}[/]"
+                             + ("" if opts.retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
     save_state(sweep_dir, state)
     done = len(runs) - len(to_submit) - len(tracked) - len(failed_before)
     log(console, f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(tracked)} in progress, "
                  f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
-                                              if failed_before else "") + f" -> {sweep_dir}")
-    if opts.executor == "local" and any(r.cfg.peak_tflops is None for r in to_submit):
-        devices = {r.cfg.device for r in to_submit}
-        executor.env.update(calibrate_once(sweep_dir, console, devices.pop() if len(devices) == 1 else "auto"))
+                                              if failed_before else "") + f" -> {esc(sweep_dir)}")
+    if no_peak := [r for r in to_submit if r.cfg.peak_tflops is None]:
+        devices = {r.cfg.device for r in no_peak}
+        device = devices.pop() if len(devices) == 1 else "auto"
+        if opts.executor == "local":
+            executor.env.update(calibrate_once(sweep_dir, console, device))
+        elif any(planned_peak(r, matrix)[0] is None for r in no_peak):  # hardware.device in the table needs none
+            calibrate_on_slurm(sweep_dir, matrix, executor, console, device)
 
     def submit(run: PlannedRun) -> None:
         rd = dirs[run.id]
@@ -315,11 +377,11 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
             entries[run.id].update(settled=True, state=record["status"])
-            log(console, f"{run.id}: [red]not submitted[/]: {exc}")
+            log(console, f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             entries[run.id]["job_id"] = job_id
             tracked.append(run.id)
-            log(console, f"{run.id}: submitted as {job_id}")
+            log(console, f"{run.id}: submitted as {esc(job_id)}")
         save_state(sweep_dir, state)
 
     queue = list(to_submit)
@@ -329,7 +391,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     if not opts.wait:
         if queue:
             raise ValueError("--no-wait needs a scheduler: the local executor runs jobs in this process")
-        log(console, f"submitted; follow with: echobench status {sweep_dir}")
+        log(console, f"submitted; follow with: echobench status {esc(sweep_dir)}")
         return 0
 
     poll_s = opts.poll_s or (1.0 if opts.executor == "local" else 5.0)
@@ -344,11 +406,11 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                     st = settle(by_id[rid].cfg, dirs[rid], entries[rid], executor)
                     if st not in ACTIVE:
                         tracked.remove(rid)
-                        record = current_record(dirs[rid]) or {}
-                        note = "" if st == "ok" else f": {record.get('error', '')[:300]}"
-                        log(console, f"{rid}: [{'green' if st == 'ok' else 'red'}]{st}[/]{note}")
+                        record = record_state(dirs[rid])[1]
+                        note = "" if st == "ok" else f": {esc(record.get('error', '')[:300])}"
+                        log(console, f"{rid}: [{'green' if st == 'ok' else 'red'}]{esc(st)}[/]{note}")
                     elif st != before:
-                        log(console, f"{rid}: {st}")
+                        log(console, f"{rid}: {esc(st)}")
                 save_state(sweep_dir, state)
                 rows = [(r.id, entries.get(r.id, {}).get("state", "queued"), entries.get(r.id, {}).get("detail", ""))
                         for r in runs]
@@ -363,7 +425,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
             finish_without_record(by_id[rid].cfg, dirs[rid], "cancelled", "interrupted (Ctrl-C) while running")
             entries[rid].update(settled=True, state="cancelled")
         save_state(sweep_dir, state)
-        log(console, "interrupted: finished results are kept" + (f"; {executor.detach_message()}"
+        log(console, "interrupted: finished results are kept" + (f"; {esc(executor.detach_message())}"
                                                                if executor.detach_message() else ""))
     statuses = collect(sweep_dir, [dirs[r.id] for r in runs], console)
     if interrupted:
@@ -375,10 +437,10 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
     """One table of the runs' current records -> SWEEP/results.csv and .parquet."""
     records, problems = load_records([d / "result.json" for d in run_dirs if (d / "result.json").exists()])
     for p in problems:
-        log(console, f"[yellow]skipped a corrupt record[/]: {p}")
+        log(console, f"[yellow]skipped a corrupt record[/]: {esc(p)}")
     if records:
         paths = export_table(records_frame(records), sweep_dir)
-        log(console, f"results: {', '.join(str(p) for p in paths)}")
+        log(console, f"results: {esc(', '.join(str(p) for p in paths))}")
     return {r["run_id"]: r["status"] for r in records}
 
 
@@ -414,7 +476,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
         name = (entry or {}).get("executor", "local")
         executor = executors.setdefault(name, make_executor(name))
         st = run_state(cfg, rd, entry, executor)
-        record = current_record(rd) or {}
+        record = record_state(rd)[1]
         rows.append({"run_id": rid, "state": st, "job_id": (entry or {}).get("job_id"),
                      "attempt": (entry or {}).get("attempt"), "step_time_s": record.get("step_time_s"),
                      "samples_per_s": record.get("samples_per_s"), "mfu": record.get("mfu"),

@@ -1,6 +1,7 @@
 #!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --output=slurm-%j.out
+#SBATCH --no-requeue
 # One echobench run under SLURM, by hand (what `echobench sweep --executor slurm` renders per run):
 #   sbatch --nodes=4 --gpus-per-node=4 --time=00:30:00 scripts/run.sh RUN.yaml [OUT_DIR]
 # RUN.yaml holds run settings (RunConfig keys, e.g. a sweep's RUN_DIR/run.yaml). One launcher per

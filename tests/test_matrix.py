@@ -80,7 +80,7 @@ def test_each_skip_reason(monkeypatch):
 
     base = "name: t\nslurm: {gpus_per_node: 2}\n"
     reasons["framework"] = reason(base + "defaults: {framework: megatron, parallelism: ddp}")
-    assert reasons["framework"] == "megatron has no parallelism ddp (it has tp1, tp2, tp4, tp8)"
+    assert reasons["framework"] == "megatron has no parallelism ddp (it has tpN)"
     reasons["single"] = reason(base + "defaults: {parallelism: single, nodes: 2}")
     assert "single runs on one process, not 2 node(s) x 1" == reasons["single"]
     reasons["tp_node"] = reason(base + "defaults: {framework: megatron, parallelism: tp4}")
@@ -151,7 +151,8 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\nhardware: {device: TPU9}\n", "m.yaml: hardware.device: no memory size known for device 'TPU9'"),
     ("axes: {}\n", "m.yaml: name is required"),
     ("name: t\naxes: {scale: [800M, 5B]}\n", "m.yaml: axes.scale: '5B' is not allowed: choose tiny, 800M, 3B, 8B"),
-    ("name: t\naxes: {parallelism: [tp3]}\n", "m.yaml: axes.parallelism: 'tp3' is not allowed: choose single, ddp, fsdp2, hsdp, tp1"),
+    ("name: t\naxes: {parallelism: [tp0]}\n", "m.yaml: axes.parallelism: 'tp0' is not allowed: choose single, ddp, fsdp2, hsdp, tpN (N >= 1)"),
+    ("name: t\naxes: {parallelism: [tpx]}\n", "m.yaml: axes.parallelism: 'tpx' is not allowed: choose single"),
     ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: 'ten' has the wrong type: expected int"),
     ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: 'yes please' has the wrong type: expected bool"),
     ("name: t\naxes: {scale: []}\n", "m.yaml: axes.scale: an axis needs at least one value"),
@@ -160,17 +161,49 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\ndefaults: {precision: fp16}\n", "m.yaml: defaults.precision: 'fp16' is not allowed: choose auto, bf16, fp32, fp8"),
     ("name: t\nexclude: [{}]\n", "m.yaml: exclude[0] is empty"),
     ("name: t\nexclude: [{ac: [none, most]}]\n", "m.yaml: exclude[0].ac: 'most' is not allowed: choose none, selective, full"),
-    ("name: t\ninclude: [{nodes: 0}]\n", None),  # valid type; RunConfig rejects it -> skipped, see below
+    ("name: t\ninclude: [{nodes: 0}]\n", "m.yaml: include[0].nodes: nodes=0 is not valid: allowed an integer >= 1"),
+    ("name: t\naxes: {nodes: [1, -1]}\n", "m.yaml: axes.nodes: nodes=-1 is not valid: allowed an integer >= 1"),
+    ("name: t\ndefaults: {micro_batch: 0}\n", "m.yaml: defaults.micro_batch: micro_batch=0 is not valid: allowed an integer >= 1"),
+    ("name: t\nexclude: [{warmup_steps: -1}]\n", "m.yaml: exclude[0].warmup_steps: warmup_steps=-1 is not valid: allowed an integer >= 0"),
+    ("name: t\nname: u\n", "m.yaml: duplicate key 'name' (line 2): each key once"),
+    ("name: t\ndefaults: {steps: 3, micro_batch: 2, steps: 4}\n", "m.yaml: duplicate key 'steps' (line 2): each key once"),
+    ("name: t\nmax_runs: 0\n", "m.yaml: max_runs: Input should be greater than or equal to 1"),
     ("name: t\ninclude: [{time_limit: forever}]\n", "m.yaml: include[0].time_limit: 'forever' is not a valid time limit"),
     ("- a list\n", "m.yaml: expected a mapping"),
     ("name: [unclosed\n", "m.yaml: not valid YAML"),
 ])
 def test_validation_errors_name_the_file_the_key_and_the_allowed_values(text, expected):
-    if expected is None:
-        p = plan(text)
-        assert p.skipped and "nodes=0 is not valid: allowed an integer >= 1" in p.skipped[0].reason
-        return
     assert expected in error(text)
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes("name: t\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(MatrixError) as exc:
+        load_matrix(path)
+    assert str(exc.value) == f"{path}: not UTF-8 text (byte 0xe9 at offset 13): save the file as UTF-8"
+
+
+def test_tp_of_any_width_is_well_formed_and_skipped_with_its_reason_when_it_cannot_run():
+    p = plan("name: t\nslurm: {gpus_per_node: 3}\ndefaults: {scale: 3B, framework: megatron}\n"
+             "axes: {parallelism: [tp3, tp16]}\n", executor="slurm")
+    assert not p.runs and [s.reason for s in p.skipped] == [
+        "tp=3 does not divide the 20 attention heads of 3B", "tp16 needs 16 GPUs in one node; a node has 3"]
+
+
+def test_a_matrix_over_the_run_limit_is_refused_before_expanding():
+    axes = "axes: {seed: [%s], steps: [%s], micro_batch: [%s]}\n" % tuple(
+        ", ".join(str(i) for i in range(1, 101)) for _ in range(3))
+    with pytest.raises(MatrixError) as exc:
+        plan("name: t\n" + axes)  # 10^6 runs
+    assert "m.yaml: axes: 1,000,000 runs (seed 100 x steps 100 x micro_batch 100) are over the limit of 10,000" \
+        in str(exc.value) and "max_runs" in str(exc.value) and "--max-runs" in str(exc.value)
+    small = "name: t\naxes: {seed: [1, 2, 3]}\ninclude: [{seed: 4}]\n"
+    with pytest.raises(MatrixError, match="4 runs .* over the limit of 3"):
+        expand(parse_matrix(small, "m.yaml"), max_runs=3)
+    assert len(expand(parse_matrix(small + "max_runs: 3\n", "m.yaml"), max_runs=4).runs) == 4  # the flag wins
+    with pytest.raises(MatrixError, match="over the limit of 3"):
+        plan(small + "max_runs: 3\n")
 
 
 def test_a_missing_file_is_a_one_line_error(tmp_path):
@@ -231,10 +264,12 @@ defaults: {parallelism: single}
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj1", "#SBATCH --qos=high",
                  "#SBATCH --constraint=gh200&ib", "#SBATCH --cpus-per-task=72", "#SBATCH --reservation=bench",
                  f"#SBATCH --output={tmp_path / run.id}/logs/slurm-%j.out", "module load cuda", "export NCCL_DEBUG=WARN",
-                 "NPROC=1"):
+                 "NPROC=1", "#SBATCH --no-requeue"):
         assert line in script.splitlines(), line
     assert script.endswith(LAUNCH_BODY)
-    assert (ROOT / "scripts" / "run.sh").read_text().endswith(LAUNCH_BODY)
+    by_hand = (ROOT / "scripts" / "run.sh").read_text()
+    # A requeued job would rerun under the same id and truncate its log: never requeued, --retry-failed reruns.
+    assert by_hand.endswith(LAUNCH_BODY) and "#SBATCH --no-requeue" in by_hand.splitlines()
     with pytest.raises(ValueError, match="#SBATCH lines"):
         render_script(run.cfg, tmp_path / "a dir" / run.id, m.spec.slurm)
 
@@ -310,3 +345,51 @@ def test_plan_command_prints_runs_skips_and_the_exact_script(cli, tmp_path):
     bad.write_text("name: t\naxes: {scale: [9B]}\n")
     proc = cli("plan", bad)
     assert proc.returncode == 2 and "axes.scale: '9B' is not allowed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b"name: t\n# \xff\n", "not UTF-8 text"),
+    (b"name: t\ndefaults: {steps: 1}\ndefaults: {steps: 2}\n", "duplicate key 'defaults' (line 3)"),
+    (b"name: t\naxes: {nodes: [0]}\n", "axes.nodes: nodes=0 is not valid"),
+    (b"name: t\naxes: {seed: [1, 2, 3], steps: [1, 2]}\n", "6 runs (seed 3 x steps 2) are over the limit of 5"),
+])
+def test_plan_and_sweep_refuse_a_bad_matrix_in_one_line_and_write_nothing(cli, tmp_path, body, expected):
+    m = tmp_path / "m.yaml"
+    m.write_bytes(body)
+    out = tmp_path / "sweep"
+    for command in (["plan", m], ["sweep", m, "--out", out]):
+        proc = cli(*command, "--max-runs", "5")
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and len(err.splitlines()) == 1 and str(m) in err and expected in err, err
+    assert not out.exists()
+
+
+def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli, tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\n"
+                 "include: [{seed: 1}, {seed: 2, peak_tflops: 3}]\n")
+    out = json.loads(cli("plan", m, "--json").stdout)
+    no_peak, with_peak = out["runs"]
+    assert (no_peak["peak_tflops"], with_peak["peak_tflops"], with_peak["peak_source"]) == (None, 3, "matrix")
+    assert f"1 of 2 runs ({no_peak['run_id']})" in out["no_peak"] and "calibrates once on a compute node" in out["no_peak"]
+    proc = cli("plan", m)
+    assert proc.returncode == 0 and "no peak known for 1 of 2 runs" in proc.stdout
+    # The run without a peak reads the calibration the sweep makes in SWEEP/cache; the other does not need it.
+    for run, exported in ((no_peak, True), (with_peak, False)):
+        script = cli("plan", m, "--out", tmp_path / "sweep", "--script", run["run_id"]).stdout
+        assert (f"export ECHOBENCH_CACHE={tmp_path / 'sweep' / 'cache'}" in script.splitlines()) == exported
+
+
+def test_the_calibration_job_script(tmp_path):
+    from echobench.executors.slurm import render_calibration_script
+
+    m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "
+                     "env: {A: b}}\n", "m.yaml")
+    script = render_calibration_script(tmp_path, m.spec.slurm, "cuda")
+    lines = script.splitlines()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --gpus-per-node=1", "#SBATCH --partition=cpu", "#SBATCH --time=10",
+                 "#SBATCH --no-requeue", f"#SBATCH --output={tmp_path}/logs/calibrate-%j.out", "export A=b",
+                 f"export ECHOBENCH_CACHE={tmp_path}/cache"):
+        assert line in lines, line
+    assert lines[-1] == 'exec "$PYTHON" -m echobench calibrate --device cuda'
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0

@@ -1,7 +1,9 @@
 """A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
-nodes, megatron TP=2 on one, an injected failure, a time-limit kill, a scancel; then resumption.
+nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, a
+time-limit kill, a scancel (after a refused requeue); then resumption; a sweep without a peak.
 
-Skipped when no cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
+Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
+cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
 """
 
 import json
@@ -33,26 +35,39 @@ MATRIX = {
         {"seed": 1, "fail_at_step": 2},
         {"seed": 2, "steps": 100000, "time_limit": "1"},  # one minute: SLURM kills it 60-90 s in
         {"seed": 3, "steps": 100000},  # scancel'd by the test
+        # Node 1's worker dies before the process group forms while node 0's waits for it. Within
+        # its one-minute limit the job must end as an error naming rank 1, not as a timeout.
+        {"seed": 4, "framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1,
+         "fail_at_step": -1, "fail_rank": 1, "collective_timeout_s": 900, "time_limit": "1"},
     ],
 }
 
 
-def cluster_nodes() -> int:
+def cluster_nodes() -> list[str]:
+    """The names of the cluster's nodes (none when no controller answers)."""
     try:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
         nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return len(set(nodes.stdout.split())) if "UP" in ping.stdout else 0
+        return []
+    return sorted(set(nodes.stdout.split())) if "UP" in ping.stdout else []
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """A SLURM node list ("node[1-2]", "a01,b07") as names."""
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                          check=True).stdout.split()
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    if cluster_nodes() < 2:
-        message = "no local SLURM cluster with 2 nodes: bash scripts/slurm-local.sh up 2"
+def cluster() -> list[str]:
+    nodes = cluster_nodes()
+    if len(nodes) < 2:
+        message = "no local SLURM cluster with 2 or more nodes: bash scripts/slurm-local.sh up 2"
         if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
             pytest.fail(message)
         pytest.skip(message)
+    return nodes
 
 
 def runs(sweep: Path) -> dict:
@@ -85,12 +100,17 @@ def sweep(cluster, tmp_path_factory):
     while squeue_state(job) != "RUNNING" and time.time() < deadline:
         time.sleep(1)
     time.sleep(3)
+    # Jobs are submitted with --no-requeue: a requeue (as after a node failure) is refused, so it
+    # can neither rerun the job under its id nor truncate its log.
+    requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue
+    assert squeue_state(job) == "RUNNING"
     subprocess.run(["scancel", job], check=True)
     proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
     wall = time.time() - t0
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall}
+    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall, "nodes": cluster}
 
 
 def record_seed(sweep: Path, rid: str) -> int:
@@ -117,13 +137,22 @@ def test_ddp_ranks_rendezvous_across_two_nodes(sweep):
     assert (run_dir / "run-node0.yaml").exists() and (run_dir / "run-node1.yaml").exists()
     job = runs(sweep["dir"])[r["run_id"]]["job_id"]
     info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-    assert re.search(r"\bNodeList=node\[1-2\]", info), info
+    used = hostnames(re.search(r"\bNodeList=(\S+)", info).group(1))
+    assert len(set(used)) == 2 and set(used) <= set(sweep["nodes"]), (used, sweep["nodes"])
 
 
 def test_megatron_tp2_on_one_node(sweep):
     r = by_layout(sweep)[("megatron", "tp2")]
     assert r["status"] == "ok", r["error"]
     assert r["tp"] == 2 and r["dp"] == 1 and r["nodes"] == 1 and r["world_size"] == 2
+
+
+def test_a_worker_dying_at_startup_on_node_1_ends_the_job_as_an_error_naming_it(sweep):
+    r = by_layout(sweep)[4]
+    # Not `timeout`: node 1's launcher exited with torchrun's code, srun stopped node 0's at once.
+    assert r["status"] == "error", r["error"]
+    assert r["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1"), r["error"]
+    assert r["failed_ranks"] == [1]
 
 
 def test_failure_timeout_and_cancel_become_record_statuses(sweep):
@@ -173,7 +202,7 @@ def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_fa
     try:
         failed = {rid for rid, e in before.items() if record_status(out, rid, e) != "ok"}
         resubmitted = {rid for rid in after if after[rid]["job_id"] != before[rid]["job_id"]}
-        assert len(failed) == 3 and resubmitted == failed
+        assert len(failed) == 4 and resubmitted == failed
         for rid in failed:
             assert after[rid]["attempt"] == 2 and (out / rid / "attempts" / "1" / "result.json").exists()
     finally:
@@ -186,3 +215,21 @@ def record_status(out: Path, rid: str, entry: dict) -> str:
     if (out / rid / "attempts" / "1" / "result.json").exists():
         return json.loads((out / rid / "attempts" / "1" / "result.json").read_text())["status"]
     return record(out, rid)["status"]
+
+
+def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_path):
+    """The CI cluster's nodes are CPUs: no datasheet peak. The sweep submits one calibration job
+    into SWEEP/cache; the runs wait for it and report MFU against it."""
+    matrix = tmp_path / "no-peak.yaml"
+    matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
+                                  "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "calibrating once on a compute node" in proc.stdout
+    (calibration,) = (out / "cache" / "calibration").glob("*.json")
+    for rid in runs(out):
+        r = record(out, rid)
+        assert r["status"] == "ok" and r["peak_source"].startswith("calibrated"), r["error"]
+        assert r["peak_tflops"] == json.loads(calibration.read_text())["tflops"]
+    assert list((out / "logs").glob("calibrate-*.out"))

@@ -66,11 +66,20 @@ def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
     return " | ".join(kept)[:limit]
 
 
+class CorruptRecord(ValueError):
+    """A run's result.json is there but is not a readable record (the message names the file)."""
+
+
 def current_record(run_dir: Path) -> dict | None:
-    try:
-        return read_record(run_dir / "result.json")
-    except ValueError:
+    """The run's record, None while it has none. A record that is there but unreadable raises
+    CorruptRecord: it is never taken for a missing one (and then rerun or overwritten silently)."""
+    path = run_dir / "result.json"
+    if not path.exists():
         return None
+    try:
+        return read_record(path)
+    except ValueError as exc:
+        raise CorruptRecord(str(exc)) from None
 
 
 def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
@@ -78,16 +87,32 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
 
     A record the run wrote itself stands when it is ok; a failure record it left (e.g. the
     launcher noticing its workers die under a time-limit kill) is replaced by the scheduler's
-    verdict, keeping the run's own error beside it.
+    verdict, keeping the run's own error beside it. A corrupt one is kept as result.json.corrupt.
     """
-    own = current_record(run_dir)
+    try:
+        own, corrupt = current_record(run_dir), None
+    except CorruptRecord as exc:
+        own, corrupt = None, str(exc)
+        (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
     if own is not None and (own["status"] == "ok" or status == "error"):
         return own
+    from echobench.launch import originating_failure, rank_failures
+
     tail = log_tail(run_dir)
-    error = f"{why}; log: {short_tail(tail)}" if tail else why
     extra = {"log_tail": tail}
+    if own is None and (failures := rank_failures(run_dir)):
+        # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
+        # when another node's failed): name that rank first.
+        first = originating_failure(failures)
+        status = first["status"] if status == "error" else status
+        why = f"{first['error']}; {why}"
+        extra.update(failed_ranks=sorted(f["rank"] for f in failures), traceback_tail=first.get("traceback_tail"))
+    error = f"{why}; log: {short_tail(tail)}" if tail else why
     if own is not None:
         extra["run_error"] = own.get("error")
+    if corrupt is not None:
+        error = f"{why}; its own record was corrupt (kept as result.json.corrupt): {corrupt}"
+        extra["run_error"] = corrupt
     record = stub_record(cfg, status, error, **extra)
     write_record(run_dir, record)
     return record

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from echobench.executors import JobState
 from echobench.executors.local import source_root
+from echobench.matrix import parse_time
 
 # Scheduler states -> record statuses, for a job that is over.
 ENDED = {
@@ -66,20 +67,22 @@ def sbatch_path(path: Path) -> str:
     return text
 
 
-def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
-    """The exact sbatch script for one run. `slurm` is the matrix's SlurmSettings."""
-    q = shlex.quote
-    rid = run_dir.name
+def sbatch_header(slurm, job_name: str, nodes: int, gpus_per_node: int, log: str) -> list[str]:
+    """The #SBATCH lines of a job: one task per node, the matrix's SLURM settings. `log` is a
+    path checked by sbatch_path, with SLURM's %j."""
     head = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=eb-{rid}",
-        f"#SBATCH --nodes={int(cfg.nodes)}",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={int(nodes)}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --time={slurm.time}",
-        f"#SBATCH --output={sbatch_path(run_dir)}/logs/slurm-%j.out",
+        f"#SBATCH --output={log}",
+        # A requeue (SLURM's default after a node failure) reruns the job under the same id and
+        # truncates its log: no requeue; the run ends as node_fail and --retry-failed reruns it.
+        "#SBATCH --no-requeue",
     ]
     if slurm.request_gpus:
-        head.append(f"#SBATCH --gpus-per-node={int(cfg.gpus_per_node)}")
+        head.append(f"#SBATCH --gpus-per-node={int(gpus_per_node)}")
     if slurm.cpus_per_task:
         head.append(f"#SBATCH --cpus-per-task={int(slurm.cpus_per_task)}")
     if slurm.mem is not None:
@@ -89,7 +92,25 @@ def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
     for key in ("partition", "account", "qos", "constraint"):
         if (value := getattr(slurm, key)) is not None:
             head.append(f"#SBATCH --{key}={value}")
-    head += [f"#SBATCH {line}" for line in slurm.extra]
+    return head + [f"#SBATCH {line}" for line in slurm.extra]
+
+
+def job_environment(slurm) -> list[str]:
+    """PYTHON, PYTHONPATH, the matrix's env (quoted) and its setup lines (as written)."""
+    q = shlex.quote
+    lines = [f"PYTHON={q(slurm.python or sys.executable)}",
+             f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    lines += [f"export {key}={q(value)}" for key, value in slurm.env.items()]
+    if slurm.setup:
+        lines += ["# setup (from the matrix)", *slurm.setup]
+    return lines
+
+
+def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
+    """The exact sbatch script for one run. `slurm` is the matrix's SlurmSettings."""
+    q = shlex.quote
+    rid = run_dir.name
+    head = sbatch_header(slurm, f"eb-{rid}", cfg.nodes, cfg.gpus_per_node, f"{sbatch_path(run_dir)}/logs/slurm-%j.out")
     body = [
         "",
         f"# echobench run {rid}: written by `echobench sweep`. By hand: sbatch THIS_FILE [RUN.yaml]",
@@ -98,13 +119,23 @@ def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
         'RUN_CONFIG=${1:-$RUN_DIR/run.yaml}',
         f"NPROC={int(cfg.gpus_per_node)}",
         f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % 10000 ))  # jobs sharing a node need their own",
-        f"PYTHON={q(slurm.python or sys.executable)}",
-        f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        *job_environment(slurm),
     ]
-    body += [f"export {key}={q(value)}" for key, value in slurm.env.items()]
-    if slurm.setup:
-        body += ["# setup (from the matrix)", *slurm.setup]
     return "\n".join(head + body) + "\n" + LAUNCH_BODY
+
+
+def render_calibration_script(sweep_dir: Path, slurm, device: str = "auto") -> str:
+    """A one-node job that measures the nodes' GEMM rate into SWEEP/cache (`echobench
+    calibrate`): runs without a peak read it there (ECHOBENCH_CACHE in their scripts)."""
+    q = shlex.quote
+    path = sbatch_path(sweep_dir)
+    # Calibration takes a minute: ask for at most 10 so that it is scheduled early.
+    slurm = slurm.model_copy(update={"time": slurm.time if parse_time(slurm.time) <= 600 else "10"})
+    head = sbatch_header(slurm, f"eb-calibrate-{sweep_dir.name}", 1, 1, f"{path}/logs/calibrate-%j.out")
+    body = ["", "# echobench: the sweep's one calibration on a compute node, before its runs",
+            "set -euo pipefail", *job_environment(slurm), f"export ECHOBENCH_CACHE={q(path + '/cache')}",
+            f'exec "$PYTHON" -m echobench calibrate --device {q(device)}']
+    return "\n".join(head + body) + "\n"
 
 
 def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -121,15 +152,21 @@ class SlurmExecutor:
 
     def __init__(self):
         self.accounting: bool | None = None  # unknown until sacct has been tried
+        self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
 
     def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
         # The time limit is in the script (#SBATCH --time).
+        return self.sbatch(run_dir / "job.sh", run.id, self.calibration if run.cfg.peak_tflops is None else None)
+
+    def sbatch(self, script: Path, what: str, after: str | None = None) -> str:
+        # afterany: the run starts whether or not the calibration worked (a node with a datasheet peak needs none).
+        depend = [f"--dependency=afterany:{after}"] if after else []
         try:
-            proc = _run(["sbatch", "--parsable", str(run_dir / "job.sh")])
+            proc = _run(["sbatch", "--parsable", *depend, str(script)])
         except FileNotFoundError:
             raise SlurmError("sbatch not found: is this a SLURM login node? (locally: bash scripts/slurm-local.sh up)")
         if proc.returncode != 0:
-            raise SlurmError(f"sbatch rejected {run.id}: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise SlurmError(f"sbatch rejected {what}: {proc.stderr.strip() or proc.stdout.strip()}")
         job_id = proc.stdout.strip().split(";")[0]  # "ID" or "ID;cluster"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")

@@ -1,0 +1,243 @@
+"""Failure paths, as a user meets them: text from outside printed verbatim (never read as rich
+markup), node ranks >= 1 that fail, corrupt records, `--out` where nothing can be written."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from conftest import ROOT, cli_env
+from echobench.config import RunConfig
+from echobench.matrix import expand, parse_matrix
+from echobench.results import stub_record, write_json_atomic, write_record
+
+TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 50, "text_tokens": 16,
+        "speaker_frames": 40}
+TINY_ARGS = [a for k, v in TINY.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+# Rich would read each as markup: a closing tag with no opening one (a MarkupError, as in gloo's
+# "[/__w/pytorch/.../pair.cc:537]"), a style, a hyperlink.
+MARKUP = "no-tok-[/x]-[bold]-[link=http://x]"
+
+
+def flat(table_text: str) -> str:
+    """A rich table's text with borders, spaces and line breaks removed: folded cells join up."""
+    return table_text.replace("│", "").replace(" ", "").replace("\n", "")
+
+
+def one_line_error(proc) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, proc.stderr
+    return err
+
+
+# ---- 1. outside text is data, never markup ----
+
+def test_outside_text_passes_verbatim_through_run_sweep_and_status(cli, tmp_path):
+    # `run`: the record's error names the tokenizer as given, markup and all.
+    out = tmp_path / "run"
+    proc = cli("run", *TINY_ARGS, "--peak-tflops", "1", "--tokenizer", MARKUP, "--out", out)
+    error = json.loads((out / "result.json").read_text())["error"]
+    assert MARKUP in error
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and error in proc.stderr, proc.stderr
+
+    # `sweep`: the log line of the failed run, then sweep.json settled and results.csv written.
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "local", "hardware": {"peak_tflops": 1},
+                                  "defaults": TINY, "include": [{"tokenizer": MARKUP}]}))
+    sweep = tmp_path / "sweep"
+    proc = cli("sweep", matrix, "--out", sweep)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert MARKUP in proc.stdout
+    (entry,) = json.loads((sweep / "sweep.json").read_text())["runs"].values()
+    assert entry["settled"] and entry["state"] == "error"
+    assert (sweep / "results.csv").exists()
+
+    # `status`: the error column.
+    proc = cli("status", sweep)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert MARKUP in flat(proc.stdout), proc.stdout
+
+
+def test_progress_table_and_log_lines_show_outside_text_verbatim():
+    from echobench import sweep as sw
+    from echobench.console import esc
+
+    console = Console(record=True, width=300)
+    console.print(sw.Progress(console).table([("run-1", "error", MARKUP)]))
+    sw.log(console, f"run-1: {esc(MARKUP)}")
+    text = console.export_text()
+    assert text.count(MARKUP) == 2, text
+
+
+def test_bad_input_naming_markup_is_a_verbatim_one_line_error(cli, tmp_path):
+    proc = cli("run", "--scale", "[bold]X[/x]", "--out", tmp_path / "x")
+    assert "scale='[bold]X[/x]' is not valid" in one_line_error(proc)
+
+
+# ---- 2. a failure on node rank >= 1 ----
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
+    """Two launchers (node ranks 0 and 1, one process each) meet on this machine; rank 1 fails at
+    its first step. Each launcher exits non-zero (srun's --kill-on-bad-exit needs that) and the
+    record is an error naming rank 1."""
+    out, port = tmp_path / "run", free_port()
+    env = {**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "echobench", "run", *TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp",
+           "--fail-at-step", "0", "--fail-rank", "1", "--nproc", "1", "--nnodes", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), "--out", str(out)]
+    procs = [subprocess.Popen([*cmd, "--node-rank", str(rank)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes[0] != 0 and codes[1] != 0, (codes, outputs[1][-3000:])
+    record = json.loads((out / "result.json").read_text())
+    assert record["status"] == "error" and "rank 1" in record["error"] and "injected failure at step 0" in record["error"]
+
+
+def test_a_startup_failure_writes_a_record(cli, tmp_path):
+    """fail_at_step -1: the failure point before the process group forms."""
+    out = tmp_path / "run"
+    proc = cli("run", *TINY_ARGS, "--peak-tflops", "1", "--fail-at-step", "-1", "--out", out)
+    assert proc.returncode == 1, proc.stderr
+    record = json.loads((out / "result.json").read_text())
+    assert record["status"] == "error" and "rank 0" in record["error"] and "start-up" in record["error"]
+    assert (out / "ranks" / "rank-0.json").exists()
+
+
+def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
+    """srun stops node 0's launcher when node 1's fails, so no launcher assembles the record: the
+    sweep's record names the rank from the file it left."""
+    from echobench.executors import finish_without_record
+
+    write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
+        "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
+        "traceback_tail": "Traceback ...", "failed_at": 1.0})
+    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
+    assert record["status"] == "error" and record["failed_ranks"] == [1]
+    assert record["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
+
+
+def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):
+    assert "fail_at_step=-2" in one_line_error(cli("run", "--fail-at-step", "-2", "--out", tmp_path / "x"))
+
+
+# ---- 8. a SLURM sweep without a peak ----
+
+def test_a_slurm_sweep_without_a_peak_submits_one_calibration_job_that_only_peakless_runs_wait_for(
+        cli, tmp_path, monkeypatch):
+    """Against a stand-in sbatch that logs its arguments (the real cluster: tests/test_slurm.py)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\necho "$@" >>"{calls}"\necho $((100 + $(wc -l <"{calls}")))\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "slurm", "slurm": {"request_gpus": False},
+                                  "defaults": TINY, "include": [{"seed": 1}, {"seed": 2, "peak_tflops": 3}]}))
+    sweep = tmp_path / "sweep"
+    proc = cli("sweep", matrix, "--out", sweep, "--no-wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, *jobs = calls.read_text().splitlines()
+    assert first.endswith(f"{sweep}/calibrate.sh") and "calibrating once on a compute node (job 101" in proc.stdout
+    waits = {job.split()[-1].split("/")[-2]: "--dependency=afterany:101" in job for job in jobs}
+    by_seed = {yaml.safe_load((sweep / rid / "run.yaml").read_text())["seed"]: w for rid, w in waits.items()}
+    assert by_seed == {1: True, 2: False}
+
+
+# ---- 4. a corrupt current record ----
+
+def corrupt_sweep(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A sweep directory whose run has a failed first attempt under attempts/1 and a corrupt
+    current record (as a full disk or a hand edit leaves it)."""
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "local", "hardware": {"peak_tflops": 1}, "defaults": TINY}))
+    (run,) = expand(parse_matrix(matrix.read_text(), matrix)).runs
+    sweep = tmp_path / "sweep"
+    rd = sweep / run.id
+    write_record(rd / "attempts" / "1", stub_record(run.cfg, "error", "the first attempt failed"))
+    (rd / "run.yaml").write_text(json.dumps(run.cfg.to_dict()))
+    write_json_atomic(sweep / "sweep.json", {"matrix": "t", "runs": {run.id: {
+        "executor": "local", "attempt": 2, "job_id": "local-1", "settled": True, "state": "ok"}}})
+    (rd / "result.json").write_text('{"run_id": "truncat')
+    return matrix, sweep, run.id
+
+
+def test_status_names_a_corrupt_record(cli, tmp_path):
+    _, sweep, rid = corrupt_sweep(tmp_path)
+    proc = cli("status", sweep)
+    assert proc.returncode == 0 and "1 corrupt" in proc.stdout, proc.stdout
+    assert f"{rid}/result.json" in flat(proc.stdout)
+
+
+def test_sweep_names_a_corrupt_record_and_does_not_rerun_it_silently(cli, tmp_path):
+    matrix, sweep, rid = corrupt_sweep(tmp_path)
+    proc = cli("sweep", matrix, "--out", sweep)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "0 to run" in proc.stdout and "corrupt" in proc.stdout and "submitted" not in proc.stdout
+    assert f"{rid}/result.json" in proc.stdout.replace("\n", "")
+    assert (sweep / rid / "result.json").read_text() == '{"run_id": "truncat'  # the evidence stays
+
+
+def test_report_never_takes_an_attempt_for_the_current_record(cli, tmp_path):
+    _, sweep, rid = corrupt_sweep(tmp_path)
+    proc = cli("report", sweep, "--table", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{rid}/result.json" in proc.stderr and "unreadable" in proc.stderr
+    from echobench.report import load_report_input
+
+    data = load_report_input([sweep])
+    assert data.records == [] and any(f"{rid}/result.json" in p for p in data.problems)
+    # An attempts directory given by itself is read as what it is.
+    assert [r["error"] for r in load_report_input([sweep / rid / "attempts" / "1"]).records] == ["the first attempt failed"]
+
+
+def test_a_job_that_ends_beside_a_corrupt_record_keeps_it(tmp_path):
+    from echobench.executors import finish_without_record
+
+    (tmp_path / "result.json").write_text("{not json")
+    record = finish_without_record(RunConfig(), tmp_path, "timeout", "SLURM job 7 ended TIMEOUT")
+    assert record["status"] == "timeout" and "corrupt" in record["error"]
+    assert (tmp_path / "result.json.corrupt").read_text() == "{not json"
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "timeout"
+
+
+# ---- 6. --out where nothing can be written ----
+
+@pytest.mark.parametrize("command", [
+    ["run", "--scale", "tiny"],
+    ["data", "synth"],
+])
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_out_on_a_file_is_a_one_line_error(cli, tmp_path, command, where):
+    existing = tmp_path / "existing"
+    existing.write_text("x")
+    target = existing if where == "file" else existing / "sub"
+    err = one_line_error(cli(*command, "--out", target))
+    assert str(target) in err and "--out" in err
+    assert existing.read_text() == "x"
+
+
+def test_sweep_and_report_out_on_a_file_are_one_line_errors(cli, tmp_path):
+    existing = tmp_path / "existing"
+    existing.write_text("x")
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "local", "hardware": {"peak_tflops": 1}, "defaults": TINY}))
+    for target in (existing, existing / "sub"):
+        assert str(target) in one_line_error(cli("sweep", matrix, "--out", target))
+    runs = tmp_path / "runs"
+    write_record(runs / "r", stub_record(RunConfig(), "error", "x"))
+    for target in (existing / "report.html", tmp_path):  # under a file; an existing directory
+        assert str(target) in one_line_error(cli("report", runs, "-o", target))
+    assert existing.read_text() == "x"
