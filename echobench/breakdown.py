@@ -66,8 +66,9 @@ _COPY_OPS = {"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::
 _COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "gloo:", "nccl:", "record_param_comms")
 _OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "aten::_foreach_", "aten::_fused_adam",
                        "aten::_fused_sgd")
-# Inductor's compiled graphs on CPU: their fused C++ kernels are not ops of their own.
-_COMPILED_REGIONS = ("## Call CompiledFxGraph", "CompiledFunction", "Torch-Compiled Region")
+# A compiled graph's call on CPU: inductor's fused C++ kernels run in it without ops of their own
+# (its wrappers, "Torch-Compiled Region" and "CompiledFunction", are framework overhead: containers).
+_COMPILED_GRAPH = "## Call CompiledFxGraph"
 
 _ATTENTION_KERNEL = re.compile(r"flash|fmha|sdpa|attn|attention")
 _GEMM_KERNEL = re.compile(r"gemm|nvjet|gemv|splitkreduce|matmul|^triton_tem_")
@@ -89,7 +90,7 @@ def classify_op(name: str) -> str | None:
         return "gemm"
     if name.startswith(_ATTENTION_OPS):
         return "attention"
-    if name.startswith(("aten::", "prims::") + _COMPILED_REGIONS):
+    if name.startswith(("aten::", "prims::", _COMPILED_GRAPH)):
         return "other_compute"
     return None
 

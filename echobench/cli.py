@@ -93,7 +93,7 @@ def run(
     t5_hidden_dim: Optional[int] = typer.Option(None, help="Expected encoder hidden size (checked against encoder_model)."),
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
-    profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler chrome trace of the last 3 measured steps (OUT/trace-rankN.json)."),
+    profile: bool = typer.Option(False, "--profile", help="Trace 3 steps after the measured ones (untimed): OUT/trace-rankN.json and the time breakdown OUT/breakdown.json (echobench explain)."),
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
     fail_kind: str = typer.Option("error", help="Testing: error or oom."),

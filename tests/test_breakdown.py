@@ -62,6 +62,8 @@ def test_host_op_names_are_classified():
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
         "aten::_scaled_dot_product_efficient_attention": "attention",
         "aten::mul": "other_compute", "aten::native_layer_norm": "other_compute", "aten::_softmax": "other_compute",
+        "## Call CompiledFxGraph fr6zw3znssfqozsb5pcqm2tlasg3lxh65exffcrhizaq5ckf5qwa ##": "other_compute",
+        "Torch-Compiled Region: 0/0": None, "CompiledFunction": None,
         "Optimizer.step#AdamW.step": "optimizer", "Optimizer.zero_grad#AdamW.zero_grad": "optimizer",
         "aten::_foreach_norm": "optimizer",
         "gloo:all_reduce": "communication", "c10d::allreduce_": "communication",
