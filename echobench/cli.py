@@ -434,8 +434,8 @@ def explain(
         return
     rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
     step_s = rank["step_time_s"]
-    t = Table(title=f"Where the time goes: {escape(run_id)} (rank {rank['rank']}, {rank['timeline']}, mean of "
-                    f"{rank['steps']} profiled steps)")
+    t = Table(title=escape(f"Where the time goes: {run_id} (rank {rank['rank']}, {rank['timeline']}, mean of "
+                           f"{rank['steps']} profiled steps)"))
     for col in ("part", "ms / step", "% of step", "biggest items (ms / step)"):
         t.add_column(col, justify="right" if col in ("ms / step", "% of step") else "left",
                      overflow="fold" if col.startswith("biggest") else "ellipsis")
