@@ -145,9 +145,10 @@ def _span(event) -> tuple[float, float]:
 
 
 def cpu_spans(steps) -> list[tuple[float, float, str, str]]:
-    """(start, end, category, name) of the main thread's ops under the ProfilerStep ranges: a
-    classified op claims its subtree; other compute and containers pass the time their children
-    leave over to the nearest other-compute ancestor (a container's own gaps are idle)."""
+    """(start, end, category, name) of the main thread's ops under the ProfilerStep ranges. A
+    classified op claims its whole subtree. An other-compute op keeps the time its children leave
+    over, and its children are classified in turn. A container's own gaps go to its nearest
+    other-compute ancestor, or stay idle without one."""
     spans = []
     stack = [(child, None) for step in steps for child in step.cpu_children]
     while stack:
