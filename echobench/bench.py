@@ -14,6 +14,7 @@ import signal
 import statistics
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 from echobench import flops as flops_model
+from echobench.breakdown import DATA_WAIT, rank_breakdown, write_breakdown
+from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig, run_id
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
@@ -200,7 +203,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     waits, lengths, losses = [], [], []
     measured_end = cfg.warmup_steps + cfg.steps
     total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
-    profiler = make_profiler(cfg, info, out_dir)
+    profiled: dict = {}
+    profiler = make_profiler(cfg, info, out_dir, profiled)
     try:
         for step in range(total):
             if step == cfg.warmup_steps:
@@ -208,7 +212,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                     torch.cuda.reset_peak_memory_stats(info.device)
                 timer.mark()  # start of the first measured step
             t0 = time.perf_counter()
-            batch = next(loader)
+            # The breakdown's data wait; only under --profile, to keep the timed step bare.
+            with torch.profiler.record_function(DATA_WAIT) if profiler is not None else nullcontext():
+                batch = next(loader)
             wait = time.perf_counter() - t0
             measured = cfg.warmup_steps <= step < measured_end
             if measured:
@@ -269,6 +275,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
         "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
+        "breakdown": profiled.get("breakdown"),
     }
 
 
@@ -296,9 +303,10 @@ def profiled_steps(cfg: RunConfig) -> list[int]:
     return list(range(first, first + PROFILED_STEPS))
 
 
-def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
+def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict):
     """With --profile, a torch.profiler that traces a few steps after the measured ones on every
-    rank and writes a chrome trace (OUT/trace-rankN.json) next to the result."""
+    rank, writes a chrome trace (OUT/trace-rankN.json) next to the result and puts this rank's
+    time breakdown, from the profiler's events, in profiled["breakdown"]."""
     if not cfg.profile:
         return None
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -307,8 +315,13 @@ def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path):
     wait = cfg.warmup_steps + cfg.steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
     path = trace_path(out_dir, info.rank)
+
+    def ready(p):
+        p.export_chrome_trace(str(path))
+        profiled["breakdown"] = rank_breakdown(p, info.rank)
+
     prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                   on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+                   on_trace_ready=ready)
     prof.start()
     return prof
 
@@ -374,7 +387,8 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         ],
     )
     if cfg.profile:
-        record.update(profile_traces=[r["trace"] for r in ranks], profiled_steps=profiled_steps(cfg))
+        record.update(profile_traces=[r["trace"] for r in ranks], profiled_steps=profiled_steps(cfg),
+                      breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
     return record
 
 
@@ -464,6 +478,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     ranks = all_gather_object(mine, info)
     summarize(cfg, record, ranks)  # on every rank: each returns the run's status
     if info.is_main:
+        if "fractions" in (record.get("breakdown") or {}):
+            write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])
         write_record(out_dir, record)
     shutdown()
     return record

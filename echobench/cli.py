@@ -109,7 +109,7 @@ def run(
     t5_hidden_dim: Optional[int] = typer.Option(None, help="Expected encoder hidden size (checked against encoder_model)."),
     encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
     tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
-    profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler chrome trace of the last 3 measured steps (OUT/trace-rankN.json)."),
+    profile: bool = typer.Option(False, "--profile", help="Trace 3 steps after the measured ones (untimed): OUT/trace-rankN.json and the time breakdown OUT/breakdown.json (echobench explain)."),
     fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step (-1: at start-up, "
                                                "before the process group forms)."),
     fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
@@ -419,6 +419,91 @@ def compare(
                       f"(more than {threshold:g}% and p < {alpha:g}, or now failing)[/]")
         raise typer.Exit(1)
     console.print(f"{len(result.changes)} paired configuration(s), no significant loss of more than {threshold:g}%")
+
+
+@app.command()
+def explain(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="One run's directory (result.json, and breakdown.json "
+                                   "from a --profile run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
+):
+    """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
+    from echobench.breakdown import CATEGORIES, LABELS, RULE, read_breakdown, waterfall
+    from echobench.results import peak_notes, read_record
+
+    if not (run_dir / "result.json").is_file():
+        inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
+        fail(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}" if inner
+                                             else ": not a run directory"))
+    try:
+        record = read_record(run_dir / "result.json")
+    except ValueError as exc:
+        fail(str(exc))
+    run_id = record["run_id"]
+    if record["status"] != "ok":
+        fail(f"{run_id}: status {record['status']}, nothing to explain ({record.get('error') or 'no error text'})")
+    summary = record.get("breakdown") or {}
+    if "error" in summary:
+        fail(f"{run_id}: the profiler breakdown failed during the run: {summary['error']}")
+    if not (run_dir / "breakdown.json").exists():
+        fail(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --profile "
+             "(in a matrix: profile: true)")
+    try:
+        bd = read_breakdown(run_dir)
+    except ValueError as exc:
+        fail(str(exc))
+    steps = waterfall(record)
+    if as_json:
+        print(json.dumps({"run_id": run_id, "summary": summary, "breakdown": bd, "waterfall": steps}, indent=2))
+        return
+    rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
+    step_s = rank["step_time_s"]
+    t = Table(title=esc(f"Where the time goes: {run_id} (rank {rank['rank']}, {rank['timeline']}, mean of "
+                        f"{rank['steps']} profiled steps)"))
+    for col in ("part", "ms / step", "% of step", "biggest items (ms / step)"):
+        t.add_column(col, justify="right" if col in ("ms / step", "% of step") else "left",
+                     overflow="fold" if col.startswith("biggest") else "ellipsis")
+    for c in CATEGORIES:
+        top = "; ".join(f"{name} {s * 1e3:.3g}" for name, s in rank["top"].get(c, [])[:3])
+        t.add_row(Text(LABELS[c]), f"{rank['seconds'][c] * 1e3:.3f}", f"{rank['seconds'][c] / step_s:.1%}", Text(top))
+    comm = rank["communication"]
+    t.add_row(Text("communication overlapped with compute (not in the sum)", style="dim"), f"{comm['overlapped_s'] * 1e3:.3f}",
+              f"{comm['overlapped_s'] / step_s:.1%}", "")
+    t.add_row(Text("profiled step", style="bold"), f"{step_s * 1e3:.3f}", "100%",
+              Text(f"parts sum to {sum(rank['seconds'].values()) * 1e3:.3f} ms"))
+    console.print(t)
+    if len(bd["ranks"]) > 1:
+        per = Table(title="per rank (the busiest, whose device computed longest, is explained above)")
+        for col in ("rank", "step ms", "compute %", "exposed comm %", "overlapped comm %", "idle %", "data wait %"):
+            per.add_column(col, justify="right")
+        for r in bd["ranks"]:
+            if "error" in r:
+                per.add_row(str(r["rank"]), Text(r["error"]), "", "", "", "", "")
+                continue
+            s, step = r["seconds"], r["step_time_s"]
+            compute = sum(s[c] for c in ("gemm", "attention", "optimizer", "other_compute", "memcpy"))
+            per.add_row(str(r["rank"]), f"{step * 1e3:.3f}", f"{compute / step:.1%}", f"{s['communication'] / step:.1%}",
+                        f"{r['communication']['overlapped_s'] / step:.1%}", f"{s['idle'] / step:.1%}",
+                        f"{s['data_wait'] / step:.1%}")
+        console.print(per)
+    measured = record.get("step_time_mean_s") or record["step_time_s"]
+    console.print(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps took "
+                  f"{step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}.", highlight=False,
+                  markup=False)
+    if steps:
+        w = Table(title=f"MFU waterfall: {esc(run_id)} (percentage points of the {record['peak_tflops']:.4g} TFLOP/s peak)")
+        for col in ("step", "points", "MFU after (%)"):
+            w.add_column(col, justify="left" if col == "step" else "right")
+        level = 0.0
+        for s in steps:
+            level = s["pp"] if s["kind"] != "relative" else level + s["pp"]
+            w.add_row(Text(s["label"], style="bold" if s["kind"] != "relative" else ""),
+                      f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}", f"{level:.2f}")
+        console.print(w)
+        console.print("Each loss after the ceiling is the ceiling's share x that part's fraction of the profiled step; "
+                      "the last loss is what remains to the measured MFU (README: Where the time goes).", highlight=False)
+    for note in peak_notes(record):
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 @data_app.command("synth")

@@ -160,8 +160,9 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        # one scale (tiny): MFU, throughput, scaling, step time, memory, FLOP breakdown
-        assert len(plots) == 6
+        # one scale (tiny): MFU, throughput, scaling, step time, memory, FLOP breakdown, where the time goes,
+        # and the selected run's MFU waterfall (the smoke matrix profiles)
+        assert len(plots) == 8
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots), plots
         table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
                                   ".map(tr => tr.cells[0].textContent.trim())")
@@ -190,7 +191,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        assert len(plots) == 6 * 3  # three scales: tiny, 800M, 3B
+        assert len(plots) == 7 * 3 + 1  # three scales: tiny, 800M, 3B; one waterfall
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots)
         mfu_800m = page.evaluate("document.getElementById('fig-mfu-1').data.map(t => [t.name, t.x.length])")
         assert sorted((name.split()[:2], n) for name, n in mfu_800m) == [
@@ -203,7 +204,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.evaluate("var s = document.getElementById('scale-filter'); s.value = '3B';"
                       "s.dispatchEvent(new Event('change'))")
         visible = page.evaluate(PLOTS_JS)
-        assert sum(p["visible"] for p in visible) == 6
+        assert sum(p["visible"] for p in visible) == 7 + 1
         rows = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
                              ".map(tr => tr.cells[0].textContent.trim())")
         assert sorted(rows) == sorted(r["run_id"] for r in synthetic if r["scale"] == "3B")
@@ -268,6 +269,77 @@ def test_strings_from_records_are_escaped(tmp_path):
     for raw in (XSS, "<img src=x", "<i>h</i>"):
         assert raw not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;i&gt;h&lt;/i&gt;" in page
+
+
+def profiled(fractions=None, step_time_s=1.0):
+    f = fractions or {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
+                      "communication": 0.08, "data_wait": 0.03, "idle": 0.07}
+    return {"file": "breakdown.json", "rank": 0, "timeline": "GPU streams", "profiled_steps": 3,
+            "step_time_s": step_time_s, "fractions": f}
+
+
+def test_time_section_links_best_rows_to_a_profiled_repeat_and_escapes(tmp_path):
+    """The best-MFU row of a configuration links to the waterfall of its profiled repeat; run ids from
+    records reach the page's JSON with nothing that could end its script element."""
+    import re
+
+    from echobench.report import render_dashboard
+
+    write(tmp_path, record("cfg-a", mfu=0.42, repeat=0))  # repeat 0 was not profiled
+    write(tmp_path, record("cfg-a-r1", mfu=0.40, repeat=1, breakdown=profiled()))
+    xss_id = "cfg-b</script><script>alert(3)</script>"
+    write(tmp_path, record(xss_id, scale="3B", mfu=0.30, breakdown=profiled()), name="b")
+    write(tmp_path, record("cfg-c", scale="3B", nodes=2, mfu=0.2))  # not profiled: no link
+    page = render_dashboard(load_report_input([tmp_path]))
+    assert "alert(3)</script>" not in page
+    payload = json.loads(re.search(r'<script type="application/json" id="waterfall-data">(.*?)</script>', page, re.S)[1])
+    assert sorted(payload["runs"]) == sorted(["cfg-a-r1", xss_id])
+    wf = payload["runs"]["cfg-a-r1"]["data"][0]
+    assert wf["type"] == "waterfall" and wf["y"][0] == 100 and wf["y"][-1] == pytest.approx(40.0)
+    assert 100 + sum(wf["y"][1:-1]) == pytest.approx(40.0)
+    assert 'data-run="cfg-a-r1">waterfall</a>' in page  # the 800M row (best: cfg-a, median of its repeats)
+    best_3b = re.findall(r'<tr data-scale="3B">.*?</tr>', page, re.S)
+    assert len(best_3b) == 2 and "waterfall-link" in best_3b[0] and "waterfall-link" not in best_3b[1]
+    assert 'id="fig-time-0"' in page and 'id="fig-time-1"' in page  # stacked parts for 800M and 3B
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
+    """The smoke sweep profiles (profile: true): every run has a breakdown, the section draws the
+    parts per configuration, and the best-MFU table's link shows that run's waterfall."""
+    out = tmp_path / "report.html"
+    cli("report", real_sweep, "-o", out, check=True)
+    ok = {r["run_id"]: r for r in load_report_input([real_sweep]).records if r["status"] == "ok"}
+    assert len(ok) >= 4 and all("fractions" in (r.get("breakdown") or {}) for r in ok.values())
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        # _fullData: the traces as drawn (plotly sends numbers as typed arrays)
+        bars = page.evaluate("document.getElementById('fig-time-0')._fullData.map(t => Array.from(t.x))")
+        assert len(bars) == 8 and len(bars[0]) == len(ok)  # 8 parts; one bar per configuration (no repeats here)
+        for i in range(len(ok)):
+            assert sum(t[i] for t in bars) == pytest.approx(100.0)  # each configuration's parts fill its step
+        assert page.evaluate("document.querySelectorAll('#fig-time-0 .point').length") > 0
+        options = page.evaluate("Array.from(document.querySelectorAll('#waterfall-run option')).map(o => o.value)")
+        assert sorted(options) == sorted(ok)
+        link = page.evaluate("document.querySelector('#best a.waterfall-link').getAttribute('data-run')")
+        other = next(o for o in options if o != link)
+        page.evaluate(f"var s = document.getElementById('waterfall-run'); s.value = {json.dumps(other)};"
+                      "s.dispatchEvent(new Event('change'))")
+        shown = "(() => { const p = document.getElementById('waterfall-plot'); return {sel: " \
+                "document.getElementById('waterfall-run').value, type: p._fullData[0].type, " \
+                "y: Array.from(p._fullData[0].y), " \
+                "title: p.layout.title.text, bars: p.querySelectorAll('.point').length}; })()"
+        assert page.evaluate(shown)["sel"] == other
+        page.evaluate("document.querySelector('#best a.waterfall-link').click()")
+        wf = page.evaluate(shown)
+        assert wf["sel"] == link and wf["type"] == "waterfall" and link in wf["title"] and wf["bars"] == 9
+        assert wf["y"][-1] == pytest.approx(100 * ok[link]["mfu"])
+        assert 100 + sum(wf["y"][1:-1]) == pytest.approx(100 * ok[link]["mfu"], abs=1e-6)
+        shot = page.screenshot(ARTIFACTS / "dashboard-where-the-time-goes.png", selector="#time")
+        assert_clean(page)
+    assert shot.stat().st_size > 10_000
 
 
 # ---- the publication table ----

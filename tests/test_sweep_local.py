@@ -49,6 +49,14 @@ def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, smoke_swe
         for name in ("run.yaml", "job.sh", "logs/local.log"):
             assert (sweep / rid / name).exists(), name
     assert list((sweep / "cache" / "calibration").glob("*.json"))
+    # profile: true in the smoke matrix: every run says where its step's time went
+    for rid in runs:
+        assert record(sweep, rid)["breakdown"]["fractions"] and (sweep / rid / "breakdown.json").exists()
+    tp2 = next(rid for rid in runs if record(sweep, rid)["parallelism"] == "tp2")
+    assert all(r["communication"]["total_s"] > 0  # tensor-parallel all-reduces on gloo
+               for r in json.loads((sweep / tp2 / "breakdown.json").read_text())["ranks"])
+    proc = cli("explain", sweep / tp2)
+    assert proc.returncode == 0 and "Where the time goes" in proc.stdout and "MFU waterfall" in proc.stdout
     table = pd.read_parquet(sweep / "results.parquet")
     assert sorted(table["run_id"]) == sorted(runs) and set(table["status"]) == {"ok"}
     assert len(pd.read_csv(sweep / "results.csv")) == len(runs)

@@ -79,6 +79,9 @@ def test_data_parallel_matches_single_process(cli, tmp_path, single_run, paralle
         for rank in (0, 1):
             trace = json.loads((out / f"trace-rank{rank}.json").read_text())
             assert any("aten::mm" in e.get("name", "") for e in trace["traceEvents"])
+        # and where the time went: FSDP's all-gathers and reduce-scatters on gloo's threads
+        ranks = json.loads((out / "breakdown.json").read_text())["ranks"]
+        assert [b["rank"] for b in ranks] == [0, 1] and all(b["communication"]["total_s"] > 0 for b in ranks)
 
 
 def free_port() -> int:

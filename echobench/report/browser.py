@@ -130,7 +130,8 @@ class Chromium:
             raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def screenshot(self, path: Path, full_page: bool = True) -> Path:
+    def screenshot(self, path: Path, full_page: bool = True, selector: str | None = None) -> Path:
+        """A PNG of the page (all of it with full_page), or of the first element matching selector."""
         # plotly's toolbars show in a headless capture as if hovered; they say nothing in a picture
         self.evaluate("document.head.insertAdjacentHTML('beforeend', '<style>.modebar{display:none}</style>')")
         if full_page:
@@ -138,7 +139,15 @@ class Chromium:
             self.send("Emulation.setDeviceMetricsOverride", width=self.width, height=int(size["height"]),
                       deviceScaleFactor=1, mobile=False)
             self.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))")
-        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=full_page)["data"]
+        clip = {}
+        if selector is not None:
+            box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+                                " const r = e.getBoundingClientRect();"
+                                " return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; })()")
+            if box is None:
+                raise RuntimeError(f"no element matches {selector!r}")
+            clip = {"clip": {**box, "scale": 1}}
+        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=full_page, **clip)["data"]
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))
@@ -163,12 +172,12 @@ class Chromium:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m echobench.report.browser PAGE.html SHOT.png", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: python -m echobench.report.browser PAGE.html SHOT.png [CSS_SELECTOR]", file=sys.stderr)
         return 2
     with Chromium() as browser:
         browser.open(Path(argv[0]))
-        shot = browser.screenshot(Path(argv[1]))
+        shot = browser.screenshot(Path(argv[1]), selector=argv[2] if len(argv) == 3 else None)
         problems = browser.log.console_errors + browser.log.exceptions + browser.log.dialogs
     print(f"wrote {shot} ({os.path.getsize(shot)} bytes)" + (f"; page problems: {problems}" if problems else ""))
     return 1 if problems else 0

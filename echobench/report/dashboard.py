@@ -25,6 +25,7 @@ from plotly.subplots import make_subplots
 
 from echobench.report.data import ReportInput, scale_order
 from echobench.report.tables import fmt_number
+from echobench.report.time_breakdown import time_section
 
 FLOP_CONVENTION = (
     "Model FLOPs of one training sample: every matmul of the trainable parts (DiT, speaker encoder, "
@@ -405,6 +406,7 @@ def build_sections(data: ReportInput) -> list[dict]:
     sections.append({"id": "flops", "title": "FLOP breakdown per scale",
                      "caption": "Model FLOPs of one sample by part (the MFU numerator), forward and backward.",
                      "panels": flop_panels})
+    sections.append(time_section(data, figs.scales, figs.html, esc))
     if data.ok.empty:
         for s in sections:
             s["panels"] = [p for p in s["panels"] if p["html"]] if s["id"] == "flops" else []
@@ -432,10 +434,13 @@ def render_dashboard(data: ReportInput) -> str:
         message = f"No successful runs: all {len(data.records)} record(s) failed (see Failed and skipped runs)."
     else:
         message = ""
+    sections = build_sections(data)
+    links = next((s["links"] for s in sections if s["id"] == "time"), {})  # best-MFU row -> its waterfall
+    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(data, scales)]
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
-        problems=data.problems, notes=page_notes(data), best=best_rows(data, scales), sections=build_sections(data),
+        problems=data.problems, notes=page_notes(data), best=best, sections=sections,
         failed=failed_rows(data), skipped=data.skipped,
         run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
         plotlyjs=get_plotlyjs(),

@@ -1,0 +1,124 @@
+"""The dashboard's "Where the time goes": stacked parts of the step per configuration, and the MFU
+waterfall of a selected run (drawn in the page from the data here, one run at a time).
+
+Reads only the records' `breakdown` summary (written by `--profile` runs; echobench.breakdown).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from echobench.breakdown import CATEGORIES, LABELS, waterfall
+from echobench.report.data import ReportInput
+
+COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "other_compute": "#ff7f0e",
+          "memcpy": "#8c564b", "communication": "#d62728", "data_wait": "#bcbd22", "idle": "#c7c7c7"}
+LEGEND = {"gemm": "GEMM", "attention": "attention", "optimizer": "optimizer", "other_compute": "other compute",
+          "memcpy": "memory copies", "communication": "exposed comm", "data_wait": "data wait", "idle": "idle"}
+CAPTION = ("One step's time on the busiest device (GPU streams; on CPU runs the main thread), from the profiler "
+           "trace of a few steps after the measured ones (runs with profile: true or --profile). Bars: the parts as "
+           "a share of the step, mean over a configuration's profiled repeats. The waterfall goes from the peak "
+           "to the run's MFU in percentage points (README: Where the time goes); pick a run, or follow a "
+           "'waterfall' link in the best-MFU table.")
+EMPTY = "No profiled runs: set profile: true in the matrix (or run --profile) to see where the step's time goes."
+
+
+def profiled_rows(data: ReportInput) -> pd.DataFrame:
+    """One row per successful record with a breakdown: its labels and the parts' fractions."""
+    rows = []
+    frame = data.frame
+    for i, r in enumerate(data.records):
+        fractions = (r.get("breakdown") or {}).get("fractions")
+        if r.get("status") != "ok" or not fractions or r.get("mfu") is None:
+            continue
+        row = frame.iloc[i]
+        rows.append({"run_id": r["run_id"], "scale": r.get("scale"), "config": row["config"],
+                     "configuration": row["configuration"], "nodes": row["nodes"], "repeat": r.get("repeat") or 0,
+                     "step_time_s": r["breakdown"].get("step_time_s"), **{c: fractions.get(c, 0.0) for c in CATEGORIES}})
+    return pd.DataFrame(rows, columns=["run_id", "scale", "config", "configuration", "nodes", "repeat", "step_time_s",
+                                       *CATEGORIES])
+
+
+def stacked_parts(scale: str, rows: pd.DataFrame, esc) -> go.Figure:
+    """Horizontal bars, one per configuration of this scale: the parts of its step, stacked to 100%."""
+    means = (rows.groupby("configuration", sort=False)
+             .agg(config=("config", "first"), nodes=("nodes", "first"), n=("run_id", "size"),
+                  step_time_s=("step_time_s", "mean"), **{c: (c, "mean") for c in CATEGORIES}))
+    means = means.assign(_n=pd.to_numeric(means["nodes"], errors="coerce")).sort_values(["config", "_n"])
+    labels = [esc(f"{c} | {n}n") for c, n in zip(means["config"], means["nodes"])]
+    fig = go.Figure()
+    for c in CATEGORIES:
+        ms = means[c] * means["step_time_s"] * 1e3
+        fig.add_trace(go.Bar(x=means[c] * 100, y=labels, orientation="h", name=LEGEND[c],
+                             marker={"color": COLORS[c]}, customdata=list(zip(ms, means["n"])),
+                             hovertemplate="%{y}<br>" + esc(LABELS[c]) + ": %{x:.1f}% of the step "
+                                           "(%{customdata[0]:.3g} ms), %{customdata[1]} profiled run(s)<extra></extra>"))
+    fig.update_layout(title={"text": esc(f"{scale}: where one step's time goes (share of the step)"), "font": {"size": 14}},
+                      barmode="stack", template="plotly_white", height=200 + 34 * len(means),
+                      margin={"l": 60, "r": 20, "t": 50, "b": 40},
+                      legend={"font": {"size": 10}, "orientation": "h", "y": -0.12, "yanchor": "top",
+                              "traceorder": "normal"},
+                      xaxis={"range": [0, 100], "ticksuffix": "%"},
+                      yaxis={"automargin": True, "autorange": "reversed"})
+    return fig
+
+
+def waterfall_figure(record: dict, esc) -> go.Figure | None:
+    steps = waterfall(record)
+    if steps is None:
+        return None
+    fig = go.Figure(go.Waterfall(
+        x=[s["short"] for s in steps], y=[s["pp"] for s in steps], measure=[s["kind"] for s in steps],
+        text=[f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}" for s in steps],
+        textposition="outside", hovertext=[s["label"] for s in steps],
+        hovertemplate="%{hovertext}: %{text} points<extra></extra>",
+        decreasing={"marker": {"color": "#d62728"}}, increasing={"marker": {"color": "#2ca02c"}},
+        totals={"marker": {"color": "#1f77b4"}}, connector={"line": {"color": "#999", "width": 1}}))
+    fig.update_layout(title={"text": esc(f"{record['run_id']}: MFU waterfall (points of the peak)"), "font": {"size": 14}},
+                      template="plotly_white", height=420, margin={"l": 60, "r": 20, "t": 50, "b": 80},
+                      yaxis={"title": "% of peak", "rangemode": "tozero"}, showlegend=False)
+    return fig
+
+
+def script_json(obj) -> str:
+    """JSON for a <script type="application/json"> block: no '<', '>' or '&' that could end it."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def time_section(data: ReportInput, scales: list[str], html, esc) -> dict:
+    """The section for the page: per-scale panels of stacked parts, the waterfall runs to choose
+    from (best MFU first), their figures as JSON for the page to draw, and run id -> the run whose
+    waterfall a best-MFU row links to (a profiled repeat of the same configuration)."""
+    rows = profiled_rows(data)
+    section = {"id": "time", "title": "Where the time goes", "caption": CAPTION, "panels": [], "empty": EMPTY,
+               "waterfall": None, "links": {}}
+    if rows.empty:
+        return section
+    for i, scale in enumerate(scales):
+        group = rows[rows["scale"] == scale]
+        if group.empty:
+            section["panels"].append({"scale": scale, "html": "", "note": "",
+                                      "empty": f"{scale}: no profiled runs"})
+        else:
+            section["panels"].append({"scale": scale, "html": html(stacked_parts(scale, group, esc), f"fig-time-{i}"),
+                                      "empty": "", "note": ""})
+    by_id = {r["run_id"]: r for r in data.records}
+    figures, template, options = {}, None, []
+    order = sorted(rows.itertuples(), key=lambda r: -float(by_id[r.run_id]["mfu"]))
+    for r in order:
+        fig = waterfall_figure(by_id[r.run_id], esc)
+        spec = json.loads(fig.to_json())
+        template = spec["layout"].pop("template", template)  # sent once, not per run
+        figures[r.run_id] = spec
+        options.append({"id": r.run_id, "label": f"{r.run_id} ({float(by_id[r.run_id]['mfu']):.2%} MFU)"})
+    section["waterfall"] = {"options": options, "payload": script_json({"template": template, "runs": figures})}
+    first_profiled = {}
+    for r in sorted(rows.itertuples(), key=lambda r: (r.repeat, r.run_id)):
+        first_profiled.setdefault(r.configuration, r.run_id)
+    frame = data.frame
+    section["links"] = {run_id: first_profiled[key] for run_id, key in zip(frame["run_id"], frame["configuration"])
+                        if key in first_profiled}
+    return section

@@ -1,0 +1,252 @@
+"""Where the time goes: classification, the sweep rule, the waterfall, real CPU traces, `explain`.
+
+GPU kernels are tested on their names and on events built with torch.profiler's own event type
+(no GPU trace is stored yet); the CPU path runs on real traces of the tiny model.
+"""
+
+import json
+
+import pytest
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
+
+from echobench.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
+                                 short_name, summary, waterfall)
+
+# Names as profilers print them (cuBLAS / CUTLASS / cuDNN / flash / NCCL / inductor / ATen).
+KERNELS = [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", "gemm"),
+    ("nvjet_tss_64x8_64x16_2x1_v_bz_splitK_TNT", "gemm"),
+    ("void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, false>(cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*, float const*, float const*, __nv_bfloat16 const*, float const*, __nv_bfloat16*, void*, long, float*, int*)", "gemm"),
+    ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized_cooperative_epi_tma", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8::Params)", "gemm"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", "gemm"),
+    ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float>, float, float)", "gemm"),
+    ("triton_tem_fused_mm_0", "gemm"),
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, false, false, false, true, true, false, false>(Flash_fwd_params)", "attention"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, true, false, false, false, false, false>(pytorch_flash::Flash_bwd_params)", "attention"),
+    ("void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params)", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)", "attention"),
+    ("fmha_cutlassB_bf16_aligned_128x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, true, 128, 64, 128, false>::Params)", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_4x1x1_kernel0_0", "attention"),
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<cute::tuple<cute::C<128>, cute::C<176>, cute::C<128> >, 2, 2, true> > >(flash::FlashAttnFwdSm90<cute::tuple<cute::C<128> > >::Params)", "attention"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "communication"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("Memcpy HtoD (Pageable -> Device)", "memcpy"),
+    ("Memcpy DtoD (Device -> Device)", "memcpy"),
+    ("Memset (Device)", "memcpy"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)", "other_compute"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, c10::BFloat16, 4, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, c10::BFloat16, 4, 4>)", "other_compute"),
+    ("triton_poi_fused_add_addmm_gelu_0", "other_compute"),  # an addmm epilogue: element-wise, not a GEMM
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1", "other_compute"),
+    ("triton_per_fused__scaled_dot_product_attention_mask_2", "other_compute"),
+    ("void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, 10, false, false>(c10::BFloat16*, c10::BFloat16 const*, int, int, int, bool const*, int, bool)", "other_compute"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, float*, float*>(at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, float*, float*)", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 2, 1, 1>, std::multiplies<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 2, 1, 1>, std::multiplies<float>, float)", "optimizer"),
+]
+
+
+@pytest.mark.parametrize("name, category", KERNELS, ids=[short_name(n, 40) for n, _ in KERNELS])
+def test_gpu_kernel_names_are_classified(name, category):
+    assert classify_kernel(name) == category
+
+
+def test_host_op_names_are_classified():
+    expected = {
+        "aten::mm": "gemm", "aten::linear": "gemm", "aten::addmm": "gemm", "aten::bmm": "gemm",
+        "aten::scaled_dot_product_attention": "attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
+        "aten::_scaled_dot_product_efficient_attention": "attention",
+        "aten::mul": "other_compute", "aten::native_layer_norm": "other_compute", "aten::_softmax": "other_compute",
+        "## Call CompiledFxGraph fr6zw3znssfqozsb5pcqm2tlasg3lxh65exffcrhizaq5ckf5qwa ##": "other_compute",
+        "Torch-Compiled Region: 0/0": None, "CompiledFunction": None,
+        "Optimizer.step#AdamW.step": "optimizer", "Optimizer.zero_grad#AdamW.zero_grad": "optimizer",
+        "aten::_foreach_norm": "optimizer",
+        "gloo:all_reduce": "communication", "c10d::allreduce_": "communication",
+        "c10d::_reduce_scatter_base_": "communication", "_c10d_functional::all_reduce": "communication",
+        "nccl:all_reduce": "communication", "record_param_comms": "communication",
+        "aten::copy_": "memcpy", "torch.distributed.ddp.reducer::copy_bucket_to_grad": "memcpy",
+        "fsdp::all_gather_copy_in": "memcpy", "FSDP::all_gather_copy_out (dit.blocks.0)": "memcpy",
+        DATA_WAIT: "data_wait",
+        # containers: their children say what ran
+        "autograd::engine::evaluate_function: MmBackward0": None, "MmBackward0": None,
+        "FSDP::pre_forward (dit.blocks.0)": None, "FSDP::all_gather (dit.blocks.0)": None, "ProfilerStep#4": None,
+    }
+    assert {name: classify_op(name) for name in expected} == expected
+
+
+def ev(eid, name, start, end, thread=1, **kw):
+    return FunctionEvent(id=eid, name=name, thread=thread, start_us=start, end_us=end, trace_name=name, **kw)
+
+
+def kernel(eid, name, start, end, stream=7, corr=0):
+    return ev(eid, name, start, end, thread=stream, device_type=DeviceType.CUDA, device_resource_id=stream,
+              linked_correlation_id=corr, activity_type="kernel")
+
+
+def test_gpu_breakdown_follows_the_priority_rule_on_profiler_events():
+    """Events of torch.profiler's own type, two profiled steps, times in microseconds:
+    a GEMM overlapping an NCCL kernel on another stream, a Triton kernel launched inside
+    Optimizer.step, host data waits while the device idles, a memset trailing the host."""
+    events = EventList([
+        ev(1, "ProfilerStep#5", 0, 100), ev(2, "ProfilerStep#6", 100, 200),
+        ev(3, DATA_WAIT, 0, 10), ev(4, DATA_WAIT, 100, 110),
+        ev(5, "Optimizer.step#AdamW.step", 80, 96), ev(42, "aten::_foreach_add_", 82, 84),
+        kernel(10, "Memcpy HtoD (Pageable -> Device)", 12, 18),
+        kernel(11, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", 20, 50),
+        kernel(12, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 70, stream=20),
+        kernel(13, "void at::native::vectorized_elementwise_kernel<4>(int)", 70, 75),
+        kernel(14, "triton_poi_fused_add_mul_0", 85, 95, corr=42),  # optimizer: launched inside Optimizer.step
+        kernel(15, "flash_fwd_kernel", 115, 145),
+        kernel(16, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 150, 170),
+        kernel(17, "Memset (Device)", 195, 210),
+        # a record_function's range drawn on the GPU: not work
+        ev(18, "ProfilerStep#5", 0, 100, thread=7, device_type=DeviceType.CUDA, is_user_annotation=True),
+    ])
+    events._build_tree()
+    b = breakdown_from_events(events, rank=3)
+    assert b["rank"] == 3 and b["timeline"] == "GPU streams" and b["steps"] == 2
+    us = {c: round(s * 1e6 * 2, 6) for c, s in b["seconds"].items()}  # both steps, in microseconds
+    assert us == {"gemm": 50, "attention": 30, "optimizer": 10, "other_compute": 5, "memcpy": 21,
+                  "communication": 20, "data_wait": 20, "idle": 54}
+    assert b["step_time_s"] == pytest.approx(105e-6)  # window 0..210 (the memset trails the last host step)
+    assert sum(b["seconds"].values()) == pytest.approx(b["step_time_s"], rel=1e-12)
+    assert b["communication"]["total_s"] * 2e6 == pytest.approx(30)
+    assert b["communication"]["overlapped_s"] * 2e6 == pytest.approx(10)  # 40..50 under the GEMM
+
+
+def test_cpu_breakdown_nested_ops_and_a_gloo_thread():
+    """Main-thread op tree: a classified op claims its subtree, a container's own gaps are idle,
+    an other-compute op keeps what its children leave; gloo's collective runs on its own thread."""
+    events = EventList([
+        ev(1, "ProfilerStep#5", 0, 100),
+        ev(2, DATA_WAIT, 0, 8),
+        ev(3, "autograd::engine::evaluate_function: MmBackward0", 10, 40),
+        ev(4, "MmBackward0", 12, 38), ev(5, "aten::mm", 15, 35), ev(6, "aten::t", 16, 17),
+        ev(7, "aten::layer_norm", 40, 70), ev(8, "aten::native_layer_norm", 45, 60), ev(9, "aten::linear", 60, 65),
+        ev(10, "Optimizer.step#AdamW.step", 70, 90), ev(11, "aten::mul_", 72, 88),
+        ev(12, "gloo:all_reduce", 30, 95, thread=2, is_async=True),
+    ])
+    events._build_tree()
+    b = breakdown_from_events(events)
+    assert b["timeline"] == "main thread" and b["steps"] == 1
+    us = {c: round(s * 1e6, 6) for c, s in b["seconds"].items()}
+    assert us == {"gemm": 25, "attention": 0, "optimizer": 20, "other_compute": 25, "memcpy": 0,
+                  "communication": 10, "data_wait": 8, "idle": 12}
+    assert b["communication"]["total_s"] * 1e6 == pytest.approx(65)
+    assert b["communication"]["overlapped_s"] * 1e6 == pytest.approx(55)
+    assert dict((n, round(s * 1e6)) for n, s in b["top"]["other_compute"]) == {"aten::native_layer_norm": 15,
+                                                                             "aten::layer_norm": 10}
+
+
+def profiled_record(fractions, mfu=0.38, peak=990.0, ceiling=None, source="datasheet:GH200"):
+    return {"run_id": "r", "mfu": mfu, "peak_tflops": peak, "ceiling_tflops": ceiling, "peak_source": source,
+            "breakdown": {"fractions": fractions}}
+
+
+def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
+    f = {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
+         "communication": 0.08, "data_wait": 0.03, "idle": 0.07}
+    steps = waterfall(profiled_record(f, ceiling=742.5))
+    assert [s["kind"] for s in steps] == ["absolute"] + ["relative"] * 7 + ["total"]
+    assert steps[0]["pp"] == 100 and steps[-1]["pp"] == pytest.approx(38.0)
+    assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(38.0, abs=1e-9)
+    by_label = {s["short"]: s["pp"] for s in steps}
+    assert by_label["GEMM ceiling"] == pytest.approx(-25.0)  # 742.5 / 990 = 75%
+    assert by_label["non-GEMM compute"] == pytest.approx(-75 * 0.20)
+    assert by_label["exposed comm"] == pytest.approx(-75 * 0.08)
+    assert by_label["idle / launch"] == pytest.approx(-75 * 0.07)
+    assert by_label["data wait"] == pytest.approx(-75 * 0.03)
+    assert by_label["matmul shortfall / other"] == pytest.approx(-(75 * 0.6 - 38))
+    # without a calibration the ceiling is the peak; a run above what its parts explain shows a gain
+    steps = waterfall(profiled_record(f, mfu=0.9))
+    assert steps[1]["pp"] == 0 and steps[-2]["pp"] == pytest.approx(90 - 60) and steps[-1]["pp"] == pytest.approx(90)
+    assert waterfall({"mfu": 0.3, "peak_tflops": 990}) is None
+
+
+def test_summary_takes_the_busiest_rank_and_keeps_errors():
+    def rank(r, gemm, idle):
+        seconds = dict.fromkeys(CATEGORIES, 0.0) | {"gemm": gemm, "idle": idle}
+        return {"rank": r, "timeline": "GPU streams", "steps": 3, "step_time_s": gemm + idle, "seconds": seconds,
+                "communication": {"total_s": 0.0, "exposed_s": 0.0, "overlapped_s": 0.0}, "top": {}}
+
+    s = summary([rank(0, 0.2, 0.8), rank(1, 0.6, 0.4), {"rank": 2, "error": "ValueError: x"}])
+    assert s["rank"] == 1 and s["fractions"]["gemm"] == pytest.approx(0.6)
+    assert summary([{"rank": 0, "error": "ValueError: x"}]) == {"error": "rank 0: ValueError: x"}
+
+
+# ---- real traces of the tiny model on the CPU ----
+
+RUN = ["--profile", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
+       "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
+
+
+@pytest.fixture(scope="module")
+def profiled_runs(tmp_path_factory):
+    """One single-process and one DDP run over 2 gloo processes, both with --profile."""
+    from tests.conftest import run_cli
+
+    root = tmp_path_factory.mktemp("profiled")
+    runs = {}
+    for name, extra in (("single", []), ("ddp", ["--nproc", "2", "--parallelism", "ddp"])):
+        proc = run_cli("run", *RUN, *extra, "--out", root / name, tmp_path=root)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs[name] = root / name
+    return runs
+
+
+def profiled_step_us(trace_path):
+    """Mean ProfilerStep duration as the exported chrome trace shows it (an independent reading)."""
+    steps = [e["dur"] for e in json.loads(trace_path.read_text())["traceEvents"]
+             if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"]
+    assert len(steps) == 3
+    return sum(steps) / len(steps)
+
+
+@pytest.mark.parametrize("name", ["single", "ddp"])
+def test_real_cpu_runs_parts_add_up_to_the_step(profiled_runs, name):
+    out = profiled_runs[name]
+    record = json.loads((out / "result.json").read_text())
+    bd = json.loads((out / "breakdown.json").read_text())
+    assert len(bd["ranks"]) == record["world_size"] and bd["busiest_rank"] == record["breakdown"]["rank"]
+    for rank in bd["ranks"]:
+        assert rank["timeline"] == "main thread" and rank["steps"] == 3
+        parts = sum(rank["seconds"].values())
+        trace_step = profiled_step_us(out / f"trace-rank{rank['rank']}.json") / 1e6
+        assert parts == pytest.approx(trace_step, rel=0.02)
+        assert rank["seconds"]["gemm"] > 0 and rank["seconds"]["attention"] > 0 and rank["seconds"]["optimizer"] > 0
+        assert rank["seconds"]["data_wait"] > 0  # the loader's record_function is seen
+    fractions = record["breakdown"]["fractions"]
+    assert set(fractions) == set(CATEGORIES) and sum(fractions.values()) == pytest.approx(1.0)
+    comm = [r["communication"]["total_s"] for r in bd["ranks"]]
+    if name == "single":
+        assert comm == [0.0] and fractions["communication"] == 0
+    else:  # DDP's gradient all-reduce on gloo's threads, on both ranks
+        assert all(c > 0 for c in comm)
+        assert any(n.startswith("gloo:all_reduce") for r in bd["ranks"] for n, _ in r["top"]["communication"])
+
+
+def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_path):
+    out = profiled_runs["ddp"]
+    record = json.loads((out / "result.json").read_text())
+    proc = cli("explain", out)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "Where the time goes" in text and "MFU waterfall" in text and "per rank" in text
+    assert "communication (exposed)" in text and "gloo:all_reduce" in text and "achieved MFU" in text
+    proc = cli("explain", out, "--json")
+    data = json.loads(proc.stdout)
+    steps = data["waterfall"]
+    assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(100 * record["mfu"], abs=1e-9)
+    # a run without a profile, and a directory that is not a run: one line each, naming the fix
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "result.json").write_text(json.dumps({k: v for k, v in record.items() if k != "breakdown"}))
+    proc = cli("explain", plain)
+    assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--profile" in proc.stderr
+    proc = cli("explain", tmp_path)
+    assert proc.returncode == 2 and "give one run's directory" in proc.stderr and len(proc.stderr.splitlines()) == 1
