@@ -358,11 +358,12 @@ def noisy_steps(rng, n=30, scale=1.0, sigma=0.3):
 def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
     rng = random.Random(0)
     base_a, base_b = noisy_steps(rng, sigma=0.1), noisy_steps(rng, sigma=0.1)
-    for run_id, steps in (("a", base_a), ("b", base_b)):
-        write(tmp_path / "old", timed(run_id, steps))
+    # three configurations (a configuration is the settings, not the run id): micro-batch 8, 16, 4
+    for run_id, steps, mb in (("a", base_a, 8), ("b", base_b, 16)):
+        write(tmp_path / "old", timed(run_id, steps, micro_batch=mb))
     write(tmp_path / "new", timed("a", base_a))  # unchanged
-    write(tmp_path / "new", timed("b", [t * 1.25 for t in base_b]))  # every step 25% slower
-    write(tmp_path / "new", record("c"))  # only in NEW: listed, not a regression
+    write(tmp_path / "new", timed("b", [t * 1.25 for t in base_b], micro_batch=16))  # every step 25% slower
+    write(tmp_path / "new", record("c", micro_batch=4))  # only in NEW: listed, not a regression
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "b: REGRESSION samples/s -20.0%, MFU -20.0% (p=" in proc.stdout and "only in NEW (1): c" in proc.stdout
@@ -374,7 +375,7 @@ def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "50")
     assert proc.returncode == 1 and "now oom" in proc.stdout
     (tmp_path / "other").mkdir()
-    write(tmp_path / "other", record("z"))
+    write(tmp_path / "other", record("z", scale="3B"))
     proc = cli("compare", tmp_path / "old", tmp_path / "other")
     assert proc.returncode == 2 and "no configurations in common" in proc.stderr
 
