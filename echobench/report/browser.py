@@ -163,13 +163,22 @@ class Chromium:
 
 
 # Every shown plotly figure, as drawn: does its SVG stay inside its panel and section, does its
-# legend stay off the plot areas, is every trace drawn inside a plot area? Traces map to their
+# legend stay off the plot areas, is every trace drawn inside its own subplot's axes, and can one
+# of its markers be seen (not all under other traces' markers: the topmost data shape at the
+# marker's centre or at a point around it is its own)? Traces map to their
 # <g class="trace"> through the calcdata plotly binds to it (d3's __data__).
 LAYOUT_JS = r"""(() => {
   const problems = [], inside = (r, a, tol) => r.left >= a.left - tol && r.right <= a.right + tol
       && r.top >= a.top - tol && r.bottom <= a.bottom + tol;
   const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
       && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  const SHAPES = 'path.point, path.js-line, g.point > path';
+  // where a marker is probed, in marker sizes from its centre (out to the outline of open symbols)
+  const OFFSETS = [[0, 0]].concat(...[0.2, 0.35, 0.45].map(d => [[-d, 0], [d, 0], [0, -d], [0, d]]));
+  // plotly leaves its shapes out of hit-testing (its drag layer takes the pointer): put them back
+  const hit = document.createElement('style');
+  hit.textContent = '.js-plotly-plot g.trace path { pointer-events: visiblePainted !important; }';
+  document.head.appendChild(hit);
   let checked = 0;
   for (const el of document.querySelectorAll('.js-plotly-plot')) {
     if (el.offsetParent === null) continue;  // hidden by a filter
@@ -184,33 +193,51 @@ LAYOUT_JS = r"""(() => {
     const legend = el.querySelector('.legend');
     if (legend && Object.values(areas).some(a => overlap(legend.getBoundingClientRect(), a)))
       problems.push(`${el.id}: the legend covers the plot area`);
+    const data = new Set(el.querySelectorAll('g.trace ' + SHAPES.split(', ').join(', g.trace ')));
+    const topmost = (x, y) => document.elementsFromPoint(x, y).find(e => data.has(e));
     const drawn = {};
     for (const g of el.querySelectorAll('g.trace')) {
       const cd = g.__data__, trace = cd && cd[0] && cd[0].trace;
       if (!trace) continue;
       const area = areas[(trace.xaxis || 'x') + (trace.yaxis || 'y')];
-      const shapes = Array.from(g.querySelectorAll('path.point, path.js-line, g.point > path'))
-        .map(p => p.getBoundingClientRect()).filter(r => r.width > 0 || r.height > 0);
-      const centres = shapes.map(r => ({left: r.left + r.width / 2, right: r.left + r.width / 2,
-                                        top: r.top + r.height / 2, bottom: r.top + r.height / 2}));
+      const shapes = Array.from(g.querySelectorAll(SHAPES)).filter(p => {
+        const r = p.getBoundingClientRect(); return r.width > 0 || r.height > 0; });
+      const centres = shapes.map(p => { const r = p.getBoundingClientRect();
+        return {left: r.left + r.width / 2, right: r.left + r.width / 2, top: r.top + r.height / 2,
+                bottom: r.top + r.height / 2, w: r.width, h: r.height, marker: p.matches('path.point')}; });
       const shown = area ? centres.filter(c => inside(c, area, 2)).length : 0;
       drawn[trace.index] = (drawn[trace.index] || 0) + centres.length;
       if (shown < centres.length)
         problems.push(`${el.id}: trace '${trace.name}' has ${centres.length - shown} of ${centres.length} shapes outside the plot area`);
+      const markers = centres.filter(c => c.marker && g.classList.contains('scatter'));
+      const seen = markers.some(c => OFFSETS.some(([dx, dy]) => {
+        const top = topmost(c.left + dx * c.w, c.top + dy * c.h); return top && top.closest('g.trace') === g; }));
+      if (markers.length && !seen)
+        problems.push(`${el.id}: every marker of trace '${trace.name}' is hidden under other traces`);
     }
-    (el._fullData || []).forEach((t, i) => {
+    (el._fullData || []).forEach(t => {
       if (t.visible === true && !drawn[t.index])
         problems.push(`${el.id}: trace '${t.name}' is not drawn`);
     });
   }
+  hit.remove();
   return {checked: checked, problems: problems};
 })()"""
 
 
 def layout_problems(browser: "Chromium") -> tuple[int, list[str]]:
     """(plots checked, problems) of the open page's visible plotly figures: a plot wider than its
-    panel or section, a legend over a plot area, a trace not drawn or drawn outside its axes."""
-    result = browser.evaluate(LAYOUT_JS)
+    panel or section, a legend over a plot area, a trace not drawn, drawn outside its axes or with
+    every marker under other traces. The viewport is made as tall as the page for the check, so
+    every plot can be hit-tested (elementsFromPoint sees only the viewport)."""
+    height = browser.evaluate("document.documentElement.scrollHeight")
+    browser.send("Emulation.setDeviceMetricsOverride", width=browser.width, height=int(height), deviceScaleFactor=1,
+                 mobile=False)
+    browser.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))")
+    try:
+        result = browser.evaluate(LAYOUT_JS)
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride")
     return result["checked"], result["problems"]
 
 

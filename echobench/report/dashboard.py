@@ -52,9 +52,11 @@ def _num(series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
 
 
-def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, **kw) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, legend: dict | None = None,
+            **kw) -> go.Figure:
     fig.update_layout(title={"text": esc(title), "font": {"size": 14}}, height=height, template="plotly_white",
-                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}}, **kw)
+                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}, **(legend or {})},
+                      **kw)
     return fig
 
 
@@ -205,15 +207,20 @@ class Figures:
                           line={"color": self.styles[config]["color"], "dash": "dot", "width": 1.5},
                           hovertemplate=f"{esc(config)}<br>ideal (linear) scaling from {base} GPUs: {what}<extra></extra>")
 
-    def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure:
+    def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure | str:
+        """The figure, or why there is none: a configuration at one GPU count is 100% by definition."""
         fig = go.Figure()
         for config, rows in self._per_config(group):
+            if len(rows) < 2:  # one GPU count: 100% by definition (a dot hiding the others' first)
+                continue
             per_gpu = _num(rows["samples_per_s_per_gpu"])
             efficiency = per_gpu / per_gpu.iloc[0] * 100
             base = int(_num(rows["world_size"]).iloc[0])
             fig.add_trace(go.Scatter(x=rows["world_size"], y=efficiency, name=esc(config), mode="lines+markers",
                                      text=self._hover(rows), hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of the per-GPU "
                                      f"rate at {base} GPUs<extra></extra>", **self._line(config)))
+        if not fig.data:
+            return f"{scale}: every configuration ran at one GPU count: no scaling to show"
         gpus = _num(group["world_size"]).dropna()
         fig.add_trace(go.Scatter(x=[gpus.min(), gpus.max()], y=[100, 100], mode="lines", name="ideal (linear) scaling",
                                  line={"color": "#666", "dash": "dot", "width": 1.5},
@@ -264,9 +271,11 @@ class Figures:
                                      marker={"symbol": "line-ns-open", "size": 22, "color": "#d62728",
                                              "line": {"width": 3, "color": "#d62728"}},
                                      hovertemplate="device %{x:.3g} GiB<extra></extra>"))
-        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)),
+        # the legend above the bars: long run labels already take the width beside them
+        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)) + 30, top=80,
                        xaxis={"title": "GiB", "rangemode": "tozero"},
-                       yaxis={"automargin": True, "autorange": "reversed"})
+                       yaxis={"automargin": True, "autorange": "reversed"},
+                       legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"})
 
     def flop_breakdown(self, scale: str) -> tuple[go.Figure | None, str]:
         """Forward / backward FLOPs per part for the commonest lengths of this scale."""
@@ -356,6 +365,11 @@ def page_notes(data: ReportInput) -> list[str]:
     if len(fp8):
         notes.append(f"{len(fp8)} fp8 run(s), marked fp8 in the table of runs: MFU is against the bf16 peak; the "
                      "column 'MFU fp8 peak' gives it against the dense fp8 peak.")
+    peaks = ok.assign(_p=_num(ok["peak_tflops"])).groupby("configuration")["_p"].nunique()
+    if (peaks > 1).any():  # e.g. two local sweeps, each against its own calibration
+        notes.append(f"{int((peaks > 1).sum())} configuration(s) pool runs measured against different peaks: their "
+                     "median MFU mixes denominators (samples/s and step times do not). See the peak column of the "
+                     "table of runs.")
     retries = ok[_num(ok["num_alloc_retries"]).fillna(0) > 0]
     if len(retries):
         notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "
@@ -488,7 +502,8 @@ def build_sections(data: ReportInput, figs: Figures | None = None) -> list[dict]
          "dotted: ideal (linear) scaling from the configuration's smallest GPU count.",
          figs.throughput, figs.configs),
         ("scaling", "Scaling efficiency",
-         "Per-GPU samples/s relative to the configuration's smallest GPU count (100%, dotted: linear scaling).",
+         "Per-GPU samples/s relative to the configuration's smallest GPU count (100%, dotted: linear scaling); "
+         "configurations run at one GPU count only are left out.",
          figs.scaling_efficiency, figs.configs),
         ("steptime", "Step-time spread",
          "Every run: median step time of the slowest rank, bars from p10 to p90; x marks the mean, which the "
@@ -505,7 +520,9 @@ def build_sections(data: ReportInput, figs: Figures | None = None) -> list[dict]
             if len(group) == 0:
                 panels.append(_panel(scale, empty=f"{scale}: no successful runs"))
                 continue
-            panels.append(_panel(scale, html=figs.html(make(scale, group), f"fig-{key}-{i}")))
+            fig = make(scale, group)
+            panels.append(_panel(scale, empty=fig) if isinstance(fig, str)
+                          else _panel(scale, html=figs.html(fig, f"fig-{key}-{i}")))
         sections.append({"id": key, "title": title, "caption": caption, "panels": panels})
     flop_panels = []
     for i, scale in enumerate(figs.scales):

@@ -138,7 +138,8 @@ def report_frame(records: list[dict]) -> pd.DataFrame:
     frame = pd.concat([frame, extra], axis=1)
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
-    frame["config"] = config_labels(settings)
+    ok = [(r.get("status") == "ok") for r in records]
+    frame["config"] = config_labels(settings, among=[s for s, good in zip(settings, ok) if good] or settings)
     return frame
 
 
@@ -195,18 +196,19 @@ def varying_keys(settings: list[dict], ignore=("scale", "nodes")) -> list[str]:
     return [k for k in VARYING_CONFIG_KEYS if k in varying] + sorted(varying - set(VARYING_CONFIG_KEYS))
 
 
-def config_labels(settings: list[dict]) -> list[str]:
+def config_labels(settings: list[dict], among: list[dict] | None = None) -> list[str]:
     """A label per configuration: framework and parallelism, then only the settings that differ
-    between the configurations of that framework and parallelism (on the whole page, so a label,
-    and its colour, is the same in every figure)."""
+    between the configurations of that framework and parallelism `among` (the successful runs':
+    those the figures draw; default all) on the whole page, so a label, and its colour, is the same
+    in every figure."""
     groups: dict[tuple, list[dict]] = {}
-    for s in settings:
+    for s in settings if among is None else among:
         groups.setdefault(tuple(str(s.get(k)) for k in CONFIG_KEYS), []).append(s)
     varying = {fp: varying_keys(group, ignore=("scale", "nodes", *CONFIG_KEYS)) for fp, group in groups.items()}
     labels = []
     for s in settings:
         fp = tuple(str(s.get(k)) for k in CONFIG_KEYS)
-        labels.append(" ".join([*fp, *(setting_text(k, s.get(k)) for k in varying[fp])]))
+        labels.append(" ".join([*fp, *(setting_text(k, s.get(k)) for k in varying.get(fp, []))]))
     return labels
 
 
