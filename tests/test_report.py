@@ -236,28 +236,23 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
 
 def written_record(root: Path, step_s: float, **settings) -> dict:
     """A record made by the record code (bench.base_record, flops_report, bench.summarize,
-    results.write_record) for settings as a sweep launches them; only the per-rank measurements are made up: every step
-    takes step_s on rank 0 and 1% longer on each further rank; FLOPs are the FLOP model's."""
+    results.write_record) for settings as a sweep launches them; only the per-rank measurements
+    are made up: every step takes step_s on rank 0 and 1% longer on each further rank."""
     import torch
 
     from echobench.bench import base_record, summarize
     from echobench.config import RunConfig
-    from echobench.flops import flops_report, hardware_flops, model_flops
+    from echobench.flops import flops_report
     from echobench.results import write_record
+    from tests.test_figures import measured_rank
 
     cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
                        "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80, **settings})
     record = base_record(cfg, torch.device("cpu"))
     record["flops_breakdown"] = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames,
                                              cfg.ac)
-    flops = model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
-    samples = cfg.micro_batch * cfg.steps
-    ranks = [{"rank": r, "hostname": f"node{r // cfg.gpus_per_node + 1}",
-              "step_times_s": [step_s * (1 + 0.01 * r)] * cfg.steps, "median_step_time_s": step_s * (1 + 0.01 * r),
-              "samples": samples, "model_flops": flops.total * samples,
-              "hardware_flops": hardware_flops(cfg.model_config(), flops, cfg.ac) * samples,
-              "audio_frames": cfg.audio_frames * samples, "memory": {"peak_rss_gib": 0.5}, "data_wait_frac": 0.0,
-              "losses": [1.0] * cfg.steps, "skipped_samples": 0, "backend_info": {}}
+    per_sample = record["flops_breakdown"]["model_flops_per_sample"]
+    ranks = [measured_rank([step_s * (1 + 0.01 * r)] * cfg.steps, cfg.micro_batch, per_sample, rank=r)
              for r in range(cfg.world_size)]
     summarize(cfg, record, ranks)
     write_record(root / record["run_id"], record)
