@@ -13,9 +13,12 @@ OUT=$(realpath -m "${1:-runs/report-demo}")
 PY=${PYTHON:-python}
 export OMP_NUM_THREADS=1  # one thread per process: 2- and 4-process runs share 2 cores fairly
 "$PY" -m echobench sweep matrices/smoke.yaml --out "$OUT/smoke"
-# The SLURM jobs inherit this environment (sbatch exports it): their MFU is against the smoke
-# sweep's calibration, so the two sweeps' runs of one configuration share a peak.
-export ECHOBENCH_CACHE="$OUT/smoke/cache"
+# The SLURM runs' MFU is against the smoke sweep's calibration (the nodes are this machine), so the
+# two sweeps' runs of one configuration share a peak: it goes into the SLURM sweep's cache, which its
+# jobs read (sbatch passes ECHOBENCH_CACHE on) and where a sweep looks before calibrating again.
+mkdir -p "$OUT/scaling/cache/calibration"
+cp -n "$OUT/smoke/cache/calibration/"*.json "$OUT/scaling/cache/calibration/"
+export ECHOBENCH_CACHE="$OUT/scaling/cache"
 "$PY" -m echobench sweep matrices/scaling-demo.yaml --out "$OUT/scaling"
 "$PY" -m echobench report "$OUT/smoke" "$OUT/scaling" -o "$OUT/report.html"
 "$PY" -m echobench report "$OUT/smoke" "$OUT/scaling" --table md | tee "$OUT/table.md"

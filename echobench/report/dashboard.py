@@ -113,10 +113,9 @@ class Figures:
     def html(self, fig: go.Figure, div_id: str) -> str:
         return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
-    def _line(self, config: str, **kw) -> dict:
+    def _line(self, config: str) -> dict:
         style = self.styles[config]
-        return {"line": {"color": style["color"], "dash": style["dash"]},
-                "marker": {"symbol": style["symbol"], "size": 8}, **kw}
+        return {"line": {"color": style["color"], "dash": style["dash"]}, "marker": {"symbol": style["symbol"], "size": 8}}
 
     def _per_config(self, group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         """(label, rows sorted by GPUs) for each configuration across node counts, by label (legends
@@ -160,13 +159,16 @@ class Figures:
         if self.reference is None:
             return None
         ref = self.reference[(self.reference["scale"] == scale) & self.reference["ref_mfu"].notna()]
-        xs, ys, colors, texts = [], [], [], []
+        xs, ys, colors, texts, placed = [], [], [], [], set()
         for config, rows in self._per_config(group):
             first = rows.iloc[0]
             mine = ref[(ref["framework"] == first["framework"]) & (ref["parallelism"] == first["parallelism"])]
             for p in mine.itertuples():
                 at = rows[_num(rows["nodes"]) == p.nodes]
                 gpus = p.nodes * int(first["gpus_per_node"])
+                if (p.Index, gpus) in placed:  # another configuration of the layout: one marker is enough
+                    continue
+                placed.add((p.Index, gpus))
                 measured = f"measured {_num(at['mfu']).iloc[0] * 100:.3g}%, {(_num(at['mfu']).iloc[0] - p.ref_mfu) * 100:+.1f} pp" \
                     if len(at) else "no measured run at this node count"
                 source = f" ({esc(p.ref_source)})" if isinstance(p.ref_source, str) and p.ref_source else ""
