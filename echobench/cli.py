@@ -314,7 +314,7 @@ def report(
     paths: list[Path] = typer.Argument(..., help="Sweep or run directories (or result.json files); merged, newest record per run id."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Dashboard HTML file (default report.html unless --table)."),
     table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
-    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the table (see README)."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (see README)."),
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
     from echobench.report import load_report_input, read_reference, render_dashboard, render_table
@@ -325,8 +325,6 @@ def report(
         fail(f"no such file or directory: {', '.join(missing)}")
     if table is not None and table not in RENDERERS:
         fail(f"--table {table!r} is not valid: allowed {', '.join(RENDERERS)}")
-    if reference is not None and table is None:
-        fail("--reference needs --table md|csv|latex")
     if out is None and table is None:
         out = Path("report.html")
     if out is not None:
@@ -350,7 +348,7 @@ def report(
         sys.stdout.write(render_table(data.frame, table, ref))
     if out is not None:
         try:
-            out.write_text(render_dashboard(data), encoding="utf-8")
+            out.write_text(render_dashboard(data, ref, str(reference) if reference else None), encoding="utf-8")
         except OSError as exc:
             fail(f"-o {out}: cannot write it ({exc.strerror or exc})")
         err_console.print(f"wrote {esc(out)} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)

@@ -126,6 +126,11 @@ class RunConfig:
 
 # Keys that do not change what is measured: left out of the run id.
 NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "encoder_checkpoint", "tokenizer"}
+# ...and the keys that change how long or how often we measure, only check a setting or inject a
+# failure for a test, not what is measured: a configuration leaves out both. The run id keeps these (a sweep's existing run
+# directories must keep their ids, or it would rerun them).
+MEASUREMENT_KEYS = NON_IDENTITY_KEYS | {"steps", "warmup_steps", "seed", "repeat", "t5_hidden_dim",
+                                        "fail_at_step", "fail_rank", "fail_kind"}
 
 
 def config_id(cfg: RunConfig) -> str:
@@ -140,3 +145,21 @@ def run_id(cfg: RunConfig) -> str:
     """Stable id of one run: same settings, same id, across sessions. Repeat 0 keeps the id the
     run had before repeats existed (a sweep does not redo it); repeat k > 0 adds `-rK`."""
     return config_id(cfg) if cfg.repeat == 0 else f"{config_id(cfg)}-r{cfg.repeat}"
+
+
+def configuration(settings: dict, with_nodes: bool = True) -> dict:
+    """What a run measures, from its settings (a RunConfig dict): every key but MEASUREMENT_KEYS
+    (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
+    a record older than the key, takes its default. The one definition of "configuration" that the
+    dashboard, the tables and `compare` share: runs of equal configurations pool like repeats."""
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    merged = {**defaults, **settings}
+    return {k: v for k, v in merged.items() if k not in MEASUREMENT_KEYS and (with_nodes or k != "nodes")}
+
+
+def configuration_id(settings: dict) -> str:
+    """Readable, stable id of configuration(settings), in the run id's form (one node count)."""
+    ident = configuration(settings)
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return (f"{ident['scale']}-{ident['framework']}-{ident['parallelism']}-n{ident['nodes']}x{ident['gpus_per_node']}"
+            f"-mb{ident['micro_batch']}-{digest}")

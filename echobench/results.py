@@ -7,6 +7,8 @@ import os
 import statistics
 from pathlib import Path
 
+from echobench.config import RunConfig, configuration_id
+
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
 SCHEMA_VERSION = 2
@@ -230,12 +232,19 @@ def peak_notes(record: dict) -> list[str]:
 
 # ---- repeats: records of one configuration ----
 
+def record_settings(record: dict) -> dict:
+    """The settings a run was launched with: the record's `config` (its RunConfig), else (a record
+    without one) its top-level fields of the same names."""
+    if isinstance(record.get("config"), dict):
+        return record["config"]
+    return {k: record[k] for k in RunConfig.__dataclass_fields__ if k in record}
+
+
 def configuration_key(record: dict) -> str:
-    """What the repeats of one configuration share: records with equal keys are launches of the
-    same settings, and reports give the median over them. The run id without its repeat suffix
-    (echobench.config.config_id); a record from before repeats existed is its own configuration."""
-    run_id, repeat = str(record["run_id"]), record.get("repeat") or 0
-    return run_id.removesuffix(f"-r{repeat}") if repeat else run_id
+    """What the runs of one configuration at one node count share (echobench.config.configuration):
+    reports give the median over them, `compare` pairs them. Unlike the run id, it leaves out how
+    long and how often we measured: runs of two sweeps with different step counts pool."""
+    return configuration_id(record_settings(record))
 
 
 def over_repeats(values) -> dict | None:

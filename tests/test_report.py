@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from echobench.report import load_report_input, read_reference, render_table
+from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
 from echobench.report.compare import compare_records
 from echobench.results import SCHEMA_VERSION, write_json_atomic
@@ -91,13 +92,14 @@ def synthetic_multinode(real: dict, out: Path) -> list[dict]:
     up, so the multi-node panels have lines to draw. Used for layout tests only, never reported."""
     records = []
     for scale, params, base_mfu in (("800M", 757e6, 0.30), ("3B", 3.16e9, 0.40)):
-        for config, factor in (("fsdp2", 1.0), ("ddp", 0.8)):
+        for config, factor, drop in (("fsdp2", 1.0, 0.05), ("ddp", 0.8, 0.08)):
             for nodes in (1, 2, 4):
                 rec = copy.deepcopy(real)
                 world = nodes * 4
-                mfu = base_mfu * factor * (1 - 0.05 * (nodes - 1))
-                rec.update(run_id=f"synthetic-{scale}-{config}-n{nodes}", scale=scale, parallelism=config,
-                           nodes=nodes, gpus_per_node=4, world_size=world, dp=world,
+                mfu = base_mfu * factor * (1 - drop * (nodes - 1))
+                settings = dict(scale=scale, parallelism=config, nodes=nodes, gpus_per_node=4)
+                rec["config"] = {**rec["config"], **settings}  # what the configuration is read from
+                rec.update(run_id=f"synthetic-{scale}-{config}-n{nodes}", **settings, world_size=world, dp=world,
                            global_batch=real["micro_batch"] * world, mfu=mfu, hfu=mfu,
                            tflops_per_gpu=mfu * 990, peak_tflops=990.0, peak_source="synthetic",
                            samples_per_s=mfu * 990e12 * world / 1e13, audio_seconds_per_s=mfu * 990e12 * world / 1e13 * 30,
@@ -112,7 +114,7 @@ def synthetic_multinode(real: dict, out: Path) -> list[dict]:
 
 # ---- the browser ----
 
-def browser_or_skip():
+def browser_or_skip(width: int = 1400):
     from echobench.report.browser import find_chromium
 
     missing = []
@@ -128,7 +130,7 @@ def browser_or_skip():
         pytest.skip(f"missing: {', '.join(missing)}")
     from echobench.report.browser import Chromium
 
-    return Chromium()
+    return Chromium(width=width)
 
 
 PLOTS_JS = """Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
@@ -160,10 +162,15 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        # one scale (tiny): MFU, throughput, scaling, step time, memory, FLOP breakdown, where the time goes,
-        # and the selected run's MFU waterfall (the smoke matrix profiles)
-        assert len(plots) == 8
+        # one scale (tiny): MFU, throughput, step time, memory, FLOP breakdown, where the time goes and the
+        # selected run's MFU waterfall (the smoke matrix profiles); every configuration of the smoke
+        # sweep ran at one GPU count, so scaling efficiency says there is none to show
+        assert [p["id"] for p in plots] == [f"fig-{k}-0" for k in ("mfu", "throughput", "steptime", "memory", "flops",
+                                                                   "time")] + ["waterfall-plot"]
+        assert "tiny: every configuration ran at one GPU count" in page.evaluate(
+            "document.querySelector('#scaling .panel.empty').textContent")
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots), plots
+        assert layout_problems(page) == (7, [])
         table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
                                   ".map(tr => tr.cells[0].textContent.trim())")
         assert sorted(table_ids) == sorted(r["run_id"] for r in runs)
@@ -191,9 +198,10 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        assert len(plots) == 7 * 3 + 1  # three scales: tiny, 800M, 3B; one waterfall
+        assert len(plots) == 6 * 3 - 1  # three scales: tiny, 800M, 3B (tiny has no scaling efficiency)
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots)
-        mfu_800m = page.evaluate("document.getElementById('fig-mfu-1').data.map(t => [t.name, t.x.length])")
+        assert layout_problems(page) == (17, [])
+        mfu_800m = page.evaluate("document.getElementById('fig-mfu-1')._fullData.map(t => [t.name, t.x.length])")
         assert sorted((name.split()[:2], n) for name, n in mfu_800m) == [
             (["torchtitan", "ddp"], 3), (["torchtitan", "fsdp2"], 3)]
         # best MFU per scale and node count: 3B at 1 node is the synthetic fsdp2 run
@@ -224,6 +232,173 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
                       "document.getElementById('run-filter').dispatchEvent(new Event('input'))")
         page.screenshot(ARTIFACTS / "dashboard-synthetic-multinode.png")
         assert_clean(page)
+
+
+# ---- scaling: two sweeps of the same layouts, of different lengths ----
+
+def written_record(root: Path, step_s: float, **settings) -> dict:
+    """A record made by the record code (bench.base_record, flops_report, bench.summarize,
+    results.write_record) for settings as a sweep launches them; only the per-rank measurements
+    are made up: every step takes step_s on rank 0 and 1% longer on each further rank."""
+    import torch
+
+    from echobench.bench import base_record, summarize
+    from echobench.config import RunConfig
+    from echobench.flops import flops_report
+    from echobench.results import write_record
+    from tests.test_figures import measured_rank
+
+    cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
+                       "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80, **settings})
+    record = base_record(cfg, torch.device("cpu"))
+    record["flops_breakdown"] = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames,
+                                             cfg.ac)
+    per_sample = record["flops_breakdown"]["model_flops_per_sample"]
+    ranks = [measured_rank([step_s * (1 + 0.01 * r)] * cfg.steps, cfg.micro_batch, per_sample, rank=r)
+             for r in range(cfg.world_size)]
+    summarize(cfg, record, ranks)
+    write_record(root / record["run_id"], record)
+    return record
+
+
+# (layout, its step time on 1 node, how much slower its steps are on 2)
+LAYOUT_STEPS = {("torchtitan", "ddp"): (0.10, 1.25), ("torchtitan", "fsdp2"): (0.12, 1.15),
+                ("megatron", "tp2"): (0.15, 1.4)}
+
+
+def two_sweeps(root: Path) -> tuple[Path, Path]:
+    """A 5-step sweep on 1 node and a 3-step sweep on 1 and 2 nodes of the same three layouts: the
+    issue's local smoke sweep and SLURM sweep."""
+    short, long_ = root / "slurm-3-steps", root / "local-5-steps"
+    for (framework, parallelism), (step_s, slower) in LAYOUT_STEPS.items():
+        written_record(long_, step_s, framework=framework, parallelism=parallelism, nodes=1, steps=5, warmup_steps=2)
+        for nodes in (1, 2):
+            written_record(short, step_s * (slower if nodes == 2 else 1), framework=framework, parallelism=parallelism,
+                           nodes=nodes, steps=3, warmup_steps=1, seed=nodes)
+    return long_, short
+
+
+def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
+    from echobench.report.dashboard import Figures
+
+    long_, short = two_sweeps(tmp_path)
+    data = load_report_input([long_, short])
+    assert len({r["run_id"] for r in data.records}) == 9  # run ids still tell every run apart
+    configs = data.configurations.set_index(["config", "nodes"])
+    # one row per layout and node count; at 1 node the two sweeps' runs pool (median, count 2)
+    assert sorted(configs.index) == [(f"{f} {p}", n) for f, p in sorted(LAYOUT_STEPS) for n in (1, 2)]
+    assert configs.loc[("torchtitan ddp", 1), "repeats"] == 2
+    assert sorted(configs.loc[("torchtitan ddp", 1), "run_steps"]) == [3, 5]
+    figs = Figures(data)
+    mfu = figs.mfu_vs_gpus("tiny", data.configurations)
+    # one line per layout, across GPU counts; labels name framework and parallelism only (no steps=)
+    assert {t.name: list(t.x) for t in mfu.data} == {f"{f} {p}": [2, 4] for f, p in LAYOUT_STEPS}
+    assert mfu.layout.xaxis.type == "log" and list(mfu.layout.xaxis.tickvals) == [2, 4]
+    efficiency = figs.scaling_efficiency("tiny", data.configurations)
+    ddp = next(t for t in efficiency.data if t.name == "torchtitan ddp")
+    # per-GPU samples/s against the smallest GPU count: steps 25% slower, slowest rank 3% vs 1%
+    assert list(ddp.y) == pytest.approx([100, 100 * 1.01 / (1.25 * 1.03)])
+    ideal = next(t for t in efficiency.data if t.name == "ideal (linear) scaling")
+    assert list(ideal.y) == [100, 100] and list(ideal.x) == [2, 4]
+    throughput = figs.throughput("tiny", data.configurations)
+    ideal_ddp = [t for t in throughput.data if t.name == "torchtitan ddp: ideal"]
+    assert len(ideal_ddp) == 2 and all(t.y[0] == t.y[1] for t in ideal_ddp)  # flat: per-GPU rate of 2 GPUs
+    # each framework + parallelism keeps one colour in every figure, and no two share one
+    colours = {t.name: t.line.color for t in mfu.data}
+    assert len(set(colours.values())) == 3
+    for fig in (throughput, efficiency):
+        assert all(t.line.color == colours[t.name] for t in fig.data if t.name in colours)
+    # the table: one row per layout and node count, the settings that tell nothing apart left out
+    table = publication_table(data.frame)
+    assert len(table) == 6 and "steps" not in table.columns and sorted(table["repeats"]) == [1, 1, 1, 2, 2, 2]
+    # compare pairs the 1-node configurations across the two sweeps' lengths
+    comparison = compare_records(load_report_input([long_]).records, load_report_input([short]).records, 5)
+    assert len(comparison.changes) == 3 and len(comparison.only_new) == 3
+
+
+def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
+    from echobench.config import RunConfig, configuration_id, run_id
+    from echobench.results import configuration_key, read_record
+
+    base = RunConfig(scale="tiny")
+    longer = RunConfig(scale="tiny", steps=99, warmup_steps=0, seed=3, repeat=2, profile=True, time_limit_s=9.0,
+                       collective_timeout_s=5.0, tokenizer="/x", encoder_checkpoint="/y", fail_at_step=4)
+    assert run_id(base) != run_id(longer)  # ids keep steps and seed: a sweep's directories stay valid
+    assert configuration_id(base.to_dict()) == configuration_id(longer.to_dict())
+    for other in (RunConfig(scale="tiny", micro_batch=4), RunConfig(scale="tiny", nodes=2),
+                  RunConfig(scale="tiny", ac="full"), RunConfig(scale="tiny", peak_tflops=1.0)):
+        assert configuration_id(other.to_dict()) != configuration_id(base.to_dict())
+    # a record whose config predates keys (here repeat; te, sequence_parallel taken out) reads them
+    # at their defaults
+    old = read_record(ROOT / "tests" / "fixtures" / "record-v1.json")
+    full = dict(old["config"])
+    for key in ("te", "sequence_parallel"):
+        del old["config"][key]
+    assert "repeat" not in old["config"]
+    assert configuration_key(old) == configuration_id({**full, "repeat": 5})
+    assert configuration_key(old) != configuration_id({**full, "te": "on"})
+    # a record without `config` (hand-made) is read from its top-level fields
+    assert configuration_key(record("a", micro_batch=4)) != configuration_key(record("b"))
+    assert configuration_key(record("a", steps=3)) == configuration_key(record("b"))
+
+
+@pytest.mark.browser
+def test_scaling_page_with_published_figures_in_chromium_at_1400_and_800_px(tmp_path, cli):
+    """The two sweeps' page with --reference: one line per layout, published MFU beside the
+    measured in the MFU figure and the best-MFU table, and at both widths no plot overflowing its
+    section, no legend over a plot area, every trace drawn inside its axes and not hidden."""
+    long_, short = two_sweeps(tmp_path)
+    measured = load_report_input([long_, short]).configurations.set_index(["config", "nodes"])["mfu"]
+    ref = tmp_path / "published.csv"
+    ref.write_text("scale,framework,parallelism,nodes,mfu,source\n"
+                   "tiny,torchtitan,ddp,1,0.30,paper <i>table 2</i>\n"
+                   "tiny,torchtitan,ddp,2,0.25,paper table 2\n"
+                   "8B,megatron,tp4,16,0.35,paper table 3\n")
+    out = tmp_path / "page.html"
+    cli("report", long_, short, "-o", out, "--reference", ref, check=True)
+    for width in (1400, 800):
+        with browser_or_skip(width) as page:
+            page.open(out)
+            assert_clean(page)
+            checked, problems = layout_problems(page)
+            assert checked == 6 and problems == [], (width, problems)
+            plots = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => "
+                                  "[el.id, el.getBoundingClientRect().width])")
+            assert all(w <= width - 40 for _, w in plots), (width, plots)
+            if width == 1400:  # one scale: every plot takes the page's width, not half of it
+                assert all(w > 1200 for _, w in plots), plots
+            lines = page.evaluate("document.getElementById('fig-mfu-0')._fullData.map(t => [t.name, Array.from(t.x)])")
+            assert sorted(lines) == sorted([[f"{f} {p}", [2, 4]] for f, p in LAYOUT_STEPS]
+                                           + [["published (--reference)", [2, 4]]])
+            published = page.evaluate("document.getElementById('fig-mfu-0').data.find(t => t.name.startsWith("
+                                      "'published')).text.join(' ')")
+            diff = (measured[("torchtitan ddp", 1)] - 0.30) * 100
+            assert f"measured {measured[('torchtitan ddp', 1)] * 100:.3g}%, {diff:+.1f} pp" in published
+            assert "&lt;i&gt;table 2&lt;/i&gt;" in published  # a source is text, not markup
+            best = page.evaluate("Array.from(document.querySelectorAll('#best-table tr')).map(tr => "
+                                 "Array.from(tr.cells).map(c => c.textContent.trim()))")
+            header = best[0]
+            row = dict(zip(header, best[1]))  # tiny, 1 node: the best layout's own published figure or the best
+            assert "published MFU (%)" in header and "diff (pp)" in header and row["published MFU (%)"].startswith("30.0")
+            assert row["diff (pp)"] == f"{float(row['MFU (%)']) - 30:+.1f}"
+            assert "8B megatron tp4 on 16 node(s): 35.0%" in page.evaluate(
+                "document.getElementById('unplotted').textContent")
+            # the check finds what it looks for: a legend moved over the data, a plot wider than its
+            # panel, a line drawn exactly under another
+            page.evaluate("Plotly.relayout('fig-mfu-0', {'legend.x': 0.5, 'legend.y': 0.5}).then(() => 0)")
+            page.evaluate("Plotly.relayout('fig-scaling-0', {width: 2 * window.innerWidth}).then(() => 0)")
+            page.evaluate("var el = document.getElementById('fig-throughput-0'), n = el.data.map(t => t.name);"
+                          "Plotly.restyle(el, {y: [el._fullData[n.indexOf('torchtitan ddp')].y]},"
+                          " [n.indexOf('megatron tp2')]).then(() => 0)")
+            problems = layout_problems(page)[1]
+            assert "fig-mfu-0: the legend covers the plot area" in problems
+            assert (f"fig-scaling-0: the plot ({2 * width} px) overflows its panel ({round(plots[2][1]) + 10} px)"
+                    in problems)
+            assert "fig-throughput-0: every marker of trace 'megatron tp2' is hidden under other traces" in problems
+        # after the negative check: a fresh page for the screenshot
+        with browser_or_skip(width) as page:
+            page.open(out)
+            page.screenshot(ARTIFACTS / f"dashboard-scaling-{width}px.png")
 
 
 # ---- empty and failed input ----
@@ -430,11 +605,12 @@ def noisy_steps(rng, n=30, scale=1.0, sigma=0.3):
 def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
     rng = random.Random(0)
     base_a, base_b = noisy_steps(rng, sigma=0.1), noisy_steps(rng, sigma=0.1)
-    for run_id, steps in (("a", base_a), ("b", base_b)):
-        write(tmp_path / "old", timed(run_id, steps))
+    # three configurations (a configuration is the settings, not the run id): micro-batch 8, 16, 4
+    for run_id, steps, mb in (("a", base_a, 8), ("b", base_b, 16)):
+        write(tmp_path / "old", timed(run_id, steps, micro_batch=mb))
     write(tmp_path / "new", timed("a", base_a))  # unchanged
-    write(tmp_path / "new", timed("b", [t * 1.25 for t in base_b]))  # every step 25% slower
-    write(tmp_path / "new", record("c"))  # only in NEW: listed, not a regression
+    write(tmp_path / "new", timed("b", [t * 1.25 for t in base_b], micro_batch=16))  # every step 25% slower
+    write(tmp_path / "new", record("c", micro_batch=4))  # only in NEW: listed, not a regression
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "b: REGRESSION samples/s -20.0%, MFU -20.0% (p=" in proc.stdout and "only in NEW (1): c" in proc.stdout
@@ -446,7 +622,7 @@ def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "50")
     assert proc.returncode == 1 and "now oom" in proc.stdout
     (tmp_path / "other").mkdir()
-    write(tmp_path / "other", record("z"))
+    write(tmp_path / "other", record("z", scale="3B"))
     proc = cli("compare", tmp_path / "old", tmp_path / "other")
     assert proc.returncode == 2 and "no configurations in common" in proc.stderr
 
@@ -542,6 +718,20 @@ def test_calibrated_peaks_and_fp8_runs_carry_visible_notes(tmp_path, cli):
     runs = page[page.index('<table id="runs">'):]
     assert runs.count('data-fp8="1"') == 1 and runs.count('data-retries="1"') == 1
     assert runs.count('class="flag calibrated"') == 1 and 'class="flag fp8"' in runs
+
+
+def test_runs_of_one_configuration_against_different_peaks_are_noted(tmp_path):
+    from echobench.config import RunConfig
+    from echobench.report.dashboard import page_notes
+
+    # two sweeps, each against its own calibration (no peak in the settings): one configuration
+    for run_id, peak, steps in (("a", 0.020, 5), ("b", 0.024, 3)):
+        settings = RunConfig(scale="800M", parallelism="fsdp2", gpus_per_node=4, steps=steps).to_dict()
+        write(tmp_path, record(run_id, peak_tflops=peak, steps=steps, config=settings,
+                               peak_source="calibrated:float32 GEMM"))
+    data = load_report_input([tmp_path])
+    assert list(data.configurations["repeats"]) == [2]
+    assert any(n.startswith("1 configuration(s) pool runs measured against different peaks") for n in page_notes(data))
 
 
 def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):

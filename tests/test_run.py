@@ -165,7 +165,7 @@ def test_run_repeats_are_independent_launches_of_the_same_settings(cli, tmp_path
     first, second = (record(out / f"repeat-{k}") for k in range(2))
     assert (first["repeat"], second["repeat"]) == (0, 1) and first["run_id"] != second["run_id"]
     assert second["run_id"] == first["run_id"] + "-r1"
-    assert configuration_key(first) == configuration_key(second) == first["run_id"]
+    assert configuration_key(first) == configuration_key(second)  # two runs of one configuration
     assert first["env"]["pid"] != second["env"]["pid"]  # each in a process of its own
     same = {k: v for k, v in first["config"].items() if k != "repeat"}
     assert same == {k: v for k, v in second["config"].items() if k != "repeat"}

@@ -1,7 +1,7 @@
 """Open a page in real headless Chromium over the DevTools protocol: errors, dialogs, DOM, screenshot.
 
-Used by the browser tests and by `python -m echobench.report.browser PAGE.html SHOT.png` (the committed
-dashboard screenshot). Needs a `chromium` binary and the `websocket-client` package (dev extra).
+Used by the browser tests and by `python -m echobench.report.browser [--width PX] PAGE.html SHOT.png` (the
+committed dashboard screenshots, after the same layout check the tests make). Needs a `chromium` binary and the `websocket-client` package (dev extra).
 Network is off: every host name resolves to nothing, so a page that needs a CDN fails here.
 """
 
@@ -171,15 +171,102 @@ class Chromium:
         self.close()
 
 
+# Every shown plotly figure, as drawn: does its SVG stay inside its panel and section, does its
+# legend stay off the plot areas, is every trace drawn inside its own subplot's axes, and can one
+# of its markers be seen (not all under other traces' markers: the topmost data shape at the
+# marker's centre or at a point around it is its own)? Traces map to their
+# <g class="trace"> through the calcdata plotly binds to it (d3's __data__).
+LAYOUT_JS = r"""(() => {
+  const problems = [], inside = (r, a, tol) => r.left >= a.left - tol && r.right <= a.right + tol
+      && r.top >= a.top - tol && r.bottom <= a.bottom + tol;
+  const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+      && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  const SHAPES = 'path.point, path.js-line, g.point > path';
+  // where a marker is probed, in marker sizes from its centre (out to the outline of open symbols)
+  const OFFSETS = [[0, 0]].concat(...[0.2, 0.35, 0.45].map(d => [[-d, 0], [d, 0], [0, -d], [0, d]]));
+  // plotly leaves its shapes out of hit-testing (its drag layer takes the pointer): put them back
+  const hit = document.createElement('style');
+  hit.textContent = '.js-plotly-plot g.trace path { pointer-events: visiblePainted !important; }';
+  document.head.appendChild(hit);
+  let checked = 0;
+  for (const el of document.querySelectorAll('.js-plotly-plot')) {
+    if (el.offsetParent === null) continue;  // hidden by a filter
+    checked += 1;
+    const svg = el.querySelector('.main-svg').getBoundingClientRect();
+    for (const box of [el.closest('.panel'), el.closest('section')]) {
+      if (box && !inside(svg, box.getBoundingClientRect(), 1))
+        problems.push(`${el.id}: the plot (${Math.round(svg.width)} px) overflows its ${box.tagName === 'SECTION' ? 'section' : 'panel'} (${Math.round(box.getBoundingClientRect().width)} px)`);
+    }
+    const areas = {};  // subplot ("xy", "xy2") -> its plot area
+    el.querySelectorAll('.nsewdrag').forEach(d => { areas[d.getAttribute('data-subplot')] = d.getBoundingClientRect(); });
+    const legend = el.querySelector('.legend');
+    if (legend && Object.values(areas).some(a => overlap(legend.getBoundingClientRect(), a)))
+      problems.push(`${el.id}: the legend covers the plot area`);
+    const data = new Set(el.querySelectorAll('g.trace ' + SHAPES.split(', ').join(', g.trace ')));
+    const topmost = (x, y) => document.elementsFromPoint(x, y).find(e => data.has(e));
+    const drawn = {};
+    for (const g of el.querySelectorAll('g.trace')) {
+      const cd = g.__data__, trace = cd && cd[0] && cd[0].trace;
+      if (!trace) continue;
+      const area = areas[(trace.xaxis || 'x') + (trace.yaxis || 'y')];
+      const shapes = Array.from(g.querySelectorAll(SHAPES)).filter(p => {
+        const r = p.getBoundingClientRect(); return r.width > 0 || r.height > 0; });
+      const centres = shapes.map(p => { const r = p.getBoundingClientRect();
+        return {left: r.left + r.width / 2, right: r.left + r.width / 2, top: r.top + r.height / 2,
+                bottom: r.top + r.height / 2, w: r.width, h: r.height, marker: p.matches('path.point')}; });
+      const shown = area ? centres.filter(c => inside(c, area, 2)).length : 0;
+      drawn[trace.index] = (drawn[trace.index] || 0) + centres.length;
+      if (shown < centres.length)
+        problems.push(`${el.id}: trace '${trace.name}' has ${centres.length - shown} of ${centres.length} shapes outside the plot area`);
+      const markers = centres.filter(c => c.marker && g.classList.contains('scatter'));
+      const seen = markers.some(c => OFFSETS.some(([dx, dy]) => {
+        const top = topmost(c.left + dx * c.w, c.top + dy * c.h); return top && top.closest('g.trace') === g; }));
+      if (markers.length && !seen)
+        problems.push(`${el.id}: every marker of trace '${trace.name}' is hidden under other traces`);
+    }
+    (el._fullData || []).forEach(t => {
+      if (t.visible === true && !drawn[t.index])
+        problems.push(`${el.id}: trace '${t.name}' is not drawn`);
+    });
+  }
+  hit.remove();
+  return {checked: checked, problems: problems};
+})()"""
+
+
+def layout_problems(browser: "Chromium") -> tuple[int, list[str]]:
+    """(plots checked, problems) of the open page's visible plotly figures: a plot wider than its
+    panel or section, a legend over a plot area, a trace not drawn, drawn outside its axes or with
+    every marker under other traces. The viewport is made as tall as the page for the check, so
+    every plot can be hit-tested (elementsFromPoint sees only the viewport)."""
+    height = browser.evaluate("document.documentElement.scrollHeight")
+    browser.send("Emulation.setDeviceMetricsOverride", width=browser.width, height=int(height), deviceScaleFactor=1,
+                 mobile=False)
+    browser.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))")
+    try:
+        result = browser.evaluate(LAYOUT_JS)
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride")
+    return result["checked"], result["problems"]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        print("usage: python -m echobench.report.browser PAGE.html SHOT.png [CSS_SELECTOR]", file=sys.stderr)
-        return 2
-    with Chromium() as browser:
-        browser.open(Path(argv[0]))
-        shot = browser.screenshot(Path(argv[1]), selector=argv[2] if len(argv) == 3 else None)
-        problems = browser.log.console_errors + browser.log.exceptions + browser.log.dialogs
-    print(f"wrote {shot} ({os.path.getsize(shot)} bytes)" + (f"; page problems: {problems}" if problems else ""))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m echobench.report.browser",
+                                     description="Screenshot a page in headless Chromium; check its plots' layout.")
+    parser.add_argument("page", type=Path)
+    parser.add_argument("shot", type=Path)
+    parser.add_argument("selector", nargs="?", default=None, help="CSS selector of the element to capture (default: the page)")
+    parser.add_argument("--width", type=int, default=1400, help="window width in CSS pixels")
+    args = parser.parse_args(argv)
+    with Chromium(width=args.width) as browser:
+        browser.open(args.page)
+        checked, layout = layout_problems(browser)
+        shot = browser.screenshot(args.shot, selector=args.selector)
+        problems = browser.log.console_errors + browser.log.exceptions + browser.log.dialogs + layout
+    print(f"wrote {shot} ({os.path.getsize(shot)} bytes, {args.width} px wide; {checked} plots checked)"
+          + (f"; page problems: {problems}" if problems else ""))
     return 1 if problems else 0
 
 

@@ -1,7 +1,8 @@
 """`echobench compare OLD NEW`: pair configurations, report throughput and MFU changes, gate regressions.
 
-Runs pair by configuration (`echobench.results.configuration_key`: the repeats of one set of
-settings); each side's figure is the median over its successful repeats. A paired configuration
+Runs pair by configuration at a node count (`echobench.results.configuration_key`: its repeats,
+and whatever differs only in how long or how often it measured, e.g. steps); each side's figure is
+the median over its successful runs. A paired configuration
 regresses when its samples/s or MFU fell by more than the threshold (percent of the old value)
 AND its stored per-step times say the slowdown is real: a one-sided Mann-Whitney U test (new
 steps slower than old, all repeats' steps pooled) with p below alpha, as asv's compare does
@@ -24,7 +25,7 @@ DEFAULT_ALPHA = 0.01
 
 @dataclass
 class Change:
-    run_id: str  # the configuration (the run id of its first repeat)
+    run_id: str  # the configuration, named by its first run in NEW (the run id of its first repeat)
     old_status: str
     new_status: str
     old_samples_per_s: float | None = None
@@ -88,14 +89,19 @@ def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
     return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
 
 
-def compare_configuration(key: str, old: list[dict], new: list[dict], threshold_pct: float, alpha: float) -> Change:
+def first_run_id(records: list[dict]) -> str:
+    """The name a configuration goes by in the output: its first run's id (lowest repeat)."""
+    return min((r.get("repeat") or 0, str(r["run_id"])) for r in records)[1]
+
+
+def compare_configuration(old: list[dict], new: list[dict], threshold_pct: float, alpha: float) -> Change:
     old_ok, new_ok = [r for r in old if _ok(r)], [r for r in new if _ok(r)]
 
     def median(records, name):
         stats = over_repeats(r.get(name) for r in records)
         return stats["median"] if stats else None
 
-    change = Change(key, _status(old), _status(new), median(old_ok, "samples_per_s"), median(new_ok, "samples_per_s"),
+    change = Change(first_run_id(new), _status(old), _status(new), median(old_ok, "samples_per_s"), median(new_ok, "samples_per_s"),
                     median(old_ok, "mfu"), median(new_ok, "mfu"), len(old), len(new))
     failed = [r for r in new if not _ok(r)]
     if old_ok and failed and len(failed) / len(new) > 1 - len(old_ok) / len(old):
@@ -136,8 +142,8 @@ def group_by_configuration(records: list[dict]) -> dict[str, list[dict]]:
 def compare_records(old: list[dict], new: list[dict], threshold_pct: float, alpha: float = DEFAULT_ALPHA) -> Comparison:
     old_by_key, new_by_key = group_by_configuration(old), group_by_configuration(new)
     result = Comparison(threshold_pct, alpha,
-                        only_old=sorted(set(old_by_key) - set(new_by_key)),
-                        only_new=sorted(set(new_by_key) - set(old_by_key)))
-    for key in sorted(set(old_by_key) & set(new_by_key)):
-        result.changes.append(compare_configuration(key, old_by_key[key], new_by_key[key], threshold_pct, alpha))
+                        only_old=sorted(first_run_id(old_by_key[k]) for k in set(old_by_key) - set(new_by_key)),
+                        only_new=sorted(first_run_id(new_by_key[k]) for k in set(new_by_key) - set(old_by_key)))
+    for key in sorted(set(old_by_key) & set(new_by_key), key=lambda k: first_run_id(new_by_key[k])):
+        result.changes.append(compare_configuration(old_by_key[key], new_by_key[key], threshold_pct, alpha))
     return result

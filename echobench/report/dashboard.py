@@ -16,7 +16,6 @@ import html
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import resources
-from itertools import cycle
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -35,7 +34,8 @@ FLOP_CONVENTION = (
     "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths. "
     "Throughput is over the whole measured window: samples/s = measured samples / total measured time "
     "(each step at its slowest rank); MFU = model FLOPs of the measured samples / (total measured time x GPUs x peak). "
-    "A configuration's figure is the median over its repeats."
+    "A configuration's figure is the median over its runs at that node count (repeats, and runs of other "
+    "sweeps that differ only in how long or how often they measured: steps, warm-up, seed)."
 )
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "transformers", "megatron_core", "transformer_engine",
                 "torchao", "git_commit")
@@ -53,9 +53,11 @@ def _num(series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
 
 
-def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, **kw) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, legend: dict | None = None,
+            **kw) -> go.Figure:
     fig.update_layout(title={"text": esc(title), "font": {"size": 14}}, height=height, template="plotly_white",
-                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}}, **kw)
+                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}, **(legend or {})},
+                      **kw)
     return fig
 
 
@@ -70,78 +72,164 @@ def with_labels(group: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(label=labels)
 
 
-class Figures:
-    """Builds the per-scale figures; keeps one colour per configuration across the page."""
+# A configuration's line: the colour of its framework + parallelism, and within those a dash and a
+# marker of its own. "dot" is left to the ideal-scaling references.
+PALETTE = qualitative.D3 + qualitative.Dark2
+DASHES = ("solid", "dash", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "star", "hexagon", "pentagon")
 
-    def __init__(self, data: ReportInput):
+
+def line_styles(frame: pd.DataFrame) -> dict[str, dict]:
+    """Configuration label -> {color, dash, symbol}: one colour per framework + parallelism on the
+    whole page, so a layout looks the same in every figure."""
+    pairs = frame[["framework", "parallelism", "config"]].astype(str).drop_duplicates()
+    styles = {}
+    for i, ((_, _), labels) in enumerate(pairs.groupby(["framework", "parallelism"], sort=True)):
+        for k, label in enumerate(sorted(labels["config"])):
+            styles[label] = {"color": PALETTE[i % len(PALETTE)], "dash": DASHES[k % len(DASHES)],
+                             "symbol": SYMBOLS[k % len(SYMBOLS)]}
+    return styles
+
+
+def gpu_axis(group: pd.DataFrame) -> dict:
+    """x = GPUs on a log2 axis: ticks at the powers of two the data spans, and at the data."""
+    gpus = sorted(set(_num(group["world_size"]).dropna().astype(int)))
+    lo, hi = (gpus[0], gpus[-1]) if gpus else (1, 1)
+    ticks = sorted(set(gpus) | {2 ** k for k in range(max(lo, 1).bit_length() - 1, hi.bit_length()) if lo <= 2 ** k <= hi})
+    return {"type": "log", "tickvals": ticks, "ticktext": [str(t) for t in ticks], "title": "GPUs (log2 axis)"}
+
+
+class Figures:
+    """Builds the per-scale figures; keeps one style per configuration across the page."""
+
+    def __init__(self, data: ReportInput, reference: pd.DataFrame | None = None):
         self.data = data
         self.ok = data.ok.copy()
         self.configs = data.configurations
         self.scales = scale_order(data.frame)
-        palette = cycle(qualitative.Plotly + qualitative.D3)
-        self.colors = {c: next(palette) for c in sorted(data.frame["config"].unique())}
-        self._first = True
+        self.styles = line_styles(data.frame)
+        self.reference = reference
+        self.published_drawn: set[tuple] = set()  # reference rows marked in an MFU figure
 
     def html(self, fig: go.Figure, div_id: str) -> str:
         return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
-    def _node_axis(self, group: pd.DataFrame) -> dict:
-        nodes = sorted(_num(group["nodes"]).dropna().astype(int).unique())
-        return {"type": "category", "categoryorder": "array", "categoryarray": [str(n) for n in nodes],
-                "title": "nodes"}
+    def _line(self, config: str) -> dict:
+        style = self.styles[config]
+        return {"line": {"color": style["color"], "dash": style["dash"]}, "marker": {"symbol": style["symbol"], "size": 8}}
 
-    def _per_config(self, group: pd.DataFrame):
-        """(config, rows sorted by nodes, best MFU per node count) for each configuration label;
-        group holds one row per configuration (medians over repeats)."""
-        for config, rows in group.groupby("config", sort=True):
-            rows = rows.sort_values("mfu", ascending=False).drop_duplicates("nodes")
-            yield config, rows.assign(_n=_num(rows["nodes"])).sort_values("_n")
+    def _per_config(self, group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+        """(label, rows sorted by GPUs) for each configuration across node counts, by label (legends
+        read alike in every figure); group holds one row per configuration and node count."""
+        lines = [(rows["config"].iloc[0], rows.assign(_g=_num(rows["world_size"])).sort_values("_g"))
+                 for _, rows in group.groupby("layout", sort=False)]
+        return sorted(lines, key=lambda item: item[0])
 
     def _hover(self, rows: pd.DataFrame) -> list[str]:
-        return [f"{esc(r.run_id)}<br>{r.world_size} GPUs, global batch {r.global_batch}"
-                + (f"<br>median of {r.repeats} repeats" if getattr(r, "repeats", 1) > 1 else "")
-                for r in rows.itertuples()]
+        """Per point: GPUs as nodes x per node, global batch, and each pooled run with its steps."""
+        texts = []
+        for r in rows.itertuples():
+            runs = list(zip(getattr(r, "run_ids", None) or [r.run_id], getattr(r, "run_steps", None) or [r.steps]))
+            shown = "<br>".join(f"{esc(rid)} ({steps} steps)" for rid, steps in runs[:4])
+            more = f"<br>... and {len(runs) - 4} more" if len(runs) > 4 else ""
+            pooled = f"median of {len(runs)} runs:" if len(runs) > 1 else "run:"
+            texts.append(f"<b>{esc(r.config)}</b><br>{r.world_size} GPUs = {r.nodes} node(s) x {r.gpus_per_node}, "
+                         f"global batch {r.global_batch}<br>{pooled}<br>{shown}{more}")
+        return texts
 
-    def mfu_vs_nodes(self, scale: str, group: pd.DataFrame) -> go.Figure:
+    def mfu_vs_gpus(self, scale: str, group: pd.DataFrame) -> go.Figure:
         fig = go.Figure()
         for config, rows in self._per_config(group):
             mfu, lo, hi = (_num(rows[c]) * 100 for c in ("mfu", "mfu_min", "mfu_max"))
-            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=mfu, name=esc(config),
-                                     mode="lines+markers", line={"color": self.colors[config]},
+            fig.add_trace(go.Scatter(x=rows["world_size"], y=mfu, name=esc(config), mode="lines+markers",
                                      error_y={"type": "data", "array": (hi - mfu).clip(lower=0),
-                                              "arrayminus": (mfu - lo).clip(lower=0), "visible": bool((hi > lo).any())},
+                                              "arrayminus": (mfu - lo).clip(lower=0), "visible": bool((hi > lo).any()),
+                                              "color": self.styles[config]["color"]},
                                      text=self._hover(rows), customdata=list(zip(lo, hi)),
                                      hovertemplate="%{text}<br>MFU %{y:.3g}% (min %{customdata[0]:.3g}, "
-                                                   "max %{customdata[1]:.3g})<extra></extra>"))
-        return _layout(fig, f"{scale}: MFU vs nodes (median over repeats, bars min-max)", xaxis=self._node_axis(group),
+                                                   "max %{customdata[1]:.3g})<extra></extra>", **self._line(config)))
+        published = self._published(scale, group)
+        if published is not None:
+            fig.add_trace(published)
+        return _layout(fig, f"{scale}: MFU vs GPUs (median over runs, bars min-max)", xaxis=gpu_axis(group),
                        yaxis={"title": "MFU (%)", "rangemode": "tozero"})
 
-    def throughput(self, scale: str, group: pd.DataFrame) -> go.Figure:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("samples/s per GPU", "audio seconds/s per GPU"))
+    def _published(self, scale: str, group: pd.DataFrame) -> go.Scatter | None:
+        """The reference CSV's MFU at this scale, as open markers in the colour of the measured
+        configuration of that framework, parallelism and node count, with the difference in points."""
+        if self.reference is None:
+            return None
+        ref = self.reference[(self.reference["scale"] == scale) & self.reference["ref_mfu"].notna()]
+        xs, ys, colors, texts, placed = [], [], [], [], set()
         for config, rows in self._per_config(group):
-            for col, column in ((1, "samples_per_s_per_gpu"), (2, "audio_seconds_per_s_per_gpu")):
-                fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=_num(rows[column]), name=esc(config),
-                                         legendgroup=esc(config), showlegend=col == 1, mode="lines+markers",
-                                         line={"color": self.colors[config]}, text=self._hover(rows),
-                                         hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"), row=1, col=col)
-        axis = self._node_axis(group)
-        fig.update_xaxes(**axis)
+            first = rows.iloc[0]
+            mine = ref[(ref["framework"] == first["framework"]) & (ref["parallelism"] == first["parallelism"])]
+            for p in mine.itertuples():
+                at = rows[_num(rows["nodes"]) == p.nodes]
+                gpus = p.nodes * int(first["gpus_per_node"])
+                if (p.Index, gpus) in placed:  # another configuration of the layout: one marker is enough
+                    continue
+                placed.add((p.Index, gpus))
+                measured = f"measured {_num(at['mfu']).iloc[0] * 100:.3g}%, {(_num(at['mfu']).iloc[0] - p.ref_mfu) * 100:+.1f} pp" \
+                    if len(at) else "no measured run at this node count"
+                source = f" ({esc(p.ref_source)})" if isinstance(p.ref_source, str) and p.ref_source else ""
+                xs.append(gpus)
+                ys.append(p.ref_mfu * 100)
+                colors.append(self.styles[config]["color"])
+                texts.append(f"<b>published</b>{source}: {esc(p.framework)} {esc(p.parallelism)}, {p.nodes} node(s)"
+                             f"<br>MFU {p.ref_mfu * 100:.3g}%; {esc(config)}: {measured}")
+                self.published_drawn.add((scale, p.framework, p.parallelism, int(p.nodes)))
+        if not xs:
+            return None
+        return go.Scatter(x=xs, y=ys, mode="markers", name="published (--reference)", text=texts,
+                          marker={"symbol": "diamond-open", "size": 13, "color": colors, "line": {"width": 2}},
+                          hovertemplate="%{text}<extra></extra>")
+
+    def throughput(self, scale: str, group: pd.DataFrame) -> go.Figure:
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                            subplot_titles=("samples/s per GPU", "audio seconds/s per GPU"))
+        for config, rows in self._per_config(group):
+            for row, column in ((1, "samples_per_s_per_gpu"), (2, "audio_seconds_per_s_per_gpu")):
+                y = _num(rows[column])
+                fig.add_trace(go.Scatter(x=rows["world_size"], y=y, name=esc(config), legendgroup=esc(config),
+                                         showlegend=row == 1, mode="lines+markers", text=self._hover(rows),
+                                         hovertemplate="%{text}<br>%{y:.4g} per GPU<extra></extra>",
+                                         **self._line(config)), row=row, col=1)
+                if len(rows) > 1:  # ideal: the smallest GPU count's per-GPU rate at every GPU count
+                    fig.add_trace(self._ideal(config, rows, y.iloc[0], "%{y:.4g} per GPU"), row=row, col=1)
+        fig.update_xaxes(**gpu_axis(group))
+        fig.update_xaxes(title=None, row=1, col=1)
         fig.update_yaxes(rangemode="tozero")
         fig.update_annotations(font_size=12)  # the subplot titles
-        return _layout(fig, f"{scale}: per-GPU throughput", height=370, top=80)
+        return _layout(fig, f"{scale}: per-GPU throughput (dotted: ideal scaling)", height=520, top=70)
 
-    def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure:
+    def _ideal(self, config: str, rows: pd.DataFrame, y: float, what: str) -> go.Scatter:
+        base = int(_num(rows["world_size"]).iloc[0])
+        return go.Scatter(x=rows["world_size"], y=[y] * len(rows), mode="lines", legendgroup=esc(config),
+                          showlegend=False, name=f"{esc(config)}: ideal", opacity=0.6,
+                          line={"color": self.styles[config]["color"], "dash": "dot", "width": 1.5},
+                          hovertemplate=f"{esc(config)}<br>ideal (linear) scaling from {base} GPUs: {what}<extra></extra>")
+
+    def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure | str:
+        """The figure, or why there is none: a configuration at one GPU count is 100% by definition."""
         fig = go.Figure()
         for config, rows in self._per_config(group):
+            if len(rows) < 2:  # one GPU count: 100% by definition (a dot hiding the others' first)
+                continue
             per_gpu = _num(rows["samples_per_s_per_gpu"])
             efficiency = per_gpu / per_gpu.iloc[0] * 100
-            fig.add_trace(go.Scatter(x=rows["nodes"].astype(str), y=efficiency, name=esc(config), mode="lines+markers",
-                                     line={"color": self.colors[config]}, text=self._hover(rows),
-                                     hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of {rows['nodes'].iloc[0]} node(s)"
-                                                   "<extra></extra>"))
-        fig.add_hline(y=100, line={"dash": "dot", "color": "#888"})
-        return _layout(fig, f"{scale}: scaling efficiency",
-                       xaxis=self._node_axis(group), yaxis={"title": "efficiency (%)", "rangemode": "tozero"})
+            base = int(_num(rows["world_size"]).iloc[0])
+            fig.add_trace(go.Scatter(x=rows["world_size"], y=efficiency, name=esc(config), mode="lines+markers",
+                                     text=self._hover(rows), hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of the per-GPU "
+                                     f"rate at {base} GPUs<extra></extra>", **self._line(config)))
+        if not fig.data:
+            return f"{scale}: every configuration ran at one GPU count: no scaling to show"
+        gpus = _num(group["world_size"]).dropna()
+        fig.add_trace(go.Scatter(x=[gpus.min(), gpus.max()], y=[100, 100], mode="lines", name="ideal (linear) scaling",
+                                 line={"color": "#666", "dash": "dot", "width": 1.5},
+                                 hovertemplate="ideal: 100%<extra></extra>"))
+        return _layout(fig, f"{scale}: scaling efficiency vs each configuration's smallest GPU count",
+                       xaxis=gpu_axis(group), yaxis={"title": "efficiency (%)", "rangemode": "tozero"})
 
     def _run_height(self, n: int) -> int:
         return 110 + 30 * n
@@ -152,9 +240,9 @@ class Figures:
         labels = [esc(x) for x in rows["label"]]
         fig = go.Figure(go.Scatter(
             x=med, y=labels, mode="markers", name="median",
-            marker={"color": [self.colors[c] for c in rows["config"]], "size": 9},
+            marker={"color": [self.styles[c]["color"] for c in rows["config"]], "size": 9},
             error_x={"type": "data", "array": (p90 - med).clip(lower=0), "arrayminus": (med - p10).clip(lower=0)},
-            text=[esc(r) for r in rows["run_id"]],
+            text=[f"{esc(r)} ({n} steps)" for r, n in zip(rows["run_id"], rows["steps"])],
             customdata=list(zip(p10, p90)),
             hovertemplate="%{text}<br>median %{x:.4g} s (p10 %{customdata[0]:.4g}, p90 %{customdata[1]:.4g})"
                           "<extra></extra>"))
@@ -172,7 +260,7 @@ class Figures:
         rows = with_labels(group)
         labels = [esc(x) for x in rows["label"]]
         fig = go.Figure(go.Bar(x=_num(rows["peak_mem_gib"]), y=labels, orientation="h", name="measured peak",
-                               marker={"color": [self.colors[c] for c in rows["config"]]},
+                               marker={"color": [self.styles[c]["color"] for c in rows["config"]]},
                                hovertext=[esc(r) for r in rows["run_id"]],
                                hovertemplate="%{hovertext}<br>measured %{x:.3g} GiB<extra></extra>"))
         estimate = _num(rows["memory_estimate_gib"])
@@ -186,9 +274,11 @@ class Figures:
                                      marker={"symbol": "line-ns-open", "size": 22, "color": "#d62728",
                                              "line": {"width": 3, "color": "#d62728"}},
                                      hovertemplate="device %{x:.3g} GiB<extra></extra>"))
-        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)),
+        # the legend above the bars: long run labels already take the width beside them
+        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)) + 30, top=80,
                        xaxis={"title": "GiB", "rangemode": "tozero"},
-                       yaxis={"automargin": True, "autorange": "reversed"})
+                       yaxis={"automargin": True, "autorange": "reversed"},
+                       legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"})
 
     def flop_breakdown(self, scale: str) -> tuple[go.Figure | None, str]:
         """Forward / backward FLOPs per part for the commonest lengths of this scale."""
@@ -278,6 +368,11 @@ def page_notes(data: ReportInput) -> list[str]:
     if len(fp8):
         notes.append(f"{len(fp8)} fp8 run(s), marked fp8 in the table of runs: MFU is against the bf16 peak; the "
                      "column 'MFU fp8 peak' gives it against the dense fp8 peak.")
+    peaks = ok.assign(_p=_num(ok["peak_tflops"])).groupby("configuration")["_p"].nunique()
+    if (peaks > 1).any():  # e.g. two local sweeps, each against its own calibration
+        notes.append(f"{int((peaks > 1).sum())} configuration(s) pool runs measured against different peaks: their "
+                     "median MFU mixes denominators (samples/s and step times do not). See the peak column of the "
+                     "table of runs.")
     retries = ok[_num(ok["num_alloc_retries"]).fillna(0) > 0]
     if len(retries):
         notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "
@@ -285,8 +380,10 @@ def page_notes(data: ReportInput) -> list[str]:
     return notes
 
 
-def best_rows(data: ReportInput, scales: list[str]) -> list[dict]:
-    """Per scale and node count, the configuration of the highest median MFU over its repeats."""
+def best_rows(data: ReportInput, scales: list[str], reference: pd.DataFrame | None = None) -> list[dict]:
+    """Per scale and node count, the configuration of the highest median MFU over its runs; with a
+    reference, the published MFU of that layout (else the best published at that scale and node
+    count, its layout named) and the difference in points."""
     configs = data.configurations
     rows = []
     for scale in scales:
@@ -294,14 +391,43 @@ def best_rows(data: ReportInput, scales: list[str]) -> list[dict]:
         for nodes in sorted(_num(group["nodes"]).dropna().unique()):
             at = group[_num(group["nodes"]) == nodes]
             best = at.loc[_num(at["mfu"]).idxmax()]
-            rows.append({"scale": scale, "nodes": int(nodes), "gpus": best["world_size"],
-                         "mfu": fmt_number(best["mfu"], percent=True),
-                         "mfu_range": f"{fmt_number(best['mfu_min'], percent=True)}-{fmt_number(best['mfu_max'], percent=True)}",
-                         "repeats": int(best["repeats"]),
-                         "tflops": fmt_number(best["tflops_per_gpu"]),
-                         "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
-                         "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at)})
+            row = {"scale": scale, "nodes": int(nodes), "gpus": best["world_size"],
+                   "mfu": fmt_number(best["mfu"], percent=True),
+                   "mfu_range": f"{fmt_number(best['mfu_min'], percent=True)}-{fmt_number(best['mfu_max'], percent=True)}",
+                   "repeats": int(best["repeats"]),
+                   "tflops": fmt_number(best["tflops_per_gpu"]),
+                   "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
+                   "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at)}
+            if reference is not None:
+                row.update(published_beside(reference, best))
+            rows.append(row)
     return rows
+
+
+def published_beside(reference: pd.DataFrame, best: pd.Series) -> dict:
+    """The published MFU to show beside a measured best: the same layout's, else the best published
+    at that scale and node count (named); the difference measured minus published, in points."""
+    ref = reference[(reference["scale"] == best["scale"]) & (reference["nodes"] == int(best["nodes"]))
+                    & reference["ref_mfu"].notna()]
+    same = ref[(ref["framework"] == best["framework"]) & (ref["parallelism"] == best["parallelism"])]
+    if len(ref) == 0:
+        return {"published": "-", "diff": "-", "published_source": ""}
+    pub = same.iloc[0] if len(same) else ref.loc[ref["ref_mfu"].idxmax()]
+    text = fmt_number(pub["ref_mfu"], percent=True)
+    if not len(same):
+        text += f" ({pub['framework']} {pub['parallelism']})"
+    source = pub["ref_source"] if isinstance(pub["ref_source"], str) else ""
+    return {"published": text, "diff": f"{(float(best['mfu']) - pub['ref_mfu']) * 100:+.1f}", "published_source": source}
+
+
+def unplotted_published(reference: pd.DataFrame | None, drawn: set[tuple]) -> list[str]:
+    """Published MFU figures that no MFU figure could place: no measured run of their layout at their scale."""
+    if reference is None:
+        return []
+    return [f"{r.scale} {r.framework} {r.parallelism} on {r.nodes} node(s): {fmt_number(r.ref_mfu, percent=True)}%"
+            + (f" ({r.ref_source})" if isinstance(r.ref_source, str) and r.ref_source else "")
+            for r in reference[reference["ref_mfu"].notna()].itertuples()
+            if (r.scale, r.framework, r.parallelism, int(r.nodes)) not in drawn]
 
 
 # Full table of runs: (frame column, header, kind) where kind picks the formatting.
@@ -309,7 +435,7 @@ RUN_COLUMNS = [
     ("run_id", "run", "text"), ("status", "status", "text"), ("scale", "scale", "text"),
     ("framework", "framework", "text"), ("parallelism", "parallelism", "text"), ("nodes", "nodes", "int"),
     ("world_size", "GPUs", "int"), ("micro_batch", "micro-batch", "int"), ("global_batch", "global batch", "int"),
-    ("repeat", "repeat", "int"),
+    ("repeat", "repeat", "int"), ("steps", "steps", "int"), ("warmup_steps", "warm-up", "int"),
     ("step_time_s", "step time (s)", "num"), ("step_time_p10_s", "p10 (s)", "num"),
     ("step_time_p90_s", "p90 (s)", "num"), ("step_time_mean_vs_median", "mean vs median (%)", "pct"),
     ("samples_per_s", "samples/s", "num"),
@@ -365,19 +491,22 @@ def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
     return {"scale": scale, "html": html, "empty": empty, "note": note}
 
 
-def build_sections(data: ReportInput) -> list[dict]:
+def build_sections(data: ReportInput, figs: Figures | None = None) -> list[dict]:
     """The figure sections, each a list of per-scale panels (a figure or a 'no data' line)."""
-    figs = Figures(data)
+    figs = figs or Figures(data)
     # (id, title, caption, figure, drawn from: one row per configuration or one per run)
     specs = [
-        ("mfu", "MFU vs node count",
-         "One line per configuration; at each node count the best configuration of it, its median over repeats "
-         "with bars from min to max.", figs.mfu_vs_nodes, figs.configs),
+        ("mfu", "MFU vs GPUs",
+         "One line per configuration across node counts; each point is the median over the runs of that "
+         "configuration and node count (repeats, and sweeps of other lengths), bars from min to max. Open diamonds: "
+         "published MFU, where --reference gives one.", figs.mfu_vs_gpus, figs.configs),
         ("throughput", "Per-GPU throughput",
-         "samples/s and seconds of audio per second, per GPU, over the whole measured window (median over repeats).",
+         "samples/s and seconds of audio per second, per GPU, over the whole measured window (median over runs); "
+         "dotted: ideal (linear) scaling from the configuration's smallest GPU count.",
          figs.throughput, figs.configs),
         ("scaling", "Scaling efficiency",
-         "Per-GPU samples/s relative to the configuration's smallest node count (100% = linear scaling).",
+         "Per-GPU samples/s relative to the configuration's smallest GPU count (100%, dotted: linear scaling); "
+         "configurations run at one GPU count only are left out.",
          figs.scaling_efficiency, figs.configs),
         ("steptime", "Step-time spread",
          "Every run: median step time of the slowest rank, bars from p10 to p90; x marks the mean, which the "
@@ -394,7 +523,9 @@ def build_sections(data: ReportInput) -> list[dict]:
             if len(group) == 0:
                 panels.append(_panel(scale, empty=f"{scale}: no successful runs"))
                 continue
-            panels.append(_panel(scale, html=figs.html(make(scale, group), f"fig-{key}-{i}")))
+            fig = make(scale, group)
+            panels.append(_panel(scale, empty=fig) if isinstance(fig, str)
+                          else _panel(scale, html=figs.html(fig, f"fig-{key}-{i}")))
         sections.append({"id": key, "title": title, "caption": caption, "panels": panels})
     flop_panels = []
     for i, scale in enumerate(figs.scales):
@@ -421,7 +552,8 @@ def failed_rows(data: ReportInput) -> list[dict]:
     return rows
 
 
-def render_dashboard(data: ReportInput) -> str:
+def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, reference_path: str | None = None) -> str:
+    """The page; `reference` (tables.read_reference) marks published MFU beside the measured."""
     import jinja2
     from plotly.offline import get_plotlyjs
 
@@ -434,13 +566,16 @@ def render_dashboard(data: ReportInput) -> str:
         message = f"No successful runs: all {len(data.records)} record(s) failed (see Failed and skipped runs)."
     else:
         message = ""
-    sections = build_sections(data)
+    figs = Figures(data, reference)
+    sections = build_sections(data, figs)
     links = next((s["links"] for s in sections if s["id"] == "time"), {})  # best-MFU row -> its waterfall
-    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(data, scales)]
+    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(data, scales, reference)]
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
         problems=data.problems, notes=page_notes(data), best=best, sections=sections,
+        reference=reference_path if reference is not None else None,
+        unplotted=unplotted_published(reference, figs.published_drawn),
         failed=failed_rows(data), skipped=data.skipped,
         run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
         plotlyjs=get_plotlyjs(),

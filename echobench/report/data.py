@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.results import configuration_key, load_records, over_repeats, peak_notes, records_frame
+from echobench.config import configuration
+from echobench.results import (configuration_key, load_records, over_repeats, peak_notes, record_settings,
+                               records_frame)
 
-# A configuration is everything that is not the scale or the node count. framework and
-# parallelism always name it; the others join the label only when they vary in the input.
+# Labels: framework and parallelism always name a configuration (echobench.config.configuration);
+# then the settings that differ between the configurations of that framework and parallelism,
+# these first, in this order. Scale and nodes are not in labels: figures are per scale, x is GPUs.
 CONFIG_KEYS = ("framework", "parallelism")
 VARYING_CONFIG_KEYS = ("gpus_per_node", "micro_batch", "precision", "compile", "ac", "encoder_model",
-                       "frozen_encoder", "audio_frames", "text_tokens", "speaker_frames", "steps")
+                       "frozen_encoder", "audio_frames", "text_tokens", "speaker_frames")
 SHORT_NAMES = {"gpus_per_node": "gpn", "micro_batch": "mb", "precision": "", "compile": "compile",
-               "ac": "ac", "encoder_model": "enc", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk",
-               "steps": "steps"}
+               "ac": "ac", "encoder_model": "enc", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk"}
 # Where a sweep's plan may have put the per-GPU memory estimate of a run.
 SPEC_KEYS = ("spec", "run_spec", "plan", "config")
 SPEC_FILES = ("spec.json", "run.json", "plan.json")
@@ -122,22 +124,26 @@ def _matrix_name(record: dict) -> str | None:
 
 def report_frame(records: list[dict]) -> pd.DataFrame:
     frame = records_frame(records)
+    settings = [configuration(record_settings(r), with_nodes=False) for r in records]
     extra = pd.DataFrame({
         "memory_estimate_gib": [_memory_estimate(r) for r in records],
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
         "matrix": [_matrix_name(r) for r in records],
         "configuration": [configuration_key(r) for r in records],
+        "settings": settings,  # the configuration across node counts: one line of the scaling views
+        "layout": [json.dumps(c, sort_keys=True, default=str) for c in settings],
         "notes": [tuple(peak_notes(r)) for r in records],
     }, index=frame.index)
     frame = pd.concat([frame, extra], axis=1)
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
-    frame["config"] = config_labels(frame)
+    ok = [(r.get("status") == "ok") for r in records]
+    frame["config"] = config_labels(settings, among=[s for s, good in zip(settings, ok) if good] or settings)
     return frame
 
 
-# ---- repeats: one row per configuration ----
+# ---- repeats: one row per configuration and node count ----
 
 # Figures reported as the median over a configuration's repeats (MFU and samples/s with min-max).
 REPEAT_FIGURES = ("step_time_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "step_time_mean_vs_median",
@@ -147,9 +153,11 @@ RANGE_FIGURES = ("mfu", "samples_per_s")
 
 
 def over_configurations(ok: pd.DataFrame) -> pd.DataFrame:
-    """The successful runs grouped by configuration (configuration_key): the first repeat's
-    settings, the median over the repeats of each figure, min and max of MFU and samples/s,
-    the number of repeats, the most allocator retries any repeat had, and the run ids."""
+    """The successful runs grouped by configuration at a node count (configuration_key): repeats,
+    and runs of other sweeps that measured the same thing for another number of steps. Per group:
+    the first run's settings, the median over the runs of each figure, min and max of MFU and
+    samples/s, the number of runs (`repeats`), the most allocator retries any run had, the run
+    ids and each run's step count."""
     rows = []
     for _, group in ok.groupby("configuration", sort=False):
         group = group.assign(_r=pd.to_numeric(group["repeat"], errors="coerce").fillna(0)).sort_values(["_r", "run_id"])
@@ -163,27 +171,44 @@ def over_configurations(ok: pd.DataFrame) -> pd.DataFrame:
         row["num_alloc_retries"] = retries.max() if len(retries) else None
         row["repeats"] = len(group)
         row["run_ids"] = list(group["run_id"])
+        row["run_steps"] = list(group["steps"])
         rows.append(row)
-    columns = list(ok.columns) + [f"{c}_{m}" for c in RANGE_FIGURES for m in ("min", "max")] + ["repeats", "run_ids"]
+    columns = (list(ok.columns) + [f"{c}_{m}" for c in RANGE_FIGURES for m in ("min", "max")]
+               + ["repeats", "run_ids", "run_steps"])
     return pd.DataFrame(rows, columns=columns)
 
 
-def config_labels(frame: pd.DataFrame) -> list[str]:
-    varying = [k for k in VARYING_CONFIG_KEYS if frame[k].astype(str).nunique() > 1]
+def setting_text(key: str, value) -> str:
+    """One setting as a label shows it: `mb=4`, `compile` / `eager`, `bf16`."""
+    if key == "compile":
+        return "compile" if value else "eager"
+    if key == "frozen_encoder":
+        return {True: "enc-frozen", False: "enc-trained"}.get(value, f"frozen={value}")
+    if key == "precision":
+        return str(value)
+    return f"{SHORT_NAMES.get(key, key)}={'default' if value is None else value}"
+
+
+def varying_keys(settings: list[dict], ignore=("scale", "nodes")) -> list[str]:
+    """The keys whose values differ between these settings (VARYING_CONFIG_KEYS' order first)."""
+    keys = {k for s in settings for k in s if k not in ignore}
+    varying = {k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1}
+    return [k for k in VARYING_CONFIG_KEYS if k in varying] + sorted(varying - set(VARYING_CONFIG_KEYS))
+
+
+def config_labels(settings: list[dict], among: list[dict] | None = None) -> list[str]:
+    """A label per configuration: framework and parallelism, then only the settings that differ
+    between the configurations of that framework and parallelism `among` (the successful runs':
+    those the figures draw; default all) on the whole page, so a label, and its colour, is the same
+    in every figure."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in settings if among is None else among:
+        groups.setdefault(tuple(str(s.get(k)) for k in CONFIG_KEYS), []).append(s)
+    varying = {fp: varying_keys(group, ignore=("scale", "nodes", *CONFIG_KEYS)) for fp, group in groups.items()}
     labels = []
-    for _, row in frame.iterrows():
-        parts = [str(row[k]) for k in CONFIG_KEYS]
-        for k in varying:
-            value = row[k]
-            if k == "compile":
-                parts.append("compile" if value else "eager")
-            elif k == "frozen_encoder":
-                parts.append({True: "enc-frozen", False: "enc-trained"}.get(value, f"frozen={value}"))
-            elif k == "precision":
-                parts.append(str(value))
-            else:
-                parts.append(f"{SHORT_NAMES[k]}={value}")
-        labels.append(" ".join(parts))
+    for s in settings:
+        fp = tuple(str(s.get(k)) for k in CONFIG_KEYS)
+        labels.append(" ".join([*fp, *(setting_text(k, s.get(k)) for k in varying.get(fp, []))]))
     return labels
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.report.data import VARYING_CONFIG_KEYS, over_configurations, scale_order
+from echobench.report.data import over_configurations, scale_order, varying_keys
 
 KEYS = ["scale", "framework", "parallelism", "nodes"]
 REFERENCE_FIGURES = ["mfu", "tflops_per_gpu", "samples_per_s"]
@@ -97,10 +97,10 @@ def distinguishing_keys(ok: pd.DataFrame) -> list[str]:
     """Settings that tell apart rows the standard columns cannot (e.g. two lengths at one layout)."""
     standard = [c for c, _ in COLUMNS[:6]]
     dups = ok[ok.duplicated(standard, keep=False)]
-    if dups.empty:
-        return []
-    groups = dups.astype(str).groupby(standard)
-    return [k for k in VARYING_CONFIG_KEYS if k not in standard and (groups[k].nunique() > 1).any()]
+    keys = []
+    for _, group in dups.groupby(standard, dropna=False):
+        keys += [k for k in varying_keys(list(group["settings"])) if k not in standard and k not in keys]
+    return keys
 
 
 def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -116,6 +116,7 @@ def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None
     if (ok["precision"] == "fp8").any():
         figures.insert(figures.index("mfu_max") + 1, FP8_COLUMN[0])
     columns = [c for c, _ in COLUMNS[:3]] + extra + figures + [NOTES_COLUMN]
+    ok = ok.assign(**{k: [s.get(k) for s in ok["settings"]] for k in extra if k not in ok.columns})
     table = ok[columns].copy()
     table["repeats"] = table["repeats"].astype("Int64")
     for c in ("nodes", "world_size", "global_batch"):
@@ -162,7 +163,7 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
             out[NOTES_COLUMN] = table[c].map(lambda v: " ".join(f"[{marks[n]}]" for n in split_notes(v)))
         elif c == "repeats":
             out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else str(int(v)))
-        elif c in VARYING_CONFIG_KEYS:
+        elif c not in headers:  # a setting that tells two rows apart
             out[c.replace("_", " ")] = table[c].map(str)
         elif c in ("scale", "framework", "parallelism", "ref_source"):
             out[headers[c]] = table[c].map(lambda v: "-" if v is None or pd.isna(v) else str(v))
