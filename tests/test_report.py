@@ -198,9 +198,11 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        assert len(plots) == 6 * 3 - 1  # three scales: tiny, 800M, 3B (tiny has no scaling efficiency)
+        # three scales (tiny, 800M, 3B) of six figures, tiny without scaling efficiency; where the time goes:
+        # one panel per scale and the selected run's waterfall
+        assert len(plots) == 6 * 3 - 1 + 3 + 1
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots)
-        assert layout_problems(page) == (17, [])
+        assert layout_problems(page) == (21, [])
         mfu_800m = page.evaluate("document.getElementById('fig-mfu-1')._fullData.map(t => [t.name, t.x.length])")
         assert sorted((name.split()[:2], n) for name, n in mfu_800m) == [
             (["torchtitan", "ddp"], 3), (["torchtitan", "fsdp2"], 3)]
