@@ -170,6 +170,23 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
     }
 
 
+def train_step(setup, batch, draws, device_type: str, dp_size: int) -> torch.Tensor:
+    """One optimizer step (forward under autocast, backward, clip, update); the loss stays on the device."""
+    frames, reduce_frames = global_frame_count(batch, setup.dp_group)
+    with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
+                        enabled=setup.autocast_dtype is not None):
+        err = setup.model(batch, draws=draws, reduction="sum")
+    if reduce_frames is not None:
+        reduce_frames.wait()  # on GPU the stream waits, not the host
+    # The replicas average their gradients: x dp_size makes that the global batch's mean.
+    loss = err / frames.clamp(min=1) * dp_size
+    loss.backward()
+    setup.clip_grad()
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
 @lru_cache(maxsize=4096)
 def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
     f = flops_model.model_flops(model_cfg, la, lt, ls)
@@ -196,8 +213,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     # are a function of (seed, global sample index): the same samples get the same draws whatever
     # the number of ranks (diffusion_draws).
     generator = torch.Generator(device=info.device)
-    model, optimizer = setup.model, setup.optimizer
-    model.train()
+    setup.model.train()
     device_type = info.device.type
     timer = StepTimer(info.device)
     waits, lengths, losses = [], [], []
@@ -225,18 +241,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
             maybe_inject_failure(cfg, step, info.rank)
             draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
                                     model_cfg.cfg_dropout, info.device, generator)
-            frames, reduce_frames = global_frame_count(batch, setup.dp_group)
-            with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
-                                enabled=setup.autocast_dtype is not None):
-                err = model(batch, draws=draws, reduction="sum")
-            if reduce_frames is not None:
-                reduce_frames.wait()  # on GPU the stream waits, not the host
-            # The replicas average their gradients: x dp_size makes that the global batch's mean.
-            loss = err / frames.clamp(min=1) * dp_size
-            loss.backward()
-            setup.clip_grad()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = train_step(setup, batch, draws, device_type, dp_size)
             if step < measured_end:
                 losses.append(loss.detach())
             if measured:
