@@ -61,6 +61,43 @@ def test_state_dict_round_trip_is_exact(tp):
     assert all(torch.equal(a[k], s[k]) for a, s in zip(again, shards) for k in s)
 
 
+def te_reads_padding_mask(q, k, v, masks):
+    """TE's fused attention reading a padding mask, emulated on the CPU: each sample attends to its
+    first n keys, n = its number of unmasked keys (the cu_seqlens TE derives from the mask).
+    Inputs in TE's sbhd layout (T, B, H, D) with its (query, key) masks (True = masked)."""
+    q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))  # -> (B, H, T, D)
+    n = (~masks[1][:, 0, 0, :]).sum(-1)
+    prefix = torch.arange(k.shape[2]) < n[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=prefix[:, None, None, :])
+
+
+def test_te_attention_gets_its_valid_keys_packed_to_the_front():
+    """Variable lengths per stream ([latent | text | speaker], each padded, a CFG-dropped sample
+    without text and speaker): the keys TE receives, read as TE reads a padding mask, give the
+    plain model's attention."""
+    from echobench.model.megatron import TECoreAttention, pack_valid_keys
+
+    torch.manual_seed(0)
+    (la, lt, ls), heads, dim = (10, 6, 5), 2, 8
+    lengths = torch.tensor([[10, 6, 5], [7, 2, 3], [4, 0, 0]])  # per sample: latent, text, speaker
+    key_mask = torch.cat([torch.arange(n) < lengths[:, i, None] for i, n in enumerate((la, lt, ls))], dim=1)
+    b = len(lengths)
+    q = torch.randn(b, heads, la, dim)
+    k, v = torch.randn(2, b, heads, la + lt + ls, dim)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+
+    # The defect: handed the gapped mask as it is, TE attends to padded latent frames and drops
+    # the last valid speaker keys.
+    sbhd = [x.permute(2, 0, 1, 3) for x in (q, k, v)]
+    unpacked = te_reads_padding_mask(*sbhd, (None, ~key_mask[:, None, None, :]))
+    assert not torch.allclose(unpacked[1:], plain[1:], atol=1e-3)
+    torch.testing.assert_close(unpacked[0], plain[0])  # no gaps in a full-length sample
+
+    torch.testing.assert_close(te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, key_mask)), plain)
+    _, _, packed = pack_valid_keys(k, v, key_mask)
+    assert torch.equal(packed, torch.arange(la + lt + ls) < key_mask.sum(1, keepdim=True))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
