@@ -215,19 +215,20 @@ def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
 def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) -> None:
     """FSDP2: each block, then the root (the remaining trainable layers); float32 gradient reduction.
 
-    On a 2-D mesh (replicate, shard) this is HSDP. The root keeps its inputs as they come
-    (cast_forward_inputs=False), so the loss target stays float32 as in the other layouts.
+    On a 2-D mesh (replicate, shard) this is HSDP. No unit casts its forward inputs
+    (cast_forward_inputs=False): autocast already picks the compute dtype of every matmul, and a
+    cast would also turn the float32 RoPE table entering each block (and the loss target at the
+    root) into bf16, which single-process and DDP runs keep in float32.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     ignored = frozen_params(model)
     for container, i in blocks(model):
         fully_shard(container[i], mesh=mesh, mp_policy=policy)
     if not model.cfg.frozen_encoder:
         fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy)
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    fully_shard(model, mesh=mesh, mp_policy=root_policy, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
         for module in model.modules():
             if isinstance(module, FSDPModule):
