@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 
+from conftest import run_cli
 from echobench.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -220,6 +221,7 @@ def test_validation_errors_are_clear():
     assert "no parallelism 'ddp'" in problem(parallelism="ddp")
     assert "GPU only" in problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu")
     assert "tp > 1" in problem(parallelism="tp1", sequence_parallel=True)
+    assert problem(parallelism="tp1", precision="fp8").startswith("fp8 on megatron would need TransformerEngine")
     from echobench.backends.megatron import te_installed
 
     if not te_installed():
@@ -228,15 +230,22 @@ def test_validation_errors_are_clear():
         RunConfig(te="maybe")
 
 
-def test_tp_run_writes_a_record(cli, tmp_path):
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory):
+    """`echobench run --framework megatron --tp 2 --nproc 2` on the tiny model: its record."""
+    out = tmp_path_factory.mktemp("tp2")
+    proc = run_cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out,
+                   tmp_path=out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     """`echobench run --framework megatron --tp 2 --nproc 2`: a complete record, same figures as torchtitan's."""
     from echobench.flops import flops_report
     from echobench.results import REQUIRED_FIELDS
 
-    out = tmp_path / "tp2"
-    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    r = tp2_run
     assert [k for k in REQUIRED_FIELDS if k not in r] == []
     assert r["status"] == "ok" and r["parallelism"] == "tp2"
     assert r["tp"] == 2 and r["dp"] == 1 and r["world_size"] == 2 and r["global_batch"] == 2
@@ -277,3 +286,64 @@ def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
     # The dead rank's own failure is in the record (the headline may be its peer's lost connection).
     assert 1 in r["failed_ranks"]
     assert any(p["rank"] == 1 and "injected failure at step 1" in p["error"] for p in r["per_rank"])
+
+
+def _recompute_worker(rank: int, port: int, out_path: str) -> None:
+    """The megatron backend at tp=1 (one gloo process): FLOPs of one training step per AC mode."""
+    from types import SimpleNamespace
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from echobench.backends import build_training
+    from echobench.distributed import DistInfo
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    batch = SimpleNamespace(latent=torch.randn(1, 60, 128), latent_mask=torch.ones(1, 60, dtype=torch.bool),
+                            ref=torch.randn(1, 40, 128), ref_mask=torch.ones(1, 40, dtype=torch.bool),
+                            text_ids=torch.ones(1, 20, dtype=torch.long), text_mask=torch.ones(1, 20, dtype=torch.bool))
+    result = {}
+    for ac in ("none", "full", "selective"):
+        cfg = RunConfig(framework="megatron", parallelism="tp1", te="off", ac=ac, precision="fp32", device="cpu")
+        setup = build_training(cfg, DistInfo(), torch.float32)
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            setup.model(batch, generator=torch.Generator().manual_seed(0)).backward()
+        result[ac] = {"flops": counter.get_total_flops(), "recompute": setup.info["recompute"]}
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    torch.distributed.destroy_process_group()
+
+
+def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
+    """--ac on megatron recomputes the TP blocks, and exactly the FLOPs that HFU adds."""
+    import torch.multiprocessing as mp
+
+    from echobench.flops import hardware_flops, model_flops
+
+    out = tmp_path / "flops.json"
+    mp.spawn(_recompute_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    r = json.loads(out.read_text())
+    cfg = get_preset("tiny")
+    f = model_flops(cfg, 60, 20, 40)
+    assert {ac: v["flops"] for ac, v in r.items()} == {ac: hardware_flops(cfg, f, ac) for ac in r}
+    assert r["full"]["flops"] > r["none"]["flops"] == f.total
+    assert r["none"]["recompute"] == "nothing" and "re-run in backward" in r["full"]["recompute"]
+
+
+def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, monkeypatch):
+    """TP=2 with full recompute and compiled blocks: the same losses as the plain TP=2 run, and the
+    record says what ran (HFU above MFU: the recompute is counted)."""
+    out = tmp_path / "tp2-ac"
+    # A shared inductor cache makes reruns cheap (a cold compile of the block kinds: a minute here).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--ac", "full", "--compile",
+               "--out", out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    assert r["status"] == "ok" and r["ac"] == "full" and r["compile"] is True
+    assert "re-run in backward" in r["backend"]["recompute"] and "torch.compile" in r["backend"]["compiled"]
+    assert r["hfu"] > r["mfu"] and tp2_run["hfu"] == tp2_run["mfu"]
+    assert r["losses"] == pytest.approx(tp2_run["losses"], rel=1e-5)

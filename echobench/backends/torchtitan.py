@@ -189,6 +189,15 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
+# What each activation checkpointing mode re-runs in backward, for the record's `backend`.
+RECOMPUTE = {
+    "none": "nothing",
+    "full": "every DiT and speaker-encoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
+    "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward; "
+                 "matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+}
+
+
 def apply_ac(model: EchoTTS, mode: str) -> None:
     """Non-reentrant checkpointing of every block: full (re-run the block) or selective."""
     if mode == "none":
@@ -202,10 +211,10 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
         container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
 
 
-def apply_compile(model: EchoTTS) -> None:
+def apply_compile(model: EchoTTS, fullgraph: bool = True) -> None:
     """torch.compile each block in place: the blocks repeat, so one graph serves them all."""
     for container, i in blocks(model):
-        container[i].compile(fullgraph=True)
+        container[i].compile(fullgraph=fullgraph)
 
 
 def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
@@ -280,7 +289,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     model = build_model(cfg, device, dtype)
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
             "text_encoder": text_encoder_layout(cfg, dtype),
-            "ac": cfg.ac, "compile": cfg.compile}
+            "ac": cfg.ac, "recompute": RECOMPUTE[cfg.ac], "compile": cfg.compile}
     if cfg.precision == "fp8":
         info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device)))
     apply_ac(model, cfg.ac)
