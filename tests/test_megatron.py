@@ -251,6 +251,8 @@ def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     assert r["tp"] == 2 and r["dp"] == 1 and r["world_size"] == 2 and r["global_batch"] == 2
     assert r["te"] is False and r["backend"]["te"] is False and r["backend"]["backend"] == "megatron"
     assert r["env"]["megatron_core"] and r["backend"]["megatron_core"] == r["env"]["megatron_core"]
+    # The launcher gives TP > 1 one CUDA hardware queue (megatron's overlap needs it); env says so.
+    assert r["env"]["cuda_device_max_connections"] == "1"
     # Same FLOP model as every backend; TP peers process one batch, so it counts once.
     report = flops_report(get_preset("tiny"), 50, 16, 40, "none")
     assert r["model_flops_per_sample"] == report["model_flops_per_sample"]
@@ -266,6 +268,17 @@ def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     s = json.loads((single / "result.json").read_text())
     assert s["te"] is False
     assert r["losses"] == pytest.approx(s["losses"], rel=1e-4)
+
+
+def test_launcher_sets_one_cuda_queue_for_megatron_tp(monkeypatch):
+    from echobench.launch import child_env
+
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert child_env(2, RunConfig(framework="megatron", parallelism="tp2", gpus_per_node=2))[
+        "CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    for cfg in (RunConfig(framework="megatron", parallelism="tp1"),
+                RunConfig(framework="torchtitan", parallelism="ddp", gpus_per_node=2)):
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in child_env(2, cfg)
 
 
 def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
