@@ -119,3 +119,22 @@ def test_megatron_step_has_no_data_dependent_ops(tmp_path):
     out = tmp_path / "ops.json"
     mp.spawn(_megatron_worker, args=(free_port(), str(out)), nprocs=1, join=True)
     assert json.loads(out.read_text()) == []
+
+
+def test_data_wait_and_step_time_share_one_clock(monkeypatch, tmp_path):
+    """data_wait_frac divides a wait by step time measured on the same clock (CUDA events on a GPU).
+
+    The timer's clock is replaced by one that ticks once per reading: per measured step it is read
+    before and after taking the batch (1 tick of wait) and at the step's end (3 ticks of step), so
+    the fraction is exactly 1/3 whatever the host clock does, if both come from the timer's clock.
+    """
+    from echobench import bench
+    from echobench.distributed import DistInfo
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(bench.StepTimer, "stamp", lambda self: float(next(ticks)))
+    cfg = RunConfig(steps=3, warmup_steps=1, peak_tflops=1.0, **SHAPES)
+    mine = bench.run_loop(cfg, DistInfo(device=torch.device("cpu")), tmp_path)
+    assert mine["step_times_s"] == [3.0, 3.0, 3.0]
+    assert mine["data_wait_s"] == [1.0, 1.0, 1.0]
+    assert mine["data_wait_frac"] == pytest.approx(1 / 3) and mine["data_wait_clock"] == "host"
