@@ -138,7 +138,7 @@ def float8_plan(cfg) -> Float8Plan:
     problem = None
     if bad:
         name, shape, rows, tokens = bad[0]
-        more = f" (and {len(bad) - 1} more linears)" if len(bad) > 1 else ""
+        more = f", as do {len(bad) - 1} more linears" if len(bad) > 1 else ""
         problem = (f"fp8: {name} has input {tuple(shape)}, {rows} rows (micro_batch {cfg.micro_batch} x {tokens} "
                    f"tokens){more}; torch._scaled_mm needs rows divisible by {SCALED_MM_ALIGN} for the weight "
                    f"gradient: use a micro_batch that is a multiple of {need}, or precision bf16")
