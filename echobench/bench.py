@@ -3,7 +3,8 @@
 Timing (DESIGN.md): warm-up steps (compile happens there) are excluded; on GPU each step is
 timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
 clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
-time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs are counted on the real lengths of every measured sample.
+time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
+are counted on the real lengths of every measured sample.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
     loader = make_loader("synthetic", micro_batch=4, audio_frames=200, text_tokens=64, speaker_frames=200,
                          tokenizer=build_tokenizer(model_cfg.text_encoder.vocab, None), rank=0, world_size=1,
                          seed=0, skip_bad_samples=False)
-    batches = [next(loader).to(device) for _ in range(3)]
+    batches = [next(loader) for _ in range(3)]
     loader.close()
     losses = {}
     for name in ("single", "fsdp2", "fsdp2+compile"):
@@ -122,10 +122,9 @@ def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
                            torch.bfloat16)
         model.train()
         losses[name] = []
-        for step, batch in enumerate(batches):
-            draws = diffusion_draws(0, range(4 * step, 4 * step + 4), 200, model_cfg.latent_dim,
-                                    model_cfg.cfg_dropout, device)
-            losses[name].append(float(train_step(setup, batch, draws, "cuda")))
+        for batch in batches:
+            draws = diffusion_draws(0, batch.index.tolist(), 200, model_cfg.latent_dim, model_cfg.cfg_dropout, device)
+            losses[name].append(float(train_step(setup, batch.to(device), draws, "cuda", dp_size=1)))
     with open(out_path, "w") as f:
         json.dump(losses, f)
     torch.distributed.destroy_process_group()
