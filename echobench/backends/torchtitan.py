@@ -80,19 +80,19 @@ def linear_inputs(model_cfg, audio_frames: int, text_tokens: int,
     """(name, input shape, in, out) of every trainable linear outside the text encoder, for ONE
     sample at this run's padded lengths (static: the loader pads to them), from a forward on the
     meta device. Every input's leading dim is the batch: a micro-batch of B has B times the rows."""
-    from echobench.data.dataset import Batch
+    from types import SimpleNamespace
+
     from echobench.model.echo import EchoTTS
 
     with torch.device("meta"):
         model = EchoTTS(model_cfg)
-        batch = Batch(latent=torch.empty(1, audio_frames, model_cfg.latent_dim),
-                      latent_mask=torch.ones(1, audio_frames, dtype=torch.bool),
-                      ref=torch.empty(1, speaker_frames, model_cfg.latent_dim),
-                      ref_mask=torch.ones(1, speaker_frames, dtype=torch.bool),
-                      text_ids=torch.zeros(1, text_tokens, dtype=torch.long),
-                      text_mask=torch.ones(1, text_tokens, dtype=torch.bool),
-                      audio_len=torch.empty(1, dtype=torch.long), ref_len=torch.empty(1, dtype=torch.long),
-                      text_len=torch.empty(1, dtype=torch.long))
+        batch = SimpleNamespace(  # what the model's forward reads of a data.Batch
+            latent=torch.empty(1, audio_frames, model_cfg.latent_dim),
+            latent_mask=torch.ones(1, audio_frames, dtype=torch.bool),
+            ref=torch.empty(1, speaker_frames, model_cfg.latent_dim),
+            ref_mask=torch.ones(1, speaker_frames, dtype=torch.bool),
+            text_ids=torch.zeros(1, text_tokens, dtype=torch.long),
+            text_mask=torch.ones(1, text_tokens, dtype=torch.bool))
     seen = {}
 
     def record(name):
