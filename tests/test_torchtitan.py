@@ -102,7 +102,7 @@ def _bf16_worker(rank: int, world: int, port: int, settings: dict, out_dir: str)
     import os
 
     from echobench.bench import run_loop
-    from echobench.distributed import init_distributed, shutdown
+    from echobench.distributed import dist_info, form_process_group, shutdown
     from echobench.model.components import SelfAttention
     from echobench.model.dit import JointAttention
 
@@ -116,7 +116,8 @@ def _bf16_worker(rank: int, world: int, port: int, settings: dict, out_dir: str)
             freqs_dtypes.add(str(args[-2].dtype))
 
     torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    info = init_distributed("cpu")
+    info = dist_info("cpu")
+    form_process_group(info)
     mine = run_loop(RunConfig(**settings, gpus_per_node=world), info, out_dir)
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump({"losses": mine["losses"], "freqs": sorted(freqs_dtypes)}, f)
