@@ -2,8 +2,9 @@
 
 Timing (DESIGN.md): warm-up steps (compile happens there) are excluded; on GPU each step is
 timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
-clock; each step counts at its slowest rank. The data wait is how long the step blocked on
-the loader. Model FLOPs are counted on the real lengths of every measured sample.
+clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
+time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
+are counted on the real lengths of every measured sample.
 """
 
 from __future__ import annotations
@@ -85,25 +86,39 @@ def peak_mem_gib(mem: dict) -> float:
 
 
 class StepTimer:
-    """CUDA events on the compute stream on GPU (no host sync per step); host clock on CPU."""
+    """Step boundaries and data waits on ONE clock: CUDA events on the compute stream on GPU (no
+    host sync per step), the host clock on CPU."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.clock = "cuda_events" if self.cuda else "host"
         self.marks: list = []
+        self.waits: list = []  # (stamp before, stamp after) taking a measured step's batch
 
-    def mark(self) -> None:
+    def stamp(self):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
+            return event
+        return time.perf_counter()
+
+    def elapsed(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def mark(self) -> None:
+        self.marks.append(self.stamp())
 
     def durations(self) -> list[float]:
         if self.cuda:
             torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return [self.elapsed(a, b) for a, b in zip(self.marks, self.marks[1:])]
+
+    def wait_durations(self) -> list[float]:
+        """On GPU: how long the GPU sat idle while the host waited for the batch (nothing was queued
+        between the two events; zero when the GPU was still busy); on CPU: the host's wait."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [self.elapsed(a, b) for a, b in self.waits]
 
 
 def base_record(cfg: RunConfig, device: torch.device) -> dict:
@@ -170,6 +185,23 @@ def base_record(cfg: RunConfig, device: torch.device) -> dict:
     }
 
 
+def train_step(setup, batch, draws, device_type: str, dp_size: int) -> torch.Tensor:
+    """One optimizer step (forward under autocast, backward, clip, update); the loss stays on the device."""
+    frames, reduce_frames = global_frame_count(batch, setup.dp_group)
+    with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
+                        enabled=setup.autocast_dtype is not None):
+        err = setup.model(batch, draws=draws, reduction="sum")
+    if reduce_frames is not None:
+        reduce_frames.wait()  # on GPU the stream waits, not the host
+    # The replicas average their gradients: x dp_size makes that the global batch's mean.
+    loss = err / frames.clamp(min=1) * dp_size
+    loss.backward()
+    setup.clip_grad()
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
 @lru_cache(maxsize=4096)
 def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
     f = flops_model.model_flops(model_cfg, la, lt, ls)
@@ -196,11 +228,10 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     # are a function of (seed, global sample index): the same samples get the same draws whatever
     # the number of ranks (diffusion_draws).
     generator = torch.Generator(device=info.device)
-    model, optimizer = setup.model, setup.optimizer
-    model.train()
+    setup.model.train()
     device_type = info.device.type
     timer = StepTimer(info.device)
-    waits, lengths, losses = [], [], []
+    lengths, losses = [], []
     measured_end = cfg.warmup_steps + cfg.steps
     total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
     profiled: dict = {}
@@ -211,39 +242,27 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                 if device_type == "cuda":
                     torch.cuda.reset_peak_memory_stats(info.device)
                 timer.mark()  # start of the first measured step
-            t0 = time.perf_counter()
+            measured = cfg.warmup_steps <= step < measured_end
+            before = timer.stamp() if measured else None
             # The breakdown's data wait; only under --profile, to keep the timed step bare.
             with torch.profiler.record_function(DATA_WAIT) if profiler is not None else nullcontext():
                 batch = next(loader)
-            wait = time.perf_counter() - t0
-            measured = cfg.warmup_steps <= step < measured_end
             if measured:
-                waits.append(wait)
+                timer.waits.append((before, timer.stamp()))
                 lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
             sample_ids = batch.index.tolist()  # still on the host: no device sync
             batch = batch.to(info.device)
             maybe_inject_failure(cfg, step, info.rank)
             draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
                                     model_cfg.cfg_dropout, info.device, generator)
-            frames, reduce_frames = global_frame_count(batch, setup.dp_group)
-            with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
-                                enabled=setup.autocast_dtype is not None):
-                err = model(batch, draws=draws, reduction="sum")
-            if reduce_frames is not None:
-                reduce_frames.wait()  # on GPU the stream waits, not the host
-            # The replicas average their gradients: x dp_size makes that the global batch's mean.
-            loss = err / frames.clamp(min=1) * dp_size
-            loss.backward()
-            setup.clip_grad()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = train_step(setup, batch, draws, device_type, dp_size)
             if step < measured_end:
                 losses.append(loss.detach())
             if measured:
                 timer.mark()
             if profiler is not None:
                 profiler.step()
-        step_times = timer.durations()
+        step_times, waits = timer.durations(), timer.wait_durations()
     finally:
         loader.close()
         if profiler is not None:
@@ -266,6 +285,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "median_step_time_s": statistics.median(step_times),
         "data_wait_s": waits,
         "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
+        "data_wait_clock": timer.clock,
         "samples": samples,
         "model_flops": flops_total,
         "hardware_flops": hw_total,
@@ -366,6 +386,7 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         num_ooms=allocator_count(ranks, "num_ooms"),
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
+        data_wait_clock=ranks[0]["data_wait_clock"],  # what data_wait_frac measures (README)
         slowest_rank=slowest_rank["rank"],
         # The step's loss over the global batch: each rank's loss is its error sum over the global
         # frame count x dp (run_loop), so their mean over data-parallel ranks is the global loss.

@@ -210,6 +210,7 @@ def env_info(device: torch.device) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": nccl,
+        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "transformers": _version("transformers"),
         "megatron_core": _version("megatron-core") or _version("megatron_core"),
         "transformer_engine": _version("transformer-engine") or _version("transformer_engine"),

@@ -60,13 +60,17 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
     return cmd + ["-m", "echobench", "run", *run_args]
 
 
-def child_env(nproc: int) -> dict:
+def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
     env = dict(os.environ)
     # Works from a source checkout too: the children import this very package.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # Share the cores between the local ranks instead of oversubscribing them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if cfg is not None and cfg.framework == "megatron" and cfg.tp > 1:
+        # One hardware queue per device: megatron-core's TP communication then overlaps the GEMMs
+        # it is issued beside (read when the CUDA context starts; the record's env keeps it).
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
 
 
@@ -88,7 +92,7 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
         cmd = [sys.executable, "-m", "echobench", "run", *run_args]
     else:
         cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port)
-    env = child_env(nproc or 1)
+    env = child_env(nproc or 1, cfg)
     started = time.time()
     code = subprocess.call(cmd, env=env)
     if node_rank != 0:

@@ -8,21 +8,39 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli_env(tmp_path: Path | None = None) -> dict:
+def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
+    """The environment of the commands a test starts. Unless the test is a `gpu` one, they see no
+    GPU: runs, calibrations, sweeps and SLURM jobs then pick the CPU, and the suite measures and
+    asserts the same things (fp32, gloo, a CPU device name) on a GPU host as on a CPU one."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if tmp_path is not None:
         env["ECHOBENCH_CACHE"] = str(tmp_path / "cache")  # calibrations stay inside the test
     return env
 
 
-def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
-    """Runs `python -m echobench ARGS` as a user would, from this checkout."""
+def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bool = False,
+            gpu: bool = False) -> subprocess.CompletedProcess:
+    """Runs `python -m echobench ARGS` as a user would, from this checkout (on the CPU unless gpu)."""
     proc = subprocess.run([sys.executable, "-m", "echobench", *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(tmp_path), timeout=timeout, cwd=ROOT)
+                          env=cli_env(tmp_path, gpu), timeout=timeout, cwd=ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"echobench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where torch sees a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

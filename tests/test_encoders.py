@@ -136,3 +136,32 @@ def test_run_file_with_overrides_runs_on_cpu(cli, tmp_path):
     breakdown = record["flops_breakdown"]
     assert breakdown["frozen_encoder"] is False
     assert breakdown["breakdown"]["parts"]["text_encoder"]["backward"] > 0
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_embedding_without_host_sync_matches_transformers(frozen):
+    """echobench's embedding (torch.where, no boolean-mask write) equals transformers' own, the
+    end-of-image token included, and so does the encoder's output (and gradient when trained)."""
+    from echobench.model.text_encoder import TextEncoder, scaled_word_embedding
+
+    torch.manual_seed(0)
+    enc = TextEncoder(TEXT_ENCODERS["tiny"], frozen=frozen)
+    embed = enc.encoder.embed_tokens
+    embed.eoi_token_index = 7  # inside the tiny vocabulary, so the special row is exercised
+    with torch.no_grad():
+        embed.eoi_embedding.normal_()
+    ids = torch.tensor([[2, 7, 40, 7, 1, 0], [2, 9, 7, 1, 0, 0]])
+    mask = ids != 0
+    assert torch.equal(scaled_word_embedding(embed, ids), embed(ids))
+    assert torch.equal(scaled_word_embedding(embed, ids)[0, 1], embed.eoi_embedding * 1.0)
+    out = enc(ids, mask)
+    ref = enc.encoder(input_ids=ids, attention_mask=enc.attention_masks(mask, torch.float32)).last_hidden_state
+    assert torch.equal(out, ref)
+    if not frozen:
+        grads = []
+        for o in (out, ref):
+            enc.zero_grad()
+            (o * mask[..., None]).pow(2).sum().backward(retain_graph=True)
+            grads.append([p.grad.clone() for p in (embed.weight, embed.eoi_embedding)])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b)

@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 
+from conftest import run_cli
 from echobench.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -59,6 +60,43 @@ def test_state_dict_round_trip_is_exact(tp):
     # ... and the other direction: shards -> plain -> shards.
     again = [to_tp_state_dict(back, r, tp) for r in range(tp)]
     assert all(torch.equal(a[k], s[k]) for a, s in zip(again, shards) for k in s)
+
+
+def te_reads_padding_mask(q, k, v, masks):
+    """TE's fused attention reading a padding mask, emulated on the CPU: each sample attends to its
+    first n keys, n = its number of unmasked keys (the cu_seqlens TE derives from the mask).
+    Inputs in TE's sbhd layout (T, B, H, D) with its (query, key) masks (True = masked)."""
+    q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))  # -> (B, H, T, D)
+    n = (~masks[1][:, 0, 0, :]).sum(-1)
+    prefix = torch.arange(k.shape[2]) < n[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=prefix[:, None, None, :])
+
+
+def test_te_attention_gets_its_valid_keys_packed_to_the_front():
+    """Variable lengths per stream ([latent | text | speaker], each padded, a CFG-dropped sample
+    without text and speaker): the keys TE receives, read as TE reads a padding mask, give the
+    plain model's attention."""
+    from echobench.model.megatron import TECoreAttention, pack_valid_keys
+
+    torch.manual_seed(0)
+    (la, lt, ls), heads, dim = (10, 6, 5), 2, 8
+    lengths = torch.tensor([[10, 6, 5], [7, 2, 3], [4, 0, 0]])  # per sample: latent, text, speaker
+    key_mask = torch.cat([torch.arange(n) < lengths[:, i, None] for i, n in enumerate((la, lt, ls))], dim=1)
+    b = len(lengths)
+    q = torch.randn(b, heads, la, dim)
+    k, v = torch.randn(2, b, heads, la + lt + ls, dim)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+
+    # The defect: handed the gapped mask as it is, TE attends to padded latent frames and drops
+    # the last valid speaker keys.
+    sbhd = [x.permute(2, 0, 1, 3) for x in (q, k, v)]
+    unpacked = te_reads_padding_mask(*sbhd, (None, ~key_mask[:, None, None, :]))
+    assert not torch.allclose(unpacked[1:], plain[1:], atol=1e-3)
+    torch.testing.assert_close(unpacked[0], plain[0])  # no gaps in a full-length sample
+
+    torch.testing.assert_close(te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, key_mask)), plain)
+    _, _, packed = pack_valid_keys(k, v, key_mask)
+    assert torch.equal(packed, torch.arange(la + lt + ls) < key_mask.sum(1, keepdim=True))
 
 
 def free_port() -> int:
@@ -183,6 +221,7 @@ def test_validation_errors_are_clear():
     assert "no parallelism 'ddp'" in problem(parallelism="ddp")
     assert "GPU only" in problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu")
     assert "tp > 1" in problem(parallelism="tp1", sequence_parallel=True)
+    assert problem(parallelism="tp1", precision="fp8").startswith("fp8 on megatron would need TransformerEngine")
     from echobench.backends.megatron import te_installed
 
     if not te_installed():
@@ -191,20 +230,29 @@ def test_validation_errors_are_clear():
         RunConfig(te="maybe")
 
 
-def test_tp_run_writes_a_record(cli, tmp_path):
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory):
+    """`echobench run --framework megatron --tp 2 --nproc 2` on the tiny model: its record."""
+    out = tmp_path_factory.mktemp("tp2")
+    proc = run_cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out,
+                   tmp_path=out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     """`echobench run --framework megatron --tp 2 --nproc 2`: a complete record, same figures as torchtitan's."""
     from echobench.flops import flops_report
     from echobench.results import REQUIRED_FIELDS
 
-    out = tmp_path / "tp2"
-    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    r = tp2_run
     assert [k for k in REQUIRED_FIELDS if k not in r] == []
     assert r["status"] == "ok" and r["parallelism"] == "tp2"
     assert r["tp"] == 2 and r["dp"] == 1 and r["world_size"] == 2 and r["global_batch"] == 2
     assert r["te"] is False and r["backend"]["te"] is False and r["backend"]["backend"] == "megatron"
     assert r["env"]["megatron_core"] and r["backend"]["megatron_core"] == r["env"]["megatron_core"]
+    # The launcher gives TP > 1 one CUDA hardware queue (megatron's overlap needs it); env says so.
+    assert r["env"]["cuda_device_max_connections"] == "1"
     # Same FLOP model as every backend; TP peers process one batch, so it counts once.
     report = flops_report(get_preset("tiny"), 50, 16, 40, "none")
     assert r["model_flops_per_sample"] == report["model_flops_per_sample"]
@@ -220,6 +268,17 @@ def test_tp_run_writes_a_record(cli, tmp_path):
     s = json.loads((single / "result.json").read_text())
     assert s["te"] is False
     assert r["losses"] == pytest.approx(s["losses"], rel=1e-4)
+
+
+def test_launcher_sets_one_cuda_queue_for_megatron_tp(monkeypatch):
+    from echobench.launch import child_env
+
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert child_env(2, RunConfig(framework="megatron", parallelism="tp2", gpus_per_node=2))[
+        "CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    for cfg in (RunConfig(framework="megatron", parallelism="tp1"),
+                RunConfig(framework="torchtitan", parallelism="ddp", gpus_per_node=2)):
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in child_env(2, cfg)
 
 
 def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
@@ -240,3 +299,64 @@ def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
     # The dead rank's own failure is in the record (the headline may be its peer's lost connection).
     assert 1 in r["failed_ranks"]
     assert any(p["rank"] == 1 and "injected failure at step 1" in p["error"] for p in r["per_rank"])
+
+
+def _recompute_worker(rank: int, port: int, out_path: str) -> None:
+    """The megatron backend at tp=1 (one gloo process): FLOPs of one training step per AC mode."""
+    from types import SimpleNamespace
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from echobench.backends import build_training
+    from echobench.distributed import DistInfo
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    batch = SimpleNamespace(latent=torch.randn(1, 60, 128), latent_mask=torch.ones(1, 60, dtype=torch.bool),
+                            ref=torch.randn(1, 40, 128), ref_mask=torch.ones(1, 40, dtype=torch.bool),
+                            text_ids=torch.ones(1, 20, dtype=torch.long), text_mask=torch.ones(1, 20, dtype=torch.bool))
+    result = {}
+    for ac in ("none", "full", "selective"):
+        cfg = RunConfig(framework="megatron", parallelism="tp1", te="off", ac=ac, precision="fp32", device="cpu")
+        setup = build_training(cfg, DistInfo(), torch.float32)
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            setup.model(batch, generator=torch.Generator().manual_seed(0)).backward()
+        result[ac] = {"flops": counter.get_total_flops(), "recompute": setup.info["recompute"]}
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    torch.distributed.destroy_process_group()
+
+
+def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
+    """--ac on megatron recomputes the TP blocks, and exactly the FLOPs that HFU adds."""
+    import torch.multiprocessing as mp
+
+    from echobench.flops import hardware_flops, model_flops
+
+    out = tmp_path / "flops.json"
+    mp.spawn(_recompute_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    r = json.loads(out.read_text())
+    cfg = get_preset("tiny")
+    f = model_flops(cfg, 60, 20, 40)
+    assert {ac: v["flops"] for ac, v in r.items()} == {ac: hardware_flops(cfg, f, ac) for ac in r}
+    assert r["full"]["flops"] > r["none"]["flops"] == f.total
+    assert r["none"]["recompute"] == "nothing" and "re-run in backward" in r["full"]["recompute"]
+
+
+def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, monkeypatch):
+    """TP=2 with full recompute and compiled blocks: the same losses as the plain TP=2 run, and the
+    record says what ran (HFU above MFU: the recompute is counted)."""
+    out = tmp_path / "tp2-ac"
+    # A shared inductor cache makes reruns cheap (a cold compile of the block kinds: a minute here).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--ac", "full", "--compile",
+               "--out", out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    assert r["status"] == "ok" and r["ac"] == "full" and r["compile"] is True
+    assert "re-run in backward" in r["backend"]["recompute"] and "torch.compile" in r["backend"]["compiled"]
+    assert r["hfu"] > r["mfu"] and tp2_run["hfu"] == tp2_run["mfu"]
+    assert r["losses"] == pytest.approx(tp2_run["losses"], rel=1e-5)

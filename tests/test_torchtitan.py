@@ -5,10 +5,12 @@ model with short lengths; each takes tens of seconds on a loaded 2-core machine.
 """
 
 import json
+import math
 import socket
 import subprocess
 import sys
 import time
+from functools import lru_cache
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ROOT, cli_env, run_cli
-from echobench.backends.torchtitan import apply_ac, float8_filter, validate
+from echobench.backends.torchtitan import apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
 from echobench.data import SyntheticSource
 from echobench.flops import hardware_flops, model_flops
@@ -33,6 +35,10 @@ EQUIV = [*SHAPE, "--steps", "3", "--warmup-steps", "0"]
 # ~1e-7 relative (measured). Skipping the gradient all-reduce for one step moves the next loss by
 # ~2e-4 relative (measured), so 5e-6 separates the two by more than 10x either way.
 RTOL = 5e-6
+# bf16 (autocast) runs, FSDP2 against one process: FSDP2 computes with its bf16 parameter copies
+# where one process casts under autocast (the same values, but the norms then read bf16 weights)
+# and reduces in another order; measured 1e-4 relative over 3 steps. A bf16 ulp is 2^-8 = 3.9e-3.
+BF16_RTOL = 2e-3
 
 
 def record(out):
@@ -90,6 +96,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _bf16_worker(rank: int, world: int, port: int, settings: dict, out_dir: str) -> None:
+    """One rank of a bf16 run through bench.run_loop; records the dtype of the RoPE table that
+    every attention inside a block receives (after FSDP2's pre-forward casts, if any)."""
+    import os
+
+    from echobench.bench import run_loop
+    from echobench.distributed import dist_info, form_process_group, shutdown
+    from echobench.model.components import SelfAttention
+    from echobench.model.dit import JointAttention
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    freqs_dtypes = set()
+
+    def hook(module, args):
+        if isinstance(module, (JointAttention, SelfAttention)):  # forward(x, ..., freqs, mask)
+            freqs_dtypes.add(str(args[-2].dtype))
+
+    torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    info = dist_info("cpu")
+    form_process_group(info)
+    mine = run_loop(RunConfig(**settings, gpus_per_node=world), info, out_dir)
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"losses": mine["losses"], "freqs": sorted(freqs_dtypes)}, f)
+    shutdown()
+
+
+def test_fsdp2_keeps_rope_tables_float32_and_matches_single_in_bf16(tmp_path):
+    """bf16 (autocast) on 2 gloo ranks: FSDP2 must not cast the float32 RoPE table that enters each
+    block (a forward input, not an activation) to bf16; the losses then agree with one process."""
+    import torch.multiprocessing as mp
+
+    settings = dict(scale="tiny", precision="bf16", device="cpu", steps=3, warmup_steps=0, audio_frames=50,
+                    text_tokens=16, speaker_frames=40, peak_tflops=1.0)
+    runs = {}
+    for name, world, extra in (("single", 1, dict(micro_batch=2)),
+                               ("fsdp2", 2, dict(micro_batch=1, parallelism="fsdp2"))):
+        out = tmp_path / name
+        out.mkdir()
+        mp.spawn(_bf16_worker, args=(world, free_port(), {**settings, **extra}, str(out)), nprocs=world, join=True)
+        runs[name] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    for name, ranks in runs.items():
+        assert all(r["freqs"] == ["torch.float32"] for r in ranks), (name, ranks)
+    single = runs["single"][0]["losses"]
+    fsdp2 = [sum(r["losses"][i] for r in runs["fsdp2"]) / 2 for i in range(len(single))]
+    assert single[1] != single[0]  # it trains
+    assert fsdp2 == pytest.approx(single, rel=BF16_RTOL)
+
+
 def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single_run):
     """Two launchers on this machine stand in for two nodes: a 2x1 (replicate x shard) mesh."""
     out = tmp_path / "hsdp"
@@ -145,22 +201,110 @@ def test_compiled_tiny_run_completes(cli, tmp_path, monkeypatch):
     assert r["compile"] is True and r["backend"]["compile"] is True and r["mfu"] > 0
 
 
+# fp8 shapes the float8 rule admits on the tiny model: rows 2 x 48 audio frames, 2 x 16 text
+# tokens, 2 x 8 speaker patches (32 frames), all multiples of 16.
+FP8_SHAPE = ["--scale", "tiny", "--audio-frames", "48", "--text-tokens", "16", "--speaker-frames", "32",
+             "--peak-tflops", "1"]
+
+
 def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
     out = tmp_path / "fp8"
-    proc = cli("run", *SHAPE, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "2", "--precision", "fp8",
+    proc = cli("run", *FP8_SHAPE, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "2", "--precision", "fp8",
                "--out", out, timeout=600)
     r = record(out)
     assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
     assert r["precision"] == "fp8" and r["backend"]["float8"] == "emulated"
-    # The tiny DiT's MLP (hidden 172) is not a multiple of 16: those linears stay in high precision.
-    assert "dit.blocks.0.mlp.gate" in r["backend"]["float8_skipped"] and r["backend"]["float8_linears"] > 20
+    skipped = r["backend"]["float8_skipped"]
+    # The tiny DiT's MLP (hidden 172) is not a multiple of 16: those linears stay in high precision;
+    # so do the per-sample linears (AdaLN, timestep MLP).
+    assert "dit.blocks.0.mlp.gate" in skipped and "multiples of 16" in skipped["dit.blocks.0.mlp.gate"]
+    assert "no token axis" in skipped["dit.blocks.0.adaln.down"] and "dit.time_embed.fc1" in skipped
+    assert r["backend"]["float8_linears"] > 20
     assert all(x == x for x in r["losses"])  # finite
 
 
-def test_float8_filter_skips_frozen_and_odd_sized_layers():
-    assert float8_filter(torch.nn.Linear(64, 128), "dit.blocks.0.attn.wq")
-    assert not float8_filter(torch.nn.Linear(64, 172), "dit.blocks.0.mlp.gate")
-    assert not float8_filter(torch.nn.Linear(64, 64), "text_encoder.encoder.layers.0.mlp")
+def test_fp8_shape_that_cannot_run_is_refused_before_launch(cli, tmp_path):
+    proc = cli("run", *SHAPE, "--micro-batch", "2", "--precision", "fp8", "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    # 2 x 10 speaker patches (and 2 x 50 frames): rows a multiple of 16 need micro_batch 8k.
+    assert "fp8: speaker_encoder.patch_embed has input (2, 10, 512), 20 rows" in proc.stderr
+    assert "multiple of 8" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_matrix_lists_fp8_shapes_that_cannot_run_as_skipped():
+    from echobench.matrix import expand, parse_matrix
+
+    p = expand(parse_matrix("name: t\ndefaults: {scale: 800M, precision: fp8}\naxes: {micro_batch: [4, 8]}\n", "m.yaml"))
+    assert [r.cfg.micro_batch for r in p.runs] == [8]
+    assert [s.reason.split("), ")[0] for s in p.skipped] == ["fp8: dit.in_proj has input (4, 750, 128"]
+
+
+@lru_cache(maxsize=None)
+def float8_gemms_run(rows: int, fan_in: int, fan_out: int) -> str | None:
+    """torchao's real (not emulated) Float8Linear, forward and backward, on the meta device; None or the error.
+
+    torch's meta kernel of _scaled_mm applies CUDA's checks (a meta tensor counts as CUDA there),
+    so this runs the three GEMMs exactly as an H100 / H200 would accept or reject them.
+    """
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    with torch.device("meta"):
+        layer = torch.nn.Sequential(torch.nn.Linear(fan_in, fan_out, bias=False))
+        x = torch.empty(rows, fan_in, requires_grad=True)
+    convert_to_float8_training(layer, config=Float8LinearConfig(emulate=False))
+    assert type(layer[0]).__name__ == "Float8Linear"
+    try:
+        layer(x).sum().backward()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("scale", ["800M", "3B", "8B"])
+def test_float8_plan_admits_only_shapes_whose_gemms_run(scale):
+    """At the presets' lengths (750 / 256 / 750) and micro-batches 1-16: a run the plan admits has
+    every converted linear's forward, grad-input and grad-weight GEMM valid; a refused one has one
+    that is not, and its refusal is one line naming the layer and its input shape."""
+    admitted = []
+    for mb in range(1, 17):
+        cfg = RunConfig(scale=scale, micro_batch=mb, precision="fp8")
+        plan = float8_plan(cfg)
+        shapes = {name: ((mb, *shape[1:]), fan_in, fan_out) for name, shape, fan_in, fan_out in
+                  linear_inputs(cfg.model_config(), 750, 256, 750)}
+        # Per-sample linears (AdaLN, timestep MLP, final AdaLN) are never converted.
+        assert {n for n, (shape, _, _) in shapes.items() if len(shape) == 2} <= set(plan.skipped)
+        assert any("adaln" in n for n in plan.skipped) and "dit.time_embed.fc2" in plan.skipped
+        errors = {name: float8_gemms_run(math.prod(shapes[name][0][:-1]), *shapes[name][1:]) for name in plan.convert}
+        failing = {name: e for name, e in errors.items() if e}
+        assert validate(cfg) == plan.problem
+        if plan.problem is None:
+            admitted.append(mb)
+            assert failing == {}
+        else:
+            assert failing, f"mb={mb}: refused, yet every GEMM runs"
+            assert "\n" not in plan.problem
+            name = plan.problem.split()[1]
+            assert name in failing and str(shapes[name][0]) in plan.problem
+    assert admitted == [8, 16]  # 750 frames need micro_batch % 8 == 0 (188 speaker patches: % 4)
+
+
+def test_converted_800m_trains_on_meta_with_real_float8_gemms():
+    """The whole 800M model at micro-batch 8, converted as the backend converts it, runs forward and
+    backward with real float8 GEMMs under CUDA's shape checks (meta device); and every linear sees
+    8x the rows of one sample, as the plan assumes."""
+    cfg = RunConfig(scale="800M", micro_batch=8, precision="fp8")
+    with torch.device("meta"):
+        model = EchoTTS(cfg.model_config())
+    per_sample = {name: shape for name, shape, _, _ in linear_inputs(cfg.model_config(), 750, 256, 750)}
+    info = apply_float8(model, float8_plan(cfg), emulate=False)
+    assert info["float8"] == "tensorwise" and info["float8_linears"] > 300
+    seen = {}
+    for name, module in model.named_modules():
+        if name in per_sample:
+            module.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, tuple(args[0].shape)))
+    model(tiny_batch("meta", b=8, la=750, lt=256, ls=750)).backward()
+    assert seen == {name: (8, *shape[1:]) for name, shape in per_sample.items()}
 
 
 def test_validate_names_the_problem():

@@ -7,6 +7,8 @@ picks the batch (TP peers read the same batch) and how bench.summarize counts sa
 Replicated on every rank: the frozen text encoder, the text projection, the speaker encoder,
 and inside the DiT the norms, AdaLN, timestep embedding and input / output projections.
 Data parallelism: torch DDP over megatron's data-parallel group (when dp > 1).
+Activation recompute (--ac) and compile (--compile) wrap the TP DiT blocks and the speaker
+blocks with the torchtitan backend's functions; fp8 is refused (it would need TE's fp8 layers).
 
 This module imports megatron-core only inside build(): validate() runs before any process
 starts, on machines that may not have it.
@@ -53,6 +55,9 @@ def validate(cfg) -> str | None:
     if tp > cfg.gpus_per_node or cfg.gpus_per_node % tp:
         return (f"tp={tp} must divide the {cfg.gpus_per_node} processes per node "
                 f"(tensor parallelism stays inside a node): change --tp or --nproc")
+    if cfg.precision == "fp8":
+        return ("fp8 on megatron would need TransformerEngine's fp8 layers, which echobench does not drive: "
+                "use --framework torchtitan for fp8 (torchao float8), or precision bf16")
     te = getattr(cfg, "te", "auto")
     if te not in TE_MODES:
         return f"te={te!r} is not valid: allowed {', '.join(TE_MODES)}"
@@ -141,7 +146,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
 
     from megatron.core import parallel_state
 
-    from echobench.backends.torchtitan import build_model, build_optimizer
+    from echobench.backends.torchtitan import RECOMPUTE, apply_ac, apply_compile, build_model, build_optimizer
     from echobench.model.megatron import build_tp_dit, tp_partial_grad_params
 
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
@@ -151,6 +156,13 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     model.dit = build_tp_dit(model.cfg, plain_dit, parallel_state.get_tensor_model_parallel_rank(), tp, te,
                              sequence_parallel, device)
     del plain_dit
+    # Activation recompute and compile of the blocks, applied from outside as in the torchtitan
+    # backend: the TP DiT's blocks and the (replicated) speaker encoder's blocks.
+    apply_ac(model, cfg.ac)
+    if cfg.compile:
+        # fullgraph=False: megatron-core's parallel linears call functions dynamo will not trace
+        # (its process-group lookups), so each block compiles into pieces around them.
+        apply_compile(model, fullgraph=False)
     params = model.trainable_parameters()
     partial = tp_partial_grad_params(model)
     tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -174,6 +186,11 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
             "tp": tp,
             "dp": dp,
             "sequence_parallel": sequence_parallel,
+            "ac": cfg.ac,
+            "recompute": RECOMPUTE[cfg.ac],
+            "compile": cfg.compile,
+            "compiled": ("torch.compile(fullgraph=False) of each TP DiT block and speaker-encoder block"
+                         if cfg.compile else "nothing"),
             "data_parallel": "torch DDP over megatron's data-parallel group" if dp > 1 else "none",
             "sharding": "DiT attention heads and MLP across the TP group",
             "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "

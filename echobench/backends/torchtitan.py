@@ -9,7 +9,9 @@ one (--train-encoder) is sharded as one more FSDP unit.
 
 from __future__ import annotations
 
-from functools import partial
+import math
+from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import torch
 from torch import nn
@@ -30,6 +32,8 @@ def validate(cfg) -> str | None:
         return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
     if cfg.parallelism == "hsdp" and cfg.nodes < 2:
         return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
+    if cfg.precision == "fp8":  # builds the model on the meta device: about a second
+        return float8_plan(cfg).problem
     return None
 
 
@@ -51,11 +55,94 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     return model
 
 
-def float8_filter(module: nn.Module, fqn: str) -> bool:
-    """Trainable linears whose dims are multiples of 16 (what float8 GEMMs need)."""
-    if fqn.startswith("text_encoder"):
-        return False  # frozen: float8 training does not apply
-    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+# torch._scaled_mm(a, b) on CUDA, a (M, K) and b (K, N), needs K and N to be multiples of 16
+# (M is free). torchao's Float8Linear, for an input x of `rows` x in and a weight W of out x in,
+# runs three of them:
+#   forward       x @ W.t()      (rows, in)  @ (in, out)    K = in,    N = out
+#   grad_input    dy @ W         (rows, out) @ (out, in)    K = out,   N = in
+#   grad_weight   dy.t() @ x     (out, rows) @ (rows, in)   K = rows,  N = in
+# So in, out AND rows (micro_batch x tokens) must be multiples of 16. torchao's pad_inner_dim
+# would pad K instead, copying both operands of every float8 GEMM inside the measured step;
+# echobench refuses such a run before it starts rather than measure that copy.
+SCALED_MM_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class Float8Plan:
+    convert: frozenset[str]  # linears that become Float8Linear
+    skipped: dict[str, str]  # linear -> why it stays in the compute dtype
+    problem: str | None  # why float8 cannot run at this run's shapes (None: it can)
+
+
+@lru_cache(maxsize=64)
+def linear_inputs(model_cfg, audio_frames: int, text_tokens: int,
+                  speaker_frames: int) -> tuple[tuple[str, tuple[int, ...], int, int], ...]:
+    """(name, input shape, in, out) of every trainable linear outside the text encoder, for ONE
+    sample at this run's padded lengths (static: the loader pads to them), from a forward on the
+    meta device. Every input's leading dim is the batch: a micro-batch of B has B times the rows."""
+    from types import SimpleNamespace
+
+    from echobench.model.echo import EchoTTS
+
+    with torch.device("meta"):
+        model = EchoTTS(model_cfg)
+        batch = SimpleNamespace(  # what the model's forward reads of a data.Batch
+            latent=torch.empty(1, audio_frames, model_cfg.latent_dim),
+            latent_mask=torch.ones(1, audio_frames, dtype=torch.bool),
+            ref=torch.empty(1, speaker_frames, model_cfg.latent_dim),
+            ref_mask=torch.ones(1, speaker_frames, dtype=torch.bool),
+            text_ids=torch.zeros(1, text_tokens, dtype=torch.long),
+            text_mask=torch.ones(1, text_tokens, dtype=torch.bool))
+    seen = {}
+
+    def record(name):
+        def hook(module, args):
+            seen.setdefault(name, tuple(args[0].shape))
+        return hook
+
+    hooks = [m.register_forward_pre_hook(record(name)) for name, m in model.named_modules()
+             if isinstance(m, nn.Linear) and not name.startswith("text_encoder")]
+    with torch.no_grad():
+        model(batch)
+    for h in hooks:
+        h.remove()
+    modules = dict(model.named_modules())
+    return tuple((name, shape, modules[name].in_features, modules[name].out_features) for name, shape in seen.items())
+
+
+def float8_plan(cfg) -> Float8Plan:
+    """Which linears run in float8, and whether this run's shapes let them.
+
+    Converted: the trainable linears that see tokens (an input with a token axis) with in and out
+    features multiples of 16. The AdaLN, timestep-MLP and final-AdaLN linears see one row per
+    sample (micro_batch rows): too few for a float8 GEMM to pay, and rarely a multiple of 16, so
+    they stay in the compute dtype, as torchtitan's float8 filter leaves small layers alone.
+    A converted linear whose rows are not a multiple of 16 refuses the whole run.
+    """
+    convert, skipped, bad = set(), {}, []
+    need = 1  # micro_batch must be a multiple of this for every converted linear's rows
+    for name, sample, fan_in, fan_out in linear_inputs(cfg.model_config(), cfg.audio_frames, cfg.text_tokens,
+                                                       cfg.speaker_frames):
+        shape = (cfg.micro_batch, *sample[1:])
+        if len(shape) < 3:
+            skipped[name] = "one row per sample (no token axis)"
+        elif fan_in % SCALED_MM_ALIGN or fan_out % SCALED_MM_ALIGN:
+            skipped[name] = f"{fan_in} -> {fan_out} features: not multiples of {SCALED_MM_ALIGN}"
+        else:
+            convert.add(name)
+            rows = math.prod(shape[:-1])
+            tokens = rows // cfg.micro_batch
+            need = math.lcm(need, SCALED_MM_ALIGN // math.gcd(tokens, SCALED_MM_ALIGN))
+            if rows % SCALED_MM_ALIGN:
+                bad.append((name, shape, rows, tokens))
+    problem = None
+    if bad:
+        name, shape, rows, tokens = bad[0]
+        more = f", as do {len(bad) - 1} more linears" if len(bad) > 1 else ""
+        problem = (f"fp8: {name} has input {tuple(shape)}, {rows} rows (micro_batch {cfg.micro_batch} x {tokens} "
+                   f"tokens){more}; torch._scaled_mm needs rows divisible by {SCALED_MM_ALIGN} for the weight "
+                   f"gradient: use a micro_batch that is a multiple of {need}, or precision bf16")
+    return Float8Plan(frozenset(convert), skipped, problem)
 
 
 def float8_emulated(device: torch.device) -> bool:
@@ -63,15 +150,16 @@ def float8_emulated(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
 
 
-def apply_float8(model: EchoTTS, device: torch.device) -> dict:
+def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool) -> dict:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not n.startswith("text_encoder")}
-    emulate = float8_emulated(device)
-    convert_to_float8_training(model, config=Float8LinearConfig(emulate=emulate), module_filter_fn=float8_filter)
-    converted = {n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    if plan.problem:
+        raise ValueError(plan.problem)
+    convert_to_float8_training(model, config=Float8LinearConfig(emulate=emulate),
+                               module_filter_fn=lambda module, fqn: fqn in plan.convert)
+    converted = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
     return {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
-            "float8_skipped": sorted(linears - converted)}
+            "float8_skipped": plan.skipped}
 
 
 # Selective AC: keep the outputs of matmuls and attention, recompute everything else (norms,
@@ -101,6 +189,15 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
+# What each activation checkpointing mode re-runs in backward, for the record's `backend`.
+RECOMPUTE = {
+    "none": "nothing",
+    "full": "every DiT and speaker-encoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
+    "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward; "
+                 "matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+}
+
+
 def apply_ac(model: EchoTTS, mode: str) -> None:
     """Non-reentrant checkpointing of every block: full (re-run the block) or selective."""
     if mode == "none":
@@ -114,10 +211,10 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
         container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
 
 
-def apply_compile(model: EchoTTS) -> None:
+def apply_compile(model: EchoTTS, fullgraph: bool = True) -> None:
     """torch.compile each block in place: the blocks repeat, so one graph serves them all."""
     for container, i in blocks(model):
-        container[i].compile(fullgraph=True)
+        container[i].compile(fullgraph=fullgraph)
 
 
 def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
@@ -127,19 +224,20 @@ def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
 def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) -> None:
     """FSDP2: each block, then the root (the remaining trainable layers); float32 gradient reduction.
 
-    On a 2-D mesh (replicate, shard) this is HSDP. The root keeps its inputs as they come
-    (cast_forward_inputs=False), so the loss target stays float32 as in the other layouts.
+    On a 2-D mesh (replicate, shard) this is HSDP. No unit casts its forward inputs
+    (cast_forward_inputs=False): autocast already picks the compute dtype of every matmul, and a
+    cast would also turn the float32 RoPE table entering each block (and the loss target at the
+    root) into bf16, which single-process and DDP runs keep in float32.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     ignored = frozen_params(model)
     for container, i in blocks(model):
         fully_shard(container[i], mesh=mesh, mp_policy=policy)
     if not model.cfg.frozen_encoder:
         fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy)
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    fully_shard(model, mesh=mesh, mp_policy=root_policy, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -191,9 +289,9 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     model = build_model(cfg, device, dtype)
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
             "text_encoder": text_encoder_layout(cfg, dtype),
-            "ac": cfg.ac, "compile": cfg.compile}
+            "ac": cfg.ac, "recompute": RECOMPUTE[cfg.ac], "compile": cfg.compile}
     if cfg.precision == "fp8":
-        info.update(apply_float8(model, device))
+        info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device)))
     apply_ac(model, cfg.ac)
     if cfg.compile:
         apply_compile(model)

@@ -117,11 +117,25 @@ class SDPACoreAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
 
 
+def pack_valid_keys(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
+    """Moves each sample's valid keys and values to the front, in order; the mask becomes a prefix.
+
+    k, v: (B, H, Tk, D); key_mask: (B, Tk), True = attend. The joint key sequence is
+    [latent | text | speaker], each padded to its own maximum, so valid keys have gaps; TE's
+    fused attention reads a padding mask as a count of valid keys per sample (cu_seqlens), as if
+    they came first. Attention does not depend on the order of its keys (RoPE is already applied),
+    so packing changes nothing else. A stable sort on the device: no host sync, static shapes.
+    """
+    order = torch.sort((~key_mask).to(torch.uint8), dim=1, stable=True).indices  # valid keys first
+    index = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+    return k.gather(2, index), v.gather(2, index), key_mask.gather(1, order)
+
+
 class TECoreAttention(nn.Module):
     """TransformerEngine's fused attention behind the same (B, H, T, D) interface.
 
     Queries and keys have different lengths, so TE takes the key-padding mask as a
-    (query mask, key mask) pair, True = masked out.
+    (query mask, key mask) pair, True = masked out, with the valid keys packed to the front.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -133,14 +147,19 @@ class TECoreAttention(nn.Module):
         self.attn = TEDotProductAttention(config, layer_number=1, attn_mask_type=self.mask_type,
                                           attention_type="cross")
 
-    def forward(self, q, k, v, key_mask):
-        # (B, H, T, D) -> (T, B, H, D), TE's sbhd layout; output (Tq, B, H*D) -> (B, H, Tq, D).
-        b, h, tq, d = q.shape
-        q_mask = torch.zeros(b, 1, 1, tq, dtype=torch.bool, device=q.device)
-        kv_mask = ~key_mask[:, None, None, :]
+    @staticmethod
+    def te_inputs(q, k, v, key_mask):
+        """(B, H, T, D) -> TE's sbhd layout (T, B, H, D), keys packed, and its (query, key) masks."""
+        k, v, key_mask = pack_valid_keys(k, v, key_mask)
+        q_mask = torch.zeros(q.shape[0], 1, 1, q.shape[2], dtype=torch.bool, device=q.device)
         q, k, v = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, v))
-        out = self.attn(q, k, v, attention_mask=(q_mask, kv_mask), attn_mask_type=self.mask_type)
-        return out.view(tq, b, h, d).permute(1, 2, 0, 3)
+        return q, k, v, (q_mask, ~key_mask[:, None, None, :])
+
+    def forward(self, q, k, v, key_mask):
+        b, h, tq, d = q.shape
+        q, k, v, masks = self.te_inputs(q, k, v, key_mask)
+        out = self.attn(q, k, v, attention_mask=masks, attn_mask_type=self.mask_type)
+        return out.view(tq, b, h, d).permute(1, 2, 0, 3)  # (Tq, B, H*D) -> (B, H, Tq, D)
 
 
 def dit_block_spec(te: bool) -> ModuleSpec:

@@ -62,6 +62,19 @@ def build_text_encoder(cfg: TextEncoderConfig, checkpoint: str | None = None) ->
     return T5Gemma2TextEncoder(t5gemma2_text_config(cfg))
 
 
+def scaled_word_embedding(embed: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """What transformers' T5Gemma2TextScaledWordEmbedding computes, without a host sync.
+
+    transformers writes the end-of-image embedding through a boolean mask
+    (`emb[ids == eoi] = ...`): an index_put that runs nonzero() on the GPU and makes the host
+    wait for it every step. Text rarely holds that token, but a tokenizer can emit it, so the
+    same rows are selected with torch.where instead: same values, static shapes.
+    """
+    emb = nn.Embedding.forward(embed, ids) * embed.embed_scale.to(embed.weight.dtype)
+    is_eoi = (ids == embed.eoi_token_index)[..., None]
+    return torch.where(is_eoi, embed.eoi_embedding.to(emb.dtype), emb)
+
+
 def check_checkpoint_size(cfg: TextEncoderConfig, model: nn.Module) -> None:
     config = model.config
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
@@ -111,6 +124,11 @@ class TextEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         dtype = self.compute_dtype(mask.device)
+        masks = self.attention_masks(mask, dtype)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            out = self.encoder(input_ids=ids, attention_mask=self.attention_masks(mask, dtype))
+            if self.family == "t5":
+                out = self.encoder(input_ids=ids, attention_mask=masks)
+            else:
+                embeds = scaled_word_embedding(self.encoder.embed_tokens, ids)
+                out = self.encoder(inputs_embeds=embeds, attention_mask=masks)
         return out.last_hidden_state
