@@ -148,12 +148,17 @@ def run(
             raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
         from echobench.bench import run_benchmark
+        from echobench.distributed import exit_process
 
         record = run_benchmark(cfg, out)
-        if int(os.environ.get("RANK", 0)) != 0:
-            if record["status"] != "ok":  # a non-zero exit makes torchrun stop the other ranks
-                raise typer.Exit(1)
-            return
+        if int(os.environ.get("RANK", 0)) == 0:
+            print_record(record)
+            console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+        # A non-zero exit makes torchrun stop the other ranks.
+        exit_process(0 if record["status"] == "ok" else 1)
+        if record["status"] != "ok":
+            raise typer.Exit(1)
+        return
     print_record(record)
     console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
     if record["status"] != "ok" or code:

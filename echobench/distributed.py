@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +71,17 @@ def all_gather_object(obj, info: DistInfo) -> list:
     return out
 
 
+_group_ended = False  # this process formed a process group, and shutdown() ended it
+
+
 def shutdown(abort: bool = False) -> None:
     """Ends the process group. A rank that failed aborts it instead: its peers may sit in a
     collective it will never join, and a graceful destroy can wait on them (NCCL flushes pending
     work); an abort closes the connections, so the peers fail now, not at the collective timeout."""
+    global _group_ended
     if not dist.is_initialized():
         return
+    _group_ended = True
     if abort:
         try:  # a private API (torch 2.13 has it, for gloo and NCCL): destroy where it is missing
             from torch.distributed.distributed_c10d import _abort_process_group
@@ -84,3 +91,21 @@ def shutdown(abort: bool = False) -> None:
         except (ImportError, RuntimeError, ValueError):
             pass
     dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """Ends a process that had a process group without Python's interpreter teardown (output
+    flushed first); returns in one that had none.
+
+    A gloo worker thread may still be dropping the tensors of the last collective when Python
+    finalises; it then needs the GIL, cannot have it, and aborts the process ("terminate called
+    without an active exception", a known torch race: the group outlives destroy_process_group
+    while DDP's reducer or FSDP's state still holds it). The record is written by then, but
+    torchrun would report the run as failed.
+    """
+    if not _group_ended:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -129,6 +129,27 @@ def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
     assert record["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
 
 
+EXIT_PROCESS = """
+import atexit, torch.distributed as dist
+from echobench.distributed import exit_process, shutdown
+exit_process(5)  # no group yet: returns
+atexit.register(lambda: print("teardown ran"))
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+shutdown()
+print("record written", end="")  # unflushed: exit_process must flush it
+exit_process(3)
+"""
+
+
+def test_a_process_that_had_a_group_exits_without_interpreter_teardown():
+    """A gloo worker thread can abort Python's teardown (distributed.exit_process says why): a
+    worker that had a process group leaves by os._exit, its output flushed, with its own code."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROCESS], capture_output=True, text=True, env=cli_env(),
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stdout == "record written"  # flushed, and no atexit handler ran
+
+
 def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):
     assert "fail_at_step=-2" in one_line_error(cli("run", "--fail-at-step", "-2", "--out", tmp_path / "x"))
 

@@ -20,6 +20,7 @@ def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, 
     n = len(step_times)
     return {"rank": rank, "hostname": "h", "step_times_s": step_times,
             "median_step_time_s": statistics.median(step_times), "data_wait_s": [0.0] * n, "data_wait_frac": 0.0,
+            "data_wait_clock": "host", "breakdown": None,
             "samples": samples_per_step * n, "model_flops": int(flops_per_sample * samples_per_step * n),
             "hardware_flops": int(flops_per_sample * samples_per_step * n), "audio_frames": 50 * samples_per_step * n,
             "losses": [1.0] * n, "skipped_samples": 0, "memory": memory or {"peak_rss_gib": 1.0},
