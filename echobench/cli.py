@@ -677,8 +677,9 @@ def status(
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
-                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"), "-" if r.get("mfu") is None else f"{r['mfu']:.2%}",
-                      fmt(r.get("peak_mem_gib"), ".2f"), esc((r.get("error") or "")[:160]))
+                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
+                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"),
+                      esc((r.get("error") or "")[:160]))
     console.print(table)
     console.print(esc(state_counts(r["state"] for r in rows) or "no runs"))
     if paths:
