@@ -559,16 +559,17 @@ def plan(
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours."""
-    from echobench import sweep as sw
+    from echobench import plan as pl
+    from echobench.sweep import run_dir
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
-    sweep_dir = (out or sw.default_out(matrix)).resolve()
     if script is not None:
         run = the_plan.by_id(script)
         if run is None:
             fail(f"no run {script!r} in {matrix_path}: `echobench plan {matrix_path}` lists the run ids")
         try:
-            print(sw.render_job_script(run, sw.run_dir(sweep_dir, run.id), matrix, executor), end="")
+            sweep_dir = (out or pl.default_out(matrix)).resolve()
+            print(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
         except ValueError as exc:
             fail(str(exc))
         return
@@ -576,43 +577,31 @@ def plan(
     from echobench.memory import device_memory_gib
 
     capacity = device_memory_gib(hw.memory_gib, hw.device)
-    limit_h = sw.time_limit_s(matrix, executor) / 3600
-    table = Table(title=f"{matrix.name}: {len(the_plan.runs)} runs ({executor}; time limit {limit_h:.2f} h per run; "
-                        f"device memory {gib(capacity)} GiB)")
-    table.add_column("run id", no_wrap=True)
-    for col in ("tp x dp", "mb / global", "mem GiB", "fits", "GPU-h est", "GPU-h limit"):
-        table.add_column(col, justify="right")
-    est_total, limit_total, rows = 0.0, 0.0, []
-    for run in the_plan.runs:
-        c = run.cfg
-        est = sw.estimated_seconds(run, matrix)
-        est_h = None if est is None else est / 3600 * c.world_size
-        est_total += est_h or 0
-        run_limit_h = sw.time_limit_s(matrix, executor, run) / 3600
-        limit_total += run_limit_h * c.world_size
-        fits = {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits]
-        peak, peak_source = sw.planned_peak(run, matrix)
-        rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
-                     "peak_tflops": peak, "peak_source": peak_source,
-                     "gpu_hours_estimate": est_h, "gpu_hours_limit": run_limit_h * c.world_size})
-        table.add_row(run.id, f"{c.tp} x {c.dp}",
-                      f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib), fits,
-                      "-" if est_h is None else f"{est_h:.2f}", f"{run_limit_h * c.world_size:.2f}")
-    no_peak = sw.peak_note(the_plan.runs, matrix, executor)
+    rows, no_peak = pl.plan_rows(the_plan, executor), pl.peak_note(the_plan.runs, matrix, executor)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
                           "no_peak": no_peak,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
+    limit_h = pl.time_limit_s(matrix, executor) / 3600
+    table = Table(title=f"{matrix.name}: {len(the_plan.runs)} runs ({executor}; time limit {limit_h:.2f} h per run; "
+                        f"device memory {gib(capacity)} GiB)")
+    table.add_column("run id", no_wrap=True)
+    for col in ("tp x dp", "mb / global", "mem GiB", "fits", "GPU-h est", "GPU-h limit"):
+        table.add_column(col, justify="right")
+    for run, row in zip(the_plan.runs, rows):
+        c, est_h = run.cfg, row["gpu_hours_estimate"]
+        table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib),
+                      {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], "-" if est_h is None else f"{est_h:.2f}",
+                      f"{row['gpu_hours_limit']:.2f}")
     console.print(table)
-    keys = sw.varying_keys(the_plan)
     if the_plan.skipped:
         skipped = Table(title=f"skipped: {len(the_plan.skipped)}")
         skipped.add_column("settings")
         skipped.add_column("reason")
         for s in the_plan.skipped:
-            skipped.add_row(esc(" ".join(f"{k}={s.settings.get(k)}" for k in keys if k in s.settings)), esc(s.reason))
+            skipped.add_row(esc(pl.settings_label(the_plan, s.settings)), esc(s.reason))
         console.print(skipped)
     too_big = [r for r in the_plan.runs if r.fits is False]
     console.print(f"{len(the_plan.runs)} runs, {len(the_plan.skipped)} skipped, {the_plan.excluded} excluded"
@@ -620,7 +609,8 @@ def plan(
                   + (f"; {len(too_big)} would not fit in {gib(capacity)} GiB (sweep skips them unless --force)"
                      if too_big else ""))
     if the_plan.runs:
-        console.print(f"GPU-hours: {limit_total:.2f} at most (time limits), "
+        est_total = sum(r["gpu_hours_estimate"] or 0 for r in rows)
+        console.print(f"GPU-hours: {sum(r['gpu_hours_limit'] for r in rows):.2f} at most (time limits), "
                       + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
     if no_peak:
         console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
@@ -640,32 +630,20 @@ def sweep(
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results."""
     from echobench import sweep as sw
-    from echobench.matrix import MatrixError, parse_only, select
+    from echobench.matrix import MatrixError
+    from echobench.plan import default_out
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
-    if not wait and executor == "local":
-        fail("--no-wait needs --executor slurm: the local executor runs each job from this process")
     try:
-        runs = select(the_plan.runs, parse_only(only))
+        runs, skipped = sw.choose_runs(the_plan, only, force, console)
     except MatrixError as exc:
         fail(str(exc))
-    skipped = []
-    for s in the_plan.skipped:
-        settings = " ".join(f"{k}={v}" for k, v in s.settings.items() if k in sw.varying_keys(the_plan))
-        console.print(f"[dim]skipped[/] {esc(settings)}: {esc(s.reason)}", highlight=False)
-        skipped.append(sw.skipped_entry(s.settings, s.reason, s.cfg))
-    too_big = [r for r in runs if r.fits is False]
-    if too_big and not force:
-        for r in too_big:
-            why = f"needs ~{r.memory.total_gib:.1f} GiB per GPU, more than the device has (--force runs it anyway)"
-            console.print(f"[yellow]not run[/] {esc(r.id)}: {esc(why)}", highlight=False)
-            skipped.append(sw.skipped_entry(r.settings, why, r.cfg))
-        runs = [r for r in runs if r.fits is not False]
     if not runs:
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
-    opts = sw.SweepOptions(executor=executor, out=writable_dir(out or sw.default_out(matrix)), wait=wait,
-                           retry_failed=retry_failed, force=force, poll_s=poll)
     try:
+        opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
+                               retry_failed=retry_failed, force=force, poll_s=poll)
+        opts.out = writable_dir(opts.out)
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
@@ -680,54 +658,32 @@ def status(
     export: bool = typer.Option(False, "--export", help="Also write DIR/results.csv and results.parquet."),
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU, error."""
-    import time as _time
-
     from echobench import sweep as sw
-    from echobench.executors import ACTIVE
+    from echobench.console import state_counts, state_markup
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
-    plain_records = None  # a directory of records that is not a sweep
-    if not (runs_dir / sw.SWEEP_FILE).exists() and not list(runs_dir.glob("*/run.yaml")):
-        from echobench.results import load_records
-
-        records, problems = load_records([runs_dir])
-        plain_records = records
-        rows = [{"run_id": r["run_id"], "state": r["status"], "step_time_s": r.get("step_time_s"), "mfu": r.get("mfu"),
-                 "samples_per_s": r.get("samples_per_s"), "peak_mem_gib": r.get("peak_mem_gib"), "error": r.get("error")}
-                for r in records]
-        for p in problems:
-            err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
-    else:
-        while True:
-            rows = sw.refresh_status(runs_dir)
-            if not wait or not any(r["state"] in ACTIVE for r in rows):
-                break
-            _time.sleep(poll)
+    rows, problems = sw.status(runs_dir, wait, poll)
+    paths = []
+    if export:
+        writable_dir(runs_dir, f"--export into {runs_dir}")
+        paths, unreadable = sw.export_status(runs_dir, rows)
+        problems += unreadable
+    for p in problems:
+        err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
     table = Table(title=esc(f"{runs_dir}: {len(rows)} runs"))
     table.add_column("run id", no_wrap=True)
     for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB", "error"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        st = r["state"]
-        color = "green" if st == "ok" else ("cyan" if st in ACTIVE else "red")
-        table.add_row(esc(r["run_id"]), f"[{color}]{esc(st)}[/]", esc(r.get("job_id") or "-"), fmt(r.get("step_time_s"), ".4f"),
-                      fmt(r.get("samples_per_s"), ".3g"), "-" if r.get("mfu") is None else f"{r['mfu']:.2%}",
-                      fmt(r.get("peak_mem_gib"), ".2f"), esc((r.get("error") or "")[:160]))
+        table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
+                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
+                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"),
+                      esc((r.get("error") or "")[:160]))
     console.print(table)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
-    console.print(esc(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no runs"))
-    if export:
-        writable_dir(runs_dir, f"--export into {runs_dir}")
-        if plain_records is not None:
-            from echobench.results import export_table, records_frame
-
-            paths = export_table(records_frame(plain_records), runs_dir)
-            console.print(f"results: {esc(', '.join(map(str, paths)))}", highlight=False)
-        else:
-            sw.collect(runs_dir.resolve(), [runs_dir.resolve() / r["run_id"] for r in rows], console)
+    console.print(esc(state_counts(r["state"] for r in rows) or "no runs"))
+    if paths:
+        console.print(f"results: {esc(', '.join(map(str, paths)))}", highlight=False)
 
 
 def main() -> None:

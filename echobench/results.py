@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -248,8 +249,8 @@ def configuration_key(record: dict) -> str:
 
 
 def over_repeats(values) -> dict | None:
-    """Median, min, max and count of one figure over repeats (missing values left out)."""
-    values = [float(v) for v in values if v is not None and v == v]
+    """Median, min, max and count of one figure over repeats (missing and non-finite values left out)."""
+    values = [x for x in (float(v) for v in values if v is not None) if math.isfinite(x)]
     if not values:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}

@@ -33,3 +33,11 @@ def test_the_originating_failure_explains_a_multi_rank_run():
     assert originating_failure([peer, cause]) is cause
     oom = {"rank": 1, "status": "oom", "error": "rank 1: out of memory", "failed_at": 30.0}
     assert originating_failure([peer, cause, oom]) is oom
+
+
+def test_over_repeats_leaves_out_missing_and_non_finite_values():
+    from echobench.results import over_repeats
+
+    assert over_repeats([2.0, None, float("nan"), float("inf"), 4.0, float("-inf")]) == {
+        "median": 3.0, "min": 2.0, "max": 4.0, "n": 2}
+    assert over_repeats([float("inf")]) is None

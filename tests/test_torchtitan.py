@@ -190,15 +190,29 @@ def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     assert elapsed < 300, f"took {elapsed:.0f} s"  # mostly process start-up on a loaded machine
 
 
-def test_compiled_tiny_run_completes(cli, tmp_path, monkeypatch):
+def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, monkeypatch):
+    """--compile: a run in this process (as `echobench run` without --nproc), so that dynamo's own
+    counters show each block kind was captured as a graph, not only that the flag was set."""
+    from torch._dynamo.utils import counters
+
+    from echobench.bench import run_benchmark
+
     # A shared inductor cache makes reruns cheap (a cold compile of the two block kinds: minutes here).
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
-    out = tmp_path / "compile"
-    proc = cli("run", *SHAPE, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "2", "--compile",
-               "--out", out, timeout=900)
-    r = record(out)
-    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
-    assert r["compile"] is True and r["backend"]["compile"] is True and r["mfu"] > 0
+    cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=2,
+                    warmup_steps=1, micro_batch=2, compile=True, device="cpu")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        r = run_benchmark(cfg, tmp_path)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert r["status"] == "ok", r["error"]
+    assert r["compile"] is True and r["mfu"] > 0
+    # One graph per block kind (speaker-encoder block, DiT block): the blocks of a kind share it
+    # (more would mean a recompile per block).
+    assert graphs == 2, dict(counters["stats"])
 
 
 # fp8 shapes the float8 rule admits on the tiny model: rows 2 x 48 audio frames, 2 x 16 text
@@ -220,7 +234,7 @@ def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
     assert "dit.blocks.0.mlp.gate" in skipped and "multiples of 16" in skipped["dit.blocks.0.mlp.gate"]
     assert "no token axis" in skipped["dit.blocks.0.adaln.down"] and "dit.time_embed.fc1" in skipped
     assert r["backend"]["float8_linears"] > 20
-    assert all(x == x for x in r["losses"])  # finite
+    assert all(math.isfinite(x) for x in r["losses"])
 
 
 def test_fp8_shape_that_cannot_run_is_refused_before_launch(cli, tmp_path):

@@ -6,17 +6,28 @@
     RUN_DIR/logs/         the job's output
     RUN_DIR/job-state     written by the job itself: "running ID TIME", then "exited ID RC TIME"
     RUN_DIR/result.json   the record: written by the run, or by the sweep when the job died first
+    RUN_DIR/plan.json     what the plan said: memory estimate, time limit
+    RUN_DIR/attempts/N/   an earlier attempt's record, job-state and logs (`archive_attempt`)
 
 A job's state is read from its own files first, then from the scheduler; a job that ended
 without a record gets one here (`finish_without_record`), with the log tail as its error.
+What a sweep asks of an executor is the `Executor` protocol; `make_executor` picks one by name.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from echobench.results import read_record, stub_record, write_record
+import yaml
+
+from echobench.plan import time_limit
+from echobench.results import read_record, stub_record, write_json_atomic, write_record
+
+if TYPE_CHECKING:
+    from echobench.matrix import Matrix, PlannedRun
 
 ACTIVE = ("pending", "running")
 
@@ -26,6 +37,44 @@ class JobState:
     state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, node_fail, oom, error)
     detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
     exit_code: int | None = None
+
+
+class Executor(Protocol):
+    """How a sweep's runs get run (echobench.sweep needs no more than this)."""
+
+    name: str  # local | slurm: the matrix's `executor`, kept in sweep.json for `echobench status`
+    max_active: int | None  # jobs at once: 1 on this machine; None for a scheduler, which queues them all
+    poll_s: float  # seconds between state checks, unless --poll says otherwise
+
+    def job_script(self, run: PlannedRun, run_dir: Path, matrix: Matrix, time_limit: str) -> str:
+        """The exact RUN_DIR/job.sh of a run (`echobench plan --script` prints it)."""
+
+    def calibrate(self, sweep_dir: Path, matrix: Matrix, device: str, log: Callable[[str], None]) -> None:
+        """Runs without a peak are to be submitted: measure the GEMM rate where they will run, once per
+        sweep, into SWEEP/cache. Raises ValueError when that cannot start (before any run is submitted)."""
+
+    def submit(self, run: PlannedRun, run_dir: Path, time_limit_s: int) -> str:
+        """Starts or queues RUN_DIR/job.sh; returns the job id. Raises when the job is refused."""
+
+    def state(self, job_id: str, run_dir: Path) -> JobState:
+        """The job's state now: from its own files first, then from whoever runs it."""
+
+    def cancel_all(self) -> list[str]:
+        """Ctrl-C: stops the jobs that must not outlive this process; returns their ids."""
+
+    def detach_message(self) -> str:
+        """What Ctrl-C leaves running and how to follow it ("" when nothing)."""
+
+
+def make_executor(name: str, matrix: Matrix | None = None) -> Executor:
+    if name == "slurm":
+        from echobench.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    from echobench.executors.local import LocalExecutor
+
+    # The matrix's env applies to local runs too (as process environment: no shell involved).
+    return LocalExecutor(dict(matrix.spec.slurm.env) if matrix is not None else {})
 
 
 def read_job_state(run_dir: Path, job_id: str) -> JobState | None:
@@ -64,6 +113,33 @@ def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
     verdict = [line for line in all_lines if "***" in line][-1:]
     kept = verdict + [line for line in all_lines[-lines:] if line not in verdict]
     return " | ".join(kept)[:limit]
+
+
+def archive_attempt(rd: Path, attempt: int) -> None:
+    """Moves an earlier attempt's record, status and logs aside: nothing measured is lost."""
+    names = ["result.json", "result.json.corrupt", "job-state", "logs", "ranks"]
+    if not any((rd / n).exists() for n in names):
+        return
+    dest = rd / "attempts" / str(attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        if (rd / n).exists():
+            shutil.move(str(rd / n), str(dest / n))
+
+
+def write_run_files(run: PlannedRun, rd: Path, matrix: Matrix, executor: Executor) -> None:
+    """RUN_DIR/run.yaml, job.sh and plan.json of a new attempt (logs/ for the job's output)."""
+    limit = time_limit(matrix, executor.name, run)
+    rd.mkdir(parents=True, exist_ok=True)
+    (rd / "logs").mkdir(exist_ok=True)
+    (rd / "run.yaml").write_text(yaml.safe_dump(run.cfg.to_dict(), sort_keys=False))
+    (rd / "job.sh").write_text(executor.job_script(run, rd, matrix, limit))
+    # What the plan said about this run (the report shows the estimate beside the measured peak).
+    write_json_atomic(rd / "plan.json", {
+        "run_id": run.id, "matrix": matrix.name, "executor": executor.name, "time_limit": limit,
+        "memory_estimate_gib": run.memory.total_gib if run.memory else None,
+        "memory_estimate": run.memory.as_gib() if run.memory else None, "fits": run.fits,
+    })
 
 
 class CorruptRecord(ValueError):

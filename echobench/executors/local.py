@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from echobench.console import esc
 from echobench.executors import JobState
 
 KILL_GRACE_S = 30
@@ -101,13 +102,37 @@ def job_alive(job_id: str, run_dir: Path) -> bool:
     return str(run_dir / "job.sh").encode() in cmdline
 
 
+def calibrate_here(sweep_dir: Path, device: str, log) -> Path:
+    """`echobench calibrate` on this machine, once per sweep: its GEMM rate into SWEEP/cache, the
+    peak of runs without one (CPU devices have no datasheet peak). Returns the cache directory."""
+    cache = sweep_dir / "cache"
+    if list((cache / "calibration").glob("*.json")):
+        return cache
+    log("no peak_tflops in the matrix: running `echobench calibrate` once for this sweep")
+    env = {**os.environ, "ECHOBENCH_CACHE": str(cache)}
+    env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(sweep_dir / "calibrate.log", "w") as out:
+        code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
+                               stderr=subprocess.STDOUT, env=env)
+    if code != 0:
+        log(f"[red]calibration failed[/] (see {esc(sweep_dir / 'calibrate.log')}); runs without a peak will fail")
+    return cache
+
+
 class LocalExecutor:
     name = "local"
     max_active = 1  # one run at a time: runs on one machine must not share it
+    poll_s = 1.0
 
     def __init__(self, env: dict | None = None):
         self.env = env or {}
         self.jobs: dict[str, tuple[subprocess.Popen, float, int, Path]] = {}
+
+    def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
+        return render_local_script(run.cfg, run_dir)  # the time limit is kept by this process (state)
+
+    def calibrate(self, sweep_dir: Path, matrix, device: str, log) -> None:
+        self.env["ECHOBENCH_CACHE"] = str(calibrate_here(sweep_dir, device, log))
 
     def submit(self, run, run_dir: Path, time_limit_s: int) -> str:
         log = open(run_dir / "logs" / "local.log", "ab")

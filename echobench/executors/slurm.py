@@ -149,10 +149,41 @@ class SlurmError(RuntimeError):
 class SlurmExecutor:
     name = "slurm"
     max_active = None  # the scheduler queues them
+    poll_s = 5.0
 
     def __init__(self):
         self.accounting: bool | None = None  # unknown until sacct has been tried
         self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
+
+    def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
+        env = dict(matrix.spec.slurm.env)
+        if run.cfg.peak_tflops is None:  # where the sweep's calibration job writes (calibrate)
+            env.setdefault("ECHOBENCH_CACHE", str(run_dir.parent.resolve() / "cache"))
+        return render_script(run.cfg, run_dir, matrix.spec.slurm.model_copy(update={"time": time_limit, "env": env}))
+
+    def calibrate(self, sweep_dir: Path, matrix, device: str, log) -> None:
+        """One calibration job on a compute node (the login node's device says nothing about the
+        nodes'), which the runs without a peak then wait for; none when hardware.device names a
+        device with a datasheet peak, or when the sweep has calibrated already."""
+        from echobench.console import esc
+
+        if list((sweep_dir / "cache" / "calibration").glob("*.json")):
+            return
+        if device_name := matrix.spec.hardware.device:
+            from echobench.hardware import table_peak  # imports torch: only when asked
+
+            if table_peak(device_name):
+                return
+        script = sweep_dir / "calibrate.sh"
+        script.write_text(render_calibration_script(sweep_dir, matrix.spec.slurm, device))
+        (sweep_dir / "logs").mkdir(exist_ok=True)
+        try:
+            self.calibration = self.sbatch(script, "the calibration job")
+        except SlurmError as exc:
+            raise ValueError(f"{exc}; nothing submitted (or set hardware.peak_tflops in the matrix)") from None
+        job = esc(self.calibration)
+        log(f"no peak_tflops in the matrix: calibrating once on a compute node (job {job}, "
+            f"log {esc(sweep_dir / 'logs')}/calibrate-{job}.out); the runs without a peak wait for it")
 
     def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
         # The time limit is in the script (#SBATCH --time).

@@ -1,0 +1,99 @@
+"""`echobench plan`: what a matrix's runs will take before any runs. Time limits, the peak each
+run's MFU will use as far as the plan can tell, GPU-hour estimates and limits, and the settings
+that tell the runs apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from echobench.matrix import Matrix, Plan, PlannedRun, parse_time
+
+STARTUP_S = 120  # per job, for the GPU-hours estimate: allocation, imports, model build
+COMPILE_S = 60
+
+
+def default_out(matrix: Matrix) -> Path:
+    return Path("runs") / matrix.name
+
+
+def time_limit(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> str:
+    if run is not None and run.time_limit:
+        return run.time_limit
+    return matrix.spec.slurm.time if executor == "slurm" else matrix.spec.local.time
+
+
+def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> int:
+    return parse_time(time_limit(matrix, executor, run))
+
+
+def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
+    """The peak TFLOP/s a run will use as far as the plan can tell, and where it comes from: the
+    matrix, else the datasheet entry of hardware.device; (None, None) when only the node can tell."""
+    if run.cfg.peak_tflops is not None:
+        return run.cfg.peak_tflops, "matrix"
+    device = matrix.spec.hardware.device
+    if device:
+        from echobench.hardware import table_peak  # imports torch: only when asked
+
+        if hit := table_peak(device):
+            return hit[0], hit[1]
+    return None, None
+
+
+def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
+    """Which runs have no peak in the plan, and where theirs will come from."""
+    missing = [r.id for r in runs if planned_peak(r, matrix)[0] is None]
+    if not missing:
+        return None
+    which = f"all {len(runs)} runs" if len(missing) == len(runs) else f"{len(missing)} of {len(runs)} runs ({', '.join(missing)})"
+    where = "on a compute node, in a job the runs wait for" if executor == "slurm" else "on this machine"
+    return (f"no peak known for {which}: each takes its node's datasheet peak when the device is in the table, "
+            f"else the GEMM rate the sweep calibrates once {where} (SWEEP/cache); "
+            f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
+
+
+def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
+    """Startup plus all steps at the matrix's assumed MFU; None without a known peak."""
+    from echobench.flops import hardware_flops, model_flops
+    hw = matrix.spec.hardware
+    peak = planned_peak(run, matrix)[0]
+    if peak is None:
+        return None
+    cfg = run.cfg
+    model = cfg.model_config()
+    per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
+    work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
+    return STARTUP_S + (COMPILE_S if cfg.compile else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
+
+
+def plan_rows(plan: Plan, executor: str) -> list[dict]:
+    """One row per run (`plan --json`): settings, memory estimate, whether it fits, the planned
+    peak, GPU-hours estimated (None without a peak) and at most (its time limit)."""
+    rows = []
+    for run in plan.runs:
+        est, gpus = estimated_seconds(run, plan.matrix), run.cfg.world_size
+        peak, peak_source = planned_peak(run, plan.matrix)
+        rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
+                     "peak_tflops": peak, "peak_source": peak_source,
+                     "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
+                     "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus})
+    return rows
+
+
+def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) -> str:
+    """`plan --script`: the exact job.sh the sweep would write into `rd`."""
+    from echobench.executors import make_executor
+
+    return make_executor(executor, matrix).job_script(run, rd, matrix, time_limit(matrix, executor, run))
+
+
+def varying_keys(plan: Plan) -> list[str]:
+    keys = list(plan.matrix.axes)
+    for inc in plan.matrix.include:
+        keys += [k for k in inc if k not in keys]
+    return keys
+
+
+def settings_label(plan: Plan, settings: dict) -> str:
+    """A skipped combination by the settings that tell the matrix's runs apart."""
+    return " ".join(f"{k}={settings[k]}" for k in varying_keys(plan) if k in settings)
