@@ -41,24 +41,25 @@ def perturbed_plain_dit(seed: int = 0) -> EchoDiT:
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_state_dict_round_trip_is_exact(tp):
-    from echobench.model.megatron import from_tp_state_dicts, to_tp_state_dict
+    from echobench.model.megatron import TPStateDictAdapter
 
+    adapter = TPStateDictAdapter(tp)
     plain = perturbed_plain_dit().state_dict()
-    shards = [to_tp_state_dict(plain, r, tp) for r in range(tp)]
+    shards = [adapter.to_tp(plain, r) for r in range(tp)]
     # Sharded weights hold 1/tp of the rows (column-parallel) or columns (row-parallel).
-    qkvg = shards[0]["blocks.0.attention.linear_qkvg.weight"]
+    qkvg = shards[0]["blocks.0.attn.linear_qkvg.weight"]
     assert qkvg.shape == (4 * 64 // tp, 64)
-    assert shards[0]["blocks.0.attention.linear_proj.weight"].shape == (64, 64 // tp)
+    assert shards[0]["blocks.0.attn.linear_proj.weight"].shape == (64, 64 // tp)
     assert shards[0]["blocks.1.mlp.linear_fc1.weight"].shape == (2 * 172 // tp, 64)
     # Rank r's fused q rows are the plain q rows of its heads.
     rows = 64 // tp
-    assert torch.equal(shards[-1]["blocks.0.attention.linear_qkvg.weight"][:rows],
+    assert torch.equal(shards[-1]["blocks.0.attn.linear_qkvg.weight"][:rows],
                        plain["blocks.0.attn.wq.weight"][(tp - 1) * rows:])
-    back = from_tp_state_dicts(shards)
+    back = adapter.from_tp(shards)
     assert set(back) == set(plain)
     assert all(torch.equal(back[k], plain[k]) for k in plain)
     # ... and the other direction: shards -> plain -> shards.
-    again = [to_tp_state_dict(back, r, tp) for r in range(tp)]
+    again = [adapter.to_tp(back, r) for r in range(tp)]
     assert all(torch.equal(a[k], s[k]) for a, s in zip(again, shards) for k in s)
 
 
@@ -131,10 +132,9 @@ def _tp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     from megatron.core import parallel_state
 
     from echobench.model.echo import EchoTTS
-    from echobench.model.megatron import (
-        allreduce_partial_grads, build_tp_dit, from_tp_state_dicts, tp_grad_norm, tp_partial_grad_params,
-        tp_state_dict,
-    )
+    from echobench.backends.megatron import allreduce_partial_grads, tp_grad_norm, tp_partial_grad_params
+    from echobench.model.dit import DiTBlock, joint_attention
+    from echobench.model.megatron import TPStateDictAdapter, build_tp_dit, tp_state_dict
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     group = parallel_state.get_tensor_model_parallel_group()
@@ -170,10 +170,10 @@ def _tp_worker(rank: int, world: int, port: int, out_path: str) -> None:
     dist.all_gather_object(all_weights, tp_state_dict(tp_model.dit))
     if rank == 0:
         plain_grads = {name: p.grad for name, p in plain.dit.named_parameters()}
-        gathered = from_tp_state_dicts(all_grads)
+        gathered = TPStateDictAdapter(world).from_tp(all_grads)
         grad_err = {k: (gathered[k] - plain_grads[k]).abs().max().item() for k in plain_grads
                     if not torch.allclose(gathered[k], plain_grads[k], rtol=GRAD_RTOL, atol=GRAD_ATOL)}
-        weights_back = from_tp_state_dicts(all_weights)
+        weights_back = TPStateDictAdapter(world).from_tp(all_weights)
         result = {
             "loss": [float(x) for x in losses],
             "out_max_err": (outputs[0] - outputs[1]).abs().max().item(),
@@ -182,6 +182,9 @@ def _tp_worker(rank: int, world: int, port: int, out_path: str) -> None:
             "grad_keys_match": set(gathered) == set(plain_grads),
             "norms": [float(plain_norm), float(tp_norm)],
             "weights_exact": all(torch.equal(weights_back[k], v) for k, v in plain.dit.state_dict().items()),
+            # One block forward for both: the TP blocks are the plain DiTBlock given megatron's layers.
+            "same_block": all(type(blk) is DiTBlock and type(blk.attn).forward is joint_attention
+                              for dit in (plain.dit, tp_model.dit) for blk in dit.blocks),
         }
         with open(out_path, "w") as f:
             json.dump(result, f)
@@ -196,6 +199,7 @@ def test_tp2_matches_plain_model(tmp_path):
     mp.spawn(_tp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
     r = json.loads(out.read_text())
     assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
+    assert r["same_block"]
     assert r["out_close"], f"DiT output differs by {r['out_max_err']}"
     assert r["loss"][1] == pytest.approx(r["loss"][0], rel=OUT_RTOL, abs=OUT_ATOL)
     assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]

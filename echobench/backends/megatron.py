@@ -120,9 +120,47 @@ def versions() -> dict:
     return out
 
 
+def tp_partial_grad_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Replicated parameters whose gradient on each TP rank covers only that rank's share: the
+    TP model marks them (per-head QK-norms; block norms under sequence parallelism)."""
+    from echobench.model.megatron import PARTIAL_GRAD
+
+    return [p for p in model.parameters() if p.requires_grad and getattr(p, PARTIAL_GRAD, False)]
+
+
+def allreduce_partial_grads(params: list[torch.nn.Parameter], group) -> None:
+    """Sums the partial gradients of `params` over the TP group (one flat all-reduce)."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(synced.view_as(g))
+
+
+def tp_grad_norm(params: list[torch.nn.Parameter], group) -> torch.Tensor:
+    """Global L2 norm of the gradients of a TP model, each element counted once.
+
+    Sharded parameters (megatron marks them `tensor_model_parallel`) contribute from every
+    rank; replicated ones only from TP rank 0 (megatron's param_is_not_tensor_parallel_duplicate).
+    """
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    grads = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p, group)]
+    sq = torch.zeros((), device=params[0].device, dtype=torch.float32)
+    for g in grads:
+        sq = sq + g.detach().float().pow(2).sum()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sq, group=group)
+    return sq.sqrt()
+
+
 def tp_clip_grad(params: list[torch.nn.Parameter], partial: list[torch.nn.Parameter], group, max_norm: float):
     """TP-aware clipping: sum partial gradients over the TP group, then clip by the global norm."""
-    from echobench.model.megatron import allreduce_partial_grads, tp_grad_norm
 
     def clip() -> torch.Tensor:
         allreduce_partial_grads(partial, group)
@@ -147,7 +185,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     from megatron.core import parallel_state
 
     from echobench.backends.torchtitan import RECOMPUTE, apply_ac, apply_compile, build_model, build_optimizer
-    from echobench.model.megatron import build_tp_dit, tp_partial_grad_params
+    from echobench.model.megatron import build_tp_dit
 
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
     # is then replaced by the TP DiT holding this rank's shards of the same weights.

@@ -82,7 +82,11 @@ class LowRankAdaLN(nn.Module):
         nn.init.zeros_(self.up.bias)
 
     def forward(self, cond: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.up(self.down(F.silu(cond))).unsqueeze(1).chunk(self.n_chunks, dim=-1)
+        return self.split(self.up(self.down(F.silu(cond))))
+
+    def split(self, mods: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(B, n_chunks * width) -> n_chunks modulations (B, 1, width) for (B, T, width) activations."""
+        return mods.unsqueeze(1).chunk(self.n_chunks, dim=-1)
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -102,16 +106,15 @@ class GatedMLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, T, H*D) -> (B, H, T, D)"""
-    b, t, _ = x.shape
-    return x.view(b, t, heads, -1).transpose(1, 2)
+def split_heads(x: torch.Tensor, heads: int, seq_first: bool = False) -> torch.Tensor:
+    """(B, T, H*D), or (T, B, H*D) when seq_first -> (B, H, T, D)"""
+    x = x.unflatten(-1, (heads, -1))
+    return x.permute(1, 2, 0, 3) if seq_first else x.transpose(1, 2)
 
 
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, D) -> (B, T, H*D)"""
-    b, h, t, d = x.shape
-    return x.transpose(1, 2).reshape(b, t, h * d)
+def merge_heads(x: torch.Tensor, seq_first: bool = False) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H*D), or (T, B, H*D) when seq_first"""
+    return (x.permute(2, 0, 1, 3) if seq_first else x.transpose(1, 2)).flatten(-2)
 
 
 def attention(q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
@@ -120,19 +123,27 @@ def attention(q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-class SelfAttention(nn.Module):
-    """Plain bidirectional self-attention with QK-norm and RoPE (speaker encoder)."""
+class QKNormAttention(nn.Module):
+    """What every attention of the plain model starts with: q / k / v projections of `width` and
+    a per-head QK-norm (the speaker encoder's self-attention, the DiT's joint attention).
+
+    Each subclass makes its own output projection `wo` after its other layers: layers draw their
+    initial weights in the order they are made, and this order keeps a seed's weights unchanged.
+    """
 
     def __init__(self, width: int, heads: int, eps: float = 1e-6):
         super().__init__()
         self.heads = heads
-        head_dim = width // heads
-        self.wq = nn.Linear(width, width, bias=False)
-        self.wk = nn.Linear(width, width, bias=False)
-        self.wv = nn.Linear(width, width, bias=False)
+        self.wq, self.wk, self.wv = (nn.Linear(width, width, bias=False) for _ in range(3))
+        self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+
+
+class SelfAttention(QKNormAttention):
+    """Plain bidirectional self-attention with QK-norm and RoPE (speaker encoder)."""
+
+    def __init__(self, width: int, heads: int, eps: float = 1e-6):
+        super().__init__(width, heads, eps)
         self.wo = nn.Linear(width, width, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
 
     def forward(self, x, freqs, mask):
         q = apply_rope(self.q_norm(split_heads(self.wq(x), self.heads)), freqs)

@@ -1,14 +1,23 @@
-"""The Echo diffusion transformer: DiT blocks with joint self + cross attention."""
+"""The Echo diffusion transformer: DiT blocks with joint self + cross attention.
+
+The block's forward is written once, for any layers: a block is built from a BlockLayers (the
+layer-spec idea of megatron-core, without megatron), and the joint attention's math is one
+function over the layers it is given. The plain layers are here; model/megatron.py gives
+megatron-core's tensor-parallel ones to the same block.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from echobench.model.components import (
     GatedMLP,
     LowRankAdaLN,
+    QKNormAttention,
     RMSNorm,
     TimestepEmbedding,
     apply_rope,
@@ -21,54 +30,83 @@ from echobench.model.components import (
 from echobench.model.config import EchoConfig
 
 
-class JointAttention(nn.Module):
+def joint_attention(attn: nn.Module, x, text, speaker, freqs, key_mask):
     """Latent queries attend to [latent; text; speaker] keys and values in one softmax.
 
-    q / k / v / gate come from the latent stream, text keys and values from the
-    projected text stream (width), speaker keys and values from the speaker encoder
-    output (speaker_width). QK-norm per head; RoPE on the latent queries and keys.
-    The output is gated by sigmoid(gate(x)) before the output projection.
+    The math of every joint attention, plain or tensor-parallel; `attn` gives the layers:
+    project(x, text, speaker) -> (q, k, v, gate), (k, v) of text, (k, v) of speaker, in x's layout;
+    q_norm / k_norm (per head); attend(q, k, v, key_mask) on (B, H, T, D); out(x); and `heads`
+    (its number of heads), `seq_first` (activations (T, B, W) rather than (B, T, W)).
+    QK-norm per head, shared by the three key streams; RoPE on the latent queries and keys; the
+    output gated by sigmoid(gate) before the output projection.
     """
+    (q, k, v, gate), (k_text, v_text), (k_spk, v_spk) = attn.project(x, text, speaker)
+
+    def heads(t):
+        return split_heads(t, attn.heads, attn.seq_first)
+
+    q = apply_rope(attn.q_norm(heads(q)), freqs)
+    k = torch.cat([apply_rope(attn.k_norm(heads(k)), freqs), attn.k_norm(heads(k_text)), attn.k_norm(heads(k_spk))],
+                  dim=2)
+    v = torch.cat([heads(v), heads(v_text), heads(v_spk)], dim=2)
+    out = merge_heads(attn.attend(q, k, v, key_mask), attn.seq_first)
+    return attn.out(out * torch.sigmoid(gate))
+
+
+class JointAttention(QKNormAttention):
+    """joint_attention on plain linears: q / k / v / gate from the latent stream, text keys and
+    values from the projected text stream (width), speaker keys and values from the speaker
+    encoder output (speaker_width)."""
+
+    seq_first = False
+    forward = joint_attention
 
     def __init__(self, width: int, heads: int, speaker_width: int, eps: float = 1e-6):
-        super().__init__()
-        self.heads = heads
-        head_dim = width // heads
-        self.wq = nn.Linear(width, width, bias=False)
-        self.wk = nn.Linear(width, width, bias=False)
-        self.wv = nn.Linear(width, width, bias=False)
+        super().__init__(width, heads, eps)
         self.wgate = nn.Linear(width, width, bias=False)
         self.wk_text = nn.Linear(width, width, bias=False)
         self.wv_text = nn.Linear(width, width, bias=False)
         self.wk_speaker = nn.Linear(speaker_width, width, bias=False)
         self.wv_speaker = nn.Linear(speaker_width, width, bias=False)
         self.wo = nn.Linear(width, width, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)  # shared by the three key streams
 
-    def forward(self, x, text, speaker, freqs, key_mask):
-        h = self.heads
-        q = apply_rope(self.q_norm(split_heads(self.wq(x), h)), freqs)
-        k = apply_rope(self.k_norm(split_heads(self.wk(x), h)), freqs)
-        k_text = self.k_norm(split_heads(self.wk_text(text), h))
-        k_spk = self.k_norm(split_heads(self.wk_speaker(speaker), h))
-        k = torch.cat([k, k_text, k_spk], dim=2)
-        v = torch.cat(
-            [split_heads(self.wv(x), h), split_heads(self.wv_text(text), h), split_heads(self.wv_speaker(speaker), h)],
-            dim=2,
-        )
-        out = merge_heads(attention(q, k, v, key_mask))
-        return self.wo(out * torch.sigmoid(self.wgate(x)))
+    def project(self, x, text, speaker):
+        return ((self.wq(x), self.wk(x), self.wv(x), self.wgate(x)), (self.wk_text(text), self.wv_text(text)),
+                (self.wk_speaker(speaker), self.wv_speaker(speaker)))
+
+    def attend(self, q, k, v, key_mask):
+        return attention(q, k, v, key_mask)
+
+    def out(self, x):
+        return self.wo(x)
+
+
+@dataclass(frozen=True)
+class BlockLayers:
+    """What a DiT block is built of: each field makes one layer from the model config."""
+
+    adaln: Callable[[EchoConfig], nn.Module]  # cond -> 6 modulations that broadcast over x
+    norm: Callable[[EchoConfig], nn.Module]
+    attention: Callable[[EchoConfig], nn.Module]  # (x, text, speaker, freqs, key_mask) -> x's shape
+    mlp: Callable[[EchoConfig], nn.Module]  # x -> x's shape
+
+
+PLAIN_LAYERS = BlockLayers(
+    adaln=lambda cfg: LowRankAdaLN(cfg.width, cfg.adaln_rank, n_chunks=6),
+    norm=lambda cfg: RMSNorm(cfg.width, cfg.norm_eps),
+    attention=lambda cfg: JointAttention(cfg.width, cfg.heads, cfg.speaker_width, cfg.norm_eps),
+    mlp=lambda cfg: GatedMLP(cfg.width, cfg.mlp),
+)
 
 
 class DiTBlock(nn.Module):
-    def __init__(self, cfg: EchoConfig):
+    def __init__(self, cfg: EchoConfig, layers: BlockLayers = PLAIN_LAYERS):
         super().__init__()
-        self.adaln = LowRankAdaLN(cfg.width, cfg.adaln_rank, n_chunks=6)
-        self.attn_norm = RMSNorm(cfg.width, cfg.norm_eps)
-        self.attn = JointAttention(cfg.width, cfg.heads, cfg.speaker_width, cfg.norm_eps)
-        self.mlp_norm = RMSNorm(cfg.width, cfg.norm_eps)
-        self.mlp = GatedMLP(cfg.width, cfg.mlp)
+        self.adaln = layers.adaln(cfg)
+        self.attn_norm = layers.norm(cfg)
+        self.attn = layers.attention(cfg)
+        self.mlp_norm = layers.norm(cfg)
+        self.mlp = layers.mlp(cfg)
 
     def forward(self, x, cond, text, speaker, freqs, key_mask):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln(cond)
@@ -80,12 +118,12 @@ class DiTBlock(nn.Module):
 class EchoDiT(nn.Module):
     """Predicts the noise in a (B, T, 128) latent given time, text and speaker streams."""
 
-    def __init__(self, cfg: EchoConfig):
+    def __init__(self, cfg: EchoConfig, layers: BlockLayers = PLAIN_LAYERS):
         super().__init__()
         self.cfg = cfg
         self.in_proj = nn.Linear(cfg.latent_dim, cfg.width)
         self.time_embed = TimestepEmbedding(cfg.timestep_dim, cfg.width)
-        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(DiTBlock(cfg, layers) for _ in range(cfg.layers))
         self.out_adaln = LowRankAdaLN(cfg.width, cfg.adaln_rank, n_chunks=2)
         self.out_norm = RMSNorm(cfg.width, cfg.norm_eps)
         self.out_proj = nn.Linear(cfg.width, cfg.latent_dim)
@@ -94,8 +132,12 @@ class EchoDiT(nn.Module):
         freqs = rope_frequencies(x_t.shape[1], self.cfg.head_dim, device=x_t.device)
         key_mask = torch.cat([latent_mask, text_mask, speaker_mask], dim=1)
         cond = self.time_embed(t)
-        x = self.in_proj(x_t)
-        for block in self.blocks:
-            x = block(x, cond, text, speaker, freqs, key_mask)
+        x = self.run_blocks(self.in_proj(x_t), cond, text, speaker, freqs, key_mask)
         shift, scale = self.out_adaln(cond)
         return self.out_proj(modulate(self.out_norm(x), shift, scale))
+
+    def run_blocks(self, x, cond, text, speaker, freqs, key_mask):
+        """(B, T, W) through every block (the TP model runs them sequence-first around this)."""
+        for block in self.blocks:
+            x = block(x, cond, text, speaker, freqs, key_mask)
+        return x

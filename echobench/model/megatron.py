@@ -1,7 +1,7 @@
 """The Echo DiT built from megatron-core parallel layers: the one place that builds layers from megatron-core.
 
-It computes the same function as the plain EchoDiT (echobench/model/dit.py), with the work of
-every block split across the tensor-parallel (TP) group:
+It is the plain EchoDiT (echobench/model/dit.py), same blocks and same forward, given megatron-core's
+layers (a BlockLayers), so that the work of every block is split across the tensor-parallel (TP) group:
   - attention: q / k / v / gate fused in one ColumnParallelLinear (heads split across ranks),
     the text and speaker key/value projections column-parallel too, the output RowParallelLinear;
   - MLP: megatron-core's MLP (gate/up fused column-parallel, down row-parallel, SwiGLU);
@@ -14,20 +14,20 @@ model: TransformerEngine linear / norm / attention, or megatron-core's local lay
 SDPA attention (megatron's local DotProductAttention materialises the score matrix; SDPA is the
 fast kernel torch offers and what the plain model runs).
 
-Weights move between the plain layout and the TP shards with `to_tp_state_dict` and
-`from_tp_state_dicts` (exact inverses); the backend builds the plain model with the run's seed
-and loads its shards, so both backends start from the same weights.
+Weights move between the plain layout and the TP shards with TPStateDictAdapter (to_tp /
+from_tp, exact inverses); the backend builds the plain model with the run's seed and loads its
+shards, so both backends start from the same weights.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -39,9 +39,9 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from echobench.model.components import LowRankAdaLN, RMSNorm, TimestepEmbedding, apply_rope, rope_frequencies
+from echobench.model.components import LowRankAdaLN, RMSNorm, attention
 from echobench.model.config import EchoConfig
-from echobench.model.dit import EchoDiT
+from echobench.model.dit import BlockLayers, EchoDiT, joint_attention
 
 # ---------------------------------------------------------------------------------------------
 # Config and layer specs
@@ -84,16 +84,8 @@ class JointAttentionSubmodules:
     linear_kv_speaker: type | ModuleSpec  # column-parallel
     core_attention: type | ModuleSpec
     linear_proj: type | ModuleSpec  # row-parallel
-    q_layernorm: type | ModuleSpec
-    k_layernorm: type | ModuleSpec
-
-
-@dataclass
-class DiTBlockSubmodules:
-    attn_norm: type | ModuleSpec
-    attention: ModuleSpec
-    mlp_norm: type | ModuleSpec
-    mlp: ModuleSpec
+    q_norm: type | ModuleSpec
+    k_norm: type | ModuleSpec
 
 
 class LocalNorm(RMSNorm):
@@ -108,13 +100,13 @@ class LocalNorm(RMSNorm):
 
 
 class SDPACoreAttention(nn.Module):
-    """Bidirectional attention with a key-padding mask on (B, H, T, D) tensors (torch SDPA)."""
+    """The plain model's attention (torch SDPA) behind megatron's core-attention signature."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
 
     def forward(self, q, k, v, key_mask):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+        return attention(q, k, v, key_mask)
 
 
 def pack_valid_keys(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
@@ -162,56 +154,24 @@ class TECoreAttention(nn.Module):
         return out.view(tq, b, h, d).permute(1, 2, 0, 3)  # (Tq, B, H*D) -> (B, H, Tq, D)
 
 
-def dit_block_spec(te: bool) -> ModuleSpec:
-    """The block's layer spec: TransformerEngine kernels, or megatron-core's local layers."""
-    if te:
-        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
-
-        column, row, norm, core = TEColumnParallelLinear, TERowParallelLinear, TENorm, TECoreAttention
-    else:
-        column, row, norm, core = ColumnParallelLinear, RowParallelLinear, LocalNorm, SDPACoreAttention
-    attention = ModuleSpec(
-        module=TPJointAttention,
-        submodules=JointAttentionSubmodules(
-            linear_qkvg=column, linear_kv_text=column, linear_kv_speaker=column, core_attention=core,
-            linear_proj=row, q_layernorm=norm, k_layernorm=norm,
-        ),
-    )
-    mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=column, linear_fc2=row))
-    return ModuleSpec(module=TPDiTBlock,
-                      submodules=DiTBlockSubmodules(attn_norm=norm, attention=attention, mlp_norm=norm, mlp=mlp))
-
-
 # ---------------------------------------------------------------------------------------------
-# The model
+# The layers given to the plain DiT's blocks
 
 
 def _no_init(weight):  # weights come from the plain model's state dict
     return weight
 
 
-def to_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(T, B, H*D) -> (B, H, T, D)"""
-    t, b, _ = x.shape
-    return x.view(t, b, heads, -1).permute(1, 2, 0, 3)
-
-
-def from_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, D) -> (T, B, H*D)"""
-    b, h, t, d = x.shape
-    return x.permute(2, 0, 1, 3).reshape(t, b, h * d)
-
-
 class TPJointAttention(nn.Module):
-    """JointAttention of the plain DiT with this rank's share of the heads."""
+    """The plain joint attention (dit.joint_attention) with this rank's share of the heads."""
+
+    seq_first = True
+    forward = joint_attention
 
     def __init__(self, config: TransformerConfig, submodules: JointAttentionSubmodules, speaker_width: int):
         super().__init__()
         width = config.hidden_size
-        tp = config.tensor_model_parallel_size
-        self.local_heads = config.num_attention_heads // tp
-        self.local_width = width // tp
-        self.sequence_parallel = config.sequence_parallel
+        self.heads = config.num_attention_heads // config.tensor_model_parallel_size
 
         # The text and speaker streams stay whole under sequence parallelism: their
         # projections are plain column-parallel (no all-gather of the input).
@@ -227,188 +187,169 @@ class TPJointAttention(nn.Module):
         self.core_attention = build_module(submodules.core_attention, config)
         self.linear_proj = build_module(submodules.linear_proj, width, width, config=config, init_method=_no_init,
                                         bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False)
-        self.q_layernorm = build_module(submodules.q_layernorm, config, config.kv_channels, config.layernorm_epsilon)
-        self.k_layernorm = build_module(submodules.k_layernorm, config, config.kv_channels, config.layernorm_epsilon)
+        self.q_norm = build_module(submodules.q_norm, config, config.kv_channels, config.layernorm_epsilon)
+        self.k_norm = build_module(submodules.k_norm, config, config.kv_channels, config.layernorm_epsilon)
 
-    def forward(self, x, text, speaker, freqs, key_mask):
-        """x: (T or T/tp, B, W); text (Tt, B, W); speaker (Ts, B, Ws). Returns x's shape."""
-        h = self.local_heads
-        q, k, v, gate = self.linear_qkvg(x)[0].chunk(4, dim=-1)  # full T after the SP all-gather
-        k_text, v_text = self.linear_kv_text(text)[0].chunk(2, dim=-1)
-        k_spk, v_spk = self.linear_kv_speaker(speaker)[0].chunk(2, dim=-1)
-        q = apply_rope(self.q_layernorm(to_heads(q, h)), freqs)
-        k = torch.cat([apply_rope(self.k_layernorm(to_heads(k, h)), freqs),
-                       self.k_layernorm(to_heads(k_text, h)), self.k_layernorm(to_heads(k_spk, h))], dim=2)
-        v = torch.cat([to_heads(v, h), to_heads(v_text, h), to_heads(v_spk, h)], dim=2)
-        out = from_heads(self.core_attention(q, k, v, key_mask))
-        return self.linear_proj(out * torch.sigmoid(gate))[0]
+    def project(self, x, text, speaker):
+        """x: (T or T/tp under sequence parallelism, B, W); full T after the all-gather."""
+        return (self.linear_qkvg(x)[0].chunk(4, dim=-1), self.linear_kv_text(text)[0].chunk(2, dim=-1),
+                self.linear_kv_speaker(speaker)[0].chunk(2, dim=-1))
+
+    def attend(self, q, k, v, key_mask):
+        return self.core_attention(q, k, v, key_mask)
+
+    def out(self, x):
+        return self.linear_proj(x)[0]
 
 
-def adaln_modulation(adaln: nn.Module, cond: torch.Tensor, sequence_parallel: bool) -> tuple[torch.Tensor, ...]:
-    """The plain LowRankAdaLN's chunks as (1, B, W) for sequence-first activations.
+class TPMLP(MLP):
+    """megatron-core's MLP (gate/up fused column-parallel, down row-parallel, SwiGLU), output only
+    (it returns (output, bias); the bias is None: add_bias_linear=False)."""
+
+    def forward(self, x):
+        return super().forward(x)[0]
+
+
+class SequenceFirstAdaLN(LowRankAdaLN):
+    """The plain AdaLN with modulations (1, B, W) for sequence-first activations.
 
     Under sequence parallelism each rank modulates only its slice of the sequence, so the
-    modulation's gradient is all-reduced over the TP group (copy-to-region's backward).
+    modulations' gradient is all-reduced over the TP group (copy-to-region's backward).
     """
-    mods = adaln.up(adaln.down(F.silu(cond)))
-    if sequence_parallel:
-        mods = copy_to_tensor_model_parallel_region(mods)
-    return mods.unsqueeze(0).chunk(adaln.n_chunks, dim=-1)
+
+    def __init__(self, cfg: EchoConfig, sequence_parallel: bool):
+        super().__init__(cfg.width, cfg.adaln_rank, n_chunks=6)
+        self.sequence_parallel = sequence_parallel
+
+    def split(self, mods):
+        if self.sequence_parallel:
+            mods = copy_to_tensor_model_parallel_region(mods)
+        return mods.unsqueeze(0).chunk(self.n_chunks, dim=-1)
 
 
-def modulate(x, shift, scale):
-    return x * (1 + scale) + shift
+def tp_block_layers(config: TransformerConfig, te: bool) -> BlockLayers:
+    """The layers of a TP DiT block; the layer spec picks TransformerEngine kernels or megatron-core's local layers."""
+    if te:
+        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
+
+        column, row, norm, core = TEColumnParallelLinear, TERowParallelLinear, TENorm, TECoreAttention
+    else:
+        column, row, norm, core = ColumnParallelLinear, RowParallelLinear, LocalNorm, SDPACoreAttention
+    attention_spec = JointAttentionSubmodules(linear_qkvg=column, linear_kv_text=column, linear_kv_speaker=column,
+                                              core_attention=core, linear_proj=row, q_norm=norm, k_norm=norm)
+    mlp_spec = MLPSubmodules(linear_fc1=column, linear_fc2=row)
+    return BlockLayers(
+        adaln=lambda cfg: SequenceFirstAdaLN(cfg, config.sequence_parallel),  # replicated
+        norm=lambda cfg: build_module(norm, config, cfg.width, cfg.norm_eps),
+        attention=lambda cfg: TPJointAttention(config, attention_spec, cfg.speaker_width),
+        mlp=lambda cfg: TPMLP(config, mlp_spec, ffn_hidden_size=cfg.mlp),
+    )
 
 
-class TPDiTBlock(nn.Module):
-    def __init__(self, config: TransformerConfig, submodules: DiTBlockSubmodules, cfg: EchoConfig):
-        super().__init__()
-        self.sequence_parallel = config.sequence_parallel
-        self.adaln = LowRankAdaLN(cfg.width, cfg.adaln_rank, n_chunks=6)  # replicated
-        self.attn_norm = build_module(submodules.attn_norm, config, cfg.width, cfg.norm_eps)
-        self.attention = build_module(submodules.attention, config, speaker_width=cfg.speaker_width)
-        self.mlp_norm = build_module(submodules.mlp_norm, config, cfg.width, cfg.norm_eps)
-        self.mlp = build_module(submodules.mlp, config, ffn_hidden_size=cfg.mlp)
+class TPEchoDiT(EchoDiT):
+    """EchoDiT on TP blocks: same signature and function, (B, T, C) in and out, sequence-first inside."""
 
-    def forward(self, x, cond, text, speaker, freqs, key_mask):
-        shift1, scale1, gate1, shift2, scale2, gate2 = adaln_modulation(self.adaln, cond, self.sequence_parallel)
-        x = x + gate1 * self.attention(modulate(self.attn_norm(x), shift1, scale1), text, speaker, freqs, key_mask)
-        x = x + gate2 * self.mlp(modulate(self.mlp_norm(x), shift2, scale2))[0]
-        return x
-
-
-class TPEchoDiT(nn.Module):
-    """Same signature and function as EchoDiT; (B, T, C) in and out, sequence-first inside."""
-
-    def __init__(self, cfg: EchoConfig, config: TransformerConfig, spec: ModuleSpec):
-        super().__init__()
-        self.cfg = cfg
+    def __init__(self, cfg: EchoConfig, config: TransformerConfig, te: bool):
+        super().__init__(cfg, tp_block_layers(config, te))
         self.sequence_parallel = config.sequence_parallel
         self.tp = config.tensor_model_parallel_size
-        self.in_proj = nn.Linear(cfg.latent_dim, cfg.width)
-        self.time_embed = TimestepEmbedding(cfg.timestep_dim, cfg.width)
-        self.blocks = nn.ModuleList(build_module(spec, config, cfg=cfg) for _ in range(cfg.layers))
-        self.out_adaln = LowRankAdaLN(cfg.width, cfg.adaln_rank, n_chunks=2)
-        self.out_norm = RMSNorm(cfg.width, cfg.norm_eps)
-        self.out_proj = nn.Linear(cfg.width, cfg.latent_dim)
-        mark_sharded_parameters(self)
-        if self.sequence_parallel:
-            # Replicated weights that see only this rank's slice of the sequence: their
-            # gradients are partial sums, all-reduced over the TP group after backward.
-            for block in self.blocks:
-                for norm in (block.attn_norm, block.mlp_norm):
-                    for p in norm.parameters():
-                        p.sequence_parallel = True
+        mark_tp_parameters(self)
 
-    def forward(self, x_t, t, latent_mask, text, text_mask, speaker, speaker_mask):
-        seq_len = x_t.shape[1]
-        if self.sequence_parallel and seq_len % self.tp:
-            raise ValueError(f"sequence parallelism needs audio frames ({seq_len}) divisible by tp={self.tp}")
-        freqs = rope_frequencies(seq_len, self.cfg.head_dim, device=x_t.device)
-        key_mask = torch.cat([latent_mask, text_mask, speaker_mask], dim=1)
-        cond = self.time_embed(t)
-        x = self.in_proj(x_t).transpose(0, 1)  # (T, B, W)
-        text, speaker = text.transpose(0, 1), speaker.transpose(0, 1)
+    def run_blocks(self, x, cond, text, speaker, freqs, key_mask):
+        if self.sequence_parallel and x.shape[1] % self.tp:
+            raise ValueError(f"sequence parallelism needs audio frames ({x.shape[1]}) divisible by tp={self.tp}")
+        x, text, speaker = (a.transpose(0, 1) for a in (x, text, speaker))  # (T, B, W)
         if self.sequence_parallel:
             x = scatter_to_sequence_parallel_region(x)
-        for block in self.blocks:
-            x = block(x, cond, text, speaker, freqs, key_mask)
+        x = super().run_blocks(x, cond, text, speaker, freqs, key_mask)
         if self.sequence_parallel:
             # Every rank then runs the replicated head on the full sequence: backward just splits.
             x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
-        shift, scale = self.out_adaln(cond)
-        x = x.transpose(0, 1)  # back to (B, T, W)
-        return self.out_proj(modulate(self.out_norm(x), shift, scale))
+        return x.transpose(0, 1)
 
 
 # ---------------------------------------------------------------------------------------------
 # Weight layouts: plain EchoDiT state dict <-> TP shards
 
-# Fused column-parallel weights: TP name -> the plain weights stacked in it, in order. Each
-# rank's shard is [part_0 rows of this rank; part_1 rows of this rank; ...] so that chunking
-# the local output recovers this rank's heads (or MLP columns) of every part.
-FUSED_COLUMNS = {
-    "attention.linear_qkvg.weight": ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wgate.weight"),
-    "attention.linear_kv_text.weight": ("attn.wk_text.weight", "attn.wv_text.weight"),
-    "attention.linear_kv_speaker.weight": ("attn.wk_speaker.weight", "attn.wv_speaker.weight"),
-    "mlp.linear_fc1.weight": ("mlp.gate.weight", "mlp.up.weight"),
-}
-# Row-parallel weights: split along the input dimension.
-ROWS = {"attention.linear_proj.weight": "attn.wo.weight", "mlp.linear_fc2.weight": "mlp.down.weight"}
-# Replicated weights that change name.
-RENAMED = {"attention.q_layernorm.weight": "attn.q_norm.weight", "attention.k_layernorm.weight": "attn.k_norm.weight"}
+
+class TPStateDictAdapter:
+    """The plain EchoDiT state dict <-> each TP rank's TPEchoDiT state dict (exact inverses).
+
+    One table: each sharded TP weight of a block, the plain weights stacked in it and the
+    dimension split across ranks (0: column-parallel rows, 1: row-parallel columns). Rank r's
+    shard is [part_0's r-th slice; part_1's r-th slice; ...], so that chunking the local output
+    recovers this rank's heads (or MLP columns) of every part. Every other weight is replicated
+    under the same name (norms, AdaLN, embeddings, projections).
+    """
+
+    SHARDED = {
+        "attn.linear_qkvg.weight": (("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wgate.weight"), 0),
+        "attn.linear_kv_text.weight": (("attn.wk_text.weight", "attn.wv_text.weight"), 0),
+        "attn.linear_kv_speaker.weight": (("attn.wk_speaker.weight", "attn.wv_speaker.weight"), 0),
+        "attn.linear_proj.weight": (("attn.wo.weight",), 1),
+        "mlp.linear_fc1.weight": (("mlp.gate.weight", "mlp.up.weight"), 0),
+        "mlp.linear_fc2.weight": (("mlp.down.weight",), 1),
+    }
+
+    def __init__(self, tp: int):
+        self.tp = tp
+
+    @staticmethod
+    def _blocks(state: dict) -> list[str]:
+        return sorted({m.group(0) for name in state if (m := re.match(r"blocks\.\d+\.", name))})
+
+    def to_tp(self, plain: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+        """This TP rank's state dict from a plain one."""
+        blocks = self._blocks(plain)
+        stacked = {b + part for b in blocks for parts, _ in self.SHARDED.values() for part in parts}
+        out = {name: value.clone() for name, value in plain.items() if name not in stacked}
+        for b in blocks:
+            for name, (parts, dim) in self.SHARDED.items():
+                out[b + name] = torch.cat([plain[b + part].chunk(self.tp, dim)[rank] for part in parts], dim)
+        return out
+
+    def from_tp(self, shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The plain state dict from every TP rank's (in rank order)."""
+        assert len(shards) == self.tp, f"{len(shards)} shards for tp={self.tp}"
+        blocks = self._blocks(shards[0])
+        fused = {b + name for b in blocks for name in self.SHARDED}
+        out = {name: value.clone() for name, value in shards[0].items() if name not in fused}
+        for b in blocks:
+            for name, (parts, dim) in self.SHARDED.items():
+                per_rank = [shard[b + name].chunk(len(parts), dim) for shard in shards]
+                for i, part in enumerate(parts):
+                    out[b + part] = torch.cat([chunks[i] for chunks in per_rank], dim)
+        return out
 
 
-def _block_prefix(name: str) -> tuple[str, str] | None:
-    """'blocks.3.attn.wq.weight' -> ('blocks.3.', 'attn.wq.weight')"""
-    if not name.startswith("blocks."):
-        return None
-    index, rest = name[len("blocks."):].split(".", 1)
-    return f"blocks.{index}.", rest
+# Replicated weights whose gradient on a TP rank covers only that rank's share carry this
+# attribute (megatron's finalize_model_grads finds the same ones): the backend sums them over
+# the TP group before clipping.
+PARTIAL_GRAD = "tp_partial_grad"
 
 
-def to_tp_state_dict(plain: dict[str, torch.Tensor], tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
-    """This TP rank's state dict of TPEchoDiT from a plain EchoDiT state dict."""
-    consumed = set()
-    out = {}
-    prefixes = sorted({p[0] for name in plain if (p := _block_prefix(name))})
-    for prefix in prefixes:
-        for tp_name, parts in FUSED_COLUMNS.items():
-            shards = [plain[prefix + part].chunk(tp_size, dim=0)[tp_rank] for part in parts]
-            out[prefix + tp_name] = torch.cat(shards, dim=0).clone()
-            consumed.update(prefix + part for part in parts)
-        for tp_name, part in ROWS.items():
-            out[prefix + tp_name] = plain[prefix + part].chunk(tp_size, dim=1)[tp_rank].clone()
-            consumed.add(prefix + part)
-        for tp_name, part in RENAMED.items():
-            out[prefix + tp_name] = plain[prefix + part].clone()
-            consumed.add(prefix + part)
-    for name, value in plain.items():
-        if name not in consumed:  # replicated, same name (norms, AdaLN, embeddings, projections)
-            out[name] = value.clone()
-    return out
+def mark_tp_parameters(model: TPEchoDiT) -> None:
+    """Sets megatron's `tensor_model_parallel` attributes on the sharded weights, and PARTIAL_GRAD
+    on the per-head QK-norms (this rank's heads) and, under sequence parallelism, the block norms
+    (this rank's slice of the sequence).
 
-
-def from_tp_state_dicts(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The plain EchoDiT state dict from every TP rank's state dict (rank order)."""
-    first = shards[0]
-    consumed = set()
-    out = {}
-    prefixes = sorted({p[0] for name in first if (p := _block_prefix(name))})
-    for prefix in prefixes:
-        for tp_name, parts in FUSED_COLUMNS.items():
-            per_rank = [s[prefix + tp_name].chunk(len(parts), dim=0) for s in shards]
-            for i, part in enumerate(parts):
-                out[prefix + part] = torch.cat([chunks[i] for chunks in per_rank], dim=0).clone()
-            consumed.add(prefix + tp_name)
-        for tp_name, part in ROWS.items():
-            out[prefix + part] = torch.cat([s[prefix + tp_name] for s in shards], dim=1).clone()
-            consumed.add(prefix + tp_name)
-        for tp_name, part in RENAMED.items():
-            out[prefix + part] = first[prefix + tp_name].clone()
-            consumed.add(prefix + tp_name)
-    for name, value in first.items():
-        if name not in consumed:
-            out[name] = value.clone()
-    return out
-
-
-def mark_sharded_parameters(model: nn.Module) -> None:
-    """Sets megatron's `tensor_model_parallel` attributes on the sharded weights.
-
-    megatron-core sets them only when it initialises the weights itself, and these weights
+    megatron-core sets the first only when it initialises the weights itself, and these weights
     are loaded from the plain model instead; the gradient norm relies on them.
     """
     from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
-    dims = {**{name: 0 for name in FUSED_COLUMNS}, **{name: 1 for name in ROWS}}
     for name, param in model.named_parameters():
-        dim = next((d for suffix, d in dims.items() if name.endswith(suffix)), None)
+        dim = next((d for suffix, (_, d) in TPStateDictAdapter.SHARDED.items() if name.endswith(suffix)), None)
         if dim is not None and not getattr(param, "tensor_model_parallel", False):
             for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
                 if hasattr(param, attr):
                     delattr(param, attr)
             set_tensor_model_parallel_attributes(param, True, dim, 1)
+    for block in model.blocks:
+        partial = [block.attn.q_norm, block.attn.k_norm]
+        partial += [block.attn_norm, block.mlp_norm] if model.sequence_parallel else []
+        for param in (p for norm in partial for p in norm.parameters()):
+            setattr(param, PARTIAL_GRAD, True)
 
 
 def load_tp_state_dict(model: TPEchoDiT, state: dict[str, torch.Tensor]) -> None:
@@ -433,65 +374,11 @@ def tp_state_dict(model: TPEchoDiT) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-# ---------------------------------------------------------------------------------------------
-# Gradients across the TP group
-
-
-def tp_partial_grad_params(model: nn.Module) -> list[nn.Parameter]:
-    """Replicated parameters whose gradient on each TP rank covers only that rank's share.
-
-    The per-head QK-norm weights see only this rank's heads (always), and under sequence
-    parallelism the block norms see only this rank's slice of the sequence.
-    """
-    out = []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if "q_layernorm" in name or "k_layernorm" in name or getattr(p, "sequence_parallel", False):
-            out.append(p)
-    return out
-
-
-def allreduce_partial_grads(params: list[nn.Parameter], group) -> None:
-    """Sums the partial gradients of `params` over the TP group (one flat all-reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or torch.distributed.get_world_size(group) == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def tp_grad_norm(params: list[nn.Parameter], group) -> torch.Tensor:
-    """Global L2 norm of the gradients of a TP model, each element counted once.
-
-    Sharded parameters (megatron marks them `tensor_model_parallel`) contribute from every
-    rank; replicated ones only from TP rank 0 (megatron's param_is_not_tensor_parallel_duplicate).
-    """
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-    grads = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p, group)]
-    device = params[0].device
-    sq = torch.zeros((), device=device, dtype=torch.float32)
-    for g in grads:
-        sq = sq + g.detach().float().pow(2).sum()
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
-        torch.distributed.all_reduce(sq, group=group)
-    return sq.sqrt()
-
-
 def build_tp_dit(cfg: EchoConfig, plain: EchoDiT, tp_rank: int, tp: int, te: bool, sequence_parallel: bool,
                  device: torch.device) -> TPEchoDiT:
     """The TP DiT for this rank, with the plain DiT's weights (sharded)."""
     config = megatron_config(cfg, tp, sequence_parallel, use_cpu=device.type == "cpu")
     with torch.device(device):
-        model = TPEchoDiT(cfg, config, dit_block_spec(te))
-    load_tp_state_dict(model, to_tp_state_dict(plain.state_dict(), tp_rank, tp))
+        model = TPEchoDiT(cfg, config, te)
+    load_tp_state_dict(model, TPStateDictAdapter(tp).to_tp(plain.state_dict(), tp_rank))
     return model
-
-
-def tp_group():
-    return parallel_state.get_tensor_model_parallel_group()
