@@ -4,10 +4,10 @@ A matrix (DESIGN.md "Matrix file") has `defaults`, `axes` (any RunConfig key; th
 cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
 matches any of its items) and `include` (extra single runs; an entry may carry its own
 `time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,
-the same settings otherwise). The file is checked with pydantic:
-an unknown key, a wrong type or a bad value is an error naming the file, the key and what is
-allowed. A combination that cannot run (a layout the framework lacks, TP wider than a node, ...)
-is listed as skipped with its reason, never an error.
+the same settings otherwise). The file is checked with pydantic, and run keys against their
+RunConfig field: an unknown key, a wrong type or a bad value is an error naming the file, the key
+and what is allowed. A combination that cannot run (a layout the framework lacks, TP wider than a
+node, ...) is listed as skipped with its reason, never an error.
 
 Everything that later reaches a shell script (names, SLURM options, env) is validated here;
 the job script quotes it again (echobench.executors.slurm).
@@ -207,6 +207,7 @@ def _format_pydantic(path: Path, exc: ValidationError) -> str:
 
 
 def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
+    """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is."""
     out = {}
     for key, value in mapping.items():
         try:
