@@ -28,6 +28,7 @@ import torch
 
 from echobench.backends import TrainSetup
 
+
 def te_installed() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
