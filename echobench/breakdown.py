@@ -362,6 +362,27 @@ def read_breakdown(run_dir: Path) -> dict:
     return data
 
 
+def read_profiled_run(run_dir: Path) -> tuple[dict, dict]:
+    """A profiled run's record and breakdown; else ValueError, one line saying what is missing and what to do."""
+    from echobench.results import read_record
+
+    if not (run_dir / "result.json").is_file():
+        inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
+        raise ValueError(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}"
+                                                         if inner else ": not a run directory"))
+    record = read_record(run_dir / "result.json")
+    run_id = record["run_id"]
+    if record["status"] != "ok":
+        raise ValueError(f"{run_id}: status {record['status']}, nothing to explain "
+                         f"({record.get('error') or 'no error text'})")
+    if "error" in (record.get("breakdown") or {}):
+        raise ValueError(f"{run_id}: the profiler breakdown failed during the run: {record['breakdown']['error']}")
+    if not (run_dir / BREAKDOWN_FILE).exists():
+        raise ValueError(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --profile "
+                         "(in a matrix: profile: true)")
+    return record, read_breakdown(run_dir)
+
+
 # ---- the MFU waterfall ----
 
 def waterfall(record: dict) -> list[dict] | None:
@@ -400,3 +421,60 @@ def waterfall(record: dict) -> list[dict] | None:
          100 * c * (f["gemm"] + f["attention"]) - 100 * mfu)
     steps.append({"label": "achieved MFU", "short": "achieved MFU", "kind": "total", "pp": 100 * mfu})
     return steps
+
+
+def explain_report(record: dict, bd: dict, steps: list[dict] | None) -> list:
+    """`echobench explain`: the busiest rank's parts of the step, every rank's summary, and the MFU
+    waterfall, as rich renderables for the terminal (outside text wrapped in Text: printed verbatim)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from echobench.console import esc
+    from echobench.results import peak_notes
+
+    run_id = record["run_id"]
+    rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
+    step_s = rank["step_time_s"]
+    t = Table(title=esc(f"Where the time goes: {run_id} (rank {rank['rank']}, {rank['timeline']}, mean of "
+                        f"{rank['steps']} profiled steps)"))
+    for col in ("part", "ms / step", "% of step", "biggest items (ms / step)"):
+        t.add_column(col, justify="right" if col in ("ms / step", "% of step") else "left",
+                     overflow="fold" if col.startswith("biggest") else "ellipsis")
+    for c in CATEGORIES:
+        top = "; ".join(f"{name} {s * 1e3:.3g}" for name, s in rank["top"].get(c, [])[:3])
+        t.add_row(Text(LABELS[c]), f"{rank['seconds'][c] * 1e3:.3f}", f"{rank['seconds'][c] / step_s:.1%}", Text(top))
+    comm = rank["communication"]
+    t.add_row(Text("communication overlapped with compute (not in the sum)", style="dim"),
+              f"{comm['overlapped_s'] * 1e3:.3f}", f"{comm['overlapped_s'] / step_s:.1%}", "")
+    t.add_row(Text("profiled step", style="bold"), f"{step_s * 1e3:.3f}", "100%",
+              Text(f"parts sum to {sum(rank['seconds'].values()) * 1e3:.3f} ms"))
+    out = [t]
+    if len(bd["ranks"]) > 1:
+        per = Table(title="per rank (the busiest, whose device computed longest, is explained above)")
+        for col in ("rank", "step ms", "compute %", "exposed comm %", "overlapped comm %", "idle %", "data wait %"):
+            per.add_column(col, justify="right")
+        for r in bd["ranks"]:
+            if "error" in r:
+                per.add_row(str(r["rank"]), Text(r["error"]), "", "", "", "", "")
+                continue
+            s, step = r["seconds"], r["step_time_s"]
+            per.add_row(str(r["rank"]), f"{step * 1e3:.3f}", f"{sum(s[c] for c in COMPUTE) / step:.1%}",
+                        f"{s['communication'] / step:.1%}", f"{r['communication']['overlapped_s'] / step:.1%}",
+                        f"{s['idle'] / step:.1%}", f"{s['data_wait'] / step:.1%}")
+        out.append(per)
+    measured = record.get("step_time_mean_s") or record["step_time_s"]
+    out.append(Text(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps "
+                    f"took {step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}."))
+    if steps:
+        w = Table(title=esc(f"MFU waterfall: {run_id} (percentage points of the {record['peak_tflops']:.4g} "
+                            f"TFLOP/s peak)"))
+        for col in ("step", "points", "MFU after (%)"):
+            w.add_column(col, justify="left" if col == "step" else "right")
+        level = 0.0
+        for s in steps:
+            level = s["pp"] if s["kind"] != "relative" else level + s["pp"]
+            w.add_row(Text(s["label"], style="bold" if s["kind"] != "relative" else ""),
+                      f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}", f"{level:.2f}")
+        out += [w, Text("Each loss after the ceiling is the ceiling's share x that part's fraction of the profiled "
+                        "step; the last loss is what remains to the measured MFU (README: Where the time goes).")]
+    return out + [Text(f"note: {note}") for note in peak_notes(record)]

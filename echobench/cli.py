@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
+import typing
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
-from echobench.console import esc
+from echobench.console import esc, fmt, record_report, repeats_report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -43,11 +44,31 @@ def writable_dir(path: Path, what: str | None = None) -> Path:
     return path
 
 
-def fmt(value, spec: str = ".3g") -> str:
-    return "-" if value is None else format(value, spec)
+def settings_options(*names: str, **defaults) -> Callable:
+    """Adds RunConfig fields (the given names, else every one with a flag) to a command as options
+    that land in its **kwargs: flag, type, default and help all come from the field, so a field
+    added once is a flag too. Choices stay plain text, checked by RunConfig (config.check_value), so
+    a bad value reads the same from a flag, a --config file or a matrix file."""
+    from echobench.config import FIELDS, allowed_text, base_type, choices
 
+    def options():
+        for name in names or FIELDS:
+            meta, default = FIELDS[name].metadata, defaults.get(name, FIELDS[name].default)
+            if meta["flag"] == "":
+                continue
+            allowed = choices(name)
+            kind = str if allowed else base_type(name)
+            option = typer.Option(default, *filter(None, [meta["flag"]]),
+                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"])
+            yield inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                    annotation=kind if default is not None else Optional[kind])
 
-LAUNCH_OPTIONS = ("out", "config", "nproc", "nnodes", "node_rank", "master_addr", "master_port", "ctx", "tp", "repeats")
+    def add(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True).parameters.values()
+        command.__signature__ = inspect.Signature([p for p in own if p.kind != p.VAR_KEYWORD] + list(options()))
+        return command
+
+    return add
 
 
 def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
@@ -72,6 +93,7 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
 
 
 @app.command()
+@settings_options()
 def run(
     ctx: typer.Context,
     out: Path = typer.Option(..., "--out", help="Directory for result.json (created)."),
@@ -83,41 +105,10 @@ def run(
     master_port: int = typer.Option(29500, help="With --nproc: rendezvous port."),
     repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
                                 "group writing OUT/repeat-K/result.json; prints the median over them."),
-    scale: str = typer.Option("tiny", help="Model preset: tiny, 800M, 3B, 8B."),
-    framework: str = typer.Option("torchtitan", help="torchtitan or megatron."),
-    parallelism: str = typer.Option("single", help="single, ddp, fsdp2, hsdp (torchtitan) or tpN (megatron)."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
-    te: str = typer.Option("auto", help="megatron: TransformerEngine kernels auto (when they import), on, off."),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="megatron, GPU only: sequence parallelism."),
-    steps: int = typer.Option(30, help="Measured steps."),
-    warmup_steps: int = typer.Option(10, help="Warm-up steps, excluded from timing (compile happens here)."),
-    micro_batch: int = typer.Option(8, help="Samples per data-parallel rank per step."),
-    data: str = typer.Option("synthetic", help="'synthetic' (in memory) or a directory of tar shards."),
-    precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32, fp8."),
-    peak_tflops: Optional[float] = typer.Option(None, help="Dense bf16 peak TFLOP/s per device for MFU (else table / calibration)."),
-    audio_frames: int = typer.Option(750, help="Max audio latent frames (25 per second)."),
-    text_tokens: int = typer.Option(256, help="Max text tokens."),
-    speaker_frames: int = typer.Option(750, help="Max speaker reference frames."),
-    compile: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile each block."),
-    ac: str = typer.Option("none", help="Activation checkpointing: none, selective, full."),
-    seed: int = typer.Option(0),
-    device: str = typer.Option("auto", help="auto, cuda or cpu."),
-    skip_bad_samples: bool = typer.Option(False, help="Count and skip corrupt samples instead of failing."),
-    encoder_model: Optional[str] = typer.Option(None, help="Text encoder: t5gemma-2-270m|1b|4b, t5-base, t5-large "
-                                                "(default: the preset's)."),
-    frozen_encoder: bool = typer.Option(True, "--frozen-encoder/--train-encoder", help="Freeze the text encoder (default) or train it."),
-    t5_hidden_dim: Optional[int] = typer.Option(None, help="Expected encoder hidden size (checked against encoder_model)."),
-    encoder_checkpoint: Optional[str] = typer.Option(None, help="Local checkpoint directory for the text encoder."),
-    tokenizer: Optional[str] = typer.Option(None, help="Local Hugging Face tokenizer directory (else byte-level)."),
-    profile: bool = typer.Option(False, "--profile", help="Trace 3 steps after the measured ones (untimed): OUT/trace-rankN.json and the time breakdown OUT/breakdown.json (echobench explain)."),
-    fail_at_step: Optional[int] = typer.Option(None, help="Testing: inject a failure at this step (-1: at start-up, "
-                                               "before the process group forms)."),
-    fail_rank: Optional[int] = typer.Option(None, help="Testing: ... on this rank only."),
-    fail_kind: str = typer.Option("error", help="Testing: error or oom."),
-    time_limit_s: Optional[float] = typer.Option(None, help="Stop the run after this many seconds (status timeout)."),
+    **params,
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
-    params = {k: v for k, v in locals().items() if k not in LAUNCH_OPTIONS}
     from echobench.config import RunConfig
 
     settings = run_settings(ctx, params, config)
@@ -152,15 +143,13 @@ def run(
 
         record = run_benchmark(cfg, out)
         if int(os.environ.get("RANK", 0)) == 0:
-            print_record(record)
-            console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+            print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
         exit_process(0 if record["status"] == "ok" else 1)
         if record["status"] != "ok":
             raise typer.Exit(1)
         return
-    print_record(record)
-    console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+    print_record(record, out)
     if record["status"] != "ok" or code:
         raise typer.Exit(code or 1)
 
@@ -168,7 +157,6 @@ def run(
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     """`run --repeats N`: N launches one after another, then the median over the ok ones."""
     from echobench.launch import launch_repeats
-    from echobench.results import configuration_key, over_repeats
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
@@ -177,24 +165,9 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     records, code = launch_repeats(cfg, out, repeats, *launch_args)
     if not records:  # not node 0: node 0's launcher owns the records; this one exits as its torchruns did
         raise typer.Exit(code)
-    table = Table(title=esc(f"{len(records)} repeats of {configuration_key(records[0])}"))
-    for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
-        table.add_column(col, justify="left" if col in ("run id", "status") else "right")
-    for k, r in enumerate(records):
-        ok = r["status"] == "ok"
-        table.add_row(str(k), esc(r["run_id"]), esc(r["status"]), fmt(r["samples_per_s"], ".4g") if ok else "-",
-                      f"{r['mfu']:.2%}" if ok else "-", fmt(r["step_time_s"], ".4f") if ok else "-",
-                      f"{r['step_time_mean_vs_median']:+.1%}" if ok else "-")
-    console.print(table)
-    ok = [r for r in records if r["status"] == "ok"]
-    if ok:
-        sps, mfu = over_repeats(r["samples_per_s"] for r in ok), over_repeats(r["mfu"] for r in ok)
-        console.print(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
-                      f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
-                      f"({mfu['min']:.2%}-{mfu['max']:.2%})", highlight=False)
-    console.print(f"wrote {esc(', '.join(str(out / f'repeat-{k}' / 'result.json') for k in range(len(records))))}",
-                  highlight=False)
-    if len(ok) < len(records):
+    for part in repeats_report(records, out):
+        console.print(part)
+    if any(r["status"] != "ok" for r in records):
         raise typer.Exit(1)
 
 
@@ -208,96 +181,54 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
     return f"tp{tp}"
 
 
-def print_record(record: dict) -> None:
+def print_record(record: dict, out: Path) -> None:
     if record["status"] != "ok":
         err_console.print(f"[bold red]{esc(record['status'])}:[/] {esc(record['error'])}", highlight=False,
                           soft_wrap=True)
-        return
-    from echobench.results import peak_notes
-
-    table = Table(title=esc(record["run_id"]), show_header=False)
-    rows = [
-        ("device", record["env"]["device_name"]),
-        ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
-        ("step time (mean)", f"{record['step_time_mean_s']:.4f} s ({record['step_time_mean_vs_median']:+.1%} vs median)"),
-        ("measured window", f"{record['measured_steps']} steps, {record['measured_time_s']:.3f} s, "
-                            f"{record['measured_samples']} samples"),
-        ("samples/s (window)", fmt(record["samples_per_s"], ".2f")),
-        ("audio seconds/s (window)", fmt(record["audio_seconds_per_s"], ".1f")),
-        ("model TFLOP/sample", fmt(record["model_flops_per_sample"] / 1e12, ".4g")),
-        ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
-        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} {record['peak_precision']} ({record['peak_source']})"),
-        ("MFU (window)", f"{record['mfu']:.2%}"),
-        *([("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}")]
-          if record.get("precision") == "fp8" else []),
-        ("HFU (window)", f"{record['hfu']:.2%}"),
-        ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
-        ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
-        ("allocator retries / OOMs", "-" if record.get("num_alloc_retries") is None
-         else f"{record['num_alloc_retries']} / {record['num_ooms']}"),
-        ("data wait", f"{record['data_wait_frac']:.1%}"),
-    ]
-    for k, v in rows:
-        table.add_row(k, esc(v))
-    console.print(table)
-    for note in peak_notes(record):
-        console.print(f"note: {note}", highlight=False, markup=False)
+    else:
+        for part in record_report(record):
+            console.print(part)
+    console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
 
 
 @app.command()
-def flops(
-    scale: str = typer.Option("8B", help="Model preset: tiny, 800M, 3B, 8B."),
-    audio_frames: int = typer.Option(750),
-    text_tokens: int = typer.Option(256),
-    speaker_frames: int = typer.Option(750),
-    ac: str = typer.Option("none", help="Activation checkpointing for HFU: none, selective, full."),
-    encoder_model: Optional[str] = typer.Option(None, help="Text encoder (default: the preset's)."),
-    frozen_encoder: bool = typer.Option(True, "--frozen-encoder/--train-encoder"),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-):
+@settings_options("scale", "audio_frames", "text_tokens", "speaker_frames", "ac", "encoder_model", "frozen_encoder",
+                  scale="8B")
+def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **settings):
     """Parameter and FLOP breakdown of one training sample."""
-    from echobench.flops import flops_report
-    from echobench.model.config import get_preset
+    from echobench.config import RunConfig
+    from echobench.flops import flops_report, flops_table
 
     try:
-        report = flops_report(get_preset(scale, encoder_model, frozen_encoder), audio_frames, text_tokens, speaker_frames, ac)
+        cfg = RunConfig(**settings)
     except ValueError as exc:
         fail(str(exc))
+    report = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    params = report["params"]
-    table = Table(title=f"Echo TTS {scale}: {audio_frames} audio frames, {text_tokens} text tokens, "
-                        f"{speaker_frames} speaker frames")
-    for col in ("part", "params (M)", "forward GFLOP", "backward GFLOP", "total GFLOP", "share"):
-        table.add_column(col, justify="right" if col != "part" else "left")
-    total = report["model_flops_per_sample"]
-    for name, part in report["breakdown"]["parts"].items():
-        table.add_row(name, f"{params['parts'][name] / 1e6:.1f}", f"{part['forward'] / 1e9:.1f}",
-                      f"{part['backward'] / 1e9:.1f}", f"{part['total'] / 1e9:.1f}", f"{part['total'] / total:.1%}")
-    table.add_row("total", f"{(params['trainable'] + params['frozen']) / 1e6:.1f}", "", "", f"{total / 1e9:.1f}", "100%")
-    console.print(table)
-    console.print(f"trainable parameters: {params['trainable'] / 1e6:.1f}M; frozen text encoder: {params['frozen'] / 1e6:.1f}M")
-    console.print(f"model FLOPs per sample: {total / 1e12:.3f} TFLOP; with ac={ac}: "
-                  f"{report['hardware_flops_per_sample'] / 1e12:.3f} TFLOP (HFU numerator)")
+    for part in flops_table(report, cfg):
+        console.print(part)
 
 
 @app.command()
+@settings_options("device")
 def calibrate(
-    device: str = typer.Option("auto", help="auto, cuda or cpu."),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16 or fp32."),
     size: Optional[int] = typer.Option(None, help="Matrix size (default 8192 on GPU, 1024 on CPU)."),
     iters: int = typer.Option(10, help="Timed matmuls (after 3 warm-up ones)."),
     as_json: bool = typer.Option(False, "--json"),
+    **settings,
 ):
     """Measure the achievable GEMM rate of this device; runs then report MFU against it too."""
     import torch
 
+    from echobench.config import check_value
     from echobench.distributed import pick_device
     from echobench.hardware import calibrate as measure
 
     try:
-        dev = pick_device(device)
+        dev = pick_device(check_value("device", settings["device"]))
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -369,7 +300,7 @@ def compare(
     """Pair configurations, print throughput / MFU changes; exit 1 when any lost more than the
     threshold and its step times say the slowdown is significant."""
     from echobench.report import compare_records
-    from echobench.report.compare import MIN_STEPS
+    from echobench.report.compare import comparison_report
     from echobench.results import load_records
 
     for p in (old, new):
@@ -387,41 +318,12 @@ def compare(
         fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
              f"({len(new_records)} records)")
 
-    def pct(v):
-        return "-" if v is None else f"{v:+.1f}%"
-
-    t = Table(title=esc(f"{old} -> {new} (threshold {threshold:g}%, alpha {alpha:g})"))
-    t.add_column("configuration", overflow="fold")
-    for col in ("repeats", "status", "samples/s old -> new", "MFU old -> new", "steps", "p (slower)", "verdict"):
-        t.add_column(col, justify="left" if col in ("status", "verdict") else "right")
-    explained = []
-    for c in result.changes:
-        status = c.new_status if c.old_status == c.new_status else f"{c.old_status} -> {c.new_status}"
-        mfu_old = "-" if c.old_mfu is None else f"{c.old_mfu:.2%}"
-        mfu_new = "-" if c.new_mfu is None else f"{c.new_mfu:.2%}"
-        verdict = ("REGRESSION" if c.regressed else "weak" if c.weak else "not significant" if c.reason else "ok")
-        t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status),
-                  f"{fmt(c.old_samples_per_s, '.4g')} -> {fmt(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
-                  f"{mfu_old} -> {mfu_new} ({pct(c.mfu_change_pct)})", f"{c.old_steps}/{c.new_steps}",
-                  "-" if c.p_value is None else f"{c.p_value:.2g}",
-                  Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
-        if c.reason:  # one line each, so the reason is never squeezed into a column
-            explained.append(Text(f"{c.run_id}: ") + Text(f"{verdict} ", style="red" if c.regressed else "yellow")
-                             + Text(c.reason))
-    console.print(t)
-    for line in explained:
+    table, *lines = comparison_report(result, f"{old} -> {new}")
+    console.print(table)
+    for line in lines:
         console.print(line, soft_wrap=True)
-    for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)):
-        if ids:
-            console.print(f"{label} ({len(ids)}): {esc(', '.join(ids))}", highlight=False)
-    if result.weak:
-        console.print(f"[yellow]{len(result.weak)} weak comparison(s): fewer than {MIN_STEPS} stored steps a side, "
-                      "not decided[/]")
     if result.regressions:
-        console.print(f"[red]{len(result.regressions)} of {len(result.changes)} configuration(s) regressed "
-                      f"(more than {threshold:g}% and p < {alpha:g}, or now failing)[/]")
         raise typer.Exit(1)
-    console.print(f"{len(result.changes)} paired configuration(s), no significant loss of more than {threshold:g}%")
 
 
 @app.command()
@@ -431,82 +333,19 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
 ):
     """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
-    from echobench.breakdown import CATEGORIES, LABELS, RULE, read_breakdown, waterfall
-    from echobench.results import peak_notes, read_record
+    from echobench.breakdown import explain_report, read_profiled_run, waterfall
 
-    if not (run_dir / "result.json").is_file():
-        inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
-        fail(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}" if inner
-                                             else ": not a run directory"))
     try:
-        record = read_record(run_dir / "result.json")
-    except ValueError as exc:
-        fail(str(exc))
-    run_id = record["run_id"]
-    if record["status"] != "ok":
-        fail(f"{run_id}: status {record['status']}, nothing to explain ({record.get('error') or 'no error text'})")
-    summary = record.get("breakdown") or {}
-    if "error" in summary:
-        fail(f"{run_id}: the profiler breakdown failed during the run: {summary['error']}")
-    if not (run_dir / "breakdown.json").exists():
-        fail(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --profile "
-             "(in a matrix: profile: true)")
-    try:
-        bd = read_breakdown(run_dir)
+        record, bd = read_profiled_run(run_dir)
     except ValueError as exc:
         fail(str(exc))
     steps = waterfall(record)
     if as_json:
-        print(json.dumps({"run_id": run_id, "summary": summary, "breakdown": bd, "waterfall": steps}, indent=2))
+        print(json.dumps({"run_id": record["run_id"], "summary": record.get("breakdown") or {}, "breakdown": bd,
+                          "waterfall": steps}, indent=2))
         return
-    rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
-    step_s = rank["step_time_s"]
-    t = Table(title=esc(f"Where the time goes: {run_id} (rank {rank['rank']}, {rank['timeline']}, mean of "
-                        f"{rank['steps']} profiled steps)"))
-    for col in ("part", "ms / step", "% of step", "biggest items (ms / step)"):
-        t.add_column(col, justify="right" if col in ("ms / step", "% of step") else "left",
-                     overflow="fold" if col.startswith("biggest") else "ellipsis")
-    for c in CATEGORIES:
-        top = "; ".join(f"{name} {s * 1e3:.3g}" for name, s in rank["top"].get(c, [])[:3])
-        t.add_row(Text(LABELS[c]), f"{rank['seconds'][c] * 1e3:.3f}", f"{rank['seconds'][c] / step_s:.1%}", Text(top))
-    comm = rank["communication"]
-    t.add_row(Text("communication overlapped with compute (not in the sum)", style="dim"), f"{comm['overlapped_s'] * 1e3:.3f}",
-              f"{comm['overlapped_s'] / step_s:.1%}", "")
-    t.add_row(Text("profiled step", style="bold"), f"{step_s * 1e3:.3f}", "100%",
-              Text(f"parts sum to {sum(rank['seconds'].values()) * 1e3:.3f} ms"))
-    console.print(t)
-    if len(bd["ranks"]) > 1:
-        per = Table(title="per rank (the busiest, whose device computed longest, is explained above)")
-        for col in ("rank", "step ms", "compute %", "exposed comm %", "overlapped comm %", "idle %", "data wait %"):
-            per.add_column(col, justify="right")
-        for r in bd["ranks"]:
-            if "error" in r:
-                per.add_row(str(r["rank"]), Text(r["error"]), "", "", "", "", "")
-                continue
-            s, step = r["seconds"], r["step_time_s"]
-            compute = sum(s[c] for c in ("gemm", "attention", "optimizer", "other_compute", "memcpy"))
-            per.add_row(str(r["rank"]), f"{step * 1e3:.3f}", f"{compute / step:.1%}", f"{s['communication'] / step:.1%}",
-                        f"{r['communication']['overlapped_s'] / step:.1%}", f"{s['idle'] / step:.1%}",
-                        f"{s['data_wait'] / step:.1%}")
-        console.print(per)
-    measured = record.get("step_time_mean_s") or record["step_time_s"]
-    console.print(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps took "
-                  f"{step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}.", highlight=False,
-                  markup=False)
-    if steps:
-        w = Table(title=f"MFU waterfall: {esc(run_id)} (percentage points of the {record['peak_tflops']:.4g} TFLOP/s peak)")
-        for col in ("step", "points", "MFU after (%)"):
-            w.add_column(col, justify="left" if col == "step" else "right")
-        level = 0.0
-        for s in steps:
-            level = s["pp"] if s["kind"] != "relative" else level + s["pp"]
-            w.add_row(Text(s["label"], style="bold" if s["kind"] != "relative" else ""),
-                      f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}", f"{level:.2f}")
-        console.print(w)
-        console.print("Each loss after the ceiling is the ceiling's share x that part's fraction of the profiled step; "
-                      "the last loss is what remains to the measured MFU (README: Where the time goes).", highlight=False)
-    for note in peak_notes(record):
-        console.print(f"note: {note}", highlight=False, markup=False)
+    for part in explain_report(record, bd, steps):
+        console.print(part)
 
 
 @data_app.command("synth")
@@ -528,10 +367,10 @@ def data_synth(
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----
 
 def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
-    from echobench.matrix import MatrixError, expand, load_matrix
+    from echobench.matrix import Executor, MatrixError, expand, load_matrix
 
-    if executor not in (None, "local", "slurm"):
-        fail(f"--executor {executor!r} is not valid: allowed local, slurm")
+    if executor not in (None, *typing.get_args(Executor)):
+        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(Executor))}")
     if max_runs is not None and max_runs < 1:
         fail(f"--max-runs {max_runs}: must be >= 1")
     try:

@@ -1,90 +1,86 @@
 """One benchmark run's settings: a typed dataclass with defaults (the TorchTitan way).
 
-The same keys appear in a matrix file's `defaults` and axes, and in `echobench run` flags.
+Each field is one setting, written once: its type (a Literal lists the choices), default, help
+text, lower bound and flag. From it come the `echobench run` flags (echobench.cli), the checks of
+`--config` files and of matrix files (check_value: one message for all three) and README's table
+of run settings (settings_table).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
-FRAMEWORKS = ("torchtitan", "megatron")
-PRECISIONS = ("auto", "bf16", "fp32", "fp8")
-AC_MODES = ("none", "selective", "full")
-TE_MODES = ("auto", "on", "off")  # TransformerEngine kernels in the megatron backend
-# Lower bounds of the integer settings; a matrix file's values are checked against them too.
-MIN_VALUES = {"nodes": 1, "gpus_per_node": 1, "steps": 1, "micro_batch": 1, "audio_frames": 1, "text_tokens": 1,
-              "speaker_frames": 1, "warmup_steps": 0, "repeat": 0, "fail_at_step": -1}
+from echobench.backends import BACKENDS
+from echobench.model.config import ENCODER_ALIASES, PRESETS, TEXT_ENCODERS, get_preset
+
+# Choices that live in a table elsewhere: the model presets, the text encoders, the backends.
+Scale = Literal[tuple(PRESETS)]
+EncoderModel = Literal[(*TEXT_ENCODERS, *ENCODER_ALIASES)]
+Framework = Literal[tuple(BACKENDS)]
 
 
-def check_min(key: str, value) -> None:
-    """Raises ValueError naming the key when an integer setting is below its lower bound."""
-    low = MIN_VALUES.get(key)
-    if low is not None and value is not None and value < low:
-        raise ValueError(f"{key}={value!r} is not valid: allowed an integer >= {low}")
+def setting(default, help: str, *, min: int | None = None, flag: str | None = None):
+    """A RunConfig field: its default and help text, an integer's lower bound, and its flag's
+    declaration when not --NAME ("--compile/--no-compile"; "" for none: set another way)."""
+    return field(default=default, metadata={"help": help, "min": min, "flag": flag})
 
 
 @dataclass
 class RunConfig:
-    scale: str = "tiny"
-    framework: str = "torchtitan"
-    parallelism: str = "single"  # single | ddp | fsdp2 | hsdp | tpN
-    nodes: int = 1
-    gpus_per_node: int = 1  # processes per node (GPUs, or CPU processes on a CPU machine)
-    steps: int = 30
-    warmup_steps: int = 10
-    micro_batch: int = 8
-    precision: str = "auto"  # bf16 on GPU, fp32 on CPU (bf16 GEMMs crawl on most CPUs)
-    audio_frames: int = 750
-    text_tokens: int = 256
-    speaker_frames: int = 750
-    compile: bool = False
-    ac: str = "none"
-    data: str = "synthetic"  # "synthetic" or a directory of tar shards
-    skip_bad_samples: bool = False
-    seed: int = 0
-    device: str = "auto"
-    peak_tflops: float | None = None
-    encoder_model: str | None = None  # text encoder by name; default: the preset's
-    frozen_encoder: bool = True  # False: the encoder trains too (gradients, optimizer, FLOPs)
-    t5_hidden_dim: int | None = None  # optional check: must equal the encoder's hidden size
-    encoder_checkpoint: str | None = None
-    tokenizer: str | None = None  # local Hugging Face tokenizer directory
-    profile: bool = False
-    fail_at_step: int | None = None  # failure injection for tests: raise at this step; -1: at start-up,
-    # before the process group forms (a worker that dies while its peers wait to rendezvous)
-    fail_rank: int | None = None  # ... on this rank only (all ranks when None)
-    fail_kind: str = "error"  # error | oom
-    collective_timeout_s: float = 300.0
-    time_limit_s: float | None = None  # the run stops itself after this long, with status timeout
-    te: str = "auto"  # megatron: TransformerEngine kernels when they import (auto), required (on), never (off)
-    sequence_parallel: bool = False  # megatron, GPU only: split the latent stream along T between TP regions
-    repeat: int = 0  # which independent launch of the same settings this is (`repeats: N` -> 0..N-1)
+    scale: Scale = setting("tiny", "Model preset.")
+    framework: Framework = setting("torchtitan", "Training backend.")
+    parallelism: str = setting("single", "Layout of the processes (--tp N sets tpN).")
+    nodes: int = setting(1, "Nodes (--nnodes with --nproc).", min=1, flag="")
+    gpus_per_node: int = setting(1, "Processes per node: GPUs, or CPU processes on a CPU machine (--nproc).",
+                                 min=1, flag="")
+    steps: int = setting(30, "Measured steps.", min=1)
+    warmup_steps: int = setting(10, "Warm-up steps, excluded from timing (compile happens here).", min=0)
+    micro_batch: int = setting(8, "Samples per data-parallel rank per step.", min=1)
+    precision: Literal["auto", "bf16", "fp32", "fp8"] = setting(
+        "auto", "auto: bf16 on GPU, fp32 on CPU (bf16 GEMMs crawl on most CPUs).")
+    audio_frames: int = setting(750, "Max audio latent frames (25 per second).", min=1)
+    text_tokens: int = setting(256, "Max text tokens.", min=1)
+    speaker_frames: int = setting(750, "Max speaker reference frames.", min=1)
+    compile: bool = setting(False, "torch.compile each block.")
+    ac: Literal["none", "selective", "full"] = setting("none", "Activation checkpointing of each block.")
+    data: str = setting("synthetic", "'synthetic' (in memory) or a directory of tar shards.")
+    skip_bad_samples: bool = setting(False, "Count and skip corrupt samples instead of failing.")
+    seed: int = setting(0, "Seed of the weights and the data order.")
+    device: Literal["auto", "cuda", "cpu"] = setting("auto", "auto: cuda when torch sees a GPU, else cpu.")
+    peak_tflops: float | None = setting(None, "Dense bf16 peak TFLOP/s per device for MFU (else table / calibration).")
+    encoder_model: EncoderModel | None = setting(None, "Text encoder (default: the preset's).")
+    frozen_encoder: bool = setting(True, "Freeze the text encoder (default) or train it (gradients, optimizer, "
+                                   "FLOPs).", flag="--frozen-encoder/--train-encoder")
+    t5_hidden_dim: int | None = setting(None, "Expected encoder hidden size (checked against encoder_model).")
+    encoder_checkpoint: str | None = setting(None, "Local checkpoint directory for the text encoder.")
+    tokenizer: str | None = setting(None, "Local Hugging Face tokenizer directory (else byte-level).")
+    profile: bool = setting(False, "Trace 3 steps after the measured ones (untimed): OUT/trace-rankN.json and the "
+                            "time breakdown OUT/breakdown.json (echobench explain).", flag="--profile")
+    fail_at_step: int | None = setting(None, "Testing: inject a failure at this step (-1: at start-up, before the "
+                                       "process group forms).", min=-1)
+    fail_rank: int | None = setting(None, "Testing: fail on this rank only (default: all ranks).")
+    fail_kind: Literal["error", "oom"] = setting("error", "Testing: the failure injected.")
+    collective_timeout_s: float = setting(300.0, "How long a live rank waits for a dead one in a collective.", flag="")
+    time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout).")
+    te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
+                                                "required (on), never (off).")
+    sequence_parallel: bool = setting(False, "megatron, GPU only: split the latent stream along T between TP regions.",
+                                      flag="--sequence-parallel")
+    repeat: int = setting(0, "Which independent launch of the same settings this is (repeats: N -> 0 .. N-1).",
+                          min=0, flag="")
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        def bad(key, value, allowed):
-            raise ValueError(f"{key}={value!r} is not valid: allowed {allowed}")
-
-        from echobench.model.config import PRESETS
-
-        if self.scale not in PRESETS:
-            bad("scale", self.scale, ", ".join(PRESETS))
-        if self.framework not in FRAMEWORKS:
-            bad("framework", self.framework, ", ".join(FRAMEWORKS))
-        if self.precision not in PRECISIONS:
-            bad("precision", self.precision, ", ".join(PRECISIONS))
-        if self.ac not in AC_MODES:
-            bad("ac", self.ac, ", ".join(AC_MODES))
-        if self.te not in TE_MODES:
-            bad("te", self.te, ", ".join(TE_MODES))
-        if self.fail_kind not in ("error", "oom"):
-            bad("fail_kind", self.fail_kind, "error, oom")
-        for key in MIN_VALUES:
-            check_min(key, getattr(self, key))
+        for f in fields(self):
+            check_value(f.name, getattr(self, f.name))
         encoder = self.model_config().text_encoder
         if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
             raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
@@ -92,8 +88,6 @@ class RunConfig:
 
     def model_config(self):
         """The model this run trains: the preset, its encoder choice and whether the encoder trains."""
-        from echobench.model.config import get_preset
-
         return get_preset(self.scale, self.encoder_model, self.frozen_encoder)
 
     @property
@@ -122,6 +116,85 @@ class RunConfig:
         if unknown:
             raise ValueError(f"unknown run key(s) {', '.join(unknown)}: allowed {', '.join(sorted(known))}")
         return cls(**data)
+
+
+FIELDS = {f.name: f for f in fields(RunConfig)}
+HINTS = typing.get_type_hints(RunConfig)
+
+
+@functools.cache
+def base_type(key: str):
+    """The field's type without its None: int for `int | None`."""
+    args = [a for a in typing.get_args(HINTS[key]) if a is not type(None)]
+    union = typing.get_origin(HINTS[key]) in (typing.Union, types.UnionType)
+    return args[0] if union and len(args) == 1 else HINTS[key]
+
+
+@functools.cache
+def choices(key: str) -> tuple[str, ...] | None:
+    """The values a setting may take, when they are a list: a Literal's, or the backends' layouts."""
+    if key == "parallelism":
+        return tuple(p for b in BACKENDS.values() for p in b.layouts)
+    kind = base_type(key)
+    return typing.get_args(kind) if typing.get_origin(kind) is Literal else None
+
+
+def allowed_text(key: str) -> str:
+    """What a setting may be, in words: for its error message, its flag's help and README."""
+    if key == "parallelism":
+        return "; ".join(f"{', '.join(p.replace('tpN', 'tpN with N >= 1') for p in b.layouts)} ({b.name})"
+                         for b in BACKENDS.values())
+    if allowed := choices(key):
+        return ", ".join(allowed)
+    low = FIELDS[key].metadata["min"]
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[base_type(key)]
+    return f"{words} >= {low}" if low is not None else words
+
+
+@functools.cache
+def _adapter(key: str):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(HINTS[key])
+
+
+def check_value(key: str, value):
+    """`value`, checked against the field `key`: its type, choices and lower bound. Raises
+    ValueError with one line, `key=value is not valid: allowed ...`, the same whether the value came
+    from a flag, a --config file or a matrix file. Returns the value as the field's type."""
+    from pydantic import ValidationError
+
+    if key not in FIELDS:
+        raise ValueError(f"unknown run key {key!r}: allowed {', '.join(FIELDS)}")
+    allowed = choices(key)
+    if allowed is not None and value is not None:
+        if key == "parallelism":
+            ok = isinstance(value, str) and any(b.has_layout(value) for b in BACKENDS.values())
+        else:
+            ok = isinstance(value, str) and value in allowed
+        if not ok:  # YAML reads a bare on / off / yes / no as a boolean
+            quote = "; quote the value in YAML" if isinstance(value, bool) else ""
+            raise ValueError(f"{key}={value!r} is not valid: allowed {allowed_text(key)}{quote}")
+    try:
+        value = _adapter(key).validate_python(value, strict=True)
+    except ValidationError:
+        kind = base_type(key)
+        raise ValueError(f"{key}={value!r} has the wrong type: expected {getattr(kind, '__name__', kind)}") from None
+    low = FIELDS[key].metadata["min"]
+    if low is not None and value is not None and value < low:
+        raise ValueError(f"{key}={value!r} is not valid: allowed {allowed_text(key)}")
+    return value
+
+
+def settings_table() -> str:
+    """README's table of run settings (markdown), from the fields; a test holds README to it."""
+    rows = ["| setting | `run` flag | default | allowed | what |", "| --- | --- | --- | --- | --- |"]
+    for name, f in FIELDS.items():
+        flag = "--" + name.replace("_", "-") if f.metadata["flag"] is None else f.metadata["flag"]
+        default = json.dumps(f.default)  # as a matrix or --config file writes it (YAML reads JSON)
+        allowed = allowed_text(name) + (" or null" if HINTS[name] != base_type(name) else "")
+        rows.append(f"| `{name}` | {f'`{flag}`' if flag else '-'} | `{default}` | {allowed} | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
 
 
 # Keys that do not change what is measured: left out of the run id.

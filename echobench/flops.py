@@ -225,3 +225,23 @@ def flops_report(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_f
         "ac": ac,
         "breakdown": f.as_dict(),
     }
+
+
+def flops_table(report: dict, cfg) -> list:
+    """`echobench flops`: the report's parameters and FLOPs by part, and the totals, as rich renderables."""
+    from rich.table import Table
+    from rich.text import Text
+
+    params, total = report["params"], report["model_flops_per_sample"]
+    table = Table(title=f"Echo TTS {cfg.scale}: {cfg.audio_frames} audio frames, {cfg.text_tokens} text tokens, "
+                        f"{cfg.speaker_frames} speaker frames")
+    for col in ("part", "params (M)", "forward GFLOP", "backward GFLOP", "total GFLOP", "share"):
+        table.add_column(col, justify="right" if col != "part" else "left")
+    for name, part in report["breakdown"]["parts"].items():
+        table.add_row(name, f"{params['parts'][name] / 1e6:.1f}", f"{part['forward'] / 1e9:.1f}",
+                      f"{part['backward'] / 1e9:.1f}", f"{part['total'] / 1e9:.1f}", f"{part['total'] / total:.1%}")
+    table.add_row("total", f"{(params['trainable'] + params['frozen']) / 1e6:.1f}", "", "", f"{total / 1e9:.1f}", "100%")
+    return [table, Text(f"trainable parameters: {params['trainable'] / 1e6:.1f}M; frozen text encoder: "
+                        f"{params['frozen'] / 1e6:.1f}M"),
+            Text(f"model FLOPs per sample: {total / 1e12:.3f} TFLOP; with ac={cfg.ac}: "
+                 f"{report['hardware_flops_per_sample'] / 1e12:.3f} TFLOP (HFU numerator)")]

@@ -4,10 +4,10 @@ A matrix (DESIGN.md "Matrix file") has `defaults`, `axes` (any RunConfig key; th
 cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
 matches any of its items) and `include` (extra single runs; an entry may carry its own
 `time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,
-the same settings otherwise). The file is checked with pydantic:
-an unknown key, a wrong type or a bad value is an error naming the file, the key and what is
-allowed. A combination that cannot run (a layout the framework lacks, TP wider than a node, ...)
-is listed as skipped with its reason, never an error.
+the same settings otherwise). The file is checked with pydantic, and run keys against their
+RunConfig field: an unknown key, a wrong type or a bad value is an error naming the file, the key
+and what is allowed. A combination that cannot run (a layout the framework lacks, TP wider than a
+node, ...) is listed as skipped with its reason, never an error.
 
 Everything that later reaches a shell script (names, SLURM options, env) is validated here;
 the job script quotes it again (echobench.executors.slurm).
@@ -18,27 +18,17 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from echobench.config import AC_MODES, FRAMEWORKS, PRECISIONS, RunConfig, check_min, run_id
+from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
 
-PARALLELISMS = {
-    "torchtitan": ("single", "ddp", "fsdp2", "hsdp"),
-    "megatron": ("tpN",),  # tensor parallelism of any width N >= 1: tp1, tp2, tp3, ...
-}
-TP_RE = r"tp[1-9][0-9]*"
+Executor = Literal["local", "slurm"]
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
-
-
-def has_parallelism(framework: str, parallelism: str) -> bool:
-    return any(parallelism == p or (p == "tpN" and re.fullmatch(TP_RE, parallelism))
-               for p in PARALLELISMS[framework])
 
 
 class MatrixError(ValueError):
@@ -177,7 +167,7 @@ class HardwareSettings(Strict):
 
 class MatrixFile(Strict):
     name: str
-    executor: Literal["local", "slurm"] = "local"
+    executor: Executor = "local"
     slurm: SlurmSettings = SlurmSettings()
     local: LocalSettings = LocalSettings()
     hardware: HardwareSettings = HardwareSettings()
@@ -192,51 +182,6 @@ class MatrixFile(Strict):
     @classmethod
     def _name(cls, v):
         return _check(NAME_RE, "matrix name (letters, digits, . _ -)", v)
-
-
-# ---- run keys: each value checked against RunConfig's field type and allowed values ----
-
-RUN_HINTS = typing.get_type_hints(RunConfig)
-RUN_KEYS = tuple(f.name for f in fields(RunConfig))
-ALLOWED_VALUES = {
-    "framework": FRAMEWORKS,
-    "precision": PRECISIONS,
-    "ac": AC_MODES,
-    "fail_kind": ("error", "oom"),
-}
-
-
-def _allowed(key: str) -> tuple[str, ...] | None:
-    if key == "scale":
-        from echobench.model.config import PRESETS
-
-        return tuple(PRESETS)
-    if key == "encoder_model":
-        from echobench.model.config import TEXT_ENCODERS
-
-        return tuple(TEXT_ENCODERS)
-    return ALLOWED_VALUES.get(key)
-
-
-def check_run_value(key: str, value: Any) -> Any:
-    """A run setting's value, type-checked; raises ValueError naming what is allowed."""
-    if key not in RUN_KEYS:
-        raise ValueError(f"unknown run key {key!r}: allowed {', '.join(RUN_KEYS)}")
-    from pydantic import TypeAdapter
-
-    hint = RUN_HINTS[key]
-    try:
-        value = TypeAdapter(hint).validate_python(value, strict=True)
-    except (ValidationError, TypeError, ValueError):
-        raise ValueError(f"{value!r} has the wrong type: expected {getattr(hint, '__name__', hint)}") from None
-    if key == "parallelism" and not any(has_parallelism(fw, value) for fw in PARALLELISMS):
-        names = [p for ps in PARALLELISMS.values() for p in ps]
-        raise ValueError(f"{value!r} is not allowed: choose {', '.join(names)} (N >= 1)")
-    allowed = _allowed(key)
-    if allowed is not None and value not in allowed:
-        raise ValueError(f"{value!r} is not allowed: choose {', '.join(map(str, allowed))}")
-    check_min(key, value)
-    return value
 
 
 def _loc(parts) -> str:
@@ -262,13 +207,14 @@ def _format_pydantic(path: Path, exc: ValidationError) -> str:
 
 
 def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
+    """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is."""
     out = {}
     for key, value in mapping.items():
         try:
             if allow_lists and isinstance(value, list):
-                out[key] = [check_run_value(key, v) for v in value]
+                out[key] = [check_value(key, v) for v in value]
             else:
-                out[key] = check_run_value(key, value)
+                out[key] = check_value(key, value)
         except ValueError as exc:
             raise MatrixError(f"{path}: {where}.{key}: {exc}") from None
     return out
@@ -398,28 +344,13 @@ def _matches(settings: dict, entry: dict) -> bool:
     return True
 
 
-def layout_problem(cfg: RunConfig) -> str | None:
-    """Generic reasons a layout cannot run, then the backend's own (parallelism_problem)."""
-    par, fw = cfg.parallelism, cfg.framework
-    if not has_parallelism(fw, par):
-        return f"{fw} has no parallelism {par} (it has {', '.join(PARALLELISMS[fw])})"
-    if par == "single" and cfg.world_size != 1:
-        return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}"
-    if cfg.tp > cfg.gpus_per_node:
-        return f"{par} needs {cfg.tp} GPUs in one node; a node has {cfg.gpus_per_node}"
-    if cfg.world_size % cfg.tp:
-        return f"world size {cfg.world_size} is not divisible by tp={cfg.tp}"
-    heads = cfg.model_config().heads
-    if heads % cfg.tp:
-        return f"tp={cfg.tp} does not divide the {heads} attention heads of {cfg.scale}"
-    if par == "hsdp" and cfg.nodes < 2:
-        return "hsdp shards within a node and replicates across nodes: it needs nodes >= 2 (use fsdp2)"
-    from echobench.backends import parallelism_problem
+def layout_problem(cfg: RunConfig, executor: str) -> str | None:
+    """Why a run cannot be run here: the executor's reasons, then the backend's (parallelism_problem)."""
+    if executor == "local" and cfg.nodes > 1:
+        return f"the local executor runs on this one machine: nodes={cfg.nodes} needs --executor slurm"
+    from echobench import backends
 
-    try:
-        return parallelism_problem(cfg)
-    except ImportError as exc:
-        return f"the {fw} backend is not available here ({exc})"
+    return backends.parallelism_problem(cfg)
 
 
 def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
@@ -471,11 +402,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         except (TypeError, ValueError) as exc:
             plan.skipped.append(SkippedRun(settings, str(exc)))
             continue
-        if executor == "local" and cfg.nodes > 1:
-            plan.skipped.append(SkippedRun(settings, f"the local executor runs on this one machine: nodes={cfg.nodes} "
-                                                     f"needs --executor slurm", cfg))
-            continue
-        if problem := layout_problem(cfg):
+        if problem := layout_problem(cfg, executor):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
         if run_id(cfg) in seen:
@@ -499,14 +426,12 @@ def parse_only(items: list[str]) -> dict[str, list]:
     wanted: dict[str, list] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or key not in RUN_KEYS:
-            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(RUN_KEYS)}")
-        value = yaml.safe_load(text) if text else text
-        hint = RUN_HINTS[key]
-        if hint is str or hint == (str | None):
-            value = text  # "800M", "3B": never numbers here
+        if not sep or key not in FIELDS:
+            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIELDS)}")
+        # Text settings stay text ("800M", "on"); others are read as YAML (numbers, true / false).
+        value = text if base_type(key) is str or choices(key) else yaml.safe_load(text) if text else text
         try:
-            wanted.setdefault(key, []).append(check_run_value(key, value))
+            wanted.setdefault(key, []).append(check_value(key, value))
         except ValueError as exc:
             raise MatrixError(f"--only {item!r}: {exc}") from None
     return wanted

@@ -82,7 +82,7 @@ def test_each_skip_reason(monkeypatch):
     reasons["framework"] = reason(base + "defaults: {framework: megatron, parallelism: ddp}")
     assert reasons["framework"] == "megatron has no parallelism ddp (it has tpN)"
     reasons["single"] = reason(base + "defaults: {parallelism: single, nodes: 2}")
-    assert "single runs on one process, not 2 node(s) x 1" == reasons["single"]
+    assert reasons["single"] == "single runs on one process, not 2 node(s) x 1: use ddp, fsdp2 or hsdp"
     reasons["tp_node"] = reason(base + "defaults: {framework: megatron, parallelism: tp4}")
     assert reasons["tp_node"] == "tp4 needs 4 GPUs in one node; a node has 2"
     reasons["divisible"] = reason("name: t\nslurm: {gpus_per_node: 3}\ndefaults: {framework: megatron, parallelism: tp2}")
@@ -106,7 +106,7 @@ def test_only_filters_by_setting():
     assert len(select(p.runs, parse_only(["micro_batch=2", "micro_batch=4", "ac=full"]))) == 2
     with pytest.raises(MatrixError, match="KEY=VALUE"):
         parse_only(["bogus=1"])
-    with pytest.raises(MatrixError, match="choose none, selective, full"):
+    with pytest.raises(MatrixError, match="ac='most' is not valid: allowed none, selective, full"):
         parse_only(["ac=most"])
 
 
@@ -150,17 +150,17 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\nhardware: {peak_tflops: -1}\n", "m.yaml: hardware.peak_tflops: Input should be greater than 0"),
     ("name: t\nhardware: {device: TPU9}\n", "m.yaml: hardware.device: no memory size known for device 'TPU9'"),
     ("axes: {}\n", "m.yaml: name is required"),
-    ("name: t\naxes: {scale: [800M, 5B]}\n", "m.yaml: axes.scale: '5B' is not allowed: choose tiny, 800M, 3B, 8B"),
-    ("name: t\naxes: {parallelism: [tp0]}\n", "m.yaml: axes.parallelism: 'tp0' is not allowed: choose single, ddp, fsdp2, hsdp, tpN (N >= 1)"),
-    ("name: t\naxes: {parallelism: [tpx]}\n", "m.yaml: axes.parallelism: 'tpx' is not allowed: choose single"),
-    ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: 'ten' has the wrong type: expected int"),
-    ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: 'yes please' has the wrong type: expected bool"),
+    ("name: t\naxes: {scale: [800M, 5B]}\n", "m.yaml: axes.scale: scale='5B' is not valid: allowed tiny, 800M, 3B, 8B"),
+    ("name: t\naxes: {parallelism: [tp0]}\n", "m.yaml: axes.parallelism: parallelism='tp0' is not valid: allowed single, ddp, fsdp2, hsdp (torchtitan); tpN with N >= 1 (megatron)"),
+    ("name: t\naxes: {parallelism: [tpx]}\n", "m.yaml: axes.parallelism: parallelism='tpx' is not valid: allowed single"),
+    ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: steps='ten' has the wrong type: expected int"),
+    ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: compile='yes please' has the wrong type: expected bool"),
     ("name: t\naxes: {scale: []}\n", "m.yaml: axes.scale: an axis needs at least one value"),
     ("name: t\naxes: {scale: 3B}\n", "m.yaml: axes.scale: Input should be a valid list"),
     ("name: t\ndefaults: {batch: 8}\n", "m.yaml: defaults.batch: unknown run key 'batch': allowed scale, framework"),
-    ("name: t\ndefaults: {precision: fp16}\n", "m.yaml: defaults.precision: 'fp16' is not allowed: choose auto, bf16, fp32, fp8"),
+    ("name: t\ndefaults: {precision: fp16}\n", "m.yaml: defaults.precision: precision='fp16' is not valid: allowed auto, bf16, fp32, fp8"),
     ("name: t\nexclude: [{}]\n", "m.yaml: exclude[0] is empty"),
-    ("name: t\nexclude: [{ac: [none, most]}]\n", "m.yaml: exclude[0].ac: 'most' is not allowed: choose none, selective, full"),
+    ("name: t\nexclude: [{ac: [none, most]}]\n", "m.yaml: exclude[0].ac: ac='most' is not valid: allowed none, selective, full"),
     ("name: t\ninclude: [{nodes: 0}]\n", "m.yaml: include[0].nodes: nodes=0 is not valid: allowed an integer >= 1"),
     ("name: t\naxes: {nodes: [1, -1]}\n", "m.yaml: axes.nodes: nodes=-1 is not valid: allowed an integer >= 1"),
     ("name: t\ndefaults: {micro_batch: 0}\n", "m.yaml: defaults.micro_batch: micro_batch=0 is not valid: allowed an integer >= 1"),
@@ -344,7 +344,7 @@ def test_plan_command_prints_runs_skips_and_the_exact_script(cli, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: t\naxes: {scale: [9B]}\n")
     proc = cli("plan", bad)
-    assert proc.returncode == 2 and "axes.scale: '9B' is not allowed" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "axes.scale: scale='9B' is not valid" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("body, expected", [

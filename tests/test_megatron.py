@@ -218,11 +218,12 @@ def test_validation_errors_are_clear():
     assert problem(parallelism="tp2", gpus_per_node=2) is None
     assert problem(parallelism="tp1") is None
     assert problem(parallelism="tp2", gpus_per_node=4, nodes=2) is None  # tp2 x dp4
-    assert "divide the DiT's 4 attention heads" in problem(parallelism="tp3", gpus_per_node=3)
+    assert "does not divide the 4 attention heads" in problem(parallelism="tp3", gpus_per_node=3)
     assert "MLP width 3456" in problem(scale="800M", parallelism="tp5", gpus_per_node=5)
     assert "world size 3" in problem(parallelism="tp2", gpus_per_node=3)
-    assert "processes per node" in problem(parallelism="tp4", gpus_per_node=2, nodes=2)
-    assert "no parallelism 'ddp'" in problem(parallelism="ddp")
+    assert "tp4 needs 4 GPUs in one node" in problem(parallelism="tp4", gpus_per_node=2, nodes=2)
+    assert "processes per node" in problem(parallelism="tp2", gpus_per_node=3, nodes=2)
+    assert "no parallelism ddp" in problem(parallelism="ddp")
     assert "GPU only" in problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu")
     assert "tp > 1" in problem(parallelism="tp1", sequence_parallel=True)
     assert problem(parallelism="tp1", precision="fp8").startswith("fp8 on megatron would need TransformerEngine")

@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ROOT, cli_env, run_cli
+from echobench.backends import parallelism_problem
 from echobench.backends.torchtitan import apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
 from echobench.data import SyntheticSource
@@ -327,7 +328,7 @@ def test_validate_names_the_problem():
     assert "nodes >= 2" in validate(RunConfig(parallelism="hsdp", gpus_per_node=4))
     assert validate(RunConfig(parallelism="hsdp", nodes=2, gpus_per_node=4)) is None
     assert "runs on one process" in validate(RunConfig(parallelism="single", gpus_per_node=2))
-    assert "no parallelism" in validate(RunConfig(parallelism="tp2", gpus_per_node=2))
+    assert "no parallelism" in parallelism_problem(RunConfig(parallelism="tp2", gpus_per_node=2))
 
 
 def test_samples_and_draws_do_not_depend_on_the_split():

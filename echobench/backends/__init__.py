@@ -1,14 +1,22 @@
 """Training backends: each turns the plain model into something that trains on this process group.
 
-A backend returns a TrainSetup; the benchmark loop (echobench.bench) owns timing and metrics.
+Each backend is one registered object (as torchtitan's ModelSpec carries a model's parallelize
+function): its name, the layouts it runs, and its module, which holds `validate(cfg)` (why a run
+cannot work, None when it can; imports nothing heavy) and `build(cfg, dist_info, dtype)` (the
+TrainSetup). The module is imported only when first used, so the registry, and every check that
+runs before any process starts, needs neither torch nor megatron-core. The benchmark loop
+(echobench.bench) owns timing and metrics.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -23,28 +31,44 @@ class TrainSetup:
     dp_group: Any = None
 
 
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    layouts: tuple[str, ...]  # values of `parallelism`; "tpN" is tensor parallelism of any width N >= 1
+    module: str  # holds validate(cfg) -> str | None and build(cfg, dist_info, dtype) -> TrainSetup
+
+    def has_layout(self, parallelism: str) -> bool:
+        return any(parallelism == p or (p == "tpN" and re.fullmatch(r"tp[1-9][0-9]*", parallelism))
+                   for p in self.layouts)
+
+    def validate(self, cfg) -> str | None:
+        """Why this run cannot work on this backend (None when it can), its layout being one of its own."""
+        return importlib.import_module(self.module).validate(cfg)
+
+    def build(self, cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
+        return importlib.import_module(self.module).build(cfg, dist_info, dtype)
+
+
+BACKENDS = {b.name: b for b in (
+    Backend("torchtitan", ("single", "ddp", "fsdp2", "hsdp"), "echobench.backends.torchtitan"),
+    Backend("megatron", ("tpN",), "echobench.backends.megatron"),
+)}
+
+
 def build_training(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    if cfg.framework == "torchtitan":
-        from echobench.backends.torchtitan import build
-
-        return build(cfg, dist_info, dtype)
-    if cfg.framework == "megatron":
-        from echobench.backends.megatron import build
-
-        return build(cfg, dist_info, dtype)
-    raise ValueError(f"unknown framework {cfg.framework!r}: choose torchtitan or megatron")
+    if problem := parallelism_problem(cfg):
+        raise ValueError(problem)
+    return BACKENDS[cfg.framework].build(cfg, dist_info, dtype)
 
 
 def parallelism_problem(cfg) -> str | None:
-    """Why this run's layout cannot work (None when it can), without starting any process.
-
-    Used by `echobench run` before launching and by the matrix expansion to list skipped runs.
-    Each backend module has a `validate(cfg) -> str | None` that imports nothing heavy.
-    """
-    if cfg.framework == "torchtitan":
-        from echobench.backends.torchtitan import validate
-    elif cfg.framework == "megatron":
-        from echobench.backends.megatron import validate
-    else:
-        return f"unknown framework {cfg.framework!r}: choose torchtitan or megatron"
-    return validate(cfg)
+    """Why this run's layout cannot work (None when it can), without starting any process: a layout
+    the backend lacks, then the backend's own check. `echobench run` asks it before launching, the
+    matrix expansion to list skipped runs."""
+    backend = BACKENDS[cfg.framework]
+    if not backend.has_layout(cfg.parallelism):
+        return f"{backend.name} has no parallelism {cfg.parallelism} (it has {', '.join(backend.layouts)})"
+    try:
+        return backend.validate(cfg)
+    except ImportError as exc:  # e.g. fp8's check builds the model, which needs transformers
+        return f"the {backend.name} backend is not available here ({exc})"

@@ -23,18 +23,10 @@ model), GlobalMemoryBuffer and the sequence-parallel collectives in tensor_paral
 from __future__ import annotations
 
 import importlib.util
-import re
 
 import torch
 
 from echobench.backends import TrainSetup
-
-TE_MODES = ("auto", "on", "off")
-
-
-def tp_of(parallelism: str) -> int | None:
-    m = re.fullmatch(r"tp(\d+)", parallelism)
-    return int(m.group(1)) if m else None
 
 
 def te_installed() -> bool:
@@ -42,28 +34,25 @@ def te_installed() -> bool:
 
 
 def validate(cfg) -> str | None:
-    tp = tp_of(cfg.parallelism)
-    if tp is None or tp < 1:
-        return f"megatron has no parallelism {cfg.parallelism!r}: use tpN (tp1, tp2, tp4, tp8) or --tp N"
-    model = cfg.model_config()
-    if model.heads % tp:
-        return f"tp={tp} must divide the DiT's {model.heads} attention heads ({cfg.scale}): choose another --tp"
-    if model.mlp % tp:
-        return f"tp={tp} must divide the DiT's MLP width {model.mlp} ({cfg.scale}): choose another --tp"
+    """Why this tpN run cannot work (None when it can); the registry has checked the layout."""
+    tp, par, gpn, model = cfg.tp, cfg.parallelism, cfg.gpus_per_node, cfg.model_config()
+    if tp > gpn:
+        return f"{par} needs {tp} GPUs in one node; a node has {gpn}"
     if cfg.world_size % tp:
-        return f"tp={tp} must divide the world size {cfg.world_size}: change --tp or --nproc/--nnodes"
-    if tp > cfg.gpus_per_node or cfg.gpus_per_node % tp:
-        return (f"tp={tp} must divide the {cfg.gpus_per_node} processes per node "
+        return f"world size {cfg.world_size} is not divisible by tp={tp}"
+    if gpn % tp:
+        return (f"tp={tp} must divide the {gpn} processes per node "
                 f"(tensor parallelism stays inside a node): change --tp or --nproc")
+    if model.heads % tp:
+        return f"tp={tp} does not divide the {model.heads} attention heads of {cfg.scale}"
+    if model.mlp % tp:
+        return f"tp={tp} does not divide the DiT's MLP width {model.mlp} ({cfg.scale})"
     if cfg.precision == "fp8":
         return ("fp8 on megatron would need TransformerEngine's fp8 layers, which echobench does not drive: "
                 "use --framework torchtitan for fp8 (torchao float8), or precision bf16")
-    te = getattr(cfg, "te", "auto")
-    if te not in TE_MODES:
-        return f"te={te!r} is not valid: allowed {', '.join(TE_MODES)}"
-    if te == "on" and not te_installed():
+    if cfg.te == "on" and not te_installed():
         return "--te on: transformer_engine is not installed here; use --te auto or --te off"
-    if getattr(cfg, "sequence_parallel", False):
+    if cfg.sequence_parallel:
         if tp == 1:
             return "sequence parallelism needs tp > 1"
         if cfg.device == "cpu":

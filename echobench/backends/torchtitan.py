@@ -19,15 +19,13 @@ from torch import nn
 from echobench.backends import TrainSetup
 from echobench.model.echo import EchoTTS
 
-SUPPORTED = ("single", "ddp", "fsdp2", "hsdp")
 DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")
 
 
 def validate(cfg) -> str | None:
-    if cfg.parallelism not in SUPPORTED:
-        return f"torchtitan has no parallelism {cfg.parallelism!r}: choose {', '.join(SUPPORTED)}"
+    """Why this run cannot work (None when it can); the registry has checked the layout."""
     if cfg.parallelism == "single" and cfg.world_size != 1:
-        return f"parallelism 'single' runs on one process, not {cfg.world_size}: use ddp, fsdp2 or hsdp"
+        return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}: use ddp, fsdp2 or hsdp"
     if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
         return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
     if cfg.parallelism == "hsdp" and cfg.nodes < 2:

@@ -147,3 +147,48 @@ def compare_records(old: list[dict], new: list[dict], threshold_pct: float, alph
     for key in sorted(set(old_by_key) & set(new_by_key), key=lambda k: first_run_id(new_by_key[k])):
         result.changes.append(compare_configuration(old_by_key[key], new_by_key[key], threshold_pct, alpha))
     return result
+
+
+def comparison_report(result: Comparison, title: str) -> list:
+    """`echobench compare`: the table of paired configurations, then one line per reason, the
+    unpaired ones and the verdict, as rich renderables (outside text wrapped in Text: verbatim)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from echobench.console import esc
+
+    def pct(v):
+        return "-" if v is None else f"{v:+.1f}%"
+
+    def num(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    threshold, alpha = result.threshold_pct, result.alpha
+    t = Table(title=esc(f"{title} (threshold {threshold:g}%, alpha {alpha:g})"))
+    t.add_column("configuration", overflow="fold")
+    for col in ("repeats", "status", "samples/s old -> new", "MFU old -> new", "steps", "p (slower)", "verdict"):
+        t.add_column(col, justify="left" if col in ("status", "verdict") else "right")
+    lines = []
+    for c in result.changes:
+        status = c.new_status if c.old_status == c.new_status else f"{c.old_status} -> {c.new_status}"
+        verdict = ("REGRESSION" if c.regressed else "weak" if c.weak else "not significant" if c.reason else "ok")
+        t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status),
+                  f"{num(c.old_samples_per_s, '.4g')} -> {num(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
+                  f"{num(c.old_mfu, '.2%')} -> {num(c.new_mfu, '.2%')} ({pct(c.mfu_change_pct)})",
+                  f"{c.old_steps}/{c.new_steps}", num(c.p_value, ".2g"),
+                  Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
+        if c.reason:  # one line each, so the reason is never squeezed into a column
+            lines.append(Text(f"{c.run_id}: ") + Text(f"{verdict} ", style="red" if c.regressed else "yellow")
+                         + Text(c.reason))
+    lines += [Text(f"{label} ({len(ids)}): {', '.join(ids)}")
+              for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)) if ids]
+    if result.weak:
+        lines.append(Text(f"{len(result.weak)} weak comparison(s): fewer than {MIN_STEPS} stored steps a side, "
+                          "not decided", style="yellow"))
+    if result.regressions:
+        lines.append(Text(f"{len(result.regressions)} of {len(result.changes)} configuration(s) regressed "
+                          f"(more than {threshold:g}% and p < {alpha:g}, or now failing)", style="red"))
+    else:
+        lines.append(Text(f"{len(result.changes)} paired configuration(s), no significant loss of more than "
+                          f"{threshold:g}%"))
+    return [t, *lines]

@@ -1,0 +1,165 @@
+"""Run settings: one typed definition drives the flags, --config files, matrix files and README;
+the backend registry."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from echobench.backends import BACKENDS, parallelism_problem
+from echobench.cli import app
+from echobench.config import FIELDS, RunConfig, settings_table
+from echobench.matrix import MatrixError, expand, parse_matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every command's options (names and secondary names) as they were before the options were
+# generated from RunConfig (captured from main at 5729728): no flag may go missing or change name.
+OPTIONS = {
+    "run": ["--ac", "--audio-frames", "--compile", "--config", "--data", "--device", "--encoder-checkpoint",
+            "--encoder-model", "--fail-at-step", "--fail-kind", "--fail-rank", "--framework", "--frozen-encoder",
+            "--master-addr", "--master-port", "--micro-batch", "--nnodes", "--no-compile", "--no-skip-bad-samples",
+            "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--profile",
+            "--repeats", "--scale", "--seed", "--sequence-parallel", "--skip-bad-samples", "--speaker-frames",
+            "--steps", "--t5-hidden-dim", "--te", "--text-tokens", "--time-limit-s", "--tokenizer", "--tp",
+            "--train-encoder", "--warmup-steps"],
+    "flops": ["--ac", "--audio-frames", "--encoder-model", "--frozen-encoder", "--json", "--scale",
+              "--speaker-frames", "--text-tokens", "--train-encoder"],
+    "calibrate": ["--device", "--dtype", "--iters", "--json", "--size"],
+    "report": ["--out", "--reference", "--table", "-o", "paths"],
+    "compare": ["--alpha", "--threshold", "new", "old"],
+    "explain": ["--json", "run_dir"],
+    "plan": ["--executor", "--json", "--max-runs", "--out", "--script", "matrix_path"],
+    "sweep": ["--executor", "--force", "--max-runs", "--no-wait", "--only", "--out", "--poll", "--retry-failed",
+              "--wait", "matrix_path"],
+    "status": ["--export", "--poll", "--wait", "runs_dir"],
+    "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
+}
+# ... and the defaults of run's and flops' options then.
+DEFAULTS = {
+    "run": {"out": None, "config": None, "nproc": None, "nnodes": 1, "node_rank": 0, "master_addr": None,
+            "master_port": 29500, "repeats": 1, "scale": "tiny", "framework": "torchtitan", "parallelism": "single",
+            "tp": None, "te": "auto", "sequence_parallel": False, "steps": 30, "warmup_steps": 10, "micro_batch": 8,
+            "data": "synthetic", "precision": "auto", "peak_tflops": None, "audio_frames": 750, "text_tokens": 256,
+            "speaker_frames": 750, "compile": False, "ac": "none", "seed": 0, "device": "auto",
+            "skip_bad_samples": False, "encoder_model": None, "frozen_encoder": True, "t5_hidden_dim": None,
+            "encoder_checkpoint": None, "tokenizer": None, "profile": False, "fail_at_step": None, "fail_rank": None,
+            "fail_kind": "error", "time_limit_s": None},
+    "flops": {"scale": "8B", "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750, "ac": "none",
+              "encoder_model": None, "frozen_encoder": True, "as_json": False},
+}
+
+
+def commands() -> dict:
+    group = typer.main.get_command(app)
+    out = {}
+    for name, cmd in group.commands.items():
+        for sub, inner in getattr(cmd, "commands", {name: cmd}).items():
+            out[name if sub == name else f"{name} {sub}"] = inner
+    return out
+
+
+def test_every_command_keeps_its_options_and_defaults():
+    cmds = commands()
+    assert {name: sorted(o for p in cmd.params for o in p.opts + p.secondary_opts) for name, cmd in cmds.items()} \
+        == OPTIONS
+    for name, defaults in DEFAULTS.items():
+        assert {p.name: p.default for p in cmds[name].params} == defaults
+
+
+def test_the_help_of_a_run_option_is_its_fields():
+    params = {p.name: p for p in commands()["run"].params}
+    flagged = [name for name, f in FIELDS.items() if f.metadata["flag"] != ""]
+    assert flagged and set(flagged) <= set(params)
+    for name in flagged:
+        assert params[name].help.startswith(FIELDS[name].metadata["help"]), name
+    assert params["precision"].help.endswith("Allowed: auto, bf16, fp32, fp8.")
+    assert "after the measured ones (untimed)" in params["profile"].help
+    # Fields set another way (--nproc / --nnodes, a matrix's repeats) have no flag of their own.
+    assert not {"nodes", "gpus_per_node", "repeat"} & set(params)
+
+
+def one_error(result) -> str:
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("te", "maybe", "auto, on, off"),
+    ("precision", "maybe", "auto, bf16, fp32, fp8"),
+    ("ac", "most", "none, selective, full"),
+    ("fail_kind", "segfault", "error, oom"),
+    ("device", "tpu", "auto, cuda, cpu"),
+    ("scale", "9B", "tiny, 800M, 3B, 8B"),
+])
+def test_a_bad_choice_reads_the_same_from_a_flag_a_config_file_and_a_matrix(tmp_path, key, value, allowed):
+    message = f"{key}={value!r} is not valid: allowed {allowed}"
+    runner = CliRunner()
+    flag = one_error(runner.invoke(app, ["run", f"--{key.replace('_', '-')}", value, "--out", str(tmp_path / "a")]))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({key: value}))
+    from_file = one_error(runner.invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "b")]))
+    with pytest.raises(MatrixError) as exc:  # an error naming the file, never a silently skipped run
+        expand(parse_matrix(f"name: t\naxes: {{{key}: [{value}]}}\n", "m.yaml"))
+    assert flag == f"error: run settings: {message}"
+    assert from_file == f"error: {config}: {message}"
+    assert str(exc.value) == f"m.yaml: axes.{key}: {message}"
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_yaml_boolean_for_a_text_choice_says_to_quote_it(tmp_path):
+    with pytest.raises(MatrixError, match=r"te=False is not valid: allowed auto, on, off; quote the value in YAML"):
+        parse_matrix("name: t\ndefaults: {te: off}\n", "m.yaml")
+
+
+def test_readme_lists_every_setting_as_the_dataclass_defines_it():
+    assert settings_table() in (ROOT / "README.md").read_text()
+
+
+def test_the_registry_lists_both_backends_and_their_layouts():
+    assert {name: b.layouts for name, b in BACKENDS.items()} == {
+        "torchtitan": ("single", "ddp", "fsdp2", "hsdp"), "megatron": ("tpN",)}
+    megatron = BACKENDS["megatron"]
+    assert megatron.has_layout("tp1") and megatron.has_layout("tp12") and not megatron.has_layout("tp0")
+    assert not BACKENDS["torchtitan"].has_layout("tp2") and not megatron.has_layout("ddp")
+    # The framework's allowed values are the registry's names.
+    with pytest.raises(ValueError, match="framework='jax' is not valid: allowed torchtitan, megatron"):
+        RunConfig(framework="jax")
+    # A layout the backend lacks is the registry's verdict; the rest, the backend's own.
+    assert parallelism_problem(RunConfig(framework="megatron", parallelism="ddp")) == \
+        "megatron has no parallelism ddp (it has tpN)"
+    assert parallelism_problem(RunConfig(parallelism="single", gpus_per_node=2)).startswith(
+        "single runs on one process")
+
+
+def test_a_matrix_skips_a_run_for_the_backends_reason_verbatim():
+    """Each layout check lives once, in its backend: the matrix's skip reason is the backend's."""
+    text = ("name: t\nslurm: {gpus_per_node: 2}\n"
+            "include: [{parallelism: single, nodes: 2}, {framework: megatron, parallelism: tp4},"
+            " {parallelism: hsdp}, {framework: megatron, parallelism: tp3, gpus_per_node: 3}]\n")
+    plan = expand(parse_matrix(text, "m.yaml"), "slurm")
+    assert len(plan.skipped) == 4 and not plan.runs
+    for s in plan.skipped:
+        assert s.reason == parallelism_problem(s.cfg)
+
+
+def test_validation_needs_no_megatron_core():
+    """`plan` and `run` check settings before any process starts, on machines that may lack
+    megatron-core: the registry and megatron's validate never import it."""
+    code = (
+        "import sys\n"
+        "sys.modules['megatron'] = None  # any import of megatron-core now fails\n"
+        "from echobench.backends import parallelism_problem\n"
+        "from echobench.config import RunConfig\n"
+        "cfg = RunConfig(framework='megatron', parallelism='tp2', gpus_per_node=2)\n"
+        "print(parallelism_problem(cfg))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None"]
