@@ -288,7 +288,7 @@ def test_launcher_sets_one_cuda_queue_for_megatron_tp(monkeypatch):
 
 def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
     proc = cli("run", "--framework", "megatron", "--tp", "3", "--nproc", "3", *TINY, "--out", tmp_path / "x")
-    assert proc.returncode == 2 and "divide the DiT's 4 attention heads" in proc.stderr
+    assert proc.returncode == 2 and "does not divide the 4 attention heads" in proc.stderr
     assert not (tmp_path / "x").exists()  # no process started
     proc = cli("run", "--framework", "megatron", "--tp", "2", "--parallelism", "ddp", *TINY, "--out", tmp_path / "y")
     assert proc.returncode == 2 and "conflicts with --parallelism ddp" in proc.stderr
