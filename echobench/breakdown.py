@@ -28,6 +28,10 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from echobench.results import Record
 
 CATEGORIES = ("gemm", "attention", "optimizer", "other_compute", "memcpy", "communication", "data_wait", "idle")
 # Highest first: an interval where several are active goes to the first; idle is what is left.
@@ -338,13 +342,13 @@ def summary(ranks: list[dict]) -> dict:
     }
 
 
-def write_breakdown(out_dir: Path, record: dict, ranks: list[dict]) -> Path:
+def write_breakdown(out_dir: Path, record: Record, ranks: list[dict]) -> Path:
     from echobench.results import write_json_atomic
 
     path = Path(out_dir) / BREAKDOWN_FILE
     write_json_atomic(path, {
-        "schema_version": BREAKDOWN_SCHEMA, "run_id": record["run_id"], "rule": RULE,
-        "profiled_steps": record.get("profiled_steps"),
+        "schema_version": BREAKDOWN_SCHEMA, "run_id": record.run_id, "rule": RULE,
+        "profiled_steps": record.profiled_steps,
         "busiest_rank": busiest([b for b in ranks if "error" not in b])["rank"],
         "labels": LABELS, "ranks": ranks,
     })
@@ -364,7 +368,7 @@ def read_breakdown(run_dir: Path) -> dict:
 
 # ---- the MFU waterfall ----
 
-def waterfall(record: dict) -> list[dict] | None:
+def waterfall(record: Record) -> list[dict] | None:
     """From 100% of the peak down to the run's MFU, in percentage points of the peak.
 
     C = ceiling / peak (1 without a calibration). If every instant of the step ran matmuls at the
@@ -373,14 +377,13 @@ def waterfall(record: dict) -> list[dict] | None:
     from the ceiling, with whatever the profiled steps differ from the measured ones.
     Returns None without a breakdown or an MFU.
     """
-    bd = record.get("breakdown") or {}
-    f = bd.get("fractions")
-    mfu, peak = record.get("mfu"), record.get("peak_tflops")
+    f = (record.breakdown or {}).get("fractions")
+    mfu, peak = record.mfu, record.peak_tflops
     if not f or mfu is None or not peak:
         return None
-    ceiling = record.get("ceiling_tflops")
+    ceiling = record.ceiling_tflops
     c = ceiling / peak if ceiling else 1.0
-    source = str(record.get("peak_source") or "")
+    source = record.peak_source or ""
     peak_label = ("peak (calibrated GEMM rate)" if source.startswith("calibrated")
                   else "given peak (flag / matrix)" if source == "flag" else "datasheet peak")
     steps = [{"label": peak_label, "short": "peak", "kind": "absolute", "pp": 100.0}]

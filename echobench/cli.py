@@ -155,13 +155,13 @@ def run(
             print_record(record)
             console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
         # A non-zero exit makes torchrun stop the other ranks.
-        exit_process(0 if record["status"] == "ok" else 1)
-        if record["status"] != "ok":
+        exit_process(0 if record.status == "ok" else 1)
+        if record.status != "ok":
             raise typer.Exit(1)
         return
     print_record(record)
     console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
-    if record["status"] != "ok" or code:
+    if record.status != "ok" or code:
         raise typer.Exit(code or 1)
 
 
@@ -181,14 +181,14 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):
-        ok = r["status"] == "ok"
-        table.add_row(str(k), esc(r["run_id"]), esc(r["status"]), fmt(r["samples_per_s"], ".4g") if ok else "-",
-                      f"{r['mfu']:.2%}" if ok else "-", fmt(r["step_time_s"], ".4f") if ok else "-",
-                      f"{r['step_time_mean_vs_median']:+.1%}" if ok else "-")
+        ok = r.status == "ok"
+        table.add_row(str(k), esc(r.run_id), esc(r.status), fmt(r.samples_per_s, ".4g") if ok else "-",
+                      f"{r.mfu:.2%}" if ok else "-", fmt(r.step_time_s, ".4f") if ok else "-",
+                      f"{r.step_time_mean_vs_median:+.1%}" if ok else "-")
     console.print(table)
-    ok = [r for r in records if r["status"] == "ok"]
+    ok = [r for r in records if r.status == "ok"]
     if ok:
-        sps, mfu = over_repeats(r["samples_per_s"] for r in ok), over_repeats(r["mfu"] for r in ok)
+        sps, mfu = over_repeats(r.samples_per_s for r in ok), over_repeats(r.mfu for r in ok)
         console.print(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
                       f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
                       f"({mfu['min']:.2%}-{mfu['max']:.2%})", highlight=False)
@@ -208,39 +208,37 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
     return f"tp{tp}"
 
 
-def print_record(record: dict) -> None:
-    if record["status"] != "ok":
-        err_console.print(f"[bold red]{esc(record['status'])}:[/] {esc(record['error'])}", highlight=False,
-                          soft_wrap=True)
+def print_record(r) -> None:
+    """A run's Record as a table (its error, when it failed)."""
+    if r.status != "ok":
+        err_console.print(f"[bold red]{esc(r.status)}:[/] {esc(r.error)}", highlight=False, soft_wrap=True)
         return
     from echobench.results import peak_notes
 
-    table = Table(title=esc(record["run_id"]), show_header=False)
+    table = Table(title=esc(r.run_id), show_header=False)
     rows = [
-        ("device", record["env"]["device_name"]),
-        ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
-        ("step time (mean)", f"{record['step_time_mean_s']:.4f} s ({record['step_time_mean_vs_median']:+.1%} vs median)"),
-        ("measured window", f"{record['measured_steps']} steps, {record['measured_time_s']:.3f} s, "
-                            f"{record['measured_samples']} samples"),
-        ("samples/s (window)", fmt(record["samples_per_s"], ".2f")),
-        ("audio seconds/s (window)", fmt(record["audio_seconds_per_s"], ".1f")),
-        ("model TFLOP/sample", fmt(record["model_flops_per_sample"] / 1e12, ".4g")),
-        ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
-        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} {record['peak_precision']} ({record['peak_source']})"),
-        ("MFU (window)", f"{record['mfu']:.2%}"),
-        *([("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}")]
-          if record.get("precision") == "fp8" else []),
-        ("HFU (window)", f"{record['hfu']:.2%}"),
-        ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
-        ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
-        ("allocator retries / OOMs", "-" if record.get("num_alloc_retries") is None
-         else f"{record['num_alloc_retries']} / {record['num_ooms']}"),
-        ("data wait", f"{record['data_wait_frac']:.1%}"),
+        ("device", r.env.device_name),
+        ("step time (median, p10-p90)", f"{r.step_time_s:.4f} s ({r.step_time_p10_s:.4f}-{r.step_time_p90_s:.4f})"),
+        ("step time (mean)", f"{r.step_time_mean_s:.4f} s ({r.step_time_mean_vs_median:+.1%} vs median)"),
+        ("measured window", f"{r.measured_steps} steps, {r.measured_time_s:.3f} s, {r.measured_samples} samples"),
+        ("samples/s (window)", fmt(r.samples_per_s, ".2f")),
+        ("audio seconds/s (window)", fmt(r.audio_seconds_per_s, ".1f")),
+        ("model TFLOP/sample", fmt(r.model_flops_per_sample / 1e12, ".4g")),
+        ("TFLOP/s per device", fmt(r.tflops_per_gpu, ".4g")),
+        ("peak TFLOP/s", f"{r.peak_tflops:.4g} {r.peak_precision} ({r.peak_source})"),
+        ("MFU (window)", f"{r.mfu:.2%}"),
+        *([("MFU vs fp8 peak", "-" if r.mfu_fp8_peak is None else f"{r.mfu_fp8_peak:.2%}")]
+          if r.precision == "fp8" else []),
+        ("HFU (window)", f"{r.hfu:.2%}"),
+        ("MFU vs GEMM ceiling", "-" if r.mfu_vs_ceiling is None else f"{r.mfu_vs_ceiling:.2%}"),
+        ("peak memory", f"{r.peak_mem_gib:.2f} GiB"),
+        ("allocator retries / OOMs", "-" if r.num_alloc_retries is None else f"{r.num_alloc_retries} / {r.num_ooms}"),
+        ("data wait", f"{r.data_wait_frac:.1%}"),
     ]
     for k, v in rows:
         table.add_row(k, esc(v))
     console.print(table)
-    for note in peak_notes(record):
+    for note in peak_notes(r):
         console.print(f"note: {note}", highlight=False, markup=False)
 
 
@@ -432,20 +430,20 @@ def explain(
 ):
     """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
     from echobench.breakdown import CATEGORIES, LABELS, RULE, read_breakdown, waterfall
-    from echobench.results import peak_notes, read_record
+    from echobench.results import Record, peak_notes
 
     if not (run_dir / "result.json").is_file():
         inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
         fail(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}" if inner
                                              else ": not a run directory"))
     try:
-        record = read_record(run_dir / "result.json")
+        record = Record.load(run_dir / "result.json")
     except ValueError as exc:
         fail(str(exc))
-    run_id = record["run_id"]
-    if record["status"] != "ok":
-        fail(f"{run_id}: status {record['status']}, nothing to explain ({record.get('error') or 'no error text'})")
-    summary = record.get("breakdown") or {}
+    run_id = record.run_id
+    if record.status != "ok":
+        fail(f"{run_id}: status {record.status}, nothing to explain ({record.error or 'no error text'})")
+    summary = record.breakdown or {}
     if "error" in summary:
         fail(f"{run_id}: the profiler breakdown failed during the run: {summary['error']}")
     if not (run_dir / "breakdown.json").exists():
@@ -489,12 +487,12 @@ def explain(
                         f"{r['communication']['overlapped_s'] / step:.1%}", f"{s['idle'] / step:.1%}",
                         f"{s['data_wait'] / step:.1%}")
         console.print(per)
-    measured = record.get("step_time_mean_s") or record["step_time_s"]
+    measured = record.step_time_mean_s or record.step_time_s
     console.print(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps took "
                   f"{step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}.", highlight=False,
                   markup=False)
     if steps:
-        w = Table(title=f"MFU waterfall: {esc(run_id)} (percentage points of the {record['peak_tflops']:.4g} TFLOP/s peak)")
+        w = Table(title=f"MFU waterfall: {esc(run_id)} (percentage points of the {record.peak_tflops:.4g} TFLOP/s peak)")
         for col in ("step", "points", "MFU after (%)"):
             w.add_column(col, justify="left" if col == "step" else "right")
         level = 0.0
@@ -693,9 +691,8 @@ def status(
 
         records, problems = load_records([runs_dir])
         plain_records = records
-        rows = [{"run_id": r["run_id"], "state": r["status"], "step_time_s": r.get("step_time_s"), "mfu": r.get("mfu"),
-                 "samples_per_s": r.get("samples_per_s"), "peak_mem_gib": r.get("peak_mem_gib"), "error": r.get("error")}
-                for r in records]
+        rows = [{"run_id": r.run_id, "state": r.status, "step_time_s": r.step_time_s, "mfu": r.mfu,
+                 "samples_per_s": r.samples_per_s, "peak_mem_gib": r.peak_mem_gib, "error": r.error} for r in records]
         for p in problems:
             err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
     else:

@@ -33,7 +33,7 @@ from echobench.config import RunConfig
 from echobench.console import esc
 from echobench.executors import ACTIVE, CorruptRecord, current_record, finish_without_record
 from echobench.matrix import Matrix, Plan, PlannedRun, expand, parse_time
-from echobench.results import export_table, load_records, records_frame, write_json_atomic
+from echobench.results import PLAN_FILE, Record, export_table, load_records, records_frame, write_json_atomic
 
 SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -175,7 +175,7 @@ def write_run_files(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) ->
     (rd / "run.yaml").write_text(yaml.safe_dump(run.cfg.to_dict(), sort_keys=False))
     (rd / "job.sh").write_text(render_job_script(run, rd, matrix, executor))
     # What the plan said about this run (the report shows the estimate beside the measured peak).
-    write_json_atomic(rd / "plan.json", {
+    write_json_atomic(rd / PLAN_FILE, {
         "run_id": run.id, "matrix": matrix.name, "executor": executor, "time_limit": time_limit(matrix, executor, run),
         "memory_estimate_gib": run.memory.total_gib if run.memory else None,
         "memory_estimate": run.memory.as_gib() if run.memory else None, "fits": run.fits,
@@ -190,14 +190,14 @@ def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> 
             "settings": cfg.to_dict() if cfg else dict(settings)}
 
 
-def record_state(rd: Path) -> tuple[str, dict]:
-    """(state, record) from a run's current record: its status; "new" without one; "corrupt",
+def record_state(rd: Path) -> tuple[str, Record | None, str]:
+    """(state, record, error) from a run's current record: its status; "new" without one; "corrupt",
     with an error naming the file, when it is there but unreadable (a failure, never "new")."""
     try:
         record = current_record(rd)
     except CorruptRecord as exc:
-        return "corrupt", {"error": f"corrupt record: {exc}"}
-    return (record["status"], record) if record else ("new", {})
+        return "corrupt", None, f"corrupt record: {exc}"
+    return (record.status, record, record.error) if record else ("new", None, "")
 
 
 def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
@@ -216,8 +216,8 @@ def settle(cfg: RunConfig, rd: Path, entry: dict, executor) -> str:
         record = finish_without_record(cfg, rd, "error", job.detail)
     else:  # the scheduler's verdict: timeout, cancelled, node_fail, oom, error
         record = finish_without_record(cfg, rd, job.state, job.detail)
-    entry.update(settled=True, state=record["status"], finished=now_iso())
-    return record["status"]
+    entry.update(settled=True, state=record.status, finished=now_iso())
+    return record.status
 
 
 def run_state(cfg: RunConfig, rd: Path, entry: dict | None, executor) -> str:
@@ -350,7 +350,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         elif st != "ok":
             (to_submit if opts.retry_failed else failed_before).append(run)
             if st == "corrupt":
-                log(console, f"{run.id}: [red]{esc(record_state(dirs[run.id])[1]['error'])}[/]"
+                log(console, f"{run.id}: [red]{esc(record_state(dirs[run.id])[2])}[/]"
                              + ("" if opts.retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
     save_state(sweep_dir, state)
     done = len(runs) - len(to_submit) - len(tracked) - len(failed_before)
@@ -376,7 +376,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
             job_id = executor.submit(run, rd, time_limit_s(matrix, opts.executor, run))
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
-            entries[run.id].update(settled=True, state=record["status"])
+            entries[run.id].update(settled=True, state=record.status)
             log(console, f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             entries[run.id]["job_id"] = job_id
@@ -406,8 +406,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                     st = settle(by_id[rid].cfg, dirs[rid], entries[rid], executor)
                     if st not in ACTIVE:
                         tracked.remove(rid)
-                        record = record_state(dirs[rid])[1]
-                        note = "" if st == "ok" else f": {esc(record.get('error', '')[:300])}"
+                        note = "" if st == "ok" else f": {esc(record_state(dirs[rid])[2][:300])}"
                         log(console, f"{rid}: [{'green' if st == 'ok' else 'red'}]{esc(st)}[/]{note}")
                     elif st != before:
                         log(console, f"{rid}: {esc(st)}")
@@ -441,7 +440,7 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
     if records:
         paths = export_table(records_frame(records), sweep_dir)
         log(console, f"results: {esc(', '.join(str(p) for p in paths))}")
-    return {r["run_id"]: r["status"] for r in records}
+    return {r.run_id: r.status for r in records}
 
 
 # ---- status ----
@@ -476,12 +475,11 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
         name = (entry or {}).get("executor", "local")
         executor = executors.setdefault(name, make_executor(name))
         st = run_state(cfg, rd, entry, executor)
-        record = record_state(rd)[1]
+        _, record, error = record_state(rd)
         rows.append({"run_id": rid, "state": st, "job_id": (entry or {}).get("job_id"),
-                     "attempt": (entry or {}).get("attempt"), "step_time_s": record.get("step_time_s"),
-                     "samples_per_s": record.get("samples_per_s"), "mfu": record.get("mfu"),
-                     "peak_mem_gib": record.get("peak_mem_gib"),
-                     "error": record.get("error") or ((entry or {}).get("detail") if st in ACTIVE else "")})
+                     "attempt": (entry or {}).get("attempt"),
+                     **{k: getattr(record, k, None) for k in ("step_time_s", "samples_per_s", "mfu", "peak_mem_gib")},
+                     "error": error or ((entry or {}).get("detail") if st in ACTIVE else "")})
     if state["runs"]:
         save_state(sweep_dir, state)
     return rows
