@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
 SCHEMA_VERSION = 2
 Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail"]
-STATUSES = get_args(Status)
 RECORD_FILE = "result.json"
 PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
 
@@ -358,15 +357,15 @@ def _single_valued(annotation) -> bool:
 
 
 def validation_text(exc: ValidationError) -> str:
-    """A pydantic error as one line: each wrong field with what is wrong (and the value)."""
-    parts = []
+    """A pydantic error as one line: the missing fields, then each wrong one with what is wrong."""
+    missing, wrong = [], []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "missing":
-            parts.append(f"{field} is missing")
+            missing.append(field)
         else:
-            parts.append(f"{field}: {err['msg']} (got {err.get('input')!r:.60})")
-    return "; ".join(parts)
+            wrong.append(f"{field}: {err['msg']} (got {err.get('input')!r:.60})")
+    return "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + wrong)
 
 
 # ---- failures: which rank explains a run ----
@@ -389,13 +388,8 @@ def originating_failure(failures: list[dict]) -> dict:
 def _from_v1(record: dict) -> None:
     """Version 1 took samples/s and MFU from the median step. Its records keep the slowest rank's
     time of every measured step, so the window figures are recomputed from them; the counts v1
-    did not keep are derived (samples = samples/s x median step x steps) or left None."""
-    record.setdefault("repeat", 0)
+    did not keep are derived (samples = samples/s x median step x steps) or left to Record's defaults."""
     record.setdefault("peak_precision", peak_precision_of(record.get("peak_source")))
-    for key in ("num_alloc_retries", "num_ooms", "mfu_fp8_peak", "peak_fp8_tflops", "measured_steps",
-                "measured_time_s", "measured_samples", "measured_model_flops", "measured_hardware_flops",
-                "step_time_mean_s", "step_time_mean_vs_median"):
-        record.setdefault(key, None)
     times = record.get("step_times_s")
     needed = ("samples_per_s", "step_time_s", "model_flops_per_sample", "audio_seconds_per_s", "peak_tflops",
               "world_size")
@@ -417,7 +411,7 @@ def _from_v1(record: dict) -> None:
         hardware_flops=record["measured_hardware_flops"],
         audio_seconds=record["audio_seconds_per_s"] * median * n, world_size=record["world_size"],
         peak_tflops=record["peak_tflops"], ceiling_tflops=record.get("ceiling_tflops"),
-        peak_fp8_tflops=record["peak_fp8_tflops"]))
+        peak_fp8_tflops=record.get("peak_fp8_tflops")))
 
 
 MIGRATIONS = {1: _from_v1}  # version -> the function that brings a record to the next version
