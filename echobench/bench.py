@@ -25,12 +25,12 @@ import torch
 from echobench import flops as flops_model
 from echobench.breakdown import DATA_WAIT, rank_breakdown, write_breakdown
 from echobench.breakdown import summary as breakdown_summary
-from echobench.config import RunConfig, run_id
+from echobench.config import RunConfig
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
-from echobench.hardware import default_dtype, env_info, resolve_peak
+from echobench.hardware import default_dtype, resolve_peak
 from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.results import SCHEMA_VERSION, step_figures, window_figures, write_json_atomic, write_record
+from echobench.results import Record, peak_mem_gib, step_figures, window_figures, write_json_atomic
 
 GIB = 1024**3
 
@@ -46,12 +46,6 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     if precision == "auto":
         return default_dtype(device)
     return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}[precision]
-
-
-def precision_name(precision: str, device: torch.device) -> str:
-    if precision != "auto":
-        return precision
-    return "bf16" if default_dtype(device) == torch.bfloat16 else "fp32"
 
 
 def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
@@ -79,10 +73,6 @@ def memory_stats(device: torch.device) -> dict:
         }
     # ru_maxrss is in KiB on Linux: the process's peak resident set.
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
-
-
-def peak_mem_gib(mem: dict) -> float:
-    return mem.get("peak_reserved_gib", mem.get("peak_rss_gib", 0.0))
 
 
 class StepTimer:
@@ -119,70 +109,6 @@ class StepTimer:
         if self.cuda:
             torch.cuda.synchronize()
         return [self.elapsed(a, b) for a, b in self.waits]
-
-
-def base_record(cfg: RunConfig, device: torch.device) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_id(cfg),
-        "repeat": cfg.repeat,
-        "status": "error",
-        "error": "",
-        "scale": cfg.scale,
-        "framework": cfg.framework,
-        "parallelism": cfg.parallelism,
-        "tp": cfg.tp,
-        "dp": cfg.dp,
-        "nodes": cfg.nodes,
-        "gpus_per_node": cfg.gpus_per_node,
-        "world_size": cfg.world_size,
-        "micro_batch": cfg.micro_batch,
-        "global_batch": cfg.global_batch,
-        "audio_frames": cfg.audio_frames,
-        "text_tokens": cfg.text_tokens,
-        "speaker_frames": cfg.speaker_frames,
-        "precision": precision_name(cfg.precision, device),
-        "compile": cfg.compile,
-        "ac": cfg.ac,
-        "te": None,  # whether TransformerEngine kernels ran: set from the backend's info
-        "encoder_model": cfg.model_config().text_encoder.name,
-        "frozen_encoder": cfg.frozen_encoder,
-        "steps": cfg.steps,
-        "warmup_steps": cfg.warmup_steps,
-        "data": cfg.data,
-        "seed": cfg.seed,
-        "step_time_s": None,
-        "step_time_p10_s": None,
-        "step_time_p90_s": None,
-        "step_time_mean_s": None,
-        "step_time_mean_vs_median": None,
-        "measured_steps": None,
-        "measured_time_s": None,
-        "measured_samples": None,
-        "measured_model_flops": None,
-        "measured_hardware_flops": None,
-        "samples_per_s": None,
-        "audio_seconds_per_s": None,
-        "model_flops_per_sample": None,
-        "flops_breakdown": None,
-        "tflops_per_gpu": None,
-        "mfu": None,
-        "hfu": None,
-        "mfu_vs_ceiling": None,
-        "mfu_fp8_peak": None,
-        "peak_tflops": cfg.peak_tflops,
-        "peak_source": "flag" if cfg.peak_tflops else None,
-        "peak_precision": "bf16" if cfg.peak_tflops else None,
-        "peak_fp8_tflops": None,
-        "ceiling_tflops": None,
-        "peak_mem_gib": None,
-        "num_alloc_retries": None,
-        "num_ooms": None,
-        "data_wait_frac": None,
-        "per_rank": [],
-        "config": cfg.to_dict(),
-        "env": env_info(device),
-    }
 
 
 def train_step(setup, batch, draws, device_type: str, dp_size: int) -> torch.Tensor:
@@ -352,7 +278,7 @@ def allocator_count(ranks: list[dict], key: str) -> int | None:
     return sum(counts) if counts else None
 
 
-def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
+def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
     """Fills the record's figures from every rank's measurements.
 
     Throughput is over the whole measured window (stalls included, as a training run pays them):
@@ -380,8 +306,8 @@ def summarize(cfg: RunConfig, record: dict, ranks: list[dict]) -> dict:
         **window_figures(measured_time_s=steps["measured_time_s"], samples=samples, model_flops=flops,
                          hardware_flops=hw_flops,
                          audio_seconds=sum(r["audio_frames"] for r in dp_ranks) / FRAME_RATE,
-                         world_size=cfg.world_size, peak_tflops=record["peak_tflops"],
-                         ceiling_tflops=record.get("ceiling_tflops"), peak_fp8_tflops=record.get("peak_fp8_tflops")),
+                         world_size=cfg.world_size, peak_tflops=record.peak_tflops,
+                         ceiling_tflops=record.ceiling_tflops, peak_fp8_tflops=record.peak_fp8_tflops),
         num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
         num_ooms=allocator_count(ranks, "num_ooms"),
         peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
@@ -453,7 +379,7 @@ def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
     return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
 
 
-def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
+def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
 
     A failure is never lost: this rank's status, error and traceback tail go to
@@ -463,16 +389,16 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     info = dist_info(cfg.device)
     cfg = match_process_group(cfg, info)
-    record = base_record(cfg, info.device)
+    record = Record.start(cfg, info.device)
     start_time_limit(cfg.time_limit_s)
     try:
         maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
         form_process_group(info, cfg.collective_timeout_s)
         model_cfg = cfg.model_config()
-        record["flops_breakdown"] = flops_model.flops_report(
+        record.flops_breakdown = flops_model.flops_report(
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
-        record.update(resolve_peak(record["env"]["device_name"], resolve_dtype(cfg.precision, info.device),
-                                   cfg.peak_tflops, record["precision"]))
+        record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
+                                     cfg.peak_tflops, record.precision))
         mine = run_loop(cfg, info, out_dir)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
@@ -487,11 +413,9 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
             "failed_at": time.time(),  # the first failure is the cause; peers fail after it
         }
         write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
-        record.update(status=status, error=rank_record["error"], traceback_tail=rank_record["traceback_tail"],
-                      peak_mem_gib=peak_mem_gib(rank_record["memory"]),
-                      per_rank=[{k: v for k, v in rank_record.items() if k != "traceback_tail"}])
+        record.fail([rank_record])
         if info.is_main and not info.enabled:
-            write_record(out_dir, record)
+            record.save(out_dir)
         shutdown(abort=True)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -499,8 +423,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> dict:
     ranks = all_gather_object(mine, info)
     summarize(cfg, record, ranks)  # on every rank: each returns the run's status
     if info.is_main:
-        if "fractions" in (record.get("breakdown") or {}):
+        if "fractions" in (record.breakdown or {}):
             write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])
-        write_record(out_dir, record)
+        record.save(out_dir)
     shutdown()
     return record

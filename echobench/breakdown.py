@@ -28,6 +28,10 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from echobench.results import Record
 
 CATEGORIES = ("gemm", "attention", "optimizer", "other_compute", "memcpy", "communication", "data_wait", "idle")
 # Highest first: an interval where several are active goes to the first; idle is what is left.
@@ -338,13 +342,13 @@ def summary(ranks: list[dict]) -> dict:
     }
 
 
-def write_breakdown(out_dir: Path, record: dict, ranks: list[dict]) -> Path:
+def write_breakdown(out_dir: Path, record: Record, ranks: list[dict]) -> Path:
     from echobench.results import write_json_atomic
 
     path = Path(out_dir) / BREAKDOWN_FILE
     write_json_atomic(path, {
-        "schema_version": BREAKDOWN_SCHEMA, "run_id": record["run_id"], "rule": RULE,
-        "profiled_steps": record.get("profiled_steps"),
+        "schema_version": BREAKDOWN_SCHEMA, "run_id": record.run_id, "rule": RULE,
+        "profiled_steps": record.profiled_steps,
         "busiest_rank": busiest([b for b in ranks if "error" not in b])["rank"],
         "labels": LABELS, "ranks": ranks,
     })
@@ -362,21 +366,21 @@ def read_breakdown(run_dir: Path) -> dict:
     return data
 
 
-def read_profiled_run(run_dir: Path) -> tuple[dict, dict]:
+def read_profiled_run(run_dir: Path) -> tuple[Record, dict]:
     """A profiled run's record and breakdown; else ValueError, one line saying what is missing and what to do."""
-    from echobench.results import read_record
+    from echobench.results import Record
 
     if not (run_dir / "result.json").is_file():
         inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
         raise ValueError(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}"
                                                          if inner else ": not a run directory"))
-    record = read_record(run_dir / "result.json")
-    run_id = record["run_id"]
-    if record["status"] != "ok":
-        raise ValueError(f"{run_id}: status {record['status']}, nothing to explain "
-                         f"({record.get('error') or 'no error text'})")
-    if "error" in (record.get("breakdown") or {}):
-        raise ValueError(f"{run_id}: the profiler breakdown failed during the run: {record['breakdown']['error']}")
+    record = Record.load(run_dir / "result.json")
+    run_id = record.run_id
+    if record.status != "ok":
+        raise ValueError(f"{run_id}: status {record.status}, nothing to explain "
+                         f"({record.error or 'no error text'})")
+    if "error" in (record.breakdown or {}):
+        raise ValueError(f"{run_id}: the profiler breakdown failed during the run: {record.breakdown['error']}")
     if not (run_dir / BREAKDOWN_FILE).exists():
         raise ValueError(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --profile "
                          "(in a matrix: profile: true)")
@@ -385,7 +389,7 @@ def read_profiled_run(run_dir: Path) -> tuple[dict, dict]:
 
 # ---- the MFU waterfall ----
 
-def waterfall(record: dict) -> list[dict] | None:
+def waterfall(record: Record) -> list[dict] | None:
     """From 100% of the peak down to the run's MFU, in percentage points of the peak.
 
     C = ceiling / peak (1 without a calibration). If every instant of the step ran matmuls at the
@@ -394,14 +398,13 @@ def waterfall(record: dict) -> list[dict] | None:
     from the ceiling, with whatever the profiled steps differ from the measured ones.
     Returns None without a breakdown or an MFU.
     """
-    bd = record.get("breakdown") or {}
-    f = bd.get("fractions")
-    mfu, peak = record.get("mfu"), record.get("peak_tflops")
+    f = (record.breakdown or {}).get("fractions")
+    mfu, peak = record.mfu, record.peak_tflops
     if not f or mfu is None or not peak:
         return None
-    ceiling = record.get("ceiling_tflops")
+    ceiling = record.ceiling_tflops
     c = ceiling / peak if ceiling else 1.0
-    source = str(record.get("peak_source") or "")
+    source = record.peak_source or ""
     peak_label = ("peak (calibrated GEMM rate)" if source.startswith("calibrated")
                   else "given peak (flag / matrix)" if source == "flag" else "datasheet peak")
     steps = [{"label": peak_label, "short": "peak", "kind": "absolute", "pp": 100.0}]
@@ -423,7 +426,7 @@ def waterfall(record: dict) -> list[dict] | None:
     return steps
 
 
-def explain_report(record: dict, bd: dict, steps: list[dict] | None) -> list:
+def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
     """`echobench explain`: the busiest rank's parts of the step, every rank's summary, and the MFU
     waterfall, as rich renderables for the terminal (outside text wrapped in Text: printed verbatim)."""
     from rich.table import Table
@@ -432,7 +435,7 @@ def explain_report(record: dict, bd: dict, steps: list[dict] | None) -> list:
     from echobench.console import esc
     from echobench.results import peak_notes
 
-    run_id = record["run_id"]
+    run_id = record.run_id
     rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
     step_s = rank["step_time_s"]
     t = Table(title=esc(f"Where the time goes: {run_id} (rank {rank['rank']}, {rank['timeline']}, mean of "
@@ -462,11 +465,11 @@ def explain_report(record: dict, bd: dict, steps: list[dict] | None) -> list:
                         f"{s['communication'] / step:.1%}", f"{r['communication']['overlapped_s'] / step:.1%}",
                         f"{s['idle'] / step:.1%}", f"{s['data_wait'] / step:.1%}")
         out.append(per)
-    measured = record.get("step_time_mean_s") or record["step_time_s"]
+    measured = record.step_time_mean_s or record.step_time_s
     out.append(Text(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps "
                     f"took {step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}."))
     if steps:
-        w = Table(title=esc(f"MFU waterfall: {run_id} (percentage points of the {record['peak_tflops']:.4g} "
+        w = Table(title=esc(f"MFU waterfall: {run_id} (percentage points of the {record.peak_tflops:.4g} "
                             f"TFLOP/s peak)"))
         for col in ("step", "points", "MFU after (%)"):
             w.add_column(col, justify="left" if col == "step" else "right")

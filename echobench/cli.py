@@ -145,12 +145,12 @@ def run(
         if int(os.environ.get("RANK", 0)) == 0:
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
-        exit_process(0 if record["status"] == "ok" else 1)
-        if record["status"] != "ok":
+        exit_process(0 if record.status == "ok" else 1)
+        if record.status != "ok":
             raise typer.Exit(1)
         return
     print_record(record, out)
-    if record["status"] != "ok" or code:
+    if record.status != "ok" or code:
         raise typer.Exit(code or 1)
 
 
@@ -167,7 +167,7 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
         raise typer.Exit(code)
     for part in repeats_report(records, out):
         console.print(part)
-    if any(r["status"] != "ok" for r in records):
+    if any(r.status != "ok" for r in records):
         raise typer.Exit(1)
 
 
@@ -181,9 +181,10 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
     return f"tp{tp}"
 
 
-def print_record(record: dict, out: Path) -> None:
-    if record["status"] != "ok":
-        err_console.print(f"[bold red]{esc(record['status'])}:[/] {esc(record['error'])}", highlight=False,
+def print_record(record, out: Path) -> None:
+    """A run's Record as a table (its error, when it failed), and where it was written."""
+    if record.status != "ok":
+        err_console.print(f"[bold red]{esc(record.status)}:[/] {esc(record.error)}", highlight=False,
                           soft_wrap=True)
     else:
         for part in record_report(record):
@@ -341,7 +342,7 @@ def explain(
         fail(str(exc))
     steps = waterfall(record)
     if as_json:
-        print(json.dumps({"run_id": record["run_id"], "summary": record.get("breakdown") or {}, "breakdown": bd,
+        print(json.dumps({"run_id": record.run_id, "summary": record.breakdown or {}, "breakdown": bd,
                           "waterfall": steps}, indent=2))
         return
     for part in explain_report(record, bd, steps):

@@ -76,41 +76,41 @@ def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def record_report(record: dict) -> list:
+def record_report(record) -> list:
     """A successful run's record as `echobench run` prints it: one table, then the peak's notes."""
     from rich.table import Table
     from rich.text import Text
 
     from echobench.results import peak_notes
 
-    table = Table(title=esc(record["run_id"]), show_header=False)
+    table = Table(title=esc(record.run_id), show_header=False)
     rows = [
-        ("device", record["env"]["device_name"]),
-        ("step time (median, p10-p90)", f"{record['step_time_s']:.4f} s ({record['step_time_p10_s']:.4f}-{record['step_time_p90_s']:.4f})"),
-        ("step time (mean)", f"{record['step_time_mean_s']:.4f} s ({record['step_time_mean_vs_median']:+.1%} vs median)"),
-        ("measured window", f"{record['measured_steps']} steps, {record['measured_time_s']:.3f} s, "
-                            f"{record['measured_samples']} samples"),
-        ("samples/s (window)", fmt(record["samples_per_s"], ".2f")),
-        ("audio seconds/s (window)", fmt(record["audio_seconds_per_s"], ".1f")),
-        ("model TFLOP/sample", fmt(record["model_flops_per_sample"] / 1e12, ".4g")),
-        ("TFLOP/s per device", fmt(record["tflops_per_gpu"], ".4g")),
-        ("peak TFLOP/s", f"{record['peak_tflops']:.4g} {record['peak_precision']} ({record['peak_source']})"),
-        ("MFU (window)", f"{record['mfu']:.2%}"),
-        *([("MFU vs fp8 peak", "-" if record.get("mfu_fp8_peak") is None else f"{record['mfu_fp8_peak']:.2%}")]
-          if record.get("precision") == "fp8" else []),
-        ("HFU (window)", f"{record['hfu']:.2%}"),
-        ("MFU vs GEMM ceiling", "-" if record.get("mfu_vs_ceiling") is None else f"{record['mfu_vs_ceiling']:.2%}"),
-        ("peak memory", f"{record['peak_mem_gib']:.2f} GiB"),
-        ("allocator retries / OOMs", "-" if record.get("num_alloc_retries") is None
-         else f"{record['num_alloc_retries']} / {record['num_ooms']}"),
-        ("data wait", f"{record['data_wait_frac']:.1%}"),
+        ("device", record.env.device_name),
+        ("step time (median, p10-p90)", f"{record.step_time_s:.4f} s ({record.step_time_p10_s:.4f}-{record.step_time_p90_s:.4f})"),
+        ("step time (mean)", f"{record.step_time_mean_s:.4f} s ({record.step_time_mean_vs_median:+.1%} vs median)"),
+        ("measured window", f"{record.measured_steps} steps, {record.measured_time_s:.3f} s, "
+                            f"{record.measured_samples} samples"),
+        ("samples/s (window)", fmt(record.samples_per_s, ".2f")),
+        ("audio seconds/s (window)", fmt(record.audio_seconds_per_s, ".1f")),
+        ("model TFLOP/sample", fmt(record.model_flops_per_sample / 1e12, ".4g")),
+        ("TFLOP/s per device", fmt(record.tflops_per_gpu, ".4g")),
+        ("peak TFLOP/s", f"{record.peak_tflops:.4g} {record.peak_precision} ({record.peak_source})"),
+        ("MFU (window)", f"{record.mfu:.2%}"),
+        *([("MFU vs fp8 peak", "-" if record.mfu_fp8_peak is None else f"{record.mfu_fp8_peak:.2%}")]
+          if record.precision == "fp8" else []),
+        ("HFU (window)", f"{record.hfu:.2%}"),
+        ("MFU vs GEMM ceiling", "-" if record.mfu_vs_ceiling is None else f"{record.mfu_vs_ceiling:.2%}"),
+        ("peak memory", f"{record.peak_mem_gib:.2f} GiB"),
+        ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
+         else f"{record.num_alloc_retries} / {record.num_ooms}"),
+        ("data wait", f"{record.data_wait_frac:.1%}"),
     ]
     for k, v in rows:
         table.add_row(k, esc(v))
     return [table, *(Text(f"note: {note}") for note in peak_notes(record))]
 
 
-def repeats_report(records: list[dict], out) -> list:
+def repeats_report(records: list, out) -> list:
     """`run --repeats N`: one row per repeat, the median over the ok ones, where the records went."""
     from rich.table import Table
     from rich.text import Text
@@ -121,14 +121,14 @@ def repeats_report(records: list[dict], out) -> list:
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):
-        ok = r["status"] == "ok"
-        table.add_row(str(k), esc(r["run_id"]), esc(r["status"]), fmt(r["samples_per_s"], ".4g") if ok else "-",
-                      f"{r['mfu']:.2%}" if ok else "-", fmt(r["step_time_s"], ".4f") if ok else "-",
-                      f"{r['step_time_mean_vs_median']:+.1%}" if ok else "-")
+        ok = r.status == "ok"
+        table.add_row(str(k), esc(r.run_id), esc(r.status), fmt(r.samples_per_s, ".4g") if ok else "-",
+                      f"{r.mfu:.2%}" if ok else "-", fmt(r.step_time_s, ".4f") if ok else "-",
+                      f"{r.step_time_mean_vs_median:+.1%}" if ok else "-")
     out_parts = [table]
-    ok = [r for r in records if r["status"] == "ok"]
+    ok = [r for r in records if r.status == "ok"]
     if ok:
-        sps, mfu = over_repeats(r["samples_per_s"] for r in ok), over_repeats(r["mfu"] for r in ok)
+        sps, mfu = over_repeats(r.samples_per_s for r in ok), over_repeats(r.mfu for r in ok)
         out_parts.append(Text(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
                               f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
                               f"({mfu['min']:.2%}-{mfu['max']:.2%})"))

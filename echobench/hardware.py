@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from echobench.results import peak_precision_of, write_json_atomic
+from echobench.results import Env, peak_precision_of, write_json_atomic
 
 # Dense (no sparsity) tensor-core peaks per device in TFLOP/s: (name pattern, bf16, fp8 or None).
 # NVIDIA's datasheets print the 2:4-sparsity figure with a footnote; dense is half of it.
@@ -62,6 +62,13 @@ def device_name(device: torch.device) -> str:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPUs; fp32 on CPUs, where bf16 GEMMs are ~100x slower without AMX."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def precision_name(precision: str, device: torch.device) -> str:
+    """The precision a run's setting means on this device (auto: its default dtype's)."""
+    if precision != "auto":
+        return precision
+    return "bf16" if default_dtype(device) == torch.bfloat16 else "fp32"
 
 
 def table_peak(name: str, precision: str = "bf16") -> tuple[float, str] | None:
@@ -194,28 +201,28 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def env_info(device: torch.device) -> dict:
+def env_info(device: torch.device) -> Env:
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a build without NCCL
             nccl = None
-    return {
-        "device_name": device_name(device),
-        "device_type": device.type,
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),  # tells apart the launches of repeats
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": nccl,
-        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-        "transformers": _version("transformers"),
-        "megatron_core": _version("megatron-core") or _version("megatron_core"),
-        "transformer_engine": _version("transformer-engine") or _version("transformer_engine"),
-        "torchao": _version("torchao"),
-        "echobench": _version("echobench"),
-        "git_commit": git_commit(),
-        "time": now_iso(),
-    }
+    return Env(
+        device_name=device_name(device),
+        device_type=device.type,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        nccl=nccl,
+        cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        transformers=_version("transformers"),
+        megatron_core=_version("megatron-core") or _version("megatron_core"),
+        transformer_engine=_version("transformer-engine") or _version("transformer_engine"),
+        torchao=_version("torchao"),
+        echobench=_version("echobench"),
+        git_commit=git_commit(),
+        time=now_iso(),
+    )

@@ -17,19 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from echobench.config import RunConfig
-from echobench.results import read_record, write_record
-
-# An OOM or a time limit anywhere explains the other ranks' errors.
-STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "error": 3}
-
-
-def originating_failure(failures: list[dict]) -> dict:
-    """The failure that explains the run: an OOM first, else the earliest one.
-
-    When a rank dies, its peers fail afterwards with "connection closed by peer" and the like;
-    the earliest failure is the cause, whatever its rank.
-    """
-    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
+from echobench.results import RECORD_FILE, Record
 
 
 def rank_failures(out_dir: Path) -> list[dict]:
@@ -45,7 +33,7 @@ def rank_failures(out_dir: Path) -> list[dict]:
 
 def clear_previous(out_dir: Path) -> None:
     """A rerun into the same directory must not report the previous run's result."""
-    (out_dir / "result.json").unlink(missing_ok=True)
+    (out_dir / RECORD_FILE).unlink(missing_ok=True)
     shutil.rmtree(out_dir / "ranks", ignore_errors=True)
 
 
@@ -75,7 +63,7 @@ def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
 
 
 def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
-           master_addr: str | None = None, master_port: int = 29500) -> tuple[dict | None, int]:
+           master_addr: str | None = None, master_port: int = 29500) -> tuple[Record | None, int]:
     """Runs torchrun for this node (one `echobench run` process when nproc is None); the workers
     read the resolved settings from a YAML file.
 
@@ -101,7 +89,7 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
 
 
 def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
-                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> tuple[list[dict], int]:
+                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> tuple[list[Record], int]:
     """`run --repeats N`: N independent launches (fresh processes each) into OUT/repeat-K, the
     repeat index counted from cfg.repeat; returns their records (none on nodes other than 0) and
     the first non-zero torchrun exit code (0 when every launch exited 0)."""
@@ -115,27 +103,17 @@ def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | Non
     return records, first_code
 
 
-def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> dict:
+def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> Record:
     """Returns the run's record, writing one from the rank files when rank 0 could not."""
-    path = out_dir / "result.json"
+    path = out_dir / RECORD_FILE
     if path.exists() and path.stat().st_mtime >= started - 1:
-        return read_record(path)
-    from echobench.bench import base_record
+        return Record.load(path)
     from echobench.distributed import pick_device
 
-    record = base_record(cfg, pick_device(cfg.device))
-    failures = rank_failures(out_dir)
-    if failures:
-        first = originating_failure(failures)
-        record.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),
-                      failed_ranks=sorted(f["rank"] for f in failures),
-                      per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])
-        mems = [f["memory"] for f in failures if f.get("memory")]
-        if mems:
-            from echobench.bench import peak_mem_gib
-
-            record["peak_mem_gib"] = max(peak_mem_gib(m) for m in mems)
+    record = Record.start(cfg, pick_device(cfg.device))
+    if failures := rank_failures(out_dir):
+        record.fail(failures)
     else:
         record.update(status="error", error=f"torchrun exited with code {exit_code} and no rank left a record; see the log")
-    write_record(out_dir, record)
+    record.save(out_dir)
     return record

@@ -1,4 +1,10 @@
-"""The result record (`result.json`, one per run): schema, atomic writes, reading back."""
+"""The result record (`result.json`, one per run): one typed, versioned model that builds, saves,
+loads, validates and migrates every record; the figures' conventions; reading records back.
+
+As asv's results keep an api_version with an update function per older version: a record carries
+`schema_version`; `Record.load` brings an older one up to SCHEMA_VERSION (MIGRATIONS), then
+validates it; a record of an unknown or newer version is named, never read as if it were this one.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,22 @@ import math
 import os
 import statistics
 from pathlib import Path
+from types import UnionType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from echobench.config import RunConfig, configuration_id
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
+
+from echobench.config import RunConfig, configuration_id, run_id
+
+if TYPE_CHECKING:
+    import torch
 
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
 SCHEMA_VERSION = 2
-STATUSES = ("ok", "oom", "error", "timeout", "cancelled", "node_fail")
-
-REQUIRED_FIELDS = (
-    "schema_version", "run_id", "repeat", "status", "error",
-    "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node", "world_size",
-    "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames",
-    "precision", "compile", "ac", "steps", "warmup_steps",
-    "step_time_s", "step_time_p10_s", "step_time_p90_s", "samples_per_s", "audio_seconds_per_s",
-    "model_flops_per_sample", "flops_breakdown", "tflops_per_gpu", "mfu", "hfu",
-    "peak_tflops", "peak_source", "peak_precision", "peak_mem_gib", "data_wait_frac", "per_rank", "env",
-)
+Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail"]
+RECORD_FILE = "result.json"
+PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
 
 
 def window_figures(*, measured_time_s: float, samples: int, model_flops: int, hardware_flops: int,
@@ -87,18 +92,305 @@ def peak_precision_of(source: str | None) -> str | None:
     return None
 
 
+def peak_mem_gib(memory: dict) -> float:
+    """A rank's peak memory from its memory stats (bench.memory_stats): reserved on GPU, RSS on CPU."""
+    return memory.get("peak_reserved_gib", memory.get("peak_rss_gib", 0.0))
+
+
+# ---- the record ----
+
+class Env(BaseModel):
+    """Where and with what a run ran (hardware.env_info); other echobench versions' keys are kept."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    device_name: str | None = None
+    device_type: str | None = None
+    hostname: str | None = None
+    pid: int | None = None  # tells apart the launches of repeats
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    cuda_device_max_connections: str | None = None
+    transformers: str | None = None
+    megatron_core: str | None = None
+    transformer_engine: str | None = None
+    torchao: str | None = None
+    echobench: str | None = None
+    git_commit: str | None = None
+    time: str | None = None
+    recorded_by: str | None = None  # who wrote a record the run could not write itself
+
+
+class RankEntry(BaseModel):
+    """One rank's line in `per_rank`: its figures (a run that finished) or its failure."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    rank: int
+    hostname: str | None = None
+    median_step_time_s: float | None = None
+    data_wait_frac: float | None = None
+    peak_mem_gib: float | None = None
+    memory: dict[str, Any] = {}
+    losses: list[float] | None = None
+    status: Status | None = None
+    error: str | None = None
+    failed_at: float | None = None  # time.time(): the first failure is the cause
+
+
+class Record(BaseModel):
+    """One run's `result.json`. Fields without a default are in every record; figures stay None
+    until measured, so a failed run keeps its settings and why it failed. Free-form mappings
+    (flops_breakdown, backend, breakdown, config) belong to their writers. Unknown top-level keys
+    (from another echobench version) are dropped on reading; assigning one is an error."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=True, protected_namespaces=())
+    NOT_COLUMNS: ClassVar[frozenset[str]] = frozenset({"traceback_tail", "log_tail"})  # long text: not in the table
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    repeat: int = 0
+    status: Status
+    error: str = ""
+    # the settings (all of them in `config`, the run's RunConfig)
+    scale: str
+    framework: str
+    parallelism: str
+    tp: int
+    dp: int
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    micro_batch: int
+    global_batch: int
+    audio_frames: int
+    text_tokens: int
+    speaker_frames: int
+    precision: str
+    compile: bool
+    ac: str
+    te: bool | None = None  # whether TransformerEngine kernels ran (the backend's info)
+    encoder_model: str | None = None
+    frozen_encoder: bool | None = None
+    steps: int
+    warmup_steps: int
+    data: str | None = None
+    seed: int | None = None
+    # step times: each measured step at its slowest rank
+    step_times_s: list[float] | None = None
+    step_time_s: float | None = None
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_mean_s: float | None = None
+    step_time_mean_vs_median: float | None = None
+    # the measured window (window_figures)
+    measured_steps: int | None = None
+    measured_time_s: float | None = None
+    measured_samples: int | None = None
+    measured_model_flops: int | None = None
+    measured_hardware_flops: int | None = None
+    samples_per_s: float | None = None
+    audio_seconds_per_s: float | None = None
+    model_flops_per_sample: float | None = None
+    hardware_flops_per_sample: float | None = None
+    flops_breakdown: dict[str, Any] | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    mfu_vs_ceiling: float | None = None
+    mfu_fp8_peak: float | None = None
+    # the MFU denominator (hardware.resolve_peak)
+    peak_tflops: float | None = None
+    peak_source: str | None = None
+    peak_precision: str | None = None
+    peak_fp8_tflops: float | None = None
+    ceiling_tflops: float | None = None
+    # memory, data, ranks
+    peak_mem_gib: float | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+    data_wait_frac: float | None = None
+    data_wait_clock: str | None = None  # what data_wait_frac measures: cuda_events or host
+    slowest_rank: int | None = None
+    losses: list[float] | None = None
+    skipped_samples: int | None = None
+    backend: dict[str, Any] | None = None
+    per_rank: list[RankEntry] = []
+    # --profile
+    profile_traces: list[str | None] | None = None
+    profiled_steps: list[int] | None = None
+    breakdown: dict[str, Any] | None = None
+    # a failure: the rank that explains it, and what the job's log and its own record said
+    traceback_tail: str | None = None
+    failed_ranks: list[int] | None = None
+    log_tail: str | None = None
+    run_error: str | None = None
+    migrated_from: int | None = None
+    config: dict[str, Any] | None = None
+    env: Env
+
+    _path: Path | None = PrivateAttr(default=None)
+
+    @field_validator("te", mode="before")
+    @classmethod
+    def _te_setting_is_unknown(cls, value):
+        # Records written for jobs that died (stub_record before this model) kept the *setting*
+        # (auto / on / off) here, not whether the kernels ran: that is unknown.
+        return None if value in ("auto", "on", "off") else value
+
+    # ---- building ----
+
+    @classmethod
+    def of_settings(cls, cfg: RunConfig, **fields) -> Record:
+        """A record of cfg's settings, no figures; `fields` add to it (status, precision, env...)."""
+        return cls(run_id=run_id(cfg), repeat=cfg.repeat, scale=cfg.scale, framework=cfg.framework,
+                   parallelism=cfg.parallelism, tp=cfg.tp, dp=cfg.dp, nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
+                   world_size=cfg.world_size, micro_batch=cfg.micro_batch, global_batch=cfg.global_batch,
+                   audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
+                   compile=cfg.compile, ac=cfg.ac, encoder_model=cfg.model_config().text_encoder.name,
+                   frozen_encoder=cfg.frozen_encoder, steps=cfg.steps, warmup_steps=cfg.warmup_steps, data=cfg.data,
+                   seed=cfg.seed, config=cfg.to_dict(), **fields)
+
+    @classmethod
+    def start(cls, cfg: RunConfig, device: torch.device) -> Record:
+        """The record of a run that starts on device: status error until the run's figures fill it
+        (bench.summarize), so a run that dies at any point still has a complete record."""
+        from echobench.hardware import env_info, precision_name  # imports torch: only where a run starts
+
+        return cls.of_settings(cfg, status="error", precision=precision_name(cfg.precision, device),
+                               peak_tflops=cfg.peak_tflops, peak_source="flag" if cfg.peak_tflops else None,
+                               peak_precision="bf16" if cfg.peak_tflops else None, env=env_info(device))
+
+    @classmethod
+    def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:
+        """The record of a run that died before writing one (timeout, cancel, node failure, a crash
+        before the benchmark started): its settings, no figures, and why."""
+        import socket
+        from datetime import datetime, timezone
+
+        env = Env(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), hostname=socket.gethostname(),
+                  recorded_by="echobench sweep (the job left no record of its own)")
+        return cls.of_settings(cfg, status=status, error=error, precision=cfg.precision, peak_tflops=cfg.peak_tflops,
+                               env=env, **details)
+
+    def fail(self, failures: list[dict]) -> Record:
+        """This run failed on the ranks that left these failures (OUT/ranks/rank-N.json): the one
+        that explains it (originating_failure) gives status, error and traceback."""
+        first = originating_failure(failures)
+        self.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),
+                    failed_ranks=sorted(f["rank"] for f in failures),
+                    per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])
+        if mems := [f["memory"] for f in failures if f.get("memory")]:
+            self.peak_mem_gib = max(peak_mem_gib(m) for m in mems)
+        return self
+
+    def update(self, **fields) -> Record:
+        """Sets fields, each checked against its type (an unknown name is an error)."""
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return self
+
+    # ---- storing ----
+
+    def save(self, out_dir: Path) -> Path:
+        """Writes OUT_DIR/result.json atomically; returns its path."""
+        path = Path(out_dir) / RECORD_FILE
+        write_json_atomic(path, self.model_dump())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Record:
+        """Reads one record, migrated to SCHEMA_VERSION and validated; a ValueError naming the
+        file (and the field) when it is not one this echobench reads."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: unreadable result record ({exc})") from exc
+        record = cls.parse(data, str(path))
+        record._path = path
+        return record
+
+    @classmethod
+    def parse(cls, data, where: str = "record") -> Record:
+        """A record from its JSON object (migrated, validated); ValueError naming `where` if not one."""
+        if not isinstance(data, dict) or "status" not in data or "run_id" not in data:
+            raise ValueError(f"{where}: not a result record (no run_id / status)")
+        try:
+            return cls.model_validate(migrate(data, where))
+        except ValidationError as exc:
+            raise ValueError(f"{where}: invalid result record: {validation_text(exc)}") from None
+
+    @property
+    def path(self) -> Path | None:
+        """The file the record was loaded from (None for one built in this process)."""
+        return self._path
+
+    # ---- the table ----
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """The table's columns (records_frame): every single-valued field, env's too, then two derived."""
+        return [*_scalar_fields(cls), *_scalar_fields(Env), "samples_per_s_per_gpu", "path"]
+
+    def to_row(self) -> dict:
+        row = {name: getattr(self, name) for name in _scalar_fields(Record)}
+        row.update({name: getattr(self.env, name) for name in _scalar_fields(Env)})
+        row["samples_per_s_per_gpu"] = self.samples_per_s / self.world_size if self.samples_per_s else None
+        row["path"] = str(self.path) if self.path else None
+        return row
+
+
+def _scalar_fields(model: type[BaseModel]) -> list[str]:
+    """Fields holding one number, string or flag (not a list, mapping or nested model)."""
+    return [name for name, info in model.model_fields.items()
+            if name not in getattr(model, "NOT_COLUMNS", ()) and _single_valued(info.annotation)]
+
+
+def _single_valued(annotation) -> bool:
+    if get_origin(annotation) is Literal:
+        return True
+    if get_origin(annotation) in (Union, UnionType):  # X | None
+        return all(_single_valued(a) for a in get_args(annotation))
+    return annotation in (int, float, str, bool, type(None))
+
+
+def validation_text(exc: ValidationError) -> str:
+    """A pydantic error as one line: the missing fields, then each wrong one with what is wrong."""
+    missing, wrong = [], []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "missing":
+            missing.append(field)
+        else:
+            wrong.append(f"{field}: {err['msg']} (got {err.get('input')!r:.60})")
+    return "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + wrong)
+
+
+# ---- failures: which rank explains a run ----
+
+# An OOM or a time limit anywhere explains the other ranks' errors.
+STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "error": 3}
+
+
+def originating_failure(failures: list[dict]) -> dict:
+    """The failure that explains the run: an OOM first, else the earliest one.
+
+    When a rank dies, its peers fail afterwards with "connection closed by peer" and the like;
+    the earliest failure is the cause, whatever its rank.
+    """
+    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
+
+
 # ---- older records ----
 
 def _from_v1(record: dict) -> None:
     """Version 1 took samples/s and MFU from the median step. Its records keep the slowest rank's
     time of every measured step, so the window figures are recomputed from them; the counts v1
-    did not keep are derived (samples = samples/s x median step x steps) or left None."""
-    record.setdefault("repeat", 0)
+    did not keep are derived (samples = samples/s x median step x steps) or left to Record's defaults."""
     record.setdefault("peak_precision", peak_precision_of(record.get("peak_source")))
-    for key in ("num_alloc_retries", "num_ooms", "mfu_fp8_peak", "peak_fp8_tflops", "measured_steps",
-                "measured_time_s", "measured_samples", "measured_model_flops", "measured_hardware_flops",
-                "step_time_mean_s", "step_time_mean_vs_median"):
-        record.setdefault(key, None)
     times = record.get("step_times_s")
     needed = ("samples_per_s", "step_time_s", "model_flops_per_sample", "audio_seconds_per_s", "peak_tflops",
               "world_size")
@@ -120,14 +412,14 @@ def _from_v1(record: dict) -> None:
         hardware_flops=record["measured_hardware_flops"],
         audio_seconds=record["audio_seconds_per_s"] * median * n, world_size=record["world_size"],
         peak_tflops=record["peak_tflops"], ceiling_tflops=record.get("ceiling_tflops"),
-        peak_fp8_tflops=record["peak_fp8_tflops"]))
+        peak_fp8_tflops=record.get("peak_fp8_tflops")))
 
 
 MIGRATIONS = {1: _from_v1}  # version -> the function that brings a record to the next version
 
 
 def migrate(record: dict, where: str = "record") -> dict:
-    """Brings a record of an older schema version up to SCHEMA_VERSION, in place."""
+    """Brings a record's JSON object of an older schema version up to SCHEMA_VERSION, in place."""
     version = record.get("schema_version", 1)
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
         raise ValueError(f"{where}: schema_version {version!r} is not one this echobench reads (1 to "
@@ -149,29 +441,6 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_record(out_dir: Path, record: dict) -> Path:
-    missing = [k for k in REQUIRED_FIELDS if k not in record]
-    if missing:
-        raise ValueError(f"result record lacks required field(s): {', '.join(missing)}")
-    if record["status"] not in STATUSES:
-        raise ValueError(f"status {record['status']!r} is not one of {', '.join(STATUSES)}")
-    path = Path(out_dir) / "result.json"
-    write_json_atomic(path, record)
-    return path
-
-
-def read_record(path: Path) -> dict:
-    """Reads one record; raises ValueError naming the file when it is not a valid record."""
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable result record ({exc})") from exc
-    if not isinstance(record, dict) or "status" not in record or "run_id" not in record:
-        raise ValueError(f"{path}: not a result record (no run_id / status)")
-    return migrate(record, str(path))
-
-
 # ---- collection: reports and status read only stored records ----
 
 def find_record_files(paths) -> list[Path]:
@@ -183,48 +452,57 @@ def find_record_files(paths) -> list[Path]:
         if p.is_file():
             found.append(p)
         elif p.is_dir():
-            for f in sorted(p.rglob("result.json")):
+            for f in sorted(p.rglob(RECORD_FILE)):
                 rel = f.relative_to(p).parts
                 if not (len(rel) >= 3 and rel[-3] == "attempts" and rel[-2].isdigit()):
                     found.append(f)
     return found
 
 
-def load_records(paths) -> tuple[list[dict], list[str]]:
+def load_records(paths) -> tuple[list[Record], list[str]]:
     """All records under paths, newest per run_id; corrupt ones reported, never fatal.
 
     Returns (records, problems) where problems are one-line messages naming the file.
     """
-    newest: dict[str, dict] = {}
+    newest: dict[str, Record] = {}
     problems = []
     for path in find_record_files(paths):
         try:
-            record = read_record(path)
+            record = Record.load(path)
         except ValueError as exc:
             problems.append(str(exc))
             continue
-        record["_path"] = str(path)
-        key = record["run_id"]
-        stamp = (record.get("env") or {}).get("time") or ""
-        if key not in newest or stamp >= ((newest[key].get("env") or {}).get("time") or ""):
-            newest[key] = record
+        held = newest.get(record.run_id)
+        if held is None or (record.env.time or "") >= (held.env.time or ""):
+            newest[record.run_id] = record
     return list(newest.values()), problems
+
+
+def read_plan(record: Record) -> dict:
+    """What the sweep's plan said about a record's run (PLAN_FILE beside it; {} without one)."""
+    if record.path is None:
+        return {}
+    try:
+        plan = json.loads(record.path.with_name(PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
 
 
 # ---- what a reader must know beside the MFU ----
 
-def peak_notes(record: dict) -> list[str]:
+def peak_notes(record: Record) -> list[str]:
     """Warnings that belong next to a record's MFU: a calibrated denominator, a peak for another
     precision than the run's, an fp8 run (whose MFU against the fp8 peak is a figure of its own).
     The same for every repeat of a configuration: no per-run numbers."""
     notes = []
-    source, pp, precision = record.get("peak_source") or "", record.get("peak_precision"), record.get("precision")
+    source, pp, precision = record.peak_source or "", record.peak_precision, record.precision
     if source.startswith("calibrated"):
         notes.append(f"MFU is against a calibrated GEMM rate ({source.removeprefix('calibrated:')}), not a datasheet "
                      "peak: it reads higher than datasheet-based MFU")
     if precision == "fp8":
         notes.append(f"fp8 run: MFU is against the {pp or 'given'} peak, "
-                     + ("and against the dense fp8 peak in a figure of its own" if record.get("mfu_fp8_peak") is not None
+                     + ("and against the dense fp8 peak in a figure of its own" if record.mfu_fp8_peak is not None
                         else "and no fp8 peak is known for this device"))
     elif precision and pp and precision != pp:
         notes.append(f"{precision} run measured against the {pp} peak")
@@ -233,15 +511,15 @@ def peak_notes(record: dict) -> list[str]:
 
 # ---- repeats: records of one configuration ----
 
-def record_settings(record: dict) -> dict:
+def record_settings(record: Record) -> dict:
     """The settings a run was launched with: the record's `config` (its RunConfig), else (a record
-    without one) its top-level fields of the same names."""
-    if isinstance(record.get("config"), dict):
-        return record["config"]
-    return {k: record[k] for k in RunConfig.__dataclass_fields__ if k in record}
+    without one) its top-level fields of the same names that it has."""
+    if record.config is not None:
+        return record.config
+    return {k: getattr(record, k) for k in RunConfig.__dataclass_fields__ if k in record.model_fields_set}
 
 
-def configuration_key(record: dict) -> str:
+def configuration_key(record: Record) -> str:
     """What the runs of one configuration at one node count share (echobench.config.configuration):
     reports give the median over them, `compare` pairs them. Unlike the run id, it leaves out how
     long and how often we measured: runs of two sweeps with different step counts pool."""
@@ -256,56 +534,13 @@ def over_repeats(values) -> dict | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-TABLE_COLUMNS = [
-    "run_id", "repeat", "status", "error", "scale", "framework", "parallelism", "tp", "dp", "nodes", "gpus_per_node",
-    "world_size", "micro_batch", "global_batch", "audio_frames", "text_tokens", "speaker_frames", "precision",
-    "compile", "ac", "encoder_model", "frozen_encoder", "steps", "warmup_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
-    "step_time_mean_s", "step_time_mean_vs_median", "measured_time_s",
-    "samples_per_s", "audio_seconds_per_s", "model_flops_per_sample", "tflops_per_gpu", "mfu", "hfu",
-    "mfu_vs_ceiling", "mfu_fp8_peak", "peak_tflops", "peak_source", "peak_precision", "peak_fp8_tflops",
-    "ceiling_tflops", "peak_mem_gib", "num_alloc_retries", "num_ooms", "data_wait_frac",
-]
+# ---- the table ----
 
-
-def records_frame(records: list[dict]):
-    """One row per record: the flat fields plus env's device, host, versions and time."""
+def records_frame(records: list[Record]):
+    """One row per record (Record.to_row): its single-valued fields and env's."""
     import pandas as pd
 
-    rows = []
-    for r in records:
-        row = {c: r.get(c) for c in TABLE_COLUMNS}
-        env = r.get("env") or {}
-        for key in ("device_name", "hostname", "torch", "cuda", "megatron_core", "transformer_engine", "git_commit", "time"):
-            row[key] = env.get(key)
-        row["samples_per_s_per_gpu"] = (r["samples_per_s"] / r["world_size"]) if r.get("samples_per_s") else None
-        row["path"] = r.get("_path")
-        rows.append(row)
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS + ["device_name", "hostname", "torch", "cuda", "megatron_core",
-                                                       "transformer_engine", "git_commit", "time",
-                                                       "samples_per_s_per_gpu", "path"])
-
-
-# ---- records the job could not write itself ----
-
-def stub_record(cfg, status: str, error: str, **extra) -> dict:
-    """A complete record for a run that died before writing one (timeout, cancel, node failure,
-    a crash before the benchmark started): the settings, no figures, and why."""
-    import socket
-    from datetime import datetime, timezone
-
-    from echobench.config import run_id
-
-    record = {k: None for k in REQUIRED_FIELDS}
-    record.update(cfg.to_dict())
-    record.update(
-        schema_version=SCHEMA_VERSION, run_id=run_id(cfg), status=status, error=error,
-        tp=cfg.tp, dp=cfg.dp, world_size=cfg.world_size, global_batch=cfg.global_batch,
-        per_rank=[], config=cfg.to_dict(),
-        env={"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hostname": socket.gethostname(),
-             "recorded_by": "echobench sweep (the job left no record of its own)"},
-    )
-    record.update(extra)
-    return record
+    return pd.DataFrame([r.to_row() for r in records], columns=Record.columns())
 
 
 def export_table(frame, out_dir: Path, stem: str = "results") -> list[Path]:

@@ -31,7 +31,7 @@ from echobench.executors import (ACTIVE, CorruptRecord, Executor, archive_attemp
                                  finish_without_record, make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label, time_limit_s
-from echobench.results import export_table, load_records, records_frame, write_json_atomic
+from echobench.results import Record, export_table, load_records, records_frame, write_json_atomic
 
 SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
@@ -93,14 +93,14 @@ def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> 
             "settings": cfg.to_dict() if cfg else dict(settings)}
 
 
-def record_state(rd: Path) -> tuple[str, dict]:
-    """(state, record) from a run's current record: its status; "new" without one; "corrupt",
+def record_state(rd: Path) -> tuple[str, Record | None, str]:
+    """(state, record, error) from a run's current record: its status; "new" without one; "corrupt",
     with an error naming the file, when it is there but unreadable (a failure, never "new")."""
     try:
         record = current_record(rd)
     except CorruptRecord as exc:
-        return "corrupt", {"error": f"corrupt record: {exc}"}
-    return (record["status"], record) if record else ("new", {})
+        return "corrupt", None, f"corrupt record: {exc}"
+    return (record.status, record, record.error) if record else ("new", None, "")
 
 
 def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str:
@@ -117,8 +117,8 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str
     status, why = {"exited": ("error", f"{entry.job_id}: {job.detail} without writing a record"),
                    "gone": ("error", job.detail)}.get(job.state, (job.state, job.detail))
     record = finish_without_record(cfg, rd, status, why)
-    entry.settled, entry.state, entry.finished = True, record["status"], now_iso()
-    return record["status"]
+    entry.settled, entry.state, entry.finished = True, record.status, now_iso()
+    return record.status
 
 
 def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> str:
@@ -195,7 +195,7 @@ class Sweep:
             elif st != "ok":
                 (to_submit if retry_failed else failed_before).append(run)
                 if st == "corrupt":
-                    self.log(f"{run.id}: [red]{esc(record_state(self.run_dir(run))[1]['error'])}[/]"
+                    self.log(f"{run.id}: [red]{esc(record_state(self.run_dir(run))[2])}[/]"
                              + ("" if retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
         self.save()
         return to_submit, failed_before
@@ -217,7 +217,7 @@ class Sweep:
             entry.job_id = self.executor.submit(run, rd, time_limit_s(self.matrix, self.executor.name, run))
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
-            entry.settled, entry.state = True, record["status"]
+            entry.settled, entry.state = True, record.status
             self.log(f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             self.tracked[run.id] = run
@@ -235,7 +235,7 @@ class Sweep:
                     self.log(f"{rid}: {esc(st)}")
                 continue
             del self.tracked[rid]
-            note = "" if st == "ok" else f": {esc(record_state(self.run_dir(run))[1].get('error', '')[:300])}"
+            note = "" if st == "ok" else f": {esc(record_state(self.run_dir(run))[2][:300])}"
             self.log(f"{rid}: {state_markup(st)}{note}")
         self.save()
 
@@ -325,7 +325,7 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
         log(console, f"[yellow]skipped a corrupt record[/]: {esc(p)}")
     if paths:
         log(console, f"results: {esc(', '.join(str(p) for p in paths))}")
-    return {r["run_id"]: r["status"] for r in records}
+    return {r.run_id: r.status for r in records}
 
 
 # ---- status ----
@@ -334,11 +334,12 @@ def is_sweep(d: Path) -> bool:
     return (d / SWEEP_FILE).exists() or any(d.glob("*/run.yaml"))
 
 
-def status_row(rid: str, state: str, record: dict, entry: RunEntry | None = None) -> dict:
+def status_row(rid: str, state: str, record: Record | None, error: str = "", entry: RunEntry | None = None) -> dict:
     """One row of `echobench status`."""
-    error = record.get("error") or (entry.detail if entry and state in ACTIVE else "")
+    error = error or (entry.detail if entry and state in ACTIVE else "")
     return {"run_id": rid, "state": state, "job_id": entry and entry.job_id, "attempt": entry and entry.attempt,
-            **{k: record.get(k) for k in ("step_time_s", "samples_per_s", "mfu", "peak_mem_gib")}, "error": error}
+            **{k: getattr(record, k, None) for k in ("step_time_s", "samples_per_s", "mfu", "peak_mem_gib")},
+            "error": error}
 
 
 def refresh_status(sweep_dir: Path) -> list[dict]:
@@ -361,7 +362,8 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
         entry = state.runs.get(rid)
         name = entry.executor if entry else "local"
         st = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
-        rows.append(status_row(rid, st, record_state(rd)[1], entry))
+        _, record, error = record_state(rd)
+        rows.append(status_row(rid, st, record, error, entry))
     if state.runs:
         state.save(sweep_dir)
     return rows
@@ -373,7 +375,7 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[lis
     not a sweep gives one row per record."""
     if not is_sweep(runs_dir):
         records, problems = load_records([runs_dir])
-        return [status_row(r["run_id"], r["status"], r) for r in records], problems
+        return [status_row(r.run_id, r.status, r, r.error or "") for r in records], problems
     rows = refresh_status(runs_dir)
     while wait and any(r["state"] in ACTIVE for r in rows):
         time.sleep(poll_s)

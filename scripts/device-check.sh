@@ -71,7 +71,7 @@ if ls .whl/*.whl > /dev/null 2>&1; then
     || say "carried wheels did not install: see logs/pip-install.log"
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 else
-  say "no .whl/ here: megatron, fp8, plan and report need its wheels (scripts/device-wheels.sh; carry .whl)"
+  say "no .whl/ here: every run (pydantic), megatron, fp8, plan and report need its wheels (scripts/device-wheels.sh; carry .whl)"
 fi
 
 # ---- 2. the environment ----

@@ -14,7 +14,8 @@
 #                   compatibility table); float8 training uses its Python API only.
 #   plotly          `echobench report` imports the dashboard module, which imports plotly
 #                   (plotly needs narwhals and packaging: there).
-#   pydantic        matrix files (`echobench plan`, `sweep`); newer typer releases import it too.
+#   pydantic        the result record (echobench.results: `run` and everything that reads records)
+#                   and matrix files (`plan`, `sweep`); newer typer releases import it too.
 #                   With pydantic-core, annotated-types, typing-inspection, and typing-extensions
 #                   >= 4.16 (what pydantic-core requires; the image's may be older).
 # One version of each (two of one package stop the install there); --no-deps, so each needed

@@ -12,6 +12,7 @@ from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from echobench.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
                                  short_name, summary, waterfall)
+from echobench.results import Record
 
 # Names as profilers print them (cuBLAS / CUTLASS / cuDNN / flash / NCCL / inductor / ATen).
 KERNELS = [
@@ -144,8 +145,10 @@ def test_cpu_breakdown_nested_ops_and_a_gloo_thread():
 
 
 def profiled_record(fractions, mfu=0.38, peak=990.0, ceiling=None, source="datasheet:GH200"):
-    return {"run_id": "r", "mfu": mfu, "peak_tflops": peak, "ceiling_tflops": ceiling, "peak_source": source,
-            "breakdown": {"fractions": fractions}}
+    from tests.test_report import record
+
+    return record("r", mfu=mfu, peak_tflops=peak, ceiling_tflops=ceiling, peak_source=source,
+                  breakdown={"fractions": fractions})
 
 
 def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
@@ -165,7 +168,7 @@ def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
     # without a calibration the ceiling is the peak; a run above what its parts explain shows a gain
     steps = waterfall(profiled_record(f, mfu=0.9))
     assert steps[1]["pp"] == 0 and steps[-2]["pp"] == pytest.approx(90 - 60) and steps[-1]["pp"] == pytest.approx(90)
-    assert waterfall({"mfu": 0.3, "peak_tflops": 990}) is None
+    assert waterfall(profiled_record(f).update(breakdown=None)) is None
 
 
 def test_summary_takes_the_busiest_rank_and_keeps_errors():
@@ -244,8 +247,7 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(100 * record["mfu"], abs=1e-9)
     # a run without a profile, and a directory that is not a run: one line each, naming the fix
     plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "result.json").write_text(json.dumps({k: v for k, v in record.items() if k != "breakdown"}))
+    Record.load(out / "result.json").update(breakdown=None).save(plain)
     proc = cli("explain", plain)
     assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--profile" in proc.stderr
     proc = cli("explain", tmp_path)

@@ -15,7 +15,7 @@ from rich.console import Console
 from conftest import ROOT, cli_env
 from echobench.config import RunConfig
 from echobench.matrix import expand, parse_matrix
-from echobench.results import stub_record, write_json_atomic, write_record
+from echobench.results import Record, write_json_atomic
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
@@ -125,8 +125,8 @@ def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
         "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
         "traceback_tail": "Traceback ...", "failed_at": 1.0})
     record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
-    assert record["status"] == "error" and record["failed_ranks"] == [1]
-    assert record["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
+    assert record.status == "error" and record.failed_ranks == [1] and record.traceback_tail == "Traceback ..."
+    assert record.error.startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
 
 
 EXIT_PROCESS = """
@@ -187,7 +187,7 @@ def corrupt_sweep(tmp_path: Path) -> tuple[Path, Path, str]:
     (run,) = expand(parse_matrix(matrix.read_text(), matrix)).runs
     sweep = tmp_path / "sweep"
     rd = sweep / run.id
-    write_record(rd / "attempts" / "1", stub_record(run.cfg, "error", "the first attempt failed"))
+    Record.without_run(run.cfg, "error", "the first attempt failed").save(rd / "attempts" / "1")
     (rd / "run.yaml").write_text(json.dumps(run.cfg.to_dict()))
     write_json_atomic(sweep / "sweep.json", {"matrix": "t", "runs": {run.id: {
         "executor": "local", "attempt": 2, "job_id": "local-1", "settled": True, "state": "ok"}}})
@@ -221,7 +221,7 @@ def test_report_never_takes_an_attempt_for_the_current_record(cli, tmp_path):
     data = load_report_input([sweep])
     assert data.records == [] and any(f"{rid}/result.json" in p for p in data.problems)
     # An attempts directory given by itself is read as what it is.
-    assert [r["error"] for r in load_report_input([sweep / rid / "attempts" / "1"]).records] == ["the first attempt failed"]
+    assert [r.error for r in load_report_input([sweep / rid / "attempts" / "1"]).records] == ["the first attempt failed"]
 
 
 def test_a_job_that_ends_beside_a_corrupt_record_keeps_it(tmp_path):
@@ -229,7 +229,7 @@ def test_a_job_that_ends_beside_a_corrupt_record_keeps_it(tmp_path):
 
     (tmp_path / "result.json").write_text("{not json")
     record = finish_without_record(RunConfig(), tmp_path, "timeout", "SLURM job 7 ended TIMEOUT")
-    assert record["status"] == "timeout" and "corrupt" in record["error"]
+    assert record.status == "timeout" and "corrupt" in record.error
     assert (tmp_path / "result.json.corrupt").read_text() == "{not json"
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "timeout"
 
@@ -258,7 +258,7 @@ def test_sweep_and_report_out_on_a_file_are_one_line_errors(cli, tmp_path):
     for target in (existing, existing / "sub"):
         assert str(target) in one_line_error(cli("sweep", matrix, "--out", target))
     runs = tmp_path / "runs"
-    write_record(runs / "r", stub_record(RunConfig(), "error", "x"))
+    Record.without_run(RunConfig(), "error", "x").save(runs / "r")
     for target in (existing / "report.html", tmp_path):  # under a file; an existing directory
         assert str(target) in one_line_error(cli("report", runs, "-o", target))
     assert existing.read_text() == "x"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from echobench.bench import base_record, summarize
+from echobench.bench import summarize
 from echobench.config import RunConfig
 from echobench.hardware import resolve_peak, table_peak
-from echobench.results import SCHEMA_VERSION, load_records, peak_notes, write_json_atomic
+from echobench.results import SCHEMA_VERSION, Record, load_records, peak_notes, write_json_atomic
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -31,8 +31,7 @@ def summarized(ranks, precision="auto", peak=1.0, **peaks):
     cfg = RunConfig(scale="tiny", steps=len(ranks[0]["step_times_s"]), warmup_steps=0, micro_batch=2,
                     precision=precision, peak_tflops=peak, gpus_per_node=len(ranks),
                     parallelism="single" if len(ranks) == 1 else "ddp")
-    record = base_record(cfg, torch.device("cpu"))
-    record.update(peaks)
+    record = Record.start(cfg, torch.device("cpu")).update(**peaks)
     return summarize(cfg, record, ranks)
 
 
@@ -40,36 +39,37 @@ def test_a_stall_costs_the_window_figure_not_the_median():
     steady = summarized([measured_rank([0.1] * 10)])
     # the same run with one step stalled (a GC pause, a data hiccup) for a whole second
     stalled = summarized([measured_rank([0.1] * 9 + [1.1])])
-    assert stalled["step_time_s"] == steady["step_time_s"] == pytest.approx(0.1)  # the median does not see it
-    assert stalled["samples_per_s"] == pytest.approx(20 / 2.0) and steady["samples_per_s"] == pytest.approx(20 / 1.0)
-    assert stalled["mfu"] == pytest.approx(steady["mfu"] / 2)  # the window pays for the stall
-    assert stalled["step_time_mean_vs_median"] == pytest.approx(1.0)  # mean 0.2 s, median 0.1 s
+    assert stalled.step_time_s == steady.step_time_s == pytest.approx(0.1)  # the median does not see it
+    assert stalled.samples_per_s == pytest.approx(20 / 2.0) and steady.samples_per_s == pytest.approx(20 / 1.0)
+    assert stalled.mfu == pytest.approx(steady.mfu / 2)  # the window pays for the stall
+    assert stalled.step_time_mean_vs_median == pytest.approx(1.0)  # mean 0.2 s, median 0.1 s
 
 
 def test_each_step_counts_at_its_slowest_rank():
     r = summarized([measured_rank([0.1, 0.3, 0.1], rank=0), measured_rank([0.2, 0.1, 0.1], rank=1)])
-    assert r["step_times_s"] == [0.2, 0.3, 0.1] and r["measured_time_s"] == pytest.approx(0.6)
-    assert r["samples_per_s"] == pytest.approx(12 / 0.6)
-    assert r["mfu"] == r["measured_model_flops"] / (r["measured_time_s"] * 2 * 1.0 * 1e12)
+    assert r.step_times_s == [0.2, 0.3, 0.1] and r.measured_time_s == pytest.approx(0.6)
+    assert r.samples_per_s == pytest.approx(12 / 0.6)
+    assert r.mfu == r.measured_model_flops / (r.measured_time_s * 2 * 1.0 * 1e12)
 
 
 def test_fp8_runs_report_mfu_against_both_peaks_labelled():
     r = summarized([measured_rank([0.1] * 5, flops_per_sample=1e13)], precision="fp8", peak=989.5,
                    peak_precision="bf16", peak_fp8_tflops=1979.0)
-    assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 989.5)
-    assert r["mfu_fp8_peak"] == pytest.approx(r["tflops_per_gpu"] / 1979.0)
+    assert r.mfu == pytest.approx(r.tflops_per_gpu / 989.5)
+    assert r.mfu_fp8_peak == pytest.approx(r.tflops_per_gpu / 1979.0)
     assert any("fp8 run: MFU is against the bf16 peak" in n for n in peak_notes(r))
     # an fp32 run against a bf16 peak says so; a bf16 one against it needs no note
-    assert peak_notes({"precision": "fp32", "peak_precision": "bf16", "peak_source": "flag"}) == [
-        "fp32 run measured against the bf16 peak"]
-    assert peak_notes({"precision": "bf16", "peak_precision": "bf16", "peak_source": "datasheet:H200"}) == []
+    fp32 = summarized([measured_rank([0.1] * 3)], precision="fp32")
+    assert (fp32.peak_precision, fp32.peak_source) == ("bf16", "flag")
+    assert peak_notes(fp32) == ["fp32 run measured against the bf16 peak"]
+    assert peak_notes(fp32.update(precision="bf16", peak_source="datasheet:H200")) == []
 
 
 def test_allocator_counters_sum_over_ranks_and_stay_none_on_cpu():
     gpu = {"peak_reserved_gib": 1.0, "num_alloc_retries": 3, "num_ooms": 0}
     r = summarized([measured_rank([0.1] * 3, memory=gpu, rank=0), measured_rank([0.1] * 3, memory=dict(gpu), rank=1)])
-    assert r["num_alloc_retries"] == 6 and r["num_ooms"] == 0
-    assert summarized([measured_rank([0.1] * 3)])["num_alloc_retries"] is None
+    assert r.num_alloc_retries == 6 and r.num_ooms == 0
+    assert summarized([measured_rank([0.1] * 3)]).num_alloc_retries is None
 
 
 # ---- the datasheet table ----
@@ -107,18 +107,18 @@ def test_version_1_records_load_with_window_figures(tmp_path):
     assert v1["schema_version"] == 1 and "peak_precision" not in v1
     write_json_atomic(tmp_path / "run" / "result.json", v1)
     (r,), problems = load_records([tmp_path])
-    assert problems == [] and r["schema_version"] == SCHEMA_VERSION and r["migrated_from"] == 1
+    assert problems == [] and r.schema_version == SCHEMA_VERSION and r.migrated_from == 1
     times = v1["step_times_s"]
     # v1 kept every step's time: the window figures are recomputed from them
     samples = 3 * 2
-    assert r["measured_samples"] == samples and r["measured_time_s"] == sum(times)
-    assert r["samples_per_s"] == pytest.approx(samples / sum(times), rel=1e-12)
-    assert r["mfu"] == pytest.approx(v1["model_flops_per_sample"] * samples / (sum(times) * 1 * 1.0 * 1e12), rel=1e-9)
-    assert r["mfu"] < v1["mfu"]  # this run's mean step is above its median
-    assert r["step_time_s"] == v1["step_time_s"] and r["step_time_mean_s"] == pytest.approx(statistics.fmean(times))
+    assert r.measured_samples == samples and r.measured_time_s == sum(times)
+    assert r.samples_per_s == pytest.approx(samples / sum(times), rel=1e-12)
+    assert r.mfu == pytest.approx(v1["model_flops_per_sample"] * samples / (sum(times) * 1 * 1.0 * 1e12), rel=1e-9)
+    assert r.mfu < v1["mfu"]  # this run's mean step is above its median
+    assert r.step_time_s == v1["step_time_s"] and r.step_time_mean_s == pytest.approx(statistics.fmean(times))
     # derived where v1 says enough, None where it does not
-    assert (r["repeat"], r["peak_precision"]) == (0, "bf16")
-    assert r["num_alloc_retries"] is None and r["num_ooms"] is None and r["mfu_fp8_peak"] is None
+    assert (r.repeat, r.peak_precision) == (0, "bf16")
+    assert r.num_alloc_retries is None and r.num_ooms is None and r.mfu_fp8_peak is None
 
 
 def test_a_record_from_a_newer_echobench_is_reported_not_misread(tmp_path):

@@ -1,6 +1,5 @@
 """The report: dashboard (in real headless Chromium), publication tables, reference CSV, compare."""
 
-import copy
 import json
 import os
 import random
@@ -14,7 +13,7 @@ from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
 from echobench.report.compare import compare_records
-from echobench.results import SCHEMA_VERSION, write_json_atomic
+from echobench.results import PLAN_FILE, Env, Record, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -28,37 +27,37 @@ TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audi
 def record(run_id, scale="800M", framework="torchtitan", parallelism="fsdp2", nodes=1, gpus_per_node=4,
            micro_batch=8, mfu=0.4, samples_per_s=100.0, tflops_per_gpu=None, status="ok", error="",
            step_time_s=1.0, peak_mem_gib=40.0, time="2026-11-01T00:00:00+00:00", **extra):
-    """A hand-built record with round numbers, for tests that check computed values."""
+    """A hand-built record with round numbers (no `config`: its settings are its top-level fields),
+    for tests that check computed values; `extra` sets further fields."""
     world = nodes * gpus_per_node
     ok = status == "ok"
-    rec = {
-        "schema_version": SCHEMA_VERSION, "run_id": run_id, "status": status, "error": error, "scale": scale,
-        "framework": framework, "parallelism": parallelism, "tp": 1, "dp": world, "nodes": nodes,
-        "gpus_per_node": gpus_per_node, "world_size": world, "micro_batch": micro_batch,
-        "global_batch": micro_batch * world, "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750,
-        "precision": "bf16", "compile": False, "ac": "none", "steps": 30, "warmup_steps": 10,
-        "step_time_s": step_time_s if ok else None, "step_time_p10_s": step_time_s * 0.9 if ok else None,
-        "step_time_p90_s": step_time_s * 1.1 if ok else None, "samples_per_s": samples_per_s if ok else None,
-        "audio_seconds_per_s": samples_per_s * 30 if ok else None, "model_flops_per_sample": 1e13,
-        "flops_breakdown": {}, "tflops_per_gpu": (tflops_per_gpu if tflops_per_gpu is not None else mfu * 990) if ok else None,
-        "mfu": mfu if ok else None, "hfu": mfu if ok else None, "peak_tflops": 990.0, "peak_source": "datasheet:GH200",
-        "peak_mem_gib": peak_mem_gib, "data_wait_frac": 0.0, "per_rank": [],
-        "env": {"device_name": "NVIDIA GH200 120GB", "hostname": "nid001", "time": time},
-    }
-    rec.update(extra)
-    return rec
+    rec = Record(
+        run_id=run_id, status=status, error=error, scale=scale, framework=framework, parallelism=parallelism, tp=1,
+        dp=world, nodes=nodes, gpus_per_node=gpus_per_node, world_size=world, micro_batch=micro_batch,
+        global_batch=micro_batch * world, audio_frames=750, text_tokens=256, speaker_frames=750, precision="bf16",
+        compile=False, ac="none", steps=30, warmup_steps=10, peak_tflops=990.0, peak_source="datasheet:GH200",
+        model_flops_per_sample=1e13, flops_breakdown={}, peak_mem_gib=peak_mem_gib, data_wait_frac=0.0,
+        env=Env(device_name="NVIDIA GH200 120GB", hostname="nid001", time=time))
+    if ok:
+        rec.update(step_time_s=step_time_s, step_time_p10_s=step_time_s * 0.9, step_time_p90_s=step_time_s * 1.1,
+                   samples_per_s=samples_per_s, audio_seconds_per_s=samples_per_s * 30, mfu=mfu, hfu=mfu,
+                   tflops_per_gpu=tflops_per_gpu if tflops_per_gpu is not None else mfu * 990)
+    return rec.update(**extra)
 
 
-def write(root: Path, rec: dict, name: str | None = None) -> Path:
-    path = root / (name or rec["run_id"]) / "result.json"
-    write_json_atomic(path, rec)
+def write(root: Path, rec: Record, name: str | None = None, memory_estimate_gib: float | None = None) -> Path:
+    """Saves rec into root/NAME (its run id by default), with a sweep's plan.json beside it when
+    an estimate is given."""
+    path = rec.save(root / (name or rec.run_id))
+    if memory_estimate_gib is not None:
+        write_json_atomic(path.with_name(PLAN_FILE), {"run_id": rec.run_id, "memory_estimate_gib": memory_estimate_gib})
     return path
 
 
-def tiny_run(cli, out: Path, *extra):
+def tiny_run(cli, out: Path, *extra) -> Record:
     proc = cli("run", "--out", out, *TINY_RUN, *extra)
     assert (out / "result.json").exists(), proc.stderr[-2000:]
-    return json.loads((out / "result.json").read_text())
+    return Record.load(out / "result.json")
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +75,9 @@ def real_sweep(tmp_path_factory, smoke_sweep):
         return run_cli(*args, tmp_path=root)
 
     failed = tiny_run(cli, root / "failed", "--fail-at-step", "1")
-    assert failed["status"] == "error"
-    xss = copy.deepcopy(failed)
-    xss.update(run_id="xss-" + failed["run_id"], error=XSS)
-    xss["env"]["hostname"] = "<b>host</b>"
+    assert failed.status == "error"
+    xss = failed.model_copy(deep=True).update(run_id="xss-" + failed.run_id, error=XSS)
+    xss.env.hostname = "<b>host</b>"
     write(root, xss)
     (root / "skipped.json").write_text(json.dumps(
         [{"run_id": "tiny-megatron-tp4-n1x1", "scale": "tiny", "framework": "megatron", "parallelism": "tp4",
@@ -87,27 +85,28 @@ def real_sweep(tmp_path_factory, smoke_sweep):
     return root
 
 
-def synthetic_multinode(real: dict, out: Path) -> list[dict]:
+def synthetic_multinode(real: Record, out: Path) -> list[Record]:
     """SYNTHETIC layout fixture: copies of one real record with node counts, scales and figures made
     up, so the multi-node panels have lines to draw. Used for layout tests only, never reported."""
     records = []
     for scale, params, base_mfu in (("800M", 757e6, 0.30), ("3B", 3.16e9, 0.40)):
         for config, factor, drop in (("fsdp2", 1.0, 0.05), ("ddp", 0.8, 0.08)):
             for nodes in (1, 2, 4):
-                rec = copy.deepcopy(real)
+                rec = real.model_copy(deep=True)
                 world = nodes * 4
                 mfu = base_mfu * factor * (1 - drop * (nodes - 1))
                 settings = dict(scale=scale, parallelism=config, nodes=nodes, gpus_per_node=4)
-                rec["config"] = {**rec["config"], **settings}  # what the configuration is read from
                 rec.update(run_id=f"synthetic-{scale}-{config}-n{nodes}", **settings, world_size=world, dp=world,
-                           global_batch=real["micro_batch"] * world, mfu=mfu, hfu=mfu,
+                           global_batch=real.micro_batch * world, mfu=mfu, hfu=mfu,
                            tflops_per_gpu=mfu * 990, peak_tflops=990.0, peak_source="synthetic",
                            samples_per_s=mfu * 990e12 * world / 1e13, audio_seconds_per_s=mfu * 990e12 * world / 1e13 * 30,
-                           peak_mem_gib=20.0 * nodes ** -0.5, memory_estimate_gib=22.0 * nodes ** -0.5, synthetic=True)
-                rec["flops_breakdown"]["params"]["trainable"] = params
-                rec["per_rank"] = [{"rank": 0, "memory": {"device_total_gib": 94.5}}]
-                rec["env"] = {**rec["env"], "hostname": "synthetic-fixture", "device_name": "SYNTHETIC GH200"}
-                write(out, rec)
+                           peak_mem_gib=20.0 * nodes ** -0.5,
+                           config={**rec.config, **settings},  # what the configuration is read from
+                           per_rank=[{"rank": 0, "memory": {"device_total_gib": 94.5}}],
+                           env=rec.env.model_copy(update={"hostname": "synthetic-fixture",
+                                                          "device_name": "SYNTHETIC GH200"}))
+                rec.flops_breakdown["params"]["trainable"] = params
+                write(out, rec, memory_estimate_gib=22.0 * nodes ** -0.5)
                 records.append(rec)
     return records
 
@@ -173,7 +172,7 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         assert layout_problems(page) == (7, [])
         table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
                                   ".map(tr => tr.cells[0].textContent.trim())")
-        assert sorted(table_ids) == sorted(r["run_id"] for r in runs)
+        assert sorted(table_ids) == sorted(r.run_id for r in runs)
         # the script tag from a record is text, not markup; no alert fired (checked in assert_clean)
         errors = page.evaluate("Array.from(document.querySelectorAll('#failed-table td.error'))"
                                ".map(td => td.textContent)")
@@ -189,8 +188,8 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
 @pytest.mark.slow
 def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
     """Layout of the multi-node panels, on the SYNTHETIC fixture (made-up node counts and figures)."""
-    real = next(r for r in map(json.loads, (p.read_text() for p in sorted(real_sweep.rglob("result.json"))))
-                if r["status"] == "ok" and r["framework"] == "torchtitan")
+    real = next(r for r in map(Record.load, sorted(real_sweep.rglob("result.json")))
+                if r.status == "ok" and r.framework == "torchtitan")
     synthetic = synthetic_multinode(real, tmp_path / "synthetic")
     out = tmp_path / "report.html"
     cli("report", tmp_path / "synthetic", real_sweep, "-o", out, check=True)
@@ -217,13 +216,13 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         assert sum(p["visible"] for p in visible) == 7 + 1
         rows = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
                              ".map(tr => tr.cells[0].textContent.trim())")
-        assert sorted(rows) == sorted(r["run_id"] for r in synthetic if r["scale"] == "3B")
+        assert sorted(rows) == sorted(r.run_id for r in synthetic if r.scale == "3B")
         # sorting by MFU (a header click) orders the rows by the number, highest last
         page.evaluate("Array.from(document.querySelectorAll('#runs th')).find(th => th.textContent === 'MFU (%)').click()")
         order = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
                               ".map(tr => tr.cells[0].textContent.trim())")
-        by_mfu = sorted((r for r in synthetic if r["scale"] == "3B"), key=lambda r: r["mfu"])
-        assert order == [r["run_id"] for r in by_mfu]
+        by_mfu = sorted((r for r in synthetic if r.scale == "3B"), key=lambda r: r.mfu)
+        assert order == [r.run_id for r in by_mfu]
         # the text filter
         page.evaluate("var f = document.getElementById('run-filter'); f.value = 'ddp-n4';"
                       "f.dispatchEvent(new Event('input'))")
@@ -238,28 +237,27 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
 
 # ---- scaling: two sweeps of the same layouts, of different lengths ----
 
-def written_record(root: Path, step_s: float, **settings) -> dict:
-    """A record made by the record code (bench.base_record, flops_report, bench.summarize,
-    results.write_record) for settings as a sweep launches them; only the per-rank measurements
-    are made up: every step takes step_s on rank 0 and 1% longer on each further rank."""
+def written_record(root: Path, step_s: float, **settings) -> Record:
+    """A record made by the record code (Record.start, flops_report, bench.summarize, Record.save)
+    for settings as a sweep launches them; only the per-rank measurements are made up: every step
+    takes step_s on rank 0 and 1% longer on each further rank."""
     import torch
 
-    from echobench.bench import base_record, summarize
+    from echobench.bench import summarize
     from echobench.config import RunConfig
     from echobench.flops import flops_report
-    from echobench.results import write_record
     from tests.test_figures import measured_rank
 
     cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
                        "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80, **settings})
-    record = base_record(cfg, torch.device("cpu"))
-    record["flops_breakdown"] = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames,
-                                             cfg.ac)
-    per_sample = record["flops_breakdown"]["model_flops_per_sample"]
+    record = Record.start(cfg, torch.device("cpu"))
+    record.flops_breakdown = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames,
+                                          cfg.ac)
+    per_sample = record.flops_breakdown["model_flops_per_sample"]
     ranks = [measured_rank([step_s * (1 + 0.01 * r)] * cfg.steps, cfg.micro_batch, per_sample, rank=r)
              for r in range(cfg.world_size)]
     summarize(cfg, record, ranks)
-    write_record(root / record["run_id"], record)
+    record.save(root / record.run_id)
     return record
 
 
@@ -285,7 +283,7 @@ def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
 
     long_, short = two_sweeps(tmp_path)
     data = load_report_input([long_, short])
-    assert len({r["run_id"] for r in data.records}) == 9  # run ids still tell every run apart
+    assert len({r.run_id for r in data.records}) == 9  # run ids still tell every run apart
     configs = data.configurations.set_index(["config", "nodes"])
     # one row per layout and node count; at 1 node the two sweeps' runs pool (median, count 2)
     assert sorted(configs.index) == [(f"{f} {p}", n) for f, p in sorted(LAYOUT_STEPS) for n in (1, 2)]
@@ -320,7 +318,7 @@ def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
 
 def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
     from echobench.config import RunConfig, configuration_id, run_id
-    from echobench.results import configuration_key, read_record
+    from echobench.results import configuration_key
 
     base = RunConfig(scale="tiny")
     longer = RunConfig(scale="tiny", steps=99, warmup_steps=0, seed=3, repeat=2, profile=True, time_limit_s=9.0,
@@ -332,11 +330,11 @@ def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
         assert configuration_id(other.to_dict()) != configuration_id(base.to_dict())
     # a record whose config predates keys (here repeat; te, sequence_parallel taken out) reads them
     # at their defaults
-    old = read_record(ROOT / "tests" / "fixtures" / "record-v1.json")
-    full = dict(old["config"])
+    old = Record.load(ROOT / "tests" / "fixtures" / "record-v1.json")
+    full = dict(old.config)
     for key in ("te", "sequence_parallel"):
-        del old["config"][key]
-    assert "repeat" not in old["config"]
+        del old.config[key]
+    assert "repeat" not in old.config
     assert configuration_key(old) == configuration_id({**full, "repeat": 5})
     assert configuration_key(old) != configuration_id({**full, "te": "on"})
     # a record without `config` (hand-made) is read from its top-level fields
@@ -436,9 +434,9 @@ def test_only_failed_runs_and_corrupt_records(tmp_path, cli):
 def test_strings_from_records_are_escaped(tmp_path):
     from echobench.report import render_dashboard
 
-    write(tmp_path, record("r<img src=x onerror=alert(2)>", memory_estimate_gib=45.0), name="r1")
+    write(tmp_path, record("r<img src=x onerror=alert(2)>"), name="r1", memory_estimate_gib=45.0)
     rec = record("f1", status="error", error=XSS)
-    rec["env"]["hostname"] = "<i>h</i>"
+    rec.env.hostname = "<i>h</i>"
     write(tmp_path, rec)
     data = load_report_input([tmp_path])
     assert data.frame.set_index("run_id").loc["r<img src=x onerror=alert(2)>", "memory_estimate_gib"] == 45.0
@@ -487,8 +485,8 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
     parts per configuration, and the best-MFU table's link shows that run's waterfall."""
     out = tmp_path / "report.html"
     cli("report", real_sweep, "-o", out, check=True)
-    ok = {r["run_id"]: r for r in load_report_input([real_sweep]).records if r["status"] == "ok"}
-    assert len(ok) >= 4 and all("fractions" in (r.get("breakdown") or {}) for r in ok.values())
+    ok = {r.run_id: r for r in load_report_input([real_sweep]).records if r.status == "ok"}
+    assert len(ok) >= 4 and all("fractions" in (r.breakdown or {}) for r in ok.values())
     with browser_or_skip() as page:
         page.open(out)
         assert_clean(page)
@@ -512,8 +510,8 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
         page.evaluate("document.querySelector('#best a.waterfall-link').click()")
         wf = page.evaluate(shown)
         assert wf["sel"] == link and wf["type"] == "waterfall" and link in wf["title"] and wf["bars"] == 9
-        assert wf["y"][-1] == pytest.approx(100 * ok[link]["mfu"])
-        assert 100 + sum(wf["y"][1:-1]) == pytest.approx(100 * ok[link]["mfu"], abs=1e-6)
+        assert wf["y"][-1] == pytest.approx(100 * ok[link].mfu)
+        assert 100 + sum(wf["y"][1:-1]) == pytest.approx(100 * ok[link].mfu, abs=1e-6)
         shot = page.screenshot(ARTIFACTS / "dashboard-where-the-time-goes.png", selector="#time")
         assert_clean(page)
     assert shot.stat().st_size > 10_000
@@ -670,7 +668,7 @@ def test_compare_pools_the_repeats_of_a_configuration():
     comparison = compare_records(old, new, threshold_pct=5)
     (change,) = comparison.changes  # 3 steps a run would be weak; pooled over 3 repeats: 9 a side
     assert (change.old_repeats, change.new_steps) == (3, 9) and change.regressed
-    assert change.old_mfu == statistics.median(r["mfu"] for r in old)
+    assert change.old_mfu == statistics.median(r.mfu for r in old)
 
 
 # ---- repeats, peaks and allocator flags in the table and the dashboard ----
@@ -740,7 +738,7 @@ def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):
     write(tmp_path, record("a"))
     assert load_report_input([tmp_path]).skipped == []
     (tmp_path / "sweep.json").write_text(json.dumps({"matrix": "smoke", "runs": {}}))
-    assert load_report_input([tmp_path]).records[0]["matrix"] == "smoke"
+    assert list(load_report_input([tmp_path]).frame["matrix"]) == ["smoke"]
     (tmp_path / "skipped.json").write_text(json.dumps({"skipped": [
         {"run": {"scale": "8B", "framework": "torchtitan", "parallelism": "ddp", "nodes": 1},
          "reason": "8B does not fit with DDP"}]}))

@@ -1,7 +1,6 @@
 """How the SLURM executor reads a job's state (its own file, sacct, scontrol, squeue) and turns a
 job that died into a record, against stand-in scheduler commands (no cluster needed)."""
 
-import json
 import os
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from echobench.config import RunConfig
 from echobench.executors import finish_without_record
 from echobench.executors.slurm import SlurmExecutor
-from echobench.results import REQUIRED_FIELDS, stub_record, write_record
+from echobench.results import Record
 
 
 def fake_commands(tmp_path: Path, monkeypatch, **outputs) -> Path:
@@ -72,12 +71,10 @@ def test_scheduler_verdict_replaces_a_failure_record_but_never_an_ok_one(tmp_pat
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "slurm-7.out").write_text(
         "step 1\nslurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026 DUE TO TIME LIMIT ***\n" + "noise\n" * 50)
-    write_record(tmp_path, stub_record(cfg, "error", "torchrun exited with code 1"))
+    Record.without_run(cfg, "error", "torchrun exited with code 1").save(tmp_path)
     record = finish_without_record(cfg, tmp_path, "timeout", "SLURM job 7 ended TIMEOUT")
-    assert record["status"] == "timeout" and record["run_error"] == "torchrun exited with code 1"
-    assert "DUE TO TIME LIMIT" in record["error"] and "DUE TO TIME LIMIT" in record["log_tail"]
-    assert [k for k in REQUIRED_FIELDS if k not in record] == []
-    assert json.loads((tmp_path / "result.json").read_text())["status"] == "timeout"
-    ok = stub_record(cfg, "ok", "")
-    write_record(tmp_path, ok)
-    assert finish_without_record(cfg, tmp_path, "cancelled", "late scancel")["status"] == "ok"
+    assert record.status == "timeout" and record.run_error == "torchrun exited with code 1"
+    assert "DUE TO TIME LIMIT" in record.error and "DUE TO TIME LIMIT" in record.log_tail
+    assert Record.load(tmp_path / "result.json").model_dump() == record.model_dump()  # saved, complete and valid
+    Record.without_run(cfg, "ok", "").save(tmp_path)
+    assert finish_without_record(cfg, tmp_path, "cancelled", "late scancel").status == "ok"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import yaml
 
 from echobench.plan import time_limit
-from echobench.results import read_record, stub_record, write_json_atomic, write_record
+from echobench.results import PLAN_FILE, RECORD_FILE, Record, write_json_atomic
 
 if TYPE_CHECKING:
     from echobench.matrix import Matrix, PlannedRun
@@ -135,7 +135,7 @@ def write_run_files(run: PlannedRun, rd: Path, matrix: Matrix, executor: Executo
     (rd / "run.yaml").write_text(yaml.safe_dump(run.cfg.to_dict(), sort_keys=False))
     (rd / "job.sh").write_text(executor.job_script(run, rd, matrix, limit))
     # What the plan said about this run (the report shows the estimate beside the measured peak).
-    write_json_atomic(rd / "plan.json", {
+    write_json_atomic(rd / PLAN_FILE, {
         "run_id": run.id, "matrix": matrix.name, "executor": executor.name, "time_limit": limit,
         "memory_estimate_gib": run.memory.total_gib if run.memory else None,
         "memory_estimate": run.memory.as_gib() if run.memory else None, "fits": run.fits,
@@ -146,19 +146,19 @@ class CorruptRecord(ValueError):
     """A run's result.json is there but is not a readable record (the message names the file)."""
 
 
-def current_record(run_dir: Path) -> dict | None:
+def current_record(run_dir: Path) -> Record | None:
     """The run's record, None while it has none. A record that is there but unreadable raises
     CorruptRecord: it is never taken for a missing one (and then rerun or overwritten silently)."""
-    path = run_dir / "result.json"
+    path = run_dir / RECORD_FILE
     if not path.exists():
         return None
     try:
-        return read_record(path)
+        return Record.load(path)
     except ValueError as exc:
         raise CorruptRecord(str(exc)) from None
 
 
-def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
+def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
     """The record of a job that ended by the scheduler's hand or before writing its own.
 
     A record the run wrote itself stands when it is ok; a failure record it left (e.g. the
@@ -170,25 +170,24 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> dict:
     except CorruptRecord as exc:
         own, corrupt = None, str(exc)
         (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
-    if own is not None and (own["status"] == "ok" or status == "error"):
+    if own is not None and (own.status == "ok" or status == "error"):
         return own
-    from echobench.launch import originating_failure, rank_failures
+    from echobench.launch import rank_failures
 
     tail = log_tail(run_dir)
-    extra = {"log_tail": tail}
+    record = Record.without_run(cfg, status, why, log_tail=tail)
     if own is None and (failures := rank_failures(run_dir)):
         # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
-        # when another node's failed): name that rank first.
-        first = originating_failure(failures)
-        status = first["status"] if status == "error" else status
-        why = f"{first['error']}; {why}"
-        extra.update(failed_ranks=sorted(f["rank"] for f in failures), traceback_tail=first.get("traceback_tail"))
-    error = f"{why}; log: {short_tail(tail)}" if tail else why
+        # when another node's failed): name that rank first; the scheduler's verdict beats a plain error.
+        record.fail(failures)
+        why = f"{record.error}; {why}"
+        if status != "error":
+            record.status = status
+    record.error = f"{why}; log: {short_tail(tail)}" if tail else why
     if own is not None:
-        extra["run_error"] = own.get("error")
+        record.run_error = own.error
     if corrupt is not None:
-        error = f"{why}; its own record was corrupt (kept as result.json.corrupt): {corrupt}"
-        extra["run_error"] = corrupt
-    record = stub_record(cfg, status, error, **extra)
-    write_record(run_dir, record)
+        record.update(error=f"{why}; its own record was corrupt (kept as result.json.corrupt): {corrupt}",
+                      run_error=corrupt)
+    record.save(run_dir)
     return record

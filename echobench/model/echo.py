@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from echobench.model.config import EchoConfig

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from echobench.results import configuration_key, over_repeats
+from echobench.results import Record, configuration_key, over_repeats
 
 MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
 DEFAULT_ALPHA = 0.01
@@ -73,12 +73,12 @@ def _change(old: float | None, new: float | None) -> float | None:
     return (new / old - 1) * 100
 
 
-def _ok(record: dict) -> bool:
-    return record.get("status") == "ok" and record.get("mfu") is not None
+def _ok(record: Record) -> bool:
+    return record.status == "ok" and record.mfu is not None
 
 
-def _status(records: list[dict]) -> str:
-    statuses = sorted({r.get("status") or "?" for r in records})
+def _status(records: list[Record]) -> str:
+    statuses = sorted({r.status for r in records})
     return statuses[0] if len(statuses) == 1 else "/".join(statuses)
 
 
@@ -89,16 +89,16 @@ def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
     return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
 
 
-def first_run_id(records: list[dict]) -> str:
+def first_run_id(records: list[Record]) -> str:
     """The name a configuration goes by in the output: its first run's id (lowest repeat)."""
-    return min((r.get("repeat") or 0, str(r["run_id"])) for r in records)[1]
+    return min((r.repeat, r.run_id) for r in records)[1]
 
 
-def compare_configuration(old: list[dict], new: list[dict], threshold_pct: float, alpha: float) -> Change:
+def compare_configuration(old: list[Record], new: list[Record], threshold_pct: float, alpha: float) -> Change:
     old_ok, new_ok = [r for r in old if _ok(r)], [r for r in new if _ok(r)]
 
     def median(records, name):
-        stats = over_repeats(r.get(name) for r in records)
+        stats = over_repeats(getattr(r, name) for r in records)
         return stats["median"] if stats else None
 
     change = Change(first_run_id(new), _status(old), _status(new), median(old_ok, "samples_per_s"), median(new_ok, "samples_per_s"),
@@ -107,13 +107,13 @@ def compare_configuration(old: list[dict], new: list[dict], threshold_pct: float
     if old_ok and failed and len(failed) / len(new) > 1 - len(old_ok) / len(old):
         first = failed[0]
         change.regressed = True
-        change.reason = (f"{len(failed)} of {len(new)} now {first.get('status')}: {first.get('error') or ''}".strip()
-                         if len(new) > 1 else f"now {first.get('status')}: {first.get('error') or ''}".strip())
+        change.reason = (f"{len(failed)} of {len(new)} now {first.status}: {first.error}".strip()
+                         if len(new) > 1 else f"now {first.status}: {first.error}".strip())
         return change
     if not (old_ok and new_ok):
         return change
-    old_steps = [t for r in old_ok for t in r.get("step_times_s") or []]
-    new_steps = [t for r in new_ok for t in r.get("step_times_s") or []]
+    old_steps = [t for r in old_ok for t in r.step_times_s or []]
+    new_steps = [t for r in new_ok for t in r.step_times_s or []]
     change.old_steps, change.new_steps = len(old_steps), len(new_steps)
     losses = [(name, -pct) for name, pct in (("samples/s", change.samples_change_pct), ("MFU", change.mfu_change_pct))
               if pct is not None and -pct > threshold_pct]
@@ -132,14 +132,14 @@ def compare_configuration(old: list[dict], new: list[dict], threshold_pct: float
     return change
 
 
-def group_by_configuration(records: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = defaultdict(list)
+def group_by_configuration(records: list[Record]) -> dict[str, list[Record]]:
+    groups: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         groups[configuration_key(r)].append(r)
     return groups
 
 
-def compare_records(old: list[dict], new: list[dict], threshold_pct: float, alpha: float = DEFAULT_ALPHA) -> Comparison:
+def compare_records(old: list[Record], new: list[Record], threshold_pct: float, alpha: float = DEFAULT_ALPHA) -> Comparison:
     old_by_key, new_by_key = group_by_configuration(old), group_by_configuration(new)
     result = Comparison(threshold_pct, alpha,
                         only_old=sorted(first_run_id(old_by_key[k]) for k in set(old_by_key) - set(new_by_key)),

@@ -285,10 +285,10 @@ class Figures:
         settings = Counter()
         breakdowns = {}
         for r in self.data.records:
-            bd = ((r.get("flops_breakdown") or {}).get("breakdown") or {})
-            if r.get("scale") != scale or not bd.get("parts"):
+            bd = ((r.flops_breakdown or {}).get("breakdown") or {})
+            if r.scale != scale or not bd.get("parts"):
                 continue
-            key = (r.get("audio_frames"), r.get("text_tokens"), r.get("speaker_frames"))
+            key = (r.audio_frames, r.text_tokens, r.speaker_frames)
             settings[key] += 1
             breakdowns[key] = bd
         if not settings:
@@ -325,16 +325,15 @@ def _unique(values) -> list[str]:
 
 def header_facts(data: ReportInput) -> dict:
     records = data.records
-    envs = [r.get("env") or {} for r in records]
-    times = _unique(e.get("time") for e in envs)
-    devices = Counter(e.get("device_name") or "unknown" for e in envs)
-    peaks = Counter((r.get("peak_tflops"), r.get("peak_precision") or "", r.get("peak_source"),
-                     (r.get("env") or {}).get("device_name"))
-                    for r in records if r.get("peak_tflops") is not None)
-    ceilings = _unique(f"{r['ceiling_tflops']:.4g}" for r in records if r.get("ceiling_tflops"))
-    versions = {k: ", ".join(_unique(e.get(k) for e in envs)) or "-" for k in VERSION_KEYS}
+    envs = [r.env for r in records]
+    times = _unique(e.time for e in envs)
+    devices = Counter(e.device_name or "unknown" for e in envs)
+    peaks = Counter((r.peak_tflops, r.peak_precision or "", r.peak_source, r.env.device_name)
+                    for r in records if r.peak_tflops is not None)
+    ceilings = _unique(f"{r.ceiling_tflops:.4g}" for r in records if r.ceiling_tflops)
+    versions = {k: ", ".join(_unique(getattr(e, k) for e in envs)) or "-" for k in VERSION_KEYS}
     matrices = _unique(data.frame["matrix"])
-    statuses = Counter(r.get("status") for r in records)
+    statuses = Counter(r.status for r in records)
     return {
         "sources": [str(p) for p in data.paths],
         "matrices": matrices,

@@ -1,7 +1,8 @@
 """What the report is built from: stored result records (and a sweep's skipped list), as one frame.
 
 Only files on disk are read: `result.json` records through `echobench.results.load_records`
-(newest per run id, corrupt ones reported) and `skipped.json` files a sweep may leave beside them.
+(typed records: newest per run id, corrupt ones reported), the `plan.json` a sweep writes beside
+each (its memory estimate), the sweep's `sweep.json` (its matrix name) and `skipped.json` files.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from echobench.config import configuration
-from echobench.results import (configuration_key, load_records, over_repeats, peak_notes, record_settings,
-                               records_frame)
+from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_notes, read_plan,
+                               record_settings, records_frame)
 
 # Labels: framework and parallelism always name a configuration (echobench.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
@@ -25,15 +26,12 @@ VARYING_CONFIG_KEYS = ("gpus_per_node", "micro_batch", "precision", "compile", "
                        "frozen_encoder", "audio_frames", "text_tokens", "speaker_frames")
 SHORT_NAMES = {"gpus_per_node": "gpn", "micro_batch": "mb", "precision": "", "compile": "compile",
                "ac": "ac", "encoder_model": "enc", "audio_frames": "audio", "text_tokens": "text", "speaker_frames": "spk"}
-# Where a sweep's plan may have put the per-GPU memory estimate of a run.
-SPEC_KEYS = ("spec", "run_spec", "plan", "config")
-SPEC_FILES = ("spec.json", "run.json", "plan.json")
 
 
 @dataclass
 class ReportInput:
     paths: list[Path]
-    records: list[dict]
+    records: list[Record]
     frame: pd.DataFrame
     skipped: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -69,67 +67,40 @@ def sweep_matrix_names(paths) -> dict[Path, str]:
 def load_report_input(paths) -> ReportInput:
     paths = [Path(p) for p in paths]
     records, problems = load_records(paths)
-    sweeps = sweep_matrix_names(paths)
-    for r in records:  # a record without its matrix name takes its sweep directory's
-        if not _matrix_name(r) and r.get("_path"):
-            parents = Path(r["_path"]).resolve().parents
-            r["matrix"] = next((sweeps[d] for d in parents if d in sweeps), None)
     skipped, skip_problems = load_skipped(paths)
-    return ReportInput(paths, records, report_frame(records), skipped, problems + skip_problems)
+    frame = report_frame(records, sweep_matrix_names(paths))
+    return ReportInput(paths, records, frame, skipped, problems + skip_problems)
 
 
 # ---- the frame: records_frame plus what the report needs ----
 
-def _memory_estimate(record: dict) -> float | None:
-    """`memory_estimate_gib` from the record, its run spec, or a spec file beside it."""
-    if record.get("memory_estimate_gib") is not None:
-        return float(record["memory_estimate_gib"])
-    for key in SPEC_KEYS:
-        spec = record.get(key)
-        if isinstance(spec, dict) and spec.get("memory_estimate_gib") is not None:
-            return float(spec["memory_estimate_gib"])
-    if record.get("_path"):
-        for name in SPEC_FILES:
-            spec_path = Path(record["_path"]).with_name(name)
-            try:
-                spec = json.loads(spec_path.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(spec, dict) and spec.get("memory_estimate_gib") is not None:
-                return float(spec["memory_estimate_gib"])
-    return None
-
-
-def _device_memory(record: dict) -> float | None:
+def _device_memory(record: Record) -> float | None:
     """Total memory of one device, from the ranks' memory stats (GPU runs record it)."""
-    totals = [(r.get("memory") or {}).get("device_total_gib") for r in record.get("per_rank") or []]
+    totals = [r.memory.get("device_total_gib") for r in record.per_rank]
     totals = [t for t in totals if t]
     return min(totals) if totals else None
 
 
-def _trainable_params(record: dict) -> float | None:
-    params = (record.get("flops_breakdown") or {}).get("params") or {}
+def _trainable_params(record: Record) -> float | None:
+    params = (record.flops_breakdown or {}).get("params") or {}
     return params.get("trainable")
 
 
-def _matrix_name(record: dict) -> str | None:
-    for key in ("matrix", "matrix_name"):
-        value = record.get(key)
-        if isinstance(value, dict):
-            value = value.get("name")
-        if value:
-            return str(value)
-    return None
+def _matrix_name(record: Record, sweeps: dict[Path, str]) -> str | None:
+    """The matrix of the sweep whose directory holds the record (its sweep.json)."""
+    if record.path is None:
+        return None
+    return next((sweeps[d] for d in record.path.resolve().parents if d in sweeps), None)
 
 
-def report_frame(records: list[dict]) -> pd.DataFrame:
+def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -> pd.DataFrame:
     frame = records_frame(records)
     settings = [configuration(record_settings(r), with_nodes=False) for r in records]
     extra = pd.DataFrame({
-        "memory_estimate_gib": [_memory_estimate(r) for r in records],
+        "memory_estimate_gib": [read_plan(r).get("memory_estimate_gib") for r in records],
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
-        "matrix": [_matrix_name(r) for r in records],
+        "matrix": [_matrix_name(r, sweeps or {}) for r in records],
         "configuration": [configuration_key(r) for r in records],
         "settings": settings,  # the configuration across node counts: one line of the scaling views
         "layout": [json.dumps(c, sort_keys=True, default=str) for c in settings],
@@ -138,7 +109,7 @@ def report_frame(records: list[dict]) -> pd.DataFrame:
     frame = pd.concat([frame, extra], axis=1)
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
-    ok = [(r.get("status") == "ok") for r in records]
+    ok = [r.status == "ok" for r in records]
     frame["config"] = config_labels(settings, among=[s for s, good in zip(settings, ok) if good] or settings)
     return frame
 

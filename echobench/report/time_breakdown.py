@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from echobench.breakdown import CATEGORIES, LABELS, waterfall
 from echobench.report.data import ReportInput
+from echobench.results import Record
 
 COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "other_compute": "#ff7f0e",
           "memcpy": "#8c564b", "communication": "#d62728", "data_wait": "#bcbd22", "idle": "#c7c7c7"}
@@ -31,13 +32,13 @@ def profiled_rows(data: ReportInput) -> pd.DataFrame:
     rows = []
     frame = data.frame
     for i, r in enumerate(data.records):
-        fractions = (r.get("breakdown") or {}).get("fractions")
-        if r.get("status") != "ok" or not fractions or r.get("mfu") is None:
+        fractions = (r.breakdown or {}).get("fractions")
+        if r.status != "ok" or not fractions or r.mfu is None:
             continue
         row = frame.iloc[i]
-        rows.append({"run_id": r["run_id"], "scale": r.get("scale"), "config": row["config"],
-                     "configuration": row["configuration"], "nodes": row["nodes"], "repeat": r.get("repeat") or 0,
-                     "step_time_s": r["breakdown"].get("step_time_s"), **{c: fractions.get(c, 0.0) for c in CATEGORIES}})
+        rows.append({"run_id": r.run_id, "scale": r.scale, "config": row["config"],
+                     "configuration": row["configuration"], "nodes": row["nodes"], "repeat": r.repeat,
+                     "step_time_s": r.breakdown.get("step_time_s"), **{c: fractions.get(c, 0.0) for c in CATEGORIES}})
     return pd.DataFrame(rows, columns=["run_id", "scale", "config", "configuration", "nodes", "repeat", "step_time_s",
                                        *CATEGORIES])
 
@@ -66,7 +67,7 @@ def stacked_parts(scale: str, rows: pd.DataFrame, esc) -> go.Figure:
     return fig
 
 
-def waterfall_figure(record: dict, esc) -> go.Figure | None:
+def waterfall_figure(record: Record, esc) -> go.Figure | None:
     steps = waterfall(record)
     if steps is None:
         return None
@@ -77,7 +78,7 @@ def waterfall_figure(record: dict, esc) -> go.Figure | None:
         hovertemplate="%{hovertext}: %{text} points<extra></extra>",
         decreasing={"marker": {"color": "#d62728"}}, increasing={"marker": {"color": "#2ca02c"}},
         totals={"marker": {"color": "#1f77b4"}}, connector={"line": {"color": "#999", "width": 1}}))
-    fig.update_layout(title={"text": esc(f"{record['run_id']}: MFU waterfall (points of the peak)"), "font": {"size": 14}},
+    fig.update_layout(title={"text": esc(f"{record.run_id}: MFU waterfall (points of the peak)"), "font": {"size": 14}},
                       template="plotly_white", height=420, margin={"l": 60, "r": 20, "t": 50, "b": 80},
                       yaxis={"title": "% of peak", "rangemode": "tozero"}, showlegend=False)
     return fig
@@ -105,15 +106,15 @@ def time_section(data: ReportInput, scales: list[str], html, esc) -> dict:
         else:
             section["panels"].append({"scale": scale, "html": html(stacked_parts(scale, group, esc), f"fig-time-{i}"),
                                       "empty": "", "note": ""})
-    by_id = {r["run_id"]: r for r in data.records}
+    by_id = {r.run_id: r for r in data.records}
     figures, template, options = {}, None, []
-    order = sorted(rows.itertuples(), key=lambda r: -float(by_id[r.run_id]["mfu"]))
+    order = sorted(rows.itertuples(), key=lambda r: -by_id[r.run_id].mfu)
     for r in order:
         fig = waterfall_figure(by_id[r.run_id], esc)
         spec = json.loads(fig.to_json())
         template = spec["layout"].pop("template", template)  # sent once, not per run
         figures[r.run_id] = spec
-        options.append({"id": r.run_id, "label": f"{r.run_id} ({float(by_id[r.run_id]['mfu']):.2%} MFU)"})
+        options.append({"id": r.run_id, "label": f"{r.run_id} ({by_id[r.run_id].mfu:.2%} MFU)"})
     section["waterfall"] = {"options": options, "payload": script_json({"template": template, "runs": figures})}
     first_profiled = {}
     for r in sorted(rows.itertuples(), key=lambda r: (r.repeat, r.run_id)):
