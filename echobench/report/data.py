@@ -52,14 +52,12 @@ class ReportInput:
 
 def sweep_matrix_names(paths) -> dict[Path, str]:
     """Sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root."""
+    from echobench.sweep import SWEEP_FILE, SweepState
+
     names = {}
     for p in map(Path, paths):
-        for state_file in sorted(p.rglob("sweep.json")) if p.is_dir() else []:
-            try:
-                name = json.loads(state_file.read_text()).get("matrix")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(name, str) and name:
+        for state_file in sorted(p.rglob(SWEEP_FILE)) if p.is_dir() else []:
+            if name := SweepState.load(state_file.parent).matrix:
                 names[state_file.parent.resolve()] = name
     return names
 
