@@ -209,8 +209,8 @@ def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, monkeypatch
         graphs = counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
-    assert r["status"] == "ok", r["error"]
-    assert r["compile"] is True and r["mfu"] > 0
+    assert r.status == "ok", r.error
+    assert r.compile is True and r.mfu > 0
     # One graph per block kind (speaker-encoder block, DiT block): the blocks of a kind share it
     # (more would mean a recompile per block).
     assert graphs == 2, dict(counters["stats"])
