@@ -1,6 +1,6 @@
 """The measured training loop: the one place that owns timing, FLOPs and the result record.
 
-Timing (DESIGN.md): warm-up steps (compile happens there) are excluded; on GPU each step is
+Timing (README, "How MFU is computed"): warm-up steps (compile happens there) are excluded; on GPU each step is
 timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
 clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs

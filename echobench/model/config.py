@@ -1,4 +1,4 @@
-"""Model configuration: typed dataclasses and the scale presets of DESIGN.md."""
+"""Model configuration: typed dataclasses and the 800M, 3B and 8B scale presets (README, "The model")."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ PRESETS: dict[str, EchoConfig] = {
     "8B": _preset("8B", 4096, 32, 32, 10240, 1536, 8, 12, "t5gemma-2-1b"),
 }
 
-# Trainable parameter count the preset's name promises (DESIGN: land within 10%).
+# Trainable parameter count the preset's name promises (each preset lands within 10% of it).
 NOMINAL_PARAMS = {"800M": 800e6, "3B": 3e9, "8B": 8e9}
 
 
