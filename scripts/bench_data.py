@@ -127,9 +127,9 @@ def bench_tiny_model(source, out: Path) -> tuple[float, float]:
     cfg = RunConfig(scale="tiny", steps=10, warmup_steps=3, micro_batch=8, data=str(source), device="cpu",
                     peak_tflops=1.0)
     record = run_benchmark(cfg, out)
-    if record["status"] != "ok":
-        raise SystemExit(f"tiny run failed: {record['error']}")
-    return record["step_time_s"], record["data_wait_frac"]
+    if record.status != "ok":
+        raise SystemExit(f"tiny run failed: {record.error}")
+    return record.step_time_s, record.data_wait_frac
 
 
 if __name__ == "__main__":
