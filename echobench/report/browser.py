@@ -1,7 +1,8 @@
 """Open a page in real headless Chromium over the DevTools protocol: errors, dialogs, DOM, screenshot.
 
-Used by the browser tests and by `python -m echobench.report.browser [--width PX] PAGE.html SHOT.png` (the
-committed dashboard screenshots, after the same layout check the tests make). Needs a `chromium` binary and the `websocket-client` package (dev extra).
+Used by the browser tests and by `python -m echobench.report.browser [--width PX] PAGE.html SHOT.png [SELECTOR]`
+(the committed dashboard screenshots, of the page or of one element, after the same layout check the
+tests make). Needs a `chromium` binary and the `websocket-client` package (dev extra).
 Network is off: every host name resolves to nothing, so a page that needs a CDN fails here.
 """
 

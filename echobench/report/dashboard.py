@@ -109,7 +109,6 @@ class Figures:
         self.scales = scale_order(data.frame)
         self.styles = line_styles(data.frame)
         self.reference = reference
-        self.published_drawn: set[tuple] = set()  # reference rows marked in an MFU figure
 
     def html(self, fig: go.Figure, div_id: str) -> str:
         return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
@@ -129,7 +128,7 @@ class Figures:
         """Per point: GPUs as nodes x per node, global batch, and each pooled run with its steps."""
         texts = []
         for r in rows.itertuples():
-            runs = list(zip(getattr(r, "run_ids", None) or [r.run_id], getattr(r, "run_steps", None) or [r.steps]))
+            runs = list(zip(r.run_ids, r.run_steps))
             shown = "<br>".join(f"{esc(rid)} ({steps} steps)" for rid, steps in runs[:4])
             more = f"<br>... and {len(runs) - 4} more" if len(runs) > 4 else ""
             pooled = f"median of {len(runs)} runs:" if len(runs) > 1 else "run:"
@@ -178,7 +177,6 @@ class Figures:
                 colors.append(self.styles[config]["color"])
                 texts.append(f"<b>published</b>{source}: {esc(p.framework)} {esc(p.parallelism)}, {p.nodes} node(s)"
                              f"<br>MFU {p.ref_mfu * 100:.3g}%; {esc(config)}: {measured}")
-                self.published_drawn.add((scale, p.framework, p.parallelism, int(p.nodes)))
         if not xs:
             return None
         return go.Scatter(x=xs, y=ys, mode="markers", name="published (--reference)", text=texts,
@@ -379,11 +377,10 @@ def page_notes(data: ReportInput) -> list[str]:
     return notes
 
 
-def best_rows(data: ReportInput, scales: list[str], reference: pd.DataFrame | None = None) -> list[dict]:
-    """Per scale and node count, the configuration of the highest median MFU over its runs; with a
-    reference, the published MFU of that layout (else the best published at that scale and node
-    count, its layout named) and the difference in points."""
-    configs = data.configurations
+def best_rows(configs: pd.DataFrame, scales: list[str], reference: pd.DataFrame | None = None) -> list[dict]:
+    """Per scale and node count, the configuration of the highest median MFU over its runs (`configs`:
+    ReportInput.configurations); with a reference, the published MFU of that layout (else the best
+    published at that scale and node count, its layout named) and the difference in points."""
     rows = []
     for scale in scales:
         group = configs[configs["scale"] == scale]
@@ -419,14 +416,16 @@ def published_beside(reference: pd.DataFrame, best: pd.Series) -> dict:
     return {"published": text, "diff": f"{(float(best['mfu']) - pub['ref_mfu']) * 100:+.1f}", "published_source": source}
 
 
-def unplotted_published(reference: pd.DataFrame | None, drawn: set[tuple]) -> list[str]:
-    """Published MFU figures that no MFU figure could place: no measured run of their layout at their scale."""
+def unplotted_published(reference: pd.DataFrame | None, configs: pd.DataFrame) -> list[str]:
+    """Published MFU figures that no MFU figure could place: no measured run of their layout at their
+    scale (an MFU figure marks every published node count of a layout it draws)."""
     if reference is None:
         return []
+    drawn = set(zip(configs["scale"], configs["framework"], configs["parallelism"]))
     return [f"{r.scale} {r.framework} {r.parallelism} on {r.nodes} node(s): {fmt_number(r.ref_mfu, percent=True)}%"
             + (f" ({r.ref_source})" if isinstance(r.ref_source, str) and r.ref_source else "")
             for r in reference[reference["ref_mfu"].notna()].itertuples()
-            if (r.scale, r.framework, r.parallelism, int(r.nodes)) not in drawn]
+            if (r.scale, r.framework, r.parallelism) not in drawn]
 
 
 # Full table of runs: (frame column, header, kind) where kind picks the formatting.
@@ -476,7 +475,7 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
         retries = _num(pd.Series([r["num_alloc_retries"]])).fillna(0).iloc[0]
         rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells,
                      "fp8": r["precision"] == "fp8", "retries": bool(retries > 0),
-                     "calibrated": str(r["peak_source"] or "").startswith("calibrated")})
+                     "calibrated": _peak_kind(r["peak_source"]) == "calibrated"})
     return rows
 
 
@@ -490,9 +489,8 @@ def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
     return {"scale": scale, "html": html, "empty": empty, "note": note}
 
 
-def build_sections(data: ReportInput, figs: Figures | None = None) -> list[dict]:
+def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
     """The figure sections, each a list of per-scale panels (a figure or a 'no data' line)."""
-    figs = figs or Figures(data)
     # (id, title, caption, figure, drawn from: one row per configuration or one per run)
     specs = [
         ("mfu", "MFU vs GPUs",
@@ -515,7 +513,7 @@ def build_sections(data: ReportInput, figs: Figures | None = None) -> list[dict]
          figs.memory, figs.ok),
     ]
     sections = []
-    for n, (key, title, caption, make, rows) in enumerate(specs):
+    for key, title, caption, make, rows in specs:
         panels = []
         for i, scale in enumerate(figs.scales):
             group = rows[rows["scale"] == scale]
@@ -556,7 +554,6 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
     import jinja2
     from plotly.offline import get_plotlyjs
 
-    scales = scale_order(data.frame)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     template = env.from_string(resources.files("echobench.report").joinpath("dashboard.html.j2").read_text())
     if not data.records:
@@ -566,15 +563,16 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
     else:
         message = ""
     figs = Figures(data, reference)
+    scales = figs.scales
     sections = build_sections(data, figs)
     links = next((s["links"] for s in sections if s["id"] == "time"), {})  # best-MFU row -> its waterfall
-    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(data, scales, reference)]
+    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(figs.configs, scales, reference)]
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
         problems=data.problems, notes=page_notes(data), best=best, sections=sections,
         reference=reference_path if reference is not None else None,
-        unplotted=unplotted_published(reference, figs.published_drawn),
+        unplotted=unplotted_published(reference, figs.configs),
         failed=failed_rows(data), skipped=data.skipped,
         run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
         plotlyjs=get_plotlyjs(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
@@ -38,16 +39,21 @@ class ReportInput:
 
     @property
     def ok(self) -> pd.DataFrame:
-        return self.frame[(self.frame["status"] == "ok") & self.frame["mfu"].notna()]
+        return successful(self.frame)
 
     @property
     def failed(self) -> pd.DataFrame:
         return self.frame[self.frame["status"] != "ok"]
 
-    @property
+    @cached_property
     def configurations(self) -> pd.DataFrame:
         """One row per configuration of the successful runs: medians over its repeats."""
         return over_configurations(self.ok)
+
+
+def successful(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs that ended ok with an MFU: what figures and tables are drawn from."""
+    return frame[(frame["status"] == "ok") & frame["mfu"].notna()]
 
 
 def sweep_matrix_names(paths) -> dict[Path, str]:

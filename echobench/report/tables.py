@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.report.data import over_configurations, scale_order, varying_keys
+from echobench.report.data import over_configurations, scale_order, successful, varying_keys
 
 KEYS = ["scale", "framework", "parallelism", "nodes"]
 REFERENCE_FIGURES = ["mfu", "tflops_per_gpu", "samples_per_s"]
@@ -110,7 +110,7 @@ def publication_table(frame: pd.DataFrame, reference: pd.DataFrame | None = None
     When two configurations share the standard columns, the settings that differ between them
     are added after `parallelism` (e.g. micro_batch, audio_frames), so no two rows look the same.
     """
-    ok = over_configurations(frame[(frame["status"] == "ok") & frame["mfu"].notna()])
+    ok = over_configurations(successful(frame))
     extra = distinguishing_keys(ok)
     figures = [c for c, _ in COLUMNS[3:]]
     if (ok["precision"] == "fp8").any():
@@ -154,7 +154,8 @@ def fmt_number(value, percent: bool = False) -> str:
 
 
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """Text cells; the notes column becomes numbered marks ([1], [2]) that notes_text() explains."""
+    """Text cells; the notes column becomes numbered marks ([1], [2]) that notes_text() explains, and
+    is left out when no row has a note."""
     headers = dict(COLUMNS + REFERENCE_COLUMNS + [FP8_COLUMN])
     out = pd.DataFrame(index=table.index)
     marks = note_numbers(table)
@@ -173,7 +174,7 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
             out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else f"{v:+.1f}")
         else:
             out[headers[c]] = table[c].map(lambda v, p=c in PERCENT_COLUMNS: fmt_number(v, p))
-    return out
+    return out if out[NOTES_COLUMN].str.len().any() else out.drop(columns=NOTES_COLUMN)
 
 
 def split_notes(value) -> list[str]:
@@ -196,8 +197,6 @@ def notes_text(table: pd.DataFrame) -> list[str]:
 
 def to_markdown(table: pd.DataFrame) -> str:
     text = formatted(table)
-    if not text[NOTES_COLUMN].str.len().any():
-        text = text.drop(columns=NOTES_COLUMN)
     cols = list(text.columns)
     numeric = [c not in ("scale", "framework", "parallelism", "source", NOTES_COLUMN) for c in cols]
 
@@ -221,8 +220,6 @@ def to_csv(table: pd.DataFrame) -> str:
 
 def to_latex(table: pd.DataFrame) -> str:
     text = formatted(table)
-    if not text[NOTES_COLUMN].str.len().any():
-        text = text.drop(columns=NOTES_COLUMN)
     align = "".join("l" if c in ("scale", "framework", "parallelism", "source", NOTES_COLUMN) else "r"
                     for c in text.columns)
     body = text.to_latex(index=False, escape=True, column_format=align)
