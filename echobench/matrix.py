@@ -242,10 +242,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: merged (and overridable) as in safe_load
             key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
-            seen.add(key)
+            try:
+                if key in seen:
+                    raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
+                seen.add(key)
+            except TypeError:  # an unhashable key: safe_load's own error names it
+                break
         return super().construct_mapping(node, deep)
 
 

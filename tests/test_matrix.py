@@ -152,6 +152,7 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("axes: {}\n", "m.yaml: name is required"),
     ("name: t\naxes: {scale: [800M, 5B]}\n", "m.yaml: axes.scale: scale='5B' is not valid: allowed tiny, 800M, 3B, 8B"),
     ("name: t\naxes: {parallelism: [tp0]}\n", "m.yaml: axes.parallelism: parallelism='tp0' is not valid: allowed single, ddp, fsdp2, hsdp (torchtitan); tpN with N >= 1 (megatron)"),
+    ("name: t\naxes: {parallelism: [tpN]}\n", "m.yaml: axes.parallelism: parallelism='tpN' is not valid: allowed"),
     ("name: t\naxes: {parallelism: [tpx]}\n", "m.yaml: axes.parallelism: parallelism='tpx' is not valid: allowed single"),
     ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: steps='ten' has the wrong type: expected int"),
     ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: compile='yes please' has the wrong type: expected bool"),
@@ -171,9 +172,16 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\ninclude: [{time_limit: forever}]\n", "m.yaml: include[0].time_limit: 'forever' is not a valid time limit"),
     ("- a list\n", "m.yaml: expected a mapping"),
     ("name: [unclosed\n", "m.yaml: not valid YAML"),
+    ("name: t\n? [a, b]\n: 1\n", "m.yaml: not valid YAML"),  # an unhashable key, as safe_load says
 ])
 def test_validation_errors_name_the_file_the_key_and_the_allowed_values(text, expected):
     assert expected in error(text)
+
+
+def test_yaml_merge_keys_work_as_in_safe_load():
+    m = parse_matrix("name: t\ndefaults: &base {steps: 2, micro_batch: 2}\n"
+                     "include: [{<<: *base, seed: 1}, {<<: *base, steps: 3}]\n", "m.yaml")
+    assert m.include == [{"steps": 2, "micro_batch": 2, "seed": 1}, {"steps": 3, "micro_batch": 2}]
 
 
 def test_a_file_that_is_not_utf8_is_one_line(tmp_path):

@@ -38,7 +38,7 @@ class Backend:
     module: str  # holds validate(cfg) -> str | None and build(cfg, dist_info, dtype) -> TrainSetup
 
     def has_layout(self, parallelism: str) -> bool:
-        return any(parallelism == p or (p == "tpN" and re.fullmatch(r"tp[1-9][0-9]*", parallelism))
+        return any(re.fullmatch(r"tp[1-9][0-9]*", parallelism) if p == "tpN" else parallelism == p
                    for p in self.layouts)
 
     def validate(self, cfg) -> str | None:
