@@ -170,8 +170,10 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                 timer.mark()  # start of the first measured step
             measured = cfg.warmup_steps <= step < measured_end
             before = timer.stamp() if measured else None
-            # The breakdown's data wait; only under --profile, to keep the timed step bare.
-            with torch.profiler.record_function(DATA_WAIT) if profiler is not None else nullcontext():
+            # The breakdown's data wait: only in the profiled steps (after the measured ones), so
+            # that the timed steps stay bare.
+            with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
+                    else nullcontext():
                 batch = next(loader)
             if measured:
                 timer.waits.append((before, timer.stamp()))
@@ -221,7 +223,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
         "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
-        "breakdown": profiled.get("breakdown"),
+        # A profiled rank whose trace never completed says so (summary and explain read every rank's entry).
+        "breakdown": profiled.get("breakdown") or ({"rank": info.rank, "error": "the profiler wrote no trace"}
+                                                   if profiler is not None else None),
     }
 
 

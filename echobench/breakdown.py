@@ -349,7 +349,7 @@ def write_breakdown(out_dir: Path, record: Record, ranks: list[dict]) -> Path:
     write_json_atomic(path, {
         "schema_version": BREAKDOWN_SCHEMA, "run_id": record.run_id, "rule": RULE,
         "profiled_steps": record.profiled_steps,
-        "busiest_rank": busiest([b for b in ranks if "error" not in b])["rank"],
+        "busiest_rank": record.breakdown["rank"],  # summary() chose it
         "labels": LABELS, "ranks": ranks,
     })
     return path
@@ -368,13 +368,13 @@ def read_breakdown(run_dir: Path) -> dict:
 
 def read_profiled_run(run_dir: Path) -> tuple[Record, dict]:
     """A profiled run's record and breakdown; else ValueError, one line saying what is missing and what to do."""
-    from echobench.results import Record
+    from echobench.results import RECORD_FILE, Record, find_record_files
 
-    if not (run_dir / "result.json").is_file():
-        inner = sorted(run_dir.rglob("result.json")) if run_dir.is_dir() else []
-        raise ValueError(f"{run_dir}: no result.json" + (f"; give one run's directory, e.g. {inner[0].parent}"
-                                                         if inner else ": not a run directory"))
-    record = Record.load(run_dir / "result.json")
+    if not (run_dir / RECORD_FILE).is_file():
+        inner = find_record_files([run_dir]) if run_dir.is_dir() else []  # current records, not attempts/
+        raise ValueError(f"{run_dir}: no {RECORD_FILE}" + (f"; give one run's directory, e.g. {inner[0].parent}"
+                                                          if inner else ": not a run directory"))
+    record = Record.load(run_dir / RECORD_FILE)
     run_id = record.run_id
     if record.status != "ok":
         raise ValueError(f"{run_id}: status {record.status}, nothing to explain "
@@ -458,10 +458,10 @@ def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
             per.add_column(col, justify="right")
         for r in bd["ranks"]:
             if "error" in r:
-                per.add_row(str(r["rank"]), Text(r["error"]), "", "", "", "", "")
+                per.add_row(Text(str(r["rank"])), Text(r["error"]), "", "", "", "", "")
                 continue
             s, step = r["seconds"], r["step_time_s"]
-            per.add_row(str(r["rank"]), f"{step * 1e3:.3f}", f"{sum(s[c] for c in COMPUTE) / step:.1%}",
+            per.add_row(Text(str(r["rank"])), f"{step * 1e3:.3f}", f"{sum(s[c] for c in COMPUTE) / step:.1%}",
                         f"{s['communication'] / step:.1%}", f"{r['communication']['overlapped_s'] / step:.1%}",
                         f"{s['idle'] / step:.1%}", f"{s['data_wait'] / step:.1%}")
         out.append(per)

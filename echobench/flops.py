@@ -32,7 +32,6 @@ PARTS = (
     "text_projection",
     "text_encoder",
 )
-TRAINABLE_PARTS = PARTS[:-1]
 
 
 def speaker_patches(cfg: EchoConfig, speaker_frames: int) -> int:

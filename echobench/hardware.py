@@ -167,16 +167,17 @@ def resolve_peak(name: str, dtype: torch.dtype, flag: float | None = None, preci
     if flag is not None:
         if flag <= 0:
             raise ValueError(f"--peak-tflops must be positive, got {flag}")
-        return {"peak_tflops": flag, "peak_source": "flag", "peak_precision": "bf16", **extra}
-    if (hit := table_peak(name)) is not None:
-        return {"peak_tflops": hit[0], "peak_source": hit[1], "peak_precision": "bf16", **extra}
-    if cal is not None:
-        source = f"calibrated:{cal['dtype']} GEMM {cal['time']}"
-        return {"peak_tflops": ceiling, "peak_source": source, "peak_precision": peak_precision_of(source), **extra}
-    raise UnknownPeakError(
-        f"no peak FLOP/s known for device {name!r}: pass --peak-tflops X (or hardware.peak_tflops in the matrix), "
-        f"or run `echobench calibrate` on this machine first"
-    )
+        peak, source = flag, "flag"
+    elif (hit := table_peak(name)) is not None:
+        peak, source = hit
+    elif cal is not None:
+        peak, source = ceiling, f"calibrated:{cal['dtype']} GEMM {cal['time']}"
+    else:
+        raise UnknownPeakError(
+            f"no peak FLOP/s known for device {name!r}: pass --peak-tflops X (or hardware.peak_tflops in the matrix), "
+            f"or run `echobench calibrate` on this machine first"
+        )
+    return {"peak_tflops": peak, "peak_source": source, "peak_precision": peak_precision_of(source), **extra}
 
 
 # ---- environment ----

@@ -259,9 +259,10 @@ class Record(BaseModel):
         (bench.summarize), so a run that dies at any point still has a complete record."""
         from echobench.hardware import env_info, precision_name  # imports torch: only where a run starts
 
+        source = "flag" if cfg.peak_tflops else None
         return cls.of_settings(cfg, status="error", precision=precision_name(cfg.precision, device),
-                               peak_tflops=cfg.peak_tflops, peak_source="flag" if cfg.peak_tflops else None,
-                               peak_precision="bf16" if cfg.peak_tflops else None, env=env_info(device))
+                               peak_tflops=cfg.peak_tflops, peak_source=source,
+                               peak_precision=peak_precision_of(source), env=env_info(device))
 
     @classmethod
     def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:

@@ -2,9 +2,9 @@
 
 Each backend is one registered object (as torchtitan's ModelSpec carries a model's parallelize
 function): its name, the layouts it runs, and its module, which holds `validate(cfg)` (why a run
-cannot work, None when it can; imports nothing heavy) and `build(cfg, dist_info, dtype)` (the
-TrainSetup). The module is imported only when first used, so the registry, and every check that
-runs before any process starts, needs neither torch nor megatron-core. The benchmark loop
+cannot work, None when it can; no process group, no megatron-core) and `build(cfg, dist_info, dtype)`
+(the TrainSetup). The module is imported only when first used, so the checks that run before any
+process starts need no megatron-core (they do import torch). The benchmark loop
 (echobench.bench) owns timing and metrics.
 """
 

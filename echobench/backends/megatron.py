@@ -140,9 +140,10 @@ def tp_grad_norm(params: list[torch.nn.Parameter], group) -> torch.Tensor:
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     grads = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p, group)]
-    sq = torch.zeros((), device=params[0].device, dtype=torch.float32)
-    for g in grads:
-        sq = sq + g.detach().float().pow(2).sum()
+    # One foreach norm (as the torchtitan backend's clipping), not a kernel chain per tensor; the
+    # trainable parameters, hence their gradients, are float32.
+    sq = (torch.nn.utils.get_total_norm(grads, foreach=True) ** 2 if grads
+          else torch.zeros((), device=params[0].device, dtype=torch.float32))
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sq, group=group)
     return sq.sqrt()
@@ -154,20 +155,19 @@ def tp_clip_grad(params: list[torch.nn.Parameter], partial: list[torch.nn.Parame
     def clip() -> torch.Tensor:
         allreduce_partial_grads(partial, group)
         norm = tp_grad_norm(params, group)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
     return clip
 
 
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    if problem := validate(cfg):
-        raise ValueError(problem)
+    """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
     device = dist_info.device
-    sequence_parallel = getattr(cfg, "sequence_parallel", False)
+    sequence_parallel = cfg.sequence_parallel
     if sequence_parallel and device.type != "cuda":
         raise ValueError("sequence parallelism runs on GPU only: drop --sequence-parallel on CPU")
-    te = resolve_te(getattr(cfg, "te", "auto"))
+    te = resolve_te(cfg.te)
     tp = cfg.tp
     init_model_parallel(tp, cfg.seed, device)
 

@@ -281,8 +281,7 @@ def text_encoder_layout(cfg, dtype: torch.dtype) -> str:
 
 
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    if problem := validate(cfg):
-        raise ValueError(problem)
+    """The model, parallelised, and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
     device = dist_info.device
     model = build_model(cfg, device, dtype)
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
