@@ -12,7 +12,6 @@ autoescaping, or, inside figures, HTML-escaped (plotly renders a subset of HTML 
 
 from __future__ import annotations
 
-import html
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import resources
@@ -23,6 +22,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from echobench.report.data import ReportInput, scale_order
+from echobench.report.plotting import esc, figure_html, layout, panel
 from echobench.report.tables import fmt_number
 from echobench.report.time_breakdown import time_section
 
@@ -39,26 +39,12 @@ FLOP_CONVENTION = (
 )
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "transformers", "megatron_core", "transformer_engine",
                 "torchao", "git_commit")
-PLOT_CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": "hover"}
 FLOP_PARTS_ORDER = ("dit_attention", "dit_mlp", "dit_conditioning", "dit_io", "speaker_encoder",
                     "text_projection", "text_encoder")
 
 
-def esc(value) -> str:
-    """Text for plotly labels: escaped, so a record's `<b>` or `<a>` shows as typed."""
-    return html.escape("" if value is None else str(value))
-
-
 def _num(series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
-
-
-def _layout(fig: go.Figure, title: str, height: int = 340, top: int = 50, legend: dict | None = None,
-            **kw) -> go.Figure:
-    fig.update_layout(title={"text": esc(title), "font": {"size": 14}}, height=height, template="plotly_white",
-                      margin={"l": 60, "r": 20, "t": top, "b": 50}, legend={"font": {"size": 10}, **(legend or {})},
-                      **kw)
-    return fig
 
 
 def with_labels(group: pd.DataFrame) -> pd.DataFrame:
@@ -110,9 +96,6 @@ class Figures:
         self.styles = line_styles(data.frame)
         self.reference = reference
 
-    def html(self, fig: go.Figure, div_id: str) -> str:
-        return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
-
     def _line(self, config: str) -> dict:
         style = self.styles[config]
         return {"line": {"color": style["color"], "dash": style["dash"]}, "marker": {"symbol": style["symbol"], "size": 8}}
@@ -150,7 +133,7 @@ class Figures:
         published = self._published(scale, group)
         if published is not None:
             fig.add_trace(published)
-        return _layout(fig, f"{scale}: MFU vs GPUs (median over runs, bars min-max)", xaxis=gpu_axis(group),
+        return layout(fig, f"{scale}: MFU vs GPUs (median over runs, bars min-max)", xaxis=gpu_axis(group),
                        yaxis={"title": "MFU (%)", "rangemode": "tozero"})
 
     def _published(self, scale: str, group: pd.DataFrame) -> go.Scatter | None:
@@ -199,7 +182,7 @@ class Figures:
         fig.update_xaxes(title=None, row=1, col=1)
         fig.update_yaxes(rangemode="tozero")
         fig.update_annotations(font_size=12)  # the subplot titles
-        return _layout(fig, f"{scale}: per-GPU throughput (dotted: ideal scaling)", height=520, top=70)
+        return layout(fig, f"{scale}: per-GPU throughput (dotted: ideal scaling)", height=520, top=70)
 
     def _ideal(self, config: str, rows: pd.DataFrame, y: float, what: str) -> go.Scatter:
         base = int(_num(rows["world_size"]).iloc[0])
@@ -226,7 +209,7 @@ class Figures:
         fig.add_trace(go.Scatter(x=[gpus.min(), gpus.max()], y=[100, 100], mode="lines", name="ideal (linear) scaling",
                                  line={"color": "#666", "dash": "dot", "width": 1.5},
                                  hovertemplate="ideal: 100%<extra></extra>"))
-        return _layout(fig, f"{scale}: scaling efficiency vs each configuration's smallest GPU count",
+        return layout(fig, f"{scale}: scaling efficiency vs each configuration's smallest GPU count",
                        xaxis=gpu_axis(group), yaxis={"title": "efficiency (%)", "rangemode": "tozero"})
 
     def _run_height(self, n: int) -> int:
@@ -250,7 +233,7 @@ class Figures:
                                      marker={"symbol": "x", "size": 9, "color": "#222"},
                                      customdata=_num(rows["step_time_mean_vs_median"]) * 100,
                                      hovertemplate="mean %{x:.4g} s (%{customdata:+.1f}% vs median)<extra></extra>"))
-        return _layout(fig, f"{scale}: step time, median with p10-p90, x = mean", height=self._run_height(len(rows)),
+        return layout(fig, f"{scale}: step time, median with p10-p90, x = mean", height=self._run_height(len(rows)),
                        xaxis={"title": "step time (s)", "rangemode": "tozero"},
                        yaxis={"automargin": True, "autorange": "reversed"}, showlegend=False)
 
@@ -273,7 +256,7 @@ class Figures:
                                              "line": {"width": 3, "color": "#d62728"}},
                                      hovertemplate="device %{x:.3g} GiB<extra></extra>"))
         # the legend above the bars: long run labels already take the width beside them
-        return _layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)) + 30, top=80,
+        return layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)) + 30, top=80,
                        xaxis={"title": "GiB", "rangemode": "tozero"},
                        yaxis={"automargin": True, "autorange": "reversed"},
                        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"})
@@ -307,7 +290,7 @@ class Figures:
         note = f"Lengths: audio {key[0]}, text {key[1]}, speaker {key[2]} frames."
         if others:
             note += " Other lengths at this scale: " + "; ".join(others) + "."
-        return _layout(fig, title, yaxis={"title": "FLOPs per sample", "tickformat": "~s"}), note
+        return layout(fig, title, yaxis={"title": "FLOPs per sample", "tickformat": "~s"}), note
 
 
 def flops_text(flops: float) -> str:
@@ -485,10 +468,6 @@ def _peak_kind(source) -> str:
     return source.split(":", 1)[0] if source else ""
 
 
-def _panel(scale: str, html: str = "", empty: str = "", note: str = "") -> dict:
-    return {"scale": scale, "html": html, "empty": empty, "note": note}
-
-
 def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
     """The figure sections, each a list of per-scale panels (a figure or a 'no data' line)."""
     # (id, title, caption, figure, drawn from: one row per configuration or one per run)
@@ -518,23 +497,23 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
         for i, scale in enumerate(figs.scales):
             group = rows[rows["scale"] == scale]
             if len(group) == 0:
-                panels.append(_panel(scale, empty=f"{scale}: no successful runs"))
+                panels.append(panel(scale, empty=f"{scale}: no successful runs"))
                 continue
             fig = make(scale, group)
-            panels.append(_panel(scale, empty=fig) if isinstance(fig, str)
-                          else _panel(scale, html=figs.html(fig, f"fig-{key}-{i}")))
+            panels.append(panel(scale, empty=fig) if isinstance(fig, str)
+                          else panel(scale, html=figure_html(fig, f"fig-{key}-{i}")))
         sections.append({"id": key, "title": title, "caption": caption, "panels": panels})
     flop_panels = []
     for i, scale in enumerate(figs.scales):
         fig, note = figs.flop_breakdown(scale)
         if fig is None:
-            flop_panels.append(_panel(scale, empty=f"{scale}: no FLOP breakdown in the records"))
+            flop_panels.append(panel(scale, empty=f"{scale}: no FLOP breakdown in the records"))
         else:
-            flop_panels.append(_panel(scale, html=figs.html(fig, f"fig-flops-{i}"), note=note))
+            flop_panels.append(panel(scale, html=figure_html(fig, f"fig-flops-{i}"), note=note))
     sections.append({"id": "flops", "title": "FLOP breakdown per scale",
                      "caption": "Model FLOPs of one sample by part (the MFU numerator), forward and backward.",
                      "panels": flop_panels})
-    sections.append(time_section(data, figs.scales, figs.html, esc))
+    sections.append(time_section(data, figs.scales))
     if data.ok.empty:
         for s in sections:
             s["panels"] = [p for p in s["panels"] if p["html"]] if s["id"] == "flops" else []

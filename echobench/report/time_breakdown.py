@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from echobench.breakdown import CATEGORIES, LABELS, waterfall
 from echobench.report.data import ReportInput
+from echobench.report.plotting import PLOT_CONFIG, esc, figure_html, layout, panel
 from echobench.results import Record
 
 COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "other_compute": "#ff7f0e",
@@ -43,7 +44,7 @@ def profiled_rows(data: ReportInput) -> pd.DataFrame:
                                        *CATEGORIES])
 
 
-def stacked_parts(scale: str, rows: pd.DataFrame, esc) -> go.Figure:
+def stacked_parts(scale: str, rows: pd.DataFrame) -> go.Figure:
     """Horizontal bars, one per configuration of this scale: the parts of its step, stacked to 100%."""
     means = (rows.groupby("configuration", sort=False)
              .agg(config=("config", "first"), nodes=("nodes", "first"), n=("run_id", "size"),
@@ -57,17 +58,13 @@ def stacked_parts(scale: str, rows: pd.DataFrame, esc) -> go.Figure:
                              marker={"color": COLORS[c]}, customdata=list(zip(ms, means["n"])),
                              hovertemplate="%{y}<br>" + esc(LABELS[c]) + ": %{x:.1f}% of the step "
                                            "(%{customdata[0]:.3g} ms), %{customdata[1]} profiled run(s)<extra></extra>"))
-    fig.update_layout(title={"text": esc(f"{scale}: where one step's time goes (share of the step)"), "font": {"size": 14}},
-                      barmode="stack", template="plotly_white", height=200 + 34 * len(means),
-                      margin={"l": 60, "r": 20, "t": 50, "b": 40},
-                      legend={"font": {"size": 10}, "orientation": "h", "y": -0.12, "yanchor": "top",
-                              "traceorder": "normal"},
-                      xaxis={"range": [0, 100], "ticksuffix": "%"},
-                      yaxis={"automargin": True, "autorange": "reversed"})
-    return fig
+    return layout(fig, f"{scale}: where one step's time goes (share of the step)", height=200 + 34 * len(means), bottom=40,
+                  legend={"orientation": "h", "y": -0.12, "yanchor": "top", "traceorder": "normal"},
+                  barmode="stack", xaxis={"range": [0, 100], "ticksuffix": "%"},
+                  yaxis={"automargin": True, "autorange": "reversed"})
 
 
-def waterfall_figure(record: Record, esc) -> go.Figure | None:
+def waterfall_figure(record: Record) -> go.Figure | None:
     steps = waterfall(record)
     if steps is None:
         return None
@@ -78,10 +75,8 @@ def waterfall_figure(record: Record, esc) -> go.Figure | None:
         hovertemplate="%{hovertext}: %{text} points<extra></extra>",
         decreasing={"marker": {"color": "#d62728"}}, increasing={"marker": {"color": "#2ca02c"}},
         totals={"marker": {"color": "#1f77b4"}}, connector={"line": {"color": "#999", "width": 1}}))
-    fig.update_layout(title={"text": esc(f"{record.run_id}: MFU waterfall (points of the peak)"), "font": {"size": 14}},
-                      template="plotly_white", height=420, margin={"l": 60, "r": 20, "t": 50, "b": 80},
-                      yaxis={"title": "% of peak", "rangemode": "tozero"}, showlegend=False)
-    return fig
+    return layout(fig, f"{record.run_id}: MFU waterfall (points of the peak)", height=420, bottom=80,
+                  yaxis={"title": "% of peak", "rangemode": "tozero"}, showlegend=False)
 
 
 def script_json(obj) -> str:
@@ -89,7 +84,7 @@ def script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def time_section(data: ReportInput, scales: list[str], html, esc) -> dict:
+def time_section(data: ReportInput, scales: list[str]) -> dict:
     """The section for the page: per-scale panels of stacked parts, the waterfall runs to choose
     from (best MFU first), their figures as JSON for the page to draw, and run id -> the run whose
     waterfall a best-MFU row links to (a profiled repeat of the same configuration)."""
@@ -100,22 +95,19 @@ def time_section(data: ReportInput, scales: list[str], html, esc) -> dict:
         return section
     for i, scale in enumerate(scales):
         group = rows[rows["scale"] == scale]
-        if group.empty:
-            section["panels"].append({"scale": scale, "html": "", "note": "",
-                                      "empty": f"{scale}: no profiled runs"})
-        else:
-            section["panels"].append({"scale": scale, "html": html(stacked_parts(scale, group, esc), f"fig-time-{i}"),
-                                      "empty": "", "note": ""})
+        section["panels"].append(panel(scale, empty=f"{scale}: no profiled runs") if group.empty
+                                 else panel(scale, html=figure_html(stacked_parts(scale, group), f"fig-time-{i}")))
     by_id = {r.run_id: r for r in data.records}
     figures, template, options = {}, None, []
     order = sorted(rows.itertuples(), key=lambda r: -by_id[r.run_id].mfu)
     for r in order:
-        fig = waterfall_figure(by_id[r.run_id], esc)
+        fig = waterfall_figure(by_id[r.run_id])
         spec = json.loads(fig.to_json())
         template = spec["layout"].pop("template", template)  # sent once, not per run
         figures[r.run_id] = spec
         options.append({"id": r.run_id, "label": f"{r.run_id} ({by_id[r.run_id].mfu:.2%} MFU)"})
-    section["waterfall"] = {"options": options, "payload": script_json({"template": template, "runs": figures})}
+    section["waterfall"] = {"options": options,
+                            "payload": script_json({"template": template, "config": PLOT_CONFIG, "runs": figures})}
     first_profiled = {}
     for r in sorted(rows.itertuples(), key=lambda r: (r.repeat, r.run_id)):
         first_profiled.setdefault(r.configuration, r.run_id)
