@@ -368,10 +368,10 @@ def data_synth(
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----
 
 def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
-    from echobench.matrix import Executor, MatrixError, expand, load_matrix
+    from echobench.matrix import ExecutorName, MatrixError, expand, load_matrix
 
-    if executor not in (None, *typing.get_args(Executor)):
-        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(Executor))}")
+    if executor not in (None, *typing.get_args(ExecutorName)):
+        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
         fail(f"--max-runs {max_runs}: must be >= 1")
     try:

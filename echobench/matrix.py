@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
 
-Executor = Literal["local", "slurm"]
+ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.executors.Executor
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
 
 
@@ -167,7 +167,7 @@ class HardwareSettings(Strict):
 
 class MatrixFile(Strict):
     name: str
-    executor: Executor = "local"
+    executor: ExecutorName = "local"
     slurm: SlurmSettings = SlurmSettings()
     local: LocalSettings = LocalSettings()
     hardware: HardwareSettings = HardwareSettings()
