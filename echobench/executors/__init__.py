@@ -77,6 +77,16 @@ def make_executor(name: str, matrix: Matrix | None = None) -> Executor:
     return LocalExecutor(dict(matrix.spec.slurm.env) if matrix is not None else {})
 
 
+def sweep_cache(sweep_dir: Path) -> Path:
+    """SWEEP/cache: where a sweep's one calibration goes (ECHOBENCH_CACHE of its runs without a peak)."""
+    return sweep_dir.resolve() / "cache"
+
+
+def calibrated(sweep_dir: Path) -> bool:
+    """Whether the sweep has measured its GEMM rate already (a file under SWEEP/cache/calibration)."""
+    return any((sweep_cache(sweep_dir) / "calibration").glob("*.json"))
+
+
 def read_job_state(run_dir: Path, job_id: str) -> JobState | None:
     """The job's own status file, when it is about this job."""
     try:

@@ -13,13 +13,10 @@ import time
 from pathlib import Path
 
 from echobench.console import esc
-from echobench.executors import JobState
+from echobench.executors import JobState, calibrated, sweep_cache
+from echobench.launch import source_root, with_source_path
 
 KILL_GRACE_S = 30
-
-
-def source_root() -> Path:
-    return Path(__file__).resolve().parent.parent.parent
 
 
 def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
@@ -105,12 +102,11 @@ def job_alive(job_id: str, run_dir: Path) -> bool:
 def calibrate_here(sweep_dir: Path, device: str, log) -> Path:
     """`echobench calibrate` on this machine, once per sweep: its GEMM rate into SWEEP/cache, the
     peak of runs without one (CPU devices have no datasheet peak). Returns the cache directory."""
-    cache = sweep_dir / "cache"
-    if list((cache / "calibration").glob("*.json")):
+    cache = sweep_cache(sweep_dir)
+    if calibrated(sweep_dir):
         return cache
     log("no peak_tflops in the matrix: running `echobench calibrate` once for this sweep")
-    env = {**os.environ, "ECHOBENCH_CACHE": str(cache)}
-    env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_source_path({**os.environ, "ECHOBENCH_CACHE": str(cache)})
     with open(sweep_dir / "calibrate.log", "w") as out:
         code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
                                stderr=subprocess.STDOUT, env=env)
