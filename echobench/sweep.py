@@ -272,10 +272,7 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
     anything, what the executor cannot do."""
     sweep_dir = opts.out.resolve()
     executor = make_executor(opts.executor, matrix)
-    if executor.name == "slurm":
-        from echobench.executors.slurm import sbatch_path
-
-        sbatch_path(sweep_dir)  # raises ValueError: the path goes into #SBATCH lines
+    executor.check_dir(sweep_dir)  # raises ValueError
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
     write_json_atomic(sweep_dir / "skipped.json", {"matrix": matrix.name, "skipped": skipped or []})

@@ -46,6 +46,9 @@ class Executor(Protocol):
     max_active: int | None  # jobs at once: 1 on this machine; None for a scheduler, which queues them all
     poll_s: float  # seconds between state checks, unless --poll says otherwise
 
+    def check_dir(self, sweep_dir: Path) -> None:
+        """Raises ValueError when the sweep directory cannot serve this executor (before anything is written)."""
+
     def job_script(self, run: PlannedRun, run_dir: Path, matrix: Matrix, time_limit: str) -> str:
         """The exact RUN_DIR/job.sh of a run (`echobench plan --script` prints it)."""
 

@@ -124,6 +124,9 @@ class LocalExecutor:
         self.env = env or {}
         self.jobs: dict[str, tuple[subprocess.Popen, float, int, Path]] = {}
 
+    def check_dir(self, sweep_dir: Path) -> None:
+        pass  # any directory: the scripts quote its path
+
     def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
         return render_local_script(run.cfg, run_dir)  # the time limit is kept by this process (state)
 

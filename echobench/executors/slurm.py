@@ -155,6 +155,9 @@ class SlurmExecutor:
         self.accounting: bool | None = None  # unknown until sacct has been tried
         self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
 
+    def check_dir(self, sweep_dir: Path) -> None:
+        sbatch_path(sweep_dir)  # the path goes into #SBATCH lines, which sbatch does not unquote
+
     def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
         env = dict(matrix.spec.slurm.env)
         if run.cfg.peak_tflops is None:  # where the sweep's calibration job writes (calibrate)
