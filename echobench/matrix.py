@@ -410,13 +410,14 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         if problem := layout_problem(cfg, executor):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
-        if run_id(cfg) in seen:
+        if (first := run_id(cfg)) in seen:
             plan.duplicates += 1
             continue
         for k in range(spec.repeats):
             repeat = cfg if k == 0 else replace(cfg, repeat=cfg.repeat + k)
-            seen.add(run_id(repeat))
-            plan.runs.append(PlannedRun(run_id(repeat), repeat, settings, limit))
+            rid = first if k == 0 else run_id(repeat)
+            seen.add(rid)
+            plan.runs.append(PlannedRun(rid, repeat, settings, limit))
     from echobench.memory import device_memory_gib, estimate_memory
 
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)

@@ -121,11 +121,14 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str
     return record.status
 
 
-def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> str:
-    """new | pending | running | a record status."""
-    if entry is None or not entry.job_id:
-        return record_state(rd)[0]
-    return settle(cfg, rd, entry, executor)
+def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> tuple[str, Record | None, str]:
+    """(state, record, error): new | pending | running | a record status, with the run's current
+    record as record_state reads it (once: `status --wait` asks again at every poll)."""
+    if entry is None or not entry.job_id or entry.settled:
+        return record_state(rd)
+    state = settle(cfg, rd, entry, executor)
+    _, record, error = record_state(rd)
+    return state, record, error
 
 
 # ---- the sweep ----
@@ -187,7 +190,7 @@ class Sweep:
         --retry-failed, are to submit; jobs still going are tracked again; ok runs never rerun."""
         to_submit, failed_before = [], []
         for run in runs:
-            st = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor)
+            st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor)
             if st == "new":
                 to_submit.append(run)
             elif st in ACTIVE:
@@ -195,7 +198,7 @@ class Sweep:
             elif st != "ok":
                 (to_submit if retry_failed else failed_before).append(run)
                 if st == "corrupt":
-                    self.log(f"{run.id}: [red]{esc(record_state(self.run_dir(run))[2])}[/]"
+                    self.log(f"{run.id}: [red]{esc(error)}[/]"
                              + ("" if retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
         self.save()
         return to_submit, failed_before
@@ -358,8 +361,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
             continue
         entry = state.runs.get(rid)
         name = entry.executor if entry else "local"
-        st = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
-        _, record, error = record_state(rd)
+        st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
         rows.append(status_row(rid, st, record, error, entry))
     if state.runs:
         state.save(sweep_dir)
