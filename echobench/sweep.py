@@ -8,7 +8,10 @@ resumable, collected (`echobench plan` is echobench.plan).
                                  plan.json (the plan's memory estimate, time limit)
     SWEEP/RUN_ID/attempts/N/     an earlier attempt's files, moved aside by --retry-failed
     SWEEP/results.csv|.parquet   one row per run (echobench.results.records_frame)
-    SWEEP/cache/                 local sweeps without a peak: this machine's GEMM calibration
+    SWEEP/cache/                 runs without a peak: the sweep's one GEMM calibration (their ECHOBENCH_CACHE),
+                                 measured on this machine (local) or on a compute node (slurm)
+    SWEEP/calibrate.log          local: that calibration's output
+    SWEEP/calibrate.sh           slurm: the calibration job's script; its output in SWEEP/logs/calibrate-JOBID.out
 
 A second sweep of the same matrix submits only runs without a record; --retry-failed also the
 failed ones; ok runs never run twice. Nothing is written outside SWEEP.
