@@ -482,7 +482,7 @@ def sweep(
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
         opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
-                               retry_failed=retry_failed, force=force, poll_s=poll)
+                               retry_failed=retry_failed, poll_s=poll)
         opts.out = writable_dir(opts.out)
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:

@@ -142,7 +142,6 @@ class SweepOptions:
     out: Path
     wait: bool = True
     retry_failed: bool = False
-    force: bool = False
     poll_s: float | None = None
 
     def __post_init__(self):  # refused before anything is written

@@ -19,9 +19,8 @@ from echobench.launch import source_root, with_source_path
 KILL_GRACE_S = 30
 
 
-def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
+def render_local_script(cfg, run_dir: Path) -> str:
     q = shlex.quote
-    python = python or sys.executable
     run_dir = run_dir.resolve()
     return "\n".join([
         "#!/bin/bash",
@@ -31,7 +30,7 @@ def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
         f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
         'echo "running local $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
         "set +e",
-        f'{q(python)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
+        f'{q(sys.executable)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
         "rc=$?",
         "set -e",
         'echo "exited local $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',

@@ -106,7 +106,7 @@ def job_environment(slurm) -> list[str]:
     return lines
 
 
-def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
+def render_script(cfg, run_dir: Path, slurm) -> str:
     """The exact sbatch script for one run. `slurm` is the matrix's SlurmSettings."""
     q = shlex.quote
     rid = run_dir.name
