@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from echobench.console import esc, fmt, record_report, repeats_report
+from echobench.matrix import MAX_RUNS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -368,10 +369,10 @@ def data_synth(
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----
 
 def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
-    from echobench.matrix import Executor, MatrixError, expand, load_matrix
+    from echobench.matrix import ExecutorName, MatrixError, expand, load_matrix
 
-    if executor not in (None, *typing.get_args(Executor)):
-        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(Executor))}")
+    if executor not in (None, *typing.get_args(ExecutorName)):
+        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
         fail(f"--max-runs {max_runs}: must be >= 1")
     try:
@@ -382,11 +383,7 @@ def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
         fail(str(exc))
 
 
-MAX_RUNS_HELP = "Refuse a matrix of more runs than this (default: the file's max_runs, else 10000)."
-
-
-def gib(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
+MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's max_runs, else {MAX_RUNS})."
 
 
 @app.command()
@@ -426,13 +423,14 @@ def plan(
         return
     limit_h = pl.time_limit_s(matrix, executor) / 3600
     table = Table(title=f"{matrix.name}: {len(the_plan.runs)} runs ({executor}; time limit {limit_h:.2f} h per run; "
-                        f"device memory {gib(capacity)} GiB)")
+                        f"device memory {fmt(capacity, '.1f')} GiB)")
     table.add_column("run id", no_wrap=True)
     for col in ("tp x dp", "mb / global", "mem GiB", "fits", "GPU-h est", "GPU-h limit"):
         table.add_column(col, justify="right")
     for run, row in zip(the_plan.runs, rows):
         c, est_h = run.cfg, row["gpu_hours_estimate"]
-        table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}", gib(run.memory.total_gib),
+        table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}",
+                      fmt(run.memory.total_gib, ".1f"),
                       {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], "-" if est_h is None else f"{est_h:.2f}",
                       f"{row['gpu_hours_limit']:.2f}")
     console.print(table)
@@ -446,7 +444,7 @@ def plan(
     too_big = [r for r in the_plan.runs if r.fits is False]
     console.print(f"{len(the_plan.runs)} runs, {len(the_plan.skipped)} skipped, {the_plan.excluded} excluded"
                   + (f", {the_plan.duplicates} duplicates" if the_plan.duplicates else "")
-                  + (f"; {len(too_big)} would not fit in {gib(capacity)} GiB (sweep skips them unless --force)"
+                  + (f"; {len(too_big)} would not fit in {fmt(capacity, '.1f')} GiB (sweep skips them unless --force)"
                      if too_big else ""))
     if the_plan.runs:
         est_total = sum(r["gpu_hours_estimate"] or 0 for r in rows)
@@ -482,7 +480,7 @@ def sweep(
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
         opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
-                               retry_failed=retry_failed, force=force, poll_s=poll)
+                               retry_failed=retry_failed, poll_s=poll)
         opts.out = writable_dir(opts.out)
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:

@@ -111,10 +111,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - set(FIELDS))
         if unknown:
-            raise ValueError(f"unknown run key(s) {', '.join(unknown)}: allowed {', '.join(sorted(known))}")
+            raise ValueError(f"unknown run key(s) {', '.join(unknown)}: allowed {', '.join(sorted(FIELDS))}")
         return cls(**data)
 
 
@@ -206,12 +205,17 @@ MEASUREMENT_KEYS = NON_IDENTITY_KEYS | {"steps", "warmup_steps", "seed", "repeat
                                         "fail_at_step", "fail_rank", "fail_kind"}
 
 
+def _readable_id(ident: dict) -> str:
+    """SCALE-FRAMEWORK-LAYOUT-nNODESxGPUS-mbMICRO-DIGEST: the settings one reads at a glance, and a
+    digest of all of `ident` (sorted keys: the same settings give the same id in any session)."""
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return (f"{ident['scale']}-{ident['framework']}-{ident['parallelism']}-n{ident['nodes']}x{ident['gpus_per_node']}"
+            f"-mb{ident['micro_batch']}-{digest}")
+
+
 def config_id(cfg: RunConfig) -> str:
     """Stable, readable id of the settings, the repeat index aside: what repeats of a run share."""
-    identity = {k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS and k != "repeat"}
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
-    par = cfg.parallelism
-    return f"{cfg.scale}-{cfg.framework}-{par}-n{cfg.nodes}x{cfg.gpus_per_node}-mb{cfg.micro_batch}-{digest}"
+    return _readable_id({k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS and k != "repeat"})
 
 
 def run_id(cfg: RunConfig) -> str:
@@ -225,14 +229,10 @@ def configuration(settings: dict, with_nodes: bool = True) -> dict:
     (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
     a record older than the key, takes its default. The one definition of "configuration" that the
     dashboard, the tables and `compare` share: runs of equal configurations pool like repeats."""
-    defaults = {f.name: f.default for f in fields(RunConfig)}
-    merged = {**defaults, **settings}
+    merged = {**{name: f.default for name, f in FIELDS.items()}, **settings}
     return {k: v for k, v in merged.items() if k not in MEASUREMENT_KEYS and (with_nodes or k != "nodes")}
 
 
 def configuration_id(settings: dict) -> str:
     """Readable, stable id of configuration(settings), in the run id's form (one node count)."""
-    ident = configuration(settings)
-    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return (f"{ident['scale']}-{ident['framework']}-{ident['parallelism']}-n{ident['nodes']}x{ident['gpus_per_node']}"
-            f"-mb{ident['micro_batch']}-{digest}")
+    return _readable_id(configuration(settings))

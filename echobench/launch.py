@@ -48,11 +48,20 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
     return cmd + ["-m", "echobench", "run", *run_args]
 
 
+def source_root() -> Path:
+    """The directory that holds this echobench package (a source checkout, or site-packages)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def with_source_path(env: dict) -> dict:
+    """`env` with source_root() first on PYTHONPATH: works from a source checkout too, the
+    children import this very package."""
+    env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
-    env = dict(os.environ)
-    # Works from a source checkout too: the children import this very package.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_source_path(dict(os.environ))
     # Share the cores between the local ranks instead of oversubscribing them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     if cfg is not None and cfg.framework == "megatron" and cfg.tp > 1:

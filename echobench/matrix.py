@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
 
-Executor = Literal["local", "slurm"]
+ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.executors.Executor
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
 
 
@@ -167,7 +167,7 @@ class HardwareSettings(Strict):
 
 class MatrixFile(Strict):
     name: str
-    executor: Executor = "local"
+    executor: ExecutorName = "local"
     slurm: SlurmSettings = SlurmSettings()
     local: LocalSettings = LocalSettings()
     hardware: HardwareSettings = HardwareSettings()
@@ -410,13 +410,14 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         if problem := layout_problem(cfg, executor):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
-        if run_id(cfg) in seen:
+        if (first := run_id(cfg)) in seen:
             plan.duplicates += 1
             continue
         for k in range(spec.repeats):
             repeat = cfg if k == 0 else replace(cfg, repeat=cfg.repeat + k)
-            seen.add(run_id(repeat))
-            plan.runs.append(PlannedRun(run_id(repeat), repeat, settings, limit))
+            rid = first if k == 0 else run_id(repeat)
+            seen.add(rid)
+            plan.runs.append(PlannedRun(rid, repeat, settings, limit))
     from echobench.memory import device_memory_gib, estimate_memory
 
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)

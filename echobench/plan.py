@@ -52,11 +52,10 @@ def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
             f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
 
 
-def estimated_seconds(run: PlannedRun, matrix: Matrix) -> float | None:
-    """Startup plus all steps at the matrix's assumed MFU; None without a known peak."""
+def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None) -> float | None:
+    """Startup plus all steps at the matrix's assumed MFU of `peak` (planned_peak); None without one."""
     from echobench.flops import hardware_flops, model_flops
     hw = matrix.spec.hardware
-    peak = planned_peak(run, matrix)[0]
     if peak is None:
         return None
     cfg = run.cfg
@@ -71,8 +70,8 @@ def plan_rows(plan: Plan, executor: str) -> list[dict]:
     peak, GPU-hours estimated (None without a peak) and at most (its time limit)."""
     rows = []
     for run in plan.runs:
-        est, gpus = estimated_seconds(run, plan.matrix), run.cfg.world_size
         peak, peak_source = planned_peak(run, plan.matrix)
+        est, gpus = estimated_seconds(run, plan.matrix, peak), run.cfg.world_size
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,

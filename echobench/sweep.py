@@ -8,7 +8,10 @@ resumable, collected (`echobench plan` is echobench.plan).
                                  plan.json (the plan's memory estimate, time limit)
     SWEEP/RUN_ID/attempts/N/     an earlier attempt's files, moved aside by --retry-failed
     SWEEP/results.csv|.parquet   one row per run (echobench.results.records_frame)
-    SWEEP/cache/                 local sweeps without a peak: this machine's GEMM calibration
+    SWEEP/cache/                 runs without a peak: the sweep's one GEMM calibration (their ECHOBENCH_CACHE),
+                                 measured on this machine (local) or on a compute node (slurm)
+    SWEEP/calibrate.log          local: that calibration's output
+    SWEEP/calibrate.sh           slurm: the calibration job's script; its output in SWEEP/logs/calibrate-JOBID.out
 
 A second sweep of the same matrix submits only runs without a record; --retry-failed also the
 failed ones; ok runs never run twice. Nothing is written outside SWEEP.
@@ -121,11 +124,14 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str
     return record.status
 
 
-def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> str:
-    """new | pending | running | a record status."""
-    if entry is None or not entry.job_id:
-        return record_state(rd)[0]
-    return settle(cfg, rd, entry, executor)
+def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> tuple[str, Record | None, str]:
+    """(state, record, error): new | pending | running | a record status, with the run's current
+    record as record_state reads it (once: `status --wait` asks again at every poll)."""
+    if entry is None or not entry.job_id or entry.settled:
+        return record_state(rd)
+    state = settle(cfg, rd, entry, executor)
+    _, record, error = record_state(rd)
+    return state, record, error
 
 
 # ---- the sweep ----
@@ -136,7 +142,6 @@ class SweepOptions:
     out: Path
     wait: bool = True
     retry_failed: bool = False
-    force: bool = False
     poll_s: float | None = None
 
     def __post_init__(self):  # refused before anything is written
@@ -187,7 +192,7 @@ class Sweep:
         --retry-failed, are to submit; jobs still going are tracked again; ok runs never rerun."""
         to_submit, failed_before = [], []
         for run in runs:
-            st = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor)
+            st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor)
             if st == "new":
                 to_submit.append(run)
             elif st in ACTIVE:
@@ -195,7 +200,7 @@ class Sweep:
             elif st != "ok":
                 (to_submit if retry_failed else failed_before).append(run)
                 if st == "corrupt":
-                    self.log(f"{run.id}: [red]{esc(record_state(self.run_dir(run))[2])}[/]"
+                    self.log(f"{run.id}: [red]{esc(error)}[/]"
                              + ("" if retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
         self.save()
         return to_submit, failed_before
@@ -272,10 +277,7 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
     anything, what the executor cannot do."""
     sweep_dir = opts.out.resolve()
     executor = make_executor(opts.executor, matrix)
-    if executor.name == "slurm":
-        from echobench.executors.slurm import sbatch_path
-
-        sbatch_path(sweep_dir)  # raises ValueError: the path goes into #SBATCH lines
+    executor.check_dir(sweep_dir)  # raises ValueError
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
     write_json_atomic(sweep_dir / "skipped.json", {"matrix": matrix.name, "skipped": skipped or []})
@@ -361,8 +363,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
             continue
         entry = state.runs.get(rid)
         name = entry.executor if entry else "local"
-        st = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
-        _, record, error = record_state(rd)
+        st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
         rows.append(status_row(rid, st, record, error, entry))
     if state.runs:
         state.save(sweep_dir)

@@ -46,6 +46,9 @@ class Executor(Protocol):
     max_active: int | None  # jobs at once: 1 on this machine; None for a scheduler, which queues them all
     poll_s: float  # seconds between state checks, unless --poll says otherwise
 
+    def check_dir(self, sweep_dir: Path) -> None:
+        """Raises ValueError when the sweep directory cannot serve this executor (before anything is written)."""
+
     def job_script(self, run: PlannedRun, run_dir: Path, matrix: Matrix, time_limit: str) -> str:
         """The exact RUN_DIR/job.sh of a run (`echobench plan --script` prints it)."""
 
@@ -75,6 +78,16 @@ def make_executor(name: str, matrix: Matrix | None = None) -> Executor:
 
     # The matrix's env applies to local runs too (as process environment: no shell involved).
     return LocalExecutor(dict(matrix.spec.slurm.env) if matrix is not None else {})
+
+
+def sweep_cache(sweep_dir: Path) -> Path:
+    """SWEEP/cache: where a sweep's one calibration goes (ECHOBENCH_CACHE of its runs without a peak)."""
+    return sweep_dir.resolve() / "cache"
+
+
+def calibrated(sweep_dir: Path) -> bool:
+    """Whether the sweep has measured its GEMM rate already (a file under SWEEP/cache/calibration)."""
+    return any((sweep_cache(sweep_dir) / "calibration").glob("*.json"))
 
 
 def read_job_state(run_dir: Path, job_id: str) -> JobState | None:

@@ -13,18 +13,14 @@ import time
 from pathlib import Path
 
 from echobench.console import esc
-from echobench.executors import JobState
+from echobench.executors import JobState, calibrated, sweep_cache
+from echobench.launch import source_root, with_source_path
 
 KILL_GRACE_S = 30
 
 
-def source_root() -> Path:
-    return Path(__file__).resolve().parent.parent.parent
-
-
-def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
+def render_local_script(cfg, run_dir: Path) -> str:
     q = shlex.quote
-    python = python or sys.executable
     run_dir = run_dir.resolve()
     return "\n".join([
         "#!/bin/bash",
@@ -34,7 +30,7 @@ def render_local_script(cfg, run_dir: Path, python: str | None = None) -> str:
         f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
         'echo "running local $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
         "set +e",
-        f'{q(python)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
+        f'{q(sys.executable)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
         "rc=$?",
         "set -e",
         'echo "exited local $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
@@ -105,12 +101,11 @@ def job_alive(job_id: str, run_dir: Path) -> bool:
 def calibrate_here(sweep_dir: Path, device: str, log) -> Path:
     """`echobench calibrate` on this machine, once per sweep: its GEMM rate into SWEEP/cache, the
     peak of runs without one (CPU devices have no datasheet peak). Returns the cache directory."""
-    cache = sweep_dir / "cache"
-    if list((cache / "calibration").glob("*.json")):
+    cache = sweep_cache(sweep_dir)
+    if calibrated(sweep_dir):
         return cache
     log("no peak_tflops in the matrix: running `echobench calibrate` once for this sweep")
-    env = {**os.environ, "ECHOBENCH_CACHE": str(cache)}
-    env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_source_path({**os.environ, "ECHOBENCH_CACHE": str(cache)})
     with open(sweep_dir / "calibrate.log", "w") as out:
         code = subprocess.call([sys.executable, "-m", "echobench", "calibrate", "--device", device], stdout=out,
                                stderr=subprocess.STDOUT, env=env)
@@ -127,6 +122,9 @@ class LocalExecutor:
     def __init__(self, env: dict | None = None):
         self.env = env or {}
         self.jobs: dict[str, tuple[subprocess.Popen, float, int, Path]] = {}
+
+    def check_dir(self, sweep_dir: Path) -> None:
+        pass  # any directory: the scripts quote its path
 
     def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
         return render_local_script(run.cfg, run_dir)  # the time limit is kept by this process (state)

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from echobench.executors import JobState
-from echobench.executors.local import source_root
+from echobench.executors import JobState, calibrated, sweep_cache
+from echobench.launch import source_root
 from echobench.matrix import parse_time
 
 # Scheduler states -> record statuses, for a job that is over.
@@ -106,7 +106,7 @@ def job_environment(slurm) -> list[str]:
     return lines
 
 
-def render_script(cfg, run_dir: Path, slurm, python: str | None = None) -> str:
+def render_script(cfg, run_dir: Path, slurm) -> str:
     """The exact sbatch script for one run. `slurm` is the matrix's SlurmSettings."""
     q = shlex.quote
     rid = run_dir.name
@@ -133,7 +133,7 @@ def render_calibration_script(sweep_dir: Path, slurm, device: str = "auto") -> s
     slurm = slurm.model_copy(update={"time": slurm.time if parse_time(slurm.time) <= 600 else "10"})
     head = sbatch_header(slurm, f"eb-calibrate-{sweep_dir.name}", 1, 1, f"{path}/logs/calibrate-%j.out")
     body = ["", "# echobench: the sweep's one calibration on a compute node, before its runs",
-            "set -euo pipefail", *job_environment(slurm), f"export ECHOBENCH_CACHE={q(path + '/cache')}",
+            "set -euo pipefail", *job_environment(slurm), f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
             f'exec "$PYTHON" -m echobench calibrate --device {q(device)}']
     return "\n".join(head + body) + "\n"
 
@@ -155,10 +155,13 @@ class SlurmExecutor:
         self.accounting: bool | None = None  # unknown until sacct has been tried
         self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
 
+    def check_dir(self, sweep_dir: Path) -> None:
+        sbatch_path(sweep_dir)  # the path goes into #SBATCH lines, which sbatch does not unquote
+
     def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
         env = dict(matrix.spec.slurm.env)
         if run.cfg.peak_tflops is None:  # where the sweep's calibration job writes (calibrate)
-            env.setdefault("ECHOBENCH_CACHE", str(run_dir.parent.resolve() / "cache"))
+            env.setdefault("ECHOBENCH_CACHE", str(sweep_cache(run_dir.parent)))
         return render_script(run.cfg, run_dir, matrix.spec.slurm.model_copy(update={"time": time_limit, "env": env}))
 
     def calibrate(self, sweep_dir: Path, matrix, device: str, log) -> None:
@@ -167,7 +170,7 @@ class SlurmExecutor:
         device with a datasheet peak, or when the sweep has calibrated already."""
         from echobench.console import esc
 
-        if list((sweep_dir / "cache" / "calibration").glob("*.json")):
+        if calibrated(sweep_dir):
             return
         if device_name := matrix.spec.hardware.device:
             from echobench.hardware import table_peak  # imports torch: only when asked

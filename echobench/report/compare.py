@@ -155,13 +155,10 @@ def comparison_report(result: Comparison, title: str) -> list:
     from rich.table import Table
     from rich.text import Text
 
-    from echobench.console import esc
+    from echobench.console import esc, fmt
 
     def pct(v):
         return "-" if v is None else f"{v:+.1f}%"
-
-    def num(v, spec):
-        return "-" if v is None else format(v, spec)
 
     threshold, alpha = result.threshold_pct, result.alpha
     t = Table(title=esc(f"{title} (threshold {threshold:g}%, alpha {alpha:g})"))
@@ -173,9 +170,9 @@ def comparison_report(result: Comparison, title: str) -> list:
         status = c.new_status if c.old_status == c.new_status else f"{c.old_status} -> {c.new_status}"
         verdict = ("REGRESSION" if c.regressed else "weak" if c.weak else "not significant" if c.reason else "ok")
         t.add_row(Text(c.run_id), f"{c.old_repeats}/{c.new_repeats}", Text(status),
-                  f"{num(c.old_samples_per_s, '.4g')} -> {num(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
-                  f"{num(c.old_mfu, '.2%')} -> {num(c.new_mfu, '.2%')} ({pct(c.mfu_change_pct)})",
-                  f"{c.old_steps}/{c.new_steps}", num(c.p_value, ".2g"),
+                  f"{fmt(c.old_samples_per_s, '.4g')} -> {fmt(c.new_samples_per_s, '.4g')} ({pct(c.samples_change_pct)})",
+                  f"{fmt(c.old_mfu, '.2%')} -> {fmt(c.new_mfu, '.2%')} ({pct(c.mfu_change_pct)})",
+                  f"{c.old_steps}/{c.new_steps}", fmt(c.p_value, ".2g"),
                   Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
         if c.reason:  # one line each, so the reason is never squeezed into a column
             lines.append(Text(f"{c.run_id}: ") + Text(f"{verdict} ", style="red" if c.regressed else "yellow")
