@@ -67,7 +67,7 @@ def add(args) -> None:
             line.update(status="no-result", error=f"{args.file}: {exc}")
     else:
         line["status"] = "skipped" if args.kind == "skipped" else ("ok" if args.rc == 0 else "failed")
-    if args.kind == "pytest":  # exit 5: no test carries the marker yet
+    if args.kind == "pytest":  # pytest's exit status; 124 / 137: `timeout` stopped it
         line["status"] = {0: "passed", 5: "none collected", 124: "timeout", 137: "timeout"}.get(args.rc, "failed")
     with open(args.records, "a") as f:
         f.write(json.dumps(line, default=str) + "\n")
