@@ -53,6 +53,16 @@ def cli(tmp_path):
     return _run
 
 
+@pytest.fixture
+def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
+    """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,
+    else one per user kept across test sessions, so a rerun finds the graphs compiled (a cold
+    compile of the block kinds takes a minute or more on a CPU)."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(tmp_path_factory.getbasetemp().parent / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", path)
+    return Path(path)
+
+
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory):
     """One real local sweep of matrices/smoke.yaml, shared by the sweep and report tests.

@@ -131,10 +131,9 @@ def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, monkeypatch):
+def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, inductor_cache):
     import torch.multiprocessing as mp
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     out = tmp_path / "losses.json"
     mp.spawn(_fsdp_worker, args=(free_port(), str(out)), nprocs=1, join=True)
     losses = json.loads(out.read_text())

@@ -351,12 +351,10 @@ def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
     assert r["none"]["recompute"] == "nothing" and "re-run in backward" in r["full"]["recompute"]
 
 
-def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, monkeypatch):
+def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, inductor_cache):
     """TP=2 with full recompute and compiled blocks: the same losses as the plain TP=2 run, and the
     record says what ran (HFU above MFU: the recompute is counted)."""
     out = tmp_path / "tp2-ac"
-    # A shared inductor cache makes reruns cheap (a cold compile of the block kinds: a minute here).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--ac", "full", "--compile",
                "--out", out, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

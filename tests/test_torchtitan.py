@@ -191,15 +191,13 @@ def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     assert elapsed < 300, f"took {elapsed:.0f} s"  # mostly process start-up on a loaded machine
 
 
-def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, monkeypatch):
+def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_cache):
     """--compile: a run in this process (as `echobench run` without --nproc), so that dynamo's own
     counters show each block kind was captured as a graph, not only that the flag was set."""
     from torch._dynamo.utils import counters
 
     from echobench.bench import run_benchmark
 
-    # A shared inductor cache makes reruns cheap (a cold compile of the two block kinds: minutes here).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=2,
                     warmup_steps=1, micro_batch=2, compile=True, device="cpu")
     torch._dynamo.reset()
