@@ -1,11 +1,15 @@
+import json
 import os
+import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
@@ -29,6 +33,28 @@ def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"echobench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def record(out: Path) -> dict:
+    """The record a run wrote to OUT (its result.json), as plain JSON."""
+    return json.loads((Path(out) / "result.json").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_gloo_rank(port: int) -> None:
+    """In a spawned worker: a process group of this one process on gloo (megatron initialises
+    process groups), one thread, its warnings silenced."""
+    import torch
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
 
 
 def pytest_runtest_setup(item):

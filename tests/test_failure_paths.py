@@ -3,7 +3,6 @@ markup), node ranks >= 1 that fail, corrupt records, `--out` where nothing can b
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, free_port
 from echobench.config import RunConfig
 from echobench.matrix import expand, parse_matrix
 from echobench.results import Record, write_json_atomic
@@ -81,12 +80,6 @@ def test_bad_input_naming_markup_is_a_verbatim_one_line_error(cli, tmp_path):
 
 
 # ---- 2. a failure on node rank >= 1 ----
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
     """Two launchers (node ranks 0 and 1, one process each) meet on this machine; rank 1 fails at
