@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+# Read before any test compiles: inductor writes its default into os.environ on first use.
+INDUCTOR_CACHE_SET = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
@@ -84,7 +86,7 @@ def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
     """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,
     else one per user kept across test sessions, so a rerun finds the graphs compiled (a cold
     compile of the block kinds takes a minute or more on a CPU)."""
-    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(tmp_path_factory.getbasetemp().parent / "inductor")
+    path = INDUCTOR_CACHE_SET or str(tmp_path_factory.getbasetemp().parent / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", path)
     return Path(path)
 
