@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,9 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 import torch  # noqa: E402
 
+from echobench.bench import resolve_dtype  # noqa: E402
 from echobench.config import RunConfig  # noqa: E402
 from echobench.data import build_tokenizer, make_loader  # noqa: E402
 from echobench.model.echo import EchoTTS, diffusion_draws  # noqa: E402
+from echobench.results import step_figures  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,7 +55,7 @@ def main(argv=None) -> dict:
                     speaker_frames=args.speaker_frames, compile=args.compile, seed=args.seed, device=args.device)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32  # echobench's precision "auto"
+    dtype = resolve_dtype("auto", device)
     model_cfg = cfg.model_config()
 
     torch.manual_seed(cfg.seed)
@@ -97,6 +98,8 @@ def main(argv=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     warmup_s = time.perf_counter() - t0
 
+    # Its own loop and timer, not bench.run_loop / StepTimer: a yardstick for the harness must not
+    # share the harness's code. Only the statistic is shared (step_figures), so the two compare.
     marks = []
 
     def mark():
@@ -116,7 +119,6 @@ def main(argv=None) -> dict:
         times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
     else:
         times = [b - a for a, b in zip(marks, marks[1:])]
-    ordered = sorted(times)
     result = {
         "kind": "bare",
         "scale": cfg.scale,
@@ -128,9 +130,7 @@ def main(argv=None) -> dict:
         "precision": str(dtype).removeprefix("torch."),
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
-        "step_time_s": statistics.median(times),
-        "step_time_p10_s": ordered[len(ordered) // 10],
-        "step_time_p90_s": ordered[(len(ordered) - 1) * 9 // 10],
+        **step_figures(times),
         "step_times_s": times,
         "warmup_s": warmup_s,
         "last_loss": float(loss.detach()),

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-from echobench.data import LocalTarDataset, build_tokenizer, make_loader, read_shard, synth_shards  # noqa: E402
+from echobench.data import LocalTarDataset, build_tokenizer, iter_shard, make_loader, synth_shards  # noqa: E402
 from echobench.data.dataset import find_shards  # noqa: E402
 
 
@@ -48,12 +48,11 @@ def bench_header_walk(data) -> float:
     """CPU seconds per sample to walk the shards' tar headers without reading a sample: what a
     reader pays for each sample of another rank (every rank numbers every sample)."""
     shards = find_shards(data)
-    cpu0 = time.process_time()
+    slots, cpu0 = 0, time.process_time()
     for shard in shards:
-        for _ in read_shard(shard, keep=lambda i: False):
-            pass
+        for _ in iter_shard(shard, keep=lambda i: False):  # (index, None) per slot, members unread
+            slots += 1
     cpu = time.process_time() - cpu0
-    slots = sum(1 for shard in shards for _ in read_shard(shard))
     return cpu / slots
 
 

@@ -17,7 +17,10 @@ export OMP_NUM_THREADS=1  # one thread per process: 2- and 4-process runs share 
 # two sweeps' runs of one configuration share a peak: it goes into the SLURM sweep's cache, which its
 # jobs read (sbatch passes ECHOBENCH_CACHE on) and where a sweep looks before calibrating again.
 mkdir -p "$OUT/scaling/cache/calibration"
-cp -n "$OUT/smoke/cache/calibration/"*.json "$OUT/scaling/cache/calibration/"
+# Not `cp -n`: coreutils 9.2-9.4 exit 1 when it skips a file, which would stop a rerun here.
+for f in "$OUT/smoke/cache/calibration/"*.json; do
+  [ -e "$OUT/scaling/cache/calibration/${f##*/}" ] || cp "$f" "$OUT/scaling/cache/calibration/"
+done
 export ECHOBENCH_CACHE="$OUT/scaling/cache"
 "$PY" -m echobench sweep matrices/scaling-demo.yaml --out "$OUT/scaling"
 "$PY" -m echobench report "$OUT/smoke" "$OUT/scaling" -o "$OUT/report.html"

@@ -9,7 +9,13 @@
 # Idempotent: `up` with a cluster of N nodes already up does nothing; another N restarts it.
 # The nodes are node1..nodeN, each a slurmd on its own port, aliased to 127.0.0.1 in /etc/hosts.
 # No accounting daemon (sacct does not work, as on some real clusters); no cgroups.
-# Findings behind each setting: shared/notes/slurm-on-one-machine.md.
+# Why the less obvious settings (found with Debian 12's SLURM 22.05; its build allows several slurmd
+# per host): config_overrides lets a node declare more CPUs than exist (else it goes INVAL);
+# DefMemPerCPU lets jobs share a node (else each takes a whole node's memory); the
+# SchedulerParameters start batch jobs at once (else up to 3 s late); EnforcePartLimits=ALL refuses
+# a job too big for the partition at sbatch (else it pends forever); linuxproc + task/none need no
+# cgroups; MinJobAge keeps a finished job in `scontrol show job` / `squeue -t all` for an hour,
+# where job state is read without accounting.
 set -euo pipefail
 
 ACTION=${1:-}

@@ -1,11 +1,17 @@
+import json
 import os
+import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+# Read before any test compiles: inductor writes its default into os.environ on first use.
+INDUCTOR_CACHE_SET = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
@@ -31,16 +37,40 @@ def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bo
     return proc
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run only where torch sees a CUDA device."""
+def record(out: Path) -> dict:
+    """The record a run wrote to OUT (its result.json), as plain JSON."""
+    return json.loads((Path(out) / "result.json").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_gloo_rank(port: int) -> None:
+    """In a spawned worker: a process group of this one process on gloo (megatron initialises
+    process groups), one thread, its warnings silenced."""
+    import torch
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+
+
+def pytest_runtest_setup(item):
+    """Tests marked `gpu` run only where torch sees a CUDA device: elsewhere they are skipped, or,
+    with ECHOBENCH_REQUIRE_GPU=1 (a GPU check), they fail, so that none can pass unrun."""
+    if "gpu" not in item.keywords:
+        return
     import torch
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if os.environ.get("ECHOBENCH_REQUIRE_GPU") == "1":
+        pytest.fail("ECHOBENCH_REQUIRE_GPU=1 but torch sees no CUDA device", pytrace=False)
+    pytest.skip("needs a CUDA GPU")
 
 
 @pytest.fixture
@@ -49,6 +79,16 @@ def cli(tmp_path):
         return run_cli(*args, tmp_path=tmp_path, **kw)
 
     return _run
+
+
+@pytest.fixture
+def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
+    """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,
+    else one per user kept across test sessions, so a rerun finds the graphs compiled (a cold
+    compile of the block kinds takes a minute or more on a CPU)."""
+    path = INDUCTOR_CACHE_SET or str(tmp_path_factory.getbasetemp().parent / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", path)
+    return Path(path)
 
 
 @pytest.fixture(scope="session")

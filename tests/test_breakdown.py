@@ -10,6 +10,7 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
+from conftest import run_cli
 from echobench.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
                                  short_name, summary, waterfall)
 from echobench.results import Record
@@ -145,7 +146,7 @@ def test_cpu_breakdown_nested_ops_and_a_gloo_thread():
 
 
 def profiled_record(fractions, mfu=0.38, peak=990.0, ceiling=None, source="datasheet:GH200"):
-    from tests.test_report import record
+    from test_report import record
 
     return record("r", mfu=mfu, peak_tflops=peak, ceiling_tflops=ceiling, peak_source=source,
                   breakdown={"fractions": fractions})
@@ -191,8 +192,6 @@ RUN = ["--profile", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1",
 @pytest.fixture(scope="module")
 def profiled_runs(tmp_path_factory):
     """One single-process and one DDP run over 2 gloo processes, both with --profile."""
-    from tests.conftest import run_cli
-
     root = tmp_path_factory.mktemp("profiled")
     runs = {}
     for name, extra in (("single", []), ("ddp", ["--nproc", "2", "--parallelism", "ddp"])):

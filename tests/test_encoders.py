@@ -11,7 +11,7 @@ from echobench.config import RunConfig
 from echobench.flops import model_flops, param_counts
 from echobench.model.config import TEXT_ENCODERS, get_preset, get_text_encoder
 from echobench.model.echo import EchoTTS
-from tests.test_flops import counted_flops, meta_batch
+from test_flops import counted_flops, meta_batch
 
 EXPECTED_HIDDEN = {"t5gemma-2-270m": 640, "t5gemma-2-1b": 1152, "t5gemma-2-4b": 2560, "t5-base": 768, "t5-large": 1024}
 

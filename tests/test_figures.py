@@ -2,18 +2,15 @@
 
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import FIXTURES
 from echobench.bench import summarize
 from echobench.config import RunConfig
 from echobench.hardware import resolve_peak, table_peak
 from echobench.results import SCHEMA_VERSION, Record, load_records, peak_notes, write_json_atomic
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
 
 def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, memory=None):
     """One rank's measurements in the shape run_loop returns them (the numbers chosen here)."""

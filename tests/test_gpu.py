@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import free_port, record, run_cli
 from echobench.config import RunConfig
 
 pytestmark = pytest.mark.gpu
@@ -27,10 +26,6 @@ pytestmark = pytest.mark.gpu
 BF16_RTOL = 1e-2
 SMALL = ["--scale", "tiny", "--audio-frames", "200", "--text-tokens", "64", "--speaker-frames", "200",
          "--peak-tflops", "989.5", "--device", "cuda"]
-
-
-def record(out):
-    return json.loads((out / "result.json").read_text())
 
 
 def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
@@ -79,12 +74,6 @@ def test_fp8_800m_runs_or_is_refused_in_one_line(tmp_path, micro_batch):
     assert all(math.isfinite(x) for x in r["losses"]) and r["mfu"] > 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
     """One GPU, one NCCL rank: the same 3 bf16 steps single eager, FSDP2 eager and FSDP2 compiled."""
     from functools import partial
@@ -131,10 +120,9 @@ def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, monkeypatch):
+def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, inductor_cache):
     import torch.multiprocessing as mp
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     out = tmp_path / "losses.json"
     mp.spawn(_fsdp_worker, args=(free_port(), str(out)), nprocs=1, join=True)
     losses = json.loads(out.read_text())

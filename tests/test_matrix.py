@@ -2,18 +2,16 @@
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from echobench import backends
 from echobench.config import RunConfig, config_id, run_id
 from echobench.executors.slurm import LAUNCH_BODY, render_script
 from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
 from echobench.memory import device_memory_gib, estimate_memory
 from echobench.sweep import run_dir
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def plan(text, executor=None):

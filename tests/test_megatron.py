@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import free_port, one_gloo_rank, run_cli
 from echobench.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -98,12 +97,6 @@ def test_te_attention_gets_its_valid_keys_packed_to_the_front():
     torch.testing.assert_close(te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, key_mask)), plain)
     _, _, packed = pack_valid_keys(k, v, key_mask)
     assert torch.equal(packed, torch.arange(la + lt + ls) < key_mask.sum(1, keepdim=True))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_batch():
@@ -316,10 +309,7 @@ def _recompute_worker(rank: int, port: int, out_path: str) -> None:
     from echobench.backends import build_training
     from echobench.distributed import DistInfo
 
-    warnings.filterwarnings("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    one_gloo_rank(port)
     batch = SimpleNamespace(latent=torch.randn(1, 60, 128), latent_mask=torch.ones(1, 60, dtype=torch.bool),
                             ref=torch.randn(1, 40, 128), ref_mask=torch.ones(1, 40, dtype=torch.bool),
                             text_ids=torch.ones(1, 20, dtype=torch.long), text_mask=torch.ones(1, 20, dtype=torch.bool))
@@ -351,12 +341,10 @@ def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
     assert r["none"]["recompute"] == "nothing" and "re-run in backward" in r["full"]["recompute"]
 
 
-def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, monkeypatch):
+def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_run, inductor_cache):
     """TP=2 with full recompute and compiled blocks: the same losses as the plain TP=2 run, and the
     record says what ran (HFU above MFU: the recompute is counted)."""
     out = tmp_path / "tp2-ac"
-    # A shared inductor cache makes reruns cheap (a cold compile of the block kinds: a minute here).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--ac", "full", "--compile",
                "--out", out, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES, ROOT, run_cli
 from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
 from echobench.report.compare import compare_records
 from echobench.results import PLAN_FILE, Env, Record, write_json_atomic
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 XSS = "<script>alert(1)</script>"
 TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16",
@@ -64,8 +64,6 @@ def tiny_run(cli, out: Path, *extra) -> Record:
 def real_sweep(tmp_path_factory, smoke_sweep):
     """Records of the real smoke sweep (matrices/smoke.yaml on the local executor), one real run
     with an injected failure, and a copy of it whose error text is a script tag."""
-    from tests.conftest import run_cli
-
     root = tmp_path_factory.mktemp("real-sweep")
     sweep, proc, _ = smoke_sweep
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -246,7 +244,7 @@ def written_record(root: Path, step_s: float, **settings) -> Record:
     from echobench.bench import summarize
     from echobench.config import RunConfig
     from echobench.flops import flops_report
-    from tests.test_figures import measured_rank
+    from test_figures import measured_rank
 
     cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
                        "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80, **settings})
@@ -330,7 +328,7 @@ def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
         assert configuration_id(other.to_dict()) != configuration_id(base.to_dict())
     # a record whose config predates keys (here repeat; te, sequence_parallel taken out) reads them
     # at their defaults
-    old = Record.load(ROOT / "tests" / "fixtures" / "record-v1.json")
+    old = Record.load(FIXTURES / "record-v1.json")
     full = dict(old.config)
     for key in ("te", "sequence_parallel"):
         del old.config[key]

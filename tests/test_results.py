@@ -1,9 +1,9 @@
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import FIXTURES
 from echobench.config import RunConfig
 from echobench.results import (
     SCHEMA_VERSION,
@@ -12,9 +12,7 @@ from echobench.results import (
     originating_failure,
     records_frame,
 )
-from tests.test_report import record, write
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from test_report import record, write
 
 
 def test_newest_record_per_run_wins_and_corrupt_ones_are_reported(tmp_path):

@@ -4,14 +4,11 @@ import json
 
 import pytest
 
+from conftest import record
 from echobench.results import Record, configuration_key
 
 TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
         "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
-
-
-def record(out):
-    return json.loads((out / "result.json").read_text())
 
 
 def test_tiny_run_writes_a_complete_record(cli, tmp_path):

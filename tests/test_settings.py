@@ -3,19 +3,17 @@ the backend registry."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import typer
 import yaml
 from typer.testing import CliRunner
 
+from conftest import ROOT
 from echobench.backends import BACKENDS, parallelism_problem
 from echobench.cli import app
 from echobench.config import FIELDS, RunConfig, settings_table
 from echobench.matrix import MatrixError, expand, parse_matrix
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Every command's options (names and secondary names) as they were before the options were
 # generated from RunConfig (captured from main at 5729728): no flag may go missing or change name.

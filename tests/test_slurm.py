@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, cli_env, run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -177,7 +177,7 @@ def test_scripts_run_sh_works_by_hand(sweep):
     run_yaml = base / "by-hand.yaml"
     run_yaml.write_text(json.dumps({**TINY, "peak_tflops": 0.5}))
     out = base / "by-hand"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
+    env = {**cli_env(), "PYTHON": sys.executable}
     proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={base}/by-hand-%j.out",
                            str(ROOT / "scripts" / "run.sh"), str(run_yaml), str(out)],
                           capture_output=True, text=True, env=env, cwd=base)

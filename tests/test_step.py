@@ -9,14 +9,12 @@ GPU when the tensors live there. The step runs here under a TorchDispatchMode th
 from __future__ import annotations
 
 import json
-import os
-import socket
-import warnings
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import free_port, one_gloo_rank
 from echobench.config import RunConfig
 
 # Ops whose output the host must read back, or whose shape depends on tensor values.
@@ -94,18 +92,9 @@ def test_torchtitan_step_has_no_data_dependent_ops(encoder):
     assert found == []
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _megatron_worker(rank: int, port: int, out_path: str) -> None:
     """megatron initialises process groups: a process of its own (world size 1, gloo)."""
-    warnings.filterwarnings("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    one_gloo_rank(port)
     found = measured_step_ops(RunConfig(framework="megatron", parallelism="tp1", te="off", **SHAPES))
     with open(out_path, "w") as f:
         json.dump(found, f)

@@ -6,7 +6,6 @@ model with short lengths; each takes tens of seconds on a loaded 2-core machine.
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import ROOT, cli_env, run_cli
+from conftest import ROOT, cli_env, free_port, record, run_cli
 from echobench.backends import parallelism_problem
 from echobench.backends.torchtitan import apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
@@ -40,10 +39,6 @@ RTOL = 5e-6
 # where one process casts under autocast (the same values, but the norms then read bf16 weights)
 # and reduces in another order; measured 1e-4 relative over 3 steps. A bf16 ulp is 2^-8 = 3.9e-3.
 BF16_RTOL = 2e-3
-
-
-def record(out):
-    return json.loads((out / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +84,6 @@ def test_data_parallel_matches_single_process(cli, tmp_path, single_run, paralle
         # and where the time went: FSDP's all-gathers and reduce-scatters on gloo's threads
         ranks = json.loads((out / "breakdown.json").read_text())["ranks"]
         assert [b["rank"] for b in ranks] == [0, 1] and all(b["communication"]["total_s"] > 0 for b in ranks)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bf16_worker(rank: int, world: int, port: int, settings: dict, out_dir: str) -> None:
@@ -191,15 +180,13 @@ def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     assert elapsed < 300, f"took {elapsed:.0f} s"  # mostly process start-up on a loaded machine
 
 
-def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, monkeypatch):
+def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_cache):
     """--compile: a run in this process (as `echobench run` without --nproc), so that dynamo's own
     counters show each block kind was captured as a graph, not only that the flag was set."""
     from torch._dynamo.utils import counters
 
     from echobench.bench import run_benchmark
 
-    # A shared inductor cache makes reruns cheap (a cold compile of the two block kinds: minutes here).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/echobench-inductor-cache")
     cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=2,
                     warmup_steps=1, micro_batch=2, compile=True, device="cpu")
     torch._dynamo.reset()
