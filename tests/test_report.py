@@ -1,6 +1,7 @@
 """The report: dashboard (in real headless Chromium), publication tables, reference CSV, compare."""
 
 import json
+import math
 import os
 import random
 import shutil
@@ -10,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT, run_cli
+from echobench.atomic import write_json_atomic
 from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
 from echobench.report.compare import compare_records
-from echobench.results import PLAN_FILE, Env, Record, write_json_atomic
+from echobench.results import PLAN_FILE, Env, Record
 
 ARTIFACTS = ROOT / "test-artifacts"
 XSS = "<script>alert(1)</script>"
@@ -167,7 +169,11 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         assert "tiny: every configuration ran at one GPU count" in page.evaluate(
             "document.querySelector('#scaling .panel.empty').textContent")
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots), plots
-        assert layout_problems(page) == (7, [])
+        # what a real run measures decides where its markers fall, so no assertion here on how they
+        # cover each other (the fixtures with set figures below check that); the plots' and legends'
+        # boxes are drawn from names and page structure only
+        checked, problems = layout_problems(page)
+        assert checked == 7 and [p for p in problems if "overflows" in p or "legend" in p] == [], problems
         table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
                                   ".map(tr => tr.cells[0].textContent.trim())")
         assert sorted(table_ids) == sorted(r.run_id for r in runs)
@@ -182,15 +188,37 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
     assert shot.stat().st_size > 10_000
 
 
+def with_set_figures(real_sweep: Path, out: Path) -> list[Record]:
+    """A copy of the real sweep (records, plans, breakdowns, failed runs, skipped list) whose successful
+    records have their figures made up, each configuration its own, so that what the runs happened
+    to measure decides nothing on the page. Returns the records changed."""
+    shutil.copytree(real_sweep, out)
+    changed = []
+    for k, path in enumerate(sorted(out.rglob("result.json"))):
+        rec = Record.load(path)
+        if rec.status != "ok":
+            continue
+        mfu, step, samples = 0.1 + 0.05 * k, 1.0 + 0.2 * k, (10.0 + 5 * k) * rec.world_size
+        rec.update(mfu=mfu, hfu=mfu, tflops_per_gpu=mfu * rec.peak_tflops, samples_per_s=samples,
+                   audio_seconds_per_s=samples * 30, step_time_s=step,
+                   step_time_p10_s=step * 0.9, step_time_p90_s=step * 1.1, step_time_mean_s=step * 1.05,
+                   step_time_mean_vs_median=0.05, peak_mem_gib=1.0 + k)
+        rec.save(path.parent)
+        changed.append(rec)
+    return changed
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
-    """Layout of the multi-node panels, on the SYNTHETIC fixture (made-up node counts and figures)."""
+    """Layout of the multi-node panels, on the SYNTHETIC fixture (made-up node counts and figures),
+    beside the real sweep's records with their figures set (tiny)."""
     real = next(r for r in map(Record.load, sorted(real_sweep.rglob("result.json")))
                 if r.status == "ok" and r.framework == "torchtitan")
     synthetic = synthetic_multinode(real, tmp_path / "synthetic")
+    assert len(with_set_figures(real_sweep, tmp_path / "set")) >= 4
     out = tmp_path / "report.html"
-    cli("report", tmp_path / "synthetic", real_sweep, "-o", out, check=True)
+    cli("report", tmp_path / "synthetic", tmp_path / "set", "-o", out, check=True)
     with browser_or_skip() as page:
         page.open(out)
         assert_clean(page)
@@ -224,7 +252,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         # the text filter
         page.evaluate("var f = document.getElementById('run-filter'); f.value = 'ddp-n4';"
                       "f.dispatchEvent(new Event('input'))")
-        total = len(synthetic) + len(load_report_input([real_sweep]).records)
+        total = len(synthetic) + len(load_report_input([tmp_path / "set"]).records)
         assert page.evaluate("document.getElementById('run-count').textContent") == f"1 of {total} runs"
         page.evaluate("var s = document.getElementById('scale-filter'); s.value = '';"
                       "s.dispatchEvent(new Event('change')); document.getElementById('run-filter').value = '';"
@@ -276,6 +304,123 @@ def two_sweeps(root: Path) -> tuple[Path, Path]:
     return long_, short
 
 
+def at_gpus(xs) -> list[int]:
+    """The GPU counts (powers of two here) that dodged x values stand for: each is drawn within a
+    fraction of an octave of its own."""
+    return [2 ** round(math.log2(x)) for x in xs]
+
+
+# ---- configurations whose figures coincide exactly ----
+
+# (framework, parallelism, ac): two of one layout, told apart by ac alone
+COINCIDING = (("torchtitan", "fsdp2", "none"), ("torchtitan", "fsdp2", "full"), ("torchtitan", "ddp", "none"),
+              ("megatron", "tp2", "none"))
+COINCIDING_NODES = {"800M": (1,), "3B": (1, 2, 4)}  # 4 GPUs a node
+
+
+def coinciding(root: Path) -> list[Record]:
+    """Four configurations with the same MFU, samples/s and so scaling efficiency at every GPU count:
+    at one GPU count (800M) and at 1, 2 and 4 nodes (3B). Undodged, the last drawn hides the others."""
+    records = []
+    for framework, parallelism, ac in COINCIDING:
+        for scale, nodes_list in COINCIDING_NODES.items():
+            for nodes in nodes_list:
+                efficiency = 1 - 0.1 * (nodes - 1)
+                rec = record(f"{scale}-{framework}-{parallelism}-ac-{ac}-n{nodes}", scale=scale, framework=framework,
+                             parallelism=parallelism, ac=ac, nodes=nodes, mfu=0.4 * efficiency,
+                             samples_per_s=25.0 * 4 * nodes * efficiency)
+                write(root, rec)
+                records.append(rec)
+    return records
+
+
+def test_dodge_keeps_configurations_apart_and_near_their_gpu_count(tmp_path):
+    from echobench.report.dashboard import DODGE_SPREAD, DODGE_STEP, Figures, dodge, gpu_axis
+
+    octaves = [math.log2(dodge(i, 4, [4, 8, 16])) for i in range(4)]
+    assert octaves == sorted(octaves) and sum(octaves) == pytest.approx(0)  # ordered, centred on the count
+    assert [b - a for a, b in zip(octaves, octaves[1:])] == pytest.approx([DODGE_STEP] * 3)
+    assert dodge(0, 1, [4]) == 1 and dodge(1, 3, [4]) == 1  # alone, or the middle one: at the count itself
+    for n, gpus in ((40, [4, 8]), (5, [6, 8]), (5, [7, 8]), (3, [4])):  # many configurations; close GPU counts
+        octaves = [math.log2(dodge(i, n, gpus)) for i in range(n)]
+        gaps = [b - a for a, b in zip(octaves, octaves[1:])]
+        assert all(g > 0 for g in gaps) and sum(octaves) == pytest.approx(0)
+        nearest = min((b - a for a, b in zip(sorted(map(math.log2, gpus)), sorted(map(math.log2, gpus))[1:])),
+                      default=1)
+        assert octaves[-1] - octaves[0] <= min(DODGE_SPREAD, nearest / 2) + 1e-12  # nearer its own count
+    # the figures: at each GPU count, the four configurations drawn at four x values about it, in
+    # legend order; the hover names the real count, the ticks and the axis' range stand for real counts
+    coinciding(tmp_path / "runs")
+    ref = tmp_path / "published.csv"
+    ref.write_text("scale,framework,parallelism,nodes,mfu,source\n3B,torchtitan,fsdp2,2,0.30,paper\n")
+    data = load_report_input([tmp_path / "runs"])
+    figs = Figures(data, read_reference(ref))
+    group = data.configurations[data.configurations["scale"] == "3B"]
+    mfu, throughput, efficiency = (figs.mfu_vs_gpus("3B", group), figs.throughput("3B", group),
+                                   figs.scaling_efficiency("3B", group))
+    for fig in (mfu, throughput, efficiency):
+        subplots = {}
+        for t in fig.data:
+            if t.mode == "lines+markers":
+                subplots.setdefault(t.yaxis, []).append(t)
+        for traces in subplots.values():
+            assert [t.name for t in traces] == sorted(t.name for t in traces) and len(traces) == 4
+            for k, (gpus, nodes) in enumerate(((4, 1), (8, 2), (16, 4))):
+                octaves = [math.log2(t.x[k] / gpus) for t in traces]
+                assert octaves == sorted(octaves) and len(set(octaves)) == 4 and sum(octaves) == pytest.approx(0)
+                assert max(map(abs, octaves)) <= DODGE_SPREAD / 2 + 1e-12
+                assert all(f"{gpus} GPUs = {nodes} node(s) x 4" in t.text[k] for t in traces)
+    ideal = [t for t in throughput.data if t.name.endswith(": ideal")]
+    lines = {(t.name, t.yaxis): list(t.x) for t in throughput.data if t.mode == "lines+markers"}
+    assert len(ideal) == 8 and all(list(t.x) == lines[(t.name.removesuffix(": ideal"), t.yaxis)] for t in ideal)
+    published = next(t for t in mfu.data if t.name.startswith("published"))
+    fsdp2 = next(t for t in mfu.data if t.name == "torchtitan fsdp2 ac=full")  # the layout's first, which it names
+    assert list(published.x) == pytest.approx([fsdp2.x[1]]) and "ac=full: measured" in published.text[0]  # 8 GPUs
+    axis = gpu_axis(group)
+    assert axis["tickvals"] == [4, 8, 16] and axis["ticktext"] == ["4", "8", "16"]
+    x = [v for t in mfu.data for v in t.x]
+    assert 10 ** axis["range"][0] < min(x) and max(x) < 10 ** axis["range"][1]
+    # one GPU count: the range spans an octave about it, not the dodge alone
+    lo, hi = gpu_axis(data.configurations[data.configurations["scale"] == "800M"])["range"]
+    assert (hi - lo) / math.log10(2) == pytest.approx(1.0) and 10 ** ((hi + lo) / 2) == pytest.approx(4)
+
+
+@pytest.mark.browser
+def test_coinciding_configurations_all_show_in_chromium(tmp_path, cli):
+    """Four configurations with exactly the same figures: every one of their markers can be seen
+    (layout_problems finds none hidden), each drawn at an x of its own near its GPU count, whose
+    hover names the real GPU count."""
+    coinciding(tmp_path / "runs")
+    ref = tmp_path / "published.csv"
+    ref.write_text("scale,framework,parallelism,nodes,mfu,source\n3B,torchtitan,fsdp2,2,0.30,paper\n")
+    out = tmp_path / "page.html"
+    cli("report", tmp_path / "runs", "--reference", ref, "-o", out, check=True)
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        ids = [p["id"] for p in page.evaluate(PLOTS_JS)]
+        checked, problems = layout_problems(page)
+        assert problems == [] and checked == len(ids), problems
+        for scale, i in (("800M", 0), ("3B", 1)):  # scales by size
+            for key in ("mfu", "throughput", "scaling"):
+                if key == "scaling" and scale == "800M":  # one GPU count: no scaling to show
+                    assert f"fig-scaling-{i}" not in ids
+                    continue
+                traces = page.evaluate(f"document.getElementById('fig-{key}-{i}')._fullData"
+                                       ".filter(t => t.mode === 'lines+markers')"
+                                       ".map(t => [t.name, t.yaxis, Array.from(t.x), Array.from(t.text)])")
+                for axis in {a for _, a, _, _ in traces}:
+                    lines = [(x, text) for _, a, x, text in traces if a == axis]
+                    assert len(lines) == len(COINCIDING)
+                    for k, nodes in enumerate(COINCIDING_NODES[scale]):
+                        xs = [x[k] for x, _ in lines]
+                        assert len(set(xs)) == len(xs), (key, scale, xs)  # apart from each other
+                        assert at_gpus(xs) == [4 * nodes] * len(xs)
+                        assert all(f"{4 * nodes} GPUs = {nodes} node(s) x 4" in text[k] for _, text in lines)
+        shot = page.screenshot(ARTIFACTS / "dashboard-coinciding.png")
+    assert shot.stat().st_size > 10_000
+
+
 def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
     from echobench.report.dashboard import Figures
 
@@ -289,8 +434,10 @@ def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
     assert sorted(configs.loc[("torchtitan ddp", 1), "run_steps"]) == [3, 5]
     figs = Figures(data)
     mfu = figs.mfu_vs_gpus("tiny", data.configurations)
-    # one line per layout, across GPU counts; labels name framework and parallelism only (no steps=)
-    assert {t.name: list(t.x) for t in mfu.data} == {f"{f} {p}": [2, 4] for f, p in LAYOUT_STEPS}
+    # one line per layout, across GPU counts (drawn a little aside each); labels name framework and
+    # parallelism only (no steps=)
+    assert {t.name: at_gpus(t.x) for t in mfu.data} == {f"{f} {p}": [2, 4] for f, p in LAYOUT_STEPS}
+    assert len({t.x[0] for t in mfu.data}) == 3
     assert mfu.layout.xaxis.type == "log" and list(mfu.layout.xaxis.tickvals) == [2, 4]
     efficiency = figs.scaling_efficiency("tiny", data.configurations)
     ddp = next(t for t in efficiency.data if t.name == "torchtitan ddp")
@@ -365,9 +512,11 @@ def test_scaling_page_with_published_figures_in_chromium_at_1400_and_800_px(tmp_
             assert all(w <= width - 40 for _, w in plots), (width, plots)
             if width == 1400:  # one scale: every plot takes the page's width, not half of it
                 assert all(w > 1200 for _, w in plots), plots
-            lines = page.evaluate("document.getElementById('fig-mfu-0')._fullData.map(t => [t.name, Array.from(t.x)])")
-            assert sorted(lines) == sorted([[f"{f} {p}", [2, 4]] for f, p in LAYOUT_STEPS]
-                                           + [["published (--reference)", [2, 4]]])
+            lines = dict(page.evaluate("document.getElementById('fig-mfu-0')._fullData"
+                                       ".map(t => [t.name, Array.from(t.x)])"))
+            assert {name: at_gpus(x) for name, x in lines.items()} == {
+                **{f"{f} {p}": [2, 4] for f, p in LAYOUT_STEPS}, "published (--reference)": [2, 4]}
+            assert lines["published (--reference)"] == pytest.approx(lines["torchtitan ddp"])  # at its layout's x
             published = page.evaluate("document.getElementById('fig-mfu-0').data.find(t => t.name.startsWith("
                                       "'published')).text.join(' ')")
             diff = (measured[("torchtitan ddp", 1)] - 0.30) * 100
@@ -382,11 +531,12 @@ def test_scaling_page_with_published_figures_in_chromium_at_1400_and_800_px(tmp_
             assert "8B megatron tp4 on 16 node(s): 35.0%" in page.evaluate(
                 "document.getElementById('unplotted').textContent")
             # the check finds what it looks for: a legend moved over the data, a plot wider than its
-            # panel, a line drawn exactly under another
+            # panel, a line drawn exactly under another (its x and y both: the dodge keeps apart equal y)
             page.evaluate("Plotly.relayout('fig-mfu-0', {'legend.x': 0.5, 'legend.y': 0.5}).then(() => 0)")
             page.evaluate("Plotly.relayout('fig-scaling-0', {width: 2 * window.innerWidth}).then(() => 0)")
-            page.evaluate("var el = document.getElementById('fig-throughput-0'), n = el.data.map(t => t.name);"
-                          "Plotly.restyle(el, {y: [el._fullData[n.indexOf('torchtitan ddp')].y]},"
+            page.evaluate("var el = document.getElementById('fig-throughput-0'), n = el.data.map(t => t.name),"
+                          " ddp = el._fullData[n.indexOf('torchtitan ddp')];"
+                          "Plotly.restyle(el, {x: [Array.from(ddp.x)], y: [Array.from(ddp.y)]},"
                           " [n.indexOf('megatron tp2')]).then(() => 0)")
             problems = layout_problems(page)[1]
             assert "fig-mfu-0: the legend covers the plot area" in problems

@@ -12,6 +12,7 @@ autoescaping, or, inside figures, HTML-escaped (plotly renders a subset of HTML 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import resources
@@ -77,12 +78,30 @@ def line_styles(frame: pd.DataFrame) -> dict[str, dict]:
     return styles
 
 
+# Why: configurations with equal figures at one GPU count would draw one marker exactly over another.
+DODGE_STEP, DODGE_SPREAD, GPU_AXIS_PAD = 0.08, 0.3, 0.5  # octaves: between neighbours, at most in all, axis margin
+
+
+def dodge(index: int, count: int, gpus) -> float:
+    """The factor on the GPU counts of configuration `index` of `count` (as sorted for the figure):
+    offsets DODGE_STEP octaves apart, centred on the true count; all within DODGE_SPREAD octaves and
+    half the smallest gap between the GPU counts drawn, so a point stays nearest its own count."""
+    logs = sorted({math.log2(g) for g in gpus if g > 0})
+    gap = min((b - a for a, b in zip(logs, logs[1:])), default=1.0)
+    step = min(DODGE_STEP, min(DODGE_SPREAD, gap / 2) / max(count - 1, 1))
+    return 2 ** ((index - (count - 1) / 2) * step)
+
+
 def gpu_axis(group: pd.DataFrame) -> dict:
-    """x = GPUs on a log2 axis: ticks at the powers of two the data spans, and at the data."""
+    """x = GPUs on a log2 axis: ticks at the powers of two the data spans, and at the data. The range
+    is set (GPU_AXIS_PAD octaves beyond the data; plotly takes log10 units): autoranged, one GPU count
+    would span only the dodge between configurations and blow it up to the plot's width."""
     gpus = sorted(set(_num(group["world_size"]).dropna().astype(int)))
     lo, hi = (gpus[0], gpus[-1]) if gpus else (1, 1)
     ticks = sorted(set(gpus) | {2 ** k for k in range(max(lo, 1).bit_length() - 1, hi.bit_length()) if lo <= 2 ** k <= hi})
-    return {"type": "log", "tickvals": ticks, "ticktext": [str(t) for t in ticks], "title": "GPUs (log2 axis)"}
+    pad = GPU_AXIS_PAD * math.log10(2)
+    return {"type": "log", "tickvals": ticks, "ticktext": [str(t) for t in ticks], "title": "GPUs (log2 axis)",
+            "range": [math.log10(max(lo, 1)) - pad, math.log10(max(hi, 1)) + pad]}
 
 
 class Figures:
@@ -102,10 +121,13 @@ class Figures:
 
     def _per_config(self, group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         """(label, rows sorted by GPUs) for each configuration across node counts, by label (legends
-        read alike in every figure); group holds one row per configuration and node count."""
-        lines = [(rows["config"].iloc[0], rows.assign(_g=_num(rows["world_size"])).sort_values("_g"))
-                 for _, rows in group.groupby("layout", sort=False)]
-        return sorted(lines, key=lambda item: item[0])
+        read alike in every figure); group holds one row per configuration and node count. Rows
+        carry _g, the GPU count, and _x, where it is drawn: _g dodged by the label's place (dodge)."""
+        lines = sorted(((rows["config"].iloc[0], rows.assign(_g=_num(rows["world_size"])).sort_values("_g"))
+                        for _, rows in group.groupby("layout", sort=False)), key=lambda item: item[0])
+        gpus = _num(group["world_size"]).dropna()
+        return [(config, rows.assign(_x=rows["_g"] * dodge(i, len(lines), gpus)))
+                for i, (config, rows) in enumerate(lines)]
 
     def _hover(self, rows: pd.DataFrame) -> list[str]:
         """Per point: GPUs as nodes x per node, global batch, and each pooled run with its steps."""
@@ -123,7 +145,7 @@ class Figures:
         fig = go.Figure()
         for config, rows in self._per_config(group):
             mfu, lo, hi = (_num(rows[c]) * 100 for c in ("mfu", "mfu_min", "mfu_max"))
-            fig.add_trace(go.Scatter(x=rows["world_size"], y=mfu, name=esc(config), mode="lines+markers",
+            fig.add_trace(go.Scatter(x=rows["_x"], y=mfu, name=esc(config), mode="lines+markers",
                                      error_y={"type": "data", "array": (hi - mfu).clip(lower=0),
                                               "arrayminus": (mfu - lo).clip(lower=0), "visible": bool((hi > lo).any()),
                                               "color": self.styles[config]["color"]},
@@ -152,10 +174,11 @@ class Figures:
                 if (p.Index, gpus) in placed:  # another configuration of the layout: one marker is enough
                     continue
                 placed.add((p.Index, gpus))
+                shift = first["_x"] / first["_g"]  # at this configuration's dodged x
                 measured = f"measured {_num(at['mfu']).iloc[0] * 100:.3g}%, {(_num(at['mfu']).iloc[0] - p.ref_mfu) * 100:+.1f} pp" \
                     if len(at) else "no measured run at this node count"
                 source = f" ({esc(p.ref_source)})" if isinstance(p.ref_source, str) and p.ref_source else ""
-                xs.append(gpus)
+                xs.append(gpus * shift)
                 ys.append(p.ref_mfu * 100)
                 colors.append(self.styles[config]["color"])
                 texts.append(f"<b>published</b>{source}: {esc(p.framework)} {esc(p.parallelism)}, {p.nodes} node(s)"
@@ -172,7 +195,7 @@ class Figures:
         for config, rows in self._per_config(group):
             for row, column in ((1, "samples_per_s_per_gpu"), (2, "audio_seconds_per_s_per_gpu")):
                 y = _num(rows[column])
-                fig.add_trace(go.Scatter(x=rows["world_size"], y=y, name=esc(config), legendgroup=esc(config),
+                fig.add_trace(go.Scatter(x=rows["_x"], y=y, name=esc(config), legendgroup=esc(config),
                                          showlegend=row == 1, mode="lines+markers", text=self._hover(rows),
                                          hovertemplate="%{text}<br>%{y:.4g} per GPU<extra></extra>",
                                          **self._line(config)), row=row, col=1)
@@ -186,7 +209,7 @@ class Figures:
 
     def _ideal(self, config: str, rows: pd.DataFrame, y: float, what: str) -> go.Scatter:
         base = int(_num(rows["world_size"]).iloc[0])
-        return go.Scatter(x=rows["world_size"], y=[y] * len(rows), mode="lines", legendgroup=esc(config),
+        return go.Scatter(x=rows["_x"], y=[y] * len(rows), mode="lines", legendgroup=esc(config),
                           showlegend=False, name=f"{esc(config)}: ideal", opacity=0.6,
                           line={"color": self.styles[config]["color"], "dash": "dot", "width": 1.5},
                           hovertemplate=f"{esc(config)}<br>ideal (linear) scaling from {base} GPUs: {what}<extra></extra>")
@@ -200,7 +223,7 @@ class Figures:
             per_gpu = _num(rows["samples_per_s_per_gpu"])
             efficiency = per_gpu / per_gpu.iloc[0] * 100
             base = int(_num(rows["world_size"]).iloc[0])
-            fig.add_trace(go.Scatter(x=rows["world_size"], y=efficiency, name=esc(config), mode="lines+markers",
+            fig.add_trace(go.Scatter(x=rows["_x"], y=efficiency, name=esc(config), mode="lines+markers",
                                      text=self._hover(rows), hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of the per-GPU "
                                      f"rate at {base} GPUs<extra></extra>", **self._line(config)))
         if not fig.data:
@@ -474,8 +497,9 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
     specs = [
         ("mfu", "MFU vs GPUs",
          "One line per configuration across node counts; each point is the median over the runs of that "
-         "configuration and node count (repeats, and sweeps of other lengths), bars from min to max. Open diamonds: "
-         "published MFU, where --reference gives one.", figs.mfu_vs_gpus, figs.configs),
+         "configuration and node count (repeats, and sweeps of other lengths), bars from min to max; configurations "
+         "are drawn a little apart along the GPU axis (as in the throughput and scaling figures), the hover names "
+         "the GPU count. Open diamonds: published MFU, where --reference gives one.", figs.mfu_vs_gpus, figs.configs),
         ("throughput", "Per-GPU throughput",
          "samples/s and seconds of audio per second, per GPU, over the whole measured window (median over runs); "
          "dotted: ideal (linear) scaling from the configuration's smallest GPU count.",
