@@ -27,11 +27,17 @@ def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
     return env
 
 
+# For runs whose losses a test holds against another layout's: one thread per process in both, so
+# that the order of the floating-point sums does not follow the machine's core count.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
 def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bool = False,
-            gpu: bool = False) -> subprocess.CompletedProcess:
-    """Runs `python -m echobench ARGS` as a user would, from this checkout (on the CPU unless gpu)."""
+            gpu: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `python -m echobench ARGS` as a user would, from this checkout (on the CPU unless gpu);
+    `env` adds to its environment."""
     proc = subprocess.run([sys.executable, "-m", "echobench", *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(tmp_path, gpu), timeout=timeout, cwd=ROOT)
+                          env={**cli_env(tmp_path, gpu), **(env or {})}, timeout=timeout, cwd=ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"echobench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -48,15 +54,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_gloo_rank(port: int) -> None:
+def two_launchers(args: list, env: dict, timeout: float = 600) -> tuple[list[int], list[str]]:
+    """`echobench run ARGS --nproc 1 --nnodes 2` as node ranks 0 and 1 on this machine, as srun
+    starts them on two nodes: (their exit codes, their outputs). The master port is a free one;
+    should another process take it before torchrun binds it, the pair runs again on another."""
+    for _ in range(3):
+        port = free_port()
+        cmd = [sys.executable, "-m", "echobench", "run", *map(str, args), "--nproc", "1", "--nnodes", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        procs = [subprocess.Popen([*cmd, "--node-rank", str(rank)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        if not any("address already in use" in out.lower() for out in outputs):
+            break
+    return [p.returncode for p in procs], outputs
+
+
+def one_gloo_rank() -> None:
     """In a spawned worker: a process group of this one process on gloo (megatron initialises
-    process groups), one thread, its warnings silenced."""
+    process groups), one thread, its warnings silenced. Its store is in memory: no port to race for."""
     import torch
 
     warnings.filterwarnings("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    os.environ.update(RANK="0", WORLD_SIZE="1")
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
 
 
 def pytest_runtest_setup(item):

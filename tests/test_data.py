@@ -361,25 +361,36 @@ def test_make_loader_skips_and_counts_bad_samples(tmp_path):
 
 
 def test_batch_loader_prefetches_in_background_and_closes():
-    def slow_collate(samples):
-        time.sleep(0.05)
-        return len(samples)
+    """Batches are made ahead in the thread: with the producer held back, the prefetched ones still
+    come; once the queue is empty, next() waits for the thread, and last_wait_s is that wait.
+    Handshakes, not sleeps: nothing here depends on how fast a loaded machine runs the thread."""
+    made, gate = [], threading.Event()
+
+    def collate(samples):
+        made.append(len(samples))
+        if len(made) > 5:  # from the 6th batch on, the producer waits for the test
+            gate.wait(timeout=60)
+        return len(made)
 
     def forever():
         while True:
             yield {}
 
-    loader = BatchLoader(forever(), slow_collate, batch_size=2, prefetch=4)
-    time.sleep(0.5)  # enough for the thread to fill the queue
-    t0 = time.perf_counter()
-    got = [next(loader) for _ in range(4)]
-    assert got == [2] * 4
-    assert time.perf_counter() - t0 < 0.1  # ready batches (collating 4 would take 0.2 s)
-    assert loader.last_wait_s < 0.03
-    next(loader)  # the batch the thread held while the queue was full
-    next(loader)
-    assert loader.last_wait_s > 0.02  # now the queue is empty: next() waits on the thread
+    loader = BatchLoader(forever(), collate, batch_size=2, prefetch=4)
+    deadline = time.monotonic() + 60
+    while not (loader._queue.full() and len(made) >= 5) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread fills the queue (4) and holds the 5th while it is full
+    assert loader._queue.full() and len(made) == 5
+    assert [next(loader) for _ in range(4)] == [1, 2, 3, 4]  # ready ones: the 6th cannot be made yet
+    assert next(loader) == 5  # the batch the thread held while the queue was full
+    opened = []
+    timer = threading.Timer(0.2, lambda: (opened.append(time.perf_counter()), gate.set()))
+    timer.start()
+    called = time.perf_counter()
+    assert next(loader) == 6  # the queue is empty: next() waits on the thread
+    assert loader.last_wait_s >= opened[0] - called - 1e-3  # it blocked until the gate opened
     loader.close()
+    timer.join()
     assert not loader._thread.is_alive()
     assert "echobench-data" not in [t.name for t in threading.enumerate()]
 

@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from conftest import free_port, record, run_cli
+from conftest import record, run_cli
 from echobench.config import RunConfig
 
 pytestmark = pytest.mark.gpu
@@ -74,7 +74,7 @@ def test_fp8_800m_runs_or_is_refused_in_one_line(tmp_path, micro_batch):
     assert all(math.isfinite(x) for x in r["losses"]) and r["mfu"] > 0
 
 
-def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
+def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
     """One GPU, one NCCL rank: the same 3 bf16 steps single eager, FSDP2 eager and FSDP2 compiled."""
     from functools import partial
 
@@ -88,10 +88,10 @@ def _fsdp_worker(rank: int, port: int, out_path: str) -> None:
     from echobench.data import build_tokenizer, make_loader
     from echobench.model.echo import diffusion_draws
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    os.environ.update(RANK="0", WORLD_SIZE="1")
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    torch.distributed.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1, device_id=device)
     cfg = RunConfig(scale="tiny", micro_batch=4, audio_frames=200, text_tokens=64, speaker_frames=200,
                     precision="bf16", device="cuda")
     model_cfg = cfg.model_config()
@@ -124,7 +124,7 @@ def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, inductor_cache):
     import torch.multiprocessing as mp
 
     out = tmp_path / "losses.json"
-    mp.spawn(_fsdp_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    mp.spawn(_fsdp_worker, args=(str(tmp_path / "store"), str(out)), nprocs=1, join=True)
     losses = json.loads(out.read_text())
     single = losses["single"]
     assert single[2] != single[0]

@@ -8,7 +8,7 @@ layout runs `echobench run` as a user does on the tiny model, global batch 4, 3 
 
 import pytest
 
-from conftest import run_cli
+from conftest import ONE_THREAD, run_cli
 from test_torchtitan import record
 
 SHAPE = ["--scale", "tiny", "--audio-frames", "160", "--text-tokens", "48", "--speaker-frames", "160",
@@ -31,7 +31,7 @@ def shards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    run_cli("run", *SHAPE, "--data", shards, "--micro-batch", "4", "--out", out, tmp_path=out, check=True)
+    run_cli("run", *SHAPE, "--data", shards, "--micro-batch", "4", "--out", out, tmp_path=out, check=True, env=ONE_THREAD)
     return record(out)
 
 
@@ -47,7 +47,7 @@ def test_layout_matches_single_process_on_shards(cli, tmp_path, shards, single, 
         pytest.importorskip("megatron.core")
     out = tmp_path / "run"
     proc = cli("run", *SHAPE, "--data", shards, "--framework", framework, *layout, "--nproc", nproc,
-               "--micro-batch", micro_batch, "--out", out, timeout=900)
+               "--micro-batch", micro_batch, "--out", out, timeout=900, env=ONE_THREAD)
     r = record(out)
     assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
     assert r["status"] == "ok" and r["world_size"] == nproc and r["global_batch"] == 4

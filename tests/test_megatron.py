@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import free_port, one_gloo_rank, run_cli
+from conftest import one_gloo_rank, run_cli
 from echobench.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -112,16 +112,18 @@ def make_batch():
         loader.close()
 
 
-def _tp_worker(rank: int, world: int, port: int, out_path: str) -> None:
-    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch."""
+def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
+    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch. The ranks meet
+    through a file store (no port to race for)."""
     warnings.filterwarnings("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     import datetime
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     from megatron.core import parallel_state
 
     from echobench.model.echo import EchoTTS
@@ -189,7 +191,7 @@ def test_tp2_matches_plain_model(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "result.json"
-    mp.spawn(_tp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     r = json.loads(out.read_text())
     assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
     assert r["same_block"]
@@ -299,7 +301,7 @@ def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
     assert any(p["rank"] == 1 and "injected failure at step 1" in p["error"] for p in r["per_rank"])
 
 
-def _recompute_worker(rank: int, port: int, out_path: str) -> None:
+def _recompute_worker(rank: int, out_path: str) -> None:
     """The megatron backend at tp=1 (one gloo process): FLOPs of one training step per AC mode."""
     from types import SimpleNamespace
 
@@ -309,7 +311,7 @@ def _recompute_worker(rank: int, port: int, out_path: str) -> None:
     from echobench.backends import build_training
     from echobench.distributed import DistInfo
 
-    one_gloo_rank(port)
+    one_gloo_rank()
     batch = SimpleNamespace(latent=torch.randn(1, 60, 128), latent_mask=torch.ones(1, 60, dtype=torch.bool),
                             ref=torch.randn(1, 40, 128), ref_mask=torch.ones(1, 40, dtype=torch.bool),
                             text_ids=torch.ones(1, 20, dtype=torch.long), text_mask=torch.ones(1, 20, dtype=torch.bool))
@@ -332,7 +334,7 @@ def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
     from echobench.flops import hardware_flops, model_flops
 
     out = tmp_path / "flops.json"
-    mp.spawn(_recompute_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    mp.spawn(_recompute_worker, args=(str(out),), nprocs=1, join=True)
     r = json.loads(out.read_text())
     cfg = get_preset("tiny")
     f = model_flops(cfg, 60, 20, 40)

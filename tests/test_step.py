@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import free_port, one_gloo_rank
+from conftest import one_gloo_rank
 from echobench.config import RunConfig
 
 # Ops whose output the host must read back, or whose shape depends on tensor values.
@@ -92,9 +92,9 @@ def test_torchtitan_step_has_no_data_dependent_ops(encoder):
     assert found == []
 
 
-def _megatron_worker(rank: int, port: int, out_path: str) -> None:
+def _megatron_worker(rank: int, out_path: str) -> None:
     """megatron initialises process groups: a process of its own (world size 1, gloo)."""
-    one_gloo_rank(port)
+    one_gloo_rank()
     found = measured_step_ops(RunConfig(framework="megatron", parallelism="tp1", te="off", **SHAPES))
     with open(out_path, "w") as f:
         json.dump(found, f)
@@ -106,7 +106,7 @@ def test_megatron_step_has_no_data_dependent_ops(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "ops.json"
-    mp.spawn(_megatron_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    mp.spawn(_megatron_worker, args=(str(out),), nprocs=1, join=True)
     assert json.loads(out.read_text()) == []
 
 

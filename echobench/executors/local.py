@@ -28,7 +28,7 @@ def render_local_script(cfg, run_dir: Path) -> str:
         "set -euo pipefail",
         f"RUN_DIR={q(str(run_dir))}",
         f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        'echo "running local $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"',
+        'echo "running local $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee "$RUN_DIR/job-state"  # the log\'s first line',
         "set +e",
         f'{q(sys.executable)} -m echobench run --config "$RUN_DIR/run.yaml" --out "$RUN_DIR" --nproc {int(cfg.gpus_per_node)}',
         "rc=$?",
