@@ -30,7 +30,8 @@ from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
 from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.results import Record, peak_mem_gib, step_figures, window_figures, write_json_atomic
+from echobench.atomic import write_json_atomic
+from echobench.results import Record, peak_mem_gib, step_figures, window_figures
 
 GIB = 1024**3
 
@@ -56,6 +57,8 @@ def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
     where = "start-up" if step == STARTUP_STEP else f"step {step}"
     if cfg.fail_kind == "oom":
         raise torch.OutOfMemoryError(f"injected out-of-memory at {where} on rank {rank}")
+    if cfg.fail_kind == "sigkill":  # as the kernel's OOM killer or a user's kill -9: no handler runs
+        os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFailure(f"injected failure at {where} on rank {rank}")
 
 

@@ -343,7 +343,7 @@ def summary(ranks: list[dict]) -> dict:
 
 
 def write_breakdown(out_dir: Path, record: Record, ranks: list[dict]) -> Path:
-    from echobench.results import write_json_atomic
+    from echobench.atomic import write_json_atomic
 
     path = Path(out_dir) / BREAKDOWN_FILE
     write_json_atomic(path, {

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from echobench.console import esc, fmt, record_report, repeats_report
-from echobench.matrix import MAX_RUNS
+from echobench.matrix import MAX_RUNS, yaml_problem
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -80,8 +80,10 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
     if config is not None:
         try:
             settings = yaml.safe_load(config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            fail(f"--config {config}: cannot read it ({exc})")
+        except OSError as exc:
+            fail(f"--config {config}: cannot read it ({exc.strerror})")
+        except yaml.YAMLError as exc:
+            fail(f"--config {config}: not valid YAML: {yaml_problem(exc)}")
         if not isinstance(settings, dict):
             fail(f"--config {config}: expected a mapping of run settings")
     # Compared by name: typer may carry its own copy of click's ParameterSource enum.
@@ -494,8 +496,9 @@ def status(
     wait: bool = typer.Option(False, "--wait", help="Keep refreshing until no job is pending or running."),
     poll: float = typer.Option(5.0, help="Seconds between refreshes with --wait."),
     export: bool = typer.Option(False, "--export", help="Also write DIR/results.csv and results.parquet."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
 ):
-    """One row per run: state (refreshed from the scheduler), step time, MFU, error."""
+    """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error."""
     from echobench import sweep as sw
     from echobench.console import state_counts, state_markup
 
@@ -509,16 +512,27 @@ def status(
         problems += unreadable
     for p in problems:
         err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
     table = Table(title=esc(f"{runs_dir}: {len(rows)} runs"))
-    table.add_column("run id", no_wrap=True)
-    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB", "error"):
-        table.add_column(col, overflow="fold")
+    table.add_column("run id", overflow="fold")  # folds only where the terminal is narrower than the ids
+    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB"):
+        table.add_column(col)
     for r in rows:
         table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
                       fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
-                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"),
-                      esc((r.get("error") or "")[:160]))
+                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"))
     console.print(table)
+    # Errors under the table, one line each (in a table column they fold into a few characters per
+    # line): cut at a terminal's width, whole in a log or pipe. In full: --json, or RUN/result.json.
+    if errors := [r for r in rows if r.get("error")]:
+        crop = console.is_terminal
+        for r in errors:
+            console.print(f"{esc(r['run_id'])}: {esc(' '.join(r['error'].split()))}", highlight=False,
+                          no_wrap=crop, overflow="ellipsis" if crop else None, soft_wrap=not crop)
+        if crop:
+            console.print("[dim]errors in full: echobench status DIR --json[/]", highlight=False)
     console.print(esc(state_counts(r["state"] for r in rows) or "no runs"))
     if paths:
         console.print(f"results: {esc(', '.join(map(str, paths)))}", highlight=False)

@@ -65,7 +65,8 @@ class RunConfig:
     fail_at_step: int | None = setting(None, "Testing: inject a failure at this step (-1: at start-up, before the "
                                        "process group forms).", min=-1)
     fail_rank: int | None = setting(None, "Testing: fail on this rank only (default: all ranks).")
-    fail_kind: Literal["error", "oom"] = setting("error", "Testing: the failure injected.")
+    fail_kind: Literal["error", "oom", "sigkill"] = setting("error", "Testing: the failure injected (sigkill: the "
+                                                                   "rank kills itself, leaving no error of its own).")
     collective_timeout_s: float = setting(300.0, "How long a live rank waits for a dead one in a collective.", flag="")
     time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout).")
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 
-STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", "queued": ""}  # any other: a failure, red
+STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", "queued": "", "not started": ""}  # else a failure: red
 
 
 def esc(value: object) -> str:

@@ -1,4 +1,5 @@
-"""Device names, the datasheet peak table, GEMM calibration and the software environment."""
+"""Device names, GEMM calibration, the peak a run's MFU is against (resolve_peak; the datasheet
+table is echobench.peaks) and the software environment."""
 
 from __future__ import annotations
 
@@ -16,30 +17,8 @@ from pathlib import Path
 
 import torch
 
-from echobench.results import Env, peak_precision_of, write_json_atomic
-
-# Dense (no sparsity) tensor-core peaks per device in TFLOP/s: (name pattern, bf16, fp8 or None).
-# NVIDIA's datasheets print the 2:4-sparsity figure with a footnote; dense is half of it.
-# Checked in order: the first pattern found in the device name wins, so more specific names
-# come first ("H200 NVL" before "H200", "GH200" before "H200").
-PEAK_TFLOPS: list[tuple[str, float, float | None]] = [
-    ("GH200", 990.0, 1979.0),  # GH200 datasheet: bf16 1,979 / fp8 3,958 sparse; 990 is what the published GH200 tables use
-    ("GB200", 2500.0, 5000.0),  # GB200 NVL72 datasheet: bf16 360 / fp8 720 PFLOP/s sparse for 72 GPUs
-    ("B200", 2250.0, 4500.0),  # HGX B200 datasheet: bf16 36 / fp8 72 PFLOP/s sparse for 8 GPUs
-    ("H200 NVL", 835.5, 1670.5),  # H200 NVL datasheet: bf16 1,671 / fp8 3,341 sparse
-    ("H200", 989.5, 1979.0),  # H200 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
-    ("H100 NVL", 835.5, 1670.5),  # H100 NVL datasheet: bf16 1,671 / fp8 3,341 sparse
-    ("H100 PCIe", 756.5, 1513.0),  # H100 PCIe datasheet: bf16 1,513 / fp8 3,026 sparse
-    ("H100", 989.5, 1979.0),  # H100 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
-    ("H800 PCIe", 756.5, 1513.0),  # H800 PCIe datasheet: bf16 1,513 / fp8 3,026 sparse
-    ("H800", 989.5, 1979.0),  # H800 SXM datasheet: bf16 1,979 / fp8 3,958 sparse
-    ("A100", 312.0, None),  # A100 datasheet: bf16 312 dense (624 sparse); no fp8 tensor cores
-    ("A800", 312.0, None),  # A800 datasheet: as A100
-    ("L40S", 362.05, 733.0),  # L40S datasheet: bf16 362.05 / fp8 733 dense (733 / 1,466 sparse)
-    ("MI300X", 1307.4, 2614.9),  # AMD Instinct MI300X datasheet: bf16 1,307.4 / fp8 2,614.9 dense
-]
-PEAK_PRECISIONS = ("bf16", "fp8")
-
+from echobench.atomic import write_json_atomic
+from echobench.peaks import peak_precision_of, table_peak
 
 class UnknownPeakError(RuntimeError):
     pass
@@ -69,16 +48,6 @@ def precision_name(precision: str, device: torch.device) -> str:
     if precision != "auto":
         return precision
     return "bf16" if default_dtype(device) == torch.bfloat16 else "fp32"
-
-
-def table_peak(name: str, precision: str = "bf16") -> tuple[float, str] | None:
-    """(dense peak TFLOP/s, "datasheet:PATTERN") of the first row whose pattern is in the name;
-    None when no row matches or the device has no peak for that precision."""
-    for pattern, *peaks in PEAK_TFLOPS:
-        if pattern.lower() in name.lower():
-            peak = peaks[PEAK_PRECISIONS.index(precision)]
-            return None if peak is None else (peak, f"datasheet:{pattern}")
-    return None
 
 
 # ---- calibration: the achievable GEMM rate of this device ----
@@ -202,14 +171,15 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def env_info(device: torch.device) -> Env:
+def env_info(device: torch.device) -> dict:
+    """Where and with what this process runs: the fields of the record's `env` (results.Env)."""
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a build without NCCL
             nccl = None
-    return Env(
+    return dict(
         device_name=device_name(device),
         device_type=device.type,
         hostname=socket.gethostname(),

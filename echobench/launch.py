@@ -1,8 +1,10 @@
 """`echobench run --nproc N`: launch torchrun for this node, then make sure a record exists.
 
 torchrun ends every worker when one fails, so a dead rank never leaves the others hanging.
-The ranks that failed left OUT/ranks/rank-N.json; if rank 0 could not write result.json,
-this process (the launcher, on node 0) assembles it from those files: no failure is lost.
+The ranks that failed left OUT/ranks/rank-N.json, and each node's torchrun (echobench.torchrun)
+OUT/ranks/node-K.json naming the workers that died and how; if rank 0 could not write
+result.json, this process (the launcher, on node 0) assembles it from those files: no failure
+is lost, and a worker killed by a signal is named, not the peers that lost their connection to it.
 """
 
 from __future__ import annotations
@@ -19,16 +21,57 @@ from pathlib import Path
 from echobench.config import RunConfig
 from echobench.results import RECORD_FILE, Record
 
+# How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
+# ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
+NODE_NOTE_WAIT_S = 15.0
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def node_note_path(out_dir: Path, node_rank: int) -> Path:
+    return Path(out_dir) / "ranks" / f"node-{node_rank}.json"
+
 
 def rank_failures(out_dir: Path) -> list[dict]:
-    """The failures ranks recorded in OUT/ranks/rank-N.json (unreadable files skipped)."""
-    failures = []
-    for rank_file in sorted((Path(out_dir) / "ranks").glob("rank-*.json")):
-        try:
-            failures.append(json.loads(rank_file.read_text()))
-        except (OSError, ValueError):
-            continue
+    """The failures ranks recorded in OUT/ranks/rank-N.json (unreadable files skipped), and one
+    for each worker that torchrun saw die without leaving its own (killed by a signal, or gone
+    before it could write): its rank, node, host, pid, exit code and signal."""
+    ranks = Path(out_dir) / "ranks"
+    failures = [f for p in sorted(ranks.glob("rank-*.json")) if (f := _read_json(p)) is not None]
+    recorded = {f.get("rank") for f in failures}
+    for path in sorted(ranks.glob("node-*.json")):
+        note = _read_json(path) or {}
+        for worker in note.get("failures", []):
+            if worker.get("rank") in recorded:
+                continue  # its own file says more
+            recorded.add(worker["rank"])
+            failures.append(silent_failure(worker, note, int(path.stem.removeprefix("node-"))))
     return failures
+
+
+def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
+    """A failure entry, like a rank's own, for a worker that died without writing one."""
+    rank, code, sig = worker["rank"], worker.get("exit_code"), worker.get("signal")
+    how = f"killed by {sig} (exit code {code})" if sig else f"exited with code {code}"
+    return {"rank": rank, "status": "error", "failed_at": note.get("at"), "node_rank": node_rank,
+            "local_rank": worker.get("local_rank"), "hostname": note.get("host"), "pid": worker.get("pid"),
+            "exit_code": code, "signal": sig,
+            "error": f"rank {rank} (node {node_rank}, {note.get('host')}, pid {worker.get('pid')}): {how}, "
+                     f"leaving no error of its own"}
+
+
+def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float = NODE_NOTE_WAIT_S) -> None:
+    """Until every node's torchrun has said how it ended (or timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(node_note_path(out_dir, k).exists() for k in range(nnodes)):
+            return
+        time.sleep(0.2)
 
 
 def clear_previous(out_dir: Path) -> None:
@@ -38,8 +81,9 @@ def clear_previous(out_dir: Path) -> None:
 
 
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
-                     master_addr: str | None, master_port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+                     master_addr: str | None, master_port: int, note: Path) -> list[str]:
+    """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node."""
+    cmd = [sys.executable, "-m", "echobench.torchrun", str(note), f"--nproc-per-node={nproc}"]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
@@ -88,13 +132,14 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
     if nproc is None:
         cmd = [sys.executable, "-m", "echobench", "run", *run_args]
     else:
-        cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port)
+        cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
+                               node_note_path(out_dir, node_rank))
     env = child_env(nproc or 1, cfg)
     started = time.time()
     code = subprocess.call(cmd, env=env)
     if node_rank != 0:
         return None, code
-    return finalize(cfg, out_dir, code, started), code
+    return finalize(cfg, out_dir, code, started, nnodes if nproc is not None else 0), code
 
 
 def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
@@ -112,12 +157,16 @@ def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | Non
     return records, first_code
 
 
-def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float) -> Record:
-    """Returns the run's record, writing one from the rank files when rank 0 could not."""
+def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnodes: int = 0) -> Record:
+    """Returns the run's record, writing one from the rank files when rank 0 could not (after
+    waiting for the notes of the `nnodes` nodes' torchrun, which name workers killed by a signal)."""
     path = out_dir / RECORD_FILE
     if path.exists() and path.stat().st_mtime >= started - 1:
         return Record.load(path)
     from echobench.distributed import pick_device
+
+    if nnodes:
+        wait_for_node_notes(out_dir, nnodes)
 
     record = Record.start(cfg, pick_device(cfg.device))
     if failures := rank_failures(out_dir):

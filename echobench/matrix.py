@@ -236,6 +236,19 @@ class Matrix:
         return self.spec.name
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line, "line L, column C: problem (context at line K)", instead of
+    its several lines with a caret under a copy of the text."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if context := getattr(exc, "context", None):
+        where = getattr(exc, "context_mark", None)
+        text += f" ({context}" + (f" that starts at line {where.line + 1})" if where and where.line != mark.line else ")")
+    return text
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
 
@@ -261,7 +274,7 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
     except MatrixError as exc:
         raise MatrixError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise MatrixError(f"{path}: not valid YAML ({exc})") from None
+        raise MatrixError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise MatrixError(f"{path}: expected a mapping with name, axes, defaults, ...")
     try:
@@ -308,6 +321,20 @@ def load_matrix(path: Path | str) -> Matrix:
         raise MatrixError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
                           f"save the file as UTF-8") from None
     return parse_matrix(text, path)
+
+
+# ---- a run's time limit ----
+
+def time_limit(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> str:
+    """A run's time limit as written: its include's own, else the executor's section of the matrix."""
+    if run is not None and run.time_limit:
+        return run.time_limit
+    return matrix.spec.slurm.time if executor == "slurm" else matrix.spec.local.time
+
+
+def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> int:
+    """time_limit in seconds."""
+    return parse_time(time_limit(matrix, executor, run))
 
 
 # ---- expansion ----

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echobench.matrix import Matrix, Plan, PlannedRun, parse_time
+from echobench.matrix import Matrix, Plan, PlannedRun, time_limit, time_limit_s
+from echobench.peaks import table_peak
 
 STARTUP_S = 120  # per job, for the GPU-hours estimate: allocation, imports, model build
 COMPILE_S = 60
@@ -16,16 +17,6 @@ def default_out(matrix: Matrix) -> Path:
     return Path("runs") / matrix.name
 
 
-def time_limit(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> str:
-    if run is not None and run.time_limit:
-        return run.time_limit
-    return matrix.spec.slurm.time if executor == "slurm" else matrix.spec.local.time
-
-
-def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> int:
-    return parse_time(time_limit(matrix, executor, run))
-
-
 def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
     """The peak TFLOP/s a run will use as far as the plan can tell, and where it comes from: the
     matrix, else the datasheet entry of hardware.device; (None, None) when only the node can tell."""
@@ -33,8 +24,6 @@ def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | N
         return run.cfg.peak_tflops, "matrix"
     device = matrix.spec.hardware.device
     if device:
-        from echobench.hardware import table_peak  # imports torch: only when asked
-
         if hit := table_peak(device):
             return hit[0], hit[1]
     return None, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from pathlib import Path
 from types import UnionType
@@ -18,7 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_o
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
+from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig, configuration_id, run_id
+from echobench.peaks import peak_precision_of, table_peak
 
 if TYPE_CHECKING:
     import torch
@@ -79,19 +82,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def peak_precision_of(source: str | None) -> str | None:
-    """The precision a peak is for, from its peak_source: a flag or the datasheet table give the
-    dense bf16 peak; a calibration is for its GEMM's dtype."""
-    if not source:
-        return None
-    if source == "flag" or source.startswith("datasheet:"):
-        return "bf16"
-    if source.startswith("calibrated:"):
-        dtype = source.removeprefix("calibrated:").split()[0]
-        return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-    return None
-
-
 def peak_mem_gib(memory: dict) -> float:
     """A rank's peak memory from its memory stats (bench.memory_stats): reserved on GPU, RSS on CPU."""
     return memory.get("peak_reserved_gib", memory.get("peak_rss_gib", 0.0))
@@ -138,6 +128,8 @@ class RankEntry(BaseModel):
     status: Status | None = None
     error: str | None = None
     failed_at: float | None = None  # time.time(): the first failure is the cause
+    exit_code: int | None = None  # a worker that died without an error of its own: how (echobench.torchrun)
+    signal: str | None = None
 
 
 class Record(BaseModel):
@@ -224,6 +216,7 @@ class Record(BaseModel):
     breakdown: dict[str, Any] | None = None
     # a failure: the rank that explains it, and what the job's log and its own record said
     traceback_tail: str | None = None
+    cause_rank: int | None = None  # the rank whose failure explains the run (originating_failure)
     failed_ranks: list[int] | None = None
     log_tail: str | None = None
     run_error: str | None = None
@@ -281,7 +274,7 @@ class Record(BaseModel):
         that explains it (originating_failure) gives status, error and traceback."""
         first = originating_failure(failures)
         self.update(status=first["status"], error=first["error"], traceback_tail=first.get("traceback_tail"),
-                    failed_ranks=sorted(f["rank"] for f in failures),
+                    cause_rank=first["rank"], failed_ranks=sorted(f["rank"] for f in failures),
                     per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])
         if mems := [f["memory"] for f in failures if f.get("memory")]:
             self.peak_mem_gib = max(peak_mem_gib(m) for m in mems)
@@ -374,15 +367,28 @@ def validation_text(exc: ValidationError) -> str:
 
 # An OOM or a time limit anywhere explains the other ranks' errors.
 STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "error": 3}
+# What a rank says when another one is gone (gloo, NCCL, c10d's store): a consequence, not a cause.
+PEER_LOST = re.compile(r"connection (?:reset|closed|refused)|broken pipe|remote process exited|"
+                       r"communicator was aborted|watchdog caught|timed out (?:after \d+ seconds )?waiting|wait timeout|got 0 bytes|"
+                       r"DistNetworkError",
+                       re.IGNORECASE)
+# Signals that stop a worker from outside as part of a teardown (srun --kill-on-bad-exit, scancel).
+TEARDOWN_SIGNALS = {"SIGTERM", "SIGINT", "SIGHUP"}
+
+
+def is_consequence(failure: dict) -> bool:
+    """Whether a failure reads as what a rank meets when another one is gone (or being stopped)."""
+    if failure.get("signal"):
+        return failure["signal"] in TEARDOWN_SIGNALS
+    return bool(PEER_LOST.search(f"{failure.get('error', '')}\n{failure.get('traceback_tail') or ''}"))
 
 
 def originating_failure(failures: list[dict]) -> dict:
-    """The failure that explains the run: an OOM first, else the earliest one.
-
-    When a rank dies, its peers fail afterwards with "connection closed by peer" and the like;
-    the earliest failure is the cause, whatever its rank.
-    """
-    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), f.get("failed_at", float("inf")), f["rank"]))
+    """The failure that explains the run: an OOM first; then a rank's own failure (an error, a
+    worker killed by a signal) before what its peers met when it was gone ("connection reset by
+    peer", a collective timeout); then the earliest one."""
+    return min(failures, key=lambda f: (STATUS_RANK.get(f["status"], 3), is_consequence(f),
+                                        f.get("failed_at") or float("inf"), f["rank"]))
 
 
 # ---- older records ----
@@ -401,8 +407,6 @@ def _from_v1(record: dict) -> None:
     samples = round(record["samples_per_s"] * median * n)
     hw_per_sample = record.get("hardware_flops_per_sample") or record["model_flops_per_sample"]
     if record.get("precision") == "fp8" and (record.get("env") or {}).get("device_name"):
-        from echobench.hardware import table_peak  # imports torch: only for fp8 records
-
         fp8 = table_peak(record["env"]["device_name"], "fp8")
         record["peak_fp8_tflops"] = fp8[0] if fp8 else None
     record.update(step_figures(times))
@@ -431,15 +435,6 @@ def migrate(record: dict, where: str = "record") -> dict:
         version += 1
         record["schema_version"] = version
     return record
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write-then-rename: a reader never sees half a file, a crash never leaves one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 # ---- collection: reports and status read only stored records ----

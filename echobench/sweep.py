@@ -28,16 +28,18 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
+from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
 from echobench.console import Progress, esc, log, state_markup
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, archive_attempt, current_record,
                                  finish_without_record, make_executor, write_run_files)
-from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
-from echobench.plan import settings_label, time_limit_s
-from echobench.results import Record, export_table, load_records, records_frame, write_json_atomic
+from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select, time_limit_s
+from echobench.plan import settings_label
+from echobench.results import Record, export_table, load_records, records_frame
 
 SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
+NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
 
 
 def now_iso() -> str:
@@ -75,7 +77,12 @@ class SweepState(BaseModel):
 
     matrix: str | None = None
     updated: str | None = None
+    planned: list[str] = []  # every run a `sweep` of this directory was asked to do, in order
     runs: dict[str, RunEntry] = {}
+
+    def plan(self, run_ids: list[str]) -> None:
+        """Adds a sweep's selection to the planned runs (a later --only keeps the earlier ones)."""
+        self.planned += [rid for rid in run_ids if rid not in self.planned]
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepState:
@@ -261,15 +268,19 @@ class Sweep:
                 return False
         return True
 
-    def interrupt(self) -> None:
-        """After Ctrl-C: the jobs the executor stopped end as cancelled; the rest keep running."""
+    def interrupt(self, runs: list[PlannedRun], during: str) -> None:
+        """After Ctrl-C: the jobs the executor stopped end as cancelled; the rest keep running.
+        Says what was interrupted, that nothing measured is lost, and what is left to do."""
         for job_id in self.executor.cancel_all():
             rid, run = next((rid, run) for rid, run in self.tracked.items() if self.state.runs[rid].job_id == job_id)
             finish_without_record(run.cfg, self.run_dir(run), "cancelled", "interrupted (Ctrl-C) while running")
             self.state.runs[rid].settled, self.state.runs[rid].state = True, "cancelled"
         self.save()
         detach = self.executor.detach_message()
-        self.log("interrupted: finished results are kept" + (f"; {esc(detach)}" if detach else ""))
+        left = sum(r.id not in self.state.runs for r in runs)
+        self.log(f"interrupted (Ctrl-C) {esc(during)}: finished results are kept"
+                 + (f"; {left} of {len(runs)} runs not started (the same `echobench sweep` runs them)" if left else "")
+                 + (f"; {esc(detach)}" if detach else ""))
 
 
 def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] | None) -> Sweep:
@@ -292,22 +303,29 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C.
     `skipped` (skipped_entry dicts) goes to SWEEP/skipped.json for the report."""
     sweep = open_sweep(matrix, opts, console, skipped)
+    sweep.state.plan([r.id for r in runs])
     to_submit, failed_before = sweep.triage(runs, opts.retry_failed)
     done = len(runs) - len(to_submit) - len(sweep.tracked) - len(failed_before)
     sweep.log(f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(sweep.tracked)} in progress, "
               f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
                                            if failed_before else "") + f" -> {esc(sweep.dir)}")
-    sweep.calibrate(to_submit)
-    queue = list(to_submit)
-    if sweep.executor.max_active is None:  # a scheduler: hand it everything now
-        while queue:
-            sweep.submit(queue.pop(0))
+    try:
+        during = "while calibrating, before any run was submitted"
+        sweep.calibrate(to_submit)
+        queue = list(to_submit)
+        during = "while submitting"
+        if sweep.executor.max_active is None:  # a scheduler: hand it everything now
+            while queue:
+                sweep.submit(queue.pop(0))
+    except KeyboardInterrupt:
+        sweep.interrupt(runs, during)
+        return 130
     if not opts.wait:
         sweep.log(f"submitted; follow with: echobench status {esc(sweep.dir)}")
         return 0
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
-        sweep.interrupt()
+        sweep.interrupt(runs, "while running")
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
         return 130
@@ -349,11 +367,14 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     refreshed from the scheduler; jobs that are over are settled."""
     sweep_dir = sweep_dir.resolve()
     state = SweepState.load(sweep_dir)
-    ids = list(state.runs)
+    ids = list(dict.fromkeys(state.planned + list(state.runs)))
     ids += sorted(p.parent.name for p in sweep_dir.glob("*/run.yaml") if p.parent.name not in ids)
     executors: dict[str, Executor] = {}
     rows = []
     for rid in ids:
+        if rid not in state.runs and not (sweep_dir / rid / "run.yaml").exists():
+            rows.append(status_row(rid, NOT_STARTED, None))  # planned, never submitted (an interrupted sweep)
+            continue
         try:
             rd = run_dir(sweep_dir, rid)
             cfg = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text()))

@@ -3,6 +3,7 @@ markup), node ranks >= 1 that fail, corrupt records, `--out` where nothing can b
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +12,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from conftest import ROOT, cli_env, free_port
+from conftest import ROOT, cli_env, run_cli, two_launchers
+from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
 from echobench.matrix import expand, parse_matrix
-from echobench.results import Record, write_json_atomic
+from echobench.results import Record
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
@@ -63,6 +65,61 @@ def test_outside_text_passes_verbatim_through_run_sweep_and_status(cli, tmp_path
     assert MARKUP in flat(proc.stdout), proc.stdout
 
 
+LONG_ERROR = ("rank 1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+              "[127.0.0.1]:41234 while all-reducing the gradients of step 7 " + "x" * 200)
+
+
+def runs_with_errors(root: Path) -> Path:
+    for rid, status, error in (("r1", "error", LONG_ERROR), ("r2", "ok", ""), ("r3", "timeout", "time limit")):
+        Record.without_run(RunConfig(), status, error).update(run_id=rid).save(root / rid)
+    return root
+
+
+def test_status_prints_each_error_whole_on_one_line_in_a_log(cli, tmp_path):
+    """Not a terminal (a pipe, a CI log): the errors under the table, each on one line, in full."""
+    proc = cli("status", runs_with_errors(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"r1: {LONG_ERROR}" in lines and "r3: time limit" in lines
+    assert "1 error, 1 ok, 1 timeout" in lines
+
+
+def test_status_in_a_narrow_terminal_cuts_errors_at_its_width(tmp_path):
+    """A 60-column terminal (a real pty): every line fits, each error is one line ending in an
+    ellipsis, and --json has the full text."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    runs = runs_with_errors(tmp_path / "runs")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 60, 0, 0))
+    env = {**cli_env(tmp_path), "TERM": "xterm"}  # rich takes a "dumb" one for 80 columns
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "echobench", "status", str(runs)], stdin=follower, stdout=follower,
+                            stderr=follower, env=env, cwd=ROOT, close_fds=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode())  # colours, links
+    lines = text.replace("\r", "").splitlines()
+    assert lines and all(len(line) <= 60 for line in lines), lines
+    (error_line,) = [line for line in lines if line.startswith("r1: ")]
+    assert error_line.endswith("…") and LONG_ERROR.startswith(error_line[4:-1]), error_line
+    rows = json.loads(run_cli("status", runs, "--json", tmp_path=tmp_path, check=True).stdout)
+    assert {r["run_id"]: r["error"] for r in rows}["r1"] == LONG_ERROR
+
+
 def test_progress_table_shows_outside_text_verbatim():
     # The sweep's log lines are checked through a real sweep's output (the test above).
     from echobench import sweep as sw
@@ -80,22 +137,39 @@ def test_bad_input_naming_markup_is_a_verbatim_one_line_error(cli, tmp_path):
 
 # ---- 2. a failure on node rank >= 1 ----
 
+def ddp_on_two_nodes(tmp_path: Path, *extra: str) -> tuple[list[int], list[str], dict]:
+    """One tiny DDP run of two launchers (node ranks 0 and 1, one process each) on this machine:
+    (their exit codes, their outputs, the run's record)."""
+    out = tmp_path / "run"
+    codes, outputs = two_launchers([*TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", *extra, "--out", out],
+                                   {**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=300)
+    return codes, outputs, json.loads((out / "result.json").read_text())
+
+
 def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
-    """Two launchers (node ranks 0 and 1, one process each) meet on this machine; rank 1 fails at
-    its first step. Each launcher exits non-zero (srun's --kill-on-bad-exit needs that) and the
-    record is an error naming rank 1."""
-    out, port = tmp_path / "run", free_port()
-    env = {**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "echobench", "run", *TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp",
-           "--fail-at-step", "0", "--fail-rank", "1", "--nproc", "1", "--nnodes", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(port), "--out", str(out)]
-    procs = [subprocess.Popen([*cmd, "--node-rank", str(rank)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    codes = [p.returncode for p in procs]
+    """Rank 1 fails at its first step. Each launcher exits non-zero (srun's --kill-on-bad-exit
+    needs that) and the record is an error naming rank 1."""
+    codes, outputs, record = ddp_on_two_nodes(tmp_path, "--fail-at-step", "0", "--fail-rank", "1")
     assert codes[0] != 0 and codes[1] != 0, (codes, outputs[1][-3000:])
-    record = json.loads((out / "result.json").read_text())
     assert record["status"] == "error" and "rank 1" in record["error"] and "injected failure at step 0" in record["error"]
+    assert record["cause_rank"] == 1
+
+
+@pytest.mark.parametrize("step", [1, -1])
+def test_a_worker_killed_by_a_signal_is_the_rank_named(tmp_path, step):
+    """Rank 1 (node 1) is SIGKILLed mid-run (step 1) or at start-up (-1): it writes nothing, and
+    rank 0 then fails with a broken connection (or times out waiting for it). The record names
+    rank 1, its node and how it died, not the survivor's "connection reset by peer"."""
+    config = tmp_path / "run.yaml"  # at start-up rank 0 waits for rank 1 until this (srun would stop it first)
+    config.write_text("collective_timeout_s: 20\n")
+    codes, outputs, record = ddp_on_two_nodes(tmp_path, "--config", str(config), "--fail-at-step", str(step),
+                                              "--fail-rank", "1", "--fail-kind", "sigkill")
+    assert codes[0] != 0 and codes[1] != 0, (codes, outputs[0][-3000:])
+    assert record["status"] == "error" and record["cause_rank"] == 1, record["error"]
+    assert record["error"].startswith("rank 1 (node 1, ") and "killed by SIGKILL (exit code -9)" in record["error"]
+    dead = next(r for r in record["per_rank"] if r["rank"] == 1)
+    assert (dead["signal"], dead["exit_code"], dead["node_rank"]) == ("SIGKILL", -9, 1)
+    assert 1 in record["failed_ranks"]
 
 
 def test_a_startup_failure_writes_a_record(cli, tmp_path):
@@ -106,6 +180,47 @@ def test_a_startup_failure_writes_a_record(cli, tmp_path):
     record = json.loads((out / "result.json").read_text())
     assert record["status"] == "error" and "rank 0" in record["error"] and "start-up" in record["error"]
     assert (out / "ranks" / "rank-0.json").exists()
+
+
+def node_note(out: Path, node: int, *workers: tuple[int, int, str | None], at: float = 2.0) -> None:
+    """RUN/ranks/node-K.json as echobench.torchrun writes it: (rank, exit code, signal) per worker."""
+    write_json_atomic(out / "ranks" / f"node-{node}.json", {"host": f"host{node}", "ended": "workers failed", "at": at,
+        "failures": [{"rank": r, "local_rank": 0, "pid": 100 + r, "exit_code": c, "signal": sig} for r, c, sig in workers]})
+
+
+def test_a_signal_death_outranks_the_earlier_broken_connections_of_its_peers(tmp_path):
+    """The survivors fail first ("connection reset" as the dead worker's sockets close); torchrun
+    notices the death a moment later. The dead rank is the cause; a worker stopped by SIGTERM (a
+    teardown) is not; an OOM anywhere still comes first."""
+    from echobench.launch import rank_failures
+    from echobench.results import originating_failure
+
+    write_json_atomic(tmp_path / "ranks" / "rank-0.json", {
+        "rank": 0, "status": "error", "failed_at": 1.0, "error": "rank 0: RuntimeError: [../gloo/transport/tcp/"
+        "pair.cc:537] Read error [127.0.0.1]:3235: Connection reset by peer"})
+    node_note(tmp_path, 0, (0, 1, None))  # rank 0 has its own file: that one is kept
+    node_note(tmp_path, 1, (2, -9, "SIGKILL"), (3, -15, "SIGTERM"))
+    failures = rank_failures(tmp_path)
+    assert sorted(f["rank"] for f in failures) == [0, 2, 3]
+    cause = originating_failure(failures)
+    assert cause["rank"] == 2 and cause["error"] == ("rank 2 (node 1, host1, pid 102): killed by SIGKILL (exit code -9), "
+                                                     "leaving no error of its own")
+    assert originating_failure([f for f in failures if f["rank"] != 2])["rank"] == 0  # SIGTERM: a teardown
+    oom = {"rank": 5, "status": "oom", "failed_at": 9.0, "error": "rank 5: OutOfMemoryError"}
+    assert originating_failure([*failures, oom])["rank"] == 5
+    record = Record.without_run(RunConfig(), "error", "").fail(failures)
+    assert (record.cause_rank, record.failed_ranks) == (2, [0, 2, 3])
+    assert next(r for r in record.per_rank if r.rank == 2).signal == "SIGKILL"
+
+
+def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_path):
+    """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is."""
+    from echobench.executors import finish_without_record
+
+    node_note(tmp_path, 1, (1, -9, "SIGKILL"))
+    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
+    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [1]
+    assert record.error.startswith("rank 1 (node 1, host1, pid 101): killed by SIGKILL (exit code -9)")
 
 
 def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
@@ -140,6 +255,23 @@ def test_a_process_that_had_a_group_exits_without_interpreter_teardown():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert proc.stdout == "record written"  # flushed, and no atexit handler ran
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("name: t\naxes:\n  scale: [800M, 3B\ndefaults: {steps: 3}\n",
+     "line 4, column 9: expected ',' or ']', but got ':' (while parsing a flow sequence that starts at line 3)"),
+    ("name: t\n\tdefaults: {steps: 3}\n",
+     "line 2, column 1: found character '\\t' that cannot start any token (while scanning for the next token)"),
+    ("steps: 3\n  warmup_steps: 1\n", "line 2, column 15: mapping values are not allowed here"),
+])
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(cli, tmp_path, text, problem, command):
+    """PyYAML's own message is several lines with a caret under a copy of the text."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    args = ["plan", path] if command == "plan" else ["run", "--config", path, "--out", tmp_path / "x"]
+    where = f"{path}" if command == "plan" else f"--config {path}"
+    assert one_line_error(cli(*args)) == f"error: {where}: not valid YAML: {problem}"
 
 
 def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):

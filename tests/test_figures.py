@@ -9,8 +9,10 @@ import torch
 from conftest import FIXTURES
 from echobench.bench import summarize
 from echobench.config import RunConfig
-from echobench.hardware import resolve_peak, table_peak
-from echobench.results import SCHEMA_VERSION, Record, load_records, peak_notes, write_json_atomic
+from echobench.hardware import resolve_peak
+from echobench.peaks import table_peak
+from echobench.atomic import write_json_atomic
+from echobench.results import SCHEMA_VERSION, Record, load_records, peak_notes
 
 def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, memory=None):
     """One rank's measurements in the shape run_loop returns them (the numbers chosen here)."""
@@ -80,10 +82,20 @@ def test_allocator_counters_sum_over_ranks_and_stay_none_on_cpu():
     ("NVIDIA H100 80GB HBM3", 989.5, 1979.0, "H100"),
     ("NVIDIA H100 PCIe", 756.5, 1513.0, "H100 PCIe"),
     ("NVIDIA A100-SXM4-80GB", 312.0, None, "A100"),
+    ("NVIDIA L40S", 362.05, 733.0, "L40S"),
+    ("NVIDIA L40", 181.05, 362.05, "L40"),  # not L4: a row's name is a whole word of the device's
+    ("NVIDIA L4", 121.0, 242.5, "L4"),
+    ("AMD Instinct MI300X", 1307.4, 2614.9, "MI300X"),
+    ("AMD Instinct MI300A", 980.6, 1961.2, "MI300A"),
 ])
 def test_datasheet_peaks_take_the_most_specific_name(name, bf16, fp8, row):
     assert table_peak(name) == (bf16, f"datasheet:{row}")
     assert table_peak(name, "fp8") == (None if fp8 is None else (fp8, f"datasheet:{row}"))
+
+
+@pytest.mark.parametrize("name", ["CPU AMD EPYC 9L45 (96 cores)", "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA L40G"])
+def test_a_device_outside_the_table_has_no_datasheet_peak(name):
+    assert table_peak(name) is None
 
 
 def test_resolved_peak_says_its_precision(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ OPTIONS = {
     "plan": ["--executor", "--json", "--max-runs", "--out", "--script", "matrix_path"],
     "sweep": ["--executor", "--force", "--max-runs", "--no-wait", "--only", "--out", "--poll", "--retry-failed",
               "--wait", "matrix_path"],
-    "status": ["--export", "--poll", "--wait", "runs_dir"],
+    "status": ["--export", "--json", "--poll", "--wait", "runs_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
 }
 # ... and the defaults of run's and flops' options then.
@@ -92,7 +92,7 @@ def one_error(result) -> str:
     ("te", "maybe", "auto, on, off"),
     ("precision", "maybe", "auto, bf16, fp32, fp8"),
     ("ac", "most", "none, selective, full"),
-    ("fail_kind", "segfault", "error, oom"),
+    ("fail_kind", "segfault", "error, oom, sigkill"),
     ("device", "tpu", "auto, cuda, cpu"),
     ("scale", "9B", "tiny, 800M, 3B, 8B"),
 ])

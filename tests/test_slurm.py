@@ -1,6 +1,7 @@
 """A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
-nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, a
-time-limit kill, a scancel (after a refused requeue); then resumption; a sweep without a peak.
+nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, one
+SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused requeue); then
+resumption; a sweep without a peak.
 
 Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
 cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
@@ -37,8 +38,12 @@ MATRIX = {
         {"seed": 3, "steps": 100000},  # scancel'd by the test
         # Node 1's worker dies before the process group forms while node 0's waits for it. Within
         # its one-minute limit the job must end as an error naming rank 1, not as a timeout.
+        # (Five minutes: far below the collective timeout, and room for three torch start-ups on a loaded machine.)
         {"seed": 4, "framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1,
-         "fail_at_step": -1, "fail_rank": 1, "collective_timeout_s": 900, "time_limit": "1"},
+         "fail_at_step": -1, "fail_rank": 1, "collective_timeout_s": 900, "time_limit": "5"},
+        # Node 1's worker is SIGKILLed mid-run: it writes nothing; rank 0 then loses its connection.
+        {"seed": 5, "framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1,
+         "fail_at_step": 1, "fail_rank": 1, "fail_kind": "sigkill", "collective_timeout_s": 900, "time_limit": "5"},
     ],
 }
 
@@ -152,7 +157,17 @@ def test_a_worker_dying_at_startup_on_node_1_ends_the_job_as_an_error_naming_it(
     # Not `timeout`: node 1's launcher exited with torchrun's code, srun stopped node 0's at once.
     assert r["status"] == "error", r["error"]
     assert r["error"].startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1"), r["error"]
-    assert r["failed_ranks"] == [1]
+    assert r["cause_rank"] == 1 and 1 in r["failed_ranks"]
+
+
+def test_a_worker_killed_by_a_signal_on_node_1_is_the_rank_named(sweep):
+    """Not rank 0's "Connection reset by peer": the rank that died, its node and the signal (from
+    node 1's torchrun, in RUN/ranks/node-1.json)."""
+    r = by_layout(sweep)[5]
+    assert r["status"] == "error" and r["cause_rank"] == 1, r["error"]
+    assert r["error"].startswith("rank 1 (node 1, ") and "killed by SIGKILL (exit code -9)" in r["error"], r["error"]
+    dead = next(p for p in r["per_rank"] if p["rank"] == 1)
+    assert (dead["signal"], dead["node_rank"]) == ("SIGKILL", 1)
 
 
 def test_failure_timeout_and_cancel_become_record_statuses(sweep):
@@ -202,7 +217,7 @@ def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_fa
     try:
         failed = {rid for rid, e in before.items() if record_status(out, rid, e) != "ok"}
         resubmitted = {rid for rid in after if after[rid]["job_id"] != before[rid]["job_id"]}
-        assert len(failed) == 4 and resubmitted == failed
+        assert len(failed) == 5 and resubmitted == failed
         for rid in failed:
             assert after[rid]["attempt"] == 2 and (out / rid / "attempts" / "1" / "result.json").exists()
     finally:

@@ -2,7 +2,6 @@
 resumption, --retry-failed, the per-run time limit and Ctrl-C."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -84,8 +83,11 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
     assert by_seed[1]["status"] == "error" and "injected failure at step 2" in by_seed[1]["error"]
     assert by_seed[2]["status"] == "timeout" and "time limit of 25 s" in by_seed[2]["error"]
     assert by_seed[2]["log_tail"]  # what the job printed, kept in the record
-    # The killed job left no process behind (its whole session was stopped).
-    leftover = subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
+    # The killed job left no process behind (its whole session was stopped; the kernel may take a moment).
+    deadline = time.time() + 30
+    while (leftover := subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()) \
+            and time.time() < deadline:
+        time.sleep(0.5)
     assert leftover == []
     table = pd.read_csv(sweep / "results.csv")
     assert sorted(table["status"]) == ["error", "ok", "timeout"]
@@ -112,8 +114,24 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
         assert old["status"] == by_seed[seed]["status"] and record(sweep, rid)["status"] == old["status"]
 
 
-def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(tmp_path):
-    matrix = write_matrix(tmp_path / "m.yaml", include=[{"seed": 0}, {"seed": 1, "steps": 100000}])
+def alive_processes(pgid: int) -> list[int]:
+    """Pids of the process group that have not exited (zombies awaiting a reaper are gone)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(cli, tmp_path):
+    """A 4-run sweep interrupted during run 2: run 1 stays ok, run 2 ends cancelled with its whole
+    process tree stopped, runs 3 and 4 are `not started` in `status`, and the sweep says so."""
+    matrix = write_matrix(tmp_path / "m.yaml", include=[{"seed": 0}, {"seed": 1, "steps": 100000}, {"seed": 2},
+                                                        {"seed": 3}])
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(sweep)],
                             env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -128,16 +146,47 @@ def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(tmp_path):
         time.sleep(1)
     assert long_id, "the second run never started"
     job_pid = int(state(sweep)[long_id]["job_id"].removeprefix("local-"))
-    time.sleep(3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
+    assert "interrupted (Ctrl-C) while running: finished results are kept; 2 of 4 runs not started" in out, out
     records = {rid: record(sweep, rid) for rid in state(sweep)}
     assert records[long_id]["status"] == "cancelled" and "Ctrl-C" in records[long_id]["error"]
     assert [r["status"] for rid, r in records.items() if rid != long_id] == ["ok"]
-    try:
-        os.killpg(job_pid, 0)
-        alive = True
-    except ProcessLookupError:
-        alive = False
-    assert not alive, "the interrupted job's processes are still running"
+    deadline = time.time() + 30  # stop_group SIGKILLs what is left; the kernel may take a moment
+    while alive_processes(job_pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert alive_processes(job_pid) == [], "the interrupted job's processes are still running"
+    # `status` has a row for every planned run, those never submitted as `not started`
+    rows = json.loads(cli("status", sweep, "--json", check=True).stdout)
+    assert len(rows) == 4 and sorted(r["state"] for r in rows) == ["cancelled", "not started", "not started", "ok"]
+    assert "4 runs" in cli("status", sweep, check=True).stdout
+    # the next sweep runs what is missing: the two never started (the cancelled one is a failure)
+    proc = cli("sweep", matrix, "--out", sweep, "--only", "seed=2")
+    assert proc.returncode == 0 and "1 to run" in proc.stdout, proc.stdout
+
+
+def test_ctrl_c_during_the_calibration_says_what_was_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C while the sweep calibrates this machine (before any run was submitted): one line
+    saying so and that nothing is lost, exit 130, every planned run `not started`."""
+    from rich.console import Console
+
+    from echobench import sweep as sw
+    from echobench.executors import local
+    from echobench.matrix import expand, load_matrix
+
+    def interrupted(*args, **kw):  # what subprocess.call raises when SIGINT arrives while it waits
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local.subprocess, "call", interrupted)
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))
+    matrix = load_matrix(write_matrix(tmp_path / "m.yaml", hardware={}, include=[{"seed": 0}, {"seed": 1}]))
+    runs = expand(matrix).runs
+    console = Console(record=True, width=300)
+    code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="local", out=tmp_path / "sweep"), console)
+    text = console.export_text()
+    assert code == 130
+    assert ("interrupted (Ctrl-C) while calibrating, before any run was submitted: finished results are kept; "
+            "2 of 2 runs not started") in text, text
+    rows, _ = sw.status(tmp_path / "sweep")
+    assert [r["state"] for r in rows] == ["not started", "not started"]

@@ -19,15 +19,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import yaml
 
-from echobench.plan import time_limit
-from echobench.results import PLAN_FILE, RECORD_FILE, Record, write_json_atomic
-
-if TYPE_CHECKING:
-    from echobench.matrix import Matrix, PlannedRun
+from echobench.atomic import write_json_atomic
+from echobench.matrix import Matrix, PlannedRun, time_limit
+from echobench.results import PLAN_FILE, RECORD_FILE, Record
 
 ACTIVE = ("pending", "running")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from echobench.executors import JobState, calibrated, sweep_cache
 from echobench.launch import source_root
 from echobench.matrix import parse_time
+from echobench.peaks import table_peak
 
 # Scheduler states -> record statuses, for a job that is over.
 ENDED = {
@@ -173,8 +174,6 @@ class SlurmExecutor:
         if calibrated(sweep_dir):
             return
         if device_name := matrix.spec.hardware.device:
-            from echobench.hardware import table_peak  # imports torch: only when asked
-
             if table_peak(device_name):
                 return
         script = sweep_dir / "calibrate.sh"

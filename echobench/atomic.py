@@ -1,0 +1,16 @@
+"""Atomic file writes: records, plans, sweep state and calibrations all go through here."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write-then-rename: a reader never sees half a file, a crash never leaves one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

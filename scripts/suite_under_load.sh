@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole suite N times in a row with a CPU-bound process beside it, as on a loaded CI machine:
+# prints each run's exit code, wall time and pytest summary, then how many passed (exit 1 unless
+# all did). Usage: bash scripts/suite_under_load.sh [N] [pytest args...]
+# For the SLURM and browser tests, start the cluster (scripts/slurm-local.sh up 2) and export
+# ECHOBENCH_REQUIRE_SLURM=1 ECHOBENCH_REQUIRE_BROWSER=1 first, as .ci/run does.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-3}
+shift || true
+bash scripts/setup.sh >/dev/null
+# shellcheck disable=SC1091
+. "${ECHOBENCH_VENV:-.venv}/bin/activate"
+mkdir -p test-artifacts
+python -c "while True: pass" &
+hog=$!
+trap 'kill $hog 2>/dev/null' EXIT
+passed=0
+for i in $(seq 1 "$runs"); do
+  log="test-artifacts/suite-run-$i.log"
+  start=$(date +%s)
+  python -m pytest -q -p no:cacheprovider "$@" >"$log" 2>&1
+  rc=$?
+  echo "run $i of $runs: exit $rc in $(( $(date +%s) - start )) s: $(tail -n 1 "$log")"
+  [ "$rc" -eq 0 ] && passed=$((passed + 1))
+done
+echo "$passed of $runs runs passed, each beside a CPU-bound process (logs: test-artifacts/suite-run-N.log)"
+[ "$passed" -eq "$runs" ]
