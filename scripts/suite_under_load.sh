@@ -8,10 +8,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
 shift || true
-bash scripts/setup.sh >/dev/null
+mkdir -p test-artifacts
+bash scripts/setup.sh >test-artifacts/setup.log 2>&1 || { cat test-artifacts/setup.log; exit 1; }
 # shellcheck disable=SC1091
 . "${ECHOBENCH_VENV:-.venv}/bin/activate"
-mkdir -p test-artifacts
 python -c "while True: pass" &
 hog=$!
 trap 'kill $hog 2>/dev/null' EXIT
