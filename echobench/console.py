@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 
-STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", "queued": "", "not started": ""}  # else a failure: red
+NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
+STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", "queued": "", NOT_STARTED: ""}  # else: red
 
 
 def esc(value: object) -> str:

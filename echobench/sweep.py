@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
-from echobench.console import Progress, esc, log, state_markup
+from echobench.console import NOT_STARTED, Progress, esc, log, state_markup
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, archive_attempt, current_record,
                                  finish_without_record, make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select, time_limit_s
@@ -39,7 +39,6 @@ from echobench.results import Record, export_table, load_records, records_frame
 
 SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
-NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
 
 
 def now_iso() -> str:

@@ -10,7 +10,6 @@ and local rank, pid and exit code or signal. Output and exit code are torchrun's
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
 import time
@@ -21,15 +20,8 @@ from echobench.atomic import write_json_atomic
 
 def worker_failure(rank: int, failure) -> dict:
     """One failed worker of torchrun's ChildFailedError (a ProcessFailure) as plain JSON."""
-    code = failure.exitcode
-    name = None
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-    return {"rank": int(rank), "local_rank": failure.local_rank, "pid": failure.pid, "exit_code": code,
-            "signal": name}
+    return {"rank": int(rank), "local_rank": failure.local_rank, "pid": failure.pid, "exit_code": failure.exitcode,
+            "signal": failure.signal_name() if failure.exitcode < 0 else None}
 
 
 def main(argv: list[str]) -> None:
