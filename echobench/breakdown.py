@@ -199,7 +199,10 @@ def device_spans(events) -> list[tuple[float, float, str, str]]:
         if not _is_device(event) or event.is_user_annotation:
             continue  # gpu_user_annotation: a record_function's range drawn on the GPU, not work
         category = classify_kernel(event.name)
-        if category in ("other_compute", "gemm") and getattr(event, "linked_correlation_id", 0) in optimizer_ops:
+        # torch >= 2.13 links a kernel to its host op; torch 2.11 (the H200 image's) keeps only the
+        # kernel's own correlation id, which its launch (cudaLaunchKernel, a host event under the op) has too.
+        link = getattr(event, "linked_correlation_id", None)
+        if category in ("other_compute", "gemm") and (event.id if link is None else link) in optimizer_ops:
             category = "optimizer"
         spans.append((*_span(event), category, event.name))
     return spans

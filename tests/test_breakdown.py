@@ -4,6 +4,7 @@ GPU kernels are tested on their names and on events built with torch.profiler's 
 (no GPU trace is stored yet); the CPU path runs on real traces of the tiny model.
 """
 
+import inspect
 import json
 
 import pytest
@@ -85,9 +86,13 @@ def ev(eid, name, start, end, thread=1, **kw):
     return FunctionEvent(id=eid, name=name, thread=thread, start_us=start, end_us=end, trace_name=name, **kw)
 
 
+# torch >= 2.13's events link a kernel to its host op (linked_correlation_id); torch 2.11's do not.
+LINKED = "linked_correlation_id" in inspect.signature(FunctionEvent).parameters
+
+
 def kernel(eid, name, start, end, stream=7, corr=0):
-    return ev(eid, name, start, end, thread=stream, device_type=DeviceType.CUDA, device_resource_id=stream,
-              linked_correlation_id=corr, activity_type="kernel")
+    linked = {"linked_correlation_id": corr, "activity_type": "kernel"} if LINKED else {}
+    return ev(eid, name, start, end, thread=stream, device_type=DeviceType.CUDA, device_resource_id=stream, **linked)
 
 
 def test_gpu_breakdown_follows_the_priority_rule_on_profiler_events():
@@ -98,6 +103,7 @@ def test_gpu_breakdown_follows_the_priority_rule_on_profiler_events():
         ev(1, "ProfilerStep#5", 0, 100), ev(2, "ProfilerStep#6", 100, 200),
         ev(3, DATA_WAIT, 0, 10), ev(4, DATA_WAIT, 100, 110),
         ev(5, "Optimizer.step#AdamW.step", 80, 96), ev(42, "aten::_foreach_add_", 82, 84),
+        ev(14, "cudaLaunchKernel", 83, 83.5),  # kernel 14's launch: its correlation id is the kernel's
         kernel(10, "Memcpy HtoD (Pageable -> Device)", 12, 18),
         kernel(11, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", 20, 50),
         kernel(12, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 70, stream=20),

@@ -7,6 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import counted_model_flops
 from echobench.flops import PARTS, hardware_flops, model_flops, param_counts, recompute_flops
 from echobench.model.config import NOMINAL_PARAMS, PRESETS
 from echobench.model.echo import EchoTTS
@@ -38,9 +39,9 @@ def counted_flops(model, batch) -> tuple[int, int]:
     with fx_config.patch(meta_nonzero_assume_all_nonzero=True), sdpa_kernel(SDPBackend.MATH), \
             FlopCounterMode(display=False) as counter:
         loss = model(batch)
-        forward = counter.get_total_flops()
+        forward = counted_model_flops(counter)
         loss.backward()
-    return counter.get_total_flops(), forward
+    return counted_model_flops(counter), forward
 
 
 @pytest.mark.parametrize("scale", list(PRESETS))

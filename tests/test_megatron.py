@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import one_gloo_rank, run_cli
+from conftest import counted_model_flops, one_gloo_rank, run_cli
 from echobench.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -321,7 +321,7 @@ def _recompute_worker(rank: int, out_path: str) -> None:
         setup = build_training(cfg, DistInfo(), torch.float32)
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             setup.model(batch, generator=torch.Generator().manual_seed(0)).backward()
-        result[ac] = {"flops": counter.get_total_flops(), "recompute": setup.info["recompute"]}
+        result[ac] = {"flops": counted_model_flops(counter), "recompute": setup.info["recompute"]}
     with open(out_path, "w") as f:
         json.dump(result, f)
     torch.distributed.destroy_process_group()
