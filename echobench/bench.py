@@ -31,7 +31,7 @@ from echobench.distributed import DistInfo, all_gather_object, dist_info, form_p
 from echobench.hardware import default_dtype, resolve_peak
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.atomic import write_json_atomic
-from echobench.results import Record, peak_mem_gib, step_figures, window_figures
+from echobench.results import Record, peak_mem_figures, peak_mem_gib, step_figures, window_figures
 
 GIB = 1024**3
 
@@ -138,7 +138,12 @@ def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, i
 
 
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
-    """Builds the training setup and runs warm-up + measured steps. Returns this rank's figures."""
+    """Builds the training setup and runs warm-up + measured steps. Returns this rank's figures.
+
+    The run's time limit (run_benchmark) ends with the last measured step; --profile's steps,
+    trace export and breakdown after it have their own bound (profile_limit_s), which stops
+    profiling, never the run: the measured figures stand and the breakdown says why it is missing.
+    """
     from echobench.backends import build_training
     from echobench.data import build_tokenizer, make_loader
 
@@ -166,38 +171,48 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     profiled: dict = {}
     profiler = make_profiler(cfg, info, out_dir, profiled)
     try:
-        for step in range(total):
-            if step == cfg.warmup_steps:
-                if device_type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(info.device)
-                timer.mark()  # start of the first measured step
-            measured = cfg.warmup_steps <= step < measured_end
-            before = timer.stamp() if measured else None
-            # The breakdown's data wait: only in the profiled steps (after the measured ones), so
-            # that the timed steps stay bare.
-            with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
-                    else nullcontext():
-                batch = next(loader)
-            if measured:
-                timer.waits.append((before, timer.stamp()))
-                lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
-            sample_ids = batch.index.tolist()  # still on the host: no device sync
-            batch = batch.to(info.device)
-            maybe_inject_failure(cfg, step, info.rank)
-            draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
-                                    model_cfg.cfg_dropout, info.device, generator)
-            loss = train_step(setup, batch, draws, device_type, dp_size)
-            if step < measured_end:
-                losses.append(loss.detach())
-            if measured:
-                timer.mark()
-            if profiler is not None:
-                profiler.step()
+        try:
+            for step in range(total):
+                if step == cfg.warmup_steps:
+                    if device_type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(info.device)
+                    timer.mark()  # start of the first measured step
+                measured = cfg.warmup_steps <= step < measured_end
+                before = timer.stamp() if measured else None
+                # The breakdown's data wait: only in the profiled steps (after the measured ones), so
+                # that the timed steps stay bare.
+                with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
+                        else nullcontext():
+                    batch = next(loader)
+                if measured:
+                    timer.waits.append((before, timer.stamp()))
+                    lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+                sample_ids = batch.index.tolist()  # still on the host: no device sync
+                batch = batch.to(info.device)
+                maybe_inject_failure(cfg, step, info.rank)
+                draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
+                                        model_cfg.cfg_dropout, info.device, generator)
+                loss = train_step(setup, batch, draws, device_type, dp_size)
+                if step < measured_end:
+                    losses.append(loss.detach())
+                if measured:
+                    timer.mark()
+                    if step == measured_end - 1:  # measured: the run's limit ends, profiling's bound starts
+                        stop_time_limit()
+                        if profiler is not None:
+                            profiled["phase"] = "the profiled steps"
+                            start_profile_limit(cfg.profile_limit_s)
+                if profiler is not None:
+                    profiler.step()
+            stop_time_limit()
+        except ProfileTimeout as exc:
+            stop_time_limit()
+            profiling_stopped(profiled, exc, trace_path(out_dir, info.rank), info.rank)
         step_times, waits = timer.durations(), timer.wait_durations()
     finally:
         loader.close()
         if profiler is not None:
-            profiler.stop()
+            discard_profiler(profiler)
 
     flops_total = hw_total = samples = 0
     for la, lt, ls in lengths:
@@ -225,7 +240,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
-        "trace": str(trace_path(out_dir, info.rank)) if profiler is not None else None,
+        # The chrome trace, when its export completed (profiling stopped by its bound may leave none).
+        "trace": profiled.get("trace"),
         # A profiled rank whose trace never completed says so (summary and explain read every rank's entry).
         "breakdown": profiled.get("breakdown") or ({"rank": info.rank, "error": "the profiler wrote no trace"}
                                                    if profiler is not None else None),
@@ -270,13 +286,37 @@ def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict)
     path = trace_path(out_dir, info.rank)
 
     def ready(p):
+        profiled["phase"] = "the trace export"
         p.export_chrome_trace(str(path))
+        profiled["trace"] = str(path)  # complete: kept even if the bound stops the breakdown
+        profiled["phase"] = "the breakdown"
         profiled["breakdown"] = rank_breakdown(p, info.rank)
 
     prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                    on_trace_ready=ready)
     prof.start()
     return prof
+
+
+def profiling_stopped(profiled: dict, exc: BaseException, path: Path, rank: int) -> None:
+    """Profiling met its bound (ProfileTimeout): a trace whose export did not complete is removed,
+    and this rank's breakdown entry says where profiling stopped (unless it was computed by then)."""
+    if profiled.get("trace") is None:
+        Path(path).unlink(missing_ok=True)
+    if not profiled.get("breakdown"):
+        where = profiled.get("phase", "the profiled steps")
+        profiled["breakdown"] = {"rank": rank, "error": f"{exc} during {where}; the measured figures stand "
+                                                        "(a larger profile_limit_s gives the profiler more time)"}
+
+
+def discard_profiler(prof) -> None:
+    """Stops the profiler without exporting or breaking down again: after a completed profile it
+    has nothing left to do; after a failure or a stop by the bound, what it holds is dropped."""
+    prof.on_trace_ready = None
+    try:
+        prof.stop()
+    except Exception:  # noqa: BLE001 - stopped mid-transition (its bound fired in step()): nothing to keep
+        pass
 
 
 def allocator_count(ranks: list[dict], key: str) -> int | None:
@@ -317,7 +357,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
                          ceiling_tflops=record.ceiling_tflops, peak_fp8_tflops=record.peak_fp8_tflops),
         num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
         num_ooms=allocator_count(ranks, "num_ooms"),
-        peak_mem_gib=max(peak_mem_gib(r["memory"]) for r in ranks),
+        **peak_mem_figures([r["memory"] for r in ranks]),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
         data_wait_clock=ranks[0]["data_wait_clock"],  # what data_wait_frac measures (README)
         slowest_rank=slowest_rank["rank"],
@@ -341,7 +381,8 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         ],
     )
     if cfg.profile:
-        record.update(profile_traces=[r["trace"] for r in ranks], profiled_steps=profiled_steps(cfg),
+        # Only the traces that were written (profiling stopped by its bound may leave a rank without one).
+        record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")], profiled_steps=profiled_steps(cfg),
                       breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
     return record
 
@@ -351,20 +392,47 @@ class RunTimeout(BaseException):
     swallow it (a limit reached inside an inductor compile was lost that way)."""
 
 
-def start_time_limit(seconds: float | None) -> None:
-    """SIGALRM interrupts whatever runs (a compile too) once the limit is reached, and again every
-    5 s until stop_time_limit(), in case a handler somewhere still swallows it."""
+class ProfileTimeout(BaseException):
+    """--profile's bound (profile_limit_s) reached: stops profiling, not the run (run_loop). A
+    BaseException for the same reason as RunTimeout."""
+
+
+_armed = None  # the SIGALRM handler of the limit running now (None: none)
+
+
+def _arm(seconds: float | None, kind: type[BaseException], message: str) -> None:
+    """SIGALRM interrupts whatever runs (a compile too) once `seconds` have passed, raising
+    kind(message), and again every 5 s until stop_time_limit(), in case a handler somewhere still
+    swallows it. No limit for None or 0."""
+    global _armed
     if not seconds:
         return
 
     def expire(signum, frame):
-        raise RunTimeout(f"time limit of {seconds:g} s reached")
+        if _armed is expire:  # a signal already on its way when the limit was stopped: ignored
+            raise kind(message)
 
+    _armed = expire
     signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds, 5.0)
 
 
+def start_time_limit(seconds: float | None) -> None:
+    """The run's time limit (time_limit_s): RunTimeout, status timeout."""
+    _arm(seconds, RunTimeout, f"time limit of {seconds or 0:g} s reached")
+
+
+def start_profile_limit(seconds: float | None) -> None:
+    """The profiling bound (profile_limit_s), from the end of the measured steps: ProfileTimeout."""
+    _arm(seconds, ProfileTimeout, f"profiling stopped at its {seconds or 0:g} s bound (profile_limit_s)")
+
+
 def stop_time_limit() -> None:
+    """Stops the limit or bound running (none: nothing to do, another SIGALRM timer is left alone)."""
+    global _armed
+    if _armed is None:
+        return
+    _armed = None
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 

@@ -216,15 +216,21 @@ def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **s
 
 
 @app.command()
-@settings_options("device")
+@settings_options("device", "micro_batch", "audio_frames", "text_tokens", "speaker_frames")
 def calibrate(
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16 or fp32."),
-    size: Optional[int] = typer.Option(None, help="Matrix size (default 8192 on GPU, 1024 on CPU)."),
-    iters: int = typer.Option(10, help="Timed matmuls (after 3 warm-up ones)."),
+    scale: Optional[str] = typer.Option(None, help="Model preset whose DiT-block GEMM shapes are swept, at the "
+                                        "rows of --micro-batch and the lengths (default 3B on GPU, tiny on CPU)."),
+    size: Optional[int] = typer.Option(None, min=1, help="The square shape's size (default 8192 on GPU, 1024 on CPU)."),
+    iters: Optional[int] = typer.Option(None, min=1, help="Timed matmuls per shape, after the warm-up ones "
+                                        "(default 50 on GPU, at least 50 there; 5 on CPU)."),
+    budget_s: float = typer.Option(15.0, min=0.1, help="Seconds of matmuls the sweep may take at most (warm-up "
+                                   "and timed); a shape that cannot fit its iterations times fewer."),
     as_json: bool = typer.Option(False, "--json"),
     **settings,
 ):
-    """Measure the achievable GEMM rate of this device; runs then report MFU against it too."""
+    """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
+    report MFU against it too."""
     import torch
 
     from echobench.config import check_value
@@ -232,20 +238,39 @@ def calibrate(
     from echobench.hardware import calibrate as measure
 
     try:
-        dev = pick_device(check_value("device", settings["device"]))
+        dev = pick_device(check_value("device", settings.pop("device")))
+        if scale is not None:
+            check_value("scale", scale)
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
-    record = measure(dev, dtypes[dtype], size, iters)
+    try:
+        record = measure(dev, dtypes[dtype], size, iters, scale=scale, budget_s=budget_s, **settings)
+    except ValueError as exc:
+        fail(str(exc))
     if as_json:
         print(json.dumps(record, indent=2))
         return
+    src = record["shapes_from"]
+    table = Table(title=f"{record['dtype']} GEMM sweep: {src['scale']} DiT block at micro-batch {src['micro_batch']}, "
+                        f"{src['audio_frames']} audio frames, {src['text_tokens']} text tokens, "
+                        f"{src['speaker_frames']} speaker frames; TFLOP/s over each shape's timed matmuls")
+    for col in ("shape", "m", "n", "k", "timed", "median", "min", "max"):
+        table.add_column(col, justify="left" if col == "shape" else "right")
+    for s in record["shapes"]:
+        best = s["name"] == record["best_shape"]
+        table.add_row(esc(s["name"]) + (" (ceiling)" if best else ""), str(s["m"]), str(s["n"]), str(s["k"]),
+                      str(s["iters"]), f"{s['tflops_median']:.4g}", f"{s['tflops_min']:.4g}", f"{s['tflops_max']:.4g}",
+                      style="bold" if best else None)
+    console.print(table)
     sheet = record["datasheet_tflops"]
-    console.print(f"{esc(record['device'])}: {record['dtype']} {record['size']}^3 GEMM "
-                  f"{record['tflops']:.4g} TFLOP/s median (min {record['tflops_min']:.4g}, max {record['tflops_max']:.4g})"
-                  + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
+    console.print(f"{esc(record['device'])}: {record['dtype']} GEMM ceiling {record['tflops']:.4g} TFLOP/s median of "
+                  f"{record['iters']} (min {record['tflops_min']:.4g}, max {record['tflops_max']:.4g}), "
+                  f"{esc(record['best_shape'])}, best of {len(record['shapes'])} shapes in {record['wall_s']:.1f} s"
+                  + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""),
+                  soft_wrap=True)
     console.print(f"saved {esc(record['path'])}", highlight=False)
 
 

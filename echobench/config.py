@@ -68,7 +68,11 @@ class RunConfig:
     fail_kind: Literal["error", "oom", "sigkill"] = setting("error", "Testing: the failure injected (sigkill: the "
                                                                    "rank kills itself, leaving no error of its own).")
     collective_timeout_s: float = setting(300.0, "How long a live rank waits for a dead one in a collective.", flag="")
-    time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout).")
+    time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout); it ends with "
+                                         "the measured steps (--profile's after them: profile_limit_s).")
+    profile_limit_s: float | None = setting(120.0, "Bound on --profile's work after the measured steps (the profiled "
+                                            "steps, trace export and breakdown): reached, profiling stops and the run "
+                                            "keeps its figures, without a breakdown (0 or null: no bound).")
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
                                                 "required (on), never (off).")
     sequence_parallel: bool = setting(False, "megatron, GPU only: split the latent stream along T between TP regions.",
@@ -198,7 +202,8 @@ def settings_table() -> str:
 
 
 # Keys that do not change what is measured: left out of the run id.
-NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "encoder_checkpoint", "tokenizer"}
+NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "profile_limit_s", "encoder_checkpoint",
+                     "tokenizer"}
 # ...and the keys that change how long or how often we measure, only check a setting or inject a
 # failure for a test, not what is measured: a configuration leaves out both. The run id keeps these (a sweep's existing run
 # directories must keep their ids, or it would rerun them).

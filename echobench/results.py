@@ -83,8 +83,33 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def peak_mem_gib(memory: dict) -> float:
-    """A rank's peak memory from its memory stats (bench.memory_stats): reserved on GPU, RSS on CPU."""
+    """A rank's peak memory from its memory stats (bench.memory_stats): reserved on GPU (the
+    caching allocator's peak, its cache included: what the device had to give), RSS on CPU."""
     return memory.get("peak_reserved_gib", memory.get("peak_rss_gib", 0.0))
+
+
+def _max_of(memories: list[dict], key: str) -> float | None:
+    values = [m[key] for m in memories if m.get(key) is not None]
+    return max(values) if values else None
+
+
+def peak_mem_figures(memories: list[dict]) -> dict:
+    """The record's memory figures from the ranks' memory stats (bench.memory_stats), each the max
+    over ranks: peak_mem_gib (peak_mem_gib above), and on GPU the allocator's peaks apart,
+    peak_mem_allocated_gib (live tensors) and peak_mem_reserved_gib (with its cache); None on CPU."""
+    return {"peak_mem_gib": max(peak_mem_gib(m) for m in memories),
+            "peak_mem_allocated_gib": _max_of(memories, "peak_allocated_gib"),
+            "peak_mem_reserved_gib": _max_of(memories, "peak_reserved_gib")}
+
+
+def peak_mem_for_estimate(record: Record) -> float | None:
+    """The measured peak that the plan's memory estimate (echobench.memory) is compared with: the
+    allocated peak where the record has one (GPU; from its ranks' memory stats in a record written
+    before peak_mem_allocated_gib), which leaves out the allocator's cache, else peak_mem_gib."""
+    if record.peak_mem_allocated_gib is not None:
+        return record.peak_mem_allocated_gib
+    allocated = _max_of([r.memory for r in record.per_rank], "peak_allocated_gib")
+    return allocated if allocated is not None else record.peak_mem_gib
 
 
 # ---- the record ----
@@ -199,8 +224,10 @@ class Record(BaseModel):
     peak_precision: str | None = None
     peak_fp8_tflops: float | None = None
     ceiling_tflops: float | None = None
-    # memory, data, ranks
-    peak_mem_gib: float | None = None
+    # memory, data, ranks (peak_mem_figures: max over ranks)
+    peak_mem_gib: float | None = None  # reserved on GPU, RSS on CPU
+    peak_mem_allocated_gib: float | None = None  # GPU: the allocator's peak of live tensors
+    peak_mem_reserved_gib: float | None = None  # GPU: ... with its cache (= peak_mem_gib there)
     num_alloc_retries: int | None = None
     num_ooms: int | None = None
     data_wait_frac: float | None = None
@@ -277,7 +304,7 @@ class Record(BaseModel):
                     cause_rank=first["rank"], failed_ranks=sorted(f["rank"] for f in failures),
                     per_rank=[{k: v for k, v in f.items() if k != "traceback_tail"} for f in failures])
         if mems := [f["memory"] for f in failures if f.get("memory")]:
-            self.peak_mem_gib = max(peak_mem_gib(m) for m in mems)
+            self.update(**peak_mem_figures(mems))
         return self
 
     def update(self, **fields) -> Record:

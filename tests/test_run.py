@@ -127,16 +127,22 @@ def test_flops_json(cli):
     assert sum(p["total"] for p in parts.values()) == report["model_flops_per_sample"]
 
 
-def test_time_limit_is_not_swallowed_by_broad_exception_handlers():
+@pytest.mark.parametrize("limit", ["run", "profile"])
+def test_time_limit_is_not_swallowed_by_broad_exception_handlers(limit):
     """torch.compile catches `Exception` in places (seen: a limit reached during an inductor compile
-    was swallowed, the run went on, and no record was written): the limit must get through."""
+    was swallowed, the run went on, and no record was written): the limit, and --profile's own bound,
+    must get through."""
     import time
 
-    from echobench.bench import RunTimeout, start_time_limit, stop_time_limit
+    from echobench import bench
 
-    start_time_limit(0.2)
+    start, error = {"run": (bench.start_time_limit, bench.RunTimeout),
+                    "profile": (bench.start_profile_limit, bench.ProfileTimeout)}[limit]
+    assert not issubclass(error, Exception)
+    assert not issubclass(bench.ProfileTimeout, bench.RunTimeout)  # one stops profiling, the other the run
+    start(0.2)
     try:
-        with pytest.raises(RunTimeout):
+        with pytest.raises(error, match="0.2 s"):
             give_up = time.monotonic() + 5
             while time.monotonic() < give_up:
                 try:
@@ -144,7 +150,7 @@ def test_time_limit_is_not_swallowed_by_broad_exception_handlers():
                 except Exception:  # noqa: BLE001 - what a library's broad handler does
                     pass
     finally:
-        stop_time_limit()
+        bench.stop_time_limit()
 
 
 def test_time_limit_stops_a_run_with_status_timeout(cli, tmp_path):

@@ -263,15 +263,24 @@ class Figures:
     def memory(self, scale: str, group: pd.DataFrame) -> go.Figure:
         rows = with_labels(group)
         labels = [esc(x) for x in rows["label"]]
+        # The bar: peak_mem_gib (GPU: reserved, the allocator's cache included), against the device's
+        # memory; the plan's estimate is set beside the allocated peak where there is one (a diamond).
         fig = go.Figure(go.Bar(x=_num(rows["peak_mem_gib"]), y=labels, orientation="h", name="measured peak",
                                marker={"color": [self.styles[c]["color"] for c in rows["config"]]},
                                hovertext=[esc(r) for r in rows["run_id"]],
                                hovertemplate="%{hovertext}<br>measured %{x:.3g} GiB<extra></extra>"))
+        allocated = _num(rows["peak_mem_allocated_gib"])
+        if allocated.notna().any():
+            fig.add_trace(go.Scatter(x=allocated, y=labels, mode="markers", name="allocated peak",
+                                     marker={"symbol": "diamond-open", "size": 10, "color": "#222"},
+                                     hovertemplate="allocated %{x:.3g} GiB (bar: reserved)<extra></extra>"))
         estimate = _num(rows["memory_estimate_gib"])
         if estimate.notna().any():
             fig.add_trace(go.Scatter(x=estimate, y=labels, mode="markers", name="plan estimate",
                                      marker={"symbol": "x", "size": 11, "color": "#222"},
-                                     hovertemplate="estimate %{x:.3g} GiB<extra></extra>"))
+                                     customdata=_num(rows["memory_vs_estimate_gib"]),
+                                     hovertemplate="estimate %{x:.3g} GiB vs measured %{customdata:.3g} GiB"
+                                                   "<extra></extra>"))
         device = _num(rows["device_memory_gib"])
         if device.notna().any():
             fig.add_trace(go.Scatter(x=device, y=labels, mode="markers", name="device memory",
@@ -446,7 +455,8 @@ RUN_COLUMNS = [
     ("samples_per_s_per_gpu", "samples/s/GPU", "num"), ("audio_seconds_per_s_per_gpu", "audio s/s/GPU", "num"),
     ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("mfu", "MFU (%)", "pct"), ("hfu", "HFU (%)", "pct"),
     ("mfu_fp8_peak", "MFU fp8 peak (%)", "pct"), ("peak_label", "peak", "text"),
-    ("peak_mem_gib", "memory (GiB)", "num"), ("memory_estimate_gib", "estimate (GiB)", "num"),
+    ("peak_mem_gib", "memory (GiB)", "num"), ("peak_mem_allocated_gib", "allocated (GiB)", "num"),
+    ("memory_estimate_gib", "estimate (GiB)", "num"),
     ("num_alloc_retries", "alloc retries", "int"),
     ("lengths", "lengths a/t/s", "text"), ("precision", "precision", "text"), ("compile", "compile", "text"),
     ("ac", "ac", "text"), ("device_name", "device", "text"), ("hostname", "host", "text"), ("time", "time", "text"),
@@ -512,7 +522,9 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
          "Every run: median step time of the slowest rank, bars from p10 to p90; x marks the mean, which the "
          "window throughput pays (far right of the median: stalls).", figs.step_time, figs.ok),
         ("memory", "Peak memory per GPU",
-         "Measured peak (max over ranks) against the device memory (where the record has it: GPU runs) and, where the plan gave one, its estimate.",
+         "Measured peak (max over ranks; GPU: reserved by the allocator, its cache included) against the device "
+         "memory (where the record has it: GPU runs) and, where the plan gave one, its estimate, to compare with "
+         "the allocated peak (GPU runs: the diamond; else the bar).",
          figs.memory, figs.ok),
     ]
     sections = []

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from echobench.config import configuration
-from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_notes, read_plan,
-                               record_settings, records_frame)
+from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
+                               peak_notes, read_plan, record_settings, records_frame)
 
 # Labels: framework and parallelism always name a configuration (echobench.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
@@ -102,6 +102,8 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
     settings = [configuration(record_settings(r), with_nodes=False) for r in records]
     extra = pd.DataFrame({
         "memory_estimate_gib": [read_plan(r).get("memory_estimate_gib") for r in records],
+        # what the estimate is compared with: the allocated peak where there is one (GPU)
+        "memory_vs_estimate_gib": [peak_mem_for_estimate(r) for r in records],
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
         "matrix": [_matrix_name(r, sweeps or {}) for r in records],

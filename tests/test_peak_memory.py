@@ -1,0 +1,62 @@
+"""Peak memory as the allocator allocated it and as it reserved it (its cache included), and which one
+the plan's memory estimate is compared with. CUDA is not needed: the memory stats are given."""
+
+import pytest
+
+from test_figures import measured_rank, summarized
+from echobench.results import Record, peak_mem_figures, peak_mem_for_estimate
+
+GPU = {"peak_allocated_gib": 1.0, "peak_reserved_gib": 2.0, "device_total_gib": 80.0, "num_alloc_retries": 0,
+       "num_ooms": 0}
+
+
+def test_a_gpu_record_keeps_both_peaks_and_the_estimate_meets_the_allocated_one():
+    r = summarized([measured_rank([0.1] * 3, memory=dict(GPU))])
+    assert (r.peak_mem_allocated_gib, r.peak_mem_reserved_gib) == (1.0, 2.0)
+    assert r.peak_mem_gib == 2.0  # as before: the reserved peak
+    assert peak_mem_for_estimate(r) == 1.0
+    # saved and read back, the figures stay, and so does the comparison
+    back = Record.parse(r.model_dump())
+    assert (back.peak_mem_allocated_gib, back.peak_mem_reserved_gib, peak_mem_for_estimate(back)) == (1.0, 2.0, 1.0)
+    assert {"peak_mem_allocated_gib", "peak_mem_reserved_gib"} <= set(Record.columns())  # results.csv has them
+
+
+def test_each_peak_is_the_max_over_ranks():
+    other = {**GPU, "peak_allocated_gib": 1.5, "peak_reserved_gib": 1.8}
+    assert peak_mem_figures([GPU, other]) == {"peak_mem_gib": 2.0, "peak_mem_allocated_gib": 1.5,
+                                              "peak_mem_reserved_gib": 2.0}
+    r = summarized([measured_rank([0.1] * 3, memory=dict(GPU), rank=0),
+                    measured_rank([0.1] * 3, memory=dict(other), rank=1)])
+    assert (r.peak_mem_gib, r.peak_mem_allocated_gib, r.peak_mem_reserved_gib) == (2.0, 1.5, 2.0)
+    assert peak_mem_for_estimate(r) == 1.5
+
+
+def test_on_cpu_only_the_rss_peak_and_the_estimate_meets_it():
+    r = summarized([measured_rank([0.1] * 3, memory={"peak_rss_gib": 3.0})])
+    assert (r.peak_mem_gib, r.peak_mem_allocated_gib, r.peak_mem_reserved_gib) == (3.0, None, None)
+    assert peak_mem_for_estimate(r) == 3.0
+
+
+def test_a_failed_run_keeps_both_peaks_of_its_ranks():
+    r = summarized([measured_rank([0.1] * 3)])
+    r.fail([{"rank": 0, "status": "oom", "error": "CUDA out of memory", "memory": dict(GPU)}])
+    assert (r.status, r.peak_mem_gib, r.peak_mem_allocated_gib, r.peak_mem_reserved_gib) == ("oom", 2.0, 1.0, 2.0)
+
+
+def test_a_record_written_before_the_fields_compares_its_ranks_allocated_peak():
+    """Schema 2 records before peak_mem_allocated_gib kept every rank's memory stats in per_rank."""
+    r = summarized([measured_rank([0.1] * 3, memory=dict(GPU))])
+    old = {k: v for k, v in r.model_dump().items() if k not in ("peak_mem_allocated_gib", "peak_mem_reserved_gib")}
+    back = Record.parse(old)
+    assert back.peak_mem_allocated_gib is None and back.peak_mem_gib == 2.0
+    assert peak_mem_for_estimate(back) == pytest.approx(1.0)
+
+
+def test_the_report_frame_compares_the_estimate_with_the_allocated_peak(tmp_path):
+    from echobench.report.data import report_frame
+
+    gpu = summarized([measured_rank([0.1] * 3, memory=dict(GPU))])
+    cpu = summarized([measured_rank([0.1] * 3, memory={"peak_rss_gib": 3.0})])
+    frame = report_frame([gpu, cpu])
+    assert list(frame["memory_vs_estimate_gib"]) == [1.0, 3.0]
+    assert list(frame["peak_mem_gib"]) == [2.0, 3.0]
