@@ -72,8 +72,14 @@ class MemoryEstimate:
     def total_gib(self) -> float:
         return self.total / GIB
 
+    @property
+    def tensors(self) -> float:
+        """What the allocator hands out (the measured allocated peak's counterpart): all but the overhead,
+        whose context and workspaces lie outside it and whose fragmentation is in its cache."""
+        return self.total - self.overhead
+
     def as_gib(self) -> dict:
-        return {k: v / GIB for k, v in asdict(self).items()} | {"total": self.total_gib}
+        return {k: v / GIB for k, v in asdict(self).items()} | {"total": self.total_gib, "tensors": self.tensors / GIB}
 
 
 def compute_bytes(precision: str) -> int:

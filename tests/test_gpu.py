@@ -1,7 +1,7 @@
 """On a CUDA GPU only (marker `gpu`; skipped elsewhere): what a CPU cannot show.
 
 - the measured steps make no host sync (torch.cuda.set_sync_debug_mode("error"));
-- fp8 on the 800M preset at micro-batch 1, 4 and 8: refused in one line, or runs real float8 GEMMs;
+- fp8 on the 800M preset at micro-batch 1 and 8: refused in one line, or runs real float8 GEMMs;
 - compile + FSDP2 on one GPU trains as eager does;
 - megatron TP=1 on its local layers trains as the plain model does.
 
@@ -56,13 +56,13 @@ def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
     assert mine["data_wait_clock"] == "cuda_events" and 0 <= mine["data_wait_frac"] < 1
 
 
-@pytest.mark.parametrize("micro_batch", [1, 4, 8])
+@pytest.mark.parametrize("micro_batch", [1, 8])
 def test_fp8_800m_runs_or_is_refused_in_one_line(tmp_path, micro_batch):
     out = tmp_path / "run"
     proc = run_cli("run", "--scale", "800M", "--precision", "fp8", "--micro-batch", micro_batch, "--steps", "2",
                    "--warmup-steps", "1", "--peak-tflops", "989.5", "--device", "cuda", "--out", out, gpu=True,
                    timeout=900)
-    if micro_batch in (1, 4):  # 750 frames x 1 or 4 rows: not a multiple of 16
+    if micro_batch == 1:  # 750 frames x 1 row: not a multiple of 16
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert "fp8: " in proc.stderr and "multiple of 8" in proc.stderr
         assert not out.exists()

@@ -45,8 +45,10 @@ class Chromium:
     """One headless Chromium with one page, driven synchronously over its DevTools websocket."""
 
     def __init__(self, width: int = 1400, height: int = 1000, timeout: float = 60):
-        import websocket  # websocket-client
-
+        try:
+            import websocket  # websocket-client: the dev extra, not a run dependency
+        except ImportError as exc:
+            raise RuntimeError("the browser check needs websocket-client: pip install websocket-client") from exc
         binary = find_chromium()
         if binary is None:
             raise RuntimeError("no chromium binary on PATH (apt-get install chromium)")

@@ -1,0 +1,188 @@
+"""The device check (scripts/device_check.py) fits its call, skips what cannot run at once with the
+reason, and leaves a summary after every step; its bookkeeping (scripts/device_summary.py) counts
+honestly and brings every measured file back."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import device_check  # noqa: E402
+import device_summary  # noqa: E402
+
+SETUP_S = 45  # the wheels, the environment probe and the launcher check, before the first step
+
+
+def test_the_always_attempted_steps_fit_the_call_with_a_margin():
+    need = SETUP_S + device_check.always_minimum_s() + device_check.RESERVE_S
+    assert device_check.DEADLINE_S <= device_check.CALL_S - 45
+    assert need <= device_check.DEADLINE_S - 60, need  # a minute to spare inside the deadline
+
+
+def test_the_headline_runs_come_first():
+    order = device_check.steps(dry=False)
+    always = [s.name for s in order if s.always]
+    assert [s.name for s in order[:len(always)]] == always  # nothing optional before a headline step
+    assert always[0] == "calibrate"
+    runs = [s for s in order[:len(always)] if s.kind == "run"]
+    assert {s.args[s.args.index("--scale") + 1] for s in runs} == {"3B", "800M"}
+    assert any("megatron" in s.args for s in runs)
+    assert [s.compiles for s in runs] == sorted(s.compiles for s in runs)  # eager ones before the compiles
+    assert all("launcher" in s.needs for s in order if s.compiles)
+
+
+def test_dry_steps_are_the_same_steps():
+    gpu, dry = device_check.steps(dry=False), device_check.steps(dry=True)
+    assert [(s.kind, s.always, s.compiles, len(s.needs)) for s in gpu] == \
+        [(s.kind, s.always, s.compiles, len(s.needs)) for s in dry]
+
+
+def make_check(tmp_path, deadline=500.0, **kw) -> device_check.Check:
+    out, work = tmp_path / "out", tmp_path / "work"
+    for d in (out, work / "logs", work / "runs", work / "bare"):
+        d.mkdir(parents=True, exist_ok=True)
+    return device_check.Check(out=out, work=work, dry=True, scale=1.0, deadline=deadline, reserve=30.0,
+                              only=set(), **kw)
+
+
+def test_a_step_that_cannot_run_is_skipped_at_once_with_its_reason(tmp_path, monkeypatch):
+    check = make_check(tmp_path, deadline=200.0, launcher_reason="no C compiler (cc, gcc or clang; or $CC)")
+    ran = []
+    monkeypatch.setattr(check, "execute", lambda cmd, log, limit, stdout=None: ran.append(cmd) or (0, 0.1))
+    by = {s.name: s for s in device_check.steps(dry=True)}
+    check.run_step(by["tiny-compile-mb2"])  # no launcher
+    check.launcher_reason = ""
+    check.run_step(by["bare-tiny-compile-mb2"])  # its compiled run did not pass
+    check.run_step(by["tiny-compile-sac-mb2"])  # 170 s left, 100 needed: runs
+    check.deadline = 50.0
+    check.run_step(by["tiny-eager-mb4"])  # 20 s left, 35 needed
+    assert len(ran) == 1 and "--compile" in ran[0] and "selective" in ran[0]
+    lines = device_summary.read_lines(check.records)
+    notes = {ln["name"]: ln.get("note", "") for ln in lines if ln["kind"] == "skipped"}
+    assert notes == {"tiny-compile-mb2": "no C compiler (cc, gcc or clang; or $CC)",
+                     "bare-tiny-compile-mb2": "tiny-compile-mb2 skipped",
+                     "tiny-eager-mb4": "time: 20 s left for it, it needs 35 s"}
+    assert check.outcome["tiny-compile-sac-mb2"] == "failed"  # it ran (a fake) and left no record
+
+
+def test_the_run_limit_leaves_room_for_profiling_and_the_record(tmp_path, monkeypatch):
+    check = make_check(tmp_path)
+    seen = {}
+    monkeypatch.setattr(check, "execute", lambda cmd, log, limit, stdout=None: seen.update(cmd=cmd, limit=limit) or (1, 1.0))
+    step = next(s for s in device_check.steps(dry=True) if "--profile" in s.args)
+    check.run_step(step)
+    cmd = seen["cmd"]
+    time_limit = float(cmd[cmd.index("--time-limit-s") + 1])
+    profile_limit = float(cmd[cmd.index("--profile-limit-s") + 1])
+    assert time_limit + profile_limit + device_check.END_S <= seen["limit"] + 1
+
+
+def test_summary_and_archive_are_written_after_every_step(tmp_path):
+    check = make_check(tmp_path)
+    (check.work / "logs" / "a.log").write_text("hello\n")
+    check.note(kind="setup", name="wheels", rc=0, note="8 of 8 carried wheels installed")
+    text = (check.out / "summary.md").read_text()
+    assert "1 steps: 1 passed, 0 skipped, 0 failed" in text
+    check.note(kind="skipped", name="tiny-eager-mb4", note="time: 3 s left for it, it needs 35 s")
+    text = (check.out / "summary.md").read_text()
+    assert "2 steps: 1 passed, 1 skipped, 0 failed" in text and "tiny-eager-mb4: skipped: time: 3 s left" in text
+    with tarfile.open(check.out / "logs.tar.gz") as tar:
+        assert "logs/a.log" in tar.getnames()
+
+
+@pytest.mark.parametrize("last_line, rc, want", [
+    ("6 skipped, 383 deselected in 9.20s", 0, "skipped"),
+    ("no tests ran in 0.01s", 5, "skipped"),
+    ("3 passed, 3 skipped, 383 deselected in 20.1s", 0, "passed"),
+    ("1 failed, 2 passed in 3.0s", 1, "failed"),
+    ("1 error in 2.0s", 2, "failed"),
+    ("", 124, "failed"),
+])
+def test_tests_that_all_skipped_did_not_pass(tmp_path, last_line, rc, want):
+    log = tmp_path / "pytest.log"
+    log.write_text(f"$ python3 -m pytest\n{last_line}\n")
+    line = device_summary.add_line(tmp_path / "r.jsonl", kind="pytest", name="pytest-gpu", rc=rc, log=log)
+    assert line["outcome"] == want
+    if want == "skipped":
+        assert line["note"].startswith("none ran")
+
+
+def test_unpack_restores_the_breakdown_for_explain(tmp_path, tiny_profiled_run):
+    records = tmp_path / "records.jsonl"
+    line = device_summary.add_line(records, kind="run", name="tiny-compile-mb2", rc=0, run_dir=tiny_profiled_run)
+    assert line["outcome"] == "passed" and line["breakdown"]
+    device_summary.main(["unpack", str(records), str(tmp_path / "back")])
+    back = tmp_path / "back" / "tiny-compile-mb2"
+    assert json.loads((back / "breakdown.json").read_text()) == json.loads((tiny_profiled_run / "breakdown.json").read_text())
+    out = subprocess.run([sys.executable, "-m", "echobench", "explain", str(back)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "not profiled" not in out.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_profiled_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("profiled")
+    env = dict(os.environ, ECHOBENCH_CACHE=str(out / "cache"))
+    subprocess.run([sys.executable, "-m", "echobench", "run", "--scale", "tiny", "--steps", "2", "--warmup-steps", "1",
+                    "--audio-frames", "32", "--text-tokens", "16", "--speaker-frames", "32", "--micro-batch", "2",
+                    "--profile", "--peak-tflops", "1", "--out", str(out / "run")], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    return out / "run"
+
+
+def test_verify_names_what_makes_a_pass_unsound(tmp_path):
+    records = tmp_path / "r.jsonl"
+    log = tmp_path / "pytest.log"
+    log.write_text("ERROR tests/test_x.py\n1 error in 1.0s\n")
+    device_summary.add_line(records, kind="setup", name="wheels", rc=1, note="7 of 8 carried wheels installed")
+    device_summary.add_line(records, kind="pytest", name="pytest-gpu", rc=2, log=log)
+    device_summary.add_line(records, kind="report", name="report", rc=0)
+    problems = device_summary.verify_problems(device_summary.read_lines(records), expect_skip=True)
+    assert [p.split(":")[0] for p in problems] == ["carried wheels", "pytest-gpu", "no step was skipped for time"]
+
+
+@pytest.mark.slow
+def test_the_dry_pass_end_to_end(tmp_path):
+    """The real script on this machine's packages: one calibration and one eager run, then the report."""
+    env = dict(os.environ, DEVICE_CHECK_DRY="1", DEVICE_CHECK_ONLY="calibrate tiny-eager-mb2",
+               DEVICE_CHECK_WORK=str(tmp_path / "work"), PYTHONPATH="",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # python3: this interpreter
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "scripts/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = {ln["name"]: ln for ln in device_summary.read_lines(out / "records.jsonl")}
+    assert lines["calibrate"]["outcome"] == "passed" and lines["calibrate"]["result"]["tflops"] > 0
+    assert lines["tiny-eager-mb2"]["outcome"] == "passed", lines["tiny-eager-mb2"].get("record", {}).get("error")
+    assert lines["tiny-eager-mb2"]["record"]["steps"] == 3
+    assert lines["report"]["outcome"] == "passed"
+    summary = (out / "summary.md").read_text()
+    assert "## echobench report --table md" in summary and "tiny" in summary.split("## echobench report")[1]
+    assert sorted(p.name for p in out.iterdir()) == ["device-check.log", "env.txt", "logs.tar.gz", "records.jsonl",
+                                                     "summary.md"]
+
+
+def test_no_compiler_means_no_compile_steps(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert device_check.launcher_problem().startswith("no C compiler")
+    monkeypatch.delenv("CC")
+    monkeypatch.setattr(device_check.sysconfig, "get_paths", lambda: {"include": "/nonexistent/include"})
+    assert device_check.launcher_problem().startswith("no /nonexistent/include/Python.h")
+
+
+def test_the_commit_is_recorded_where_git_did_not_travel(monkeypatch):
+    from echobench import hardware
+
+    monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 128, "", "fatal"))
+    monkeypatch.delenv("ECHOBENCH_GIT_COMMIT", raising=False)
+    assert hardware.git_commit() is None
+    monkeypatch.setenv("ECHOBENCH_GIT_COMMIT", "0123abc")
+    assert hardware.git_commit() == "0123abc"
