@@ -134,7 +134,8 @@ def main(argv=None) -> dict:
         "step_times_s": times,
         "warmup_s": warmup_s,
         "last_loss": float(loss.detach()),
-        "peak_mem_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None,
+        "peak_mem_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None,  # as the record's
+        "peak_mem_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__,
     }

@@ -58,6 +58,7 @@ DEADLINE_S = 540  # this script's own end: a margin under the call for the retur
 RESERVE_S = 30  # kept at the end for the report table and the last summary
 PROFILE_S = 45  # the profiled steps' own bound (--profile-limit-s), after the measured steps
 END_S = 10  # after a run's limit: the record, the teardown
+WHEELS_S, PROBE_S = 30, 30  # the set-up's limits: the wheels' install, the environment probe
 
 
 @dataclass(frozen=True)
@@ -179,11 +180,10 @@ class Check:
         import device_summary
 
         try:
-            device_summary.add_line(self.records, **line)
+            self.outcome[line["name"]] = device_summary.add_line(self.records, **line)["outcome"]
         except Exception as exc:  # noqa: BLE001 - bookkeeping must not end the pass
             self.say(f"could not record {line.get('name')}: {type(exc).__name__}: {exc}")
-        self.outcome[line["name"]] = device_summary.outcome(device_summary.read_lines(self.records)[-1]) \
-            if self.records.exists() else "failed"
+            self.outcome[line["name"]] = "failed"
         self.write_summary()
 
     def write_summary(self, final: bool = False) -> None:
@@ -318,7 +318,7 @@ def install_wheels(check: Check, site: Path) -> None:
         return
     cmd = [check.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
            "--upgrade", "--target", str(site), *map(str, wheels)]
-    rc, wall = check.execute(cmd, check.work / "logs" / "pip-install.log", min(90, check.left()))
+    rc, wall = check.execute(cmd, check.work / "logs" / "pip-install.log", min(WHEELS_S, check.left()))
     landed = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
     missing = [w.name for w in wheels if w.name.split("-")[0].lower() not in landed]
     note = f"{len(wheels) - len(missing)} of {len(wheels)} carried wheels installed" + (
@@ -368,7 +368,8 @@ def record_env(check: Check, command: str) -> None:
     env.write_text(head)
     script = check.work / "env_probe.py"
     script.write_text(ENV_PROBE)
-    rc, wall = check.execute([check.python, str(script)], check.work / "logs" / "env-probe.log", min(60, check.left()))
+    rc, wall = check.execute([check.python, str(script)], check.work / "logs" / "env-probe.log",
+                             min(PROBE_S, check.left()))
     probe = (check.work / "logs" / "env-probe.log").read_text().split("\n", 1)[-1]
     env.write_text(head + probe)
     shutil.copy(env, check.out / "env.txt")

@@ -129,9 +129,9 @@ def num(x, spec=".3f") -> str:
 
 
 def allocated_peak(record: dict) -> float | None:
-    """The allocator's allocated peak (the estimate's tensors model it); the reserved one includes its
-    cache. On CPU, and in records from before the split, peak_mem_gib (reserved on GPU, RSS on CPU)."""
-    return record.get("peak_mem_allocated_gib") or record.get("peak_mem_gib")
+    """The allocator's allocated peak, which the estimate's tensors model (GPU only: on a CPU the
+    record has the process's RSS, libraries and all, which no estimate models)."""
+    return record.get("peak_mem_allocated_gib")
 
 
 def counts_line(lines: list[dict]) -> list[str]:
@@ -149,15 +149,15 @@ def counts_line(lines: list[dict]) -> list[str]:
 
 def steps_table(lines: list[dict]) -> list[str]:
     out = ["| step | kind | status | wall s | limit s | step s | samples/s | TFLOP/s | MFU | "
-           "MFU vs GEMM ceiling | peak alloc. GiB | peak res. GiB | est. tensors GiB | est./alloc. |",
+           "MFU vs GEMM ceiling | peak mem GiB | peak alloc. GiB | est. tensors GiB | est./alloc. |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ln in (x for x in lines if x["kind"] != "trace"):
         r = ln.get("record") or {}
         res = ln.get("result") if isinstance(ln.get("result"), dict) else {}
         parts = ln.get("memory_estimate_gib") or {}
         est = parts.get("tensors", parts.get("total"))
-        alloc = allocated_peak(r) if r else res.get("peak_mem_allocated_gib") or res.get("peak_mem_gib")
-        reserved = r.get("peak_mem_reserved_gib") if r else res.get("peak_mem_reserved_gib")
+        alloc = allocated_peak(r) if r else res.get("peak_mem_allocated_gib")
+        peak = r.get("peak_mem_gib") if r else res.get("peak_mem_gib")  # GPU: reserved; CPU: RSS
         ratio = est / alloc if est and alloc else None
         status = ln.get("outcome", outcome(ln))
         if ln.get("status") not in ("ok", "failed", "skipped", None):
@@ -169,7 +169,7 @@ def steps_table(lines: list[dict]) -> list[str]:
         out.append(f"| {ln['name']} | {ln['kind']} | {status} | {num(ln.get('wall_s'), '.0f')} | "
                    f"{num(ln.get('limit_s'), '.0f')} | {num(step, '.4f')} | {num(r.get('samples_per_s'), '.2f')} | "
                    f"{num(r.get('tflops_per_gpu'), '.4g')} | {pct(r.get('mfu'))} | {pct(r.get('mfu_vs_ceiling'))} | "
-                   f"{num(alloc, '.1f')} | {num(reserved, '.1f')} | {num(est, '.1f')} | {num(ratio, '.2f')} |")
+                   f"{num(peak, '.1f')} | {num(alloc, '.1f')} | {num(est, '.1f')} | {num(ratio, '.2f')} |")
     return out
 
 
