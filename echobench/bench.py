@@ -454,6 +454,45 @@ def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
     return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
 
 
+# A peak per device above this is a GPU's: a peak this large given to a run whose device
+# resolved to the CPU means a CPU-only torch, not a fast CPU. The GPUs this suite measures have
+# dense bf16 peaks of 121 (L4) to 2,500 (GB200) TFLOP/s; a CPU's vector units reach a few to a few
+# tens (a 72-core Grace: about 7 in fp32, bf16 a few times that), and only Xeons with AMX exceed
+# it, on paper: a run on one that gives such a peak says device: cpu, which this check leaves alone.
+CPU_PEAK_TFLOPS_MAX = 50.0
+
+
+class NoGpuError(RuntimeError):
+    """A run that expects a GPU (gpu_expected) on a machine where torch sees none."""
+
+
+def gpu_expected(cfg: RunConfig) -> list[str]:
+    """What in the settings says this run is for a GPU: device cuda (a matrix whose
+    hardware.device names a GPU plans its auto runs so), or with device auto a GPU-class peak."""
+    why = ["device: cuda"] if cfg.device == "cuda" else []
+    if cfg.device == "auto" and cfg.peak_tflops is not None and cfg.peak_tflops > CPU_PEAK_TFLOPS_MAX:
+        why.append(f"a GPU peak of {cfg.peak_tflops:g} TFLOP/s")
+    return why
+
+
+def no_gpu_problem(cfg: RunConfig) -> str | None:
+    """One line, when this run expects a GPU and torch sees none: what expects it, why torch sees
+    none and the fix. None when it expects none or a GPU is there."""
+    expected = gpu_expected(cfg)
+    if not expected or torch.cuda.is_available():
+        return None
+    causes = []
+    if torch.version.cuda is None and torch.version.hip is None:
+        causes.append(f"torch {torch.__version__} is a CPU build")
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        causes.append(f"CUDA_VISIBLE_DEVICES={visible!r}")
+    if not causes:
+        causes.append(f"torch {torch.__version__} (CUDA {torch.version.cuda or torch.version.hip}) finds no usable "
+                      f"GPU (driver? see nvidia-smi)")
+    return (f"this run expects a GPU ({' and '.join(expected)}) but torch sees none: {'; '.join(causes)}; "
+            f"install a CUDA build (scripts/setup.sh) or set device: cpu")
+
+
 def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
 
@@ -462,11 +501,16 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    info = dist_info(cfg.device)
+    # Before dist_info: device cuda without a GPU would raise there, with no record; on the CPU the
+    # run gets one, with status error and the cause.
+    no_gpu = no_gpu_problem(cfg)
+    info = dist_info("cpu" if no_gpu else cfg.device)
     cfg = match_process_group(cfg, info)
     record = Record.start(cfg, info.device)
     start_time_limit(cfg.time_limit_s)
     try:
+        if no_gpu:
+            raise NoGpuError(no_gpu)
         maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
         form_process_group(info, cfg.collective_timeout_s)
         model_cfg = cfg.model_config()

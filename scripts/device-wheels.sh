@@ -13,14 +13,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEVICE_WHEELS_DEST:-.whl}
+# pip matches manylinux tags exactly: list the ones these wheels use, for the device's architecture
+# (DEVICE_WHEELS_ARCH: x86_64, the default, or aarch64 for a GH200 / GB200 node).
+case "${DEVICE_WHEELS_ARCH:-x86_64}" in
+  x86_64) PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
+                     manylinux2014_x86_64 manylinux1_x86_64) ;;
+  aarch64) PLATFORMS=(manylinux_2_28_aarch64 manylinux_2_27_aarch64 manylinux_2_24_aarch64 manylinux_2_17_aarch64
+                      manylinux2014_aarch64) ;;  # manylinux1 has no aarch64
+  *) echo "DEVICE_WHEELS_ARCH=${DEVICE_WHEELS_ARCH}: x86_64 or aarch64" >&2; exit 2 ;;
+esac
 mapfile -t WHEELS < <(awk '$1 == "carried" {print $2}' scripts/device-packages.txt)
 mkdir -p "$DEST"
 rm -f "$DEST"/*.whl  # one version of each: nothing left over from an earlier list
-# pip matches manylinux tags exactly: list the ones these wheels use.
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-  -d "$DEST" "${WHEELS[@]}"
+  "${PLATFORMS[@]/#/--platform=}" -d "$DEST" "${WHEELS[@]}"
 ls -l "$DEST"/*.whl | awk '{printf "%10.1f MiB  %s\n", $5 / 1048576, $NF}'
 total=$(du -cb "$DEST"/*.whl | tail -n 1 | cut -f1)
 printf '%10.1f MiB  total in %s (%d wheels; a device call carries 64 MiB at most, the tree included)\n' \
