@@ -419,6 +419,8 @@ def plan(
     executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): paths in --script."),
     script: Optional[str] = typer.Option(None, "--script", metavar="RUN_ID", help="Print this run's exact job script."),
+    write_scripts: Optional[Path] = typer.Option(None, "--write-scripts", metavar="DIR",
+                                                 help="Write every run's job script to DIR/RUN_ID.sh, submit nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
@@ -427,6 +429,19 @@ def plan(
     from echobench.sweep import run_dir
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    if write_scripts is not None:  # for review on a cluster before spending GPU-hours
+        dest = writable_dir(write_scripts)
+        sweep_dir = (out or pl.default_out(matrix)).resolve()
+        try:
+            for run in the_plan.runs:
+                path = dest / f"{run.id}.sh"
+                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor))
+                path.chmod(0o755)
+        except ValueError as exc:
+            fail(str(exc))
+        console.print(f"{len(the_plan.runs)} job scripts in {esc(dest)} (paths as for `echobench sweep --out "
+                      f"{esc(sweep_dir)}`); nothing submitted", highlight=False)
+        return
     if script is not None:
         run = the_plan.by_id(script)
         if run is None:
@@ -490,10 +505,16 @@ def sweep(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Also re-run runs whose record is a failure."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
-    poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm)."),
+    poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm; slurm "
+                                                    "doubles it up to 60 while nothing changes)."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
 ):
-    """Run every run of a matrix not yet done (resumable); shows progress, collects results."""
+    """Run every run of a matrix not yet done (resumable); shows progress, collects results.
+
+    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait, 0 once every
+    run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit): the same
+    command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
+    terminal; elsewhere they keep running: `echobench cancel DIR`)."""
     from echobench import sweep as sw
     from echobench.matrix import MatrixError
     from echobench.plan import default_out
@@ -507,12 +528,33 @@ def sweep(
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
         opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
-                               retry_failed=retry_failed, poll_s=poll)
+                               retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal())
         opts.out = writable_dir(opts.out)
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)
+
+
+def ask_on_a_terminal() -> Callable[[str], bool] | None:
+    """A yes/no question (default no) where stdin is a terminal; None elsewhere (nobody to answer)."""
+    if not sys.stdin.isatty():
+        return None
+    return lambda question: typer.confirm(question, default=False)
+
+
+@app.command()
+def cancel(
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="A sweep directory."),
+):
+    """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
+    sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
+    from echobench import sweep as sw
+
+    if not (sweep_dir / sw.SWEEP_FILE).is_file():
+        fail(f"{sweep_dir}: no {sw.SWEEP_FILE} here: not a sweep directory")
+    writable_dir(sweep_dir, f"cancel in {sweep_dir}")
+    raise typer.Exit(sw.cancel_sweep(sweep_dir, console))
 
 
 @app.command()

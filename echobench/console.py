@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
-STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", "queued": "", NOT_STARTED: ""}  # else: red
+WAITING = "waiting"  # a run's files are written but the scheduler has not taken its job yet (a submit limit): retried
+STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", WAITING: "yellow", "queued": "",
+                NOT_STARTED: ""}  # else: red
 
 
 def esc(value: object) -> str:

@@ -333,6 +333,33 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+# What says where a job ran, read from the scheduler's variables (SLURM sets them in every task).
+SCHEDULER_VARS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "partition": "SLURM_JOB_PARTITION",
+                  "cluster": "SLURM_CLUSTER_NAME", "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS"}
+COMM_PREFIXES = ("NCCL_", "FI_", "OFI_NCCL_", "UCX_", "TORCH_NCCL_")
+# Container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
+CONTAINER_VARS = ("SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
+                  "SINGULARITY_CONTAINER", "CONTAINER_IMAGE")
+
+
+def scheduler_context(environ=None) -> dict:
+    """The scheduler, fabric and container context of this process, for the record's env."""
+    environ = os.environ if environ is None else environ
+    scheduler = {k: environ[v] for k, v in SCHEDULER_VARS.items() if environ.get(v)}
+    comm = {k: v for k, v in sorted(environ.items()) if k.startswith(COMM_PREFIXES)}
+    container = next((environ[v] for v in CONTAINER_VARS if environ.get(v)), None)
+    return {"scheduler": scheduler or None, "comm_env": comm or None, "container": container}
+
+
+def driver_version() -> str | None:
+    try:  # the kernel module's own line: "NVRM version: NVIDIA UNIX ... Kernel Module  570.86.15 ..."
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9.]+)", text)
+    return found.group(1) if found else None
+
+
 def env_info(device: torch.device) -> dict:
     """Where and with what this process runs: the fields of the record's `env` (results.Env)."""
     nccl = None
@@ -358,4 +385,6 @@ def env_info(device: torch.device) -> dict:
         echobench=_version("echobench"),
         git_commit=git_commit(),
         time=now_iso(),
+        driver=driver_version(),
+        **scheduler_context(),
     )

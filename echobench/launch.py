@@ -80,6 +80,19 @@ def clear_previous(out_dir: Path) -> None:
     shutil.rmtree(out_dir / "ranks", ignore_errors=True)
 
 
+def numa_binding_args(binding: str) -> list[str]:
+    """torchrun's --numa-binding (each rank on the CPUs near its GPU), where this torch has it."""
+    from torch.distributed.run import get_args_parser
+
+    if "--numa-binding" not in get_args_parser()._option_string_actions:
+        import torch
+
+        print(f"echobench: slurm.numa_binding={binding} ignored: torch {torch.__version__}'s torchrun has no "
+              f"--numa-binding (newer releases have it)", file=sys.stderr)
+        return []
+    return [f"--numa-binding={binding}"]
+
+
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
                      master_addr: str | None, master_port: int, note: Path) -> list[str]:
     """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node."""
@@ -89,6 +102,8 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
                 f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+    if binding := os.environ.get("ECHOBENCH_NUMA_BINDING"):  # slurm.numa_binding, set by the job script
+        cmd += numa_binding_args(binding)
     return cmd + ["-m", "echobench", "run", *run_args]
 
 

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
+from echobench.peaks import table_peak
 
 ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.executors.Executor
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
@@ -79,6 +80,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+PORT_SPREAD = 2000  # jobs sharing a node take MASTER_PORT = master_port + SLURM_JOB_ID % PORT_SPREAD
+EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
+
+
 class SlurmSettings(Strict):
     partition: str | None = None
     account: str | None = None
@@ -87,7 +92,10 @@ class SlurmSettings(Strict):
     time: str = "00:30:00"
     gpus_per_node: int = Field(1, ge=1, le=64)  # processes per node (GPUs; CPU processes on a CPU cluster)
     request_gpus: bool = True  # emit --gpus-per-node (false on a CPU-only cluster)
-    cpus_per_task: int | None = Field(None, ge=1)
+    cpus_per_task: int | None = Field(None, ge=1)  # CPUs of each node's one task (its launcher and ranks)
+    cpus_per_gpu: int = Field(8, ge=1)  # when GPUs are requested and cpus_per_task is not set (not with exclusive)
+    numa_binding: Literal["node", "socket", "exclusive", "core-complex"] | None = None  # torchrun --numa-binding
+    fabric: Literal["none", "infiniband", "slingshot", "tcp"] = "none"  # NCCL / libfabric profile (echobench.fabric)
     mem: str | None = None  # per node, e.g. 0 (all) or 200G
     exclusive: bool = False
     extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc"
@@ -95,6 +103,9 @@ class SlurmSettings(Strict):
     env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
     python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
+    # Jobs of the sweep in the queue at once (pending or running): more are submitted as they end.
+    # None: no cap (a refusal for a submit limit still only delays a run: it is retried).
+    max_submitted: int | None = Field(None, ge=1)
 
     @field_validator("partition", "account", "qos")
     @classmethod
@@ -111,10 +122,23 @@ class SlurmSettings(Strict):
     def _time(cls, v):
         return _check_time(v)
 
-    @field_validator("mem")
+    @field_validator("mem", mode="before")
     @classmethod
     def _mem(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # `mem: 0` (all of the node's memory) is an integer in YAML
         return v if v is None else _check(MEM_RE, "memory size (e.g. 0, 200G)", v)
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, v):
+        # The job adds SLURM_JOB_ID % PORT_SPREAD: the range must stay out of Linux's ephemeral ports
+        # (32768-60999 by default), where an outgoing connection may hold the port already.
+        if not (v + PORT_SPREAD <= EPHEMERAL[0] or v > EPHEMERAL[1]):
+            raise ValueError(f"master_port {v}: the job uses {v}..{v + PORT_SPREAD - 1}, which meets the ephemeral "
+                             f"range {EPHEMERAL[0]}-{EPHEMERAL[1]}: use at most {EPHEMERAL[0] - PORT_SPREAD} "
+                             f"(default 29500)")
+        return v
 
     @field_validator("extra")
     @classmethod
@@ -410,6 +434,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
     base = dict(matrix.defaults)
     if spec.hardware.peak_tflops is not None and "peak_tflops" not in base:
         base["peak_tflops"] = spec.hardware.peak_tflops
+    # hardware.device naming a GPU (a datasheet row: every row is one) makes the runs' device auto cuda.
+    gpu_named = spec.hardware.device is not None and table_peak(spec.hardware.device) is not None
     keys = list(matrix.axes)
     combos = [dict(zip(keys, values)) for values in itertools.product(*(matrix.axes[k] for k in keys))]
     if not keys and matrix.include:
@@ -429,6 +455,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         if "gpus_per_node" not in full:
             # Processes per node come from slurm.gpus_per_node; `single` is one process.
             full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else spec.slurm.gpus_per_node
+        if full.get("device", "auto") == "auto" and gpu_named:
+            full["device"] = "cuda"  # a matrix for a GPU: without one the run is an error (bench.no_gpu_problem)
         try:
             cfg = RunConfig.from_dict(full)
         except (TypeError, ValueError) as exc:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
 SCHEMA_VERSION = 2
-Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail"]
+Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted"]  # preempted: SLURM PREEMPTED
 RECORD_FILE = "result.json"
 PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
 
@@ -136,6 +136,10 @@ class Env(BaseModel):
     git_commit: str | None = None
     time: str | None = None
     recorded_by: str | None = None  # who wrote a record the run could not write itself
+    driver: str | None = None  # the NVIDIA kernel driver (GPU hosts)
+    scheduler: dict[str, str] | None = None  # job id, node list, partition, cluster (hardware.SCHEDULER_VARS)
+    comm_env: dict[str, str] | None = None  # NCCL_* / FI_* / OFI_NCCL_* as the run saw them (the fabric)
+    container: str | None = None  # the image a container runtime reports
 
 
 class RankEntry(BaseModel):
@@ -393,7 +397,7 @@ def validation_text(exc: ValidationError) -> str:
 # ---- failures: which rank explains a run ----
 
 # An OOM or a time limit anywhere explains the other ranks' errors.
-STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "error": 3}
+STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "preempted": 2, "error": 3}
 # What a rank says when another one is gone (gloo, NCCL, c10d's store): a consequence, not a cause.
 PEER_LOST = re.compile(r"connection (?:reset|closed|refused)|broken pipe|remote process exited|"
                        r"communicator was aborted|watchdog caught|timed out (?:after \d+ seconds )?waiting|wait timeout|got 0 bytes|"

@@ -15,6 +15,11 @@ resumable, collected (`echobench plan` is echobench.plan).
 
 A second sweep of the same matrix submits only runs without a record; --retry-failed also the
 failed ones; ok runs never run twice. Nothing is written outside SWEEP.
+
+A scheduler's sweep keeps at most slurm.max_submitted of its jobs in the queue and submits more as
+they end; a refusal that passes with time (a submit limit, a busy controller) leaves the run
+`waiting` and is retried with back-off. It reads every tracked job's state in one look per poll
+(job_states), the interval doubling up to MAX_POLL_S while nothing changes.
 """
 
 from __future__ import annotations
@@ -24,21 +29,25 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from pydantic import BaseModel
 
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
-from echobench.console import NOT_STARTED, Progress, esc, log, state_markup
-from echobench.executors import (ACTIVE, CorruptRecord, Executor, archive_attempt, current_record,
-                                 finish_without_record, make_executor, write_run_files)
+from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_markup
+from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
+                                 current_record, finish_without_record, job_states, make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select, time_limit_s
 from echobench.plan import settings_label
 from echobench.results import Record, export_table, load_records, records_frame
 
 SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
+MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
+RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
+NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (sysexits' EX_TEMPFAIL: try again later)
 
 
 def now_iso() -> str:
@@ -63,8 +72,9 @@ class RunEntry(BaseModel):
     executor: str = "local"
     attempt: int = 0  # 1 for the first submission; each --retry-failed adds one
     submitted: str | None = None
-    state: str = "pending"  # pending | running | the record's status
-    job_id: str | None = None  # None: the submission was refused (the record says why)
+    # pending | running | waiting (files written, not taken yet: a submit limit, a busy scheduler) | the record's status
+    state: str = "pending"
+    job_id: str | None = None  # None: the submission was refused (settled: the record says why), or waiting
     settled: bool = False  # the record is final: the scheduler is not asked again
     detail: str = ""  # the scheduler's words at the last look
     finished: str | None = None
@@ -78,6 +88,7 @@ class SweepState(BaseModel):
     updated: str | None = None
     planned: list[str] = []  # every run a `sweep` of this directory was asked to do, in order
     runs: dict[str, RunEntry] = {}
+    calibration_job: str | None = None  # slurm: the sweep's calibration job (`echobench cancel` ends it too)
 
     def plan(self, run_ids: list[str]) -> None:
         """Adds a sweep's selection to the planned runs (a later --only keeps the earlier ones)."""
@@ -112,11 +123,27 @@ def record_state(rd: Path) -> tuple[str, Record | None, str]:
     return (record.status, record, record.error) if record else ("new", None, "")
 
 
-def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str:
-    """A tracked job's state now; once it is over, its record exists (written here if need be)."""
+def waiting(entry: RunEntry | None) -> bool:
+    """Whether the run's attempt has its files but no job yet (the executor could not take it: a
+    submit limit, a busy scheduler): not settled, submitted again later."""
+    return entry is not None and not entry.job_id and not entry.settled
+
+
+def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]]) -> dict[str, JobState | None]:
+    """One look at the executor for every job not settled (run id -> (entry, run directory)):
+    run id -> the job's state, None where the scheduler did not answer about it (no news)."""
+    tracked = {rid: (e, rd) for rid, (e, rd) in entries.items() if e.job_id and not e.settled}
+    states = job_states(executor, {e.job_id: rd for e, rd in tracked.values()})
+    return {rid: states.get(e.job_id) for rid, (e, _) in tracked.items()}
+
+
+def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState | None) -> str:
+    """A tracked job's state now (`job`: the executor's answer at this look, from `look`; None: no
+    news, the state stays); once it is over, its record exists (written here if need be)."""
     if entry.settled:
         return record_state(rd)[0]
-    job = executor.state(entry.job_id, rd)
+    if job is None:
+        return entry.state
     entry.detail = job.detail
     if job.state in ACTIVE:
         entry.state = job.state
@@ -130,17 +157,27 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor) -> str
     return record.status
 
 
-def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor) -> tuple[str, Record | None, str]:
-    """(state, record, error): new | pending | running | a record status, with the run's current
-    record as record_state reads it (once: `status --wait` asks again at every poll)."""
+def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor,
+              job: JobState | None) -> tuple[str, Record | None, str]:
+    """(state, record, error): new | waiting | pending | running | a record status, with the run's
+    current record as record_state reads it (once: `status --wait` asks again at every poll).
+    `job`: the job's state at this look (`look`)."""
+    if waiting(entry):
+        return WAITING, None, entry.detail
     if entry is None or not entry.job_id or entry.settled:
         return record_state(rd)
-    state = settle(cfg, rd, entry, executor)
+    state = settle(cfg, rd, entry, executor, job)
     _, record, error = record_state(rd)
     return state, record, error
 
 
 # ---- the sweep ----
+
+def detached(executor: Executor) -> bool:
+    """Whether the executor's jobs run without this process (a scheduler queues them): --no-wait
+    is possible, jobs are handed over before the wait, Ctrl-C leaves them running (detach_message)."""
+    return bool(executor.detach_message())
+
 
 @dataclass
 class SweepOptions:
@@ -149,9 +186,12 @@ class SweepOptions:
     wait: bool = True
     retry_failed: bool = False
     poll_s: float | None = None
+    # After Ctrl-C, with a scheduler's jobs still queued or running: asked whether to cancel them
+    # (the CLI asks on a terminal); None leaves them running and says how to cancel them.
+    ask: Callable[[str], bool] | None = None
 
     def __post_init__(self):  # refused before anything is written
-        if not self.wait and make_executor(self.executor).max_active is not None:
+        if not self.wait and not detached(make_executor(self.executor)):
             raise ValueError(f"--no-wait needs --executor slurm: the {self.executor} executor runs each job from "
                              f"this process")
 
@@ -175,7 +215,8 @@ def choose_runs(plan: Plan, only: list[str], force: bool, console) -> tuple[list
 
 @dataclass
 class Sweep:
-    """A sweep under way: its directory, state file and executor, and the jobs not yet over."""
+    """A sweep under way: its directory, state file and executor, the jobs not yet over, and the
+    back-off of refused submissions."""
 
     matrix: Matrix
     dir: Path
@@ -183,6 +224,10 @@ class Sweep:
     console: object
     state: SweepState
     tracked: dict[str, PlannedRun] = field(default_factory=dict)  # submitted, not settled
+    retry_at: float = 0.0  # time.monotonic() before which no submission is tried (after a refusal)
+    retry_delay: float = 0.0  # the last back-off; doubles with each refusal in a row
+    refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
+    said: set[str] = field(default_factory=set)  # refusals logged already: each once
 
     def log(self, text: str) -> None:
         log(self.console, text)
@@ -194,12 +239,15 @@ class Sweep:
         self.state.save(self.dir)
 
     def triage(self, runs: list[PlannedRun], retry_failed: bool) -> tuple[list[PlannedRun], list[PlannedRun]]:
-        """(to submit, failed earlier and not rerun): runs without a record, and failed ones with
-        --retry-failed, are to submit; jobs still going are tracked again; ok runs never rerun."""
+        """(to submit, failed earlier and not rerun): runs without a record or waiting to be submitted,
+        and failed ones with --retry-failed, are to submit; jobs still going are tracked again; ok
+        runs never rerun."""
         to_submit, failed_before = [], []
+        looks = self.look(runs)
         for run in runs:
-            st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor)
-            if st == "new":
+            st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor,
+                                     looks.get(run.id))
+            if st in ("new", WAITING):
                 to_submit.append(run)
             elif st in ACTIVE:
                 self.tracked[run.id] = run
@@ -211,75 +259,155 @@ class Sweep:
         self.save()
         return to_submit, failed_before
 
+    def look(self, runs) -> dict[str, JobState | None]:
+        """One look at the executor for the jobs of these runs not settled (run id -> state)."""
+        return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))})
+
     def calibrate(self, runs: list[PlannedRun]) -> None:
         """Runs to submit without a peak of their own: the executor measures one where they run."""
         if no_peak := [r for r in runs if r.cfg.peak_tflops is None]:
             devices = {r.cfg.device for r in no_peak}
             self.executor.calibrate(self.dir, self.matrix, devices.pop() if len(devices) == 1 else "auto", self.log)
+            if job := getattr(self.executor, "calibration", None):
+                self.state.calibration_job = job
+                self.save()
 
-    def submit(self, run: PlannedRun) -> None:
-        """A new attempt: the last one's files moved aside, the run's files written, its job started."""
+    def submit(self, run: PlannedRun) -> bool:
+        """A new attempt: the last one's files moved aside, the run's files written, its job started.
+        False when the executor cannot take it now (SubmitLater): the run is `waiting`, its files
+        written, and the next submit of it is the same attempt."""
         rd, before = self.run_dir(run), self.state.runs.get(run.id)
-        attempt = (before.attempt if before else 0) + 1
-        archive_attempt(rd, attempt - 1)
+        if waiting(before):
+            attempt = before.attempt  # prepared earlier, never taken: nothing of it to move aside
+        else:
+            attempt = (before.attempt if before else 0) + 1
+            archive_attempt(rd, attempt - 1)
         write_run_files(run, rd, self.matrix, self.executor)
-        entry = self.state.runs[run.id] = RunEntry(executor=self.executor.name, attempt=attempt, submitted=now_iso())
+        entry = self.state.runs[run.id] = RunEntry(executor=self.executor.name, attempt=attempt)
         try:
             entry.job_id = self.executor.submit(run, rd, time_limit_s(self.matrix, self.executor.name, run))
+        except SubmitLater as exc:
+            entry.state, entry.detail = WAITING, f"not submitted yet: {exc}"
+            self.refused(run.id, str(exc))
+            self.save()
+            return False
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
             record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
             entry.settled, entry.state = True, record.status
             self.log(f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
+            entry.submitted = now_iso()
             self.tracked[run.id] = run
-            self.log(f"{run.id}: submitted as {esc(entry.job_id)}")
+            self.log(f"{run.id}: submitted as {esc(entry.job_id)}"
+                     + (" (the scheduler takes jobs again)" if self.refusal else ""))
+            self.refusal, self.retry_delay = "", 0.0
         self.save()
+        return True
 
-    def poll(self) -> None:
-        """Asks after each tracked job once; one that is over leaves the tracked ones, logged."""
+    def refused(self, rid: str, why: str) -> None:
+        """A refusal that passes with time: no submission before the back-off (or a job's end);
+        each refusal logged once, whichever run it was about."""
+        self.retry_delay = min(max(self.retry_delay * 2, RETRY_S[0]), RETRY_S[1])
+        self.retry_at, self.refusal = time.monotonic() + self.retry_delay, why
+        if (said := why.replace(rid, "RUN")) not in self.said:
+            self.said.add(said)
+            self.log(f"{esc(rid)}: [yellow]not submitted yet[/]: {esc(why)}; it and the runs after it wait and are "
+                     f"submitted again " + ("as this sweep's jobs end" if self.tracked else "later")
+                     + " (said once)")
+
+    def room(self) -> bool:
+        """Whether the executor takes another job now: under max_active, no refusal to wait out."""
+        cap = self.executor.max_active
+        return (cap is None or len(self.tracked) < cap) and time.monotonic() >= self.retry_at
+
+    def submit_ready(self, queue: list[PlannedRun]) -> bool:
+        """Submits from the front of the queue while there is room; a run the executor cannot take
+        now stays first. Whether any was submitted (or refused for good)."""
+        taken = False
+        while queue and self.room():
+            if not self.submit(queue[0]):
+                break
+            queue.pop(0)
+            taken = True
+        return taken
+
+    def held_because(self) -> str:
+        """Why runs of the queue are not submitted yet (for --no-wait's message)."""
+        if self.refusal:
+            return self.refusal
+        return f"slurm.max_submitted: {self.executor.max_active} of this sweep's jobs in the queue at once"
+
+    def poll(self) -> bool:
+        """Asks after every tracked job in one look; one that is over leaves the tracked ones,
+        logged (and lets refused submissions be tried again at once). Whether anything changed."""
+        looks = self.look(list(self.tracked.values()))
+        changed = False
         for rid, run in list(self.tracked.items()):
             entry = self.state.runs[rid]
             before = entry.state
-            st = settle(run.cfg, self.run_dir(run), entry, self.executor)
+            st = settle(run.cfg, self.run_dir(run), entry, self.executor, looks.get(rid))
             if st in ACTIVE:
                 if st != before:
                     self.log(f"{rid}: {esc(st)}")
+                    changed = True
                 continue
             del self.tracked[rid]
+            changed, self.retry_at = True, 0.0  # room in the queue: a limit that refused a run may take it now
             note = "" if st == "ok" else f": {esc(record_state(self.run_dir(run))[2][:300])}"
             self.log(f"{rid}: {state_markup(st)}{note}")
         self.save()
+        return changed
 
     def wait(self, queue: list[PlannedRun], runs: list[PlannedRun], poll_s: float) -> bool:
         """Submits the queue as the executor has room and polls until every job is over; False
-        when Ctrl-C stopped the waiting."""
+        when Ctrl-C stopped the waiting. A scheduler's jobs are polled less often while nothing
+        changes (poll_s doubling up to MAX_POLL_S; back to poll_s at a change)."""
+        longest = max(poll_s, MAX_POLL_S) if detached(self.executor) else poll_s
+        interval = poll_s
         with Progress(self.console) as progress:
             try:
                 while queue or self.tracked:
-                    while queue and len(self.tracked) < self.executor.max_active:
-                        self.submit(queue.pop(0))
-                    self.poll()
+                    changed = self.submit_ready(queue)
+                    if self.poll():
+                        changed = True
+                        self.submit_ready(queue)  # room freed: the next runs at once
                     progress.update([(r.id, e.state, e.detail) if (e := self.state.runs.get(r.id))
                                      else (r.id, "queued", "") for r in runs])
                     if queue or self.tracked:
-                        time.sleep(poll_s)
+                        interval = poll_s if changed else min(interval * 2, longest)
+                        pause = interval
+                        if queue and self.retry_at and not self.tracked:
+                            pause = min(pause, max(self.retry_at - time.monotonic(), 0.0))
+                        time.sleep(max(pause, 0.1))
             except KeyboardInterrupt:
                 return False
         return True
 
-    def interrupt(self, runs: list[PlannedRun], during: str) -> None:
-        """After Ctrl-C: the jobs the executor stopped end as cancelled; the rest keep running.
-        Says what was interrupted, that nothing measured is lost, and what is left to do."""
+    def interrupt(self, runs: list[PlannedRun], during: str, ask: Callable[[str], bool] | None = None) -> None:
+        """After Ctrl-C: the jobs the executor stopped end as cancelled; a scheduler's keep running
+        unless `ask` says to cancel them (`echobench cancel DIR` does it later). Says what was
+        interrupted, that nothing measured is lost, and what is left to do."""
         for job_id in self.executor.cancel_all():
             rid, run = next((rid, run) for rid, run in self.tracked.items() if self.state.runs[rid].job_id == job_id)
             finish_without_record(run.cfg, self.run_dir(run), "cancelled", "interrupted (Ctrl-C) while running")
             self.state.runs[rid].settled, self.state.runs[rid].state = True, "cancelled"
+            del self.tracked[rid]
         self.save()
-        detach = self.executor.detach_message()
-        left = sum(r.id not in self.state.runs for r in runs)
+        left = sum(r.id not in self.state.runs or waiting(self.state.runs[r.id]) for r in runs)
         self.log(f"interrupted (Ctrl-C) {esc(during)}: finished results are kept"
-                 + (f"; {left} of {len(runs)} runs not started (the same `echobench sweep` runs them)" if left else "")
-                 + (f"; {esc(detach)}" if detach else ""))
+                 + (f"; {left} of {len(runs)} runs not started (the same `echobench sweep` runs them)" if left else ""))
+        live = [rid for rid in self.tracked if not self.state.runs[rid].settled]
+        if not live or not detached(self.executor):
+            return
+        question = f"cancel the {len(live)} {self.executor.name.upper()} job(s) of this sweep still queued or running?"
+        try:
+            stop = ask is not None and ask(question)
+        except (Exception, KeyboardInterrupt):  # noqa: BLE001 - Ctrl-C or EOF at the question: leave them
+            stop = False
+        if stop:
+            cancel_sweep(self.dir, self.console, self.state)
+            return
+        self.log(esc(self.executor.detach_message().replace("DIR", str(self.dir))))
 
 
 def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] | None) -> Sweep:
@@ -299,32 +427,41 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
               skipped: list[dict] | None = None) -> int:
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
-    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C.
+    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait 0
+    once every run is submitted, NOT_ALL_SUBMITTED when some wait to be (slurm.max_submitted, a
+    submit limit, a busy scheduler: the same `sweep` again submits them).
     `skipped` (skipped_entry dicts) goes to SWEEP/skipped.json for the report."""
     sweep = open_sweep(matrix, opts, console, skipped)
     sweep.state.plan([r.id for r in runs])
     to_submit, failed_before = sweep.triage(runs, opts.retry_failed)
     done = len(runs) - len(to_submit) - len(sweep.tracked) - len(failed_before)
+    cap = sweep.executor.max_active if detached(sweep.executor) else None
     sweep.log(f"{matrix.name}: {len(runs)} runs: {done} ok already, {len(sweep.tracked)} in progress, "
               f"{len(to_submit)} to run" + (f", {len(failed_before)} failed earlier (not rerun: --retry-failed)"
-                                           if failed_before else "") + f" -> {esc(sweep.dir)}")
+                                           if failed_before else "")
+              + (f"; at most {cap} in the queue at once (slurm.max_submitted)" if cap and to_submit else "")
+              + f" -> {esc(sweep.dir)}")
+    queue = list(to_submit)
     try:
         during = "while calibrating, before any run was submitted"
         sweep.calibrate(to_submit)
-        queue = list(to_submit)
         during = "while submitting"
-        if sweep.executor.max_active is None:  # a scheduler: hand it everything now
-            while queue:
-                sweep.submit(queue.pop(0))
+        if detached(sweep.executor):  # a scheduler: hand it what it takes now
+            sweep.submit_ready(queue)
     except KeyboardInterrupt:
-        sweep.interrupt(runs, during)
+        sweep.interrupt(runs, during, opts.ask)
         return 130
     if not opts.wait:
+        if queue:
+            sweep.log(f"[yellow]{len(queue)} of {len(runs)} runs not submitted yet[/] ({esc(sweep.held_because())}): "
+                      f"nothing is lost; the same `echobench sweep` submits them (without --no-wait it stays and "
+                      f"submits them as jobs end); follow with: echobench status {esc(sweep.dir)}")
+            return NOT_ALL_SUBMITTED
         sweep.log(f"submitted; follow with: echobench status {esc(sweep.dir)}")
         return 0
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
-        sweep.interrupt(runs, "while running")
+        sweep.interrupt(runs, "while running", opts.ask)
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
         return 130
@@ -363,45 +500,135 @@ def status_row(rid: str, state: str, record: Record | None, error: str = "", ent
 
 def refresh_status(sweep_dir: Path) -> list[dict]:
     """Every run directory of a sweep (those with a run.yaml; in sweep.json order first), its state
-    refreshed from the scheduler; jobs that are over are settled."""
+    refreshed from the scheduler (one look per executor for all the jobs); jobs that are over are
+    settled."""
     sweep_dir = sweep_dir.resolve()
     state = SweepState.load(sweep_dir)
     ids = list(dict.fromkeys(state.planned + list(state.runs)))
     ids += sorted(p.parent.name for p in sweep_dir.glob("*/run.yaml") if p.parent.name not in ids)
-    executors: dict[str, Executor] = {}
-    rows = []
+    rows: dict[str, dict] = {}
+    readable: dict[str, tuple[RunConfig, Path, RunEntry | None]] = {}
     for rid in ids:
         if rid not in state.runs and not (sweep_dir / rid / "run.yaml").exists():
-            rows.append(status_row(rid, NOT_STARTED, None))  # planned, never submitted (an interrupted sweep)
+            rows[rid] = status_row(rid, NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
             continue
         try:
             rd = run_dir(sweep_dir, rid)
-            cfg = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text()))
+            readable[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, state.runs.get(rid)
         except (OSError, ValueError, TypeError, yaml.YAMLError):
-            rows.append({"run_id": rid, "state": "unreadable",
-                         "error": f"{sweep_dir / rid / 'run.yaml'} is missing or invalid"})
-            continue
-        entry = state.runs.get(rid)
+            rows[rid] = {"run_id": rid, "state": "unreadable",
+                         "error": f"{sweep_dir / rid / 'run.yaml'} is missing or invalid"}
+    executors: dict[str, Executor] = {}
+    looks: dict[str, JobState | None] = {}
+    for name in {entry.executor for _, _, entry in readable.values() if entry}:
+        executors[name] = make_executor(name)
+        looks.update(look(executors[name], {rid: (entry, rd) for rid, (_, rd, entry) in readable.items()
+                                            if entry and entry.executor == name}))
+    for rid, (cfg, rd, entry) in readable.items():
         name = entry.executor if entry else "local"
-        st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)))
-        rows.append(status_row(rid, st, record, error, entry))
+        st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)), looks.get(rid))
+        rows[rid] = status_row(rid, st, record, error, entry)
     if state.runs:
         state.save(sweep_dir)
-    return rows
+    return [rows[rid] for rid in ids]
 
 
 def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[list[dict], list[str]]:
     """`echobench status`: (rows, unreadable records). A sweep's runs are refreshed from the
-    scheduler (with `wait`, until none is pending or running); a directory of records that is
-    not a sweep gives one row per record."""
+    scheduler (with `wait`, until none is pending or running: poll_s doubling up to MAX_POLL_S
+    while no state changes); a directory of records that is not a sweep gives one row per record."""
     if not is_sweep(runs_dir):
         records, problems = load_records([runs_dir])
         return [status_row(r.run_id, r.status, r, r.error or "") for r in records], problems
     rows = refresh_status(runs_dir)
+    interval = poll_s
     while wait and any(r["state"] in ACTIVE for r in rows):
-        time.sleep(poll_s)
-        rows = refresh_status(runs_dir)
+        time.sleep(interval)
+        before, rows = [r["state"] for r in rows], refresh_status(runs_dir)
+        interval = poll_s if [r["state"] for r in rows] != before else min(interval * 2, max(poll_s, MAX_POLL_S))
     return rows, []
+
+
+# ---- cancel ----
+
+def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait_s: float = 120.0,
+                 poll_s: float = 1.0) -> int:
+    """`echobench cancel DIR` (and Ctrl-C's yes): one scancel of every job of the sweep not yet
+    over (its calibration job too), then each one's record as the sweep writes it once the
+    scheduler says it ended: cancelled (a run that finished first keeps its own record). A job
+    the scheduler still calls active after wait_s is recorded cancelled all the same. Runs
+    waiting to be submitted stay so (nothing runs them until the next `sweep`). Idempotent:
+    jobs already over are left as they are. Returns the exit code: 0, or 1 when scancel failed."""
+    sweep_dir = sweep_dir.resolve()
+    state = state if state is not None else SweepState.load(sweep_dir)
+
+    def entries() -> dict[str, tuple[RunConfig, Path, RunEntry]]:
+        out = {}
+        for rid, e in state.runs.items():
+            if e.job_id and not e.settled:
+                try:
+                    rd = run_dir(sweep_dir, rid)
+                    out[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, e
+                except (OSError, ValueError, TypeError, yaml.YAMLError):
+                    log(console, f"{esc(rid)}: [red]{esc(sweep_dir / rid / 'run.yaml')} is missing or invalid[/]: "
+                                 f"job {esc(e.job_id)} left as it is")
+        return out
+
+    def settle_all(live: dict, executor: Executor, why: str | None = None) -> dict:
+        """Settles what is over (or, with `why`, everything: recorded cancelled); returns the rest."""
+        looks = look(executor, {rid: (e, rd) for rid, (_, rd, e) in live.items()})
+        rest = {}
+        for rid, (cfg, rd, e) in live.items():
+            st = settle(cfg, rd, e, executor, looks.get(rid))
+            if st in ACTIVE and why is not None:
+                record = finish_without_record(cfg, rd, "cancelled", why.format(job=e.job_id, detail=e.detail))
+                e.settled, e.state, e.finished, st = True, record.status, now_iso(), record.status
+            if st in ACTIVE:
+                rest[rid] = (cfg, rd, e)
+            else:
+                log(console, f"{esc(rid)}: {state_markup(st)} (job {esc(e.job_id)})")
+        state.save(sweep_dir)
+        return rest
+
+    code = 0
+    all_live = entries()
+    for name in sorted({e.executor for _, _, e in all_live.values()}):
+        live = {rid: v for rid, v in all_live.items() if v[2].executor == name}
+        executor = make_executor(name)
+        if not detached(executor) or not hasattr(executor, "cancel"):
+            log(console, f"{len(live)} {esc(name)} jobs run under their `echobench sweep` process: Ctrl-C there "
+                         f"stops them")
+            continue
+        live = settle_all(live, executor)  # jobs over already keep the verdict they ended with
+        ids = [e.job_id for _, _, e in live.values()]
+        if name == "slurm" and state.calibration_job:
+            calibration = job_states(executor, {state.calibration_job: sweep_dir}).get(state.calibration_job)
+            if calibration is not None and calibration.state in ACTIVE:
+                ids.append(state.calibration_job)
+        if not ids:
+            continue
+        try:
+            executor.cancel(ids)
+        except Exception as exc:  # noqa: BLE001 - scancel's own words, one line
+            log(console, f"[red]not cancelled[/]: {esc(exc)}")
+            code = 1
+            continue
+        log(console, f"cancelled {len(ids)} {esc(name)} job(s): {esc(' '.join(ids))}")
+        deadline = time.monotonic() + wait_s
+        while live and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            live = settle_all(live, executor)
+        if live:
+            settle_all(live, executor, why=f"cancelled by `echobench cancel` (job {{job}}; after {wait_s:.0f} s the "
+                                           f"scheduler still said: {{detail}})")
+    waiting_runs = [rid for rid, e in state.runs.items() if waiting(e)]
+    if waiting_runs:
+        log(console, f"{len(waiting_runs)} runs never submitted (waiting) stay so: the next `echobench sweep` "
+                     f"submits them")
+    if not all_live and code == 0:
+        log(console, "nothing to cancel: no job of this sweep is queued or running")
+    state.save(sweep_dir)
+    return code
 
 
 def export_status(runs_dir: Path, rows: list[dict]) -> tuple[list[Path], list[str]]:

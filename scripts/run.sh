@@ -12,17 +12,35 @@ set -euo pipefail
 RUN_CONFIG=${1:?usage: sbatch --nodes=N scripts/run.sh RUN.yaml [OUT_DIR]}
 RUN_DIR=${2:-runs/job-$SLURM_JOB_ID}
 NPROC=${NPROC:-${SLURM_GPUS_ON_NODE:-1}}
-MASTER_PORT=${MASTER_PORT:-$(( 29500 + SLURM_JOB_ID % 10000 ))}
+MASTER_PORT=${MASTER_PORT:-$(( 29500 + SLURM_JOB_ID % 2000 ))}  # below the ephemeral ports
 PYTHON=${PYTHON:-python}
+EXPECT_GPU=${EXPECT_GPU:-$([ -n "${SLURM_GPUS_ON_NODE:-}" ] && echo 1 || echo 0)}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash or a hang's SIGTERM dumps the stacks
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
-# One launcher per node; each takes its node rank from SLURM_NODEID (not from host names).
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
-  'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
-  "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
+# First node, before any srun: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails here.
+"$PYTHON" -c '
+import sys, torch
+n = torch.cuda.device_count()
+print(f"echobench job: {sys.executable}, torch {torch.__version__} (CUDA {torch.version.cuda}), {n} GPU(s) visible")
+if sys.argv[1] == "1" and n == 0:
+    sys.exit(f"echobench: this job expects GPUs but torch {torch.__version__} sees none here (a CPU build of torch? CUDA {torch.version.cuda})")
+' "${EXPECT_GPU:-0}"
 rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "echobench: the first-node check failed (exit $rc): $PYTHON must import torch (and see a GPU when the job asks for GPUs); set slurm.python or slurm.setup" >&2
+else
+  # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
+  # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
+  # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
+  srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
+    --wait=60 -l -u bash -c \
+    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+    "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
+  rc=$?
+fi
 set -e
 echo "exited $SLURM_JOB_ID $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 exit $rc

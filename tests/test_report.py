@@ -594,6 +594,19 @@ def test_strings_from_records_are_escaped(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;i&gt;h&lt;/i&gt;" in page
 
 
+def test_the_software_line_names_cluster_fabric_and_driver(tmp_path):
+    from echobench.report import render_dashboard
+
+    rec = record("r1")
+    rec.env.scheduler = {"cluster": "alps", "partition": "normal", "job_id": "7"}
+    rec.env.comm_env = {"NCCL_NET": "AWS Libfabric", "NCCL_SOCKET_IFNAME": "<hsn>"}
+    rec.env.driver = "570.86.15"
+    write(tmp_path, rec)
+    page = render_dashboard(load_report_input([tmp_path]))
+    assert "cluster <code>alps/normal</code>" in page and "driver <code>570.86.15</code>" in page
+    assert "fabric env <code>NCCL_NET=AWS Libfabric NCCL_SOCKET_IFNAME=&lt;hsn&gt;</code>" in page
+
+
 def profiled(fractions=None, step_time_s=1.0):
     f = fractions or {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
                       "communication": 0.08, "data_wait": 0.03, "idle": 0.07}

@@ -108,7 +108,7 @@ def test_a_record_of_an_unknown_version_is_named(tmp_path, version):
 @pytest.mark.parametrize("change, message", [
     ({"micro_batch": None}, "micro_batch: Input should be a valid integer"),
     ({"mfu": "fast"}, "mfu: Input should be a valid number, unable to parse string as a number (got 'fast')"),
-    ({"status": "exploded"}, "status: Input should be 'ok', 'oom', 'error', 'timeout', 'cancelled' or 'node_fail'"),
+    ({"status": "exploded"}, "status: Input should be 'ok', 'oom', 'error', 'timeout', 'cancelled', 'node_fail' or 'preempted'"),
     ({"per_rank": [{"hostname": "h"}]}, "missing per_rank.0.rank"),
     ({"env": None}, "env: Input should be a valid dictionary or instance of Env"),
 ])

@@ -33,10 +33,11 @@ OPTIONS = {
     "report": ["--out", "--reference", "--table", "-o", "paths"],
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
-    "plan": ["--executor", "--json", "--max-runs", "--out", "--script", "matrix_path"],
+    "plan": ["--executor", "--json", "--max-runs", "--out", "--script", "--write-scripts", "matrix_path"],
     "sweep": ["--executor", "--force", "--max-runs", "--no-wait", "--only", "--out", "--poll", "--retry-failed",
               "--wait", "matrix_path"],
     "status": ["--export", "--json", "--poll", "--wait", "runs_dir"],
+    "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
 }
 # ... and the defaults of run's and flops' options then.

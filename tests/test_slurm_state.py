@@ -12,15 +12,25 @@ from echobench.executors.slurm import SlurmExecutor
 from echobench.results import Record
 
 
+# What sacct prints (rc 1) on a cluster without accounting: the one failure that switches it off.
+NO_ACCOUNTING = "!Slurm accounting storage is disabled"
+
+
 def fake_commands(tmp_path: Path, monkeypatch, **outputs) -> Path:
-    """Puts sacct / scontrol / squeue on PATH; each prints its text (rc 0) or fails (None: rc 1).
-    Every call is logged to calls.txt."""
+    """Puts sacct / scontrol / squeue on PATH; each prints its text (rc 0) or fails (None: rc 1;
+    "!TEXT": TEXT on stderr, rc 1). Every call is logged to calls.txt."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     calls = tmp_path / "calls.txt"
     for name in ("sacct", "scontrol", "squeue"):
         text = outputs.get(name)
-        body = f'echo {name} >>"{calls}"\n' + ("exit 1\n" if text is None else f"cat <<'EOF'\n{text}\nEOF\n")
+        if text is None:
+            out = "exit 1\n"
+        elif text.startswith("!"):
+            out = f"echo '{text[1:]}' >&2\nexit 1\n"
+        else:
+            out = f"cat <<'EOF'\n{text}\nEOF\n"
+        body = f'echo {name} >>"{calls}"\n' + out
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -28,13 +38,14 @@ def fake_commands(tmp_path: Path, monkeypatch, **outputs) -> Path:
 
 
 @pytest.mark.parametrize("sacct, expected", [
-    ("CANCELLED by 0|0:15", "cancelled"),
-    ("TIMEOUT|0:0", "timeout"),
-    ("OUT_OF_MEMORY|0:125", "oom"),
-    ("NODE_FAIL|1:0", "node_fail"),
-    ("FAILED|1:0", "error"),
-    ("RUNNING|0:0", "running"),
-    ("PENDING|0:0", "pending"),
+    ("42|CANCELLED by 0|0:15", "cancelled"),
+    ("42|TIMEOUT|0:0", "timeout"),
+    ("42|OUT_OF_MEMORY|0:125", "oom"),
+    ("42|NODE_FAIL|1:0", "node_fail"),
+    ("42|PREEMPTED|0:15", "preempted"),
+    ("42|FAILED|1:0", "error"),
+    ("42|RUNNING|0:0", "running"),
+    ("42|PENDING|0:0", "pending"),
 ])
 def test_sacct_first_where_accounting_exists(tmp_path, monkeypatch, sacct, expected):
     calls = fake_commands(tmp_path, monkeypatch, sacct=sacct, scontrol=None, squeue=None)
@@ -42,23 +53,22 @@ def test_sacct_first_where_accounting_exists(tmp_path, monkeypatch, sacct, expec
     assert state.state == expected and calls.read_text().split() == ["sacct"]
 
 
-def test_without_accounting_scontrol_then_squeue(tmp_path, monkeypatch):
-    calls = fake_commands(tmp_path, monkeypatch, sacct=None,
-                          scontrol="JobId=42 JobName=x JobState=TIMEOUT Reason=TimeLimit Dependency=(null) ExitCode=0:15")
+def test_without_accounting_squeue(tmp_path, monkeypatch):
+    calls = fake_commands(tmp_path, monkeypatch, sacct=NO_ACCOUNTING, squeue="42|TIMEOUT|TimeLimit")
     ex = SlurmExecutor()
     state = ex.state("42", tmp_path)
-    assert state.state == "timeout" and "TIMEOUT (TimeLimit exit 0:15)" in state.detail
+    assert state.state == "timeout" and "TIMEOUT (TimeLimit)" in state.detail
     ex.state("42", tmp_path)
-    assert calls.read_text().split() == ["sacct", "scontrol", "scontrol"]  # sacct tried once only
+    assert calls.read_text().split() == ["sacct", "squeue", "squeue"]  # sacct tried once only
 
-    calls = fake_commands(tmp_path / "b", monkeypatch, sacct=None, scontrol=None, squeue="COMPLETED None")
+    calls = fake_commands(tmp_path / "b", monkeypatch, sacct=NO_ACCOUNTING, squeue="42|COMPLETED|None")
     assert SlurmExecutor().state("42", tmp_path).state == "error"  # completed, yet no exit line of its own
-    fake_commands(tmp_path / "c", monkeypatch, sacct=None, scontrol=None, squeue=None)
+    fake_commands(tmp_path / "c", monkeypatch, sacct=NO_ACCOUNTING, squeue="")
     assert SlurmExecutor().state("42", tmp_path).state == "gone"
 
 
 def test_the_jobs_own_status_file_comes_first(tmp_path, monkeypatch):
-    calls = fake_commands(tmp_path, monkeypatch, sacct="RUNNING|0:0")
+    calls = fake_commands(tmp_path, monkeypatch, sacct="43|RUNNING|0:0")
     (tmp_path / "job-state").write_text("exited 42 3 2026-01-01T00:00:00Z\n")
     state = SlurmExecutor().state("42", tmp_path)
     assert state.state == "exited" and state.exit_code == 3 and not calls.exists()

@@ -32,16 +32,24 @@ ACTIVE = ("pending", "running")
 
 @dataclass
 class JobState:
-    state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, node_fail, oom, error)
+    state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
     detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
     exit_code: int | None = None
 
 
+class SubmitLater(RuntimeError):
+    """The executor cannot take the job now, for reasons not the job's own: a submit limit
+    (QOSMaxSubmitJobPerUserLimit), a scheduler too busy to answer, an sbatch that timed out with
+    no job queued under the run's name. The run waits, not settled, and is submitted again later."""
+
+
 class Executor(Protocol):
-    """How a sweep's runs get run (echobench.sweep needs no more than this)."""
+    """How a sweep's runs get run (echobench.sweep needs no more than this). An executor may also
+    have `states(jobs)`, every job's state in one look (`job_states` asks `state` per job otherwise)."""
 
     name: str  # local | slurm: the matrix's `executor`, kept in sweep.json for `echobench status`
-    max_active: int | None  # jobs at once: 1 on this machine; None for a scheduler, which queues them all
+    # Jobs at once: 1 on this machine; for a scheduler slurm.max_submitted (None: no cap, it queues them all).
+    max_active: int | None
     poll_s: float  # seconds between state checks, unless --poll says otherwise
 
     def check_dir(self, sweep_dir: Path) -> None:
@@ -55,7 +63,8 @@ class Executor(Protocol):
         sweep, into SWEEP/cache. Raises ValueError when that cannot start (before any run is submitted)."""
 
     def submit(self, run: PlannedRun, run_dir: Path, time_limit_s: int) -> str:
-        """Starts or queues RUN_DIR/job.sh; returns the job id. Raises when the job is refused."""
+        """Starts or queues RUN_DIR/job.sh; returns the job id. Raises SubmitLater when it cannot be
+        taken now (the run is submitted again later), another exception when the job is refused."""
 
     def state(self, job_id: str, run_dir: Path) -> JobState:
         """The job's state now: from its own files first, then from whoever runs it."""
@@ -67,11 +76,22 @@ class Executor(Protocol):
         """What Ctrl-C leaves running and how to follow it ("" when nothing)."""
 
 
+def job_states(executor: Executor, jobs: dict[str, Path]) -> dict[str, JobState]:
+    """The state of every job (job id -> its run directory) in one look where the executor can
+    (SLURM: one sacct for all), else one `state` per job. A job missing from the answer is no
+    news: the scheduler did not answer about it this time, ask again at the next look."""
+    if not jobs:
+        return {}
+    if (batch := getattr(executor, "states", None)) is not None:
+        return batch(jobs)
+    return {job_id: executor.state(job_id, rd) for job_id, rd in jobs.items()}
+
+
 def make_executor(name: str, matrix: Matrix | None = None) -> Executor:
     if name == "slurm":
         from echobench.executors.slurm import SlurmExecutor
 
-        return SlurmExecutor()
+        return SlurmExecutor(matrix.spec.slurm.max_submitted if matrix is not None else None)
     from echobench.executors.local import LocalExecutor
 
     # The matrix's env applies to local runs too (as process environment: no shell involved).

@@ -6,13 +6,14 @@ which runs torchrun there; node 0's launcher assembles the record. Every value f
 that reaches the script is validated (echobench.matrix) and quoted here (shlex.quote); per-node
 values reach the srun'd command as arguments, never as code.
 
-A job is tracked by its own status file first (RUN_DIR/job-state), then by sacct where
-accounting exists, then by scontrol, then squeue. A job that ended without a record (TIMEOUT,
+A job is tracked by its own status file first (RUN_DIR/job-state), then by one batched sacct per
+poll where accounting exists, then one batched squeue. A job that ended without a record (TIMEOUT,
 CANCELLED, NODE_FAIL, OUT_OF_MEMORY, or a crash before the benchmark) gets one from the sweep.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from echobench.executors import JobState, calibrated, sweep_cache
 from echobench.launch import source_root
-from echobench.matrix import parse_time
+from echobench.fabric import fabric_env
+from echobench.matrix import PORT_SPREAD, parse_time
 from echobench.peaks import table_peak
 
 # Scheduler states -> record statuses, for a job that is over.
@@ -29,7 +31,7 @@ ENDED = {
     "TIMEOUT": "timeout",
     "DEADLINE": "timeout",
     "CANCELLED": "cancelled",
-    "PREEMPTED": "cancelled",
+    "PREEMPTED": "preempted",  # its own status: the cluster took the nodes back, not the user
     "REVOKED": "cancelled",
     "NODE_FAIL": "node_fail",
     "BOOT_FAIL": "node_fail",
@@ -44,14 +46,31 @@ RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 
 # Shared by every rendered job.sh and scripts/run.sh (a test keeps them identical).
 LAUNCH_BODY = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash or a hang's SIGTERM dumps the stacks
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
-# One launcher per node; each takes its node rank from SLURM_NODEID (not from host names).
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
-  'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
-  "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
+# First node, before any srun: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails here.
+"$PYTHON" -c '
+import sys, torch
+n = torch.cuda.device_count()
+print(f"echobench job: {sys.executable}, torch {torch.__version__} (CUDA {torch.version.cuda}), {n} GPU(s) visible")
+if sys.argv[1] == "1" and n == 0:
+    sys.exit(f"echobench: this job expects GPUs but torch {torch.__version__} sees none here (a CPU build of torch? CUDA {torch.version.cuda})")
+' "${EXPECT_GPU:-0}"
 rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "echobench: the first-node check failed (exit $rc): $PYTHON must import torch (and see a GPU when the job asks for GPUs); set slurm.python or slurm.setup" >&2
+else
+  # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
+  # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
+  # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
+  srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
+    --wait=60 -l -u bash -c \
+    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+    "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
+  rc=$?
+fi
 set -e
 echo "exited $SLURM_JOB_ID $rc $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 exit $rc
@@ -66,6 +85,17 @@ def sbatch_path(path: Path) -> str:
         raise ValueError(f"the sweep directory {text!r} goes into #SBATCH lines: use a path of letters, digits "
                          f"and . _ + - / only")
     return text
+
+
+def cpus_per_task(slurm, gpus_per_node: int) -> int | None:
+    """CPUs of each node's one task: the matrix's cpus_per_task, else cpus_per_gpu per GPU when GPUs
+    are requested (without it sbatch gives one CPU to the task that starts every rank of the node);
+    none with exclusive, which has the node's CPUs already."""
+    if slurm.cpus_per_task:
+        return int(slurm.cpus_per_task)
+    if slurm.request_gpus and not slurm.exclusive:
+        return int(slurm.cpus_per_gpu) * int(gpus_per_node)
+    return None
 
 
 def sbatch_header(slurm, job_name: str, nodes: int, gpus_per_node: int, log: str) -> list[str]:
@@ -84,8 +114,8 @@ def sbatch_header(slurm, job_name: str, nodes: int, gpus_per_node: int, log: str
     ]
     if slurm.request_gpus:
         head.append(f"#SBATCH --gpus-per-node={int(gpus_per_node)}")
-    if slurm.cpus_per_task:
-        head.append(f"#SBATCH --cpus-per-task={int(slurm.cpus_per_task)}")
+    if cpus := cpus_per_task(slurm, gpus_per_node):
+        head.append(f"#SBATCH --cpus-per-task={cpus}")
     if slurm.mem is not None:
         head.append(f"#SBATCH --mem={slurm.mem}")
     if slurm.exclusive:
@@ -97,13 +127,25 @@ def sbatch_header(slurm, job_name: str, nodes: int, gpus_per_node: int, log: str
 
 
 def job_environment(slurm) -> list[str]:
-    """PYTHON, PYTHONPATH, the matrix's env (quoted) and its setup lines (as written)."""
+    """PYTHON, PYTHONPATH, the fabric profile and the matrix's env (quoted), and its setup lines (as
+    written, without `set -eu`: Lmod's `module` reads unset variables; each line's failure ends the
+    job with its number). A setup line that activates another environment (VIRTUAL_ENV or
+    CONDA_PREFIX changes) decides the interpreter, unless slurm.python names one."""
     q = shlex.quote
     lines = [f"PYTHON={q(slurm.python or sys.executable)}",
              f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
-    lines += [f"export {key}={q(value)}" for key, value in slurm.env.items()]
+    lines += [f"export {key}={q(value)}" for key, value in fabric_env(slurm.fabric, slurm.env).items()]
+    if slurm.numa_binding:
+        lines.append(f"export ECHOBENCH_NUMA_BINDING={q(slurm.numa_binding)}")
     if slurm.setup:
-        lines += ["# setup (from the matrix)", *slurm.setup]
+        lines += ["# setup (from the matrix)", 'eb_env_before="${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}"', "set +eu"]
+        for n, line in enumerate(slurm.setup, 1):
+            lines += [line, f'eb_rc=$?; if [ "$eb_rc" -ne 0 ]; then echo "echobench: setup line {n} failed '
+                            f'(exit $eb_rc): "{q(line)} >&2; exit "$eb_rc"; fi']
+        lines.append("set -eu")
+        if not slurm.python:
+            lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
+                         'PYTHON=$(command -v python3 || command -v python); fi')
     return lines
 
 
@@ -112,6 +154,7 @@ def render_script(cfg, run_dir: Path, slurm) -> str:
     q = shlex.quote
     rid = run_dir.name
     head = sbatch_header(slurm, f"eb-{rid}", cfg.nodes, cfg.gpus_per_node, f"{sbatch_path(run_dir)}/logs/slurm-%j.out")
+    expect_gpu = int(cfg.device == "cuda" or (slurm.request_gpus and cfg.device != "cpu"))
     body = [
         "",
         f"# echobench run {rid}: written by `echobench sweep`. By hand: sbatch THIS_FILE [RUN.yaml]",
@@ -119,7 +162,9 @@ def render_script(cfg, run_dir: Path, slurm) -> str:
         f"RUN_DIR={q(str(run_dir.resolve()))}",
         'RUN_CONFIG=${1:-$RUN_DIR/run.yaml}',
         f"NPROC={int(cfg.gpus_per_node)}",
-        f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % 10000 ))  # jobs sharing a node need their own",
+        f"EXPECT_GPU={expect_gpu}",
+        # Jobs sharing a node need their own port; the range stays below the ephemeral ports (matrix.EPHEMERAL).
+        f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
         *job_environment(slurm),
     ]
     return "\n".join(head + body) + "\n" + LAUNCH_BODY
@@ -139,8 +184,20 @@ def render_calibration_script(sweep_dir: Path, slurm, device: str = "auto") -> s
     return "\n".join(head + body) + "\n"
 
 
+# A sweep driven from inside an allocation (salloc, a batch job) has that job's SLURM_* / SBATCH_*
+# variables, which sbatch reads as options for the new job (as submitit, drop them); SLURM_CONF
+# says where the cluster's configuration is, and stays.
+SUBMIT_ENV_DROP = ("SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "SALLOC_")
+
+
+def submit_env(environ=None) -> dict:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k == "SLURM_CONF" or not k.startswith(SUBMIT_ENV_DROP)}
+
+
 def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    env = submit_env() if cmd[0] == "sbatch" else None
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 class SlurmError(RuntimeError):
@@ -148,13 +205,32 @@ class SlurmError(RuntimeError):
 
 
 class SlurmExecutor:
-    name = "slurm"
-    max_active = None  # the scheduler queues them
-    poll_s = 5.0
+    """Submits with sbatch, reads every tracked job's state in one look per poll (`states`), and
+    tells a refusal to retry (a submit limit, a busy scheduler: SubmitLater) from one that is the
+    job's own (a bad partition or option: SlurmError, the run's record)."""
 
-    def __init__(self):
-        self.accounting: bool | None = None  # unknown until sacct has been tried
+    name = "slurm"
+    max_active = None  # slurm.max_submitted: the sweep's jobs in the queue at once (None: the scheduler queues them all)
+    poll_s = 5.0
+    submit_timeout_s = 60.0  # sbatch: past this the job may be queued or not: squeue is asked before anything else
+    query_timeout_s = 60.0  # sacct, squeue: past this the look is no news (asked again at the next poll)
+    batch = 500  # job ids per sacct / squeue call
+    # What sacct prints where the cluster keeps no accounting: then it is never asked again. Any other
+    # failure (a timeout, slurmdbd down) is transient: sacct is asked again at the next poll.
+    ACCOUNTING_OFF = ("accounting storage is disabled",)
+    # sbatch's words for a refusal that is not about the job: a submit limit, a controller too busy.
+    SUBMIT_LATER = re.compile(r"MaxSubmitJob|SubmitJobsLimit|submit limit|Socket timed out|temporarily unable|"
+                              r"Resource temporarily unavailable|Unable to contact slurm controller|"
+                              r"Job violates accounting/QOS policy|Connection (?:refused|timed out|reset)|"
+                              r"Transport endpoint is not connected|try again later", re.IGNORECASE)
+    # A QOS / association reason named in the refusal: only the submit-count ones pass with time.
+    LIMIT_REASON = re.compile(r"\b(?:QOS|Assoc)\w*Limit\b")
+
+    def __init__(self, max_submitted: int | None = None):
+        self.max_active = max_submitted
+        self.accounting: bool | None = None  # unknown until sacct has answered (False: the cluster has none)
         self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
+        self.unsure: set[str] = set()  # job names whose sbatch timed out: looked up in squeue before another
 
     def check_dir(self, sweep_dir: Path) -> None:
         sbatch_path(sweep_dir)  # the path goes into #SBATCH lines, which sbatch does not unquote
@@ -170,6 +246,7 @@ class SlurmExecutor:
         nodes'), which the runs without a peak then wait for; none when hardware.device names a
         device with a datasheet peak, or when the sweep has calibrated already."""
         from echobench.console import esc
+        from echobench.executors import SubmitLater
 
         if calibrated(sweep_dir):
             return
@@ -181,6 +258,9 @@ class SlurmExecutor:
         (sweep_dir / "logs").mkdir(exist_ok=True)
         try:
             self.calibration = self.sbatch(script, "the calibration job")
+        except SubmitLater as exc:
+            raise ValueError(f"{exc}; nothing submitted: run the sweep again later (or set hardware.peak_tflops "
+                             f"in the matrix)") from None
         except SlurmError as exc:
             raise ValueError(f"{exc}; nothing submitted (or set hardware.peak_tflops in the matrix)") from None
         job = esc(self.calibration)
@@ -192,83 +272,197 @@ class SlurmExecutor:
         return self.sbatch(run_dir / "job.sh", run.id, self.calibration if run.cfg.peak_tflops is None else None)
 
     def sbatch(self, script: Path, what: str, after: str | None = None) -> str:
+        """The job id of `script` once queued. Raises SubmitLater for a refusal that passes with time
+        (and for an sbatch that timed out with no job of that name in the queue), SlurmError for one
+        that is the job's own. After a timeout the next call looks in squeue before submitting again."""
+        from echobench.executors import SubmitLater
+
+        name = self.job_name(script)
+        if name in self.unsure:
+            if job_id := self.queued(name, script):
+                self.unsure.discard(name)
+                return job_id
+            self.unsure.discard(name)
         # afterany: the run starts whether or not the calibration worked (a node with a datasheet peak needs none).
         depend = [f"--dependency=afterany:{after}"] if after else []
         try:
-            proc = _run(["sbatch", "--parsable", *depend, str(script)])
+            proc = _run(["sbatch", "--parsable", *depend, str(script)], timeout=self.submit_timeout_s)
         except FileNotFoundError:
             raise SlurmError("sbatch not found: is this a SLURM login node? (locally: bash scripts/slurm-local.sh up)")
+        except subprocess.TimeoutExpired:
+            if name is None:
+                raise SlurmError(f"sbatch of {what} did not answer within {self.submit_timeout_s:.0f} s") from None
+            # The controller may have queued the job all the same: never submit it twice.
+            self.unsure.add(name)
+            if job_id := self.queued(name, script):
+                self.unsure.discard(name)
+                return job_id
+            raise SubmitLater(f"sbatch did not answer within {self.submit_timeout_s:.0f} s and no job {name} is "
+                              f"queued (squeue is asked again before it is submitted again)") from None
         if proc.returncode != 0:
-            raise SlurmError(f"sbatch rejected {what}: {proc.stderr.strip() or proc.stdout.strip()}")
+            message = " | ".join(line.strip() for line in (proc.stderr.strip() or proc.stdout.strip()).splitlines())
+            if self.refusal_passes(message):
+                raise SubmitLater(f"sbatch refused {what} for now: {message}")
+            raise SlurmError(f"sbatch rejected {what}: {message}")
         job_id = proc.stdout.strip().split(";")[0]  # "ID" or "ID;cluster"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
         return job_id
 
-    # ---- the scheduler's view, most authoritative first ----
+    def refusal_passes(self, message: str) -> bool:
+        """Whether sbatch's refusal passes with time: a submit-count limit (QOSMaxSubmitJobPerUserLimit,
+        AssocMaxSubmitJobLimit, ...) or a scheduler that could not answer. A refusal naming another limit
+        (QOSMaxWallDurationPerJobLimit: the job asks for more than the QOS allows) is the job's own."""
+        if reasons := self.LIMIT_REASON.findall(message):
+            return all("SubmitJob" in reason for reason in reasons)
+        return bool(self.SUBMIT_LATER.search(message))
 
-    def _sacct(self, job_id: str) -> tuple[str, str] | None:
+    @staticmethod
+    def job_name(script: Path) -> str | None:
+        """The #SBATCH --job-name of a job script (the name squeue finds it by), None without one."""
+        try:
+            found = re.search(r"^#SBATCH --job-name=(\S+)", script.read_text(), re.MULTILINE)
+        except OSError:
+            return None
+        return found.group(1) if found else None
+
+    def queued(self, name: str, script: Path) -> str | None:
+        """The job an sbatch that timed out may have queued: its own job-state file, else squeue by
+        the job's name (this user's jobs). Raises SubmitLater when squeue does not answer either."""
+        import os
+
+        from echobench.executors import SubmitLater
+
+        try:
+            words = (script.parent / "job-state").read_text().split()
+            if len(words) >= 2 and words[0] in ("running", "exited") and words[1].isdigit():
+                return words[1]
+        except OSError:
+            pass
+        try:
+            proc = _run(["squeue", "-h", "-u", str(os.getuid()), f"--name={name}", "-o", "%i"],
+                        timeout=self.query_timeout_s)
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            proc = None
+        if proc is None or proc.returncode != 0:
+            raise SubmitLater(f"sbatch did not answer within {self.submit_timeout_s:.0f} s, nor did squeue: whether "
+                              f"job {name} is queued is asked again before it is submitted again")
+        ids = [word for word in proc.stdout.split() if word.isdigit()]
+        return max(ids, key=int) if ids else None
+
+    # ---- the scheduler's view: the job's own file, then one sacct, then one squeue for all ----
+
+    def _sacct(self, job_ids: list[str]) -> tuple[dict[str, tuple[str, str]], bool]:
+        """({job id: (state, detail)}, whether sacct answered). Accounting is switched off only when
+        sacct says there is none; any other failure is no answer this time."""
         if self.accounting is False:
-            return None
-        try:
-            proc = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
-        except (FileNotFoundError, subprocess.TimeoutExpired):
-            self.accounting = False
-            return None
-        if proc.returncode != 0:  # "Slurm accounting storage is disabled"
-            self.accounting = False
-            return None
-        self.accounting = True
-        line = proc.stdout.strip().splitlines()[:1]
-        if not line:
-            return None  # not in the database yet
-        state, _, code = line[0].partition("|")
-        return state.split()[0], f"exit {code}"  # "CANCELLED by 0" -> CANCELLED
+            return {}, True
+        seen: dict[str, tuple[str, str]] = {}
+        for k in range(0, len(job_ids), self.batch):
+            chunk = job_ids[k:k + self.batch]
+            try:
+                proc = _run(["sacct", "-n", "-X", "-P", "-j", ",".join(chunk), "-o", "JobID,State,ExitCode"],
+                            timeout=self.query_timeout_s)
+            except FileNotFoundError:
+                self.accounting = False
+                return {}, True
+            except subprocess.TimeoutExpired:
+                return seen, False
+            if proc.returncode != 0:
+                if any(words in f"{proc.stderr} {proc.stdout}".lower() for words in self.ACCOUNTING_OFF):
+                    self.accounting = False
+                    return {}, True
+                return seen, False
+            self.accounting = True
+            for line in proc.stdout.splitlines():
+                job_id, _, rest = line.strip().partition("|")
+                state, _, code = rest.partition("|")
+                if job_id in chunk and state.split() and job_id not in seen:
+                    seen[job_id] = state.split()[0], f"exit {code}"  # "CANCELLED by 0" -> CANCELLED
+        return seen, True  # a job missing here is not in the database yet
 
-    def _scontrol(self, job_id: str) -> tuple[str, str] | None:
-        try:
-            proc = _run(["scontrol", "show", "job", "-o", job_id])
-        except (FileNotFoundError, subprocess.TimeoutExpired):
-            return None
-        if proc.returncode != 0:
-            return None  # "Invalid job id specified": purged after MinJobAge
-        fields = dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
-        if "JobState" not in fields:
-            return None
-        return fields["JobState"], f"{fields.get('Reason', '')} exit {fields.get('ExitCode', '?')}".strip()
+    def _squeue(self, job_ids: list[str]) -> tuple[dict[str, tuple[str, str]], bool]:
+        """({job id: (state, reason)}, whether squeue answered): finished jobs too (-t all), for
+        MinJobAge after they end. An id the controller no longer knows is left out."""
+        seen: dict[str, tuple[str, str]] = {}
+        for k in range(0, len(job_ids), self.batch):
+            chunk = job_ids[k:k + self.batch]
+            try:
+                proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", "%i|%T|%r"],
+                            timeout=self.query_timeout_s)
+            except (FileNotFoundError, subprocess.TimeoutExpired):
+                return seen, False
+            if proc.returncode != 0:
+                if "invalid job id" in proc.stderr.lower():  # one id only, and purged: "Invalid job id specified"
+                    continue
+                return seen, False
+            for line in proc.stdout.splitlines():
+                job_id, _, rest = line.strip().partition("|")
+                state, _, reason = rest.partition("|")
+                if job_id in chunk and state:
+                    seen[job_id] = state, reason
+        return seen, True
 
-    def _squeue(self, job_id: str) -> tuple[str, str] | None:
-        try:
-            proc = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %r"])
-        except (FileNotFoundError, subprocess.TimeoutExpired):
-            return None
-        words = proc.stdout.split()
-        if proc.returncode != 0 or not words:
-            return None
-        return words[0], " ".join(words[1:])
-
-    def scheduler_state(self, job_id: str) -> tuple[str, str] | None:
-        return self._sacct(job_id) or self._scontrol(job_id) or self._squeue(job_id)
-
-    def state(self, job_id: str, run_dir: Path) -> JobState:
+    def states(self, jobs: dict[str, Path]) -> dict[str, JobState]:
+        """Every job's state (job id -> run directory) in one look: its own status file first, then
+        one sacct for all where accounting exists, then one squeue for the jobs sacct did not know.
+        A job neither answered about is left out (no news: asked again at the next poll); it is
+        `gone` only when both answered and neither knows it."""
         from echobench.executors import read_job_state
 
-        own = read_job_state(run_dir, job_id)
-        if own is not None and own.state == "exited":
-            return own
-        seen = self.scheduler_state(job_id)
-        if seen is None:
-            return JobState("gone", f"SLURM job {job_id} is unknown to the scheduler (purged?) and left no exit status")
-        state, detail = seen
+        out: dict[str, JobState] = {}
+        ask = []
+        for job_id, run_dir in jobs.items():
+            own = read_job_state(run_dir, job_id)
+            if own is not None and own.state == "exited":
+                out[job_id] = own
+            else:
+                ask.append(job_id)
+        if not ask:
+            return out
+        seen, sure = self._sacct(ask)
+        if rest := [job_id for job_id in ask if job_id not in seen]:
+            more, answered = self._squeue(rest)
+            seen.update(more)
+            sure = sure and answered
+        for job_id in ask:
+            if job_id in seen:
+                out[job_id] = self.job_state(job_id, *seen[job_id])
+            elif sure:
+                out[job_id] = JobState("gone", f"SLURM job {job_id} is unknown to the scheduler (purged?) and left "
+                                               f"no exit status")
+        return out
+
+    @staticmethod
+    def job_state(job_id: str, state: str, detail: str) -> JobState:
         if state in PENDING:
             return JobState("pending", f"{state} {detail}")
         if state in RUNNING:
             return JobState("running", f"{state} {detail}")
-        status = ENDED.get(state, "error")
-        return JobState(status, f"SLURM job {job_id} ended {state} ({detail})")
+        return JobState(ENDED.get(state, "error"), f"SLURM job {job_id} ended {state} ({detail})")
+
+    def state(self, job_id: str, run_dir: Path) -> JobState:
+        """One job's state (the sweep asks `states` for all at once)."""
+        return self.states({job_id: run_dir}).get(job_id) or JobState(
+            "pending", "the scheduler did not answer (sacct / squeue): asked again at the next look")
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """scancel of these jobs, in one call. Ids already over are no error (cancelling twice is
+        harmless); raises SlurmError when scancel cannot do it."""
+        try:
+            proc = _run(["scancel", *job_ids], timeout=self.query_timeout_s)
+        except FileNotFoundError:
+            raise SlurmError("scancel not found: is this a SLURM login node?")
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"scancel did not answer within {self.query_timeout_s:.0f} s") from None
+        problems = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not re.search(
+            r"already completing or completed|Invalid job id", line, re.IGNORECASE)]
+        if proc.returncode != 0 and problems:
+            raise SlurmError(f"scancel {' '.join(job_ids)}: {' | '.join(problems)}")
 
     def cancel_all(self) -> list[str]:
-        return []  # Ctrl-C while waiting leaves SLURM jobs running (see detach_message)
+        return []  # Ctrl-C while waiting leaves SLURM jobs running (see detach_message; `echobench cancel DIR`)
 
     def detach_message(self) -> str:
-        return "the SLURM jobs keep running: `echobench status DIR` follows them, `scancel` stops them"
+        return "the SLURM jobs keep running: `echobench status DIR` follows them, `echobench cancel DIR` stops them"
+

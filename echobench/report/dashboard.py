@@ -38,8 +38,8 @@ FLOP_CONVENTION = (
     "A configuration's figure is the median over its runs at that node count (repeats, and runs of other "
     "sweeps that differ only in how long or how often they measured: steps, warm-up, seed)."
 )
-VERSION_KEYS = ("python", "torch", "cuda", "nccl", "transformers", "megatron_core", "transformer_engine",
-                "torchao", "git_commit")
+VERSION_KEYS = ("python", "torch", "cuda", "nccl", "driver", "transformers", "megatron_core", "transformer_engine",
+                "torchao", "container", "git_commit")
 FLOP_PARTS_ORDER = ("dit_attention", "dit_mlp", "dit_conditioning", "dit_io", "speaker_encoder",
                     "text_projection", "text_encoder")
 
@@ -345,6 +345,12 @@ def header_facts(data: ReportInput) -> dict:
                     for r in records if r.peak_tflops is not None)
     ceilings = _unique(f"{r.ceiling_tflops:.4g}" for r in records if r.ceiling_tflops)
     versions = {k: ", ".join(_unique(getattr(e, k) for e in envs)) or "-" for k in VERSION_KEYS}
+    # Where the runs ran and over which fabric settings (the records' scheduler and NCCL / FI_ variables).
+    versions["cluster"] = ", ".join(_unique("/".join(filter(None, ((e.scheduler or {}).get("cluster"),
+                                                                   (e.scheduler or {}).get("partition"))))
+                                            for e in envs)) or "-"
+    versions["fabric env"] = "; ".join(_unique(" ".join(f"{k}={v}" for k, v in (e.comm_env or {}).items())
+                                               for e in envs)) or "-"
     matrices = _unique(data.frame["matrix"])
     statuses = Counter(r.status for r in records)
     return {

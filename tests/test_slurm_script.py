@@ -1,0 +1,192 @@
+"""The job script a cluster user would review (issue 23): fabric profiles instead of fabric defaults,
+setup lines that survive Lmod, the interpreter a setup line activates, CPUs and memory asked for,
+labelled unbuffered logs, srun --wait, a port below the ephemeral range, a first-node check. The
+rendered scripts are checked as text; the last tests run them on the local SLURM cluster."""
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from echobench.executors.slurm import render_script
+from echobench.fabric import FABRICS
+from echobench.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
+
+
+def script_for(slurm: str, defaults: str = "{parallelism: single}", tmp: Path = Path("/tmp/eb")) -> list[str]:
+    m = parse_matrix(f"name: t\nexecutor: slurm\nslurm: {slurm}\ndefaults: {defaults}\n", "m.yaml")
+    run = expand(m).runs[0]
+    return render_script(run.cfg, tmp / run.id, m.spec.slurm).splitlines()
+
+
+def exported(lines: list[str]) -> dict:
+    return dict(line.removeprefix("export ").split("=", 1) for line in lines
+                if line.startswith("export ") and "=" in line and " " not in line.split("=", 1)[0].removeprefix("export "))
+
+
+def test_no_fabric_settings_unless_a_profile_is_chosen():
+    env = exported(script_for("{gpus_per_node: 4}"))
+    assert env.get("NCCL_DEBUG") == "VERSION"  # every log names the NCCL that ran
+    assert not [k for k in env if k.startswith(("NCCL_IB", "NCCL_SOCKET", "NCCL_NET", "FI_"))], env
+
+
+def test_a_fabric_profile_and_the_matrix_env_over_it():
+    env = exported(script_for("{fabric: slingshot, env: {NCCL_CROSS_NIC: 0, NCCL_DEBUG: INFO}}"))
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn" and env["NCCL_NET"] == "'AWS Libfabric'"
+    assert env["FI_CXI_DISABLE_HOST_REGISTER"] == "1"
+    assert env["NCCL_CROSS_NIC"] == "0" and env["NCCL_DEBUG"] == "INFO"
+    assert exported(script_for("{fabric: infiniband}"))["NCCL_IB_DISABLE"] == "0"
+    with pytest.raises(ValueError, match="fabric"):
+        script_for("{fabric: omnipath}")
+
+
+def test_shipped_gpu_matrices_choose_a_profile_instead_of_setting_fabric_variables():
+    import yaml
+
+    for path in sorted((ROOT / "matrices").glob("*.yaml")):
+        slurm = yaml.safe_load(path.read_text()).get("slurm") or {}
+        fabric_vars = {k for k in slurm.get("env", {}) for f in FABRICS.values() if k in f.env}
+        assert not fabric_vars, f"{path.name} sets {fabric_vars}: choose slurm.fabric instead"
+    gh200 = yaml.safe_load((ROOT / "matrices" / "gh200-published.yaml").read_text())["slurm"]
+    assert gh200["fabric"] == "slingshot" and str(gh200["mem"]) == "0"
+
+
+def test_cpus_and_memory_are_asked_for():
+    lines = script_for("{gpus_per_node: 4, cpus_per_gpu: 18}", "{parallelism: ddp, gpus_per_node: 4}")
+    assert "#SBATCH --cpus-per-task=72" in lines  # one task per node starts all 4 ranks
+    assert "#SBATCH --cpus-per-task=1" not in lines
+    assert not [x for x in script_for("{exclusive: true, mem: 0}") if x.startswith("#SBATCH --cpus-per-task")]
+    assert "#SBATCH --mem=0" in script_for("{exclusive: true, mem: 0}")
+    body = "\n".join(script_for("{}"))
+    assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}"' in body  # srun does not inherit it
+    assert "export ECHOBENCH_NUMA_BINDING=socket" in script_for("{numa_binding: socket}")
+
+
+def test_logs_teardown_and_port():
+    body = "\n".join(script_for("{}"))
+    assert " --wait=60 -l -u " in body
+    assert "export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1" in body
+    assert f"MASTER_PORT=$(( 29500 + SLURM_JOB_ID % {PORT_SPREAD} ))" in body
+    assert 29500 + PORT_SPREAD <= EPHEMERAL[0]
+    with pytest.raises(ValueError, match="ephemeral"):
+        script_for("{master_port: 40000}")
+
+
+def test_setup_lines_run_without_nounset_and_each_failure_is_named():
+    lines = script_for("{setup: ['module load cuda', 'source /opt/venv/bin/activate']}")
+    i = lines.index("set +eu")
+    assert lines[i + 1] == "module load cuda" and "setup line 1 failed" in lines[i + 2]
+    assert lines[i + 3] == "source /opt/venv/bin/activate" and "setup line 2 failed" in lines[i + 4]
+    assert lines[i + 5] == "set -eu" and "PYTHON=$(command -v python3" in lines[i + 6]
+    pinned = script_for("{python: /opt/py/bin/python3, setup: ['source /opt/venv/bin/activate']}")
+    assert not [x for x in pinned if "command -v python3" in x]  # slurm.python decides
+
+
+# ---- on the local cluster ----
+
+@pytest.fixture(scope="module")
+def script_sweep(tmp_path_factory):
+    from test_slurm import cluster_nodes
+
+    if len(cluster_nodes()) < 1:
+        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail("no local SLURM cluster: bash scripts/slurm-local.sh up 2")
+        pytest.skip("no local SLURM cluster: bash scripts/slurm-local.sh up 2")
+    base = tmp_path_factory.mktemp("script")
+    # A stand-in for `source venv/bin/activate`: another VIRTUAL_ENV, its python3 first on PATH, a
+    # wrapper that notes each call (the job must start its ranks with it) and runs this interpreter.
+    venv = base / "other-venv"
+    (venv / "bin").mkdir(parents=True)
+    wrapper = venv / "bin" / "python3"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >> {venv}/used\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    (venv / "bin" / "activate").write_text(f'export VIRTUAL_ENV={venv}\nexport PATH={venv}/bin:$PATH\n')
+    tiny = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 30, "text_tokens": 8,
+            "speaker_frames": 30}
+    # Lmod's `module` reads variables that may be unset; under `set -u` that ended the job.
+    lmod_like = 'if [ -n "$ECHOBENCH_NEVER_SET_ANYWHERE" ]; then echo set; fi'
+    matrices = {
+        "setup-ok": {"slurm": {"fabric": "tcp", "setup": [lmod_like, f"source {venv}/bin/activate"]}},
+        "setup-fails": {"slurm": {"setup": ["true", "false"]}},
+        "wants-gpu": {"slurm": {}, "defaults": {"device": "cuda"}},
+    }
+    out = {}
+    for name, extra in matrices.items():
+        slurm = {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1},
+                 **extra["slurm"]}
+        spec = {"name": name, "executor": "slurm", "slurm": slurm, "hardware": {"peak_tflops": 0.5},
+                "defaults": {**tiny, **extra.get("defaults", {})}}
+        path = base / f"{name}.yaml"
+        path.write_text(json.dumps(spec))
+        # As from inside another allocation: its variables must not reach the new jobs' sbatch
+        # (SBATCH_PARTITION overrides the script's options: a partition that does not exist).
+        inside = {"SBATCH_PARTITION": "no-such-partition", "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "64"}
+        proc = run_cli("sweep", path, "--out", base / name, "--no-wait", tmp_path=base, env=inside)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[name] = base / name
+    for name, sweep in out.items():
+        proc = run_cli("status", sweep, "--wait", "--poll", "3", tmp_path=base, timeout=900)
+    return {"dirs": out, "venv": venv}
+
+
+def only_record(sweep: Path) -> tuple[dict, str]:
+    rid = next(iter(json.loads((sweep / "sweep.json").read_text())["runs"]))
+    log = "\n".join(p.read_text() for p in sorted((sweep / rid / "logs").glob("slurm-*.out")))
+    return json.loads((sweep / rid / "result.json").read_text()), log
+
+
+@pytest.mark.slurm
+def test_setup_lines_survive_nounset_and_the_activated_interpreter_runs(script_sweep):
+    """Also: submitted from an environment with another allocation's SLURM_* / SBATCH_* variables."""
+    r, log = only_record(script_sweep["dirs"]["setup-ok"])
+    assert r["status"] == "ok", r["error"] + log[-2000:]
+    assert (script_sweep["venv"] / "used").read_text().split(), "the activated environment's python3 never ran"
+    assert "echobench job: " in log and "GPU(s) visible" in log  # the first-node check
+    assert [line for line in log.splitlines() if line.startswith("0: ")], "srun -l labels each line by node"
+    env = r["env"]  # the scheduler and fabric context, in the record
+    assert env["scheduler"]["job_id"] == json.loads((script_sweep["dirs"]["setup-ok"] / "sweep.json").read_text())[
+        "runs"][r["run_id"]]["job_id"]
+    assert env["scheduler"]["nodelist"] and env["comm_env"]["NCCL_DEBUG"] == "VERSION"
+    assert env["comm_env"]["NCCL_NET"] == "Socket" and env["comm_env"]["NCCL_IB_DISABLE"] == "1"  # fabric: tcp
+
+
+@pytest.mark.slurm
+def test_a_failing_setup_line_is_named(script_sweep):
+    r, log = only_record(script_sweep["dirs"]["setup-fails"])
+    assert r["status"] == "error"
+    assert "echobench: setup line 2 failed (exit 1): false" in log
+    assert "setup line 2 failed" in r["error"], r["error"]
+
+
+@pytest.mark.slurm
+def test_a_job_that_wants_a_gpu_and_sees_none_fails_at_the_first_node_check(script_sweep):
+    r, log = only_record(script_sweep["dirs"]["wants-gpu"])
+    assert r["status"] == "error"
+    assert "this job expects GPUs but torch" in log and "first-node check failed" in log
+    assert "0: " not in log  # no srun started
+
+
+
+def test_the_submit_environment_is_clean():
+    from echobench.executors.slurm import submit_env
+
+    env = submit_env({"SLURM_JOB_ID": "1", "SBATCH_PARTITION": "x", "SRUN_CPUS_PER_TASK": "4", "SLURM_CONF": "/etc/s.conf",
+                      "PATH": "/bin", "NCCL_DEBUG": "INFO"})
+    assert env == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin", "NCCL_DEBUG": "INFO"}
+
+
+def test_plan_writes_every_job_script_without_submitting(tmp_path):
+    out = tmp_path / "scripts"
+    proc = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--write-scripts", out, "--out", tmp_path / "sw",
+                   tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    scripts = sorted(out.glob("*.sh"))
+    assert len(scripts) == 12 and not (tmp_path / "sw").exists()  # nothing submitted, no sweep directory
+    rid = scripts[0].stem
+    one = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--script", rid, "--out", tmp_path / "sw",
+                  tmp_path=tmp_path)
+    assert one.stdout == scripts[0].read_text()
