@@ -152,7 +152,8 @@ def test_the_dry_pass_end_to_end(tmp_path):
     """The real script on this machine's packages: one calibration and one eager run, then the report."""
     env = dict(os.environ, DEVICE_CHECK_DRY="1", DEVICE_CHECK_ONLY="calibrate tiny-eager-mb2",
                DEVICE_CHECK_WORK=str(tmp_path / "work"), PYTHONPATH="",
-               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # python3: this interpreter
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
+               CUDA_VISIBLE_DEVICES="")  # the CPU whatever the host, as the suite's other commands
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "scripts/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)

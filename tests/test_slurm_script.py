@@ -34,6 +34,14 @@ def test_no_fabric_settings_unless_a_profile_is_chosen():
     assert not [k for k in env if k.startswith(("NCCL_IB", "NCCL_SOCKET", "NCCL_NET", "FI_"))], env
 
 
+def test_the_matrix_admits_exactly_the_profiles_there_are():
+    from typing import get_args
+
+    from echobench.matrix import SlurmSettings
+
+    assert set(get_args(SlurmSettings.model_fields["fabric"].annotation)) == set(FABRICS)
+
+
 def test_a_fabric_profile_and_the_matrix_env_over_it():
     env = exported(script_for("{fabric: slingshot, env: {NCCL_CROSS_NIC: 0, NCCL_DEBUG: INFO}}"))
     assert env["NCCL_SOCKET_IFNAME"] == "hsn" and env["NCCL_NET"] == "'AWS Libfabric'"
