@@ -463,17 +463,20 @@ def plan(
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
-    limit_h = pl.time_limit_s(matrix, executor) / 3600
-    table = Table(title=f"{matrix.name}: {len(the_plan.runs)} runs ({executor}; time limit {limit_h:.2f} h per run; "
+    rule = matrix.spec.slurm.time_from_estimate if executor == "slurm" else None
+    limits = (f"time limits {rule.factor:g} x the estimate, {rule.floor} .. {matrix.spec.slurm.time}" if rule else
+              f"time limit {pl.time_limit_s(matrix, executor) / 3600:.2f} h per run")
+    table = Table(title=f"{matrix.name}: {len(the_plan.runs)} runs ({executor}; {limits}; "
                         f"device memory {fmt(capacity, '.1f')} GiB)")
     table.add_column("run id", no_wrap=True)
-    for col in ("tp x dp", "mb / global", "mem GiB", "fits", "GPU-h est", "GPU-h limit"):
+    for col in ("tp x dp", "mb / global", "mem GiB", "fits", "limit", "GPU-h est", "GPU-h limit"):
         table.add_column(col, justify="right")
     for run, row in zip(the_plan.runs, rows):
         c, est_h = run.cfg, row["gpu_hours_estimate"]
         table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}",
                       fmt(run.memory.total_gib, ".1f"),
-                      {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], "-" if est_h is None else f"{est_h:.2f}",
+                      {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], row["time_limit"],
+                      "-" if est_h is None else f"{est_h:.2f}",
                       f"{row['gpu_hours_limit']:.2f}")
     console.print(table)
     if the_plan.skipped:

@@ -337,8 +337,8 @@ def now_iso() -> str:
 SCHEDULER_VARS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "partition": "SLURM_JOB_PARTITION",
                   "cluster": "SLURM_CLUSTER_NAME", "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS"}
 COMM_PREFIXES = ("NCCL_", "FI_", "OFI_NCCL_", "UCX_", "TORCH_NCCL_")
-# Container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
-CONTAINER_VARS = ("SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
+# The image the job script names (slurm.container), then container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
+CONTAINER_VARS = ("ECHOBENCH_CONTAINER_IMAGE", "SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
                   "SINGULARITY_CONTAINER", "CONTAINER_IMAGE")
 
 

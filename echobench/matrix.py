@@ -42,7 +42,9 @@ NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SLURM_WORD_RE = r"^[A-Za-z0-9_.,:+-]{1,128}$"  # partition, account, qos
 CONSTRAINT_RE = r"^[A-Za-z0-9_.,:+&|\[\]*()-]{1,256}$"
 TIME_RE = r"^(\d+-)?\d{1,4}(:\d{1,2}){0,2}$"  # SLURM forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
-EXTRA_RE = r"^--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:+/@%=-]+)?$"  # one sbatch option, no spaces
+# One long option, --name or --name=value; the value may hold anything but a line break or NUL:
+# it is quoted where it is written (a #SBATCH line, an srun line).
+OPTION_RE = r"^--[A-Za-z][A-Za-z0-9-]*(=[^\n\r\0]*)?$"
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 MEM_RE = r"^\d+[KMGT]?$"
 
@@ -84,12 +86,57 @@ PORT_SPREAD = 2000  # jobs sharing a node take MASTER_PORT = master_port + SLURM
 EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
 
 
+def _one_line(what: str, value: str) -> str:
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"{what} must be one line without NUL bytes")
+    return value
+
+
+class ContainerSettings(Strict):
+    """The image every job runs in, with its runtime: pyxis (srun --container-image, an image such
+    as nvcr.io#nvidia/pytorch:25.01-py3) or apptainer (`apptainer exec --nv IMAGE`, a .sif file or
+    docker://...). The sweep directory, echobench's source and a run's data directory are mounted
+    at their own paths; the image must have echobench's dependencies (torch, pydantic, typer, ...)."""
+    image: str
+    runtime: Literal["pyxis", "apptainer"] = "pyxis"
+    mounts: list[str] = []  # SRC[:DST[:FLAGS]] each, e.g. /lustre/data:/data:ro
+    workdir: str | None = None  # the directory ranks start in, inside the image
+    writable: bool = False  # pyxis --container-writable / apptainer --writable-tmpfs
+
+    @field_validator("image", "workdir")
+    @classmethod
+    def _line(cls, v, info):
+        return v if v is None else _one_line(f"container.{info.field_name}", v)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v):
+        for m in v:
+            _one_line("a container mount", m)
+            if "," in m or not m:
+                raise ValueError(f"container mount {m!r}: one SRC[:DST[:FLAGS]] per entry, without commas")
+        return v
+
+
+class TimeFromEstimate(Strict):
+    """Per-run time limits from the plan's estimate (echobench.estimate): factor x estimate, at
+    least floor, at most slurm.time (which stays the limit of runs the plan cannot estimate)."""
+    factor: float = Field(3.0, ge=1)
+    floor: str = "00:20:00"  # startup, a cold compile and the first steps are hard to estimate
+
+    @field_validator("floor", mode="before")
+    @classmethod
+    def _floor(cls, v):
+        return _check_time(v)
+
+
 class SlurmSettings(Strict):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    time: str = "00:30:00"
+    time: str = "00:30:00"  # a run's time limit (the most one asks for, with time_from_estimate)
+    time_from_estimate: TimeFromEstimate | None = None  # {factor: 3, floor: "00:20:00"}: per-run limits
     gpus_per_node: int = Field(1, ge=1, le=64)  # processes per node (GPUs; CPU processes on a CPU cluster)
     request_gpus: bool = True  # emit --gpus-per-node (false on a CPU-only cluster)
     cpus_per_task: int | None = Field(None, ge=1)  # CPUs of each node's one task (its launcher and ranks)
@@ -98,7 +145,9 @@ class SlurmSettings(Strict):
     fabric: Literal["none", "infiniband", "slingshot", "tcp"] = "none"  # NCCL / libfabric profile (echobench.fabric)
     mem: str | None = None  # per node, e.g. 0 (all) or 200G
     exclusive: bool = False
-    extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc"
+    extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc" (values quoted)
+    srun_args: list[str] = []  # further options of the srun that starts the ranks: "--mpi=pmix"
+    container: ContainerSettings | None = None
     setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
     env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
@@ -140,10 +189,11 @@ class SlurmSettings(Strict):
                              f"(default 29500)")
         return v
 
-    @field_validator("extra")
+    @field_validator("extra", "srun_args")
     @classmethod
-    def _extra(cls, v):
-        return [_check(EXTRA_RE, "sbatch option (one --name=value per entry)", x) for x in v]
+    def _options(cls, v, info):
+        what = "sbatch" if info.field_name == "extra" else "srun"
+        return [_check(OPTION_RE, f"{what} option (one --name or --name=value per entry, on one line)", x) for x in v]
 
     @field_validator("setup")
     @classmethod
@@ -345,20 +395,6 @@ def load_matrix(path: Path | str) -> Matrix:
         raise MatrixError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
                           f"save the file as UTF-8") from None
     return parse_matrix(text, path)
-
-
-# ---- a run's time limit ----
-
-def time_limit(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> str:
-    """A run's time limit as written: its include's own, else the executor's section of the matrix."""
-    if run is not None and run.time_limit:
-        return run.time_limit
-    return matrix.spec.slurm.time if executor == "slurm" else matrix.spec.local.time
-
-
-def time_limit_s(matrix: Matrix, executor: str, run: PlannedRun | None = None) -> int:
-    """time_limit in seconds."""
-    return parse_time(time_limit(matrix, executor, run))
 
 
 # ---- expansion ----

@@ -6,27 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echobench.matrix import Matrix, Plan, PlannedRun, time_limit, time_limit_s
-from echobench.peaks import table_peak
-
-STARTUP_S = 120  # per job, for the GPU-hours estimate: allocation, imports, model build
-COMPILE_S = 60
+from echobench.estimate import estimated_seconds, planned_peak, time_limit, time_limit_s
+from echobench.matrix import Matrix, Plan, PlannedRun
 
 
 def default_out(matrix: Matrix) -> Path:
     return Path("runs") / matrix.name
-
-
-def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
-    """The peak TFLOP/s a run will use as far as the plan can tell, and where it comes from: the
-    matrix, else the datasheet entry of hardware.device; (None, None) when only the node can tell."""
-    if run.cfg.peak_tflops is not None:
-        return run.cfg.peak_tflops, "matrix"
-    device = matrix.spec.hardware.device
-    if device:
-        if hit := table_peak(device):
-            return hit[0], hit[1]
-    return None, None
 
 
 def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
@@ -41,19 +26,6 @@ def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
             f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
 
 
-def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None) -> float | None:
-    """Startup plus all steps at the matrix's assumed MFU of `peak` (planned_peak); None without one."""
-    from echobench.flops import hardware_flops, model_flops
-    hw = matrix.spec.hardware
-    if peak is None:
-        return None
-    cfg = run.cfg
-    model = cfg.model_config()
-    per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
-    work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
-    return STARTUP_S + (COMPILE_S if cfg.compile else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
-
-
 def plan_rows(plan: Plan, executor: str) -> list[dict]:
     """One row per run (`plan --json`): settings, memory estimate, whether it fits, the planned
     peak, GPU-hours estimated (None without a peak) and at most (its time limit)."""
@@ -64,6 +36,7 @@ def plan_rows(plan: Plan, executor: str) -> list[dict]:
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
+                     "time_limit": time_limit(plan.matrix, executor, run),
                      "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus})
     return rows
 

@@ -37,9 +37,10 @@ from pydantic import BaseModel
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
 from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_markup
+from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
                                  current_record, finish_without_record, job_states, make_executor, write_run_files)
-from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select, time_limit_s
+from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.results import Record, export_table, load_records, records_frame
 

@@ -15,13 +15,16 @@ NPROC=${NPROC:-${SLURM_GPUS_ON_NODE:-1}}
 MASTER_PORT=${MASTER_PORT:-$(( 29500 + SLURM_JOB_ID % 2000 ))}  # below the ephemeral ports
 PYTHON=${PYTHON:-python}
 EXPECT_GPU=${EXPECT_GPU:-$([ -n "${SLURM_GPUS_ON_NODE:-}" ] && echo 1 || echo 0)}
+# No container by hand (`echobench plan --script` writes a run's job.sh with the matrix's container and srun_args).
+SRUN_ARGS=() IN_CONTAINER=() ON_FIRST_NODE=()
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash or a hang's SIGTERM dumps the stacks
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
-# First node, before any srun: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails here.
-"$PYTHON" -c '
+# First node, before the ranks start: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails
+# here. With a container the check runs in it (ON_FIRST_NODE: an srun with the container's options).
+${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -c '
 import sys, torch
 n = torch.cuda.device_count()
 print(f"echobench job: {sys.executable}, torch {torch.__version__} (CUDA {torch.version.cuda}), {n} GPU(s) visible")
@@ -36,7 +39,7 @@ else
   # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
   # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
   srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
-    --wait=60 -l -u bash -c \
+    --wait=60 -l -u ${SRUN_ARGS[@]+"${SRUN_ARGS[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} bash -c \
     'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?

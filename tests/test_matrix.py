@@ -224,7 +224,8 @@ def test_a_missing_file_is_a_one_line_error(tmp_path):
     ("name: ../../etc\n", "name"),
     ("name: t\nslurm: {partition: \"debug\\n#SBATCH --wrap=id\"}\n", "slurm.partition"),
     ("name: t\nslurm: {account: '$(id)'}\n", "slurm.account"),
-    ("name: t\nslurm: {extra: ['--comment=a b; id']}\n", "slurm.extra"),
+    ("name: t\nslurm: {extra: [\"--comment=a\\n#SBATCH --wrap=id\"]}\n", "slurm.extra"),
+    ("name: t\nslurm: {srun_args: ['--x=a', '-w node1']}\n", "slurm.srun_args"),
     ("name: t\nslurm: {extra: ['-w node1']}\n", "slurm.extra"),
     ("name: t\nslurm: {env: {'A;id': x}}\n", "slurm.env"),
     ("name: t\nslurm: {time: '1:00; id'}\n", "slurm.time"),
@@ -388,6 +389,7 @@ def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli,
 
 def test_the_calibration_job_script(tmp_path):
     from echobench.executors.slurm import render_calibration_script
+    from echobench.matrix import ContainerSettings
 
     m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "
                      "env: {A: b}}\n", "m.yaml")
@@ -397,5 +399,12 @@ def test_the_calibration_job_script(tmp_path):
                  "#SBATCH --no-requeue", f"#SBATCH --output={tmp_path}/logs/calibrate-%j.out", "export A=b",
                  f"export ECHOBENCH_CACHE={tmp_path}/cache"):
         assert line in lines, line
-    assert lines[-1] == 'exec "$PYTHON" -m echobench calibrate --device cuda'
+    assert lines[-1] == ('exec ${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} '
+                         '"$PYTHON" -m echobench calibrate --device cuda')
+    assert "ON_FIRST_NODE=()" in lines  # no container: run here
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    # In a container, calibration runs where the runs will: in the image, through srun.
+    boxed = m.spec.slurm.model_copy(update={"container": ContainerSettings(image="img.sif", runtime="apptainer")})
+    lines = render_calibration_script(tmp_path, boxed, "cuda").splitlines()
+    assert "ON_FIRST_NODE=(srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1)" in lines
+    assert any(line.startswith("IN_CONTAINER=(apptainer exec --nv --bind ") and line.endswith(" img.sif)") for line in lines)

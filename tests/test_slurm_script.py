@@ -5,6 +5,7 @@ rendered scripts are checked as text; the last tests run them on the local SLURM
 
 import json
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ from conftest import ROOT, run_cli
 from echobench.executors.slurm import render_script
 from echobench.fabric import FABRICS
 from echobench.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
+
+
+IMAGE = "docker://nvcr.io#nvidia/pytorch:25.01-py3 $(touch PWNED); `touch PWNED` 'x' \"y\""
 
 
 def script_for(slurm: str, defaults: str = "{parallelism: single}", tmp: Path = Path("/tmp/eb")) -> list[str]:
@@ -121,7 +125,27 @@ def script_sweep(tmp_path_factory):
         "setup-ok": {"slurm": {"fabric": "tcp", "setup": [lmod_like, f"source {venv}/bin/activate"]}},
         "setup-fails": {"slurm": {"setup": ["true", "false"]}},
         "wants-gpu": {"slurm": {}, "defaults": {"device": "cuda"}},
+        # A container (apptainer: a stand-in on PATH that notes its arguments and runs the command),
+        # an image name and an srun option with shell metacharacters, which must arrive as written.
+        "container": {"slurm": {"container": {"runtime": "apptainer", "image": IMAGE, "mounts": ["/tmp:/tmp:ro"],
+                                              "writable": True},
+                                "srun_args": [f"--chdir={base / 'start here'}"],
+                                "python": sys.executable}},
     }
+    (base / "start here").mkdir()
+    stub_bin = base / "stub-bin"
+    stub_bin.mkdir()
+    stub = stub_bin / "apptainer"
+    # exec --nv --bind MOUNTS [--pwd W] [--writable-tmpfs] IMAGE CMD...: note them, then run CMD here.
+    stub.write_text(f"""#!{sys.executable}
+import json, os, sys
+args = sys.argv[1:]
+with open({str(base / 'apptainer-calls')!r}, "a") as f:
+    f.write(json.dumps({{"argv": args, "cwd": os.getcwd()}}) + "\\n")
+i = args.index("--writable-tmpfs") + 2 if "--writable-tmpfs" in args else 5
+os.execvp(args[i], args[i:])
+""")
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
     out = {}
     for name, extra in matrices.items():
         slurm = {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1},
@@ -132,13 +156,14 @@ def script_sweep(tmp_path_factory):
         path.write_text(json.dumps(spec))
         # As from inside another allocation: its variables must not reach the new jobs' sbatch
         # (SBATCH_PARTITION overrides the script's options: a partition that does not exist).
-        inside = {"SBATCH_PARTITION": "no-such-partition", "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "64"}
+        inside = {"SBATCH_PARTITION": "no-such-partition", "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "64",
+                  "PATH": f"{stub_bin}:{os.environ['PATH']}"}
         proc = run_cli("sweep", path, "--out", base / name, "--no-wait", tmp_path=base, env=inside)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[name] = base / name
     for name, sweep in out.items():
         proc = run_cli("status", sweep, "--wait", "--poll", "3", tmp_path=base, timeout=900)
-    return {"dirs": out, "venv": venv}
+    return {"dirs": out, "venv": venv, "base": base}
 
 
 def only_record(sweep: Path) -> tuple[dict, str]:
@@ -177,6 +202,91 @@ def test_a_job_that_wants_a_gpu_and_sees_none_fails_at_the_first_node_check(scri
     assert "this job expects GPUs but torch" in log and "first-node check failed" in log
     assert "0: " not in log  # no srun started
 
+
+
+@pytest.mark.slurm
+def test_the_ranks_run_in_the_container_with_the_srun_options(script_sweep):
+    r, log = only_record(script_sweep["dirs"]["container"])
+    assert r["status"] == "ok", r["error"] + log[-2000:]
+    base = script_sweep["base"]
+    calls = [json.loads(line) for line in (base / "apptainer-calls").read_text().splitlines()]
+    assert len(calls) == 2  # the first-node check and the one node's launcher
+    sweep = script_sweep["dirs"]["container"]
+    for call in calls:
+        argv = call["argv"]
+        assert argv[:3] == ["exec", "--nv", "--bind"] and IMAGE in argv and "--writable-tmpfs" in argv
+        mounts = argv[3].split(",")
+        assert mounts[0] == "/tmp:/tmp:ro" and str(sweep.resolve()) in mounts and str(ROOT) in mounts
+        assert call["cwd"] == str(base / "start here")  # srun_args reached srun
+    assert not list(base.rglob("PWNED")) and not (ROOT / "PWNED").exists()
+    assert r["env"]["container"] == IMAGE
+
+
+def test_pyxis_options_and_srun_args_arrive_as_written(tmp_path):
+    """The arrays the job script defines, read back by bash: every word as the matrix wrote it."""
+    import subprocess
+
+    slurm = json.dumps({"container": {"image": IMAGE, "mounts": ["/lustre:/lustre"], "workdir": "/work dir",
+                                      "writable": True}, "srun_args": ["--mpi=pmix", "--network=a b;c"]})
+    lines = script_for(slurm, tmp=tmp_path)
+    arrays = [line for line in lines if line.startswith(("SRUN_ARGS=", "IN_CONTAINER=", "ON_FIRST_NODE="))]
+    out = subprocess.run(["bash", "-c", "\n".join(arrays) + '\nprintf "%s\\n" "${SRUN_ARGS[@]}" -- "${ON_FIRST_NODE[@]}"'],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout.splitlines()
+    srun = out[:out.index("--")]
+    assert srun[:2] == ["--mpi=pmix", "--network=a b;c"]
+    assert srun[2] == f"--container-image={IMAGE}"
+    mounts = srun[3].removeprefix("--container-mounts=").split(",")
+    assert mounts[0] == "/lustre:/lustre" and str(ROOT) in mounts and str(tmp_path.resolve()) in mounts
+    assert srun[4:] == ["--container-workdir=/work dir", "--container-writable"]
+    assert out[out.index("--") + 1:] == ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *srun]
+    assert not list(tmp_path.rglob("PWNED"))
+    assert "PYTHON=python3" in lines  # the image's interpreter, not the sweep's
+    assert "export ECHOBENCH_CONTAINER_IMAGE=" + shlex.quote(IMAGE) in lines
+
+
+def test_no_container_no_srun_args_means_empty_arrays():
+    lines = script_for("{}")
+    assert {"SRUN_ARGS=()", "IN_CONTAINER=()", "ON_FIRST_NODE=()"} <= set(lines)
+    assert not [line for line in lines if "CONTAINER_IMAGE" in line]
+
+
+@pytest.mark.parametrize("bad", [{"srun_args": ["-n 2"]}, {"srun_args": ["--x=a\nb"]}, {"extra": ["--x=a\rb"]},
+                                 {"container": {"image": "a\nb"}}, {"container": {"image": "x", "mounts": ["a,b"]}},
+                                 {"container": {"image": "x", "runtime": "docker"}}])
+def test_bad_options_and_containers_are_refused(bad):
+    from echobench.matrix import MatrixError
+
+    with pytest.raises(MatrixError):
+        parse_matrix(json.dumps({"name": "t", "executor": "slurm", "slurm": bad}), "m.yaml")
+
+
+def test_sbatch_options_with_hash_brackets_spaces_and_quotes_reach_slurm_as_written(tmp_path):
+    """sbatch reads #SBATCH lines itself (bash never does): a held job on the local cluster shows
+    the option's value exactly, and nothing in it ran."""
+    import subprocess
+
+    from test_slurm import cluster_nodes
+
+    value = 'nvcr.io#nvidia/pytorch:25.01 [a b] "q" x\\y $(touch PWNED) `touch PWNED`; \'s'
+    lines = script_for(json.dumps({"extra": [f"--comment={value}", "--hold"], "request_gpus": False}), tmp=tmp_path)
+    assert "#SBATCH --hold" in lines
+    if not cluster_nodes():
+        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail("no local SLURM cluster: bash scripts/slurm-local.sh up 2")
+        pytest.skip("no local SLURM cluster: bash scripts/slurm-local.sh up 2")
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join(lines) + "\n")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.strip().split(";")[0]
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=True).stdout
+        comment = next(line.strip().removeprefix("Comment=") for line in shown.splitlines()
+                       if line.strip().startswith("Comment="))
+        assert comment == value
+        assert "JobState=PENDING" in shown  # --hold too
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    assert not list(tmp_path.rglob("PWNED"))
 
 
 def test_the_submit_environment_is_clean():

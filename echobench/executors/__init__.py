@@ -24,7 +24,8 @@ from typing import Callable, Protocol
 import yaml
 
 from echobench.atomic import write_json_atomic
-from echobench.matrix import Matrix, PlannedRun, time_limit
+from echobench.estimate import time_limit
+from echobench.matrix import Matrix, PlannedRun
 from echobench.results import PLAN_FILE, RECORD_FILE, Record
 
 ACTIVE = ("pending", "running")

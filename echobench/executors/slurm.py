@@ -50,8 +50,9 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash o
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
-# First node, before any srun: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails here.
-"$PYTHON" -c '
+# First node, before the ranks start: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails
+# here. With a container the check runs in it (ON_FIRST_NODE: an srun with the container's options).
+${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -c '
 import sys, torch
 n = torch.cuda.device_count()
 print(f"echobench job: {sys.executable}, torch {torch.__version__} (CUDA {torch.version.cuda}), {n} GPU(s) visible")
@@ -66,7 +67,7 @@ else
   # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
   # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
   srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
-    --wait=60 -l -u bash -c \
+    --wait=60 -l -u ${SRUN_ARGS[@]+"${SRUN_ARGS[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} bash -c \
     'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?
@@ -123,7 +124,55 @@ def sbatch_header(slurm, job_name: str, nodes: int, gpus_per_node: int, log: str
     for key in ("partition", "account", "qos", "constraint"):
         if (value := getattr(slurm, key)) is not None:
             head.append(f"#SBATCH --{key}={value}")
-    return head + [f"#SBATCH {line}" for line in slurm.extra]
+    return head + [f"#SBATCH {sbatch_option(option)}" for option in slurm.extra]
+
+
+def sbatch_option(option: str) -> str:
+    """One --name[=value] for a #SBATCH line. sbatch splits the line at spaces, ends it at an
+    unquoted # and reads "..." with \\ and \" inside: the value goes in double quotes (bash never
+    reads the line, it is a comment to bash)."""
+    name, eq, value = option.partition("=")
+    if not eq or re.fullmatch(r"[A-Za-z0-9_.,:+/@%=-]+", value):  # nothing sbatch would read otherwise
+        return option
+    return name + '="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def bash_array(name: str, words: list[str]) -> str:
+    return f"{name}=({' '.join(shlex.quote(w) for w in words)})"
+
+
+def container_mounts(container, cfg, sweep_dir: Path) -> list[str]:
+    """The matrix's mounts, then the sweep directory, echobench's source and the run's data
+    directory at their own paths (what the ranks read and write), each once."""
+    mounts = list(container.mounts)
+    own = [str(sweep_dir.resolve()), str(source_root())]
+    if cfg is not None and cfg.data != "synthetic":
+        own.append(str(Path(cfg.data).resolve()))
+    taken = {m.split(":", 1)[0] for m in mounts}
+    return mounts + [p for p in dict.fromkeys(own) if p not in taken]
+
+
+def launch_arrays(slurm, cfg, sweep_dir: Path) -> list[str]:
+    """SRUN_ARGS (the matrix's srun_args and pyxis's container options), IN_CONTAINER (the
+    apptainer command the ranks run under) and ON_FIRST_NODE (the srun that runs the first-node
+    check inside the container): bash arrays, every word quoted."""
+    srun_args, wrap, first = list(slurm.srun_args), [], []
+    if c := slurm.container:
+        mounts = container_mounts(c, cfg, sweep_dir)
+        if c.runtime == "pyxis":
+            srun_args += [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]
+            srun_args += [f"--container-workdir={c.workdir}"] if c.workdir else []
+            srun_args += ["--container-writable"] if c.writable else []
+        else:
+            wrap = ["apptainer", "exec", "--nv", "--bind", ",".join(mounts)]
+            wrap += ["--pwd", c.workdir] if c.workdir else []
+            wrap += ["--writable-tmpfs"] if c.writable else []
+            wrap.append(c.image)
+        first = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *srun_args]
+    lines = [bash_array("SRUN_ARGS", srun_args), bash_array("IN_CONTAINER", wrap), bash_array("ON_FIRST_NODE", first)]
+    if c:  # the record's env.container
+        lines.append(f"export ECHOBENCH_CONTAINER_IMAGE={shlex.quote(c.image)}")
+    return lines
 
 
 def job_environment(slurm) -> list[str]:
@@ -132,7 +181,9 @@ def job_environment(slurm) -> list[str]:
     job with its number). A setup line that activates another environment (VIRTUAL_ENV or
     CONDA_PREFIX changes) decides the interpreter, unless slurm.python names one."""
     q = shlex.quote
-    lines = [f"PYTHON={q(slurm.python or sys.executable)}",
+    # In a container the interpreter is the image's, not the one running the sweep.
+    python = slurm.python or ("python3" if slurm.container else sys.executable)
+    lines = [f"PYTHON={q(python)}",
              f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
     lines += [f"export {key}={q(value)}" for key, value in fabric_env(slurm.fabric, slurm.env).items()]
     if slurm.numa_binding:
@@ -166,6 +217,7 @@ def render_script(cfg, run_dir: Path, slurm) -> str:
         # Jobs sharing a node need their own port; the range stays below the ephemeral ports (matrix.EPHEMERAL).
         f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
         *job_environment(slurm),
+        *launch_arrays(slurm, cfg, run_dir.parent),
     ]
     return "\n".join(head + body) + "\n" + LAUNCH_BODY
 
@@ -179,8 +231,10 @@ def render_calibration_script(sweep_dir: Path, slurm, device: str = "auto") -> s
     slurm = slurm.model_copy(update={"time": slurm.time if parse_time(slurm.time) <= 600 else "10"})
     head = sbatch_header(slurm, f"eb-calibrate-{sweep_dir.name}", 1, 1, f"{path}/logs/calibrate-%j.out")
     body = ["", "# echobench: the sweep's one calibration on a compute node, before its runs",
-            "set -euo pipefail", *job_environment(slurm), f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
-            f'exec "$PYTHON" -m echobench calibrate --device {q(device)}']
+            "set -euo pipefail", *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir),
+            f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
+            'exec ${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -m echobench '
+            f'calibrate --device {q(device)}']
     return "\n".join(head + body) + "\n"
 
 
