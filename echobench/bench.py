@@ -4,7 +4,8 @@ Timing (README, "How MFU is computed"): warm-up steps (compile happens there) ar
 timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
 clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
-are counted on the real lengths of every measured sample.
+are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
+lengths (count_measured).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from echobench.distributed import DistInfo, all_gather_object, dist_info, form_p
 from echobench.hardware import default_dtype, resolve_peak
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.atomic import write_json_atomic
-from echobench.results import Record, peak_mem_figures, peak_mem_gib, step_figures, window_figures
+from echobench.results import (Record, padding_figures, peak_mem_figures, peak_mem_gib, step_figures,
+                               window_figures)
 
 GIB = 1024**3
 
@@ -137,6 +139,51 @@ def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, i
     return f.total, flops_model.hardware_flops(model_cfg, f, ac)
 
 
+@lru_cache(maxsize=4096)
+def _padded_row_flops(model_cfg, ac: str, padded: tuple[int, int, int], real_keys: int | None) -> int:
+    return flops_model.padded_flops(model_cfg, *padded, ac, real_keys)
+
+
+def skips_padded_keys(backend_info: dict) -> bool:
+    """Whether the DiT's joint attention skips padded keys: TransformerEngine's fused attention
+    (megatron with te) reads the key mask as a count of valid keys per sample (model.megatron
+    .TECoreAttention); torch SDPA scores every key, masked."""
+    return backend_info.get("backend") == "megatron" and bool(backend_info.get("te"))
+
+
+def count_measured(model_cfg, ac: str, lengths, padded: tuple[int, int, int], real_keys_only: bool = False) -> dict:
+    """The counts of the measured steps' batches: samples, model and hardware FLOPs on each sample's
+    real lengths, padded FLOPs of every row at the padded lengths (flops.padded_flops), audio frames,
+    and per stream [real tokens, computed tokens] (flops.stream_tokens).
+
+    lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: the
+    lengths every row is padded to (audio_frames, text_tokens, speaker_frames). A stand-in for a
+    skipped sample (data.STAND_IN, no audio frames) is no sample: no model FLOPs, no real tokens,
+    but its row is computed, so it counts in the padded FLOPs and the computed tokens.
+    real_keys_only: skips_padded_keys.
+    """
+    row_tokens = flops_model.stream_tokens(model_cfg, *padded)
+    tokens = {s: [0, 0] for s in flops_model.STREAMS}
+    counts = {"samples": 0, "model_flops": 0, "hardware_flops": 0, "padded_flops": 0, "audio_frames": 0}
+    for la, lt, ls in lengths:
+        for a, t, s in zip(la, lt, ls):
+            real = flops_model.stream_tokens(model_cfg, a, t, s)
+            counts["padded_flops"] += _padded_row_flops(model_cfg, ac, padded,
+                                                        sum(real.values()) if real_keys_only else None)
+            for stream, n in row_tokens.items():
+                tokens[stream][1] += n
+            if a == 0:  # a stand-in for a skipped sample (data.STAND_IN): no work to count
+                continue
+            m, h = _sample_flops(model_cfg, ac, a, t, s)
+            counts["model_flops"] += m
+            counts["hardware_flops"] += h
+            counts["samples"] += 1
+            counts["audio_frames"] += a
+            for stream, n in real.items():
+                tokens[stream][0] += n
+    return {**counts, "tokens": tokens}
+
+
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     """Builds the training setup and runs warm-up + measured steps. Returns this rank's figures.
 
@@ -214,16 +261,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         if profiler is not None:
             discard_profiler(profiler)
 
-    flops_total = hw_total = samples = 0
-    for la, lt, ls in lengths:
-        for a, t, s in zip(la, lt, ls):
-            if a == 0:  # a stand-in for a skipped sample (data.STAND_IN): no work to count
-                continue
-            m, h = _sample_flops(model_cfg, cfg.ac, a, t, s)
-            flops_total += m
-            hw_total += h
-            samples += 1
-    audio_frames = sum(sum(la) for la, _, _ in lengths)
+    counts = count_measured(model_cfg, cfg.ac, lengths, (cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames),
+                            skips_padded_keys(setup.info))
     return {
         "rank": info.rank,
         "hostname": os.uname().nodename,
@@ -232,10 +271,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "data_wait_s": waits,
         "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
         "data_wait_clock": timer.clock,
-        "samples": samples,
-        "model_flops": flops_total,
-        "hardware_flops": hw_total,
-        "audio_frames": audio_frames,
+        **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
@@ -341,6 +377,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
     samples = sum(r["samples"] for r in dp_ranks)
     flops = sum(r["model_flops"] for r in dp_ranks)
     hw_flops = sum(r["hardware_flops"] for r in dp_ranks)
+    tokens = {s: [sum(r["tokens"][s][i] for r in dp_ranks) for i in (0, 1)] for s in dp_ranks[0]["tokens"]}
     slowest_rank = max(ranks, key=lambda r: r["median_step_time_s"])
     record.update(
         status="ok",
@@ -355,6 +392,8 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
                          audio_seconds=sum(r["audio_frames"] for r in dp_ranks) / FRAME_RATE,
                          world_size=cfg.world_size, peak_tflops=record.peak_tflops,
                          ceiling_tflops=record.ceiling_tflops, peak_fp8_tflops=record.peak_fp8_tflops),
+        **padding_figures(padded_flops=sum(r["padded_flops"] for r in dp_ranks), hardware_flops=hw_flops,
+                          tokens=tokens),
         num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
         num_ooms=allocator_count(ranks, "num_ooms"),
         **peak_mem_figures([r["memory"] for r in ranks]),

@@ -396,9 +396,15 @@ def waterfall(record: Record) -> list[dict] | None:
     """From 100% of the peak down to the run's MFU, in percentage points of the peak.
 
     C = ceiling / peak (1 without a calibration). If every instant of the step ran matmuls at the
-    calibrated ceiling, MFU would be C; each other part of the step costs C x its fraction; what is
-    left between C x (GEMM + attention fraction) and the achieved MFU is the matmuls' own shortfall
-    from the ceiling, with whatever the profiled steps differ from the measured ones.
+    calibrated ceiling, MFU would be C; each other part of the step costs C x its fraction. Padding
+    is a part of the matmul time: with p = padded_flops_frac, (padded - hardware FLOPs) / padded
+    FLOPs over the measured window, the share of the matmul FLOPs executed that went to padded
+    tokens, the matmuls spent p of their time (GEMM + attention fraction) on padding (padded rows run
+    in the same kernels as real ones: their time goes with their FLOPs), which costs
+    C x (GEMM + attention fraction) x p. What is left between C x (GEMM + attention fraction) x
+    (1 - p) and the achieved MFU is the matmuls' own shortfall from the ceiling, with whatever the
+    profiled steps differ from the measured ones. A record without padded FLOPs (written before they
+    were counted) gets a padding step of unknown size (pp None), its padding left in the shortfall.
     Returns None without a breakdown or an MFU.
     """
     f = (record.breakdown or {}).get("fractions")
@@ -423,10 +429,26 @@ def waterfall(record: Record) -> list[dict] | None:
     lose("exposed communication", "exposed comm", 100 * c * f["communication"])
     lose("idle and launch overhead", "idle / launch", 100 * c * f["idle"])
     lose("data wait", "data wait", 100 * c * f["data_wait"])
-    lose("matmuls below the ceiling, other/unexplained", "matmul shortfall / other",
-         100 * c * (f["gemm"] + f["attention"]) - 100 * mfu)
+    matmul, p = 100 * c * (f["gemm"] + f["attention"]), record.padded_flops_frac
+    if p is None:
+        steps.append({"label": "padding (unknown: the record has no padded FLOPs; it stays in the matmul shortfall)",
+                      "short": "padding", "kind": "relative", "pp": None})
+        lose("matmuls below the ceiling, padding (unknown), other/unexplained", "matmul shortfall / other",
+             matmul - 100 * mfu)
+    else:
+        lose("padding (matmul time on padded tokens)", "padding", matmul * p)
+        lose("matmuls below the ceiling, other/unexplained", "matmul shortfall / other", matmul * (1 - p) - 100 * mfu)
     steps.append({"label": "achieved MFU", "short": "achieved MFU", "kind": "total", "pp": 100 * mfu})
     return steps
+
+
+def padding_text(record: Record) -> str:
+    """The record's padding figures in one line (padding_figures): its share of the matmul FLOPs
+    executed and the padded share of each stream's tokens."""
+    streams = ", ".join(f"{s} {share:.1%}" if share is not None else f"{s} unknown"
+                        for s, share in (("latent", record.padded_frac_latent), ("text", record.padded_frac_text),
+                                         ("speaker", record.padded_frac_speaker)))
+    return f"{record.padded_flops_frac:.1%} of the matmul FLOPs executed; padded tokens: {streams}"
 
 
 def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
@@ -452,6 +474,12 @@ def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
     comm = rank["communication"]
     t.add_row(Text("communication overlapped with compute (not in the sum)", style="dim"),
               f"{comm['overlapped_s'] * 1e3:.3f}", f"{comm['overlapped_s'] / step_s:.1%}", "")
+    padding = record.padded_flops_frac
+    matmul_s = rank["seconds"]["gemm"] + rank["seconds"]["attention"]
+    t.add_row(Text("padded tokens, within matmul and attention (not in the sum)", style="dim"),
+              *((f"{matmul_s * padding * 1e3:.3f}", f"{matmul_s * padding / step_s:.1%}",
+                 Text(padding_text(record))) if padding is not None
+                else ("unknown", "unknown", Text("the record has no padded FLOPs"))))
     t.add_row(Text("profiled step", style="bold"), f"{step_s * 1e3:.3f}", "100%",
               Text(f"parts sum to {sum(rank['seconds'].values()) * 1e3:.3f} ms"))
     out = [t]
@@ -478,9 +506,14 @@ def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
             w.add_column(col, justify="left" if col == "step" else "right")
         level = 0.0
         for s in steps:
+            if s["pp"] is None:  # a size the record cannot give (padding in an older record)
+                w.add_row(Text(s["label"]), "unknown", f"{level:.2f}")
+                continue
             level = s["pp"] if s["kind"] != "relative" else level + s["pp"]
             w.add_row(Text(s["label"], style="bold" if s["kind"] != "relative" else ""),
                       f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}", f"{level:.2f}")
         out += [w, Text("Each loss after the ceiling is the ceiling's share x that part's fraction of the profiled "
-                        "step; the last loss is what remains to the measured MFU (README: Where the time goes).")]
+                        "step; padding is the matmul (GEMM + attention) fraction x the padded share of the matmul "
+                        "FLOPs executed; the last loss is what remains to the measured MFU (README: How MFU is "
+                        "computed, Where the time goes).")]
     return out + [Text(f"note: {note}") for note in peak_notes(record)]

@@ -370,8 +370,12 @@ def explain(
         fail(str(exc))
     steps = waterfall(record)
     if as_json:
+        # padding: the record's figures (null: a record written before padding was counted)
+        padding = {k: getattr(record, k) for k in ("measured_padded_flops", "measured_hardware_flops",
+                                                   "padded_flops_frac", "padded_frac_latent", "padded_frac_text",
+                                                   "padded_frac_speaker")}
         print(json.dumps({"run_id": record.run_id, "summary": record.breakdown or {}, "breakdown": bd,
-                          "waterfall": steps}, indent=2))
+                          "padding": padding, "waterfall": steps}, indent=2))
         return
     for part in explain_report(record, bd, steps):
         console.print(part)

@@ -12,6 +12,8 @@ Conventions (README, "How MFU is computed"):
 - The frozen text encoder runs forward only (1x). A trainable one (frozen_encoder: false) counts
   its backward too (2x: its first matmuls read the embedding output, which has a gradient).
 - Activation recompute is not model work: it is counted in hardware FLOPs (HFU) only.
+- Padding is not model work either: padded_flops counts what the padded shapes cost the hardware
+  (the same model at the padded lengths, recompute included), for the waterfall's padding loss.
 
 The tests hold these formulas against FlopCounterMode on the real modules (meta device),
 with attention under the math SDPA backend (scores and values as two bmm, backward 2x).
@@ -83,11 +85,17 @@ class FlopBreakdown:
         }
 
 
-def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int) -> FlopBreakdown:
-    """FLOPs of one sample's forward + backward (frozen encoder: forward) on real lengths."""
+def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int,
+                dit_keys: int | None = None) -> FlopBreakdown:
+    """FLOPs of one sample's forward + backward (frozen encoder: forward) on real lengths.
+
+    dit_keys: how many keys each latent query of the DiT's joint attention is scored against;
+    default all of them (audio frames + text tokens + speaker patches). padded_flops sets it where
+    the attention kernel skips padded keys.
+    """
     d, La, Lt = cfg.width, audio_frames, text_tokens
     ds, P = cfg.speaker_width, speaker_patches(cfg, speaker_frames)
-    keys = La + Lt + P
+    keys = La + Lt + P if dit_keys is None else dit_keys
     parts = {name: PartFlops() for name in PARTS}
 
     # DiT blocks.
@@ -156,6 +164,39 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
 
 def hardware_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     return flops.total + recompute_flops(cfg, flops, ac)
+
+
+STREAMS = ("latent", "text", "speaker")
+
+
+def stream_tokens(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int) -> dict[str, int]:
+    """The tokens of each stream the model computes for these lengths: latent frames, text tokens
+    and speaker patches (the speaker encoder folds speaker_patch reference frames into one, a
+    partial last patch included)."""
+    return {"latent": audio_frames, "text": text_tokens, "speaker": speaker_patches(cfg, speaker_frames)}
+
+
+def padded_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int, ac: str,
+                 real_keys: int | None = None) -> int:
+    """What ONE batch row costs the hardware at the padded shapes, in hardware_flops' convention
+    (matmuls only, AC recompute included): the same FLOP model at the lengths every row is padded to.
+
+    The loader pads each row to the configured maxima (data.collate): the latent to audio_frames,
+    the text to text_tokens, the reference to speaker_frames rounded up to a multiple of
+    speaker_patch, which the speaker encoder folds into speaker_patches(speaker_frames) patches:
+    so the lengths to pass are the run's audio_frames, text_tokens and speaker_frames. The masks
+    change no shape: every linear layer runs on every padded token, and the masked attentions (torch
+    SDPA in the DiT and the speaker encoder, the text encoder's) score every query against every key.
+    A row counts whether it holds a sample or a stand-in for a skipped one (data.STAND_IN): the
+    hardware computes it all the same.
+
+    real_keys: where the DiT's joint attention reads its key mask as a count of valid keys per sample
+    and skips the rest (TransformerEngine's fused attention, model.megatron.TECoreAttention), the
+    row's real key count; its queries stay padded. A CFG-dropped sample's text and speaker keys are
+    skipped there too, but model_flops counts them as well, so padded minus hardware FLOPs is still
+    the padding alone.
+    """
+    return hardware_flops(cfg, model_flops(cfg, audio_frames, text_tokens, speaker_frames, dit_keys=real_keys), ac)
 
 
 @dataclass

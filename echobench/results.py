@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
+#    Figures added since (peak_mem_allocated_gib, the padding figures) default to None, which reads
+#    as unknown in an older record: no new version, nothing to migrate.
 SCHEMA_VERSION = 2
 Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted"]  # preempted: SLURM PREEMPTED
 RECORD_FILE = "result.json"
@@ -53,6 +55,20 @@ def window_figures(*, measured_time_s: float, samples: int, model_flops: int, ha
         "hfu": hardware_flops / (measured_time_s * world_size * peak_tflops * 1e12),
         "mfu_vs_ceiling": tflops_per_gpu / ceiling_tflops if ceiling_tflops else None,
         "mfu_fp8_peak": tflops_per_gpu / peak_fp8_tflops if peak_fp8_tflops else None,
+    }
+
+
+def padding_figures(*, padded_flops: int, hardware_flops: int, tokens: dict[str, list[int]]) -> dict:
+    """What the padding cost over the measured window (README, "How MFU is computed"), from the counts
+    of bench.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
+    lengths (flops.padded_flops); padded_flops_frac = (padded - hardware FLOPs) / padded FLOPs, the
+    share of the matmul FLOPs executed that went to padded tokens; per stream, padded_frac_<stream>
+    = (computed - real tokens) / computed tokens, speaker tokens being patches."""
+    return {
+        "measured_padded_flops": padded_flops,
+        "padded_flops_frac": (padded_flops - hardware_flops) / padded_flops if padded_flops else None,
+        **{f"padded_frac_{stream}": (computed - real) / computed if computed else None
+           for stream, (real, computed) in tokens.items()},
     }
 
 
@@ -212,6 +228,12 @@ class Record(BaseModel):
     measured_samples: int | None = None
     measured_model_flops: int | None = None
     measured_hardware_flops: int | None = None
+    # padding (padding_figures): None in a record written before they were counted, i.e. unknown
+    measured_padded_flops: int | None = None
+    padded_flops_frac: float | None = None
+    padded_frac_latent: float | None = None
+    padded_frac_text: float | None = None
+    padded_frac_speaker: float | None = None
     samples_per_s: float | None = None
     audio_seconds_per_s: float | None = None
     model_flops_per_sample: float | None = None

@@ -161,8 +161,8 @@ def profiled_record(fractions, mfu=0.38, peak=990.0, ceiling=None, source="datas
 def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
     f = {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
          "communication": 0.08, "data_wait": 0.03, "idle": 0.07}
-    steps = waterfall(profiled_record(f, ceiling=742.5))
-    assert [s["kind"] for s in steps] == ["absolute"] + ["relative"] * 7 + ["total"]
+    steps = waterfall(profiled_record(f, ceiling=742.5).update(**padding(10**15, 10**15)))  # no padding
+    assert [s["kind"] for s in steps] == ["absolute"] + ["relative"] * 8 + ["total"]
     assert steps[0]["pp"] == 100 and steps[-1]["pp"] == pytest.approx(38.0)
     assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(38.0, abs=1e-9)
     by_label = {s["short"]: s["pp"] for s in steps}
@@ -173,9 +173,57 @@ def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
     assert by_label["data wait"] == pytest.approx(-75 * 0.03)
     assert by_label["matmul shortfall / other"] == pytest.approx(-(75 * 0.6 - 38))
     # without a calibration the ceiling is the peak; a run above what its parts explain shows a gain
-    steps = waterfall(profiled_record(f, mfu=0.9))
+    steps = waterfall(profiled_record(f, mfu=0.9).update(**padding(10**15, 10**15)))
     assert steps[1]["pp"] == 0 and steps[-2]["pp"] == pytest.approx(90 - 60) and steps[-1]["pp"] == pytest.approx(90)
     assert waterfall(profiled_record(f).update(breakdown=None)) is None
+
+
+def padding(padded_flops, hardware_flops):
+    """The record's padding figures for set counts (results.padding_figures; the streams' shares set too)."""
+    from echobench.results import padding_figures
+
+    return padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
+                           tokens={"latent": [60, 100], "text": [30, 40], "speaker": [9, 10]})
+
+
+def test_waterfall_takes_padding_out_of_the_matmul_shortfall():
+    """Padding costs C x (GEMM + attention fraction) x (padded - hardware FLOPs) / padded FLOPs; the
+    matmul shortfall keeps the rest; the steps still sum exactly from the peak to the MFU."""
+    f = {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
+         "communication": 0.08, "data_wait": 0.03, "idle": 0.07}
+    rec = profiled_record(f, ceiling=742.5).update(measured_hardware_flops=2 * 10**15,
+                                                   **padding(3 * 10**15, 2 * 10**15))
+    assert (rec.padded_flops_frac, rec.padded_frac_latent, rec.padded_frac_text) == (pytest.approx(1 / 3), 0.4, 0.25)
+    steps = waterfall(rec)
+    assert [s["short"] for s in steps][-3:] == ["padding", "matmul shortfall / other", "achieved MFU"]
+    by_label = {s["short"]: s["pp"] for s in steps}
+    share = (rec.measured_padded_flops - rec.measured_hardware_flops) / rec.measured_padded_flops
+    assert by_label["padding"] == pytest.approx(-75 * 0.6 * share)  # C = 75%, GEMM + attention 60% of the step
+    assert by_label["matmul shortfall / other"] == pytest.approx(-(75 * 0.6 * (1 - share) - 38))
+    assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(38.0, abs=1e-9)
+    without = waterfall(profiled_record(f, ceiling=742.5))  # every other step as before
+    assert [s for s in without if s["short"] not in ("padding", "matmul shortfall / other")] == \
+        [s for s in steps if s["short"] not in ("padding", "matmul shortfall / other")]
+    # no padding at all: nothing moves out of the shortfall
+    steps = waterfall(profiled_record(f).update(**padding(10**15, 10**15)))
+    assert {s["short"]: s["pp"] for s in steps}["padding"] == 0
+
+
+def test_a_record_without_padded_flops_shows_padding_unknown():
+    """A record written before padding was counted (tests/fixtures/record-v2.json, a real one) loads;
+    its waterfall has a padding step of unknown size, its padding left in the shortfall, not 0."""
+    from conftest import FIXTURES
+
+    f = {"gemm": 0.5, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.15, "memcpy": 0.02,
+         "communication": 0.08, "data_wait": 0.03, "idle": 0.07}
+    old = Record.load(FIXTURES / "record-v2.json")
+    assert old.measured_padded_flops is None and old.padded_flops_frac is None and old.padded_frac_text is None
+    steps = waterfall(old.update(breakdown={"fractions": f}, ceiling_tflops=None))
+    pad = next(s for s in steps if s["short"] == "padding")
+    assert pad["pp"] is None and "unknown" in pad["label"]
+    known = [s["pp"] for s in steps[1:-1] if s["pp"] is not None]
+    assert 100 + sum(known) == pytest.approx(100 * old.mfu, abs=1e-9)
+    assert steps[-2]["pp"] == pytest.approx(-(100 * 0.6 - 100 * old.mfu))  # padding stays in the shortfall
 
 
 def test_summary_takes_the_busiest_rank_and_keeps_errors():
@@ -259,3 +307,42 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--profile" in proc.stderr
     proc = cli("explain", tmp_path)
     assert proc.returncode == 2 and "give one run's directory" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_explain_shows_padding_from_the_record(profiled_runs, cli, tmp_path):
+    """explain's padding step is the figure computed from the record's counts (set here: a third of
+    the matmul FLOPs executed padded), taken out of the matmul shortfall; the waterfall still sums to
+    the MFU and the parts of the step to the step. A record without padded FLOPs shows it unknown."""
+    import shutil
+
+    from test_breakdown import padding
+
+    run = tmp_path / "run"
+    shutil.copytree(profiled_runs["ddp"], run)
+    rec = Record.load(run / "result.json")
+    hardware = rec.measured_hardware_flops
+    assert rec.measured_padded_flops >= hardware and rec.padded_flops_frac is not None  # counted by the run
+    rec.update(**padding(hardware * 3 // 2, hardware)).save(run)
+    data = json.loads(cli("explain", run, "--json").stdout)
+    raw = json.loads((run / "result.json").read_text())
+    f, c = raw["breakdown"]["fractions"], 1.0  # no calibration: the ceiling is the peak
+    share = (raw["measured_padded_flops"] - raw["measured_hardware_flops"]) / raw["measured_padded_flops"]
+    by_label = {s["short"]: s["pp"] for s in data["waterfall"]}
+    assert by_label["padding"] == pytest.approx(-100 * c * (f["gemm"] + f["attention"]) * share, rel=1e-12)
+    assert by_label["matmul shortfall / other"] == pytest.approx(
+        -(100 * c * (f["gemm"] + f["attention"]) * (1 - share) - 100 * raw["mfu"]), rel=1e-9, abs=1e-12)
+    assert 100 + sum(s["pp"] for s in data["waterfall"][1:-1]) == pytest.approx(100 * raw["mfu"], abs=1e-9)
+    assert data["padding"]["padded_flops_frac"] == pytest.approx(share)
+    busiest = next(r for r in data["breakdown"]["ranks"] if r["rank"] == data["breakdown"]["busiest_rank"])
+    assert sum(busiest["seconds"].values()) == pytest.approx(busiest["step_time_s"], rel=1e-9)
+    text = cli("explain", run).stdout
+    padded_ms = (busiest["seconds"]["gemm"] + busiest["seconds"]["attention"]) * share * 1e3
+    assert "padded tokens, within matmul" in text and f"{padded_ms:.3f}" in text and "33.3% of the matmul" in text
+    assert f"{by_label['padding']:+.2f}" in text
+    # an older record: padding unknown, in the table and the waterfall
+    rec.update(measured_padded_flops=None, padded_flops_frac=None, padded_frac_latent=None, padded_frac_text=None,
+               padded_frac_speaker=None).save(run)
+    text = cli("explain", run).stdout
+    assert "padding (unknown" in text and "the record has no padded FLOPs" in text
+    assert next(s for s in json.loads(cli("explain", run, "--json").stdout)["waterfall"]
+                if s["short"] == "padding")["pp"] is None

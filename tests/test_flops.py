@@ -129,3 +129,74 @@ def test_full_ac_recompute_matches_flop_counter():
     total, _ = counted_flops(model, meta_batch(60, 20, 40))
     cfg = PRESETS["tiny"]
     assert hardware_flops(cfg, model_flops(cfg, 60, 20, 40), "full") == total
+
+
+# ---- padding: what the padded shapes cost ----
+
+def padded_batch(cfg, audio_frames, text_tokens, speaker_frames):
+    """A batch from the loader's own collate (lengths below the maxima, and a stand-in for a skipped
+    sample), on the meta device, with its real lengths per row."""
+    import numpy as np
+
+    from echobench.data import STAND_IN, build_tokenizer, collate
+
+    def sample(frames, text, ref):
+        return {"latent": np.zeros((frames, cfg.latent_dim), np.float16), "text": text,
+                "ref": np.zeros((ref, cfg.latent_dim), np.float16)}
+
+    samples = [sample(37, "[S1] short", 13), sample(audio_frames + 9, "[S1] " + "long text " * 20, speaker_frames + 3),
+               STAND_IN]
+    batch = collate(samples, build_tokenizer(cfg.text_encoder.vocab), audio_frames, text_tokens, speaker_frames)
+    lengths = (batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist())
+    return batch.to("meta"), lengths
+
+
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_padded_flops_are_what_the_padded_batch_costs(ac):
+    """The counter on a collated batch (masks change no shape) sees every row at the padded lengths:
+    the FLOP model at the run's maxima, speaker_frames 42 padded to 44 frames, 11 patches; with full
+    AC the blocks' recompute too. bench.count_measured counts that for every row, stand-in included."""
+    from torch.utils.checkpoint import checkpoint
+
+    from echobench.bench import count_measured
+    from echobench.flops import padded_flops
+
+    cfg, padded = PRESETS["tiny"], (60, 20, 42)
+    batch, lengths = padded_batch(cfg, *padded)
+    assert tuple(batch.latent.shape[:2]) == (3, 60) and batch.ref.shape[1] == 44 and batch.text_ids.shape[1] == 20
+    model = meta_model("tiny")
+    if ac == "full":
+        for blocks in (model.dit.blocks, model.speaker_encoder.blocks):
+            for block in blocks:
+                block.forward = (lambda f: lambda *a: checkpoint(f, *a, use_reentrant=False))(block.forward)
+    counted, _ = counted_flops(model, batch)
+    per_row = padded_flops(cfg, *padded, ac)
+    assert per_row == hardware_flops(cfg, model_flops(cfg, *padded), ac)
+    assert counted == 3 * per_row
+    counts = count_measured(cfg, ac, [lengths], padded)
+    assert counts["padded_flops"] == counted and counts["samples"] == 2  # the stand-in is no sample
+    real = [model_flops(cfg, a, t, s) for a, t, s in zip(*lengths) if a]
+    assert counts["hardware_flops"] == sum(hardware_flops(cfg, f, ac) for f in real) < counted
+    # tokens per stream [real, computed]: speaker tokens are patches, a partial last patch is real
+    a, t, s = lengths
+    assert counts["tokens"] == {"latent": [37 + 60, 3 * 60], "text": [t[0] + t[1], 3 * 20],
+                                "speaker": [4 + 11, 3 * 11]}
+    assert (a[1], s[1], s[2]) == (60, 42, 1)  # cropped to the maxima; the stand-in's one reference frame
+
+
+def test_padded_flops_with_attention_that_skips_padded_keys():
+    """TransformerEngine's fused attention (megatron, te) scores the padded latent queries against
+    the real keys only: only the DiT's attention scores and values change, forward, backward and
+    recompute."""
+    from echobench.bench import count_measured
+    from echobench.flops import padded_flops
+
+    cfg, padded, real_keys = PRESETS["tiny"], (60, 20, 42), 37 + 5 + 4
+    dense, skipping = model_flops(cfg, *padded), model_flops(cfg, *padded, dit_keys=real_keys)
+    assert {k for k in PARTS if dense.parts[k] != skipping.parts[k]} == {"dit_attention"}
+    fwd = cfg.layers * 2 * 2 * 60 * (60 + 20 + 11 - real_keys) * cfg.width
+    assert dense.parts["dit_attention"].forward - skipping.parts["dit_attention"].forward == fwd
+    for ac, passes in (("none", 3), ("full", 4)):  # forward, 2x backward (and the forward again)
+        assert padded_flops(cfg, *padded, ac) - padded_flops(cfg, *padded, ac, real_keys) == passes * fwd
+    counts = count_measured(cfg, "none", [([37], [5], [13])], padded, real_keys_only=True)
+    assert counts["padded_flops"] == padded_flops(cfg, *padded, "none", real_keys)

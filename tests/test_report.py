@@ -670,12 +670,64 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
         assert page.evaluate(shown)["sel"] == other
         page.evaluate("document.querySelector('#best a.waterfall-link').click()")
         wf = page.evaluate(shown)
-        assert wf["sel"] == link and wf["type"] == "waterfall" and link in wf["title"] and wf["bars"] == 9
+        assert wf["sel"] == link and wf["type"] == "waterfall" and link in wf["title"] and wf["bars"] == 10
         assert wf["y"][-1] == pytest.approx(100 * ok[link].mfu)
         assert 100 + sum(wf["y"][1:-1]) == pytest.approx(100 * ok[link].mfu, abs=1e-6)
         shot = page.screenshot(ARTIFACTS / "dashboard-where-the-time-goes.png", selector="#time")
         assert_clean(page)
     assert shot.stat().st_size > 10_000
+
+
+def padded_record(run_id, padded_flops, hardware_flops, **extra) -> Record:
+    """A profiled record (profiled(): GEMM + attention 60% of the step, no calibration) with set counts of
+    padded and hardware FLOPs and set padded shares of the streams' tokens (results.padding_figures)."""
+    from echobench.results import padding_figures
+
+    return record(run_id, breakdown=profiled(), measured_hardware_flops=hardware_flops, **extra,
+                  **padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
+                                    tokens={"latent": [60, 100], "text": [30, 40], "speaker": [9, 10]}))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_dashboard_shows_padding_in_chromium(tmp_path, cli):
+    """Set figures: a run whose padded FLOPs are 1.5x its hardware FLOPs spent a third of its matmul time
+    (60% of the step, at the peak: C = 1) on padding, 20 points of the peak, taken out of the matmul
+    shortfall; the runs table shows the padded shares. A record written before padding was counted
+    (tests/fixtures/record-v2.json, a real one) still renders, its padding unknown, not 0."""
+    old = Record.load(FIXTURES / "record-v2.json")
+    assert old.measured_padded_flops is None
+    write(tmp_path, old.update(breakdown=profiled()))
+    write(tmp_path, padded_record("padded", 3 * 10**15, 2 * 10**15, mfu=0.3))
+    out = tmp_path / "report.html"
+    cli("report", tmp_path, "-o", out, check=True)
+    shown = "(() => { const p = document.getElementById('waterfall-plot'); const d = p._fullData[0]; return {" \
+            "x: Array.from(d.x), y: Array.from(d.y), text: Array.from(d.text), hover: Array.from(d.hovertext)," \
+            "bars: p.querySelectorAll('.point').length}; })()"
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        page.evaluate("var s = document.getElementById('waterfall-run'); s.value = 'padded';"
+                      "s.dispatchEvent(new Event('change'))")
+        wf = page.evaluate(shown)
+        assert wf["x"][-3:] == ["padding", "matmul shortfall / other", "achieved MFU"] and wf["bars"] == 10
+        pad = wf["x"].index("padding")
+        assert wf["y"][pad] == pytest.approx(-60 * (3 - 2) / 3) and wf["text"][pad] == "-20.00"
+        assert wf["y"][pad + 1] == pytest.approx(-(60 * 2 / 3 - 30))  # the shortfall without the padding
+        assert 100 + sum(wf["y"][1:-1]) == pytest.approx(30.0)
+        page.evaluate(f"var s = document.getElementById('waterfall-run'); s.value = {json.dumps(old.run_id)};"
+                      "s.dispatchEvent(new Event('change'))")
+        wf = page.evaluate(shown)
+        pad = wf["x"].index("padding")
+        assert wf["text"][pad] == "unknown" and "unknown" in wf["hover"][pad] and wf["y"][pad] == 0
+        assert 100 + sum(wf["y"][1:-1]) == pytest.approx(100 * old.mfu, abs=1e-6)
+        cells = page.evaluate("(() => { const h = Array.from(document.querySelectorAll('#runs th'))"
+                              ".map(th => th.textContent); return Array.from(document.querySelectorAll("
+                              "'#runs tbody tr')).map(tr => [tr.cells[0].textContent.trim(), "
+                              "tr.cells[h.indexOf('padded FLOPs (%)')].textContent.trim(), "
+                              "tr.cells[h.indexOf('padded tokens a/t/s (%)')].textContent.trim()]); })()")
+        assert sorted(cells) == sorted([["padded", "33.3", "40.0/25.0/10.0"], [old.run_id, "", ""]])
+        assert_clean(page)
 
 
 # ---- the publication table ----

@@ -116,6 +116,17 @@ def test_run_from_shards_reports_real_lengths(cli, tmp_path):
     r = record(out)
     # Variable-length clips: the per-sample FLOPs on real lengths are below the padded maximum.
     assert r["model_flops_per_sample"] < r["flops_breakdown"]["model_flops_per_sample"]
+    # Padding: every row of every measured batch costs the FLOP model at the padded lengths (torch SDPA
+    # computes every key), the share of it beyond the real work is padded_flops_frac, and the latent's
+    # padded share is what the real audio frames leave of the rows' 100 frames.
+    rows = r["measured_steps"] * 4
+    assert r["skipped_samples"] == 0 and r["measured_samples"] == rows
+    assert r["measured_padded_flops"] == rows * r["flops_breakdown"]["hardware_flops_per_sample"]
+    padded, hardware = r["measured_padded_flops"], r["measured_hardware_flops"]
+    assert r["padded_flops_frac"] == (padded - hardware) / padded > 0
+    frames = r["audio_seconds_per_s"] * r["measured_time_s"] * 25  # the real audio frames measured
+    assert r["padded_frac_latent"] == pytest.approx(1 - frames / (rows * 100), rel=1e-9)
+    assert all(0 <= r[f"padded_frac_{s}"] < 1 for s in ("latent", "text", "speaker"))
 
 
 def test_flops_json(cli):

@@ -32,7 +32,9 @@ FLOP_CONVENTION = (
     "text projection) forward and backward, plus the forward of the frozen text encoder (forward and "
     "backward when a run trains the encoder), at 2 FLOPs "
     "per multiply-add; attention scores and values counted in full (bidirectional); element-wise work "
-    "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths. "
+    "not counted; recompute not counted (that is HFU). Counted on the real (unpadded) lengths; what the "
+    "padded shapes cost on top (padded FLOPs: the runs table, the waterfall's padding step) is hardware "
+    "work, never model FLOPs. "
     "Throughput is over the whole measured window: samples/s = measured samples / total measured time "
     "(each step at its slowest rank); MFU = model FLOPs of the measured samples / (total measured time x GPUs x peak). "
     "A configuration's figure is the median over its runs at that node count (repeats, and runs of other "
@@ -464,7 +466,9 @@ RUN_COLUMNS = [
     ("peak_mem_gib", "memory (GiB)", "num"), ("peak_mem_allocated_gib", "allocated (GiB)", "num"),
     ("memory_estimate_gib", "estimate (GiB)", "num"),
     ("num_alloc_retries", "alloc retries", "int"),
-    ("lengths", "lengths a/t/s", "text"), ("precision", "precision", "text"), ("compile", "compile", "text"),
+    ("lengths", "lengths a/t/s", "text"), ("padded_flops_frac", "padded FLOPs (%)", "pct"),
+    ("padded_tokens", "padded tokens a/t/s (%)", "text"), ("precision", "precision", "text"),
+    ("compile", "compile", "text"),
     ("ac", "ac", "text"), ("device_name", "device", "text"), ("hostname", "host", "text"), ("time", "time", "text"),
     ("notes", "notes", "text"), ("error", "error", "text"),
 ]
@@ -475,6 +479,9 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
     frame = frame.assign(_s=frame["scale"].map(lambda s: rank.get(s, len(rank))),
                          lengths=[f"{a}/{t}/{s}" for a, t, s in
                                   zip(frame["audio_frames"], frame["text_tokens"], frame["speaker_frames"])],
+                         padded_tokens=[padded_tokens_text(shares) for shares in
+                                        zip(frame["padded_frac_latent"], frame["padded_frac_text"],
+                                            frame["padded_frac_speaker"])],
                          peak_label=[None if pd.isna(p) else f"{fmt_number(p)} {pp or ''} {_peak_kind(src)}".replace("  ", " ")
                                      for p, pp, src in zip(frame["peak_tflops"], frame["peak_precision"], frame["peak_source"])],
                          notes=frame["notes"].map(lambda n: "; ".join(n) if isinstance(n, tuple) else None))
@@ -499,6 +506,14 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
                      "fp8": r["precision"] == "fp8", "retries": bool(retries > 0),
                      "calibrated": _peak_kind(r["peak_source"]) == "calibrated"})
     return rows
+
+
+def padded_tokens_text(shares) -> str | None:
+    """The padded share of the latent, text and speaker tokens as `a/t/s` percentages; None (an empty
+    cell) for a record written before padding was counted."""
+    if any(v is None or pd.isna(v) for v in shares):
+        return None
+    return "/".join(fmt_number(v, percent=True) for v in shares)
 
 
 def _peak_kind(source) -> str:

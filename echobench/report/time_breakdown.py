@@ -23,7 +23,8 @@ LEGEND = {"gemm": "GEMM", "attention": "attention", "optimizer": "optimizer", "o
 CAPTION = ("One step's time on the busiest device (GPU streams; on CPU runs the main thread), from the profiler "
            "trace of a few steps after the measured ones (runs with profile: true or --profile). Bars: the parts as "
            "a share of the step, mean over a configuration's profiled repeats. The waterfall goes from the peak "
-           "to the run's MFU in percentage points (README: Where the time goes); pick a run, or follow a "
+           "to the run's MFU in percentage points (README: Where the time goes); its padding step is the matmul "
+           "time spent on padded tokens (README: How MFU is computed); pick a run, or follow a "
            "'waterfall' link in the best-MFU table.")
 EMPTY = "No profiled runs: set profile: true in the matrix (or run --profile) to see where the step's time goes."
 
@@ -68,9 +69,12 @@ def waterfall_figure(record: Record) -> go.Figure | None:
     steps = waterfall(record)
     if steps is None:
         return None
+    # A step of unknown size (padding in an older record) is drawn flat, its text "unknown": not a 0 of padding.
     fig = go.Figure(go.Waterfall(
-        x=[s["short"] for s in steps], y=[s["pp"] for s in steps], measure=[s["kind"] for s in steps],
-        text=[f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}" for s in steps],
+        x=[s["short"] for s in steps], y=[0.0 if s["pp"] is None else s["pp"] for s in steps],
+        measure=[s["kind"] for s in steps],
+        text=["unknown" if s["pp"] is None else f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}"
+              for s in steps],
         textposition="outside", hovertext=[s["label"] for s in steps],
         hovertemplate="%{hovertext}: %{text} points<extra></extra>",
         decreasing={"marker": {"color": "#d62728"}}, increasing={"marker": {"color": "#2ca02c"}},
