@@ -224,13 +224,25 @@ def calibrate(
     size: Optional[int] = typer.Option(None, min=1, help="The square shape's size (default 8192 on GPU, 1024 on CPU)."),
     iters: Optional[int] = typer.Option(None, min=1, help="Timed matmuls per shape, after the warm-up ones "
                                         "(default 50 on GPU, at least 50 there; 5 on CPU)."),
-    budget_s: float = typer.Option(15.0, min=0.1, help="Seconds of matmuls the sweep may take at most (warm-up "
-                                   "and timed); a shape that cannot fit its iterations times fewer."),
+    budget_s: Optional[float] = typer.Option(None, min=0.1, help="Seconds of matmuls the sweep may take at most "
+                                             "(warm-up and timed; default 15, with --comm 5 on CPU); a shape that "
+                                             "cannot fit its iterations times fewer."),
     as_json: bool = typer.Option(False, "--json"),
+    comm: bool = typer.Option(False, "--comm", help="Measure a hardware profile instead: collectives on this process "
+                              "group (alpha-beta fits per link class), the run's GEMMs, attention and memory bandwidth "
+                              "(see README, Hardware profiles). Under torchrun on its group; else it launches --nproc."),
+    nproc: Optional[int] = typer.Option(None, min=1, help="With --comm outside torchrun: processes to launch on this "
+                                        "node (default 2 on CPU, the GPU count on GPU)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="With --comm: also write the profile here (YAML)."),
+    max_bytes: Optional[int] = typer.Option(None, min=1024, help="With --comm: largest message (default 1 GiB on "
+                                            "GPU, 64 MiB on CPU; at most a third of free memory)."),
+    comm_budget_s: Optional[float] = typer.Option(None, min=0.1, help="With --comm: seconds for the collectives "
+                                                  "(default 120 on GPU, 20 on CPU)."),
     **settings,
 ):
     """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
-    report MFU against it too."""
+    report MFU against it too. With --comm: a hardware profile of this machine (profiles/ has the
+    shipped ones)."""
     import torch
 
     from echobench.config import check_value
@@ -246,6 +258,10 @@ def calibrate(
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
+    if comm:
+        calibrate_comm(dev, dtype, dtypes[dtype], scale, budget_s, nproc, out, max_bytes, comm_budget_s, settings)
+        return
+    budget_s = 15.0 if budget_s is None else budget_s
     try:
         record = measure(dev, dtypes[dtype], size, iters, scale=scale, budget_s=budget_s, **settings)
     except ValueError as exc:
@@ -272,6 +288,69 @@ def calibrate(
                   + (f", {record['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""),
                   soft_wrap=True)
     console.print(f"saved {esc(record['path'])}", highlight=False)
+
+
+def calibrate_comm(dev, dtype_flag: str, dtype, scale, budget_s, nproc, out, max_bytes, comm_budget_s, settings) -> None:
+    """`calibrate --comm`: in a torchrun worker (or alone with one process) measure here; else launch
+    torchrun with --nproc processes running this command, then show what rank 0 wrote."""
+    from echobench import commbench
+    from echobench.config import FIELDS, RunConfig
+    from echobench.distributed import exit_process
+    from echobench.hardware import default_dtype, device_name
+    from echobench.hwprofile import ProfileError, calibrated_profile_path, load_profile
+
+    gpu = dev.type == "cuda"
+    run = RunConfig(scale=scale or ("3B" if gpu else "tiny"), device=dev.type,
+                    **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
+    path = calibrated_profile_path(device_name(dev), str(dtype or default_dtype(dev)).removeprefix("torch."))
+    paths = list(dict.fromkeys([path, *([out] if out is not None else [])]))
+    gemm_budget_s = budget_s if budget_s is not None else (15.0 if gpu else 5.0)
+    nproc = nproc or (torch_device_count() if gpu else 2)
+    if "RANK" not in os.environ and nproc > 1:
+        args = ["--device", dev.type, "--dtype", dtype_flag, "--scale", run.scale, "--micro-batch", run.micro_batch,
+                "--audio-frames", run.audio_frames, "--text-tokens", run.text_tokens, "--speaker-frames",
+                run.speaker_frames, "--budget-s", gemm_budget_s, "--out", out or path,
+                *(["--max-bytes", max_bytes] if max_bytes else []),
+                *(["--comm-budget-s", comm_budget_s] if comm_budget_s else [])]
+        code = commbench.launch_local(nproc, list(map(str, args)))
+        if code:
+            fail(f"calibrate --comm on {nproc} processes: torchrun exited with code {code} (its output is above)", code)
+        try:
+            load_profile(out or path)  # rank 0 wrote it to every path and showed it
+        except ProfileError as exc:
+            fail(str(exc))
+        return
+    profile = commbench.calibrate_in_group(dev.type, run, paths, dtype=dtype, max_bytes=max_bytes,
+                                           comm_budget_s=comm_budget_s, gemm_budget_s=gemm_budget_s)
+    if profile is not None:
+        print_profile(profile, paths)
+    exit_process(0)
+
+
+def torch_device_count() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def print_profile(profile, paths) -> None:
+    """A hardware profile's fits and rates, and where it was written."""
+    from echobench.hwprofile import memory_gbps
+
+    table = Table(title=esc(f"{profile.name}: collective fits (time = alpha + bus bytes / bus bandwidth)"))
+    for col in ("link", "collective", "alpha us", "bus GB/s", "points", "groups", "rel rms"):
+        table.add_column(col, justify="left" if col in ("link", "collective") else "right")
+    for link, ops in profile.links.items():
+        for op, fit in ops.items():
+            table.add_row(link, op, f"{fit.alpha_s * 1e6:.1f}", f"{fit.bus_gbps:.3g}", str(len(fit.points)),
+                          ",".join(map(str, sorted({p.group_size for p in fit.points}))), fmt(fit.rel_rms, ".2f"))
+    console.print(table)
+    best = max(profile.gemm, key=lambda p: p.tflops)
+    console.print(f"GEMM: {len(profile.gemm)} shapes, {min(p.tflops for p in profile.gemm):.3g} .. {best.tflops:.3g} "
+                  f"TFLOP/s (best {esc(best.name)} {best.m}x{best.n}x{best.k}); attention "
+                  + ", ".join(f"{esc(a.name)} {a.tflops:.3g}" for a in profile.attention)
+                  + f" TFLOP/s; memory {memory_gbps(profile):.3g} GB/s (add)", highlight=False, soft_wrap=True)
+    console.print(f"saved {esc(', '.join(map(str, dict.fromkeys(paths))))}", highlight=False)
 
 
 @app.command()
@@ -395,6 +474,42 @@ def data_synth(
     paths = synth_shards(writable_dir(out), shards, samples_per_shard, seed=seed, max_seconds=max_seconds)
     size = sum(p.stat().st_size for p in paths)
     console.print(f"wrote {len(paths)} shards, {len(paths) * samples_per_shard} samples, {size / 1e6:.1f} MB to {esc(out)}", highlight=False)
+
+
+@data_app.command("index")
+def data_index(
+    data: Path = typer.Argument(..., help="Directory of *.tar shards, or one shard."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild indexes that are up to date too."),
+):
+    """Index shards written elsewhere (synth indexes its own): each sample's member offsets and lengths, so that
+    a reader seeks straight to its own samples. Beside each shard, or in echobench's cache (ECHOBENCH_CACHE)
+    when its directory cannot be written; one line per shard. Exits 1 if a shard is damaged or nowhere to write."""
+    from collections import Counter
+
+    from echobench.data import DataError
+    from echobench.data.dataset import find_shards
+    from echobench.data.index import ensure_index
+
+    try:
+        shards = find_shards(data)
+    except DataError as exc:
+        fail(str(exc))
+    status_of, samples = Counter(), 0
+    for shard in shards:
+        index, status, detail = ensure_index(shard, rebuild=rebuild)
+        status_of[status] += 1
+        if index is not None:
+            samples += index.count
+            line = f"{shard.name}: {index.count} samples, {'written to' if status == 'built' else 'up to date:'} {detail}"
+        elif status == "damaged":
+            line = f"{shard.name}: damaged, not indexed (readers walk it; its bad samples raise or are skipped): {detail}"
+        else:
+            line = f"{shard.name}: not indexed: {detail}"
+        console.print(esc(line), highlight=False, soft_wrap=True)
+    console.print(f"{len(shards)} shards, {samples} samples indexed: {status_of['built']} written, {status_of['fresh']} up to date, "
+                  f"{status_of['damaged']} damaged, {status_of['unwritable']} with nowhere to write", highlight=False)
+    if status_of["damaged"] or status_of["unwritable"]:
+        raise typer.Exit(1)
 
 
 # ---- matrices: plan, sweep, status (echobench.matrix, echobench.sweep) ----

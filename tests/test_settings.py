@@ -28,8 +28,9 @@ OPTIONS = {
             "--train-encoder", "--warmup-steps"],
     "flops": ["--ac", "--audio-frames", "--encoder-model", "--frozen-encoder", "--json", "--scale",
               "--speaker-frames", "--text-tokens", "--train-encoder"],
-    "calibrate": ["--audio-frames", "--budget-s", "--device", "--dtype", "--iters", "--json", "--micro-batch",
-                  "--scale", "--size", "--speaker-frames", "--text-tokens"],
+    "calibrate": ["--audio-frames", "--budget-s", "--comm", "--comm-budget-s", "--device", "--dtype", "--iters", "--json",
+                  "--max-bytes", "--micro-batch", "--nproc", "--out", "--scale", "--size", "--speaker-frames",
+                  "--text-tokens"],
     "report": ["--out", "--reference", "--table", "-o", "paths"],
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
@@ -39,6 +40,7 @@ OPTIONS = {
     "status": ["--export", "--json", "--poll", "--wait", "runs_dir"],
     "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
+    "data index": ["--rebuild", "data"],
 }
 # ... and the defaults of run's and flops' options then.
 DEFAULTS = {

@@ -3,8 +3,9 @@ from .dataset import (
     STAND_IN, Batch, BatchLoader, LocalTarDataset, SyntheticSource, collate, make_loader, make_source,
 )
 from .format import (
-    FRAME_RATE, LATENT_DIM, DataError, decode_sample, iter_shard, read_shard, write_shard,
+    FRAME_RATE, LATENT_DIM, DataError, decode_sample, iter_shard, read_shard,
 )
+from .writer import write_shard
 from .synth import synth_shards
 from .tokenizer import CONDITIONING_TOKENS, TextTokenizer, build_tokenizer
 

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .format import FRAME_RATE, LATENT_DIM, DataError, iter_shard
+from .index import ensure_index, read_slots
 from .synth import WORDS
 from .tokenizer import TextTokenizer
 
@@ -128,8 +129,12 @@ class LocalTarDataset(IterableDataset):
     to worker i mod workers), the order in which a DataLoader takes items from its workers: the
     rank gets its samples in global order with or without workers.
 
-    Every reader walks the tar headers of every shard, so that all number the samples alike, but
-    reads only its own samples; after the first epoch it skips shards that hold none of them.
+    Each shard's index (echobench.data.index; built here where missing or stale and it can be
+    written) gives its sample count and each sample's member offsets: a reader numbers every sample
+    without reading a shard and seeks straight to its own samples, so its CPU per own sample does
+    not grow with the number of readers. A shard without an index (damaged, or nowhere to write
+    one; said once in the log), or every shard with use_index=False, is read by walking its tar
+    headers, numbering the samples alike but paying for every other reader's samples.
 
     A bad sample or shard raises DataError, or with skip_bad_samples=True is counted in
     self.skipped (per process: each DataLoader worker counts its own) and replaced by a stand-in
@@ -139,7 +144,7 @@ class LocalTarDataset(IterableDataset):
 
     def __init__(self, data_dir_or_shard_list, rank: int = 0, world_size: int = 1,
                  micro_batch: int = 1, shuffle_seed: int | None = None,
-                 skip_bad_samples: bool = False, loop: bool = True):
+                 skip_bad_samples: bool = False, loop: bool = True, use_index: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if micro_batch < 1:
@@ -148,6 +153,8 @@ class LocalTarDataset(IterableDataset):
         self.rank, self.world_size, self.micro_batch = rank, world_size, micro_batch
         self.shuffle_seed, self.skip_bad_samples, self.loop = shuffle_seed, skip_bad_samples, loop
         self.skipped = 0
+        # Here, before DataLoader workers start: they inherit the indexes, and the log says it once.
+        self.indexes = _open_indexes(self.shards) if use_index else {}
 
     def _skip(self, err: DataError):
         self.skipped += 1
@@ -157,9 +164,14 @@ class LocalTarDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        mine = functools.partial(_is_mine, self.micro_batch * self.world_size,
-                                 self.rank * self.micro_batch, self.micro_batch, workers, worker)
-        counts = {}  # shard -> its number of samples, once walked
+        return self.samples(workers, worker)
+
+    def samples(self, workers: int = 1, worker: int = 0):
+        """This reader's samples as DataLoader worker `worker` of `workers` reads them."""
+        slice_of = (self.micro_batch * self.world_size, self.rank * self.micro_batch, self.micro_batch,
+                    workers, worker)
+        mine = functools.partial(_is_mine, *slice_of)
+        counts = {s: ix.count for s, ix in self.indexes.items()}  # shard -> samples; walked: once walked
         offset, epoch = 0, 0  # global index of the next shard's first sample
         while True:
             shards = list(self.shards)
@@ -168,8 +180,9 @@ class LocalTarDataset(IterableDataset):
             epoch_start = offset
             for shard in shards:
                 count = counts.get(shard)
-                if count is None or any(mine(g) for g in range(offset, offset + count)):
-                    yield from self._read(shard, offset, mine, counts)
+                own = None if count is None else _own_indices(*slice_of, offset, offset + count)
+                if own is None or own:
+                    yield from self._read(shard, offset, mine, own, counts)
                 offset += counts[shard]
             if not self.loop:
                 return
@@ -177,12 +190,20 @@ class LocalTarDataset(IterableDataset):
                 raise DataError(f"{len(shards)} shard(s) hold no samples in a full pass")
             epoch += 1
 
-    def _read(self, shard, first: int, mine, counts: dict):
-        """This reader's samples of one shard, whose first sample has global index `first`."""
+    def _read(self, shard, first: int, mine, own: list[int] | None, counts: dict):
+        """This reader's samples of one shard, whose first sample has global index `first`: those
+        at global indices `own`, from the index, or found by walking the shard (own None: its
+        count is not known yet)."""
         last = -1  # the last slot handed out
-        counts[shard] = 0
-        for i, item in iter_shard(shard, lambda i: mine(first + i)):
-            counts[shard] = i + 1
+        index = self.indexes.get(shard)
+        if index is not None:
+            items = read_slots(index, [g - first for g in own])
+        else:
+            counts[shard] = 0
+            items = iter_shard(shard, lambda i: mine(first + i))
+        for i, item in items:
+            if index is None:
+                counts[shard] = i + 1
             if item is None:
                 continue
             if isinstance(item, DataError):
@@ -194,6 +215,48 @@ class LocalTarDataset(IterableDataset):
                 item = STAND_IN
             last = i
             yield {**item, "index": first + i, "shard": str(shard)}
+
+
+def _open_indexes(shards) -> dict:
+    """shard -> its index, for the shards that have one or get one here; the others are walked.
+    Says once what it built and what it walks."""
+    indexes, done = {}, {"built": [], "unwritable": [], "damaged": []}
+    for shard in shards:
+        index, status, detail = ensure_index(shard)
+        if index is not None:
+            indexes[shard] = index
+        if status != "fresh":
+            done[status].append(detail)
+
+    def some(items):
+        return items[0] + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
+
+    walk = "read by walking their tar headers (each reader then pays for every other reader's samples)"
+    if done["built"]:
+        log.warning("indexed %d of %d shard(s) whose index was missing or out of date: %s; "
+                    "`echobench data index DIR` does this once ahead of a run",
+                    len(done["built"]), len(shards), some(done["built"]))
+    if done["unwritable"]:
+        log.warning("%d of %d shard(s) have no fresh index and none can be written, %s: %s; run "
+                    "`echobench data index DIR` where it can write, or set ECHOBENCH_CACHE to a "
+                    "writable directory", len(done["unwritable"]), len(shards), walk,
+                    some(done["unwritable"]))
+    if done["damaged"]:
+        log.warning("%d of %d shard(s) are damaged and %s: %s", len(done["damaged"]), len(shards),
+                    walk, some(done["damaged"]))
+    return indexes
+
+
+def _own_indices(global_batch: int, start: int, micro_batch: int, workers: int, worker: int,
+                 lo: int, hi: int) -> list[int]:
+    """The global indices in [lo, hi) that _is_mine takes, in order, computed rather than tested
+    one by one: the cost follows this reader's samples, not all of them."""
+    def before(g):  # how many of the rank's samples have a global index below g
+        return g // global_batch * micro_batch + min(max(g % global_batch - start, 0), micro_batch)
+
+    first, end = before(lo), before(hi)  # the rank's local indices [first, end)
+    first += (worker - first) % workers  # the worker's first: local index = worker mod workers
+    return [k // micro_batch * global_batch + start + k % micro_batch for k in range(first, end, workers)]
 
 
 def _is_mine(global_batch: int, start: int, micro_batch: int, workers: int, worker: int,

@@ -5,14 +5,13 @@
     KEY.json      {"text": str, "target_duration": seconds}
 
 Members of one sample are stored next to each other (the webdataset convention): the key is the
-file name up to its first dot, and a sample ends where the next key begins.
+file name up to its first dot, and a sample ends where the next key begins. iter_shard walks a
+shard's tar headers; readers use its index instead (index.py); writer.py writes both.
 """
 import io
 import json
-import os
 import tarfile
-from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -26,44 +25,18 @@ class DataError(Exception):
     """A shard or sample that cannot be read; the message is one line naming shard and key."""
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
+def sample_key(name: str) -> tuple[str, str]:
+    """(key, suffix) of a member name: the file name up to its first dot, and the rest."""
+    key, _, suffix = name.rsplit("/", 1)[-1].partition(".")
+    return key, suffix
 
 
-def _latent(array, what: str, key: str) -> np.ndarray:
-    array = np.asarray(array)
-    if array.ndim != 2 or array.shape[1] != LATENT_DIM:
-        raise ValueError(f"sample {key!r}: {what} must be (T, {LATENT_DIM}), got {array.shape}")
-    return array.astype(np.float16, copy=False)
-
-
-def write_shard(path, samples: Iterable[dict]) -> Path:
-    """Write samples (dicts with key, latent, ref, text, target_duration) to one tar shard.
-
-    Written to a temporary name and renamed, so a reader never sees a half-written shard.
-    Member times are fixed, so the same samples give the same bytes.
-    """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for s in samples:
-            key = str(s["key"])
-            if not key or "." in key or "/" in key:
-                raise ValueError(f"sample key {key!r} must be non-empty, without '.' or '/'")
-            meta = {"text": str(s["text"]), "target_duration": float(s["target_duration"])}
-            members = {
-                "npy": _npy_bytes(_latent(s["latent"], "latent", key)),
-                "ref.npy": _npy_bytes(_latent(s["ref"], "ref", key)),
-                "json": json.dumps(meta, ensure_ascii=False).encode(),
-            }
-            for suffix, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{suffix}")
-                info.size, info.mode, info.mtime = len(data), 0o644, 0
-                tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
-    return path
+def ends_cleanly(f, offset: int) -> bool:
+    """Whether an end-of-archive marker (a zero block) is at `offset`: tarfile stops silently at a
+    truncated or garbled header, so a walk that ends must check where it ended."""
+    f.seek(offset)
+    end = f.read(tarfile.BLOCKSIZE)
+    return len(end) == tarfile.BLOCKSIZE and end.count(0) == tarfile.BLOCKSIZE
 
 
 def decode_sample(shard, key: str, members: dict[str, bytes]) -> dict:
@@ -117,18 +90,14 @@ def iter_shard(path, keep: Callable[[int], bool] | None = None) -> Iterator[tupl
             for member in tar:
                 if not member.isfile():
                     continue
-                name = member.name.rsplit("/", 1)[-1]
-                k, _, suffix = name.partition(".")
+                k, suffix = sample_key(member.name)
                 if k != key:
                     if key is not None:
                         yield index, finish()
                     index, key, members = index + 1, k, {}
                 if keep(index):
                     members[suffix] = tar.extractfile(member).read()
-            # tarfile stops silently at a truncated or garbled header; a clean end is a zero block.
-            f.seek(tar.offset)
-            end = f.read(tarfile.BLOCKSIZE)
-            if len(end) != tarfile.BLOCKSIZE or end.count(0) != tarfile.BLOCKSIZE:
+            if not ends_cleanly(f, tar.offset):
                 damage = "truncated or corrupt shard (no end-of-archive marker after this sample)"
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = f"truncated or corrupt shard ({e or type(e).__name__})"

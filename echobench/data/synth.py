@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .format import FRAME_RATE, LATENT_DIM, write_shard
+from .format import FRAME_RATE, LATENT_DIM
+from .writer import write_shard
 
 MIN_SECONDS = 2.0
 CHARS_PER_SECOND = 14.0  # typical read-speech rate

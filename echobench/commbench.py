@@ -1,0 +1,495 @@
+"""`echobench calibrate --comm`: a hardware profile (echobench.hwprofile) measured on this
+process group.
+
+Collectives: all_reduce, all_gather (all_gather_into_tensor) and reduce_scatter
+(reduce_scatter_tensor) of float32 messages from 1 KiB up to max_bytes (doubling; bounded by free
+memory and a time budget), on the world and its sub-groups (plan_groups: intra-node groups of 2,
+4, ... ranks of node 0; inter-node groups of one rank per node; the whole world when it spans
+nodes). Each point is the mean of back-to-back calls after a warm-up, timed on the host around
+device synchronisations, the slowest rank's (a collective ends when its last rank does), median of
+REPEATS. Per link class and op, fit_alpha_beta fits time = alpha + bus_bytes / bus_bandwidth.
+
+Compute, on every rank at once (training runs them at once: shared memory bandwidth, power) and
+reported for the slowest rank: the GEMMs of the run's DiT block (hardware.gemm_shapes, forward and
+both backward GEMMs), attention forward + backward at the run's lengths (the model's own SDPA call,
+FLOPs as echobench.flops counts them) and element-wise bandwidth (add, copy).
+
+Started by torchrun (`torchrun ... -m echobench calibrate --comm`, or `echobench calibrate --comm
+--nproc N`, which launches torchrun as `echobench run --nproc` does), rank 0 writes the profile.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from echobench.hwprofile import (
+    OPS,
+    AlphaBeta,
+    AttentionPoint,
+    CommPoint,
+    GemmPoint,
+    HardwareProfile,
+    MemoryPoint,
+    bus_factor,
+)
+
+MIN_BYTES = 1024
+DEFAULT_MAX_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}
+DEFAULT_COMM_BUDGET_S = {"cuda": 120.0, "cpu": 20.0}
+REPEATS = 3  # timed repeats per point; the point is their median, the spread kept
+TARGET_S = 0.02  # each repeat's back-to-back calls take about this long (at least MIN_ITERS calls)
+MIN_ITERS, MAX_ITERS = 2, 50
+MEMORY_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}  # per tensor: far beyond the caches
+
+
+# ---- the alpha-beta fit ----
+
+def fit_alpha_beta(points: Sequence[CommPoint], op: str) -> tuple[float, float, float]:
+    """(alpha_s, bus_gbps, rel_rms) of time = alpha + bus_bytes / (bus_gbps * 1e9) over `points`,
+    bus_bytes = hwprofile.bus_factor(op, group_size) * nbytes.
+
+    Least squares of the RELATIVE residuals ((fit - t) / t): plain least squares would let the
+    milliseconds of the largest messages decide alpha, the microseconds of the small ones being
+    noise to it; relative residuals weigh both ends, so alpha comes from the small messages and the
+    bandwidth from the large. A negative alpha (noise) is refitted as zero; a non-positive slope
+    (time did not grow with size over the measured range) gives the fastest bus rate seen.
+    rel_rms: the root mean square of the relative residuals."""
+    if not points:
+        raise ValueError("fit_alpha_beta: no points")
+    x = [bus_factor(op, p.group_size) * p.nbytes for p in points]
+    t = [p.seconds for p in points]
+    alpha, beta = 0.0, 0.0
+    if len(set(x)) >= 2:
+        import numpy as np
+
+        a = np.array([[1 / ti, xi / ti] for xi, ti in zip(x, t)])
+        (alpha, beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+        alpha, beta = float(alpha), float(beta)
+    if beta <= 0:  # no growth with size: the fastest bus rate seen, then the latency that fits with it
+        beta = min(ti / xi for xi, ti in zip(x, t))
+        alpha = sum((1 - beta * xi / ti) / ti for xi, ti in zip(x, t)) / sum(1 / ti ** 2 for ti in t)
+    if alpha < 0:  # latency below the noise: bandwidth alone
+        r = [xi / ti for xi, ti in zip(x, t)]
+        alpha, beta = 0.0, sum(r) / sum(ri * ri for ri in r)  # argmin of sum((beta x / t - 1)^2)
+    rms = math.sqrt(sum(((alpha + beta * xi) / ti - 1) ** 2 for xi, ti in zip(x, t)) / len(t))
+    return alpha, 1 / beta / 1e9, rms
+
+
+# ---- groups ----
+
+@dataclass(frozen=True)
+class GroupPlan:
+    ranks: tuple[int, ...]
+    link: str  # intra: one node; inter: spans nodes
+
+
+def _sizes_up_to(n: int) -> list[int]:
+    """2, 4, 8, ... below n, and n itself (n >= 2)."""
+    sizes, g = [], 2
+    while g < n:
+        sizes.append(g)
+        g *= 2
+    return sizes + ([n] if n >= 2 else [])
+
+
+def plan_groups(node_of: Sequence[int]) -> list[GroupPlan]:
+    """The groups to measure, from each rank's node index: intra-node groups of 2, 4, ... up to all
+    of node 0's ranks; inter-node groups of the first rank of 2, 4, ... up to all nodes (one rank
+    per node: the inter-node link alone); and the whole world when it spans nodes and nodes hold
+    several ranks (how a data-parallel group of every rank runs). The world group is always the
+    default group; sub-groups are new ones."""
+    nodes = sorted(set(node_of))
+    by_node = {n: [r for r, k in enumerate(node_of) if k == n] for n in nodes}
+    first = by_node[nodes[0]]
+    plans = [GroupPlan(tuple(first[:g]), "intra") for g in _sizes_up_to(len(first))]
+    leaders = [by_node[n][0] for n in nodes]
+    plans += [GroupPlan(tuple(leaders[:g]), "inter") for g in _sizes_up_to(len(leaders))]
+    if len(nodes) > 1 and len(node_of) > len(nodes):
+        plans.append(GroupPlan(tuple(range(len(node_of))), "inter"))
+    return list(dict.fromkeys(plans))
+
+
+def node_indices(world: int) -> list[int]:
+    """Each rank's node: torchrun numbers ranks node by node, LOCAL_WORLD_SIZE per node (GROUP_RANK is
+    the node's rank), so rank // LOCAL_WORLD_SIZE; without torchrun's variables, by hostname."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local:
+        return [r // int(local) for r in range(world)]
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    order = list(dict.fromkeys(hosts))
+    return [order.index(h) for h in hosts]
+
+
+# ---- timing ----
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _buffers(op: str, nbytes: int, n: int, device: torch.device):
+    # all_gather_into_tensor / reduce_scatter_tensor: newer torch names them *_single and warns;
+    # torch 2.6 has only these names.
+    """(the call, its actual message bytes): float32 buffers of the nccl-tests layout, the message
+    rounded down to a multiple of n elements (all-gather / reduce-scatter split it in n)."""
+    count = max(n, nbytes // 4 // n * n)
+    full = torch.ones(count, device=device)
+    if op == "all_reduce":
+        return (lambda g: dist.all_reduce(full, group=g)), count * 4
+    part = torch.ones(count // n, device=device)
+    if op == "all_gather":
+        return (lambda g: _quiet(dist.all_gather_into_tensor, full, part, group=g)), count * 4
+    return (lambda g: _quiet(dist.reduce_scatter_tensor, part, full, group=g)), count * 4
+
+
+def _quiet(fn, *args, **kwargs):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return fn(*args, **kwargs)
+
+
+def time_collective(op: str, nbytes: int, group, device: torch.device) -> CommPoint:
+    """One point: REPEATS repeats of back-to-back calls (as many as fill TARGET_S, from a timed
+    warm-up call, the same on every rank), the mean per call of each repeat the slowest rank's.
+    Call on every rank of `group`."""
+    n = dist.get_world_size(group)
+    call, actual = _buffers(op, nbytes, n, device)
+
+    def timed(iters: int) -> float:
+        dist.barrier(group=group)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            call(group)
+        _sync(device)
+        spent = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX, group=group)  # ends when its slowest rank does
+        return float(spent) / iters
+
+    call(group)  # connection set-up and first-call costs stay out of the figures
+    iters = int(min(MAX_ITERS, max(MIN_ITERS, TARGET_S / max(timed(2), 1e-7))))
+    reps = [timed(iters) for _ in range(REPEATS)]
+    return CommPoint(nbytes=actual, group_size=n, seconds=statistics.median(reps), seconds_min=min(reps),
+                     seconds_max=max(reps), iters=iters)
+
+
+def _agree(value: float, device: torch.device, op=dist.ReduceOp.MAX) -> float:
+    """The same number on every rank (the max unless `op` says otherwise), so that every rank takes
+    the same branch and no collective waits for a rank that left."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return float(t)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory this process may take: the GPU's free memory, or MemAvailable shared among this node's
+    processes on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    except OSError:
+        pass
+    return 2**31
+
+
+def message_sizes(max_bytes: int, min_bytes: int = MIN_BYTES) -> list[int]:
+    """min_bytes, doubling, up to max_bytes."""
+    sizes, s = [], min_bytes
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def measure_collectives(plans: Sequence[GroupPlan], device: torch.device, max_bytes: int,
+                        budget_s: float) -> dict[tuple[str, str], list[CommPoint]]:
+    """Points per (link, op): every group of `plans` (all ranks call this; each sub-group is made
+    on every rank, as new_group requires), each op, sizes ascending. Each (group, op) gets an equal
+    share of what is left of budget_s; a sweep stops once its share is spent on any rank (all ranks
+    stop together)."""
+    rank = dist.get_rank()
+    groups = [(p, dist.new_group(list(p.ranks)) if len(p.ranks) < dist.get_world_size() else None) for p in plans]
+    sizes = message_sizes(max_bytes)
+    points: dict[tuple[str, str], list[CommPoint]] = {}
+    start, pairs = time.perf_counter(), [(g, op) for g in groups for op in OPS]
+    for i, ((plan, group), op) in enumerate(pairs):
+        share = (budget_s - (time.perf_counter() - start)) / (len(pairs) - i)
+        began = time.perf_counter()
+        for size in sizes:
+            if rank in plan.ranks:
+                points.setdefault((plan.link, op), []).append(time_collective(op, size, group, device))
+            # Each rank's own clock says whether to go on; any rank that says stop stops them all.
+            if _agree(float(time.perf_counter() - began > share), device) > 0:
+                break
+    return points
+
+
+def _gemm_variants(shapes) -> list:
+    """Each forward GEMM (m, n, k) and its backward ones: the input gradient dY @ W (m, k, n) and
+    the weight gradient dY^T @ X (n, k, m), named after it (timed in nn.Linear's x @ W^T layout)."""
+    from echobench.hardware import GemmShape, _dedupe
+
+    out = []
+    for s in shapes:
+        out += [s, GemmShape(f"{s.name} (input grad)", s.m, s.k, s.n), GemmShape(f"{s.name} (weight grad)", s.n, s.k, s.m)]
+    return _dedupe(out)
+
+
+def measure_gemms(device: torch.device, dtype: torch.dtype, run, budget_s: float) -> list[GemmPoint]:
+    """The run's DiT-block GEMMs (hardware.gemm_shapes at its micro-batch and lengths) and their
+    backward shapes, smallest first, each timed with hardware.time_gemm within its share of the
+    budget."""
+    from echobench.hardware import gemm_shapes, time_gemm
+
+    gpu = device.type == "cuda"
+    shapes = _gemm_variants(gemm_shapes(run.model_config(), run.micro_batch, run.audio_frames, run.text_tokens,
+                                        run.speaker_frames))
+    order = sorted(shapes, key=lambda s: s.flops)
+    start, out = time.perf_counter(), []
+    for i, s in enumerate(order):
+        left = (budget_s - (time.perf_counter() - start)) / (len(order) - i)
+        rates = time_gemm(device, dtype, s, 50 if gpu else 5, 10 if gpu else 1, time_left_s=max(left, 1e-3))
+        out.append(GemmPoint(m=s.m, n=s.n, k=s.k, tflops=statistics.median(rates), tflops_min=min(rates),
+                             tflops_max=max(rates), iters=len(rates), name=s.name, source=""))
+    return out
+
+
+def attention_shapes(run) -> list[tuple[str, int, int, int, int, int]]:
+    """(name, batch, heads, head_dim, seq_q, seq_k) of the run's attentions: the DiT's joint
+    attention (audio-frame queries against audio + text + speaker-patch keys) and the speaker
+    encoder's self-attention over the patches."""
+    from echobench.flops import speaker_patches
+
+    m = run.model_config()
+    p = speaker_patches(m, run.speaker_frames)
+    return [("dit joint attention", run.micro_batch, m.heads, m.head_dim, run.audio_frames,
+             run.audio_frames + run.text_tokens + p),
+            ("speaker self-attention", run.micro_batch, m.speaker_heads, m.speaker_width // m.speaker_heads, p, p)]
+
+
+def attention_flops(batch: int, heads: int, head_dim: int, seq_q: int, seq_k: int) -> int:
+    """Forward + backward FLOPs as echobench.flops counts them: scores and weighted values, 2 x 2 x
+    seq_q x seq_k x head_dim per head forward, backward twice the forward."""
+    return 3 * 2 * 2 * batch * heads * seq_q * seq_k * head_dim
+
+
+def measure_attention(device: torch.device, dtype: torch.dtype, run, budget_s: float) -> list[AttentionPoint]:
+    """Forward + backward of the model's attention call (model.components.attention: SDPA with the
+    key-padding mask the model passes, every key valid) at the run's shapes."""
+    from echobench.model.components import attention
+
+    gpu = device.type == "cuda"
+    out, shapes = [], attention_shapes(run)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for i, (name, b, h, d, lq, lk) in enumerate(shapes):
+        q = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
+        k, v = (torch.randn(b, h, lk, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
+                for _ in range(2))
+        grad = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen)
+        mask = torch.ones(b, lk, dtype=torch.bool, device=device)
+
+        def step():
+            attention(q, k, v, mask).backward(grad)
+            q.grad = k.grad = v.grad = None
+
+        seconds = _timed_calls(step, device, 30 if gpu else 3, 5 if gpu else 1, budget_s / len(shapes))
+        rates = [attention_flops(b, h, d, lq, lk) / s / 1e12 for s in seconds]
+        out.append(AttentionPoint(batch=b, heads=h, head_dim=d, seq_q=lq, seq_k=lk, tflops=statistics.median(rates),
+                                  tflops_min=min(rates), tflops_max=max(rates), iters=len(rates), name=name, source=""))
+    return out
+
+
+def _timed_calls(fn, device: torch.device, iters: int, warmup: int, budget_s: float) -> list[float]:
+    """Seconds of each of up to `iters` calls of fn after `warmup` (fewer when the budget, estimated
+    from the warm-up, is short; at least one): CUDA events per call on GPU, the host clock on CPU."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    if warmup:
+        iters = max(1, min(iters, int(budget_s / max((time.perf_counter() - t0) / warmup, 1e-9))))
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for a, b in events:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize(device)
+        return [a.elapsed_time(b) / 1e3 for a, b in events]
+    seconds = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
+def measure_memory(device: torch.device, nbytes: int, budget_s: float) -> list[MemoryPoint]:
+    """Element-wise bandwidth over float32 tensors of nbytes: c = a + b (3 x nbytes moved) and
+    c.copy_(a) (2 x nbytes)."""
+    n = nbytes // 4
+    a, b, c = (torch.ones(n, device=device) for _ in range(3))
+    out = []
+    for op, moved, fn in (("add", 3 * n * 4, lambda: torch.add(a, b, out=c)), ("copy", 2 * n * 4, lambda: c.copy_(a))):
+        seconds = _timed_calls(fn, device, 20, 3 if device.type == "cuda" else 1, budget_s / 2)
+        rates = [moved / s / 1e9 for s in seconds]
+        out.append(MemoryPoint(op=op, nbytes=n * 4, gbps=statistics.median(rates), gbps_min=min(rates),
+                               gbps_max=max(rates), iters=len(rates), source=""))
+    return out
+
+
+def _slowest(per_rank: list[list], key: str) -> list:
+    """Per point (same index on every rank), the rank whose median is lowest: the pace of a job."""
+    return [min(points, key=lambda p: getattr(p, key)) for points in zip(*per_rank)]
+
+
+# ---- the whole calibration ----
+
+def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
+                   comm_budget_s: float | None = None, gemm_budget_s: float = 5.0,
+                   compute_budget_s: float = 4.0) -> HardwareProfile | None:
+    """The hardware profile of this process group (or of this one process when there is none):
+    collectives over plan_groups (needs >= 2 ranks), GEMMs, attention and memory bandwidth at `run`'s
+    shapes (a RunConfig: scale, micro-batch, lengths). Call on every rank; rank 0 returns the
+    profile (not saved), the others None. Defaults: max_bytes 1 GiB on GPU, 64 MiB on CPU, bounded
+    by free memory (a third of it: an all-gather holds about 2x its message); comm_budget_s 120 s
+    on GPU, 20 s on CPU."""
+    from echobench.hardware import default_dtype, device_name, git_commit, now_iso
+
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    dtype = dtype or default_dtype(device)
+    grouped = dist.is_initialized() and dist.get_world_size() > 1
+    world = dist.get_world_size() if grouped else 1
+    rank = dist.get_rank() if grouped else 0
+    started = time.perf_counter()
+    links: dict[str, dict[str, AlphaBeta]] = {}
+    hosts = [socket.gethostname()]
+    backend = dist.get_backend() if dist.is_initialized() else None
+    if grouped:
+        node_of = node_indices(world)
+        hosts = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        limit = min(max_bytes or DEFAULT_MAX_BYTES[kind], free_bytes(device) // 3)
+        limit = int(_agree(limit, device, dist.ReduceOp.MIN))
+        plans = plan_groups(node_of)
+        points = measure_collectives(plans, device, limit, comm_budget_s or DEFAULT_COMM_BUDGET_S[kind])
+        gathered = [None] * world
+        dist.all_gather_object(gathered, points)
+        if rank == 0:
+            merged: dict[tuple[str, str], list[CommPoint]] = {}
+            for r, mine in enumerate(gathered):  # a group's points from its lowest rank (all members agree)
+                for key, pts in mine.items():
+                    for p in pts:
+                        if not any(q.group_size == p.group_size and q.nbytes == p.nbytes for q in merged.get(key, [])):
+                            merged.setdefault(key, []).append(p)
+            for (link, op), pts in sorted(merged.items()):
+                alpha, gbps, rms = fit_alpha_beta(pts, op)
+                groups = sorted({p.group_size for p in pts})
+                links.setdefault(link, {})[op] = AlphaBeta(
+                    alpha_s=alpha, bus_gbps=gbps, rel_rms=rms, points=sorted(pts, key=lambda p: (p.group_size, p.nbytes)),
+                    source=f"measured: echobench calibrate --comm ({backend}, float32 messages {pts[0].nbytes} B .. "
+                           f"{max(p.nbytes for p in pts)} B, groups of {', '.join(map(str, groups))} ranks); "
+                           f"fit: commbench.fit_alpha_beta (least squares of relative residuals)")
+        node_count = len(set(node_of))
+    else:
+        node_count = 1
+    gemm = measure_gemms(device, dtype, run, gemm_budget_s)
+    attn = measure_attention(device, dtype, run, compute_budget_s * 0.6)
+    memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.4)
+    if grouped:
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (gemm, attn, memory))
+        gemm, attn, memory = (_slowest([e[i] for e in everyone], key)
+                              for i, key in ((0, "tflops"), (1, "tflops"), (2, "gbps")))
+    if rank != 0:
+        return None
+    timing = "CUDA events per call" if kind == "cuda" else "host clock per call"
+    ranks = f"slowest of {world} ranks measuring at once" if world > 1 else "one process"
+    gemm = [p.model_copy(update={"source": f"measured: torch.mm {str(dtype).removeprefix('torch.')}, median of "
+                                           f"{p.iters} ({timing}), {ranks}"}) for p in gemm]
+    attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward (model.components.attention, "
+                                           f"key mask), median of {p.iters} ({timing}), {ranks}"}) for p in attn]
+    memory = [p.model_copy(update={"source": f"measured: float32 {p.op}, median of {p.iters} ({timing}), {ranks}"})
+              for p in memory]
+    name = device_name(device)
+    nccl = None
+    if kind == "cuda":
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            nccl = None
+    return HardwareProfile(
+        name=f"calibrated {name} {str(dtype).removeprefix('torch.')}",
+        device=name, dtype=str(dtype).removeprefix("torch."), measured=True, backend=backend,
+        note=(f"measured by `echobench calibrate --comm` on {world} process(es), {node_count} node(s) "
+              f"({', '.join(dict.fromkeys(hosts))}), shapes of {run.scale} at micro-batch {run.micro_batch}, "
+              f"{run.audio_frames} audio frames, {run.text_tokens} text tokens, {run.speaker_frames} speaker frames; "
+              f"{time.perf_counter() - started:.1f} s"),
+        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
+        gemm=gemm, attention=attn, memory=memory, links=links,
+        link_notes={"intra": "ranks on one node", "inter": "ranks on different nodes"} if links else {},
+        versions={"torch": torch.__version__, "echobench": git_commit(), "cuda": torch.version.cuda, "nccl": nccl},
+        date=now_iso(), host=socket.gethostname())
+
+
+def worker_command(args: list[str], nproc: int, note) -> list[str]:
+    """torchrun for this node running `echobench calibrate --comm ARGS`: echobench's own torchrun
+    command (launch.torchrun_command, which ends in `-m echobench run`), told to run calibrate."""
+    from echobench.launch import torchrun_command
+
+    cmd = torchrun_command([], nproc, 1, 0, None, 29500, note)
+    if cmd[-3:] != ["-m", "echobench", "run"]:  # its tail is what this replaces
+        raise RuntimeError(f"launch.torchrun_command's command no longer ends in `-m echobench run`: {cmd[-3:]}")
+    return [*cmd[:-1], "calibrate", "--comm", *args]
+
+
+def calibrate_in_group(device: str, run, paths: Sequence, **options) -> HardwareProfile | None:
+    """calibrate_comm where this process runs: in a torchrun worker (RANK set) on the process group
+    it forms (distributed.form_process_group: NCCL on GPUs, gloo on CPU), else on this process
+    alone. Rank 0 saves the profile to every path of `paths` and returns it; other ranks None.
+    `options`: calibrate_comm's keywords."""
+    from echobench.distributed import dist_info, form_process_group, shutdown
+    from echobench.hwprofile import save_profile
+
+    info = dist_info(device)
+    form_process_group(info, timeout_s=900.0)  # a rank waits while the others time their sub-groups
+    try:
+        profile = calibrate_comm(info.device, run, **options)
+        for path in paths if profile is not None else ():
+            save_profile(profile, path)
+    except BaseException:
+        shutdown(abort=True)  # the peers may sit in a collective this rank will never join
+        raise
+    shutdown()
+    return profile
+
+
+def launch_local(nproc: int, args: list[str]) -> int:
+    """`echobench calibrate --comm ARGS` on nproc processes of this node under torchrun (the
+    environment `echobench run --nproc` gives its workers: launch.child_env); torchrun's exit code."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from echobench.launch import child_env
+
+    with tempfile.TemporaryDirectory(prefix="echobench-calibrate-") as tmp:
+        return subprocess.call(worker_command(args, nproc, Path(tmp) / "node-0.json"), env=child_env(nproc))

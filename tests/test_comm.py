@@ -1,0 +1,265 @@
+"""Communication: the alpha-beta fit, hardware profiles (shipped and calibrated), and the bytes a real
+training step's collectives move against the formulas a performance model uses (commvolume).
+
+The byte tests count one real step (after two warm-up steps) of each layout on 2 gloo processes,
+the tiny model at short lengths, micro-batch 1, fp32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from echobench.commbench import fit_alpha_beta, plan_groups
+from echobench.commvolume import (
+    FRAME_COUNT_BYTES,
+    CollectiveCall,
+    ddp_bytes,
+    fsdp_bytes,
+    param_units,
+    step_collectives,
+    totals,
+    tp_bytes,
+)
+from echobench.config import RunConfig
+from echobench.flops import param_counts
+from echobench.hwprofile import (
+    CommPoint,
+    ProfileError,
+    bus_factor,
+    collective_seconds,
+    load_profile,
+    shipped_profiles,
+)
+
+SHAPE = dict(scale="tiny", device="cpu", audio_frames=50, text_tokens=16, speaker_frames=40, micro_batch=1,
+             gpus_per_node=2)
+LAYOUTS = {"ddp": dict(parallelism="ddp"), "fsdp2": dict(parallelism="fsdp2"),
+           "tp2": dict(framework="megatron", parallelism="tp2", te="off")}
+
+
+# ---- the fit and the cost model ----
+
+def synthetic(alpha: float, gbps: float, op: str, noise: float = 0.0) -> list[CommPoint]:
+    rng = random.Random(0)
+    points = []
+    for n in (2, 4, 8):
+        for size in (2**e for e in range(10, 31, 2)):
+            t = alpha + bus_factor(op, n) * size / (gbps * 1e9)
+            points.append(CommPoint(nbytes=size, group_size=n, seconds=t * (1 + rng.uniform(-noise, noise))))
+    return points
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_fit_recovers_alpha_and_bus_bandwidth(op):
+    alpha, gbps, rms = fit_alpha_beta(synthetic(25e-6, 180.0, op), op)
+    assert alpha == pytest.approx(25e-6, rel=1e-6) and gbps == pytest.approx(180.0, rel=1e-6) and rms < 1e-9
+    # +-5% noise on every time: both parameters within 10%, and the fit says how far off its points are
+    alpha, gbps, rms = fit_alpha_beta(synthetic(25e-6, 180.0, op, noise=0.05), op)
+    assert alpha == pytest.approx(25e-6, rel=0.1) and gbps == pytest.approx(180.0, rel=0.1) and 0 < rms < 0.05
+
+
+def test_fit_without_measurable_latency_is_bandwidth_alone():
+    points = [CommPoint(nbytes=s, group_size=2, seconds=s / 1e9 * (0.9 if i % 2 else 1.1))
+              for i, s in enumerate(2**e for e in range(20, 28))]
+    alpha, gbps, _ = fit_alpha_beta(points, "all_gather")
+    assert alpha >= 0 and gbps > 0
+
+
+def test_collective_seconds_follows_nccl_tests_bus_bytes():
+    profile = load_profile(shipped_profiles()["h100-hgx-ib"])
+    fit = profile.links["intra"]["all_gather"]
+    nbytes = 2**30
+    assert collective_seconds(profile, "all_gather", nbytes, 8, "intra") == pytest.approx(
+        fit.alpha_s + 7 / 8 * nbytes / (fit.bus_gbps * 1e9))
+    ar = profile.links["intra"]["all_reduce"]
+    assert collective_seconds(profile, "all_reduce", nbytes, 8, "intra") == pytest.approx(
+        ar.alpha_s + 2 * 7 / 8 * nbytes / (ar.bus_gbps * 1e9))
+    assert collective_seconds(profile, "all_reduce", nbytes, 1, "intra") == 0.0
+
+
+def test_plan_groups_splits_intra_and_inter_node():
+    plans = plan_groups([0, 0, 0, 0, 1, 1, 1, 1])  # 2 nodes x 4 ranks
+    assert [(p.ranks, p.link) for p in plans] == [
+        ((0, 1), "intra"), ((0, 1, 2, 3), "intra"), ((0, 4), "inter"), (tuple(range(8)), "inter")]
+    assert [(p.ranks, p.link) for p in plan_groups([0, 0])] == [((0, 1), "intra")]
+    assert [(p.ranks, p.link) for p in plan_groups([0, 1])] == [((0, 1), "inter")]
+
+
+# ---- profiles ----
+
+def test_shipped_profiles_load_and_cite_every_number():
+    shipped = shipped_profiles()
+    assert {"gh200-quad-slingshot", "h100-hgx-ib", "h200-hgx-ib"} <= set(shipped)
+    for name, path in shipped.items():
+        p = load_profile(path)
+        assert p.measured is False and "NOT MEASURED HERE" in p.note, name
+        assert {"intra", "inter"} == set(p.links) and all(set(ops) == {"all_reduce", "all_gather", "reduce_scatter"}
+                                                        for ops in p.links.values()), name
+        for item in [*p.gemm, *p.attention, *p.memory, *(f for ops in p.links.values() for f in ops.values())]:
+            assert item.source.strip(), (name, item)
+        # a fit with points is what fit_alpha_beta makes of them (reproducible from the cited figures)
+        for link, ops in p.links.items():
+            for op, fit in ops.items():
+                if fit.points:
+                    alpha, gbps, _ = fit_alpha_beta(fit.points, op)
+                    assert (fit.alpha_s, fit.bus_gbps) == (pytest.approx(alpha, rel=1e-3), pytest.approx(gbps, rel=1e-3))
+
+
+def test_profile_of_another_schema_version_is_refused_in_one_line(tmp_path):
+    data = yaml.safe_load(shipped_profiles()["h200-hgx-ib"].read_text())
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({**data, "schema_version": 99}))
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "schema_version 99" in message
+    assert "echobench calibrate --comm" in message
+    path.write_text(yaml.safe_dump({**data, "links": {"intra": {"all_reduce": {"alpha_s": -1}}}}))
+    with pytest.raises(ProfileError, match="invalid hardware profile"):
+        load_profile(path)
+
+
+@pytest.mark.slow
+def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
+    out = tmp_path / "profile.yaml"
+    proc = run_cli("calibrate", "--comm", "--device", "cpu", "--out", out, "--max-bytes", 2**20,
+                   "--comm-budget-s", 6, "--budget-s", 1, "--micro-batch", 1, "--audio-frames", 50,
+                   "--text-tokens", 16, "--speaker-frames", 40, tmp_path=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    p = load_profile(out)
+    assert p.measured is True and p.backend == "gloo" and p.gpus_per_node == 2 and p.device.startswith("CPU")
+    assert set(p.links) == {"intra"} and set(p.links["intra"]) == {"all_reduce", "all_gather", "reduce_scatter"}
+    for op, fit in p.links["intra"].items():
+        assert fit.alpha_s >= 0 and fit.bus_gbps > 0 and len(fit.points) >= 2, op
+        assert all(pt.group_size == 2 and pt.seconds > 0 and 1024 <= pt.nbytes <= 2**20 for pt in fit.points), op
+    assert p.gemm and all(g.tflops > 0 for g in p.gemm)
+    assert {a.name for a in p.attention} == {"dit joint attention", "speaker self-attention"}
+    assert {m.op for m in p.memory} == {"add", "copy"} and all(m.gbps > 0 for m in p.memory)
+    # the same profile in echobench's cache (ECHOBENCH_CACHE), where predict finds this machine's
+    cached = list((tmp_path / "cache" / "profiles").glob("*.yaml"))
+    assert len(cached) == 1 and load_profile(cached[0]) == p
+
+
+# ---- bytes of real steps ----
+
+@pytest.fixture(scope="module")
+def counted():
+    """One counted step of each layout (ddp, fsdp2, and megatron tp2 where megatron-core imports)."""
+    names = [n for n in LAYOUTS if n != "tp2" or _has_megatron()]
+    cfgs = [RunConfig(**SHAPE, **LAYOUTS[n]) for n in names]
+    return {n: (cfg, logs) for n, cfg, logs in zip(names, cfgs, step_collectives(cfgs))}
+
+
+def _has_megatron() -> bool:
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def calls(logs) -> Counter:
+    return Counter((c.op, c.nbytes, c.group_size, c.dtype) for c in logs.calls)
+
+
+def expected_calls(traffic) -> Counter:
+    """Each Traffic as its calls (equal sizes within one, as the formulas list them)."""
+    out = Counter()
+    for t in traffic:
+        assert t.nbytes % t.calls == 0
+        out[(t.op, t.nbytes // t.calls, t.group_size, t.dtype)] += t.calls
+    return out
+
+
+@pytest.mark.slow
+def test_ddp_step_all_reduces_every_trainable_gradient_once(counted):
+    cfg, ranks = counted["ddp"]
+    trainable_bytes = param_counts(cfg.model_config()).trainable * 4  # float32 gradients
+    for log in ranks:
+        floats = [c for c in log.calls if c.op == "all_reduce" and c.dtype == "float32"]
+        assert sum(c.nbytes for c in floats) == trainable_bytes  # the gradient buckets
+        assert [c for c in log.calls if c not in floats] == [CollectiveCall("all_reduce", FRAME_COUNT_BYTES, 2, "int64")]
+        assert log.by_op() == totals(ddp_bytes(cfg))
+
+
+@pytest.mark.slow
+def test_fsdp2_step_moves_the_sharded_parameters(counted):
+    cfg, ranks = counted["fsdp2"]
+    units = param_units(cfg.model_config())
+    shard_bytes = {u.shard_numel(2) * 4 for u in units}  # one rank's float32 shard of each unit
+    for log in ranks:
+        gathers = [c for c in log.calls if c.op == "all_gather"]
+        scatters = [c for c in log.calls if c.op == "reduce_scatter"]
+        # each all-gather's input (output / 2) and each reduce-scatter's output (input / 2) is a unit's shard
+        assert {c.nbytes // 2 for c in gathers} == shard_bytes == {c.nbytes // 2 for c in scatters}
+        # every unit's gradients reduce-scattered once: the whole model's; blocks gathered twice, the root once
+        assert sum(c.nbytes for c in scatters) == param_counts(cfg.model_config()).trainable * 4
+        assert len(gathers) == 2 * (len(units) - 1) + 1
+        assert calls(log) == expected_calls(fsdp_bytes(cfg))
+        assert log.by_op() == totals(fsdp_bytes(cfg))
+
+
+@pytest.mark.slow
+def test_tp2_step_matches_the_megatron_layer_structure(counted):
+    if "tp2" not in counted:
+        pytest.skip("megatron-core is not installed")
+    cfg, ranks = counted["tp2"]
+    m = cfg.model_config()
+    latent = cfg.audio_frames * m.width * 4  # micro-batch 1, float32 activations
+    for log in ranks:
+        # 2 row-parallel outputs forward + 2 column-parallel input gradients backward per block
+        assert Counter(c.nbytes for c in log.calls)[latent] == 4 * m.layers
+        assert calls(log) == expected_calls(tp_bytes(cfg))
+        assert log.by_op() == totals(tp_bytes(cfg))
+    assert ranks[0].calls == ranks[1].calls
+
+
+def test_param_units_are_the_models_fsdp_units():
+    """param_units, built from the model's parts, against the whole model as the backend shards it."""
+    import torch
+
+    from echobench.backends.torchtitan import blocks
+    from echobench.model.echo import EchoTTS
+
+    cfg = RunConfig(**SHAPE, parallelism="fsdp2").model_config()
+    with torch.device("meta"):
+        model = EchoTTS(cfg)
+    units = param_units(cfg)
+    expected = [tuple(tuple(p.shape) for p in c[i].parameters()) for c, i in blocks(model)]
+    assert [u.shapes for u in units if u.kind != "root"] == expected
+    in_blocks = {id(p) for c, i in blocks(model) for p in c[i].parameters()}
+    root = [tuple(p.shape) for p in model.trainable_parameters() if id(p) not in in_blocks]
+    assert sorted(units[-1].shapes) == sorted(root)
+    assert sum(u.numel for u in units) == param_counts(cfg).trainable
+    assert units[0].shard_numel(3) == sum(math.ceil(s[0] / 3) * math.prod(s[1:]) for s in units[0].shapes)
+
+
+def test_tp_sharded_names_match_the_state_dict_adapter():
+    pytest.importorskip("megatron.core")
+    from echobench.commvolume import TP_SHARDED
+    from echobench.model.megatron import TPStateDictAdapter
+
+    assert sorted(TP_SHARDED) == sorted(part for parts, _ in TPStateDictAdapter.SHARDED.values() for part in parts)
+
+
+def test_formulas_scale_with_the_layout():
+    """Derived volumes at sizes no test machine runs: FSDP2 in bf16 gathers each block in half the
+    bytes it reduce-scatters (twice: about as many bytes in all), HSDP adds the replicas' all-reduce
+    of the shards, and at 8 ranks the bus bytes carry nccl-tests' 2(n-1)/n."""
+    gpu = dict(scale="800M", device="cuda", audio_frames=750, text_tokens=256, speaker_frames=750, micro_batch=8)
+    fsdp = totals(fsdp_bytes(RunConfig(**gpu, parallelism="fsdp2", gpus_per_node=8)))
+    assert fsdp["all_gather"].bytes == pytest.approx(fsdp["reduce_scatter"].bytes, rel=0.01)  # 2 gathers x bf16
+    hsdp = fsdp_bytes(RunConfig(**gpu, parallelism="hsdp", nodes=2, gpus_per_node=8))
+    replicas = [t for t in hsdp if t.group == "dp_replicate"]
+    assert replicas and all(t.link == "inter" and t.group_size == 2 for t in replicas)
+    assert sum(t.nbytes for t in replicas) * 8 == sum(t.nbytes for t in hsdp if t.op == "reduce_scatter")
+    ddp = ddp_bytes(RunConfig(**gpu, parallelism="ddp", gpus_per_node=8))
+    assert ddp[0].nbytes == param_counts(RunConfig(**gpu).model_config()).trainable * 4
+    assert ddp[0].bus_bytes == pytest.approx(2 * 7 / 8 * ddp[0].nbytes)
+    assert 1 <= ddp[0].calls <= math.ceil(ddp[0].nbytes / (100 * 2**20))  # buckets of at least 100 MiB, the last less
