@@ -16,17 +16,20 @@ import signal
 import statistics
 import time
 import traceback
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from echobench import flops as flops_model
 from echobench.breakdown import DATA_WAIT, rank_breakdown, write_breakdown
 from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig
+from echobench.data.buckets import parse_buckets
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
@@ -133,6 +136,29 @@ def train_step(setup, batch, draws, device_type: str, dp_size: int) -> torch.Ten
     return loss
 
 
+def warm_buckets(setup, cfg: RunConfig, frames_list: list[int], tokenizer, device, generator) -> None:
+    """batching=bucket: one forward and backward at each bucket's shape before the warm-up steps,
+    on zero batches, then the gradients dropped (no optimizer step: the weights do not move), so
+    that no shape meets its first kernels (or, compiled, its compile) in the measured steps, which
+    take the buckets in data order. Every rank warms the same shapes in the same order (collectives
+    match)."""
+    from echobench.data import LATENT_DIM, collate
+
+    model_cfg = cfg.model_config()
+    for frames in frames_list:
+        dummy = {"latent": np.zeros((frames, LATENT_DIM), np.float16), "text": "[S1] warm",
+                 "ref": np.zeros((cfg.speaker_frames, LATENT_DIM), np.float16), "pad_frames": frames, "index": -1}
+        batch = collate([dummy] * cfg.micro_batch, tokenizer, cfg.audio_frames, cfg.text_tokens,
+                        cfg.speaker_frames).to(device)
+        draws = diffusion_draws(cfg.seed, [-1] * cfg.micro_batch, frames, model_cfg.latent_dim,
+                                model_cfg.cfg_dropout, device, generator)
+        with torch.autocast(device.type, dtype=setup.autocast_dtype or torch.float32,
+                            enabled=setup.autocast_dtype is not None):
+            err = setup.model(batch, draws=draws, reduction="sum")
+        (err / loss_frames(batch)).backward()
+        setup.optimizer.zero_grad(set_to_none=True)
+
+
 @lru_cache(maxsize=4096)
 def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
     f = flops_model.model_flops(model_cfg, la, lt, ls)
@@ -151,24 +177,26 @@ def skips_padded_keys(backend_info: dict) -> bool:
     return backend_info.get("backend") == "megatron" and bool(backend_info.get("te"))
 
 
-def count_measured(model_cfg, ac: str, lengths, padded: tuple[int, int, int], real_keys_only: bool = False) -> dict:
+def count_measured(model_cfg, ac: str, lengths, padded, real_keys_only: bool = False) -> dict:
     """The counts of the measured steps' batches: samples, model and hardware FLOPs on each sample's
     real lengths, padded FLOPs of every row at the padded lengths (flops.padded_flops), audio frames,
     and per stream [real tokens, computed tokens] (flops.stream_tokens).
 
-    lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: the
-    lengths every row is padded to (audio_frames, text_tokens, speaker_frames). A stand-in for a
+    lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: per
+    step, the lengths every row is padded to (audio frames: audio_frames, or the batch's bucket;
+    text_tokens; speaker_frames), or one such tuple for every step. A stand-in for a
     skipped sample (data.STAND_IN, no audio frames) is no sample: no model FLOPs, no real tokens,
     but its row is computed, so it counts in the padded FLOPs and the computed tokens.
     real_keys_only: skips_padded_keys.
     """
-    row_tokens = flops_model.stream_tokens(model_cfg, *padded)
     tokens = {s: [0, 0] for s in flops_model.STREAMS}
     counts = {"samples": 0, "model_flops": 0, "hardware_flops": 0, "padded_flops": 0, "audio_frames": 0}
-    for la, lt, ls in lengths:
+    shapes = [tuple(padded)] * len(lengths) if padded and isinstance(padded[0], int) else padded
+    for (la, lt, ls), shape in zip(lengths, shapes):
+        row_tokens = flops_model.stream_tokens(model_cfg, *shape)
         for a, t, s in zip(la, lt, ls):
             real = flops_model.stream_tokens(model_cfg, a, t, s)
-            counts["padded_flops"] += _padded_row_flops(model_cfg, ac, padded,
+            counts["padded_flops"] += _padded_row_flops(model_cfg, ac, shape,
                                                         sum(real.values()) if real_keys_only else None)
             for stream, n in row_tokens.items():
                 tokens[stream][1] += n
@@ -203,7 +231,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     loader = make_loader(
         cfg.data, micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens,
         speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
-        seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples,
+        seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
+        buckets=parse_buckets(cfg.buckets) if cfg.buckets else None,
     )
     # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
     # are a function of (seed, global sample index): the same samples get the same draws whatever
@@ -212,7 +241,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     setup.model.train()
     device_type = info.device.type
     timer = StepTimer(info.device)
-    lengths, losses = [], []
+    if loader.bucket_frames:
+        warm_buckets(setup, cfg, loader.bucket_frames, tokenizer, info.device, generator)
+    lengths, padded, losses = [], [], []  # per measured step: real lengths, the shape padded to
     measured_end = cfg.warmup_steps + cfg.steps
     total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
     profiled: dict = {}
@@ -234,10 +265,11 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                 if measured:
                     timer.waits.append((before, timer.stamp()))
                     lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+                    padded.append((batch.latent.shape[1], batch.text_ids.shape[1], cfg.speaker_frames))
                 sample_ids = batch.index.tolist()  # still on the host: no device sync
                 batch = batch.to(info.device)
                 maybe_inject_failure(cfg, step, info.rank)
-                draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
+                draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
                                         model_cfg.cfg_dropout, info.device, generator)
                 loss = train_step(setup, batch, draws, device_type, dp_size)
                 if step < measured_end:
@@ -261,8 +293,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         if profiler is not None:
             discard_profiler(profiler)
 
-    counts = count_measured(model_cfg, cfg.ac, lengths, (cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames),
-                            skips_padded_keys(setup.info))
+    counts = count_measured(model_cfg, cfg.ac, lengths, padded, skips_padded_keys(setup.info))
     return {
         "rank": info.rank,
         "hostname": os.uname().nodename,
@@ -272,6 +303,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
         "data_wait_clock": timer.clock,
         **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
+        "padded_audio_frames": [shape[0] for shape in padded],  # per measured step: its bucket (batching=bucket)
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
@@ -394,6 +426,9 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
                          ceiling_tflops=record.ceiling_tflops, peak_fp8_tflops=record.peak_fp8_tflops),
         **padding_figures(padded_flops=sum(r["padded_flops"] for r in dp_ranks), hardware_flops=hw_flops,
                           tokens=tokens),
+        # batching=bucket: measured steps per bucket (audio frames); every rank pads a step alike
+        bucket_steps=(dict(sorted(Counter(ranks[0]["padded_audio_frames"]).items()))
+                      if cfg.batching == "bucket" else None),
         num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
         num_ooms=allocator_count(ranks, "num_ooms"),
         **peak_mem_figures([r["memory"] for r in ranks]),

@@ -448,7 +448,10 @@ def padding_text(record: Record) -> str:
     streams = ", ".join(f"{s} {share:.1%}" if share is not None else f"{s} unknown"
                         for s, share in (("latent", record.padded_frac_latent), ("text", record.padded_frac_text),
                                          ("speaker", record.padded_frac_speaker)))
-    return f"{record.padded_flops_frac:.1%} of the matmul FLOPs executed; padded tokens: {streams}"
+    text = f"{record.padded_flops_frac:.1%} of the matmul FLOPs executed; padded tokens: {streams}"
+    if record.bucket_steps:  # batching=bucket: which shapes the measured steps ran at
+        text += "; audio buckets (frames: steps) " + ", ".join(f"{f}: {n}" for f, n in record.bucket_steps.items())
+    return text
 
 
 def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:

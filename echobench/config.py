@@ -51,6 +51,10 @@ class RunConfig:
     ac: Literal["none", "selective", "full"] = setting("none", "Activation checkpointing of each block.")
     data: str = setting("synthetic", "'synthetic' (in memory) or a directory of tar shards.")
     skip_bad_samples: bool = setting(False, "Count and skip corrupt samples instead of failing.")
+    batching: Literal["pad", "bucket"] = setting("pad", "pad: every batch to the maximum lengths; bucket: samples "
+                                                 "grouped by audio length into a few static shapes (shards only).")
+    buckets: str | None = setting(None, "bucket: audio-frame boundaries, e.g. '250,500' (default: quartiles of the "
+                                  "shards' lengths); the maximum, audio_frames, is always the last.")
     seed: int = setting(0, "Seed of the weights and the data order.")
     device: Literal["auto", "cuda", "cpu"] = setting("auto", "auto: cuda when torch sees a GPU, else cpu.")
     peak_tflops: float | None = setting(None, "Dense bf16 peak TFLOP/s per device for MFU (else table / calibration).")
@@ -86,6 +90,15 @@ class RunConfig:
     def validate(self) -> None:
         for f in fields(self):
             check_value(f.name, getattr(self, f.name))
+        if self.batching == "bucket" and self.data == "synthetic":
+            raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
+                             "samples are all full-length")
+        if self.buckets is not None:
+            from echobench.data.buckets import parse_buckets
+
+            parse_buckets(self.buckets)
+            if self.batching != "bucket":
+                raise ValueError("buckets is set but batching is pad: set batching=bucket, or drop buckets")
         encoder = self.model_config().text_encoder
         if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
             raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
@@ -219,9 +232,15 @@ def _readable_id(ident: dict) -> str:
             f"-mb{ident['micro_batch']}-{digest}")
 
 
+# Keys added after sweeps were stored: hashed only when not at their default, so that the runs of
+# an older sweep keep their ids (and are not rerun).
+LATER_KEYS = {"batching": "pad", "buckets": None}
+
+
 def config_id(cfg: RunConfig) -> str:
     """Stable, readable id of the settings, the repeat index aside: what repeats of a run share."""
-    return _readable_id({k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS and k != "repeat"})
+    return _readable_id({k: v for k, v in cfg.to_dict().items() if k not in NON_IDENTITY_KEYS and k != "repeat"
+                         and not (k in LATER_KEYS and v == LATER_KEYS[k])})
 
 
 def run_id(cfg: RunConfig) -> str:

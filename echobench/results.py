@@ -234,6 +234,7 @@ class Record(BaseModel):
     padded_frac_latent: float | None = None
     padded_frac_text: float | None = None
     padded_frac_speaker: float | None = None
+    bucket_steps: dict[int, int] | None = None  # batching=bucket: measured steps per bucket (audio frames padded to)
     samples_per_s: float | None = None
     audio_seconds_per_s: float | None = None
     model_flops_per_sample: float | None = None

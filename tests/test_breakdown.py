@@ -346,3 +346,13 @@ def test_explain_shows_padding_from_the_record(profiled_runs, cli, tmp_path):
     assert "padding (unknown" in text and "the record has no padded FLOPs" in text
     assert next(s for s in json.loads(cli("explain", run, "--json").stdout)["waterfall"]
                 if s["short"] == "padding")["pp"] is None
+
+
+def test_padding_text_names_the_buckets_that_ran():
+    from echobench.breakdown import padding_text
+
+    rec = profiled_record({"gemm": 1.0}).update(**padding(3 * 10**15, 2 * 10**15))
+    assert "bucket" not in padding_text(rec)
+    rec = Record.model_validate({**rec.model_dump(), "bucket_steps": {"144": 2, "500": 3}})  # as a record file has it
+    assert rec.bucket_steps == {144: 2, 500: 3}
+    assert padding_text(rec).endswith("; audio buckets (frames: steps) 144: 2, 500: 3")

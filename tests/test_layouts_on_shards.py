@@ -87,3 +87,39 @@ def test_a_stand_in_row_adds_nothing_to_loss_or_gradients():
     assert frames2 == frames
     for a, b in zip(grads, grads2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+# ---- batching: bucket ----
+
+@pytest.fixture(scope="module")
+def single_bucketed(shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single-bucketed")
+    run_cli("run", *SHAPE, "--data", shards, "--micro-batch", "4", "--batching", "bucket", "--out", out, tmp_path=out,
+            check=True, env=ONE_THREAD)
+    return record(out)
+
+
+@pytest.mark.parametrize("framework,layout,nproc,micro_batch", [
+    ("torchtitan", ["--parallelism", "ddp"], 2, 2),
+    ("torchtitan", ["--parallelism", "fsdp2"], 2, 2),
+    ("megatron", ["--tp", "2"], 2, 4),
+], ids=["ddp", "fsdp2", "tp2"])
+def test_bucketed_layouts_match_single_process_on_shards(cli, tmp_path, shards, single, single_bucketed, framework,
+                                                         layout, nproc, micro_batch):
+    """Buckets regroup the global stream by length from the shards' indexes: every layout computes
+    the same bucketed batches, so the same samples, shapes and losses as one process."""
+    if framework == "megatron":
+        pytest.importorskip("megatron.core")
+    s = single_bucketed
+    assert s["status"] == "ok" and sum(s["bucket_steps"].values()) == 3
+    assert max(map(int, s["bucket_steps"])) <= 160 and len(s["bucket_steps"]) >= 2  # a few shapes ran
+    assert s["padded_flops_frac"] < single["padded_flops_frac"]  # buckets pad less than one shape
+    out = tmp_path / "run"
+    proc = cli("run", *SHAPE, "--data", shards, "--framework", framework, *layout, "--nproc", nproc,
+               "--micro-batch", micro_batch, "--batching", "bucket", "--out", out, timeout=900, env=ONE_THREAD)
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert r["status"] == "ok" and r["global_batch"] == 4 and r["bucket_steps"] == s["bucket_steps"]
+    assert r["model_flops_per_sample"] == s["model_flops_per_sample"]
+    assert r["measured_padded_flops"] == s["measured_padded_flops"]
+    assert r["losses"] == pytest.approx(s["losses"], rel=RTOL, abs=0)

@@ -210,9 +210,10 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
 
 
 def apply_compile(model: EchoTTS, fullgraph: bool = True) -> None:
-    """torch.compile each block in place: the blocks repeat, so one graph serves them all."""
+    """torch.compile each block in place: the blocks repeat, so one graph serves them all. Static
+    shapes (dynamic=False): one graph per shape, a few with batching=bucket, never a dynamic one."""
     for container, i in blocks(model):
-        container[i].compile(fullgraph=fullgraph)
+        container[i].compile(fullgraph=fullgraph, dynamic=False)
 
 
 def frozen_params(model: EchoTTS) -> set[nn.Parameter]:

@@ -4,6 +4,7 @@ A sample is a dict: key, latent (T,128) float16 ndarray, ref (T',128) float16 nd
 target_duration (seconds), shard. Batches have static shapes (padded to the configured maxima) so
 that torch.compile and tensor-parallel layouts see one shape; FLOPs are counted on the real lengths.
 """
+import bisect
 import functools
 import logging
 import queue
@@ -18,7 +19,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .format import FRAME_RATE, LATENT_DIM, DataError, iter_shard
-from .index import ensure_index, read_slots
+from .buckets import boundaries, rank_slice, window
+from .index import ensure_index, read_records, read_slots
 from .synth import WORDS
 from .tokenizer import TextTokenizer
 
@@ -73,8 +75,10 @@ def _copy_rows(dst: torch.Tensor, src: np.ndarray):
 
 def collate(samples: list[dict], tokenizer: TextTokenizer, audio_frames: int, text_tokens: int,
             speaker_frames: int) -> Batch:
-    """Crop each sample to the maximum lengths and pad to exactly those maxima (static shapes)."""
+    """Crop each sample to the maximum lengths and pad to exactly those maxima (static shapes); a
+    bucketed batch's audio to its bucket (the samples' pad_frames, one per batch)."""
     B = len(samples)
+    audio_frames = min(audio_frames, samples[0].get("pad_frames", audio_frames)) if samples else audio_frames
     # The speaker encoder patches by 4, so its padded length is rounded up to a multiple of 4;
     # the reference itself is still cropped to speaker_frames (ref_len <= speaker_frames).
     ref_padded = -(-speaker_frames // SPEAKER_PATCH) * SPEAKER_PATCH
@@ -136,6 +140,11 @@ class LocalTarDataset(IterableDataset):
     one; said once in the log), or every shard with use_index=False, is read by walking its tar
     headers, numbering the samples alike but paying for every other reader's samples.
 
+    With batching="bucket" (echobench.data.buckets) the same global stream is regrouped by audio
+    length, window by window, into global batches of a few static shapes: the lengths come from the
+    indexes (every shard needs one), so every reader computes the same bucketed order; each sample
+    carries "pad_frames", the audio length its batch is padded to (collate).
+
     A bad sample or shard raises DataError, or with skip_bad_samples=True is counted in
     self.skipped (per process: each DataLoader worker counts its own) and replaced by a stand-in
     (STAND_IN, no audio frames), so that nothing after it moves: step k of every layout trains on
@@ -144,7 +153,8 @@ class LocalTarDataset(IterableDataset):
 
     def __init__(self, data_dir_or_shard_list, rank: int = 0, world_size: int = 1,
                  micro_batch: int = 1, shuffle_seed: int | None = None,
-                 skip_bad_samples: bool = False, loop: bool = True, use_index: bool = True):
+                 skip_bad_samples: bool = False, loop: bool = True, use_index: bool = True,
+                 batching: str = "pad", buckets: list[int] | None = None, audio_frames: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if micro_batch < 1:
@@ -155,6 +165,28 @@ class LocalTarDataset(IterableDataset):
         self.skipped = 0
         # Here, before DataLoader workers start: they inherit the indexes, and the log says it once.
         self.indexes = _open_indexes(self.shards) if use_index else {}
+        self.edges = None  # bucket boundaries (audio frames), with batching="bucket"
+        if batching == "bucket":
+            self._bucket_lengths(buckets, audio_frames)
+        elif batching != "pad":
+            raise ValueError(f"batching={batching!r}: pad or bucket")
+
+    def _bucket_lengths(self, buckets, audio_frames):
+        """Every sample's audio frames, from the indexes (here, once: workers inherit them), and the
+        bucket boundaries: the given ones, else quantiles of these lengths."""
+        if audio_frames is None:
+            raise ValueError("batching=bucket needs audio_frames (the last bucket)")
+        missing = [s for s in self.shards if s not in self.indexes]
+        if missing:
+            raise DataError(f"batching=bucket reads the samples' lengths from the shards' indexes, and {missing[0]} "
+                            f"has none ({len(missing)} of {len(self.shards)} shards): run `echobench data index "
+                            f"DIR` where it can write, or use batching=pad")
+        self.lengths = {s: np.array([r.get("frames") or 0 for r in read_records(self.indexes[s])], np.int64)
+                        for s in self.shards}
+        self.total = int(sum(len(v) for v in self.lengths.values()))
+        if self.total == 0:
+            raise DataError(f"{len(self.shards)} shard(s) hold no samples")
+        self.edges = boundaries(np.concatenate(list(self.lengths.values())).tolist(), audio_frames, buckets)
 
     def _skip(self, err: DataError):
         self.skipped += 1
@@ -168,6 +200,9 @@ class LocalTarDataset(IterableDataset):
 
     def samples(self, workers: int = 1, worker: int = 0):
         """This reader's samples as DataLoader worker `worker` of `workers` reads them."""
+        if self.edges is not None:
+            yield from self._bucketed(workers, worker)
+            return
         slice_of = (self.micro_batch * self.world_size, self.rank * self.micro_batch, self.micro_batch,
                     workers, worker)
         mine = functools.partial(_is_mine, *slice_of)
@@ -189,6 +224,65 @@ class LocalTarDataset(IterableDataset):
             if offset == epoch_start:  # looping would spin forever
                 raise DataError(f"{len(shards)} shard(s) hold no samples in a full pass")
             epoch += 1
+
+    def _epoch_order(self, epoch: int) -> tuple[list, list[int]]:
+        """The shards of an epoch in the global order and the global offset of each within it."""
+        shards = list(self.shards)
+        if self.shuffle_seed is not None:  # as samples() orders them
+            random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(shards)
+        starts, at = [], 0
+        for shard in shards:
+            starts.append(at)
+            at += len(self.lengths[shard])
+        return shards, starts
+
+    def _locate(self, g: int, cache: dict) -> tuple[Path, int]:
+        """(shard, slot) of global sample g."""
+        epoch, within = divmod(g, self.total)
+        if epoch not in cache:
+            for old in [e for e in cache if e < epoch - 1]:  # windows move forward: a window spans two at most
+                del cache[old]
+            cache[epoch] = self._epoch_order(epoch)
+        shards, starts = cache[epoch]
+        j = bisect.bisect_right(starts, within) - 1
+        return shards[j], within - starts[j]
+
+    def _bucketed(self, workers: int, worker: int):
+        """batching=bucket: this reader's samples of the bucketed stream, window by window."""
+        global_batch = self.micro_batch * self.world_size
+        orders, lookups = {}, {}
+
+        def length_of(g):
+            shard, slot = self._locate(g, lookups)
+            return int(self.lengths[shard][slot])
+
+        seed = 0 if self.shuffle_seed is None else self.shuffle_seed
+        local, w = 0, 0  # the rank's samples so far (dealt round-robin to workers), the window
+        while True:
+            batches = window(w, global_batch, length_of, self.edges, seed, end=None if self.loop else self.total)
+            if not batches:
+                return
+            for batch in batches:
+                for g in rank_slice(batch, self.rank, self.micro_batch):
+                    if local % workers == worker:
+                        shard, slot = self._locate(g, orders)
+                        yield from self._read_one(shard, slot, g, batch.frames)
+                    local += 1
+            w += 1
+
+    def _read_one(self, shard, slot: int, g: int, pad_frames: int):
+        """One sample of the bucketed stream (a stand-in for a bad one, as in _read)."""
+        given = False
+        for _, item in read_slots(self.indexes[shard], [slot]):
+            if isinstance(item, DataError):
+                if not self.skip_bad_samples:
+                    raise item
+                self._skip(item)
+                if given:  # damage after the whole sample: it keeps its slot
+                    continue
+                item = STAND_IN
+            given = True
+            yield {**item, "index": g, "shard": str(shard), "pad_frames": pad_frames}
 
     def _read(self, shard, first: int, mine, own: list[int] | None, counts: dict):
         """This reader's samples of one shard, whose first sample has global index `first`: those
@@ -365,6 +459,11 @@ class BatchLoader:
             self._put(e)
 
     @property
+    def bucket_frames(self) -> list[int] | None:
+        """The audio shapes batches come in with batching=bucket (the source's boundaries), else None."""
+        return getattr(getattr(self.source, "dataset", self.source), "edges", None)
+
+    @property
     def skipped(self) -> int:
         """Bad samples skipped by the source in this process (0 if it does not count them)."""
         return getattr(self.source, "skipped", 0)
@@ -408,7 +507,7 @@ def _as_is(sample):  # DataLoader collate_fn that keeps numpy arrays (module lev
 
 def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int = 1, seed: int = 0,
                 skip_bad_samples: bool = False, num_workers: int = 0, audio_frames: int,
-                text_tokens: int, speaker_frames: int):
+                text_tokens: int, speaker_frames: int, batching: str = "pad", buckets: list[int] | None = None):
     """This rank's samples in global order: SyntheticSource for "synthetic", else a
     LocalTarDataset over a directory of shards, read in num_workers DataLoader processes when > 0
     (skipped-sample counts then stay in the workers)."""
@@ -416,7 +515,8 @@ def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int
         return SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed, rank=rank,
                                world_size=world_size, micro_batch=micro_batch)
     samples = LocalTarDataset(source, rank=rank, world_size=world_size, micro_batch=micro_batch,
-                              shuffle_seed=seed, skip_bad_samples=skip_bad_samples, loop=True)
+                              shuffle_seed=seed, skip_bad_samples=skip_bad_samples, loop=True,
+                              batching=batching, buckets=buckets, audio_frames=audio_frames)
     if num_workers > 0:  # in_order (the default): items come from the workers round-robin
         samples = torch.utils.data.DataLoader(samples, batch_size=None, collate_fn=_as_is,
                                               num_workers=num_workers, prefetch_factor=8)
@@ -426,12 +526,12 @@ def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int
 def make_loader(source: str, *, micro_batch: int, audio_frames: int, text_tokens: int,
                 speaker_frames: int, tokenizer: TextTokenizer, rank: int = 0, world_size: int = 1,
                 seed: int = 0, skip_bad_samples: bool = False, prefetch: int = 4,
-                num_workers: int = 0) -> BatchLoader:
+                num_workers: int = 0, batching: str = "pad", buckets: list[int] | None = None) -> BatchLoader:
     """A BatchLoader over make_source: this rank's micro-batches of the global batches."""
     samples = make_source(source, micro_batch=micro_batch, rank=rank, world_size=world_size, seed=seed,
                           skip_bad_samples=skip_bad_samples, num_workers=num_workers,
                           audio_frames=audio_frames, text_tokens=text_tokens,
-                          speaker_frames=speaker_frames)
+                          speaker_frames=speaker_frames, batching=batching, buckets=buckets)
     collate_fn = functools.partial(collate, tokenizer=tokenizer, audio_frames=audio_frames,
                                    text_tokens=text_tokens, speaker_frames=speaker_frames)
     return BatchLoader(samples, collate_fn, micro_batch, prefetch=prefetch, pin_memory=True)
