@@ -359,6 +359,10 @@ def report(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Dashboard HTML file (default report.html unless --table)."),
     table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (see README)."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile(s): put each "
+                                      "run's prediction (echobench predict) beside it in the dashboard."),
+    margin: float = typer.Option(15.0, "--margin", help="With --profile: flag runs more than this percent below "
+                                 "their predicted throughput."),
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
     from echobench.report import load_report_input, read_reference, render_dashboard, render_table
@@ -381,7 +385,14 @@ def report(
             ref = read_reference(reference)
         except ReferenceError as exc:
             fail(str(exc))
+    if not 0 <= margin < 100:
+        fail(f"--margin {margin:g}: a percentage from 0 to below 100")
+    profiles = load_profiles_or_fail(profile)
     data = load_report_input(paths)
+    if profiles:
+        from echobench.report.data import with_predictions
+
+        data = with_predictions(data, profiles, margin / 100)
     for problem in data.problems:
         err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     if not data.records:
@@ -542,8 +553,12 @@ def plan(
                                                  help="Write every run's job script to DIR/RUN_ID.sh, submit nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile for the "
+                                      "predicted step time and MFU (echobench predict); default: the shipped "
+                                      "profile of hardware.device, if any."),
 ):
-    """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours."""
+    """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
+    predicted step time and MFU."""
     from echobench import plan as pl
     from echobench.sweep import run_dir
 
@@ -575,7 +590,10 @@ def plan(
     from echobench.memory import device_memory_gib
 
     capacity = device_memory_gib(hw.memory_gib, hw.device)
-    rows, no_peak = pl.plan_rows(the_plan, executor), pl.peak_note(the_plan.runs, matrix, executor)
+    from echobench.predict import profile_for_device
+
+    profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(hw.device)]))
+    rows, no_peak = pl.plan_rows(the_plan, executor, profiles), pl.peak_note(the_plan.runs, matrix, executor)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
                           "no_peak": no_peak,
@@ -590,14 +608,22 @@ def plan(
     table.add_column("run id", no_wrap=True)
     for col in ("tp x dp", "mb / global", "mem GiB", "fits", "limit", "GPU-h est", "GPU-h limit"):
         table.add_column(col, justify="right")
+    if profiles:  # the predicted step time and MFU (echobench predict)
+        table.add_column("pred s / MFU", justify="right", no_wrap=True)
     for run, row in zip(the_plan.runs, rows):
         c, est_h = run.cfg, row["gpu_hours_estimate"]
+        predicted = [] if not profiles else ["-" if row["predicted_mfu"] is None else
+                                             f"{row['predicted_step_time_s']:.3g} / {row['predicted_mfu']:.0%}"]
         table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}",
                       fmt(run.memory.total_gib, ".1f"),
                       {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], row["time_limit"],
                       "-" if est_h is None else f"{est_h:.2f}",
-                      f"{row['gpu_hours_limit']:.2f}")
+                      f"{row['gpu_hours_limit']:.2f}", *predicted)
     console.print(table)
+    if profiles:
+        console.print(f"predicted (echobench predict): {esc(', '.join(p.name for p in profiles))}"
+                      + ("" if all(p.measured for p in profiles) else ", a profile not measured here (datasheets)"),
+                      highlight=False)
     if the_plan.skipped:
         skipped = Table(title=f"skipped: {len(the_plan.skipped)}")
         skipped.add_column("settings")
@@ -616,6 +642,111 @@ def plan(
                       + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
     if no_peak:
         console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
+
+
+PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
+                "measured most like it (processes per node, GEMM shapes). Default: the shipped profile of the "
+                "matrix's hardware.device (the records' device with --against), else this machine's calibrated one.")
+
+
+def load_profiles_or_fail(names: list[str]):
+    from echobench.predict import PredictError, load_profiles
+
+    try:
+        return load_profiles(names)
+    except PredictError as exc:
+        fail(str(exc))
+
+
+@app.command("predict")
+def predict_command(
+    paths: list[Path] = typer.Argument(..., metavar="MATRIX | RUN_DIRS...", help="A matrix YAML file; with "
+                                       "--against, sweep or run directories (or result.json files)."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="Every configuration at these node counts (1 .. "
+                                        "1024, e.g. 1,4,16) instead of the matrix's."),
+    against: bool = typer.Option(False, "--against", help="Predict measured runs and hold each against its "
+                                 "record: step time, MFU and, for --profile runs, the parts of the step."),
+    as_json: bool = typer.Option(False, "--json", help="A list with one object per run."),
+):
+    """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
+    bytes per link and the bandwidth that would hide its exposed communication (README,
+    Predicting a run); with --against, predicted vs measured."""
+    import time as clock
+
+    from echobench import predict as pr
+
+    started = clock.perf_counter()
+    wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
+    profiles = load_profiles_or_fail(profile)
+    if against:
+        from echobench.results import load_records
+
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            fail(f"no such file or directory: {', '.join(missing)}")
+        records, problems = load_records(paths)
+        for problem in problems:
+            err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+        ok = [r for r in records if r.status == "ok" and r.step_time_s]
+        if not ok:
+            fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
+        if not profiles:
+            device = ok[0].env.device_name
+            found = pr.profile_for_device(device)
+            if found is None:
+                fail(pr.no_profile_message(f"device {device!r}"))
+            profiles = [found]
+        comparisons = []
+        for record in ok:
+            try:
+                comparisons.append(pr.against(record, profiles))
+            except (pr.PredictError, ValueError) as exc:
+                err_console.print(f"[yellow]not predicted:[/] {esc(exc)}", highlight=False, soft_wrap=True)
+        if as_json:
+            print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
+            return
+        wide.print(pr.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
+        s = pr.summary(comparisons)
+        if s["runs"]:
+            console.print(f"step time: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
+                          f"{s['runs']} runs (error = (predicted - measured) / measured)"
+                          + (f"; MFU: mean |error| {s['mean_abs_mfu_error']:.1%}, max {s['max_abs_mfu_error']:.1%}"
+                             if s["mean_abs_mfu_error"] is not None else ""))
+        for line in pr.profile_lines(profiles):
+            console.print(esc(line), highlight=False)
+        return
+    if len(paths) != 1:
+        fail(f"predict takes one matrix ({len(paths)} paths given): for run directories add --against")
+    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes else None, None)
+    cfgs = [r.cfg for r in the_plan.runs]
+    try:
+        if nodes:
+            cfgs = pr.at_nodes(cfgs, pr.parse_nodes(nodes))
+    except pr.PredictError as exc:
+        fail(str(exc))
+    if not profiles:
+        found = pr.profile_for_device(matrix.spec.hardware.device)
+        if found is None:
+            fail(pr.no_profile_message(f"matrix {paths[0]} (hardware.device: {matrix.spec.hardware.device})"))
+        profiles = [found]
+    items = pr.predict_runs(cfgs, profiles)
+    elapsed = clock.perf_counter() - started
+    if as_json:
+        rank = pr.ranks([p for p in items if isinstance(p, pr.Prediction)])
+        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
+                          else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
+                         indent=2, default=str))
+        return
+    wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
+    for line in pr.profile_lines(profiles):
+        console.print(esc(line), highlight=False)
+    notes = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
+    for note in notes:
+        console.print(f"note: {esc(note)}", highlight=False)
+    console.print(f"rank: by predicted MFU among the runs of a scale and node count; hide GB/s: the bus bandwidth "
+                  f"per link at which the overlappable collectives take no longer than the compute they overlap; "
+                  f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
 
 
 @app.command()

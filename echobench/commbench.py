@@ -12,7 +12,8 @@ REPEATS. Per link class and op, fit_alpha_beta fits time = alpha + bus_bytes / b
 Compute, on every rank at once (training runs them at once: shared memory bandwidth, power) and
 reported for the slowest rank: the GEMMs of the run's DiT block (hardware.gemm_shapes, forward and
 both backward GEMMs), attention forward + backward at the run's lengths (the model's own SDPA call,
-FLOPs as echobench.flops counts them) and element-wise bandwidth (add, copy).
+FLOPs as echobench.flops counts them), element-wise bandwidth (add, copy) and the host's cost of a
+step's ops (measure_host: tiny training steps whose device work is negligible, their ops counted).
 
 Started by torchrun (`torchrun ... -m echobench calibrate --comm`, or `echobench calibrate --comm
 --nproc N`, which launches torchrun as `echobench run --nproc` does), rank 0 writes the profile.
@@ -38,6 +39,7 @@ from echobench.hwprofile import (
     CommPoint,
     GemmPoint,
     HardwareProfile,
+    HostPoint,
     MemoryPoint,
     bus_factor,
 )
@@ -265,7 +267,8 @@ def measure_gemms(device: torch.device, dtype: torch.dtype, run, budget_s: float
     start, out = time.perf_counter(), []
     for i, s in enumerate(order):
         left = (budget_s - (time.perf_counter() - start)) / (len(order) - i)
-        rates = time_gemm(device, dtype, s, 50 if gpu else 5, 10 if gpu else 1, time_left_s=max(left, 1e-3))
+        # CPU: 15 timed (within the budget): on a shared machine a median of 5 still moves by tens of percent
+        rates = time_gemm(device, dtype, s, 50 if gpu else 15, 10 if gpu else 1, time_left_s=max(left, 1e-3))
         out.append(GemmPoint(m=s.m, n=s.n, k=s.k, tflops=statistics.median(rates), tflops_min=min(rates),
                              tflops_max=max(rates), iters=len(rates), name=s.name, source=""))
     return out
@@ -309,7 +312,7 @@ def measure_attention(device: torch.device, dtype: torch.dtype, run, budget_s: f
             attention(q, k, v, mask).backward(grad)
             q.grad = k.grad = v.grad = None
 
-        seconds = _timed_calls(step, device, 30 if gpu else 3, 5 if gpu else 1, budget_s / len(shapes))
+        seconds = _timed_calls(step, device, 30 if gpu else 15, 5 if gpu else 1, budget_s / len(shapes))
         rates = [attention_flops(b, h, d, lq, lk) / s / 1e12 for s in seconds]
         out.append(AttentionPoint(batch=b, heads=h, head_dim=d, seq_q=lq, seq_k=lk, tflops=statistics.median(rates),
                                   tflops_min=min(rates), tflops_max=max(rates), iters=len(rates), name=name, source=""))
@@ -353,6 +356,161 @@ def measure_memory(device: torch.device, nbytes: int, budget_s: float) -> list[M
         rates = [moved / s / 1e9 for s in seconds]
         out.append(MemoryPoint(op=op, nbytes=n * 4, gbps=statistics.median(rates), gbps_min=min(rates),
                                gbps_max=max(rates), iters=len(rates), source=""))
+    out.append(measure_adamw(device, n, budget_s / 2))
+    return out
+
+
+def measure_adamw(device: torch.device, numel: int, budget_s: float) -> MemoryPoint:
+    """The optimizer's rate as a bandwidth: steps of the backends' AdamW (torchtitan.build_optimizer:
+    foreach on CPU, fused on GPU) over `numel` float32 parameters in 8 tensors with gradients, each
+    step's bytes those echobench.predict counts for it (predict.ADAMW_BYTES per parameter). Its
+    passes (lerp, addcmul, sqrt, div, ...) run slower than one add: a streaming add's bandwidth would
+    understate the optimizer's time several fold on a CPU."""
+    from echobench.backends.torchtitan import build_optimizer
+    from echobench.predict import ADAMW_BYTES
+
+    params = [torch.nn.Parameter(torch.ones(numel // 8, device=device)) for _ in range(8)]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer = build_optimizer(params, device)
+    per_param = ADAMW_BYTES["fused" if device.type == "cuda" else "foreach"]
+    seconds = _timed_calls(optimizer.step, device, 10, 2 if device.type == "cuda" else 1, budget_s)
+    rates = [per_param * (numel // 8 * 8) / s / 1e9 for s in seconds]
+    return MemoryPoint(op="adamw", nbytes=numel // 8 * 4, gbps=statistics.median(rates), gbps_min=min(rates),
+                       gbps_max=max(rates), iters=len(rates), source="")
+
+
+# The host step: the tiny preset at the shortest lengths, where the step is (almost) all host cost.
+HOST_RUN = {"scale": "tiny", "micro_batch": 1, "audio_frames": 16, "text_tokens": 8, "speaker_frames": 16}
+
+
+class OpCount:
+    """ATen ops dispatched while a count_ops() block runs (views included), in all and per name."""
+
+    def __init__(self):
+        from collections import Counter
+
+        self.total = 0
+        self.by_name: Counter = Counter()
+
+
+def count_ops():
+    """A dispatch mode counting every ATen op it sees (on this thread and on autograd's, which
+    carries the mode): forward, backward and optimizer ops alike. Its own Python cost per op makes
+    the block slower: count in a step that is not timed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = OpCount()
+
+        def __enter__(self):
+            super().__enter__()
+            return self.count
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not isinstance(func, torch._ops.HigherOrderOperator):
+                self.count.total += 1
+                self.count.by_name[func._schema.name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return _Counting()
+
+
+def host_steps(cfg, info, dtype: torch.dtype, warmup: int, iters: int, budget_s: float):
+    """(seconds of each timed step, ops of one step on this rank) of training steps of `cfg` (a
+    RunConfig whose layout fits the formed process group, `info` this rank's DistInfo): the
+    backend's setup and the run's data and draws (bench.train_step), `warmup` untimed steps, up to
+    `iters` timed ones within budget_s (at least one; every rank stops with the slowest), then one
+    step under count_ops()."""
+    from echobench.backends import build_training
+    from echobench.bench import train_step
+    from echobench.data import build_tokenizer, make_loader
+    from echobench.model.echo import diffusion_draws
+
+    setup = build_training(cfg, info, dtype)
+    model_cfg = cfg.model_config()
+    dp_size = max(1, cfg.world_size // cfg.tp)
+    loader = make_loader("synthetic", micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames,
+                         text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
+                         tokenizer=build_tokenizer(model_cfg.text_encoder.vocab, None),
+                         rank=info.rank // cfg.tp if cfg.world_size > 1 else 0, world_size=dp_size,
+                         seed=cfg.seed, skip_bad_samples=False)
+    generator = torch.Generator(device=info.device)
+    setup.model.train()
+    grouped = cfg.world_size > 1
+
+    def step():
+        batch = next(loader)
+        ids = batch.index.tolist()
+        batch = batch.to(info.device)
+        draws = diffusion_draws(cfg.seed, ids, cfg.audio_frames, model_cfg.latent_dim, model_cfg.cfg_dropout,
+                                info.device, generator)
+        train_step(setup, batch, draws, info.device.type, dp_size)
+
+    try:
+        for _ in range(warmup):
+            step()
+        seconds, start = [], time.perf_counter()
+        while len(seconds) < iters:
+            _sync(info.device)
+            t = time.perf_counter()
+            step()
+            _sync(info.device)
+            seconds.append(time.perf_counter() - t)
+            over = float(time.perf_counter() - start > budget_s)
+            if (_agree(over, info.device) if grouped else over) > 0:
+                break
+        with count_ops() as count:
+            step()
+    finally:
+        loader.close()
+    return seconds, count.total
+
+
+def host_layouts(world: int, local: int) -> list[tuple[str, str]]:
+    """(framework, parallelism) of the layouts whose host cost calibrate --comm measures on a group of
+    `world` ranks, `local` per node: single always; with several ranks DDP and FSDP2 over all of
+    them, and megatron TP over a node's ranks where megatron-core imports."""
+    layouts = [("torchtitan", "single")]
+    if world > 1:
+        layouts += [("torchtitan", "ddp"), ("torchtitan", "fsdp2")]
+        import importlib.util
+
+        if local > 1 and importlib.util.find_spec("megatron") is not None:
+            from echobench.backends import parallelism_problem
+            from echobench.config import RunConfig
+
+            for tp in dict.fromkeys(t for t in (local, 4, 2) if t <= local):  # the widest TP the tiny heads allow
+                run = RunConfig(**HOST_RUN, framework="megatron", parallelism=f"tp{tp}", gpus_per_node=local,
+                                nodes=max(1, world // local))
+                if parallelism_problem(run) is None:
+                    layouts.append(("megatron", f"tp{tp}"))
+                    break
+    return layouts
+
+
+def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[HostPoint]:
+    """The host's cost of a step's ops per layout (host_layouts): host_steps of HOST_RUN (tiny,
+    micro-batch 1, 16 audio frames) whose device work is a few matmuls of 16 rows, so that the step
+    is Python, dispatch, autograd, the layout's hooks and collectives and (GPU) kernel launches;
+    echobench.predict spreads what its model does not account for over the step's ops. Each point:
+    this rank's steps (calibrate_comm keeps the slowest rank's). Call on every rank."""
+    from echobench.config import RunConfig
+
+    gpu = info.device.type == "cuda"
+    layouts = host_layouts(info.world_size, local)
+    out = []
+    for framework, parallelism in layouts:
+        world = 1 if parallelism == "single" else info.world_size
+        nodes = max(1, world // local) if parallelism != "single" else 1
+        run = RunConfig(**HOST_RUN, framework=framework, parallelism=parallelism, device=info.device.type,
+                        nodes=nodes, gpus_per_node=world // nodes)
+        seconds, ops = host_steps(run, info, dtype, 5 if gpu else 3, 30 if gpu else 15, budget_s / len(layouts))
+        out.append(HostPoint(**HOST_RUN, framework=framework, parallelism=parallelism, processes=world, ops=ops,
+                             step_s=statistics.median(seconds), step_s_min=min(seconds), step_s_max=max(seconds),
+                             iters=len(seconds), source=""))
     return out
 
 
@@ -414,11 +572,17 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
     gemm = measure_gemms(device, dtype, run, gemm_budget_s)
     attn = measure_attention(device, dtype, run, compute_budget_s * 0.6)
     memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.4)
+    from echobench.distributed import DistInfo
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    host = measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
+                        compute_budget_s, local)
     if grouped:
         everyone = [None] * world
-        dist.all_gather_object(everyone, (gemm, attn, memory))
+        dist.all_gather_object(everyone, (gemm, attn, memory, host))
         gemm, attn, memory = (_slowest([e[i] for e in everyone], key)
                               for i, key in ((0, "tflops"), (1, "tflops"), (2, "gbps")))
+        host = [max(points, key=lambda p: p.step_s) for points in zip(*(e[3] for e in everyone))]  # slowest rank
     if rank != 0:
         return None
     timing = "CUDA events per call" if kind == "cuda" else "host clock per call"
@@ -427,8 +591,15 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
                                            f"{p.iters} ({timing}), {ranks}"}) for p in gemm]
     attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward (model.components.attention, "
                                            f"key mask), median of {p.iters} ({timing}), {ranks}"}) for p in attn]
-    memory = [p.model_copy(update={"source": f"measured: float32 {p.op}, median of {p.iters} ({timing}), {ranks}"})
-              for p in memory]
+    memory = [p.model_copy(update={"source": (f"measured: float32 {p.op}" if p.op != "adamw" else
+                                              "measured: AdamW steps (torchtitan.build_optimizer) over 8 float32 "
+                                              "tensors, predict.ADAMW_BYTES per parameter")
+                                             + f", median of {p.iters} ({timing}), {ranks}"}) for p in memory]
+    host = [p.model_copy(update={"source": f"measured: commbench.measure_host, {p.framework} {p.parallelism} "
+                                           f"training steps (bench.train_step) of {p.scale} at micro-batch "
+                                           f"{p.micro_batch} on {p.processes} process(es), median of {p.iters} (host "
+                                           f"clock around device syncs), {p.ops} ATen ops counted in one more step, "
+                                           f"the slowest rank's"}) for p in host]
     name = device_name(device)
     nccl = None
     if kind == "cuda":
@@ -444,7 +615,7 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
               f"{run.audio_frames} audio frames, {run.text_tokens} text tokens, {run.speaker_frames} speaker frames; "
               f"{time.perf_counter() - started:.1f} s"),
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
-        gemm=gemm, attention=attn, memory=memory, links=links,
+        gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links,
         link_notes={"intra": "ranks on one node", "inter": "ranks on different nodes"} if links else {},
         versions={"torch": torch.__version__, "echobench": git_commit(), "cuda": torch.version.cuda, "nccl": nccl},
         date=now_iso(), host=socket.gethostname())

@@ -8,6 +8,8 @@ A profile holds, for one device and compute dtype:
 - attention: the attention rate (TFLOP/s, forward + backward, FLOPs under echobench.flops'
   convention) at sequence lengths; attention_tflops() looks lengths up;
 - memory: element-wise memory bandwidth (GB/s of bytes read + written); memory_gbps();
+- host_steps: what a tiny training step of each layout costs the host per dispatched op (Python,
+  dispatch, autograd, hooks, kernel launch), where measured;
 - links: per link class ("intra" within a node, "inter" across nodes) and per collective
   (all_reduce, all_gather, reduce_scatter) an alpha-beta fit, latency alpha_s and bus bandwidth
   bus_gbps, with the raw points it was fitted to; collective_seconds() is its time;
@@ -92,6 +94,30 @@ class MemoryPoint(_Strict):
     source: str
 
 
+class HostPoint(_Strict):
+    """The host's side of a training step: steps of the `scale` preset in one layout (framework,
+    parallelism, over `processes` ranks) at micro_batch x the lengths (the shortest, so that the
+    device work is negligible), timed (median of `iters` steps, the slowest rank's), and the ATen
+    ops one rank dispatches per step (counted once under a dispatch mode, views included).
+    echobench.predict takes the layout's host cost per op from it: (step_s - the step's predicted
+    device and communication time) / ops."""
+
+    framework: str = "torchtitan"
+    parallelism: str = "single"
+    processes: int = Field(1, gt=0)
+    scale: str
+    micro_batch: int = Field(gt=0)
+    audio_frames: int = Field(gt=0)
+    text_tokens: int = Field(gt=0)
+    speaker_frames: int = Field(gt=0)
+    ops: int = Field(gt=0)
+    step_s: float = Field(gt=0)
+    step_s_min: Optional[float] = None
+    step_s_max: Optional[float] = None
+    iters: Optional[int] = None
+    source: str
+
+
 class CommPoint(_Strict):
     """One timed collective: a message of nbytes (nccl-tests' size) over group_size ranks."""
 
@@ -125,6 +151,7 @@ class HardwareProfile(_Strict):
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []
     memory: list[MemoryPoint] = []
+    host_steps: list[HostPoint] = []  # the host's cost per op of a step, per layout (calibrate --comm)
     links: dict[Link, dict[Op, AlphaBeta]] = {}
     link_notes: dict[Link, str] = {}  # what each link class is (NVLink via NVSwitch, Slingshot-11, ...)
     versions: dict[str, Optional[str]] = {}  # torch, echobench git commit, nccl, cuda

@@ -26,9 +26,17 @@ def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
             f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
 
 
-def plan_rows(plan: Plan, executor: str) -> list[dict]:
+def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[dict]:
     """One row per run (`plan --json`): settings, memory estimate, whether it fits, the planned
-    peak, GPU-hours estimated (None without a peak) and at most (its time limit)."""
+    peak, GPU-hours estimated (None without a peak) and at most (its time limit); with hardware
+    profiles, the predicted step time and MFU (echobench.predict; None without a profile or where
+    the model cannot price the run)."""
+    predicted = {}
+    if profiles:
+        from echobench.predict import Prediction, predict_runs
+
+        predicted = {run.id: p for run, p in zip(plan.runs, predict_runs([r.cfg for r in plan.runs], profiles))
+                     if isinstance(p, Prediction)}
     rows = []
     for run in plan.runs:
         peak, peak_source = planned_peak(run, plan.matrix)
@@ -37,7 +45,10 @@ def plan_rows(plan: Plan, executor: str) -> list[dict]:
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
                      "time_limit": time_limit(plan.matrix, executor, run),
-                     "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus})
+                     "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus,
+                     "predicted_step_time_s": predicted[run.id].step_time_s if run.id in predicted else None,
+                     "predicted_mfu": predicted[run.id].mfu if run.id in predicted else None,
+                     "predicted_profile": predicted[run.id].profile if run.id in predicted else None})
     return rows
 
 

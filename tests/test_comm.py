@@ -140,7 +140,10 @@ def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
         assert all(pt.group_size == 2 and pt.seconds > 0 and 1024 <= pt.nbytes <= 2**20 for pt in fit.points), op
     assert p.gemm and all(g.tflops > 0 for g in p.gemm)
     assert {a.name for a in p.attention} == {"dit joint attention", "speaker self-attention"}
-    assert {m.op for m in p.memory} == {"add", "copy"} and all(m.gbps > 0 for m in p.memory)
+    assert {m.op for m in p.memory} == {"add", "copy", "adamw"} and all(m.gbps > 0 for m in p.memory)
+    # the host's cost per op of each layout the 2 ranks can form (megatron TP where it imports)
+    assert [h.parallelism for h in p.host_steps][:3] == ["single", "ddp", "fsdp2"]
+    assert all(h.ops > 1000 and h.step_s > 0 for h in p.host_steps)
     # the same profile in echobench's cache (ECHOBENCH_CACHE), where predict finds this machine's
     cached = list((tmp_path / "cache" / "profiles").glob("*.yaml"))
     assert len(cached) == 1 and load_profile(cached[0]) == p

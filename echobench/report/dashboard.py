@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from echobench.report.data import ReportInput, scale_order
+from echobench.report.data import ReportInput, flagged, scale_order
 from echobench.report.plotting import esc, figure_html, layout, panel
 from echobench.report.tables import fmt_number
 from echobench.report.time_breakdown import time_section
@@ -157,8 +157,32 @@ class Figures:
         published = self._published(scale, group)
         if published is not None:
             fig.add_trace(published)
+        for trace in self._predicted(group):
+            fig.add_trace(trace)
         return layout(fig, f"{scale}: MFU vs GPUs (median over runs, bars min-max)", xaxis=gpu_axis(group),
                        yaxis={"title": "MFU (%)", "rangemode": "tozero"})
+
+    def _predicted(self, group: pd.DataFrame) -> list[go.Scatter]:
+        """Per configuration, its predicted MFU (report --profile: the median over its runs' predictions)
+        as open circles on a dotted line in its colour, at its dodged x; one legend entry for all."""
+        if not self.data.predicted_by or _num(group["predicted_mfu"]).isna().all():
+            return []
+        traces = []
+        for config, rows in self._per_config(group):
+            predicted, measured = _num(rows["predicted_mfu"]) * 100, _num(rows["mfu"]) * 100
+            if predicted.isna().all():
+                continue
+            texts = [f"<b>predicted</b> ({esc(', '.join(self.data.predicted_by))}): {esc(config)}, {g:.0f} GPUs"
+                     f"<br>MFU {p:.3g}% predicted, {m:.3g}% measured" for g, p, m in zip(rows["_g"], predicted, measured)]
+            traces.append(go.Scatter(x=rows["_x"], y=predicted, mode="lines+markers", legendgroup="predicted",
+                                     name=f"predicted: {esc(config)}", showlegend=not traces, text=texts,
+                                     marker={"symbol": "circle-open", "size": 12, "color": self.styles[config]["color"],
+                                             "line": {"width": 2}},
+                                     line={"color": self.styles[config]["color"], "dash": "dot", "width": 1},
+                                     hovertemplate="%{text}<extra></extra>"))
+        if traces:
+            traces[0].name = "predicted (--profile)"
+        return traces
 
     def _published(self, scale: str, group: pd.DataFrame) -> go.Scatter | None:
         """The reference CSV's MFU at this scale, as open markers in the colour of the measured
@@ -393,6 +417,14 @@ def page_notes(data: ReportInput) -> list[str]:
         notes.append(f"{int((peaks > 1).sum())} configuration(s) pool runs measured against different peaks: their "
                      "median MFU mixes denominators (samples/s and step times do not). See the peak column of the "
                      "table of runs.")
+    if data.predicted_by:
+        below = ok[ok["below_prediction"].map(flagged)]
+        errors = _num(ok["prediction_error"]).dropna()
+        notes.append(f"Predicted (echobench predict, profile {', '.join(data.predicted_by)}): open circles in the MFU "
+                     f"figure, the predicted step and the residual (predicted - measured) / measured in the table of runs"
+                     + (f"; mean |residual| {errors.abs().mean():.1%} over {len(errors)} runs" if len(errors) else "")
+                     + f". {len(below)} run(s) more than {data.margin:.0%} below their predicted throughput"
+                     + (": " + ", ".join(below["run_id"].astype(str)) if len(below) else "") + ".")
     retries = ok[_num(ok["num_alloc_retries"]).fillna(0) > 0]
     if len(retries):
         notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "
@@ -474,7 +506,19 @@ RUN_COLUMNS = [
 ]
 
 
-def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
+# With predictions (report --profile): after the step-time columns, the predicted step and the residual.
+PREDICTED_RUN_COLUMNS = [("predicted_step_time_s", "predicted step (s)", "num"),
+                         ("prediction_error", "vs prediction (%)", "pct")]
+
+
+def run_columns(data: ReportInput) -> list[tuple[str, str, str]]:
+    if not data.predicted_by:
+        return RUN_COLUMNS
+    at = [c[0] for c in RUN_COLUMNS].index("step_time_mean_vs_median") + 1
+    return RUN_COLUMNS[:at] + PREDICTED_RUN_COLUMNS + RUN_COLUMNS[at:]
+
+
+def run_rows(frame: pd.DataFrame, scales: list[str], columns: list[tuple[str, str, str]] = RUN_COLUMNS) -> list[dict]:
     rank = {s: i for i, s in enumerate(scales)}
     frame = frame.assign(_s=frame["scale"].map(lambda s: rank.get(s, len(rank))),
                          lengths=[f"{a}/{t}/{s}" for a, t, s in
@@ -488,7 +532,7 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
     rows = []
     for _, r in frame.sort_values(["_s", "framework", "parallelism", "nodes", "run_id"]).iterrows():
         cells = []
-        for column, _, kind in RUN_COLUMNS:
+        for column, _, kind in columns:
             value = r[column]
             missing = value is None or (not isinstance(value, str) and pd.isna(value))
             if missing:
@@ -503,7 +547,7 @@ def run_rows(frame: pd.DataFrame, scales: list[str]) -> list[dict]:
                 cells.append({"text": str(value), "sort": str(value)})
         retries = _num(pd.Series([r["num_alloc_retries"]])).fillna(0).iloc[0]
         rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells,
-                     "fp8": r["precision"] == "fp8", "retries": bool(retries > 0),
+                     "fp8": r["precision"] == "fp8", "retries": bool(retries > 0), "below": flagged(r["below_prediction"]),
                      "calibrated": _peak_kind(r["peak_source"]) == "calibrated"})
     return rows
 
@@ -530,7 +574,8 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
          "One line per configuration across node counts; each point is the median over the runs of that "
          "configuration and node count (repeats, and sweeps of other lengths), bars from min to max; configurations "
          "are drawn a little apart along the GPU axis (as in the throughput and scaling figures), the hover names "
-         "the GPU count. Open diamonds: published MFU, where --reference gives one.", figs.mfu_vs_gpus, figs.configs),
+         "the GPU count. Open diamonds: published MFU, where --reference gives one; open circles on a dotted line: "
+         "predicted MFU, where --profile gives a hardware profile.", figs.mfu_vs_gpus, figs.configs),
         ("throughput", "Per-GPU throughput",
          "samples/s and seconds of audio per second, per GPU, over the whole measured window (median over runs); "
          "dotted: ideal (linear) scaling from the configuration's smallest GPU count.",
@@ -610,6 +655,7 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
         reference=reference_path if reference is not None else None,
         unplotted=unplotted_published(reference, figs.configs),
         failed=failed_rows(data), skipped=data.skipped,
-        run_headers=[(h, kind) for _, h, kind in RUN_COLUMNS], runs=run_rows(data.frame, scales),
+        run_headers=[(h, kind) for _, h, kind in run_columns(data)], runs=run_rows(data.frame, scales, run_columns(data)),
+        margin=f"{(data.margin or 0) * 100:g}",
         plotlyjs=get_plotlyjs(),
     )

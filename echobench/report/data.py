@@ -36,6 +36,8 @@ class ReportInput:
     frame: pd.DataFrame
     skipped: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    predicted_by: list[str] = field(default_factory=list)  # the profiles' names, once predictions are in
+    margin: float | None = None  # runs this far below their prediction are flagged (a fraction)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -113,6 +115,8 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
         "notes": [tuple(peak_notes(r)) for r in records],
     }, index=frame.index)
     frame = pd.concat([frame, extra], axis=1)
+    for column in PREDICTED_COLUMNS:  # filled by with_predictions (report --profile)
+        frame[column] = None
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
     ok = [r.status == "ok" for r in records]
@@ -120,12 +124,52 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
     return frame
 
 
+# ---- predictions beside the measurements (report --profile) ----
+
+PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_mfu", "prediction_error", "below_prediction")
+
+
+def flagged(value) -> bool:
+    """A below_prediction cell that says yes (None / NaN: no prediction)."""
+    return value is not None and not pd.isna(value) and bool(value)
+
+
+def with_predictions(data: ReportInput, profiles: list, margin: float) -> ReportInput:
+    """The successful runs' predictions (echobench.predict.against, on these profiles) in the frame:
+    predicted step time and MFU, error = (predicted - measured) / measured step time, and
+    below_prediction where the run reached less than (1 - margin) of its predicted throughput
+    (measured step > predicted step / (1 - margin)). Runs the model cannot price stay empty; why is
+    added to data.problems."""
+    from echobench.predict import PredictError, against
+
+    frame = data.frame.copy()
+    by_id = {r.run_id: r for r in data.records}
+    for index, row in frame.iterrows():
+        record = by_id.get(row["run_id"])
+        if record is None or record.status != "ok" or not record.step_time_s:
+            continue
+        try:
+            c = against(record, profiles)
+        except (PredictError, ValueError) as exc:
+            data.problems.append(f"{row['run_id']}: not predicted: {exc}")
+            continue
+        frame.at[index, "predicted_step_time_s"] = c.prediction.step_time_s
+        frame.at[index, "predicted_mfu"] = c.prediction.mfu
+        frame.at[index, "prediction_error"] = c.error
+        frame.at[index, "below_prediction"] = bool(record.step_time_s * (1 - margin) > c.prediction.step_time_s)
+    data.frame = frame
+    data.__dict__.pop("configurations", None)  # the cached medians: computed again with the predictions
+    data.predicted_by, data.margin = list(dict.fromkeys(p.name for p in profiles)), margin
+    return data
+
+
 # ---- repeats: one row per configuration and node count ----
 
 # Figures reported as the median over a configuration's repeats (MFU and samples/s with min-max).
 REPEAT_FIGURES = ("step_time_s", "step_time_p10_s", "step_time_p90_s", "step_time_mean_s", "step_time_mean_vs_median",
                   "samples_per_s", "samples_per_s_per_gpu", "audio_seconds_per_s", "audio_seconds_per_s_per_gpu",
-                  "tflops_per_gpu", "mfu", "hfu", "mfu_fp8_peak", "mfu_vs_ceiling", "peak_mem_gib")
+                  "tflops_per_gpu", "mfu", "hfu", "mfu_fp8_peak", "mfu_vs_ceiling", "peak_mem_gib", "predicted_mfu",
+                  "predicted_step_time_s")
 RANGE_FIGURES = ("mfu", "samples_per_s")
 
 
