@@ -184,15 +184,14 @@ def count_measured(model_cfg, ac: str, lengths, padded, real_keys_only: bool = F
 
     lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: per
     step, the lengths every row is padded to (audio frames: audio_frames, or the batch's bucket;
-    text_tokens; speaker_frames), or one such tuple for every step. A stand-in for a
+    text_tokens; speaker_frames). A stand-in for a
     skipped sample (data.STAND_IN, no audio frames) is no sample: no model FLOPs, no real tokens,
     but its row is computed, so it counts in the padded FLOPs and the computed tokens.
     real_keys_only: skips_padded_keys.
     """
     tokens = {s: [0, 0] for s in flops_model.STREAMS}
     counts = {"samples": 0, "model_flops": 0, "hardware_flops": 0, "padded_flops": 0, "audio_frames": 0}
-    shapes = [tuple(padded)] * len(lengths) if padded and isinstance(padded[0], int) else padded
-    for (la, lt, ls), shape in zip(lengths, shapes):
+    for (la, lt, ls), shape in zip(lengths, padded, strict=True):
         row_tokens = flops_model.stream_tokens(model_cfg, *shape)
         for a, t, s in zip(la, lt, ls):
             real = flops_model.stream_tokens(model_cfg, a, t, s)

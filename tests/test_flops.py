@@ -173,7 +173,7 @@ def test_padded_flops_are_what_the_padded_batch_costs(ac):
     per_row = padded_flops(cfg, *padded, ac)
     assert per_row == hardware_flops(cfg, model_flops(cfg, *padded), ac)
     assert counted == 3 * per_row
-    counts = count_measured(cfg, ac, [lengths], padded)
+    counts = count_measured(cfg, ac, [lengths], [padded])
     assert counts["padded_flops"] == counted and counts["samples"] == 2  # the stand-in is no sample
     real = [model_flops(cfg, a, t, s) for a, t, s in zip(*lengths) if a]
     assert counts["hardware_flops"] == sum(hardware_flops(cfg, f, ac) for f in real) < counted
@@ -198,5 +198,5 @@ def test_padded_flops_with_attention_that_skips_padded_keys():
     assert dense.parts["dit_attention"].forward - skipping.parts["dit_attention"].forward == fwd
     for ac, passes in (("none", 3), ("full", 4)):  # forward, 2x backward (and the forward again)
         assert padded_flops(cfg, *padded, ac) - padded_flops(cfg, *padded, ac, real_keys) == passes * fwd
-    counts = count_measured(cfg, "none", [([37], [5], [13])], padded, real_keys_only=True)
+    counts = count_measured(cfg, "none", [([37], [5], [13])], [padded], real_keys_only=True)
     assert counts["padded_flops"] == padded_flops(cfg, *padded, "none", real_keys)

@@ -209,9 +209,7 @@ class LocalTarDataset(IterableDataset):
         counts = {s: ix.count for s, ix in self.indexes.items()}  # shard -> samples; walked: once walked
         offset, epoch = 0, 0  # global index of the next shard's first sample
         while True:
-            shards = list(self.shards)
-            if self.shuffle_seed is not None:  # same seed and epoch on every reader: same order
-                random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(shards)
+            shards = self._shard_order(epoch)
             epoch_start = offset
             for shard in shards:
                 count = counts.get(shard)
@@ -225,11 +223,17 @@ class LocalTarDataset(IterableDataset):
                 raise DataError(f"{len(shards)} shard(s) hold no samples in a full pass")
             epoch += 1
 
+    def _shard_order(self, epoch: int) -> list:
+        """The shards of an epoch in the global order: shuffled with the seed (the same seed and
+        epoch on every reader: the same order), else sorted."""
+        shards = list(self.shards)
+        if self.shuffle_seed is not None:
+            random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(shards)
+        return shards
+
     def _epoch_order(self, epoch: int) -> tuple[list, list[int]]:
         """The shards of an epoch in the global order and the global offset of each within it."""
-        shards = list(self.shards)
-        if self.shuffle_seed is not None:  # as samples() orders them
-            random.Random(f"{self.shuffle_seed}-{epoch}").shuffle(shards)
+        shards = self._shard_order(epoch)
         starts, at = [], 0
         for shard in shards:
             starts.append(at)
@@ -250,10 +254,10 @@ class LocalTarDataset(IterableDataset):
     def _bucketed(self, workers: int, worker: int):
         """batching=bucket: this reader's samples of the bucketed stream, window by window."""
         global_batch = self.micro_batch * self.world_size
-        orders, lookups = {}, {}
+        orders = {}  # epoch -> its shard order (_locate)
 
         def length_of(g):
-            shard, slot = self._locate(g, lookups)
+            shard, slot = self._locate(g, orders)
             return int(self.lengths[shard][slot])
 
         seed = 0 if self.shuffle_seed is None else self.shuffle_seed
