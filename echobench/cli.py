@@ -218,6 +218,7 @@ def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **s
 @app.command()
 @settings_options("device", "micro_batch", "audio_frames", "text_tokens", "speaker_frames")
 def calibrate(
+    ctx: typer.Context,
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16 or fp32."),
     scale: Optional[str] = typer.Option(None, help="Model preset whose DiT-block GEMM shapes are swept, at the "
                                         "rows of --micro-batch and the lengths (default 3B on GPU, tiny on CPU)."),
@@ -238,6 +239,14 @@ def calibrate(
                                             "GPU, 64 MiB on CPU; at most a third of free memory)."),
     comm_budget_s: Optional[float] = typer.Option(None, min=0.1, help="With --comm: seconds for the collectives "
                                                   "(default 120 on GPU, 20 on CPU)."),
+    matrix: Optional[Path] = typer.Option(None, "--matrix", help="With --comm: measure the shapes of every run of "
+                                          "this matrix file (as `echobench plan` lists them) instead of --scale and "
+                                          "the lengths."),
+    nnodes: int = typer.Option(1, min=1, help="With --comm outside torchrun: number of nodes (one launcher per "
+                               "node, as `run --nproc` takes them)."),
+    node_rank: int = typer.Option(0, min=0, help="With --comm and --nnodes: this node's rank (SLURM_NODEID)."),
+    master_addr: Optional[str] = typer.Option(None, help="With --comm and --nnodes: rendezvous host (first node)."),
+    master_port: int = typer.Option(29500, help="With --comm and --nnodes: rendezvous port."),
     **settings,
 ):
     """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
@@ -258,8 +267,14 @@ def calibrate(
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
+    if not comm and (matrix is not None or nnodes != 1 or master_addr is not None):
+        fail("--matrix, --nnodes and --master-addr are options of calibrate --comm: add --comm")
+    if node_rank >= nnodes:
+        fail(f"--node-rank {node_rank}: must be below --nnodes {nnodes}")
     if comm:
-        calibrate_comm(dev, dtype, dtypes[dtype], scale, budget_s, nproc, out, max_bytes, comm_budget_s, settings)
+        runs, shape_args = comm_runs(ctx, dev, scale, matrix, settings)
+        calibrate_comm(dev, dtype, dtypes[dtype], runs, shape_args, budget_s, nproc, out, max_bytes, comm_budget_s,
+                       (nnodes, node_rank, master_addr, master_port))
         return
     budget_s = 15.0 if budget_s is None else budget_s
     try:
@@ -290,37 +305,58 @@ def calibrate(
     console.print(f"saved {esc(record['path'])}", highlight=False)
 
 
-def calibrate_comm(dev, dtype_flag: str, dtype, scale, budget_s, nproc, out, max_bytes, comm_budget_s, settings) -> None:
-    """`calibrate --comm`: in a torchrun worker (or alone with one process) measure here; else launch
-    torchrun with --nproc processes running this command, then show what rank 0 wrote."""
-    from echobench import commbench
+def comm_runs(ctx: typer.Context, dev, scale: str | None, matrix: Path | None, settings: dict) -> tuple[list, list[str]]:
+    """calibrate --comm's runs, whose shapes it measures, and the worker flags that give them again:
+    every run of --matrix (expanded as `plan` does), else the one of --scale and the lengths."""
     from echobench.config import FIELDS, RunConfig
+
+    if matrix is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("scale", *settings)
+                 if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"]
+        if given:
+            fail(f"--matrix {matrix} gives the shapes (every run of it): drop {', '.join(given)}")
+        the_plan = load_plan(matrix, None, None)[1]
+        if not the_plan.runs:
+            fail(f"--matrix {matrix}: no runs to take shapes from (see `echobench plan {matrix}`)")
+        return [r.cfg for r in the_plan.runs], ["--matrix", str(matrix.resolve())]
+    run = RunConfig(scale=scale or ("3B" if dev.type == "cuda" else "tiny"), device=dev.type,
+                    **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
+    return [run], ["--scale", run.scale, "--micro-batch", str(run.micro_batch), "--audio-frames", str(run.audio_frames),
+                   "--text-tokens", str(run.text_tokens), "--speaker-frames", str(run.speaker_frames)]
+
+
+def calibrate_comm(dev, dtype_flag: str, dtype, runs: list, shape_args: list[str], budget_s, nproc, out, max_bytes,
+                   comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
+    """`calibrate --comm`: in a torchrun worker (or alone with one process on one node) measure here;
+    else launch torchrun for this node (commbench.launch_node: --nproc processes, one of --nnodes) running this
+    command, then, on node 0, show what rank 0 wrote."""
+    from echobench import commbench
     from echobench.distributed import exit_process
     from echobench.hardware import default_dtype, device_name
     from echobench.hwprofile import ProfileError, calibrated_profile_path, load_profile
 
     gpu = dev.type == "cuda"
-    run = RunConfig(scale=scale or ("3B" if gpu else "tiny"), device=dev.type,
-                    **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
     path = calibrated_profile_path(device_name(dev), str(dtype or default_dtype(dev)).removeprefix("torch."))
     paths = list(dict.fromkeys([path, *([out] if out is not None else [])]))
     gemm_budget_s = budget_s if budget_s is not None else (15.0 if gpu else 5.0)
     nproc = nproc or (torch_device_count() if gpu else 2)
-    if "RANK" not in os.environ and nproc > 1:
-        args = ["--device", dev.type, "--dtype", dtype_flag, "--scale", run.scale, "--micro-batch", run.micro_batch,
-                "--audio-frames", run.audio_frames, "--text-tokens", run.text_tokens, "--speaker-frames",
-                run.speaker_frames, "--budget-s", gemm_budget_s, "--out", out or path,
-                *(["--max-bytes", max_bytes] if max_bytes else []),
+    nnodes, node_rank, master_addr, _ = rendezvous
+    if "RANK" not in os.environ and (nproc > 1 or nnodes > 1 or master_addr is not None):
+        args = ["--device", dev.type, "--dtype", dtype_flag, *shape_args, "--budget-s", gemm_budget_s,
+                "--out", out or path, *(["--max-bytes", max_bytes] if max_bytes else []),
                 *(["--comm-budget-s", comm_budget_s] if comm_budget_s else [])]
-        code = commbench.launch_local(nproc, list(map(str, args)))
+        code = commbench.launch_node(list(map(str, args)), nproc, *rendezvous)
+        where = f"{nproc} processes" + (f" of node {node_rank} of {nnodes}" if nnodes > 1 else "")
         if code:
-            fail(f"calibrate --comm on {nproc} processes: torchrun exited with code {code} (its output is above)", code)
+            fail(f"calibrate --comm on {where}: torchrun exited with code {code} (its output is above)", code)
+        if node_rank != 0:
+            return  # node 0's rank 0 wrote the profile
         try:
             load_profile(out or path)  # rank 0 wrote it to every path and showed it
         except ProfileError as exc:
             fail(str(exc))
         return
-    profile = commbench.calibrate_in_group(dev.type, run, paths, dtype=dtype, max_bytes=max_bytes,
+    profile = commbench.calibrate_in_group(dev.type, runs, paths, dtype=dtype, max_bytes=max_bytes,
                                            comm_budget_s=comm_budget_s, gemm_budget_s=gemm_budget_s)
     if profile is not None:
         print_profile(profile, paths)
@@ -594,9 +630,10 @@ def plan(
 
     profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(hw.device)]))
     rows, no_peak = pl.plan_rows(the_plan, executor, profiles), pl.peak_note(the_plan.runs, matrix, executor)
+    comm_note = pl.comm_note(the_plan.runs, matrix, executor)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
-                          "no_peak": no_peak,
+                          "no_peak": no_peak, "calibrate_comm": comm_note,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
@@ -642,11 +679,39 @@ def plan(
                       + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
     if no_peak:
         console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
+    if comm_note:
+        console.print(esc(comm_note), highlight=False)
+
+
+def default_profiles(records: list) -> dict[str, list]:
+    """`predict --against` without --profile: run id -> [its profile], predict.profile_for_device of
+    the record's device and file (its sweep's own profile first). A record without one is said and
+    left out; none with one fails."""
+    from echobench import predict as pr
+
+    found, missing = {}, []
+    for record in records:
+        try:
+            profile = pr.profile_for_device(record.env.device_name, str(record.path) if record.path else None)
+        except pr.PredictError as exc:
+            fail(str(exc))
+        if profile is None:
+            missing.append(record)
+        else:
+            found[record.run_id] = [profile]
+    if not found:
+        fail(pr.no_profile_message(f"device {records[0].env.device_name!r}"))
+    for record in missing:
+        err_console.print(f"[yellow]not predicted:[/] {esc(record.run_id)}: "
+                          f"{esc(pr.no_profile_message(f'device {record.env.device_name!r}'))}",
+                          highlight=False, soft_wrap=True)
+    return found
 
 
 PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
                 "measured most like it (processes per node, GEMM shapes). Default: the shipped profile of the "
-                "matrix's hardware.device (the records' device with --against), else this machine's calibrated one.")
+                "matrix's hardware.device (with --against: the profile their sweep measured, hardware.calibrate_comm, else "
+                "that of the records' device), else this machine's calibrated one.")
 
 
 def load_profiles_or_fail(names: list[str]):
@@ -691,18 +756,14 @@ def predict_command(
         ok = [r for r in records if r.status == "ok" and r.step_time_s]
         if not ok:
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
-        if not profiles:
-            device = ok[0].env.device_name
-            found = pr.profile_for_device(device)
-            if found is None:
-                fail(pr.no_profile_message(f"device {device!r}"))
-            profiles = [found]
+        each = {r.run_id: profiles for r in ok} if profiles else default_profiles(ok)
         comparisons = []
-        for record in ok:
+        for record in (r for r in ok if r.run_id in each):
             try:
-                comparisons.append(pr.against(record, profiles))
+                comparisons.append(pr.against(record, each[record.run_id]))
             except (pr.PredictError, ValueError) as exc:
                 err_console.print(f"[yellow]not predicted:[/] {esc(exc)}", highlight=False, soft_wrap=True)
+        profiles = list({p.name: p for ps in each.values() for p in ps}.values())  # those used, each once
         if as_json:
             print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
             return

@@ -10,10 +10,13 @@ device synchronisations, the slowest rank's (a collective ends when its last ran
 REPEATS. Per link class and op, fit_alpha_beta fits time = alpha + bus_bytes / bus_bandwidth.
 
 Compute, on every rank at once (training runs them at once: shared memory bandwidth, power) and
-reported for the slowest rank: the GEMMs of the run's DiT block (hardware.gemm_shapes, forward and
-both backward GEMMs), attention forward + backward at the run's lengths (the model's own SDPA call,
-FLOPs as echobench.flops counts them), element-wise bandwidth (add, copy) and the host's cost of a
-step's ops (measure_host: tiny training steps whose device work is negligible, their ops counted).
+reported for the slowest rank: every GEMM shape of the runs' steps (gemm_work: the shapes
+echobench.predict prices, forward and both backward GEMMs, in the runs' layouts), their operands
+rotated through a working set as large as the model's weights (not warm in the cache unless the
+model fits there), attention forward + backward at the runs' lengths (the model's own SDPA call,
+FLOPs as echobench.flops counts them), element-wise bandwidth (add, copy), AdamW steps over the
+model's own parameter shapes, and the host's cost of a step's ops (measure_host: tiny training
+steps whose device work is negligible, their ops counted).
 
 Started by torchrun (`torchrun ... -m echobench calibrate --comm`, or `echobench calibrate --comm
 --nproc N`, which launches torchrun as `echobench run --nproc` does), rank 0 writes the profile.
@@ -243,32 +246,68 @@ def measure_collectives(plans: Sequence[GroupPlan], device: torch.device, max_by
     return points
 
 
-def _gemm_variants(shapes) -> list:
-    """Each forward GEMM (m, n, k) and its backward ones: the input gradient dY @ W (m, k, n) and
-    the weight gradient dY^T @ X (n, k, m), named after it (timed in nn.Linear's x @ W^T layout)."""
-    from echobench.hardware import GemmShape, _dedupe
-
-    out = []
-    for s in shapes:
-        out += [s, GemmShape(f"{s.name} (input grad)", s.m, s.k, s.n), GemmShape(f"{s.name} (weight grad)", s.n, s.k, s.m)]
-    return _dedupe(out)
+WORKING_SET_CAP = 256 * 2**20  # bytes: beyond every last-level cache (H200 L2 50 MB; EPYC L3 32 MB per CCD)
 
 
-def measure_gemms(device: torch.device, dtype: torch.dtype, run, budget_s: float) -> list[GemmPoint]:
-    """The run's DiT-block GEMMs (hardware.gemm_shapes at its micro-batch and lengths) and their
-    backward shapes, smallest first, each timed with hardware.time_gemm within its share of the
-    budget."""
-    from echobench.hardware import gemm_shapes, time_gemm
+def _as_runs(runs) -> list:
+    """One RunConfig or several: always a list."""
+    return [runs] if hasattr(runs, "model_config") else list(runs)
+
+
+def gemm_layouts(run, local: int) -> list[tuple[str, int]]:
+    """(framework, tp) whose GEMM shapes calibrate --comm times for `run`: its own layout, the
+    torchtitan one (tp 1) and megatron at TP 1 and at the node's width (`local` ranks) where the
+    heads divide, so that one profile prices every layout of the run's shapes on this node."""
+    heads = run.model_config().heads
+    layouts = [(run.framework, run.tp), ("torchtitan", 1), ("megatron", 1)]
+    layouts += [("megatron", t) for t in (local,) if t > 1 and heads % t == 0]
+    return list(dict.fromkeys(layouts))
+
+
+def gemm_work(runs, local: int) -> list:
+    """The distinct GEMMs (hardware.GemmShape, m x k @ (n x k)^T) of one training step of each run,
+    forward, backward and recompute, as echobench.predict.step_work lists what it prices: every
+    linear of the DiT, the speaker and text encoders and the conditioning, in each gemm_layouts
+    layout. Named after the part and phase of their first appearance."""
+    from echobench.hardware import GemmShape
+    from echobench.predict import step_work
+
+    seen: dict[tuple[int, int, int], GemmShape] = {}
+    for run in _as_runs(runs):
+        for framework, tp in gemm_layouts(run, local):
+            mm, _ = step_work(run.model_config(), framework, tp, run.micro_batch, run.audio_frames, run.text_tokens,
+                              run.speaker_frames, run.ac)
+            for w in mm:
+                seen.setdefault((w.m, w.n, w.k), GemmShape(f"{w.part} {w.phase} ({framework} tp{tp})", w.m, w.n, w.k))
+    return list(seen.values())
+
+
+def working_set_bytes(runs, dtype: torch.dtype) -> int:
+    """The bytes a step streams between two uses of one weight (forward, then its backward): the
+    largest run's weights on one rank (at the compute dtype), at most WORKING_SET_CAP. A small model
+    stays in the cache between its matmuls, a large one does not."""
+    from echobench.predict import rank_params
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    return int(min(WORKING_SET_CAP, max(rank_params(r) for r in _as_runs(runs)) * elem))
+
+
+def measure_gemms(device: torch.device, dtype: torch.dtype, runs, budget_s: float, local: int = 1) -> list[GemmPoint]:
+    """Every GEMM shape of the runs' steps (gemm_work), smallest first, each timed with
+    hardware.time_gemm within its share of the budget, rotating through operand sets as large as
+    the step's weights (working_set_bytes: the operands are not warm in the cache unless the model
+    fits there)."""
+    from echobench.hardware import time_gemm
 
     gpu = device.type == "cuda"
-    shapes = _gemm_variants(gemm_shapes(run.model_config(), run.micro_batch, run.audio_frames, run.text_tokens,
-                                        run.speaker_frames))
-    order = sorted(shapes, key=lambda s: s.flops)
+    order = sorted(gemm_work(runs, local), key=lambda s: s.flops)
+    working_set = working_set_bytes(runs, dtype)
     start, out = time.perf_counter(), []
     for i, s in enumerate(order):
         left = (budget_s - (time.perf_counter() - start)) / (len(order) - i)
         # CPU: 15 timed (within the budget): on a shared machine a median of 5 still moves by tens of percent
-        rates = time_gemm(device, dtype, s, 50 if gpu else 15, 10 if gpu else 1, time_left_s=max(left, 1e-3))
+        rates = time_gemm(device, dtype, s, 50 if gpu else 15, 10 if gpu else 1, time_left_s=max(left, 1e-3),
+                          working_set_bytes=working_set)
         out.append(GemmPoint(m=s.m, n=s.n, k=s.k, tflops=statistics.median(rates), tflops_min=min(rates),
                              tflops_max=max(rates), iters=len(rates), name=s.name, source=""))
     return out
@@ -293,13 +332,13 @@ def attention_flops(batch: int, heads: int, head_dim: int, seq_q: int, seq_k: in
     return 3 * 2 * 2 * batch * heads * seq_q * seq_k * head_dim
 
 
-def measure_attention(device: torch.device, dtype: torch.dtype, run, budget_s: float) -> list[AttentionPoint]:
+def measure_attention(device: torch.device, dtype: torch.dtype, runs, budget_s: float) -> list[AttentionPoint]:
     """Forward + backward of the model's attention call (model.components.attention: SDPA with the
-    key-padding mask the model passes, every key valid) at the run's shapes."""
+    key-padding mask the model passes, every key valid) at the runs' shapes (attention_shapes)."""
     from echobench.model.components import attention
 
     gpu = device.type == "cuda"
-    out, shapes = [], attention_shapes(run)
+    out, shapes = [], list(dict.fromkeys(s for r in _as_runs(runs) for s in attention_shapes(r)))
     gen = torch.Generator(device=device).manual_seed(0)
     for i, (name, b, h, d, lq, lk) in enumerate(shapes):
         q = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
@@ -356,27 +395,62 @@ def measure_memory(device: torch.device, nbytes: int, budget_s: float) -> list[M
         rates = [moved / s / 1e9 for s in seconds]
         out.append(MemoryPoint(op=op, nbytes=n * 4, gbps=statistics.median(rates), gbps_min=min(rates),
                                gbps_max=max(rates), iters=len(rates), source=""))
-    out.append(measure_adamw(device, n, budget_s / 2))
     return out
 
 
-def measure_adamw(device: torch.device, numel: int, budget_s: float) -> MemoryPoint:
+ADAMW_STATE_BYTES = 24  # per float32 parameter while AdamW steps: p, grad, exp_avg, exp_avg_sq, foreach temporaries
+
+
+def adamw_shapes(runs, device: torch.device) -> list[tuple[int, ...]]:
+    """The trainable parameter shapes of the run with the most (commvolume.param_units: the model's
+    own, registration order), the first as many as this process's free memory holds at
+    ADAMW_STATE_BYTES each: all of them wherever the run's own training fits. The whole count
+    matters: the rate falls with the size (a CPU's page faults of the step's fresh temporaries)."""
+    from echobench.commvolume import param_units
+
+    run = max(_as_runs(runs), key=lambda r: sum(u.numel for u in param_units(r.model_config())))
+    shapes, room = [], free_bytes(device) // ADAMW_STATE_BYTES
+    for shape in (s for u in param_units(run.model_config()) for s in u.shapes):
+        room -= math.prod(shape)
+        if room < 0 and shapes:
+            break
+        shapes.append(shape)
+    return shapes
+
+
+def measure_adamw(device: torch.device, shapes: Sequence[tuple[int, ...]], budget_s: float) -> MemoryPoint:
     """The optimizer's rate as a bandwidth: steps of the backends' AdamW (torchtitan.build_optimizer:
-    foreach on CPU, fused on GPU) over `numel` float32 parameters in 8 tensors with gradients, each
-    step's bytes those echobench.predict counts for it (predict.ADAMW_BYTES per parameter). Its
-    passes (lerp, addcmul, sqrt, div, ...) run slower than one add: a streaming add's bandwidth would
-    understate the optimizer's time several fold on a CPU."""
+    foreach on CPU, fused on GPU) over float32 parameters of these shapes, each step's bytes those
+    echobench.predict counts for it (predict.ADAMW_BYTES per parameter). As in training, every
+    step meets gradients freshly allocated (backward makes new ones after zero_grad(set_to_none))
+    and the first step, which allocates the state, is not timed. Its passes (lerp, addcmul, sqrt,
+    div, ...) run slower than one add, and over a model's hundreds of tensors slower than over a
+    few: the add's bandwidth, or a few small tensors, would understate the optimizer's time."""
     from echobench.backends.torchtitan import build_optimizer
     from echobench.predict import ADAMW_BYTES
 
-    params = [torch.nn.Parameter(torch.ones(numel // 8, device=device)) for _ in range(8)]
-    for p in params:
-        p.grad = torch.full_like(p, 1e-3)
+    params = [torch.nn.Parameter(torch.full(shape, 0.02, device=device)) for shape in shapes]
+    numel = sum(p.numel() for p in params)
     optimizer = build_optimizer(params, device)
+
+    def step():
+        for p in params:
+            p.grad = torch.empty_like(p).fill_(1e-4)  # as backward leaves it: new memory, written once
+        _sync(device)
+        began = time.perf_counter()
+        optimizer.step()
+        _sync(device)
+        seconds = time.perf_counter() - began
+        optimizer.zero_grad(set_to_none=True)
+        return seconds
+
+    step()  # allocates exp_avg / exp_avg_sq
+    seconds, began = [], time.perf_counter()
+    while len(seconds) < 10 and (not seconds or time.perf_counter() - began < budget_s):
+        seconds.append(step())
     per_param = ADAMW_BYTES["fused" if device.type == "cuda" else "foreach"]
-    seconds = _timed_calls(optimizer.step, device, 10, 2 if device.type == "cuda" else 1, budget_s)
-    rates = [per_param * (numel // 8 * 8) / s / 1e9 for s in seconds]
-    return MemoryPoint(op="adamw", nbytes=numel // 8 * 4, gbps=statistics.median(rates), gbps_min=min(rates),
+    rates = [per_param * numel / s / 1e9 for s in seconds]
+    return MemoryPoint(op="adamw", nbytes=numel * 4, gbps=statistics.median(rates), gbps_min=min(rates),
                        gbps_max=max(rates), iters=len(rates), source="")
 
 
@@ -521,12 +595,20 @@ def _slowest(per_rank: list[list], key: str) -> list:
 
 # ---- the whole calibration ----
 
-def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
+def shapes_note(runs) -> str:
+    """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape."""
+    seen = dict.fromkeys((r.scale, r.micro_batch, r.audio_frames, r.text_tokens, r.speaker_frames) for r in _as_runs(runs))
+    return "; ".join(f"{scale} at micro-batch {mb}, {la} audio frames, {lt} text tokens, {ls} speaker frames"
+                     for scale, mb, la, lt, ls in seen)
+
+
+def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
                    comm_budget_s: float | None = None, gemm_budget_s: float = 5.0,
                    compute_budget_s: float = 4.0) -> HardwareProfile | None:
     """The hardware profile of this process group (or of this one process when there is none):
-    collectives over plan_groups (needs >= 2 ranks), GEMMs, attention and memory bandwidth at `run`'s
-    shapes (a RunConfig: scale, micro-batch, lengths). Call on every rank; rank 0 returns the
+    collectives over plan_groups (needs >= 2 ranks), GEMMs, attention, memory bandwidth and the
+    optimizer at the shapes of `runs` (a RunConfig or several: scale, layout, micro-batch, lengths;
+    the profile then prices each of them at its own shapes). Call on every rank; rank 0 returns the
     profile (not saved), the others None. Defaults: max_bytes 1 GiB on GPU, 64 MiB on CPU, bounded
     by free memory (a third of it: an all-gather holds about 2x its message); comm_budget_s 120 s
     on GPU, 20 s on CPU."""
@@ -541,6 +623,11 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
     links: dict[str, dict[str, AlphaBeta]] = {}
     hosts = [socket.gethostname()]
     backend = dist.get_backend() if dist.is_initialized() else None
+    # The optimizer first, in the allocator's state of a fresh process, as training meets it: on a CPU
+    # the step's fresh temporaries fault their pages in; once the process has freed large blocks
+    # (the collectives' and element-wise buffers) glibc serves them from its heap and the step runs
+    # several times faster than any training step does.
+    optimizer = measure_adamw(device, adamw_shapes(runs, device), compute_budget_s * 0.2)
     if grouped:
         node_of = node_indices(world)
         hosts = [None] * world
@@ -569,12 +656,14 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
         node_count = len(set(node_of))
     else:
         node_count = 1
-    gemm = measure_gemms(device, dtype, run, gemm_budget_s)
-    attn = measure_attention(device, dtype, run, compute_budget_s * 0.6)
-    memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.4)
+    runs = _as_runs(runs)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    gemm = measure_gemms(device, dtype, runs, gemm_budget_s, local)
+    attn = measure_attention(device, dtype, runs, compute_budget_s * 0.6)
+    memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.2)
+    memory.append(optimizer)
     from echobench.distributed import DistInfo
 
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     host = measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
                         compute_budget_s, local)
     if grouped:
@@ -592,8 +681,9 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
     attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward (model.components.attention, "
                                            f"key mask), median of {p.iters} ({timing}), {ranks}"}) for p in attn]
     memory = [p.model_copy(update={"source": (f"measured: float32 {p.op}" if p.op != "adamw" else
-                                              "measured: AdamW steps (torchtitan.build_optimizer) over 8 float32 "
-                                              "tensors, predict.ADAMW_BYTES per parameter")
+                                              f"measured: AdamW steps (torchtitan.build_optimizer) over "
+                                              f"{p.nbytes // 4 / 1e6:.4g}M float32 parameters of the model's shapes, "
+                                              "fresh gradients each step, predict.ADAMW_BYTES per parameter")
                                              + f", median of {p.iters} ({timing}), {ranks}"}) for p in memory]
     host = [p.model_copy(update={"source": f"measured: commbench.measure_host, {p.framework} {p.parallelism} "
                                            f"training steps (bench.train_step) of {p.scale} at micro-batch "
@@ -611,8 +701,7 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
         name=f"calibrated {name} {str(dtype).removeprefix('torch.')}",
         device=name, dtype=str(dtype).removeprefix("torch."), measured=True, backend=backend,
         note=(f"measured by `echobench calibrate --comm` on {world} process(es), {node_count} node(s) "
-              f"({', '.join(dict.fromkeys(hosts))}), shapes of {run.scale} at micro-batch {run.micro_batch}, "
-              f"{run.audio_frames} audio frames, {run.text_tokens} text tokens, {run.speaker_frames} speaker frames; "
+              f"({', '.join(dict.fromkeys(hosts))}), shapes of {shapes_note(runs)}; "
               f"{time.perf_counter() - started:.1f} s"),
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
         gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links,
@@ -621,18 +710,7 @@ def calibrate_comm(device: torch.device, run, *, dtype: torch.dtype | None = Non
         date=now_iso(), host=socket.gethostname())
 
 
-def worker_command(args: list[str], nproc: int, note) -> list[str]:
-    """torchrun for this node running `echobench calibrate --comm ARGS`: echobench's own torchrun
-    command (launch.torchrun_command, which ends in `-m echobench run`), told to run calibrate."""
-    from echobench.launch import torchrun_command
-
-    cmd = torchrun_command([], nproc, 1, 0, None, 29500, note)
-    if cmd[-3:] != ["-m", "echobench", "run"]:  # its tail is what this replaces
-        raise RuntimeError(f"launch.torchrun_command's command no longer ends in `-m echobench run`: {cmd[-3:]}")
-    return [*cmd[:-1], "calibrate", "--comm", *args]
-
-
-def calibrate_in_group(device: str, run, paths: Sequence, **options) -> HardwareProfile | None:
+def calibrate_in_group(device: str, runs, paths: Sequence, **options) -> HardwareProfile | None:
     """calibrate_comm where this process runs: in a torchrun worker (RANK set) on the process group
     it forms (distributed.form_process_group: NCCL on GPUs, gloo on CPU), else on this process
     alone. Rank 0 saves the profile to every path of `paths` and returns it; other ranks None.
@@ -643,7 +721,7 @@ def calibrate_in_group(device: str, run, paths: Sequence, **options) -> Hardware
     info = dist_info(device)
     form_process_group(info, timeout_s=900.0)  # a rank waits while the others time their sub-groups
     try:
-        profile = calibrate_comm(info.device, run, **options)
+        profile = calibrate_comm(info.device, runs, **options)
         for path in paths if profile is not None else ():
             save_profile(profile, path)
     except BaseException:
@@ -653,14 +731,19 @@ def calibrate_in_group(device: str, run, paths: Sequence, **options) -> Hardware
     return profile
 
 
-def launch_local(nproc: int, args: list[str]) -> int:
-    """`echobench calibrate --comm ARGS` on nproc processes of this node under torchrun (the
-    environment `echobench run --nproc` gives its workers: launch.child_env); torchrun's exit code."""
+def launch_node(args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+                master_port: int = 29500) -> int:
+    """torchrun for this node (launch.torchrun_command: standalone on one node, else the rendezvous
+    of node_rank of nnodes, as `echobench run` launches a node) running `echobench calibrate --comm
+    ARGS` on nproc processes with the environment `run --nproc` gives its workers
+    (launch.child_env); torchrun's exit code."""
     import subprocess
     import tempfile
     from pathlib import Path
 
-    from echobench.launch import child_env
+    from echobench.launch import child_env, torchrun_command
 
     with tempfile.TemporaryDirectory(prefix="echobench-calibrate-") as tmp:
-        return subprocess.call(worker_command(args, nproc, Path(tmp) / "node-0.json"), env=child_env(nproc))
+        cmd = torchrun_command(["--comm", *args], nproc, nnodes, node_rank, master_addr, master_port,
+                               Path(tmp) / f"node-{node_rank}.json", command="calibrate")
+        return subprocess.call(cmd, env=child_env(nproc))

@@ -121,8 +121,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+GEMM_SETS = 64  # the most operand sets time_gemm rotates through (working_set_bytes)
+
+
+def operand_sets(shape: GemmShape, element_bytes: int, working_set_bytes: int) -> int:
+    """How many (input, weight, output) sets of `shape` fill working_set_bytes: 1 to GEMM_SETS."""
+    set_bytes = (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n) * element_bytes
+    return max(1, min(GEMM_SETS, -(-working_set_bytes // set_bytes)))
+
+
 def time_gemm(device: torch.device, dtype: torch.dtype, shape: GemmShape, iters: int, warmup: int,
-              time_left_s: float | None = None) -> list[float]:
+              time_left_s: float | None = None, working_set_bytes: int = 0) -> list[float]:
     """TFLOP/s of `shape`'s matmul, one figure per timed matmul, after `warmup` untimed ones.
 
     Inputs are random (randn: never time zeros), the output preallocated (no allocation in the
@@ -132,14 +141,21 @@ def time_gemm(device: torch.device, dtype: torch.dtype, shape: GemmShape, iters:
     (torch.mm is synchronous there). With `time_left_s`, the warm-up (timed as a whole, host clock
     after a sync) estimates one matmul's time and the timed count is cut to what fits, never below
     one: the caller records how many were timed (len of the result).
+
+    `working_set_bytes`: successive matmuls take the next of as many (input, weight, output) sets
+    as that many bytes hold (at most GEMM_SETS), so that each finds its operands where a training
+    step leaves them, the rest of the step's weights having passed through the caches since
+    (0: one set, the operands warm in the cache, as a peak finder times them).
     """
     gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(shape.m, shape.k, device=device, dtype=dtype, generator=gen)
-    w = torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen)
-    out = torch.empty(shape.m, shape.n, device=device, dtype=dtype)
-    wt = w.t()  # x @ W^T: the transposed-weight GEMM of nn.Linear
+    count = operand_sets(shape, torch.empty((), dtype=dtype).element_size(), working_set_bytes)
+    sets = [(torch.randn(shape.m, shape.k, device=device, dtype=dtype, generator=gen),
+             torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen).t(),  # x @ W^T, as nn.Linear
+             torch.empty(shape.m, shape.n, device=device, dtype=dtype)) for _ in range(count)]
+    turn = iter(range(1 << 62))
 
     def mm():
+        a, wt, out = sets[next(turn) % count]
         torch.mm(a, wt, out=out)
 
     _sync(device)

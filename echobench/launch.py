@@ -94,8 +94,9 @@ def numa_binding_args(binding: str) -> list[str]:
 
 
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
-                     master_addr: str | None, master_port: int, note: Path) -> list[str]:
-    """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node."""
+                     master_addr: str | None, master_port: int, note: Path, command: str = "run") -> list[str]:
+    """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node, its
+    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commbench.launch_node)."""
     cmd = [sys.executable, "-m", "echobench.torchrun", str(note), f"--nproc-per-node={nproc}"]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
@@ -104,7 +105,7 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
                 f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
     if binding := os.environ.get("ECHOBENCH_NUMA_BINDING"):  # slurm.numa_binding, set by the job script
         cmd += numa_binding_args(binding)
-    return cmd + ["-m", "echobench", "run", *run_args]
+    return cmd + ["-m", "echobench", command, *run_args]
 
 
 def source_root() -> Path:

@@ -232,11 +232,28 @@ class LocalSettings(Strict):
         return _check_time(v)
 
 
+class CommLimits(Strict):
+    """Bounds of the sweep's `echobench calibrate --comm` (hardware.calibrate_comm): its flags of the
+    same names, with their bounds; None: calibrate's own defaults."""
+    budget_s: float | None = Field(None, ge=0.1)  # seconds of GEMMs
+    comm_budget_s: float | None = Field(None, ge=0.1)  # seconds of collectives
+    max_bytes: int | None = Field(None, ge=1024)  # the largest message
+
+    def flags(self) -> list[str]:
+        """The calibrate flags these set (numbers only: nothing here needs quoting)."""
+        return [word for key, value in self.model_dump().items() if value is not None
+                for word in (f"--{key.replace('_', '-')}", str(value))]
+
+
 class HardwareSettings(Strict):
     peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; else the run's device table / calibration
     memory_gib: float | None = Field(None, gt=0)  # per device, for the fit check; else from `device`
     device: str | None = None  # a device name for the memory table (GH200, H200, H100, ...)
     assumed_mfu: float = Field(0.4, gt=0, le=1)  # only for the GPU-hours estimate of `plan`
+    # The sweep measures a hardware profile (`calibrate --comm`) once, where its runs run, before them:
+    # SWEEP/profile.yaml, which `predict --against SWEEP` prices its runs with.
+    calibrate_comm: bool = False
+    comm_limits: CommLimits = CommLimits()
 
 
 class MatrixFile(Strict):

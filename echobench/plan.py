@@ -26,6 +26,19 @@ def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
             f"set hardware.peak_tflops or hardware.device to fix it in the matrix")
 
 
+def comm_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
+    """hardware.calibrate_comm: that the sweep measures a hardware profile first, where and how big."""
+    from echobench.executors import comm_size
+
+    if not matrix.spec.hardware.calibrate_comm or not runs:
+        return None
+    nodes, nproc = comm_size(runs)
+    where = (f"in a job on {nodes} node(s) x {nproc} processes that the runs wait for" if executor == "slurm"
+             else f"on this machine, {nproc} process(es)")
+    return (f"calibrate_comm: a hardware profile is measured once before the runs ({where}) into "
+            f"SWEEP/profile.yaml, which `echobench predict --against SWEEP` prices them with")
+
+
 def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[dict]:
     """One row per run (`plan --json`): settings, memory estimate, whether it fits, the planned
     peak, GPU-hours estimated (None without a peak) and at most (its time limit); with hardware

@@ -801,15 +801,25 @@ def load_profiles(names: Sequence[str]) -> list[HardwareProfile]:
         raise PredictError(str(exc)) from None
 
 
-def profile_for_device(device: str | None) -> HardwareProfile | None:
-    """The profile to use for a device name without --profile: the shipped profile of the same
-    datasheet row (peaks.PEAK_TFLOPS names: a whole word of both names), else, for this machine's
-    own device, the profile `calibrate --comm` left in echobench's cache; None without either."""
-    from echobench.hwprofile import calibrated_profile_path, load_profile, shipped_profiles
+def profile_for_device(device: str | None, near: str | None = None) -> HardwareProfile | None:
+    """The profile to use for a device name without --profile: the one the sweep that `near` (a
+    record's file) lies in measured for that device (hardware.calibrate_comm: SWEEP/profile.yaml,
+    named after its file); else the shipped profile of the same datasheet row (peaks.PEAK_TFLOPS
+    names: a whole word of both names); else, for this machine's own device, the profile `calibrate
+    --comm` left in echobench's cache; None without any. PredictError when the sweep's cannot be read."""
+    from echobench.hwprofile import ProfileError, calibrated_profile_path, load_profile, shipped_profiles
     from echobench.peaks import PEAK_PATTERNS
+    from echobench.sweep import measured_profile
 
     if not device:
         return None
+    if near is not None and (path := measured_profile(near)) is not None:
+        try:
+            profile = load_profile(path)
+        except ProfileError as exc:
+            raise PredictError(str(exc)) from None
+        if profile.device == device:  # another device (a sweep over mixed nodes): the lookups below
+            return profile.model_copy(update={"name": f"{profile.name} ({path})"})
     row = next((pattern for pattern, _, _ in PEAK_PATTERNS if pattern.search(device)), None)
     for path in shipped_profiles().values():
         profile = load_profile(path)

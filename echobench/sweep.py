@@ -12,6 +12,10 @@ resumable, collected (`echobench plan` is echobench.plan).
                                  measured on this machine (local) or on a compute node (slurm)
     SWEEP/calibrate.log          local: that calibration's output
     SWEEP/calibrate.sh           slurm: the calibration job's script; its output in SWEEP/logs/calibrate-JOBID.out
+    SWEEP/profile.yaml           hardware.calibrate_comm: the hardware profile measured once where the runs run
+                                 (`calibrate --comm`; a copy in SWEEP/cache/profiles), which `predict --against
+                                 SWEEP` prices the runs with; its output in SWEEP/calibrate-comm.log (local) or
+                                 SWEEP/logs/calibrate-comm-JOBID.out (slurm: the job's script SWEEP/calibrate-comm.sh)
 
 A second sweep of the same matrix submits only runs without a record; --retry-failed also the
 failed ones; ok runs never run twice. Nothing is written outside SWEEP.
@@ -39,7 +43,8 @@ from echobench.config import RunConfig
 from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_markup
 from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
-                                 current_record, finish_without_record, job_states, make_executor, write_run_files)
+                                 comm_calibrated, current_record, finish_without_record, job_states, make_executor,
+                                 sweep_profile, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.results import Record, export_table, load_records, records_frame
@@ -53,6 +58,12 @@ NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (s
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def one_device(runs: list[PlannedRun]) -> str:
+    """The device a calibration for these runs asks for: theirs when they agree, else auto."""
+    devices = {r.cfg.device for r in runs}
+    return devices.pop() if len(devices) == 1 else "auto"
 
 
 def run_dir(sweep_dir: Path, rid: str) -> Path:
@@ -90,6 +101,7 @@ class SweepState(BaseModel):
     planned: list[str] = []  # every run a `sweep` of this directory was asked to do, in order
     runs: dict[str, RunEntry] = {}
     calibration_job: str | None = None  # slurm: the sweep's calibration job (`echobench cancel` ends it too)
+    comm_calibration_job: str | None = None  # slurm: hardware.calibrate_comm's job (likewise)
 
     def plan(self, run_ids: list[str]) -> None:
         """Adds a sweep's selection to the planned runs (a later --only keeps the earlier ones)."""
@@ -229,6 +241,7 @@ class Sweep:
     retry_delay: float = 0.0  # the last back-off; doubles with each refusal in a row
     refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
     said: set[str] = field(default_factory=set)  # refusals logged already: each once
+    comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
 
     def log(self, text: str) -> None:
         log(self.console, text)
@@ -265,13 +278,25 @@ class Sweep:
         return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))})
 
     def calibrate(self, runs: list[PlannedRun]) -> None:
-        """Runs to submit without a peak of their own: the executor measures one where they run."""
+        """Runs to submit without a peak of their own: the executor measures one where they run. With
+        hardware.calibrate_comm, and runs to submit, a hardware profile too, unless the sweep has one."""
         if no_peak := [r for r in runs if r.cfg.peak_tflops is None]:
-            devices = {r.cfg.device for r in no_peak}
-            self.executor.calibrate(self.dir, self.matrix, devices.pop() if len(devices) == 1 else "auto", self.log)
+            self.executor.calibrate(self.dir, self.matrix, one_device(no_peak), self.log)
             if job := getattr(self.executor, "calibration", None):
                 self.state.calibration_job = job
                 self.save()
+        if runs and self.matrix.spec.hardware.calibrate_comm and not comm_calibrated(self.dir):
+            self.comm_log = self.executor.calibrate_comm(self.dir, self.matrix, runs, one_device(runs), self.log,
+                                                         self.state.comm_calibration_job)
+            if job := getattr(self.executor, "comm_calibration", None):
+                self.state.comm_calibration_job = job
+                self.save()
+
+    def profile_outcome(self) -> None:
+        """After the runs: a comm calibration job that left no profile is said, with its log, once."""
+        if self.comm_log and not comm_calibrated(self.dir):
+            self.log(f"[red]hardware profile not measured[/]: the comm calibration job failed or was stopped (see "
+                     f"{esc(self.comm_log)}); the runs went on without it")
 
     def submit(self, run: PlannedRun) -> bool:
         """A new attempt: the last one's files moved aside, the run's files written, its job started.
@@ -463,6 +488,8 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
         sweep.interrupt(runs, "while running", opts.ask)
+    else:
+        sweep.profile_outcome()
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
         return 130
@@ -489,6 +516,17 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
 
 def is_sweep(d: Path) -> bool:
     return (d / SWEEP_FILE).exists() or any(d.glob("*/run.yaml"))
+
+
+def measured_profile(path: Path | str) -> Path | None:
+    """The hardware profile the sweep that `path` lies in measured (hardware.calibrate_comm): the
+    sweep_profile of the nearest directory at or above `path` (a record, a run or sweep directory) with
+    a sweep.json, where there is one; None otherwise."""
+    path = Path(path).resolve()
+    for d in (path, *path.parents):
+        if (d / SWEEP_FILE).is_file():
+            return sweep_profile(d) if comm_calibrated(d) else None
+    return None
 
 
 def status_row(rid: str, state: str, record: Record | None, error: str = "", entry: RunEntry | None = None) -> dict:
@@ -552,6 +590,13 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[lis
 
 # ---- cancel ----
 
+def active_calibrations(executor: Executor, state: SweepState, sweep_dir: Path) -> list[str]:
+    """The sweep's calibration jobs (GEMM, comm) still queued or running, in one look."""
+    jobs = [j for j in (state.calibration_job, state.comm_calibration_job) if j]
+    looks = job_states(executor, {j: sweep_dir for j in jobs})
+    return [j for j in jobs if (st := looks.get(j)) is not None and st.state in ACTIVE]
+
+
 def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait_s: float = 120.0,
                  poll_s: float = 1.0) -> int:
     """`echobench cancel DIR` (and Ctrl-C's yes): one scancel of every job of the sweep not yet
@@ -602,10 +647,8 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
             continue
         live = settle_all(live, executor)  # jobs over already keep the verdict they ended with
         ids = [e.job_id for _, _, e in live.values()]
-        if name == "slurm" and state.calibration_job:
-            calibration = job_states(executor, {state.calibration_job: sweep_dir}).get(state.calibration_job)
-            if calibration is not None and calibration.state in ACTIVE:
-                ids.append(state.calibration_job)
+        if name == "slurm":
+            ids += active_calibrations(executor, state, sweep_dir)
         if not ids:
             continue
         try:

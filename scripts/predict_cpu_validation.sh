@@ -2,6 +2,8 @@
 # The CPU validation of `echobench predict` (reports/predict-cpu-2026-12-01.md): calibrate this
 # machine, measure tiny (and one 800M) runs of every layout at a few lengths and micro-batches,
 # then hold the predictions against the records (about 15 minutes on the 2-core machine).
+# Every profile is `echobench calibrate --comm`'s: GEMMs at every shape the model prices for the
+# block's runs, AdamW over the model's own parameters (README, Hardware profiles).
 #
 #   bash scripts/predict_cpu_validation.sh [OUT]        # default runs/predict-cpu
 #   SLURM=0 bash scripts/predict_cpu_validation.sh      # without the 2-node runs on the local SLURM cluster
@@ -53,21 +55,15 @@ OMP_NUM_THREADS=1 $PY -m echobench run --scale 800M --steps 3 --warmup-steps 2 -
 
 if [ "$SLURM" = 1 ]; then
   # 2 nodes of 1 process: DDP and FSDP2 through the local SLURM cluster (scripts/slurm-local.sh), one
-  # job at a time (max_submitted: 1): its nodes are this machine's two cores. Their profile's inter
-  # link class: 2 "nodes" of 1 process, two torchrun launchers on this machine (as the cluster's are).
+  # job at a time (max_submitted: 1): its nodes are this machine's two cores. The sweep measures its
+  # own profile first (hardware.calibrate_comm: a SLURM job on the 2 nodes, torchrun under srun as
+  # the runs' jobs start theirs): the inter link class as the runs meet it.
   say "2 nodes on SLURM"
-  PORT=$((29600 + RANDOM % 300))
-  for rank in 0 1; do
-    OMP_NUM_THREADS=1 .venv/bin/torchrun --nnodes 2 --nproc-per-node 1 --node-rank $rank --master-addr 127.0.0.1 \
-        --master-port $PORT -m echobench calibrate --comm --device cpu --micro-batch 4 --audio-frames 100 \
-        --text-tokens 32 --speaker-frames 80 --out "$OUT/cpu-2node.yaml" > "$OUT/calibrate-2node-$rank.log" 2>&1 &
-  done
-  wait
-  PROFILES+=(--profile "$OUT/cpu-2node.yaml")
   cat > "$OUT/slurm-2node.yaml" <<'EOF'
 name: predict-cpu-2node
 executor: slurm
 slurm: {time: "00:10:00", gpus_per_node: 1, request_gpus: false, max_submitted: 1, env: {OMP_NUM_THREADS: 1}}
+hardware: {calibrate_comm: true}
 repeats: 2
 defaults: {scale: tiny, steps: 10, warmup_steps: 3, peak_tflops: 1, device: cpu, nodes: 2, audio_frames: 100,
            text_tokens: 32, speaker_frames: 80}
@@ -77,6 +73,8 @@ axes:
 EOF
   $PY -m echobench sweep "$OUT/slurm-2node.yaml" --out "$OUT/runs/slurm-2node" > "$OUT/sweep-2node.log" 2>&1 || \
       say "the SLURM sweep failed: see $OUT/sweep-2node.log"
+  if [ -f "$OUT/runs/slurm-2node/profile.yaml" ]; then PROFILES+=(--profile "$OUT/runs/slurm-2node/profile.yaml")
+  else say "the sweep measured no profile: see $OUT/sweep-2node.log"; fi
 fi
 
 say "predicting"

@@ -17,7 +17,7 @@ PYTHON=${PYTHON:-python}
 EXPECT_GPU=${EXPECT_GPU:-$([ -n "${SLURM_GPUS_ON_NODE:-}" ] && echo 1 || echo 0)}
 # No container by hand (`echobench plan --script` writes a run's job.sh with the matrix's container and srun_args).
 SRUN_ARGS=() IN_CONTAINER=() ON_FIRST_NODE=()
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash or a hang's SIGTERM dumps the stacks
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"

@@ -12,6 +12,7 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 import yaml
 
 from conftest import run_cli
@@ -139,8 +140,15 @@ def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
         assert fit.alpha_s >= 0 and fit.bus_gbps > 0 and len(fit.points) >= 2, op
         assert all(pt.group_size == 2 and pt.seconds > 0 and 1024 <= pt.nbytes <= 2**20 for pt in fit.points), op
     assert p.gemm and all(g.tflops > 0 for g in p.gemm)
+    # every GEMM the model prices for this run's layouts on 2 ranks, measured; AdamW over the model's parameters
+    from echobench.commbench import gemm_work
+
+    run = RunConfig(scale="tiny", micro_batch=1, audio_frames=50, text_tokens=16, speaker_frames=40)
+    assert {(g.m, g.n, g.k) for g in p.gemm} == {(s.m, s.n, s.k) for s in gemm_work([run], 2)}
     assert {a.name for a in p.attention} == {"dit joint attention", "speaker self-attention"}
     assert {m.op for m in p.memory} == {"add", "copy", "adamw"} and all(m.gbps > 0 for m in p.memory)
+    adamw = next(m for m in p.memory if m.op == "adamw")
+    assert adamw.nbytes == 4 * param_counts(run.model_config()).trainable
     # the host's cost per op of each layout the 2 ranks can form (megatron TP where it imports)
     assert [h.parallelism for h in p.host_steps][:3] == ["single", "ddp", "fsdp2"]
     assert all(h.ops > 1000 and h.step_s > 0 for h in p.host_steps)
@@ -266,3 +274,65 @@ def test_formulas_scale_with_the_layout():
     assert ddp[0].nbytes == param_counts(RunConfig(**gpu).model_config()).trainable * 4
     assert ddp[0].bus_bytes == pytest.approx(2 * 7 / 8 * ddp[0].nbytes)
     assert 1 <= ddp[0].calls <= math.ceil(ddp[0].nbytes / (100 * 2**20))  # buckets of at least 100 MiB, the last less
+
+
+# ---- what calibrate --comm measures for predict ----
+
+@pytest.mark.parametrize("settings", [
+    {"scale": "tiny", "micro_batch": 2, "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80},
+    {"scale": "tiny", "framework": "megatron", "parallelism": "tp2", "gpus_per_node": 2, "ac": "full"},
+    {"scale": "800M", "micro_batch": 1, "audio_frames": 50, "text_tokens": 16, "speaker_frames": 40},
+])
+def test_calibration_times_every_gemm_shape_predict_prices(settings):
+    """gemm_work lists every (m, n, k) predict.step_work prices for the run, in its own layout and
+    the others of a 2-rank node (torchtitan, megatron TP 1 and 2): each is then a measured point."""
+    from echobench.commbench import gemm_layouts, gemm_work
+    from echobench.predict import step_work
+
+    run = RunConfig(**settings)
+    measured = {(s.m, s.n, s.k) for s in gemm_work([run], 2)}
+    assert ("torchtitan", 1) in gemm_layouts(run, 2) and ("megatron", 2) in gemm_layouts(run, 2)
+    for framework, tp in (("torchtitan", 1), ("megatron", 1), ("megatron", 2), (run.framework, run.tp)):
+        mm, _ = step_work(run.model_config(), framework, tp, run.micro_batch, run.audio_frames, run.text_tokens,
+                          run.speaker_frames, run.ac)
+        assert {(w.m, w.n, w.k) for w in mm} <= measured, (framework, tp)
+    # two runs: the union of their shapes
+    other = RunConfig(**{**settings, "micro_batch": 3})
+    both = {(s.m, s.n, s.k) for s in gemm_work([run, other], 2)}
+    assert measured < both and {(s.m, s.n, s.k) for s in gemm_work([other], 2)} <= both
+
+
+def test_gemm_operands_rotate_through_the_model_weights_working_set():
+    """A model whose weights fit in a cache is timed warm (one operand set); a large one through as
+    many sets as its weights (at most GEMM_SETS), so its GEMMs do not find their operands cached."""
+    from echobench.commbench import WORKING_SET_CAP, working_set_bytes
+    from echobench.hardware import GEMM_SETS, GemmShape, operand_sets
+    from echobench.predict import rank_params
+
+    tiny, big = RunConfig(scale="tiny"), RunConfig(scale="8B")
+    assert working_set_bytes([tiny], torch.float32) == int(rank_params(tiny) * 4) < 4 * 2**20
+    assert working_set_bytes([tiny, big], torch.bfloat16) == WORKING_SET_CAP
+    small = GemmShape("s", 16, 64, 64)  # 20 KiB a set
+    assert operand_sets(small, 4, 0) == 1 and operand_sets(small, 4, 40 * 1024) == 2
+    assert operand_sets(small, 4, WORKING_SET_CAP) == GEMM_SETS
+    assert operand_sets(GemmShape("l", 8192, 8192, 8192), 2, WORKING_SET_CAP) == 1
+
+
+def test_adamw_is_measured_over_the_models_own_parameters(monkeypatch):
+    """The optimizer point steps AdamW over the run's trainable parameter shapes (all of them where
+    memory allows, a prefix where not), every step on fresh gradients; its bytes are 4 x numel."""
+    from echobench import commbench
+    from echobench.commvolume import param_units
+
+    run = RunConfig(scale="tiny")
+    shapes = [s for u in param_units(run.model_config()) for s in u.shapes]
+    cpu = torch.device("cpu")
+    assert commbench.adamw_shapes([run], cpu) == shapes
+    assert commbench.adamw_shapes([run, RunConfig(scale="800M")], cpu)[:3] != shapes[:3]  # the larger model's
+    monkeypatch.setattr(commbench, "free_bytes", lambda device: 1000 * commbench.ADAMW_STATE_BYTES)
+    few = commbench.adamw_shapes([run], cpu)
+    assert 1 <= len(few) < len(shapes) and few == shapes[:len(few)]
+    assert sum(math.prod(s) for s in few[:-1]) <= 1000 or len(few) == 1
+    point = commbench.measure_adamw(cpu, shapes, 0.5)
+    assert point.op == "adamw" and point.nbytes == 4 * sum(math.prod(s) for s in shapes)
+    assert point.iters >= 1 and point.gbps > 0

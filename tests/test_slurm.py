@@ -1,7 +1,7 @@
 """A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
 nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, one
 SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused requeue); then
-resumption; a sweep without a peak.
+resumption; a sweep without a peak; a two-node sweep that measures its own hardware profile first.
 
 Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
 cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
@@ -248,3 +248,31 @@ def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_p
         assert r["status"] == "ok" and r["peak_source"].startswith("calibrated"), r["error"]
         assert r["peak_tflops"] == json.loads(calibration.read_text())["tflops"]
     assert list((out / "logs").glob("calibrate-*.out"))
+
+
+def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(cluster, tmp_path):
+    """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
+    SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
+    SWEEP` then prices the runs with it."""
+    from echobench.hwprofile import load_profile
+
+    matrix = tmp_path / "comm.yaml"
+    matrix.write_text(json.dumps({
+        **{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")}, "name": "comm",
+        "hardware": {"peak_tflops": 0.5, "calibrate_comm": True,
+                     "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
+        "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
+    job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]
+    log = (out / "logs" / f"calibrate-comm-{job}.out").read_text()
+    profile = load_profile(out / "profile.yaml")
+    assert profile.measured and "inter" in profile.links and "2 node(s)" in profile.note, log[-3000:]
+    assert {p.group_size for fit in profile.links["inter"].values() for p in fit.points} == {2}  # one rank per node
+    for rid in runs(out):
+        assert record(out, rid)["status"] == "ok", record(out, rid)["error"]
+    proc = run_cli("predict", "--against", out, "--json", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {c["profile"] for c in json.loads(proc.stdout)} == {f"{profile.name} ({out.resolve() / 'profile.yaml'})"}

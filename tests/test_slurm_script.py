@@ -308,3 +308,20 @@ def test_plan_writes_every_job_script_without_submitting(tmp_path):
     one = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--script", rid, "--out", tmp_path / "sw",
                   tmp_path=tmp_path)
     assert one.stdout == scripts[0].read_text()
+
+
+def test_the_rendezvous_host_survives_a_long_node_list_under_pipefail(tmp_path):
+    """The first hostname is taken without closing scontrol's pipe early: `head -n 1` would leave a
+    long list's scontrol to die of SIGPIPE, and under pipefail the job with it (exit 141)."""
+    import subprocess
+
+    from echobench.executors.slurm import NODE_LAUNCH_ENV
+
+    line = NODE_LAUNCH_ENV.splitlines()[0]
+    assert line.startswith("MASTER_ADDR=$(scontrol show hostnames")
+    (tmp_path / "scontrol").write_text("#!/bin/bash\nfor i in $(seq 1 200000); do echo node$i; done\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    script = f"set -euo pipefail\n{line}\necho \"$MASTER_ADDR\"\n"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "x"})
+    assert (proc.returncode, proc.stdout.strip()) == (0, "node1"), proc.stderr

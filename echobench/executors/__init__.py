@@ -63,6 +63,14 @@ class Executor(Protocol):
         """Runs without a peak are to be submitted: measure the GEMM rate where they will run, once per
         sweep, into SWEEP/cache. Raises ValueError when that cannot start (before any run is submitted)."""
 
+    def calibrate_comm(self, sweep_dir: Path, matrix: Matrix, runs: list[PlannedRun], device: str,
+                       log: Callable[[str], None], previous: str | None = None) -> str | None:
+        """hardware.calibrate_comm: measure a hardware profile (`echobench calibrate --comm --matrix
+        SWEEP/matrix.yaml`) where the runs will run, on the largest of them (comm_size), into
+        sweep_profile(SWEEP) and SWEEP/cache. `previous`: that of an earlier sweep of this directory, still
+        queued or running, is waited for instead. Returns the log to name should no profile come of it
+        (None when nothing is pending: measured already, or said here); a failure never stops the runs."""
+
     def submit(self, run: PlannedRun, run_dir: Path, time_limit_s: int) -> str:
         """Starts or queues RUN_DIR/job.sh; returns the job id. Raises SubmitLater when it cannot be
         taken now (the run is submitted again later), another exception when the job is refused."""
@@ -107,6 +115,30 @@ def sweep_cache(sweep_dir: Path) -> Path:
 def calibrated(sweep_dir: Path) -> bool:
     """Whether the sweep has measured its GEMM rate already (a file under SWEEP/cache/calibration)."""
     return any((sweep_cache(sweep_dir) / "calibration").glob("*.json"))
+
+
+def sweep_profile(sweep_dir: Path) -> Path:
+    """SWEEP/profile.yaml: the hardware profile the sweep measured (hardware.calibrate_comm)."""
+    return sweep_dir.resolve() / "profile.yaml"
+
+
+def comm_calibrated(sweep_dir: Path) -> bool:
+    """Whether the sweep has its hardware profile already (written whole or not at all: save_profile)."""
+    return sweep_profile(sweep_dir).is_file()
+
+
+def comm_size(runs: list[PlannedRun]) -> tuple[int, int]:
+    """(nodes, processes per node) of the comm calibration: the largest of the runs' (at least 1 x 1),
+    so that its groups are those the runs form."""
+    return max([1, *(r.cfg.nodes for r in runs)]), max([1, *(r.cfg.gpus_per_node for r in runs)])
+
+
+def comm_command(sweep_dir: Path, matrix: Matrix, device: str) -> list[str]:
+    """The words after `python -m echobench calibrate --comm` that every executor's calibration passes
+    (the launch's own --nproc / --nnodes / rendezvous come before them): the device, every run of the
+    sweep's matrix copy (their GEMM and attention shapes), the profile's file and the matrix's limits."""
+    return ["--device", device, "--matrix", str(sweep_dir.resolve() / "matrix.yaml"),
+            "--out", str(sweep_profile(sweep_dir)), *matrix.spec.hardware.comm_limits.flags()]
 
 
 def read_job_state(run_dir: Path, job_id: str) -> JobState | None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from echobench.console import esc
-from echobench.executors import JobState, calibrated, sweep_cache
+from echobench.executors import JobState, calibrated, comm_calibrated, comm_command, comm_size, sweep_cache
 from echobench.launch import source_root, with_source_path
 
 KILL_GRACE_S = 30
@@ -114,6 +114,39 @@ def calibrate_here(sweep_dir: Path, device: str, log) -> Path:
     return cache
 
 
+def calibrate_comm_here(sweep_dir: Path, matrix, runs, device: str, env: dict, log) -> None:
+    """`echobench calibrate --comm` on this machine, once per sweep, on as many processes as the
+    largest run has (one: in one process), within local.time: the sweep's hardware profile into
+    SWEEP/profile.yaml and SWEEP/cache, its output in SWEEP/calibrate-comm.log. A failure, a time-limit
+    kill included, is said in one line and the runs go on; Ctrl-C stops it and goes on up (the sweep
+    is interrupted before any run, as during the GEMM calibration)."""
+    from echobench.estimate import time_limit_s
+
+    if comm_calibrated(sweep_dir):
+        return
+    nproc, limit, out = comm_size(runs)[1], time_limit_s(matrix, "local"), sweep_dir / "calibrate-comm.log"
+    log(f"hardware.calibrate_comm: measuring a hardware profile once on {nproc} process(es) "
+        f"(`echobench calibrate --comm`, log {esc(out)})")
+    cmd = [sys.executable, "-m", "echobench", "calibrate", "--comm", "--nproc", str(nproc),
+           *comm_command(sweep_dir, matrix, device)]
+    # The cache of the runs' own calibration: calibrated_profile_path lands in the sweep too.
+    env = with_source_path({**os.environ, **env, "ECHOBENCH_CACHE": str(sweep_cache(sweep_dir))})
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)  # its own group: a kill reaches torchrun's workers
+    try:
+        why = f"exited with code {proc.wait(timeout=limit)}"
+    except subprocess.TimeoutExpired:
+        stop_group(proc, sweep_dir / "profile.yaml")  # the workers' command lines name the profile's path
+        why = f"was stopped at the local time limit ({limit} s)"
+    except KeyboardInterrupt:
+        stop_group(proc, sweep_dir / "profile.yaml")
+        raise
+    if not comm_calibrated(sweep_dir):
+        log(f"[red]hardware profile not measured[/]: `echobench calibrate --comm` {esc(why)} (see {esc(out)}); "
+            f"the runs go on without it")
+
+
 class LocalExecutor:
     name = "local"
     max_active = 1  # one run at a time: runs on one machine must not share it
@@ -131,6 +164,9 @@ class LocalExecutor:
 
     def calibrate(self, sweep_dir: Path, matrix, device: str, log) -> None:
         self.env["ECHOBENCH_CACHE"] = str(calibrate_here(sweep_dir, device, log))
+
+    def calibrate_comm(self, sweep_dir: Path, matrix, runs, device: str, log, previous: str | None = None) -> None:
+        calibrate_comm_here(sweep_dir, matrix, runs, device, self.env, log)  # done here: nothing left pending
 
     def submit(self, run, run_dir: Path, time_limit_s: int) -> str:
         log = open(run_dir / "logs" / "local.log", "ab")

@@ -13,14 +13,16 @@ CANCELLED, NODE_FAIL, OUT_OF_MEMORY, or a crash before the benchmark) gets one f
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from echobench.executors import JobState, calibrated, sweep_cache
+from echobench.executors import JobState, calibrated, comm_calibrated, comm_command, comm_size, sweep_cache
 from echobench.launch import source_root
 from echobench.fabric import fabric_env
 from echobench.matrix import PORT_SPREAD, parse_time
@@ -44,10 +46,19 @@ PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"
            "STOPPED", "RESIZING"}
 RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 
-# Shared by every rendered job.sh and scripts/run.sh (a test keeps them identical).
-LAUNCH_BODY = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The rendezvous host and log settings of a job that starts one launcher per node (runs, the comm calibration).
+# sed, not head: head closes the pipe after one line, and under pipefail scontrol's SIGPIPE on a long
+# node list would fail the job (exit 141).
+NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash or a hang's SIGTERM dumps the stacks
-mkdir -p "$RUN_DIR"
+"""
+# The srun that starts one launcher per node, up to `bash -c`: the launcher's command and arguments follow.
+SRUN_PER_NODE = r"""srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
+    --wait=60 -l -u ${SRUN_ARGS[@]+"${SRUN_ARGS[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} bash -c \
+"""
+
+# Shared by every rendered job.sh and scripts/run.sh (a test keeps them identical).
+LAUNCH_BODY = NODE_LAUNCH_ENV + r"""mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
 # First node, before the ranks start: the interpreter, torch and (EXPECT_GPU=1) a GPU; a wrong environment fails
@@ -66,9 +77,7 @@ else
   # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
   # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
   # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
-  srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
-    --wait=60 -l -u ${SRUN_ARGS[@]+"${SRUN_ARGS[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} bash -c \
-    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+  """ + SRUN_PER_NODE + r"""    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?
 fi
@@ -222,19 +231,56 @@ def render_script(cfg, run_dir: Path, slurm) -> str:
     return "\n".join(head + body) + "\n" + LAUNCH_BODY
 
 
+def calibration_time(slurm, seconds: int = 600):
+    """The matrix's SLURM settings with a calibration job's time limit: `seconds` (in minutes), at most
+    slurm.time. A calibration takes a minute or two: a short request is scheduled early."""
+    return slurm.model_copy(update={"time": slurm.time if parse_time(slurm.time) <= seconds
+                                    else str(math.ceil(seconds / 60))})
+
+
 def render_calibration_script(sweep_dir: Path, slurm, device: str = "auto") -> str:
     """A one-node job that measures the nodes' GEMM rate into SWEEP/cache (`echobench
     calibrate`): runs without a peak read it there (ECHOBENCH_CACHE in their scripts)."""
     q = shlex.quote
     path = sbatch_path(sweep_dir)
-    # Calibration takes a minute: ask for at most 10 so that it is scheduled early.
-    slurm = slurm.model_copy(update={"time": slurm.time if parse_time(slurm.time) <= 600 else "10"})
+    slurm = calibration_time(slurm)
     head = sbatch_header(slurm, f"eb-calibrate-{sweep_dir.name}", 1, 1, f"{path}/logs/calibrate-%j.out")
     body = ["", "# echobench: the sweep's one calibration on a compute node, before its runs",
             "set -euo pipefail", *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir),
             f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
             'exec ${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -m echobench '
             f'calibrate --device {q(device)}']
+    return "\n".join(head + body) + "\n"
+
+
+def comm_log(sweep_dir: Path, job: str = "%j") -> Path:
+    """The comm calibration job's log (SLURM's %j: its job id)."""
+    return sweep_dir.resolve() / "logs" / f"calibrate-comm-{job}.out"
+
+
+def render_comm_calibration_script(sweep_dir: Path, matrix, nodes: int, nproc: int, device: str = "auto") -> str:
+    """hardware.calibrate_comm's job: `echobench calibrate --comm` on `nodes` nodes x `nproc` processes,
+    one launcher per node as a run's job starts them (SRUN_PER_NODE; each torchrun --nnodes with its
+    node rank from SLURM_NODEID and the first host as master), so that the profile has an `inter` link
+    across nodes. Every run of SWEEP/matrix.yaml gives its shapes; the profile goes to SWEEP/profile.yaml
+    and SWEEP/cache. The arguments reach the launchers as arguments, quoted, never as code."""
+    q = shlex.quote
+    path = sbatch_path(sweep_dir)
+    limits = matrix.spec.hardware.comm_limits
+    slurm = calibration_time(matrix.spec.slurm, 600 + math.ceil((limits.comm_budget_s or 0) + (limits.budget_s or 0)))
+    head = sbatch_header(slurm, f"eb-calibrate-comm-{sweep_dir.name}", nodes, nproc, str(comm_log(Path(path))))
+    args = " ".join(q(word) for word in comm_command(sweep_dir, matrix, device))
+    body = ["", f"# echobench: the sweep's hardware profile (hardware.calibrate_comm) on {int(nodes)} node(s) x "
+                f"{int(nproc)} processes, before its runs",
+            "set -euo pipefail", f"NPROC={int(nproc)}",
+            f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
+            *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir),
+            f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
+            NODE_LAUNCH_ENV.rstrip("\n"),
+            "# One launcher per node, as a run's job starts them: torchrun with this node's rank, its workers calibrate",
+            SRUN_PER_NODE + """    'exec "$0" -m echobench calibrate --comm --nproc "$1" --nnodes "$SLURM_NNODES" """
+            """--node-rank "$SLURM_NODEID" --master-addr "$2" --master-port "$3" "${@:4}"' \\""",
+            f'    "$PYTHON" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" {args}']
     return "\n".join(head + body) + "\n"
 
 
@@ -284,6 +330,7 @@ class SlurmExecutor:
         self.max_active = max_submitted
         self.accounting: bool | None = None  # unknown until sacct has answered (False: the cluster has none)
         self.calibration: str | None = None  # the sweep's calibration job: runs without a peak wait for it
+        self.comm_calibration: str | None = None  # hardware.calibrate_comm's job: every run waits for it
         self.unsure: set[str] = set()  # job names whose sbatch timed out: looked up in squeue before another
 
     def check_dir(self, sweep_dir: Path) -> None:
@@ -321,14 +368,45 @@ class SlurmExecutor:
         log(f"no peak_tflops in the matrix: calibrating once on a compute node (job {job}, "
             f"log {esc(sweep_dir / 'logs')}/calibrate-{job}.out); the runs without a peak wait for it")
 
+    def calibrate_comm(self, sweep_dir: Path, matrix, runs, device: str, log, previous: str | None = None) -> str | None:
+        """One job on the largest node count of the runs (comm_size), after the GEMM calibration if
+        any; every run then waits for it (afterany: whatever becomes of it). An earlier sweep's that is
+        still queued or running is waited for instead. A refused submission is said and the runs go on.
+        Returns the job's log, which the sweep names should no profile come of it."""
+        from echobench.console import esc
+        from echobench.executors import ACTIVE, SubmitLater
+
+        if comm_calibrated(sweep_dir):
+            return None
+        if previous and (job := self.states({previous: sweep_dir}).get(previous)) and job.state in ACTIVE:
+            self.comm_calibration = previous
+            log(f"hardware.calibrate_comm: the profile job {esc(previous)} of an earlier sweep is still {job.state}: "
+                f"the runs wait for it")
+            return str(comm_log(sweep_dir, previous))
+        nodes, nproc = comm_size(runs)
+        script = sweep_dir / "calibrate-comm.sh"
+        script.write_text(render_comm_calibration_script(sweep_dir, matrix, nodes, nproc, device))
+        (sweep_dir / "logs").mkdir(exist_ok=True)
+        try:
+            # After the GEMM calibration: two calibrations sharing a node would time each other.
+            self.comm_calibration = self.sbatch(script, "the comm calibration job", [self.calibration])
+        except (SubmitLater, SlurmError) as exc:
+            log(f"[red]hardware profile not measured[/]: {esc(exc)}; the runs go on without it")
+            return None
+        log(f"hardware.calibrate_comm: measuring a hardware profile once on {nodes} node(s) x {nproc} processes (job "
+            f"{esc(self.comm_calibration)}, log {esc(comm_log(sweep_dir, self.comm_calibration))}); the runs wait for it")
+        return str(comm_log(sweep_dir, self.comm_calibration))
+
     def submit(self, run, run_dir: Path, time_limit_s: int | None = None) -> str:
         # The time limit is in the script (#SBATCH --time).
-        return self.sbatch(run_dir / "job.sh", run.id, self.calibration if run.cfg.peak_tflops is None else None)
+        return self.sbatch(run_dir / "job.sh", run.id,
+                           [self.calibration if run.cfg.peak_tflops is None else None, self.comm_calibration])
 
-    def sbatch(self, script: Path, what: str, after: str | None = None) -> str:
+    def sbatch(self, script: Path, what: str, after: Sequence[str | None] = ()) -> str:
         """The job id of `script` once queued. Raises SubmitLater for a refusal that passes with time
         (and for an sbatch that timed out with no job of that name in the queue), SlurmError for one
-        that is the job's own. After a timeout the next call looks in squeue before submitting again."""
+        that is the job's own. After a timeout the next call looks in squeue before submitting again.
+        `after`: the jobs it waits for (None: none)."""
         from echobench.executors import SubmitLater
 
         name = self.job_name(script)
@@ -337,8 +415,8 @@ class SlurmExecutor:
                 self.unsure.discard(name)
                 return job_id
             self.unsure.discard(name)
-        # afterany: the run starts whether or not the calibration worked (a node with a datasheet peak needs none).
-        depend = [f"--dependency=afterany:{after}"] if after else []
+        # afterany: the run starts whether or not the calibrations worked (a node with a datasheet peak needs none).
+        depend = [f"--dependency=afterany:{':'.join(jobs)}"] if (jobs := [j for j in after if j]) else []
         try:
             proc = _run(["sbatch", "--parsable", *depend, str(script)], timeout=self.submit_timeout_s)
         except FileNotFoundError:
