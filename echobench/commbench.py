@@ -456,6 +456,9 @@ def measure_adamw(device: torch.device, shapes: Sequence[tuple[int, ...]], budge
 
 # The host step: the tiny preset at the shortest lengths, where the step is (almost) all host cost.
 HOST_RUN = {"scale": "tiny", "micro_batch": 1, "audio_frames": 16, "text_tokens": 8, "speaker_frames": 16}
+# CPU: a reference step beside it, mostly compute, whose time against the compute timed alone gives
+# the kernels' in-situ factor (predict.in_situ_factor).
+REFERENCE_RUN = {"scale": "tiny", "micro_batch": 8, "audio_frames": 64, "text_tokens": 16, "speaker_frames": 32}
 
 
 class OpCount:
@@ -574,15 +577,17 @@ def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[
     from echobench.config import RunConfig
 
     gpu = info.device.type == "cuda"
-    layouts = host_layouts(info.world_size, local)
+    steps = [(HOST_RUN, layout) for layout in host_layouts(info.world_size, local)]
+    if not gpu:
+        steps.append((REFERENCE_RUN, ("torchtitan", "single")))
     out = []
-    for framework, parallelism in layouts:
+    for shape, (framework, parallelism) in steps:
         world = 1 if parallelism == "single" else info.world_size
         nodes = max(1, world // local) if parallelism != "single" else 1
-        run = RunConfig(**HOST_RUN, framework=framework, parallelism=parallelism, device=info.device.type,
+        run = RunConfig(**shape, framework=framework, parallelism=parallelism, device=info.device.type,
                         nodes=nodes, gpus_per_node=world // nodes)
-        seconds, ops = host_steps(run, info, dtype, 5 if gpu else 3, 30 if gpu else 15, budget_s / len(layouts))
-        out.append(HostPoint(**HOST_RUN, framework=framework, parallelism=parallelism, processes=world, ops=ops,
+        seconds, ops = host_steps(run, info, dtype, 5 if gpu else 3, 30 if gpu else 15, budget_s / len(steps))
+        out.append(HostPoint(**shape, framework=framework, parallelism=parallelism, processes=world, ops=ops,
                              step_s=statistics.median(seconds), step_s_min=min(seconds), step_s_max=max(seconds),
                              iters=len(seconds), source=""))
     return out
@@ -658,8 +663,12 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
         node_count = 1
     runs = _as_runs(runs)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    gemm = measure_gemms(device, dtype, runs, gemm_budget_s, local)
-    attn = measure_attention(device, dtype, runs, compute_budget_s * 0.6)
+    # CPU: the host steps' own shapes too, which predict prices to take the host's share of them
+    from echobench.config import RunConfig
+
+    priced = runs + ([RunConfig(**HOST_RUN), RunConfig(**REFERENCE_RUN)] if kind == "cpu" else [])
+    gemm = measure_gemms(device, dtype, priced, gemm_budget_s, local)
+    attn = measure_attention(device, dtype, priced, compute_budget_s * 0.6)
     memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.2)
     memory.append(optimizer)
     from echobench.distributed import DistInfo

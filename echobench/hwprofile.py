@@ -213,14 +213,16 @@ def gemm_tflops(profile: HardwareProfile, m: int, n: int, k: int) -> float:
     return gemm_point(profile, m, n, k).tflops
 
 
-def attention_tflops(profile: HardwareProfile, seq_q: int, seq_k: int) -> float:
+def attention_tflops(profile: HardwareProfile, seq_q: int, seq_k: int, head_dim: int | None = None) -> float:
     """Attention forward + backward TFLOP/s at seq_q queries x seq_k keys: piecewise linear in
     log(seq_q * seq_k) (the score matrix's size, which the kernel's efficiency follows) between the
-    profile's points, the nearest point's rate outside their range. Heads, head_dim and batch of the
-    points are not matched: calibrate measures at the run's own."""
+    profile's points of this head_dim where it has any (else all of them), the nearest point's rate
+    outside their range. Heads and batch of the points are not matched: calibrate measures at the
+    run's own."""
     if not profile.attention:
         raise KeyError(f"profile {profile.name!r} has no attention points")
-    pts = sorted(((math.log(p.seq_q * p.seq_k), p.tflops) for p in profile.attention))
+    same = [p for p in profile.attention if p.head_dim == head_dim] or profile.attention
+    pts = sorted(((math.log(p.seq_q * p.seq_k), p.tflops) for p in same))
     x = math.log(seq_q * seq_k)
     if x <= pts[0][0]:
         return pts[0][1]

@@ -224,6 +224,14 @@ class Rates:
     bound: str = "mid"
     _gemm: dict = field(default_factory=dict)
     _attention: dict = field(default_factory=dict)
+    _factor: float | None = None  # in_situ_factor's, once computed (1.0 while it is being fitted)
+
+    @property
+    def compute_factor(self) -> float:
+        if self._factor is None:
+            self._factor = 1.0
+            self._factor = in_situ_factor(self)
+        return self._factor
 
     def gemm_tflops(self, m: int, n: int, k: int) -> float:
         key = (m, n, k)
@@ -236,7 +244,7 @@ class Rates:
         key = (seq_q, seq_k, head_dim)
         if key not in self._attention:
             if self.profile.attention:
-                mid = attention_tflops(self.profile, seq_q, seq_k)
+                mid = attention_tflops(self.profile, seq_q, seq_k, head_dim)
                 spread = [(p.tflops_max or p.tflops) / p.tflops for p in self.profile.attention]
                 low = [(p.tflops_min or p.tflops) / p.tflops for p in self.profile.attention]
                 self._attention[key] = _bounded(mid, mid * max(spread), mid * min(low), self.bound)
@@ -389,6 +397,7 @@ def _device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step by phase and kind (no communication): GEMMs and attention at
     the profile's rates, element-wise and optimizer bytes at its memory bandwidth."""
     mm, att = _work(cfg)
+    factor = rates.compute_factor
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
         out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
@@ -404,20 +413,64 @@ def _device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     fwd, bwd = ELEMENTWISE["compiled" if cfg.compile else "eager"]
     out["elementwise_forward"] = fwd * saved / gbps
     out["elementwise_backward"] = (bwd + (fwd if cfg.ac != "none" else 0)) * saved / gbps  # AC re-runs them
+    out = {key: seconds * factor for key, seconds in out.items()}
     adamw = ADAMW_BYTES["foreach" if is_cpu(rates.profile) else "fused"]
     out["optimizer"] = rank_params(cfg) * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
     return out
 
 
+def _rows(point) -> int:
+    return point.micro_batch * point.audio_frames
+
+
 def host_point(cfg: RunConfig, profile: HardwareProfile):
-    """The profile's host point for the run's layout: megatron TP of any width, FSDP2 (for HSDP too),
-    DDP, else single; None when the profile has none."""
+    """The profile's host point for the run's layout (its shortest step, where the host is most of
+    it): megatron TP of any width, FSDP2 (for HSDP too), DDP, else single; None when the profile
+    has none."""
     kind = ("megatron", None) if cfg.framework == "megatron" and cfg.tp > 1 else \
         ("torchtitan", {"hsdp": "fsdp2"}.get(cfg.parallelism, cfg.parallelism))
-    for p in profile.host_steps:
+    points = sorted(profile.host_steps, key=_rows)
+    for p in points:
         if p.framework == kind[0] and (kind[1] is None or p.parallelism == kind[1]):
             return p
-    return next((p for p in profile.host_steps if p.parallelism == "single"), None)
+    return next((p for p in points if p.parallelism == "single"), None)
+
+
+FACTOR_BOUNDS = (1 / 3, 3.0)  # an in-situ factor outside these says the points are not what it assumes
+
+
+def _point_run(point, profile: HardwareProfile) -> RunConfig:
+    """The RunConfig of a host point's steps."""
+    nodes = max(1, point.processes // (profile.gpus_per_node or point.processes))
+    return RunConfig(scale=point.scale, micro_batch=point.micro_batch, audio_frames=point.audio_frames,
+                     text_tokens=point.text_tokens, speaker_frames=point.speaker_frames, framework=point.framework,
+                     parallelism=point.parallelism, nodes=nodes, gpus_per_node=point.processes // nodes)
+
+
+def in_situ_factor(rates: Rates) -> float:
+    """How much longer a CPU's kernels take inside a training step than timed alone (operands the
+    step left elsewhere in the cache, its allocations), from the profile's two single-process host
+    steps (calibrate --comm: the shortest one, mostly host, and a reference step, mostly compute):
+    each is step = factor x compute + optimizer + cost per op x ops, two equations for the factor
+    and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
+    measured as training meets it). 1 on a GPU (its host and device overlap: not fitted), or without
+    both points, or where the points give a factor outside FACTOR_BOUNDS."""
+    if not is_cpu(rates.profile):
+        return 1.0
+    single = sorted((p for p in rates.profile.host_steps if p.parallelism == "single"), key=_rows)
+    if len(single) < 2 or _rows(single[0]) == _rows(single[-1]):
+        return 1.0
+    sides = []
+    for point in (single[0], single[-1]):
+        dev = _device_seconds(_point_run(point, rates.profile), rates, compute_bytes(_point_run(point, rates.profile),
+                                                                                   rates.profile))
+        compute = sum(v for k, v in dev.items() if k != "optimizer")
+        step = _bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
+        sides.append((compute, step - dev["optimizer"], point.ops))
+    (d1, s1, o1), (d2, s2, o2) = sides
+    det = d2 * o1 - d1 * o2
+    factor = (s2 * o1 - s1 * o2) / det if det > 0 else 1.0
+    return factor if FACTOR_BOUNDS[0] <= factor <= FACTOR_BOUNDS[1] else 1.0
 
 
 def _host_per_op(cfg: RunConfig, rates: Rates) -> float:
@@ -431,11 +484,7 @@ def _host_per_op(cfg: RunConfig, rates: Rates) -> float:
     step = _bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
     if not is_cpu(rates.profile):
         return step / point.ops
-    nodes = max(1, point.processes // (rates.profile.gpus_per_node or point.processes))
-    tiny = RunConfig(scale=point.scale, micro_batch=point.micro_batch, audio_frames=point.audio_frames,
-                     text_tokens=point.text_tokens, speaker_frames=point.speaker_frames, framework=point.framework,
-                     parallelism=point.parallelism, nodes=nodes, gpus_per_node=point.processes // nodes)
-    return max(0.0, step - _device_step(tiny, rates)) / point.ops
+    return max(0.0, step - _device_step(_point_run(point, rates.profile), rates)) / point.ops
 
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:

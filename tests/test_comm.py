@@ -141,16 +141,21 @@ def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
         assert all(pt.group_size == 2 and pt.seconds > 0 and 1024 <= pt.nbytes <= 2**20 for pt in fit.points), op
     assert p.gemm and all(g.tflops > 0 for g in p.gemm)
     # every GEMM the model prices for this run's layouts on 2 ranks, measured; AdamW over the model's parameters
-    from echobench.commbench import gemm_work
+    from echobench.commbench import HOST_RUN, REFERENCE_RUN, gemm_work
 
     run = RunConfig(scale="tiny", micro_batch=1, audio_frames=50, text_tokens=16, speaker_frames=40)
-    assert {(g.m, g.n, g.k) for g in p.gemm} == {(s.m, s.n, s.k) for s in gemm_work([run], 2)}
+    priced = [run, RunConfig(**HOST_RUN), RunConfig(**REFERENCE_RUN)]  # CPU: the host steps' shapes too
+    assert {(g.m, g.n, g.k) for g in p.gemm} == {(s.m, s.n, s.k) for s in gemm_work(priced, 2)}
     assert {a.name for a in p.attention} == {"dit joint attention", "speaker self-attention"}
     assert {m.op for m in p.memory} == {"add", "copy", "adamw"} and all(m.gbps > 0 for m in p.memory)
     adamw = next(m for m in p.memory if m.op == "adamw")
     assert adamw.nbytes == 4 * param_counts(run.model_config()).trainable
     # the host's cost per op of each layout the 2 ranks can form (megatron TP where it imports)
     assert [h.parallelism for h in p.host_steps][:3] == ["single", "ddp", "fsdp2"]
+    # CPU: the reference step beside them (predict.in_situ_factor)
+    reference = p.host_steps[-1]
+    assert (reference.parallelism, reference.micro_batch, reference.audio_frames) == \
+        ("single", REFERENCE_RUN["micro_batch"], REFERENCE_RUN["audio_frames"])
     assert all(h.ops > 1000 and h.step_s > 0 for h in p.host_steps)
     # the same profile in echobench's cache (ECHOBENCH_CACHE), where predict finds this machine's
     cached = list((tmp_path / "cache" / "profiles").glob("*.yaml"))

@@ -461,3 +461,41 @@ def test_the_yaml_of_a_profile_with_host_steps_reads_back(tmp_path):
     p = pr.predict(cfg(parallelism="single", gpus_per_node=1), prof)
     assert p.host_s == pytest.approx(sum(pr.host_ops(p.cfg).values()) * 0.011 / 2200)
     assert run_id(p.cfg) == p.run_id
+
+
+# ---- the in-situ factor (CPU) ----
+
+def _cpu_profile_with_host_steps(factor: float, per_op: float) -> HardwareProfile:
+    """A CPU profile with set rates and the two single host steps calibrate --comm measures there,
+    their times made of `factor` x their compute at those rates + their optimizer + per_op x ops."""
+    from echobench.commbench import HOST_RUN, REFERENCE_RUN
+    from echobench.hwprofile import HostPoint
+
+    prof = profile(device="CPU SYNTHETIC (2 cores)", gpus_per_node=1)
+    prof = prof.model_copy(update={"dtype": "float32"})
+    rates = pr.Rates(prof)
+    rates._factor = 1.0  # the compute as timed alone
+    points = []
+    for shape, ops in ((HOST_RUN, 2200), (REFERENCE_RUN, 2230)):
+        run = RunConfig(**shape)
+        dev = pr._device_seconds(run, rates, pr.compute_bytes(run, prof))
+        compute = sum(v for k, v in dev.items() if k != "optimizer")
+        step = factor * compute + dev["optimizer"] + per_op * ops
+        points.append(HostPoint(**shape, ops=ops, step_s=step, source="set"))
+    return prof.model_copy(update={"host_steps": points})
+
+
+def test_the_in_situ_factor_is_what_the_two_host_steps_give():
+    """Two single-process steps (mostly host, mostly compute) made of a set factor x compute + a set
+    cost per op: predict recovers both, and a run's compute is its compute alone x the factor."""
+    prof = _cpu_profile_with_host_steps(1.4, 3e-6)
+    rates = pr.Rates(prof)
+    assert rates.compute_factor == pytest.approx(1.4, rel=1e-9)
+    run = RunConfig(scale="tiny", micro_batch=4, audio_frames=200, text_tokens=64, speaker_frames=160, device="cpu")
+    assert pr._host_per_op(run, rates) == pytest.approx(3e-6, rel=1e-6)
+    assert pr.predict(run, prof).parts["gemm"] == pytest.approx(1.4 * pr.predict(run, prof.model_copy(
+        update={"host_steps": prof.host_steps[:1]})).parts["gemm"], rel=1e-9)
+    # one host step, a GPU profile, or points that make no sense: no factor
+    assert pr.Rates(prof.model_copy(update={"host_steps": prof.host_steps[:1]})).compute_factor == 1.0
+    assert pr.Rates(prof.model_copy(update={"device": "SYNTHETIC GPU"})).compute_factor == 1.0
+    assert pr.Rates(_cpu_profile_with_host_steps(10.0, 3e-6)).compute_factor == 1.0
