@@ -763,7 +763,7 @@ def predict_command(
                 comparisons.append(pr.against(record, each[record.run_id]))
             except (pr.PredictError, ValueError) as exc:
                 err_console.print(f"[yellow]not predicted:[/] {esc(exc)}", highlight=False, soft_wrap=True)
-        profiles = list({p.name: p for ps in each.values() for p in ps}.values())  # those used, each once
+        profiles = list({id(p): p for ps in each.values() for p in ps}.values())  # those given or found, each once
         if as_json:
             print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
             return

@@ -955,6 +955,8 @@ def profile_lines(profiles: Sequence[HardwareProfile]) -> list[str]:
     lines = []
     for p in profiles:
         kind = "measured" if p.measured else "NOT MEASURED: datasheets and published figures"
+        factor = Rates(p).compute_factor if is_cpu(p) and p.host_steps else 1.0
         lines.append(f"profile {p.name}: {p.device}, {p.dtype}, {kind}, {p.date}"
-                     + (f", {p.gpus_per_node} per node" if p.gpus_per_node else ""))
+                     + (f", {p.gpus_per_node} per node" if p.gpus_per_node else "")
+                     + (f", in-situ factor {factor:.3g}" if factor != 1.0 else ""))
     return lines

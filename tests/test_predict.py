@@ -495,6 +495,7 @@ def test_the_in_situ_factor_is_what_the_two_host_steps_give():
     assert pr._host_per_op(run, rates) == pytest.approx(3e-6, rel=1e-6)
     assert pr.predict(run, prof).parts["gemm"] == pytest.approx(1.4 * pr.predict(run, prof.model_copy(
         update={"host_steps": prof.host_steps[:1]})).parts["gemm"], rel=1e-9)
+    assert "in-situ factor 1.4" in pr.profile_lines([prof])[0]  # said with the profile it came from
     # one host step, a GPU profile, or points that make no sense: no factor
     assert pr.Rates(prof.model_copy(update={"host_steps": prof.host_steps[:1]})).compute_factor == 1.0
     assert pr.Rates(prof.model_copy(update={"device": "SYNTHETIC GPU"})).compute_factor == 1.0
