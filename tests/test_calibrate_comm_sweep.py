@@ -117,17 +117,30 @@ def test_a_failing_comm_calibration_is_said_with_its_log_and_the_runs_run(tmp_pa
     assert [r["status"] for r in records(sweep).values()] == ["ok"]
 
 
+# A calibration that would never end: it starts a worker in a session of its own (as torchrun's are),
+# its command line naming the profile's path (as theirs do), and both sleep.
+HANG = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
+        "sys.argv[1]], start_new_session=True); time.sleep(600)")
+
+
 @pytest.mark.slow
-def test_a_comm_calibration_past_the_local_time_limit_is_stopped_and_the_runs_run(tmp_path):
-    # local.time bounds the calibration (2 s: it takes ten or more); the run has a limit of its own.
+def test_a_comm_calibration_past_the_local_time_limit_is_stopped_and_the_runs_run(tmp_path, monkeypatch):
+    # local.time bounds the calibration (2 s; this one would sleep 10 minutes); the run has a limit of its own.
+    popen = subprocess.Popen
+
+    def hanging(cmd, *args, **kwargs):
+        if "calibrate" in cmd and "--comm" in cmd:
+            cmd = [cmd[0], "-c", HANG, cmd[cmd.index("--out") + 1]]
+        return popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(local.subprocess, "Popen", hanging)
     matrix = write_matrix(tmp_path / "m.yaml", [{"seed": 0, "time_limit": "5:00"}], local={"time": "0:02"})
-    sweep = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", sweep, tmp_path=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, text, sweep = in_process_sweep(tmp_path, monkeypatch, matrix)
+    assert code == 0, text
     assert (f"hardware profile not measured: `echobench calibrate --comm` was stopped at the local time limit (2 s) "
-            f"(see {sweep.resolve() / 'calibrate-comm.log'})") in flat(proc.stdout)
+            f"(see {sweep.resolve() / 'calibrate-comm.log'})") in text
     assert not (sweep / "profile.yaml").exists() and [r["status"] for r in records(sweep).values()] == ["ok"]
-    assert not local.processes_mentioning(str(sweep.resolve() / "profile.yaml"))  # torchrun's workers too
+    assert not local.processes_mentioning(str(sweep.resolve() / "profile.yaml"))  # the worker too
 
 
 # ---- the SLURM job ----
