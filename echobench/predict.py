@@ -858,7 +858,7 @@ def profile_for_device(device: str | None, near: str | None = None) -> HardwareP
     --comm` left in echobench's cache; None without any. PredictError when the sweep's cannot be read."""
     from echobench.hwprofile import ProfileError, calibrated_profile_path, load_profile, shipped_profiles
     from echobench.peaks import PEAK_PATTERNS
-    from echobench.sweep import measured_profile
+    from echobench.executors import measured_profile
 
     if not device:
         return None

@@ -43,13 +43,12 @@ from echobench.config import RunConfig
 from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_markup
 from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
-                                 comm_calibrated, current_record, finish_without_record, job_states, make_executor,
-                                 sweep_profile, write_run_files)
+                                 SWEEP_FILE, comm_calibrated, current_record, finish_without_record, job_states,
+                                 make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.results import Record, export_table, load_records, records_frame
 
-SWEEP_FILE = "sweep.json"
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
@@ -516,17 +515,6 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
 
 def is_sweep(d: Path) -> bool:
     return (d / SWEEP_FILE).exists() or any(d.glob("*/run.yaml"))
-
-
-def measured_profile(path: Path | str) -> Path | None:
-    """The hardware profile the sweep that `path` lies in measured (hardware.calibrate_comm): the
-    sweep_profile of the nearest directory at or above `path` (a record, a run or sweep directory) with
-    a sweep.json, where there is one; None otherwise."""
-    path = Path(path).resolve()
-    for d in (path, *path.parents):
-        if (d / SWEEP_FILE).is_file():
-            return sweep_profile(d) if comm_calibrated(d) else None
-    return None
 
 
 def status_row(rid: str, state: str, record: Record | None, error: str = "", entry: RunEntry | None = None) -> dict:

@@ -16,7 +16,7 @@ from rich.console import Console
 from conftest import run_cli
 from echobench import sweep as sw
 from echobench.commbench import attention_shapes
-from echobench.executors import local
+from echobench.executors import local, measured_profile
 from echobench.executors.slurm import SRUN_PER_NODE, render_comm_calibration_script
 from echobench.hardware import gemm_shapes
 from echobench.hwprofile import load_profile
@@ -295,7 +295,7 @@ def test_a_sweeps_profile_is_taken_for_its_records_of_the_same_device_only(tmp_p
     ours = pr.profile_for_device("NVIDIA H100 80GB HBM3", str(record))
     assert ours.name == f"ours ({sweep.resolve() / 'profile.yaml'})" and ours.measured
     assert pr.profile_for_device("NVIDIA A100-SXM4-80GB", str(record)) is None  # measured on other hardware
-    assert sw.measured_profile(tmp_path) is None  # not in a sweep
+    assert measured_profile(tmp_path) is None  # not in a sweep
     (sweep / "profile.yaml").write_text("schema_version: 99\n")
     with pytest.raises(pr.PredictError, match="profile.yaml"):
         pr.profile_for_device("NVIDIA H100 80GB HBM3", str(record))
