@@ -688,13 +688,18 @@ def default_profiles(records: list) -> dict[str, list]:
     the record's device and file (its sweep's own profile first). A record without one is said and
     left out; none with one fails."""
     from echobench import predict as pr
+    from echobench.executors import measured_profile
 
-    found, missing = {}, []
+    found, missing, looked = {}, [], {}
     for record in records:
+        near = str(record.path) if record.path else None
+        key = (record.env.device_name, near and measured_profile(near))  # one lookup (and object) per sweep
         try:
-            profile = pr.profile_for_device(record.env.device_name, str(record.path) if record.path else None)
+            if key not in looked:
+                looked[key] = pr.profile_for_device(record.env.device_name, near)
         except pr.PredictError as exc:
             fail(str(exc))
+        profile = looked[key]
         if profile is None:
             missing.append(record)
         else:

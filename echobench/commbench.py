@@ -260,7 +260,8 @@ def gemm_layouts(run, local: int) -> list[tuple[str, int]]:
     heads divide, so that one profile prices every layout of the run's shapes on this node."""
     heads = run.model_config().heads
     layouts = [(run.framework, run.tp), ("torchtitan", 1), ("megatron", 1)]
-    layouts += [("megatron", t) for t in (local,) if t > 1 and heads % t == 0]
+    if local > 1 and heads % local == 0:
+        layouts.append(("megatron", local))
     return list(dict.fromkeys(layouts))
 
 
@@ -407,8 +408,9 @@ def adamw_shapes(runs, device: torch.device) -> list[tuple[int, ...]]:
     ADAMW_STATE_BYTES each: all of them wherever the run's own training fits. The whole count
     matters: the rate falls with the size (a CPU's page faults of the step's fresh temporaries)."""
     from echobench.commvolume import param_units
+    from echobench.flops import param_counts
 
-    run = max(_as_runs(runs), key=lambda r: sum(u.numel for u in param_units(r.model_config())))
+    run = max(_as_runs(runs), key=lambda r: param_counts(r.model_config()).trainable)
     shapes, room = [], free_bytes(device) // ADAMW_STATE_BYTES
     for shape in (s for u in param_units(run.model_config()) for s in u.shapes):
         room -= math.prod(shape)

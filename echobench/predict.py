@@ -462,8 +462,8 @@ def in_situ_factor(rates: Rates) -> float:
         return 1.0
     sides = []
     for point in (single[0], single[-1]):
-        dev = _device_seconds(_point_run(point, rates.profile), rates, compute_bytes(_point_run(point, rates.profile),
-                                                                                   rates.profile))
+        run = _point_run(point, rates.profile)
+        dev = _device_seconds(run, rates, compute_bytes(run, rates.profile))
         compute = sum(v for k, v in dev.items() if k != "optimizer")
         step = _bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
         sides.append((compute, step - dev["optimizer"], point.ops))
@@ -955,7 +955,7 @@ def profile_lines(profiles: Sequence[HardwareProfile]) -> list[str]:
     lines = []
     for p in profiles:
         kind = "measured" if p.measured else "NOT MEASURED: datasheets and published figures"
-        factor = Rates(p).compute_factor if is_cpu(p) and p.host_steps else 1.0
+        factor = Rates(p).compute_factor
         lines.append(f"profile {p.name}: {p.device}, {p.dtype}, {kind}, {p.date}"
                      + (f", {p.gpus_per_node} per node" if p.gpus_per_node else "")
                      + (f", in-situ factor {factor:.3g}" if factor != 1.0 else ""))
