@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from echobench.console import esc, fmt, record_report, repeats_report
-from echobench.matrix import MAX_RUNS, yaml_problem
+from echobench.matrix import MAX_RUNS
+from echobench.yamltext import yaml_problem
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")

@@ -250,13 +250,15 @@ def load_profile(path: Path | str) -> HardwareProfile:
     this echobench reads: unreadable, not YAML, another schema_version, or invalid fields."""
     import yaml
 
+    from echobench.yamltext import yaml_problem
+
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read the hardware profile ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ProfileError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: not a hardware profile (expected a mapping)")
     version = data.get("schema_version")

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
 from echobench.peaks import table_peak
+from echobench.yamltext import yaml_problem
 
 ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.executors.Executor
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
@@ -325,19 +326,6 @@ class Matrix:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error in one line, "line L, column C: problem (context at line K)", instead of
-    its several lines with a caret under a copy of the text."""
-    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
-    if mark is None or not problem:
-        return " ".join(str(exc).split())
-    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    if context := getattr(exc, "context", None):
-        where = getattr(exc, "context_mark", None)
-        text += f" ({context}" + (f" that starts at line {where.line + 1})" if where and where.line != mark.line else ")")
-    return text
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

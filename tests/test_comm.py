@@ -126,6 +126,15 @@ def test_profile_of_another_schema_version_is_refused_in_one_line(tmp_path):
         load_profile(path)
 
 
+def test_a_profile_that_is_not_yaml_is_named_with_line_and_column(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("schema_version: 1\nname: mine\n  device: [a\n")
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}: not valid YAML: line 3, column 9:")
+
+
 @pytest.mark.slow
 def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
     out = tmp_path / "profile.yaml"
