@@ -1,6 +1,7 @@
 """Matrix files: schema errors, expansion, skip reasons, memory estimate, ids, shell safety."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -408,3 +409,12 @@ def test_the_calibration_job_script(tmp_path):
     lines = render_calibration_script(tmp_path, boxed, "cuda").splitlines()
     assert "ON_FIRST_NODE=(srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1)" in lines
     assert any(line.startswith("IN_CONTAINER=(apptainer exec --nv --bind ") and line.endswith(" img.sif)") for line in lines)
+
+
+def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans():
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    for text in blocks:
+        matrix = parse_matrix(text, "README.md")
+        plan = expand(matrix)
+        assert matrix.spec.executor == "slurm" and plan.runs and not plan.skipped, text

@@ -869,7 +869,7 @@ def test_a_1_5x_slower_copy_flags_and_few_steps_are_a_weak_comparison(tmp_path, 
     write(tmp_path / "new", timed("a", [t * 1.5 for t in old[:4]]))
     proc = cli("compare", tmp_path / "old", tmp_path / "new", "--threshold", "5")
     assert proc.returncode == 0 and "REGRESSION" not in proc.stdout, proc.stdout
-    assert "a: weak weak comparison: 4 old / 4 new steps stored (need 5 a side to decide)" in proc.stdout
+    assert "a: weak comparison: 4 old / 4 new steps stored (need 5 a side to decide)" in proc.stdout
     assert "1 weak comparison(s)" in proc.stdout
 
 

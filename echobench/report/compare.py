@@ -119,8 +119,7 @@ def compare_configuration(old: list[Record], new: list[Record], threshold_pct: f
               if pct is not None and -pct > threshold_pct]
     if min(len(old_steps), len(new_steps)) < MIN_STEPS:
         change.weak = True
-        change.reason = (f"weak comparison: {len(old_steps)} old / {len(new_steps)} new steps stored "
-                         f"(need {MIN_STEPS} a side to decide)")
+        change.reason = f"{len(old_steps)} old / {len(new_steps)} new steps stored (need {MIN_STEPS} a side to decide)"
         return change
     change.p_value = slower_p_value(old_steps, new_steps)
     if losses and change.p_value < alpha:
@@ -175,7 +174,8 @@ def comparison_report(result: Comparison, title: str) -> list:
                   f"{c.old_steps}/{c.new_steps}", fmt(c.p_value, ".2g"),
                   Text(verdict, style="red" if c.regressed else "yellow" if verdict != "ok" else ""))
         if c.reason:  # one line each, so the reason is never squeezed into a column
-            lines.append(Text(f"{c.run_id}: ") + Text(f"{verdict} ", style="red" if c.regressed else "yellow")
+            said = "weak comparison:" if c.weak else verdict
+            lines.append(Text(f"{c.run_id}: ") + Text(f"{said} ", style="red" if c.regressed else "yellow")
                          + Text(c.reason))
     lines += [Text(f"{label} ({len(ids)}): {', '.join(ids)}")
               for label, ids in (("only in OLD", result.only_old), ("only in NEW", result.only_new)) if ids]
