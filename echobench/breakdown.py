@@ -373,6 +373,10 @@ def read_profiled_run(run_dir: Path) -> tuple[Record, dict]:
     """A profiled run's record and breakdown; else ValueError, one line saying what is missing and what to do."""
     from echobench.results import RECORD_FILE, Record, find_record_files
 
+    if run_dir.name == RECORD_FILE and run_dir.is_file():  # the record itself: its run's directory
+        run_dir = run_dir.parent
+    if not run_dir.exists():
+        raise ValueError(f"{run_dir}: no such file or directory: give a run's directory (RUN_DIR/{RECORD_FILE})")
     if not (run_dir / RECORD_FILE).is_file():
         inner = find_record_files([run_dir]) if run_dir.is_dir() else []  # current records, not attempts/
         raise ValueError(f"{run_dir}: no {RECORD_FILE}" + (f"; give one run's directory, e.g. {inner[0].parent}"

@@ -46,6 +46,15 @@ def writable_dir(path: Path, what: str | None = None) -> Path:
     return path
 
 
+def writable_file(path: Path, what: str) -> Path:
+    """Checks that the file `path` can be written (its folder made, not a directory itself) before
+    the work that fills it; else one line naming `what`."""
+    if path.is_dir():
+        fail(f"{what} {path}: is a directory: give a file name (e.g. {path / 'profile.yaml'})")
+    writable_dir(path.parent, f"{what} {path}")
+    return path
+
+
 def settings_options(*names: str, **defaults) -> Callable:
     """Adds RunConfig fields (the given names, else every one with a flag) to a command as options
     that land in its **kwargs: flag, type, default and help all come from the field, so a field
@@ -268,11 +277,17 @@ def calibrate(
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
-    if not comm and (matrix is not None or nnodes != 1 or master_addr is not None):
-        fail("--matrix, --nnodes and --master-addr are options of calibrate --comm: add --comm")
+    comm_only = {"--matrix": matrix is not None, "--nnodes": nnodes != 1, "--master-addr": master_addr is not None,
+                 "--nproc": nproc is not None, "--out": out is not None, "--max-bytes": max_bytes is not None,
+                 "--comm-budget-s": comm_budget_s is not None}
+    if not comm and any(comm_only.values()):
+        given = [flag for flag, set_ in comm_only.items() if set_]
+        fail(f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of calibrate --comm: add --comm")
     if node_rank >= nnodes:
         fail(f"--node-rank {node_rank}: must be below --nnodes {nnodes}")
     if comm:
+        if out is not None:
+            writable_file(out, "--out")  # before minutes of measuring, not after
         runs, shape_args = comm_runs(ctx, dev, scale, matrix, settings)
         calibrate_comm(dev, dtype, dtypes[dtype], runs, shape_args, budget_s, nproc, out, max_bytes, comm_budget_s,
                        (nnodes, node_rank, master_addr, master_port))
@@ -320,8 +335,11 @@ def comm_runs(ctx: typer.Context, dev, scale: str | None, matrix: Path | None, s
         if not the_plan.runs:
             fail(f"--matrix {matrix}: no runs to take shapes from (see `echobench plan {matrix}`)")
         return [r.cfg for r in the_plan.runs], ["--matrix", str(matrix.resolve())]
-    run = RunConfig(scale=scale or ("3B" if dev.type == "cuda" else "tiny"), device=dev.type,
-                    **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
+    try:
+        run = RunConfig(scale=scale or ("3B" if dev.type == "cuda" else "tiny"), device=dev.type,
+                        **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
+    except ValueError as exc:
+        fail(str(exc))
     return [run], ["--scale", run.scale, "--micro-batch", str(run.micro_batch), "--audio-frames", str(run.audio_frames),
                    "--text-tokens", str(run.text_tokens), "--speaker-frames", str(run.speaker_frames)]
 
@@ -599,15 +617,20 @@ def plan(
     from echobench import plan as pl
     from echobench.sweep import run_dir
 
+    if write_scripts is not None and script is not None:
+        fail("--write-scripts writes every run's script, --script prints one: give one of them")
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     if write_scripts is not None:  # for review on a cluster before spending GPU-hours
-        dest = writable_dir(write_scripts)
+        dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
         sweep_dir = (out or pl.default_out(matrix)).resolve()
         try:
             for run in the_plan.runs:
                 path = dest / f"{run.id}.sh"
                 path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor))
                 path.chmod(0o755)
+        except OSError as exc:
+            fail(f"--write-scripts {write_scripts}: cannot write {exc.filename} ({exc.strerror or exc}): "
+                 "choose another directory")
         except ValueError as exc:
             fail(str(exc))
         console.print(f"{len(the_plan.runs)} job scripts in {esc(dest)} (paths as for `echobench sweep --out "
@@ -753,6 +776,8 @@ def predict_command(
     if against:
         from echobench.results import load_records
 
+        if nodes is not None:
+            fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             fail(f"no such file or directory: {', '.join(missing)}")
@@ -763,6 +788,8 @@ def predict_command(
         if not ok:
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
         each = {r.run_id: profiles for r in ok} if profiles else default_profiles(ok)
+        for line in pr.other_device_lines(ok, profiles):
+            err_console.print(f"[yellow]warning:[/] {esc(line)}", highlight=False, soft_wrap=True)
         comparisons = []
         for record in (r for r in ok if r.run_id in each):
             try:
@@ -785,17 +812,19 @@ def predict_command(
         return
     if len(paths) != 1:
         fail(f"predict takes one matrix ({len(paths)} paths given): for run directories add --against")
-    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes else None, None)
+    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None)
     cfgs = [r.cfg for r in the_plan.runs]
     try:
-        if nodes:
+        if nodes is not None:
             cfgs = pr.at_nodes(cfgs, pr.parse_nodes(nodes))
     except pr.PredictError as exc:
         fail(str(exc))
     if not profiles:
-        found = pr.profile_for_device(matrix.spec.hardware.device)
+        device = matrix.spec.hardware.device or pr.machine_device(cfgs)
+        found = pr.profile_for_device(device)
         if found is None:
-            fail(pr.no_profile_message(f"matrix {paths[0]} (hardware.device: {matrix.spec.hardware.device})"))
+            fail(pr.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
+                                       "machine's)"))
         profiles = [found]
     items = pr.predict_runs(cfgs, profiles)
     elapsed = clock.perf_counter() - started
@@ -804,8 +833,13 @@ def predict_command(
         print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
                           else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
                          indent=2, default=str))
+        if cfgs and not any(isinstance(p, pr.Prediction) for p in items):
+            raise typer.Exit(1)  # every object holds its error
         return
     wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
+    for p, c in zip(items, cfgs):
+        if isinstance(p, pr.PredictError):  # in full, one line each: a table cell cuts the fix off
+            err_console.print(f"[red]not predicted:[/] {esc(pr.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
     for line in pr.profile_lines(profiles):
         console.print(esc(line), highlight=False)
     notes = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
@@ -814,6 +848,8 @@ def predict_command(
     console.print(f"rank: by predicted MFU among the runs of a scale and node count; hide GB/s: the bus bandwidth "
                   f"per link at which the overlappable collectives take no longer than the compute they overlap; "
                   f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
+    if cfgs and not any(isinstance(p, pr.Prediction) for p in items):
+        fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
 @app.command()
@@ -926,7 +962,22 @@ def status(
 
 
 def main() -> None:
-    app()
+    """The `echobench` command: typer's app, with its usage errors (a bad flag value, an unknown
+    option or command) as one `error:` line like every other bad input, not a boxed panel."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        err_console.print("aborted", highlight=False)
+        sys.exit(1)
+    except typer.TyperException as exc:  # typer's click exceptions (it vendors click)
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            sys.exit(getattr(exc, "exit_code", 2))  # the help is already printed
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (`{ctx.command_path} --help` lists them)" if ctx is not None else ""
+        err_console.print(f"[bold red]error:[/] {esc(' '.join(exc.format_message().split()) + hint)}",
+                          highlight=False, soft_wrap=True)  # fail()'s line, outside the app that catches its Exit
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ class HardwareProfile(_Strict):
     measured: bool  # True: `echobench calibrate --comm` measured it; False: datasheets and published figures
     note: str = ""
     backend: Optional[str] = None  # the collectives' process-group backend (nccl, gloo)
-    gpus_per_node: Optional[int] = None
+    gpus_per_node: Optional[int] = Field(None, ge=1)
     gemm: list[GemmPoint] = []
     attention: list[AttentionPoint] = []
     memory: list[MemoryPoint] = []

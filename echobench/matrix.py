@@ -281,7 +281,8 @@ def _loc(parts) -> str:
 
 
 def _format_pydantic(path: Path, exc: ValidationError) -> str:
-    lines = []
+    """Every problem pydantic found, on one line after the file's name."""
+    problems = []
     for err in exc.errors():
         loc = _loc(err["loc"])
         if err["type"] == "extra_forbidden":
@@ -289,13 +290,13 @@ def _format_pydantic(path: Path, exc: ValidationError) -> str:
             for part in err["loc"][:-1]:
                 model = model.model_fields[part].annotation if isinstance(part, str) else model
             allowed = ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else ""
-            lines.append(f"{path}: unknown key {loc!r}: allowed {allowed}")
+            problems.append(f"unknown key {loc!r}: allowed {allowed}")
         elif err["type"] == "missing":
-            lines.append(f"{path}: {loc} is required")
+            problems.append(f"{loc} is required")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: {loc}: {msg} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            problems.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return f"{path}: " + "; ".join(problems)
 
 
 def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:

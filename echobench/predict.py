@@ -236,7 +236,11 @@ class Rates:
     def gemm_tflops(self, m: int, n: int, k: int) -> float:
         key = (m, n, k)
         if key not in self._gemm:
-            point = gemm_point(self.profile, m, n, k)
+            try:
+                point = gemm_point(self.profile, m, n, k)
+            except KeyError as exc:
+                raise PredictError(f"{exc.args[0]}: measure them with `echobench calibrate --comm` or add `gemm` "
+                                   "entries") from None
             self._gemm[key] = _bounded(point.tflops, point.tflops_max, point.tflops_min, self.bound)
         return self._gemm[key]
 
@@ -725,7 +729,7 @@ def at_nodes(cfgs: Sequence[RunConfig], nodes: Sequence[int]) -> list[RunConfig]
 def parse_nodes(text: str) -> list[int]:
     """--nodes 1,4,16 -> [1, 4, 16]; each between 1 and 1024."""
     try:
-        nodes = [int(x) for x in text.split(",") if x.strip()]
+        nodes = [int(x) for x in text.split(",")]  # an empty entry (1,,4) is a typo, not nothing
     except ValueError:
         raise PredictError(f"--nodes {text!r}: give node counts separated by commas, e.g. 1,4,16") from None
     if not nodes or any(not 1 <= n <= 1024 for n in nodes):
@@ -881,6 +885,33 @@ def profile_for_device(device: str | None, near: str | None = None) -> HardwareP
     return None
 
 
+def machine_device(cfgs: Sequence[RunConfig]) -> str:
+    """This machine's device name, for runs whose matrix names no hardware.device: its GPU where
+    the runs may use one (device cuda or auto), else its CPU; profile_for_device then finds the
+    profile `calibrate --comm` measured here."""
+    import torch
+
+    from echobench.hardware import device_name
+
+    gpu = torch.cuda.is_available() and any(c.device != "cpu" for c in cfgs)
+    return device_name(torch.device("cuda" if gpu else "cpu"))
+
+
+def other_device_lines(records, profiles: Sequence[HardwareProfile]) -> list[str]:
+    """For `predict --against ... --profile P`: one line per device the records ran on that none of
+    the profiles given is of (their errors then say how two machines differ, not how good the
+    model is)."""
+    have = {p.device for p in profiles}
+    counts: dict[str, int] = {}
+    for r in records:
+        device = r.env.device_name
+        if device and device not in have:
+            counts[device] = counts.get(device, 0) + 1
+    return [f"{n} run(s) measured on {device!r}, predicted from a profile of another device "
+            f"({', '.join(sorted(have))}): give that device's profile to judge the model"
+            for device, n in counts.items()]
+
+
 def no_profile_message(what: str) -> str:
     from echobench.hwprofile import shipped_profiles
 
@@ -916,7 +947,7 @@ def prediction_table(items: Sequence[Prediction | PredictError], cfgs: Sequence[
     for p, cfg in order:
         shape = f"{cfg.nodes} x {cfg.gpus_per_node}"
         if isinstance(p, PredictError):
-            table.add_row(esc(run_id(cfg)), shape, "", "", f"[red]{esc(p)}[/]", *[""] * 7)
+            table.add_row(esc(run_id(cfg)), shape, "", "", "[red]not predicted[/]", *[""] * 7)  # why: under the table
             continue
         hide = " ".join(f"{k} {_gbps(v)}" for k, v in p.hide_gbps.items() if v is not None) or "-"
         fits = {True: "", False: " [red]NO[/]", None: ""}[p.fits]

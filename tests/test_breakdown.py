@@ -297,6 +297,7 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     assert "Where the time goes" in text and "MFU waterfall" in text and "per rank" in text
     assert "communication (exposed)" in text and "gloo:all_reduce" in text and "achieved MFU" in text
     proc = cli("explain", out, "--json")
+    proc_json = proc.stdout
     data = json.loads(proc.stdout)
     steps = data["waterfall"]
     assert 100 + sum(s["pp"] for s in steps[1:-1]) == pytest.approx(100 * record["mfu"], abs=1e-9)
@@ -307,6 +308,9 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--profile" in proc.stderr
     proc = cli("explain", tmp_path)
     assert proc.returncode == 2 and "give one run's directory" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert cli("explain", out / "result.json", "--json").stdout == proc_json  # the record names its run
+    proc = cli("explain", tmp_path / "nope")
+    assert proc.returncode == 2 and "no such file or directory" in proc.stderr
 
 
 def test_explain_shows_padding_from_the_record(profiled_runs, cli, tmp_path):

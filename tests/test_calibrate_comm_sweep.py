@@ -255,13 +255,26 @@ def test_calibrate_takes_the_matrix_or_the_shape_flags_not_both(tmp_path):
     assert bad.returncode == 2 and f"--matrix {matrix} gives the shapes (every run of it): drop --scale, " \
                                    f"--micro-batch" in flat(bad.stderr)
     bad = run_cli("calibrate", "--matrix", matrix, tmp_path=tmp_path)
-    assert bad.returncode == 2 and "options of calibrate --comm: add --comm" in bad.stderr
+    assert bad.returncode == 2 and "--matrix: an option of calibrate --comm: add --comm" in bad.stderr
+    bad = run_cli("calibrate", "--out", tmp_path / "p.yaml", "--nproc", "2", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "--nproc, --out: options of calibrate --comm: add --comm" in bad.stderr
     bad = run_cli("calibrate", "--comm", "--nnodes", "2", "--node-rank", "2", tmp_path=tmp_path)
     assert bad.returncode == 2 and "--node-rank 2: must be below --nnodes 2" in bad.stderr
     none = tmp_path / "none.yaml"
     none.write_text(json.dumps({"name": "n", "include": [{"parallelism": "tp2"}]}))  # torchtitan has no TP: skipped
     bad = run_cli("calibrate", "--comm", "--matrix", none, tmp_path=tmp_path)
     assert bad.returncode == 2 and "no runs to take shapes from" in bad.stderr
+
+
+def test_calibrate_comm_checks_out_and_the_shape_before_measuring(tmp_path):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    for out, said in ((tmp_path / "afile" / "p.yaml", "cannot write"), (tmp_path / "adir", "is a directory")):
+        bad = run_cli("calibrate", "--comm", "--nproc", "1", "--out", out, tmp_path=tmp_path)
+        assert bad.returncode == 2 and f"--out {out}" in flat(bad.stderr) and said in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr and not (tmp_path / "cache" / "profiles").exists()  # nothing measured
+    bad = run_cli("calibrate", "--comm", "--nproc", "1", "--micro-batch", "0", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "micro_batch=0 is not valid" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_the_matrix_setting_its_limits_and_what_plan_says(tmp_path, cli):

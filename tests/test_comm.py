@@ -124,6 +124,9 @@ def test_profile_of_another_schema_version_is_refused_in_one_line(tmp_path):
     path.write_text(yaml.safe_dump({**data, "links": {"intra": {"all_reduce": {"alpha_s": -1}}}}))
     with pytest.raises(ProfileError, match="invalid hardware profile"):
         load_profile(path)
+    path.write_text(yaml.safe_dump({**data, "gpus_per_node": -2}))
+    with pytest.raises(ProfileError, match="gpus_per_node"):
+        load_profile(path)
 
 
 def test_a_profile_that_is_not_yaml_is_named_with_line_and_column(tmp_path):

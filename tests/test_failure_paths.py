@@ -386,3 +386,25 @@ def test_sweep_and_report_out_on_a_file_are_one_line_errors(cli, tmp_path):
     for target in (existing / "report.html", tmp_path):  # under a file; an existing directory
         assert str(target) in one_line_error(cli("report", runs, "-o", target))
     assert existing.read_text() == "x"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["run", "--steps", "abc"], "error: Invalid value for '--steps'"),
+    (["run", "--bogus"], "error: No such option: --bogus"),
+    (["calibrate", "--comm", "--nproc", "0"], "error: Invalid value for '--nproc'"),
+    (["nosuch"], "error: No such command 'nosuch'"),
+    (["compare"], "error: Missing argument"),
+])
+def test_a_usage_error_is_one_error_line_naming_the_help(args, said):
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    text = proc.stderr.strip()
+    assert text.startswith(said) and "--help` lists them)" in text and "╭" not in proc.stderr
+
+
+def test_the_installed_command_is_the_one_that_formats_usage_errors():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"echobench": "echobench.cli:main"}

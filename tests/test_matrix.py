@@ -418,3 +418,11 @@ def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans():
         matrix = parse_matrix(text, "README.md")
         plan = expand(matrix)
         assert matrix.spec.executor == "slurm" and plan.runs and not plan.skipped, text
+
+
+def test_a_matrix_with_two_problems_is_still_one_line():
+    with pytest.raises(MatrixError) as err:
+        parse_matrix("name: 'bad name!'\nbogus: 1\n", "m.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("m.yaml: ") and "unknown key 'bogus'" in message
+    assert "matrix name" in message and message.count("m.yaml") == 1

@@ -309,6 +309,49 @@ def test_predict_refuses_bad_node_counts_and_a_matrix_without_a_profile(cli, tmp
     assert proc.returncode == 2 and "--profile" in proc.stderr and "echobench calibrate --comm" in proc.stderr
 
 
+def test_node_counts_with_an_empty_entry_are_refused():
+    assert pr.parse_nodes("1,4,4,16") == [1, 4, 16]
+    for text in ("1,,2", ",4", "", " "):
+        with pytest.raises(pr.PredictError, match="give node counts separated by commas"):
+            pr.parse_nodes(text)
+
+
+def test_a_profile_without_gemm_points_is_a_line_per_run_and_exit_1(cli, tmp_path):
+    save_profile(profile().model_copy(update={"gemm": []}), tmp_path / "p.yaml")
+    proc = cli("predict", ROOT / "matrices" / "h200-single.yaml", "--profile", tmp_path / "p.yaml")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("not predicted:")]
+    assert lines and all("has no GEMM points: measure them with `echobench calibrate --comm`" in ln for ln in lines)
+    assert "no run of" in proc.stderr
+
+
+def test_a_matrix_without_hardware_device_takes_this_machines_calibrated_profile(cli, tmp_path, monkeypatch):
+    from echobench.hwprofile import calibrated_profile_path
+
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))  # the cache the command's env names too
+    assert cli("predict", ROOT / "matrices" / "smoke.yaml").returncode == 2  # none measured yet
+    here = pr.machine_device([cfg(device="cpu")])
+    mine = profile(device=here, gpus_per_node=2).model_copy(update={"name": "mine"})
+    save_profile(mine, calibrated_profile_path(here, "float32"))  # where calibrate --comm leaves it
+    out = json.loads(cli("predict", ROOT / "matrices" / "smoke.yaml", "--json", check=True).stdout)
+    assert out and all(o["profile"] == "mine" for o in out)
+
+
+def test_against_refuses_node_counts_and_warns_of_a_profile_of_another_device(cli, tmp_path):
+    c = cfg()
+    rec = measured_record(c, 1.0)
+    rec.save(tmp_path / "runs" / rec.run_id)
+    save_profile(profile(device="OTHER GPU"), tmp_path / "p.yaml")
+    proc = cli("predict", "--against", tmp_path / "runs", "--nodes", "4")
+    assert proc.returncode == 2 and "--nodes is for `predict MATRIX`" in proc.stderr
+    proc = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True)
+    assert "warning: 1 run(s) measured on 'SYNTHETIC GPU', predicted from a profile of another device " \
+           "(OTHER GPU)" in " ".join(proc.stderr.split())
+    save_profile(profile(), tmp_path / "same.yaml")
+    proc = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "same.yaml", check=True)
+    assert "another device" not in proc.stderr
+
+
 def measured_record(c: RunConfig, step_s: float, **extra) -> Record:
     """A successful record of c's settings with a set step time (and MFU, by the record's convention)."""
     m = c.model_config()

@@ -310,6 +310,19 @@ def test_plan_writes_every_job_script_without_submitting(tmp_path):
     assert one.stdout == scripts[0].read_text()
 
 
+def test_plan_write_scripts_names_its_own_flag_and_takes_no_script(tmp_path):
+    matrix = ROOT / "matrices" / "smoke.yaml"
+    (tmp_path / "afile").write_text("")
+    bad = run_cli("plan", matrix, "--write-scripts", tmp_path / "afile", tmp_path=tmp_path)
+    assert bad.returncode == 2 and f"--write-scripts {tmp_path / 'afile'}: cannot write" in " ".join(bad.stderr.split())
+    rid = json.loads(run_cli("plan", matrix, "--json", tmp_path=tmp_path, check=True).stdout)["runs"][0]["run_id"]
+    (tmp_path / "s" / f"{rid}.sh").mkdir(parents=True)  # a directory where a script goes
+    bad = run_cli("plan", matrix, "--write-scripts", tmp_path / "s", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "cannot write" in bad.stderr, bad.stderr
+    bad = run_cli("plan", matrix, "--write-scripts", tmp_path / "t", "--script", rid, tmp_path=tmp_path)
+    assert bad.returncode == 2 and "give one of them" in bad.stderr and not (tmp_path / "t").exists()
+
+
 def test_the_rendezvous_host_survives_a_long_node_list_under_pipefail(tmp_path):
     """The first hostname is taken without closing scontrol's pipe early: `head -n 1` would leave a
     long list's scontrol to die of SIGPIPE, and under pipefail the job with it (exit 141)."""
