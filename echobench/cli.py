@@ -140,6 +140,10 @@ def run(
 
     if problem := parallelism_problem(cfg):
         fail(problem)
+    from echobench.launch import rendezvous_problem
+
+    if nproc is not None and (problem := rendezvous_problem(nnodes, node_rank, master_addr)):
+        fail(problem)
     writable_dir(out)
     if repeats != 1:
         run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
@@ -285,6 +289,10 @@ def calibrate(
         fail(f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of calibrate --comm: add --comm")
     if node_rank >= nnodes:
         fail(f"--node-rank {node_rank}: must be below --nnodes {nnodes}")
+    from echobench.launch import rendezvous_problem
+
+    if comm and (problem := rendezvous_problem(nnodes, node_rank, master_addr)):
+        fail(problem)
     if comm:
         if out is not None:
             writable_file(out, "--out")  # before minutes of measuring, not after
@@ -569,12 +577,15 @@ def data_index(
             line = f"{shard.name}: {index.count} samples, {'written to' if status == 'built' else 'up to date:'} {detail}"
         elif status == "damaged":
             line = f"{shard.name}: damaged, not indexed (readers walk it; its bad samples raise or are skipped): {detail}"
+        elif status == "unreadable":
+            line = f"{shard.name}: cannot be read, not indexed: {detail}"
         else:
             line = f"{shard.name}: not indexed: {detail}"
         console.print(esc(line), highlight=False, soft_wrap=True)
     console.print(f"{len(shards)} shards, {samples} samples indexed: {status_of['built']} written, {status_of['fresh']} up to date, "
-                  f"{status_of['damaged']} damaged, {status_of['unwritable']} with nowhere to write", highlight=False)
-    if status_of["damaged"] or status_of["unwritable"]:
+                  f"{status_of['damaged']} damaged, {status_of['unreadable']} unreadable, {status_of['unwritable']} with "
+                  "nowhere to write", highlight=False)
+    if status_of["damaged"] or status_of["unreadable"] or status_of["unwritable"]:
         raise typer.Exit(1)
 
 
@@ -910,7 +921,11 @@ def cancel(
     if not (sweep_dir / sw.SWEEP_FILE).is_file():
         fail(f"{sweep_dir}: no {sw.SWEEP_FILE} here: not a sweep directory")
     writable_dir(sweep_dir, f"cancel in {sweep_dir}")
-    raise typer.Exit(sw.cancel_sweep(sweep_dir, console))
+    try:
+        code = sw.cancel_sweep(sweep_dir, console)
+    except sw.CorruptSweepState as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -927,7 +942,10 @@ def status(
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
-    rows, problems = sw.status(runs_dir, wait, poll)
+    try:
+        rows, problems = sw.status(runs_dir, wait, poll)
+    except sw.CorruptSweepState as exc:
+        fail(str(exc))
     paths = []
     if export:
         writable_dir(runs_dir, f"--export into {runs_dir}")

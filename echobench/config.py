@@ -96,7 +96,7 @@ class RunConfig:
         if self.buckets is not None:
             from echobench.data.buckets import parse_buckets
 
-            parse_buckets(self.buckets)
+            parse_buckets(self.buckets, self.audio_frames)
             if self.batching != "bucket":
                 raise ValueError("buckets is set but batching is pad: set batching=bucket, or drop buckets")
         encoder = self.model_config().text_encoder

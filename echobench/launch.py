@@ -93,16 +93,43 @@ def numa_binding_args(binding: str) -> list[str]:
     return [f"--numa-binding={binding}"]
 
 
+def rendezvous_problem(nnodes: int, node_rank: int, master_addr: str | None) -> str | None:
+    """Why a launcher of these flags would never meet the other nodes, or None. A node other than
+    the first without --master-addr would wait at its own 127.0.0.1, silently, for ever."""
+    if node_rank < 0:
+        return f"--node-rank {node_rank}: must be 0 or more"
+    if node_rank >= nnodes:
+        return f"--node-rank {node_rank}: must be below --nnodes {nnodes}"
+    if node_rank > 0 and not master_addr:
+        return (f"--node-rank {node_rank} of --nnodes {nnodes} needs --master-addr: the host name or address of the "
+                f"first node (node rank 0), where the nodes meet")
+    return None
+
+
+def rendezvous_note(nnodes: int, node_rank: int, master_addr: str | None, master_port: int) -> str:
+    """What a launcher of several nodes says before it waits for the others: torchrun prints
+    nothing until every node has come."""
+    where = f"{master_addr or '127.0.0.1'}:{master_port}"
+    return f"node {node_rank} of {nnodes}: waiting for the other nodes at {where} (rendezvous; --master-addr names " \
+           f"the first node)"
+
+
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
                      master_addr: str | None, master_port: int, note: Path, command: str = "run") -> list[str]:
     """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node, its
-    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commbench.launch_node)."""
+    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commbench.launch_node).
+    With several nodes it says on stderr where it is about to wait for the others; ValueError
+    (rendezvous_problem) for flags that would wait for ever."""
+    if problem := rendezvous_problem(nnodes, node_rank, master_addr):
+        raise ValueError(problem)
     cmd = [sys.executable, "-m", "echobench.torchrun", str(note), f"--nproc-per-node={nproc}"]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
                 f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+    if nnodes > 1:
+        print(f"echobench: {rendezvous_note(nnodes, node_rank, master_addr, master_port)}", file=sys.stderr, flush=True)
     if binding := os.environ.get("ECHOBENCH_NUMA_BINDING"):  # slurm.numa_binding, set by the job script
         cmd += numa_binding_args(binding)
     return cmd + ["-m", "echobench", command, *run_args]

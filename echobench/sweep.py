@@ -28,6 +28,7 @@ they end; a refusal that passes with time (a submit limit, a busy controller) le
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
@@ -47,7 +48,7 @@ from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, Subm
                                  make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
-from echobench.results import Record, export_table, load_records, records_frame
+from echobench.results import Record, export_table, load_records, records_frame, validation_text
 
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
@@ -91,9 +92,18 @@ class RunEntry(BaseModel):
     finished: str | None = None
 
 
+class CorruptSweepState(ValueError):
+    """SWEEP/sweep.json is there but cannot be read, parsed or validated. No command saves over it
+    (it may hold the job ids of jobs still running: a fresh state would submit their runs again)."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: unreadable sweep state ({' '.join(why.split())}): move it aside to start the "
+                         f"sweep's bookkeeping afresh (runs with records are kept; check squeue for jobs it listed)")
+
+
 class SweepState(BaseModel):
-    """SWEEP/sweep.json. Every field has a default, so files of earlier versions load; one that
-    cannot be read at all loads empty (its runs then count by their records alone)."""
+    """SWEEP/sweep.json. Every field has a default, so files of earlier versions load; a missing one
+    loads empty; one there but unreadable raises CorruptSweepState."""
 
     matrix: str | None = None
     updated: str | None = None
@@ -108,10 +118,21 @@ class SweepState(BaseModel):
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepState:
+        """The state in SWEEP/sweep.json; empty where there is none; CorruptSweepState where it is
+        there but unreadable (truncated, not JSON, not a sweep state)."""
+        path = sweep_dir / SWEEP_FILE
         try:
-            return cls.model_validate_json((sweep_dir / SWEEP_FILE).read_text())
-        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+            text = path.read_text()
+        except FileNotFoundError:
             return cls()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorruptSweepState(path, getattr(exc, "strerror", None) or str(exc)) from None
+        try:
+            return cls.model_validate(json.loads(text))
+        except ValidationError as exc:
+            raise CorruptSweepState(path, validation_text(exc)) from None
+        except ValueError as exc:  # json's JSONDecodeError
+            raise CorruptSweepState(path, f"not JSON: {exc}") from None
 
     def save(self, sweep_dir: Path) -> None:
         write_json_atomic(sweep_dir / SWEEP_FILE, self.model_dump())
@@ -441,10 +462,10 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
     sweep_dir = opts.out.resolve()
     executor = make_executor(opts.executor, matrix)
     executor.check_dir(sweep_dir)  # raises ValueError
+    state = SweepState.load(sweep_dir)  # CorruptSweepState (a ValueError): refused before anything is written
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
     write_json_atomic(sweep_dir / "skipped.json", {"matrix": matrix.name, "skipped": skipped or []})
-    state = SweepState.load(sweep_dir)
     state.matrix, state.updated = matrix.name, now_iso()
     return Sweep(matrix, sweep_dir, executor, console, state)
 

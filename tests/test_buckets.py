@@ -183,3 +183,49 @@ def test_warming_the_buckets_moves_no_weight_and_leaves_no_gradient(shards):
         assert torch.equal(p, before[n]), n
         assert p.grad is None, n
     assert not setup.optimizer.state  # no step taken
+
+
+def bucketing_error(paths) -> str:
+    from echobench.data import DataError, LocalTarDataset
+
+    with pytest.raises(DataError) as e:
+        LocalTarDataset(paths, batching="bucket", audio_frames=12)
+    return str(e.value)
+
+
+def test_bucketing_says_what_to_do_about_each_shard_without_an_index(tmp_path, monkeypatch):
+    """A damaged shard: replace or remove it (`data index` refuses it); an unreadable one: its
+    permissions; one merely unindexed: `data index` of its real directory, or ECHOBENCH_CACHE."""
+    from echobench.data import index as index_module
+    from test_data_index import refuse_open, tiny_shards
+
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))
+    paths = tiny_shards(tmp_path / "s", [5, 5], index=False)
+    monkeypatch.setattr(index_module, "_writable", lambda d: False)  # a read-only data dir and cache
+    msg = bucketing_error(paths)
+    assert f"and {paths[0]} has none (2 of 2 shards without one): run `echobench data index {tmp_path / 's'}` " \
+           f"where it can write (or set ECHOBENCH_CACHE to a writable folder), or use batching=pad" in msg
+    monkeypatch.undo()
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))
+    refuse_open(monkeypatch, paths[1])
+    msg = bucketing_error(paths)
+    assert msg.endswith(f"and a shard cannot be read (1 of 2 shards without one): {paths[1]}: cannot be read "
+                        f"(Permission denied): give this user read access to it (or remove it from {paths[1].parent})")
+    paths[0].write_bytes(paths[0].read_bytes()[:1500])  # truncated: damaged, named before the unreadable one
+    msg = bucketing_error(paths)
+    assert f"and a damaged shard has none (2 of 2 shards without one): {paths[0]}: truncated or corrupt" in msg
+    assert msg.endswith("replace or remove that shard (or use batching=pad, where --skip-bad-samples skips its "
+                        "bad samples)") and "DIR" not in msg and "data index" not in msg
+
+
+def test_a_boundary_over_audio_frames_is_refused_before_anything_runs(tmp_path, cli):
+    from echobench.config import RunConfig
+
+    with pytest.raises(ValueError, match=r"buckets='32,100,1000': 100, 1000 are over audio_frames=64, the longest audio and "
+                                         r"always the last bucket: give boundaries up to 64, or raise audio_frames"):
+        RunConfig(batching="bucket", data=str(tmp_path), audio_frames=64, buckets="32,100,1000")
+    assert RunConfig(batching="bucket", data=str(tmp_path), audio_frames=64, buckets="32,64").buckets == "32,64"
+    proc = cli("run", "--scale", "tiny", "--batching", "bucket", "--data", tmp_path, "--audio-frames", "64",
+               "--buckets", "1000", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "1000 is over audio_frames=64" in proc.stderr and not (tmp_path / "out").exists()

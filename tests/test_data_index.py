@@ -14,7 +14,7 @@ from echobench.data import DataError, LocalTarDataset, write_shard
 from echobench.data import dataset as dataset_module
 from echobench.data import index as index_module
 from echobench.data.dataset import _is_mine, _own_indices
-from echobench.data.index import build_index, cache_path, index_path, load_index, read_records
+from echobench.data.index import build_index, cache_path, ensure_index, index_path, load_index, read_records
 from test_data import rewrite_without, sample
 
 
@@ -40,6 +40,23 @@ def forbid_walk(monkeypatch):
     def walk(*a, **k):
         raise AssertionError("the reader walked a shard that has an index")
     monkeypatch.setattr(dataset_module, "iter_shard", walk)
+
+
+def refuse_open(monkeypatch, *shards):
+    """Opening these shards is refused, as for a file this user may not read (root reads a chmod
+    000 file all the same), both where indexes are built and where shards are walked."""
+    import builtins
+    import errno
+
+    from echobench.data import format as format_module
+
+    def refusing(path, *a, **k):
+        if str(path) in map(str, shards):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return builtins.open(path, *a, **k)
+
+    for module in (index_module, format_module):
+        monkeypatch.setattr(module, "open", refusing, raising=False)
 
 
 @pytest.fixture
@@ -378,6 +395,37 @@ def test_a_truncated_shard_is_walked_and_names_shard_and_key(tmp_path, caplog):
     assert got == expected and ds.skipped == walk.skipped == 1
 
 
+def test_a_shard_that_cannot_be_read_is_said_so_not_called_corrupt(tmp_path, monkeypatch):
+    shards = tiny_shards(tmp_path, [3, 2], index=False)
+    refuse_open(monkeypatch, shards[1])
+    assert ensure_index(shards[1]) == (None, "unreadable", f"{shards[1]}: cannot be read (Permission denied): give "
+                                                            f"this user read access to it")
+    assert ensure_index(tmp_path / "gone.tar")[:2] == (None, "unreadable")  # stat fails: not damage either
+    ds = LocalTarDataset(tmp_path, loop=False)
+    assert set(ds.indexes) == {shards[0]} and ds.not_indexed[shards[1]][0] == "unreadable"
+    err = error_of(ds)  # its walk says the same
+    assert err.startswith(f"{shards[1]}: sample '<first sample>': the shard cannot be read (Permission denied)")
+    assert "corrupt" not in err
+
+
+def test_nowhere_to_write_an_index_suggests_echobench_cache(tmp_path, monkeypatch):
+    (shard,) = tiny_shards(tmp_path, [3], index=False)
+    monkeypatch.setattr(index_module, "_writable", lambda d: False)
+    index, status, detail = ensure_index(shard)
+    assert (index, status) == (None, "unwritable")
+    assert detail == f"neither {tmp_path} nor the cache {cache_path(shard).parent} can be written: set " \
+                     f"ECHOBENCH_CACHE to a writable folder"
+    monkeypatch.undo()
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))
+
+    def refused(*a, **k):  # the directories said yes, then the writes failed (a read-only mount)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(index_module, "write_index", refused)
+    index, status, detail = ensure_index(shard)
+    assert status == "unwritable" and detail.endswith("(Permission denied): set ECHOBENCH_CACHE to a writable folder")
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 def test_data_index_command_indexes_shards_from_elsewhere(tmp_path):
@@ -387,9 +435,28 @@ def test_data_index_command_indexes_shards_from_elsewhere(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == f"shard-000.tar: 3 samples, written to {index_path(shards[0])}"
-    assert lines[-1] == "2 shards, 5 samples indexed: 2 written, 0 up to date, 0 damaged, 0 with nowhere to write"
+    assert lines[-1] == "2 shards, 5 samples indexed: 2 written, 0 up to date, 0 damaged, 0 unreadable, 0 with " \
+                        "nowhere to write"
     assert all(load_index(s) is not None for s in shards)
     shards[1].write_bytes(shards[1].read_bytes()[:1500])  # truncated: damaged
     proc = run_cli("data", "index", data, tmp_path=tmp_path)
     assert proc.returncode == 1
     assert "shard-001.tar: damaged, not indexed" in proc.stdout and "1 up to date, 1 damaged" in proc.stdout
+
+
+def test_data_index_command_says_a_shard_cannot_be_read(tmp_path, monkeypatch):
+    """In process (the refusal is simulated: root reads a chmod 000 file): not "damaged"; exit 1."""
+    from typer.testing import CliRunner
+
+    from echobench.cli import app
+
+    shards = tiny_shards(tmp_path / "data", [3, 2], index=False)
+    refuse_open(monkeypatch, shards[1])
+    result = CliRunner().invoke(app, ["data", "index", str(tmp_path / "data")])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 1, out
+    assert f"shard-001.tar: cannot be read, not indexed: {shards[1]}: cannot be read (Permission denied): give this " \
+           f"user read access to it" in out
+    assert "corrupt" not in out and "damaged, not indexed" not in out
+    assert out.endswith("2 shards, 3 samples indexed: 1 written, 0 up to date, 0 damaged, 1 unreadable, 0 with "
+                        "nowhere to write")

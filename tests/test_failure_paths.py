@@ -153,6 +153,39 @@ def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
     assert codes[0] != 0 and codes[1] != 0, (codes, outputs[1][-3000:])
     assert record["status"] == "error" and "rank 1" in record["error"] and "injected failure at step 0" in record["error"]
     assert record["cause_rank"] == 1
+    for rank, output in enumerate(outputs):  # each said, before it waited, where it waits for the other
+        assert f"echobench: node {rank} of 2: waiting for the other nodes at 127.0.0.1:" in output, output[-3000:]
+
+
+def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, monkeypatch):
+    """torchrun prints nothing while it waits for the other nodes: the launcher says where, once."""
+    from echobench import commbench
+    from echobench.launch import torchrun_command
+
+    cmd = torchrun_command(["--out", "o"], 1, 2, 0, None, 29511, Path("note.json"))
+    assert "--master-addr=127.0.0.1" in cmd and "--node-rank=0" in cmd
+    assert capsys.readouterr().err == ("echobench: node 0 of 2: waiting for the other nodes at 127.0.0.1:29511 "
+                                       "(rendezvous; --master-addr names the first node)\n")
+    torchrun_command(["--out", "o"], 2, 1, 0, None, 29500, Path("note.json"))  # one node: no one to wait for
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env=None: 0)
+    assert commbench.launch_node(["--device", "cpu"], 1, 3, 2, "node-a", 29512) == 0  # calibrate --comm's launcher
+    assert capsys.readouterr().err.startswith("echobench: node 2 of 3: waiting for the other nodes at node-a:29512 ")
+
+
+def test_a_node_other_than_the_first_without_master_addr_is_refused(cli, tmp_path):
+    """It would wait at its own 127.0.0.1 for ever: one line, before anything runs or is written."""
+    from echobench.launch import torchrun_command
+
+    with pytest.raises(ValueError, match=r"^--node-rank 1 of --nnodes 2 needs --master-addr: the host name or "
+                                         r"address of the first node \(node rank 0\), where the nodes meet$"):
+        torchrun_command([], 1, 2, 1, None, 29500, Path("note.json"))
+    out = tmp_path / "out"
+    for args in (["run", *TINY_ARGS, "--parallelism", "ddp", "--nproc", "1", "--out", out],
+                 ["calibrate", "--comm", "--nproc", "1"]):
+        err = one_line_error(cli(*args, "--nnodes", "2", "--node-rank", "1"))
+        assert "--node-rank 1 of --nnodes 2 needs --master-addr" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("step", [1, -1])

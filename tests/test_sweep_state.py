@@ -2,14 +2,21 @@
 earlier versions load) and the Executor protocol both executors keep."""
 
 import inspect
+import io
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+from rich.console import Console
+
+from conftest import FIXTURES
+from echobench import sweep as sw
 
 from echobench.executors import Executor
 from echobench.executors.local import LocalExecutor
 from echobench.executors.slurm import SlurmExecutor
-from echobench.sweep import SWEEP_FILE, RunEntry, SweepState
+from echobench.sweep import SWEEP_FILE, CorruptSweepState, RunEntry, SweepState
 
 # sweep.json as sweeps wrote it before it was typed: a settled run, a job still pending, a refused
 # submission (no job id), and an entry with none of the optional keys.
@@ -37,11 +44,69 @@ def test_an_old_sweep_json_loads_and_keeps_every_value(tmp_path):
     assert all(saved[rid][k] == v for rid, old in OLD["runs"].items() for k, v in old.items())
 
 
-@pytest.mark.parametrize("text", ["{not json", "[]", '{"runs": []}', '{"runs": {"a": {"attempt": "x"}}}'])
-def test_an_unreadable_sweep_json_loads_empty(tmp_path, text):
-    (tmp_path / SWEEP_FILE).write_text(text)
+def test_a_missing_sweep_json_loads_empty(tmp_path):
     assert SweepState.load(tmp_path) == SweepState()
     assert SweepState.load(tmp_path / "missing") == SweepState()
+
+
+@pytest.mark.parametrize("text", ["{not json", "", "[]", '{"runs": []}', '{"runs": {"a": {"attempt": "x"}}}',
+                                  json.dumps(OLD)[:len(json.dumps(OLD)) // 2], b"\xff\xfe"])
+def test_an_unreadable_sweep_json_is_one_line_naming_it_and_the_fix(tmp_path, text):
+    path = tmp_path / SWEEP_FILE
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(CorruptSweepState) as caught:
+        SweepState.load(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: unreadable sweep state (") and "\n" not in message
+    assert message.endswith("move it aside to start the sweep's bookkeeping afresh (runs with records are kept; "
+                            "check squeue for jobs it listed)")
+    assert isinstance(caught.value, ValueError)  # the CLI's `except ValueError` turns it into `error: ...`
+
+
+def corrupt_sweep(tmp_path) -> tuple[Path, bytes]:
+    """A sweep directory whose sweep.json, naming a SLURM job still running, was cut in half:
+    (the directory, the file's bytes, which no command may change)."""
+    sweep = tmp_path / "sweep"
+    (sweep / "a").mkdir(parents=True)
+    (sweep / "a" / "run.yaml").write_text("scale: tiny\n")
+    SweepState(matrix="t", planned=["a"], runs={"a": RunEntry(executor="slurm", attempt=1, job_id="4242",
+                                                              state="running")}).save(sweep)
+    text = (sweep / SWEEP_FILE).read_bytes()
+    (sweep / SWEEP_FILE).write_bytes(text[:len(text) // 2])
+    return sweep, text[:len(text) // 2]
+
+
+def test_status_and_cancel_stop_at_an_unreadable_sweep_json_and_keep_it(tmp_path, monkeypatch):
+    sweep, kept = corrupt_sweep(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # no scancel / sacct is ever called
+    with pytest.raises(CorruptSweepState, match="unreadable sweep state"):
+        sw.cancel_sweep(sweep, Console(file=io.StringIO()), wait_s=0)
+    with pytest.raises(CorruptSweepState, match="unreadable sweep state"):
+        sw.status(sweep)
+    assert (sweep / SWEEP_FILE).read_bytes() == kept
+
+
+def test_a_sweep_over_an_unreadable_sweep_json_writes_nothing(tmp_path, cli):
+    sweep, kept = corrupt_sweep(tmp_path)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(json.dumps({"name": "t", "executor": "local", "hardware": {"peak_tflops": 1},
+                                  "defaults": {"scale": "tiny"}}))
+    proc = cli("sweep", matrix, "--out", sweep)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{sweep.resolve() / SWEEP_FILE}: unreadable sweep state" in proc.stderr.replace("\n", "")
+    assert (sweep / SWEEP_FILE).read_bytes() == kept
+    assert sorted(p.name for p in sweep.iterdir()) == ["a", SWEEP_FILE]  # no matrix.yaml, no skipped.json
+
+
+def test_the_report_goes_on_from_the_records_with_a_warning(tmp_path):
+    from echobench.report import load_report_input
+
+    sweep, _ = corrupt_sweep(tmp_path)
+    shutil.copy(FIXTURES / "record-v2.json", sweep / "a" / "result.json")
+    data = load_report_input([sweep])
+    assert len(data.records) == 1
+    (warning,) = [p for p in data.problems if SWEEP_FILE in p]
+    assert warning.startswith(f"{sweep / SWEEP_FILE}: unreadable sweep state (") and "records alone" in warning
 
 
 def test_a_new_entry_is_pending_and_not_settled():
@@ -68,3 +133,13 @@ def test_no_wait_on_the_local_executor_is_refused_before_anything_is_written(cli
     proc = cli("sweep", matrix, "--out", tmp_path / "sweep", "--no-wait")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "--no-wait needs --executor slurm" in proc.stderr and not (tmp_path / "sweep").exists()
+
+
+def test_status_and_cancel_say_so_in_one_line_and_exit_2(tmp_path, cli):
+    sweep, kept = corrupt_sweep(tmp_path)
+    for command in ("status", "cancel"):
+        proc = cli(command, sweep)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (command, proc.stderr)
+        assert proc.stderr.startswith("error: ") and "unreadable sweep state" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+    assert (sweep / SWEEP_FILE).read_bytes() == kept

@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .format import FRAME_RATE, LATENT_DIM, DataError, iter_shard
 from .buckets import boundaries, rank_slice, window
-from .index import ensure_index, read_records, read_slots
+from .index import CACHE_HINT, ensure_index, index_command, read_records, read_slots
 from .synth import WORDS
 from .tokenizer import TextTokenizer
 
@@ -164,7 +164,7 @@ class LocalTarDataset(IterableDataset):
         self.shuffle_seed, self.skip_bad_samples, self.loop = shuffle_seed, skip_bad_samples, loop
         self.skipped = 0
         # Here, before DataLoader workers start: they inherit the indexes, and the log says it once.
-        self.indexes = _open_indexes(self.shards) if use_index else {}
+        self.indexes, self.not_indexed = _open_indexes(self.shards) if use_index else ({}, {})
         self.edges = None  # bucket boundaries (audio frames), with batching="bucket"
         if batching == "bucket":
             self._bucket_lengths(buckets, audio_frames)
@@ -178,15 +178,28 @@ class LocalTarDataset(IterableDataset):
             raise ValueError("batching=bucket needs audio_frames (the last bucket)")
         missing = [s for s in self.shards if s not in self.indexes]
         if missing:
-            raise DataError(f"batching=bucket reads the samples' lengths from the shards' indexes, and {missing[0]} "
-                            f"has none ({len(missing)} of {len(self.shards)} shards): run `echobench data index "
-                            f"DIR` where it can write, or use batching=pad")
+            raise DataError(self._no_lengths(missing))
         self.lengths = {s: np.array([r.get("frames") or 0 for r in read_records(self.indexes[s])], np.int64)
                         for s in self.shards}
         self.total = int(sum(len(v) for v in self.lengths.values()))
         if self.total == 0:
             raise DataError(f"{len(self.shards)} shard(s) hold no samples")
         self.edges = boundaries(np.concatenate(list(self.lengths.values())).tolist(), audio_frames, buckets)
+
+    def _no_lengths(self, missing: list) -> str:
+        """Why bucketing cannot start, and the fix: a damaged or unreadable shard gets no index, so
+        `data index` cannot help there (such a shard is named first); another shard's can be written."""
+        why = "batching=bucket reads the samples' lengths from the shards' indexes"
+        of = f"{len(missing)} of {len(self.shards)} shards without one"
+        status_of = {s: self.not_indexed.get(s, (None, ""))[0] for s in missing}
+        if damaged := [s for s in missing if status_of[s] == "damaged"]:
+            return (f"{why}, and a damaged shard has none ({of}): {self.not_indexed[damaged[0]][1]}: replace or "
+                    f"remove that shard (or use batching=pad, where --skip-bad-samples skips its bad samples)")
+        if unreadable := [s for s in missing if status_of[s] == "unreadable"]:
+            return (f"{why}, and a shard cannot be read ({of}): {self.not_indexed[unreadable[0]][1]} (or remove "
+                    f"it from {unreadable[0].parent})")
+        return (f"{why}, and {missing[0]} has none ({of}): run {index_command(missing[0])} where it can write "
+                f"(or {CACHE_HINT}), or use batching=pad")
 
     def _skip(self, err: DataError):
         self.skipped += 1
@@ -315,14 +328,16 @@ class LocalTarDataset(IterableDataset):
             yield {**item, "index": first + i, "shard": str(shard)}
 
 
-def _open_indexes(shards) -> dict:
-    """shard -> its index, for the shards that have one or get one here; the others are walked.
-    Says once what it built and what it walks."""
-    indexes, done = {}, {"built": [], "unwritable": [], "damaged": []}
+def _open_indexes(shards) -> tuple[dict, dict]:
+    """(shard -> its index, for the shards that have one or get one here; shard -> (status, detail)
+    of the others, which are walked: ensure_index's words). Says once what it built and what it walks."""
+    indexes, not_indexed, done = {}, {}, {"built": [], "unwritable": [], "damaged": [], "unreadable": []}
     for shard in shards:
         index, status, detail = ensure_index(shard)
         if index is not None:
             indexes[shard] = index
+        else:
+            not_indexed[shard] = status, detail
         if status != "fresh":
             done[status].append(detail)
 
@@ -332,17 +347,20 @@ def _open_indexes(shards) -> dict:
     walk = "read by walking their tar headers (each reader then pays for every other reader's samples)"
     if done["built"]:
         log.warning("indexed %d of %d shard(s) whose index was missing or out of date: %s; "
-                    "`echobench data index DIR` does this once ahead of a run",
-                    len(done["built"]), len(shards), some(done["built"]))
-    if done["unwritable"]:
-        log.warning("%d of %d shard(s) have no fresh index and none can be written, %s: %s; run "
-                    "`echobench data index DIR` where it can write, or set ECHOBENCH_CACHE to a "
-                    "writable directory", len(done["unwritable"]), len(shards), walk,
-                    some(done["unwritable"]))
+                    "%s does this once ahead of a run", len(done["built"]), len(shards), some(done["built"]),
+                    index_command(shards[0]))
+    if done["unwritable"]:  # the detail says to set ECHOBENCH_CACHE
+        first = next(s for s, (status, _) in not_indexed.items() if status == "unwritable")
+        log.warning("%d of %d shard(s) have no fresh index and none can be written, %s: %s; or run "
+                    "%s where it can write", len(done["unwritable"]), len(shards), walk,
+                    some(done["unwritable"]), index_command(first))
     if done["damaged"]:
         log.warning("%d of %d shard(s) are damaged and %s: %s", len(done["damaged"]), len(shards),
                     walk, some(done["damaged"]))
-    return indexes
+    if done["unreadable"]:
+        log.warning("%d of %d shard(s) cannot be read: %s", len(done["unreadable"]), len(shards),
+                    some(done["unreadable"]))
+    return indexes, not_indexed
 
 
 def _own_indices(global_batch: int, start: int, micro_batch: int, workers: int, worker: int,

@@ -86,19 +86,24 @@ def iter_shard(path, keep: Callable[[int], bool] | None = None) -> Iterator[tupl
 
     damage = None  # why the shard ends early, if it does
     try:
-        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                k, suffix = sample_key(member.name)
-                if k != key:
-                    if key is not None:
-                        yield index, finish()
-                    index, key, members = index + 1, k, {}
-                if keep(index):
-                    members[suffix] = tar.extractfile(member).read()
-            if not ends_cleanly(f, tar.offset):
-                damage = "truncated or corrupt shard (no end-of-archive marker after this sample)"
+        f = open(path, "rb")
+    except OSError as e:  # permissions, not damage: errors while reading it are damage (below)
+        f, damage = None, f"the shard cannot be read ({e.strerror or e})"
+    try:
+        if f is not None:
+            with f, tarfile.open(fileobj=f, mode="r:") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    k, suffix = sample_key(member.name)
+                    if k != key:
+                        if key is not None:
+                            yield index, finish()
+                        index, key, members = index + 1, k, {}
+                    if keep(index):
+                        members[suffix] = tar.extractfile(member).read()
+                if not ends_cleanly(f, tar.offset):
+                    damage = "truncated or corrupt shard (no end-of-archive marker after this sample)"
     except (tarfile.TarError, OSError, EOFError) as e:
         damage = f"truncated or corrupt shard ({e or type(e).__name__})"
     if damage is None:

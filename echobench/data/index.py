@@ -17,6 +17,7 @@ the reference (from their .npy headers); text_bytes: the text's UTF-8 length; nu
 is missing or unreadable (reading that sample then raises the DataError the walk raises). Slots are
 numbered as iter_shard numbers them; a damaged shard gets no index: its readers walk it.
 """
+import errno
 import hashlib
 import io
 import json
@@ -52,8 +53,26 @@ def cache_path(shard) -> Path:
     return cache_dir() / "shard-index" / f"{digest}-{shard.name}{SUFFIX}"
 
 
+CACHE_HINT = "set ECHOBENCH_CACHE to a writable folder"  # where an index goes when its shard's folder is read-only
+
+
+def index_command(shard, rebuild: bool = False) -> str:
+    """The `echobench data index` command that indexes this shard's directory."""
+    return f"`echobench data index {'--rebuild ' if rebuild else ''}{Path(shard).parent}`"
+
+
 def rebuild_hint(shard) -> str:
-    return f"rebuild it with `echobench data index --rebuild {Path(shard).parent}`"
+    return f"rebuild it with {index_command(shard, rebuild=True)}"
+
+
+class UnreadableShard(DataError):
+    """A shard the system will not let this process open (permissions, gone): it may be whole, so
+    it is not called damaged."""
+
+
+def unreadable(shard, e: OSError) -> UnreadableShard:
+    hint = ": give this user read access to it" if e.errno in (errno.EACCES, errno.EPERM) else ""
+    return UnreadableShard(f"{shard}: cannot be read ({e.strerror or e}){hint}")
 
 
 @dataclass(frozen=True)
@@ -116,14 +135,19 @@ def _entry(f, key: str, members: dict) -> dict:
 def build_index(shard) -> tuple[list[dict], int]:
     """The records of a shard's slots and the offset of its end-of-archive marker, from one walk
     over its tar headers (slots numbered as iter_shard numbers them, member bytes unread but for
-    the .npy headers and the json). DataError for a damaged shard: it is read by the walk."""
+    the .npy headers and the json). DataError for a damaged shard: it is read by the walk;
+    UnreadableShard (a DataError) for one that cannot be opened."""
     entries, key, members = [], None, {}
 
     def where():
         return "before its first sample" if key is None else f"after sample {key!r}"
 
     try:
-        with open(shard, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        f = open(shard, "rb")
+    except OSError as e:  # permissions, not damage: errors while reading it are damage (below)
+        raise unreadable(shard, e) from e
+    try:
+        with f, tarfile.open(fileobj=f, mode="r:") as tar:
             for m in tar:
                 if not m.isfile():
                     continue
@@ -172,7 +196,7 @@ def _place(shard: Path) -> tuple[Path | None, str]:
         return beside, ""
     if _writable(cached.parent):
         return cached, ""
-    return None, f"neither {beside.parent} nor the cache {cached.parent} can be written"
+    return None, f"neither {beside.parent} nor the cache {cached.parent} can be written: {CACHE_HINT}"
 
 
 def write_index(shard, entries: list[dict], end: int, st: os.stat_result | None = None) -> Path:
@@ -231,14 +255,15 @@ def load_index(shard) -> ShardIndex | None:
 
 def ensure_index(shard, rebuild: bool = False) -> tuple[ShardIndex | None, str, str]:
     """(index, status, detail) for one shard: status "fresh" (found), "built" (written to detail),
-    "damaged" (a damaged shard: no index; detail is the DataError) or "unwritable" (missing or
-    stale, and nowhere to write one; detail says why). Without an index a reader walks the shard."""
+    "damaged" (a damaged shard: no index; detail is the DataError), "unreadable" (a shard this
+    process may not open: detail says why) or "unwritable" (missing or stale, and nowhere to write
+    one; detail says why). Without an index a reader walks the shard."""
     shard = Path(shard)
     try:
         st = shard.stat()
         found = None if rebuild else load_index(shard)
     except OSError as e:
-        return None, "damaged", f"{shard}: cannot read the shard ({e.strerror or e})"
+        return None, "unreadable", str(unreadable(shard, e))
     if found is not None:
         return found, "fresh", str(found.path)
     path, why = _place(shard)
@@ -246,12 +271,14 @@ def ensure_index(shard, rebuild: bool = False) -> tuple[ShardIndex | None, str, 
         return None, "unwritable", why
     try:
         entries, end = build_index(shard)
+    except UnreadableShard as e:
+        return None, "unreadable", str(e)
     except DataError as e:
         return None, "damaged", str(e)
     try:
         path = write_index(shard, entries, end, st)
     except OSError as e:
-        return None, "unwritable", f"cannot write {path} ({e.strerror or e})"
+        return None, "unwritable", f"cannot write {path} ({e.strerror or e}): {CACHE_HINT}"
     found = load_index(shard)
     if found is None:  # the index is stale already: walk the shard, which is being written?
         return None, "damaged", f"{shard}: changed while it was indexed"

@@ -58,24 +58,31 @@ def successful(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[(frame["status"] == "ok") & frame["mfu"].notna()]
 
 
-def sweep_matrix_names(paths) -> dict[Path, str]:
-    """Sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root."""
-    from echobench.sweep import SWEEP_FILE, SweepState
+def sweep_matrix_names(paths) -> tuple[dict[Path, str], list[str]]:
+    """(sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root;
+    the unreadable state files: their runs are reported from their records alone, without a matrix)."""
+    from echobench.sweep import SWEEP_FILE, CorruptSweepState, SweepState
 
-    names = {}
+    names, problems = {}, []
     for p in map(Path, paths):
         for state_file in sorted(p.rglob(SWEEP_FILE)) if p.is_dir() else []:
-            if name := SweepState.load(state_file.parent).matrix:
+            try:
+                name = SweepState.load(state_file.parent).matrix
+            except CorruptSweepState as exc:
+                problems.append(f"{exc} (reported from the runs' records alone)")
+                continue
+            if name:
                 names[state_file.parent.resolve()] = name
-    return names
+    return names, problems
 
 
 def load_report_input(paths) -> ReportInput:
     paths = [Path(p) for p in paths]
     records, problems = load_records(paths)
     skipped, skip_problems = load_skipped(paths)
-    frame = report_frame(records, sweep_matrix_names(paths))
-    return ReportInput(paths, records, frame, skipped, problems + skip_problems)
+    sweeps, sweep_problems = sweep_matrix_names(paths)
+    frame = report_frame(records, sweeps)
+    return ReportInput(paths, records, frame, skipped, problems + skip_problems + sweep_problems)
 
 
 # ---- the frame: records_frame plus what the report needs ----
