@@ -918,6 +918,8 @@ def cancel(
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
     from echobench import sweep as sw
 
+    if not sweep_dir.is_dir():
+        fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
     if not (sweep_dir / sw.SWEEP_FILE).is_file():
         fail(f"{sweep_dir}: no {sw.SWEEP_FILE} here: not a sweep directory")
     writable_dir(sweep_dir, f"cancel in {sweep_dir}")

@@ -143,3 +143,11 @@ def test_status_and_cancel_say_so_in_one_line_and_exit_2(tmp_path, cli):
         assert proc.stderr.startswith("error: ") and "unreadable sweep state" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr + proc.stdout
     assert (sweep / SWEEP_FILE).read_bytes() == kept
+
+
+def test_cancel_names_a_missing_directory_apart_from_one_that_is_no_sweep(tmp_path, cli):
+    proc = cli("cancel", tmp_path / "nope")
+    assert proc.returncode == 2 and "no such directory" in proc.stderr and not (tmp_path / "nope").exists()
+    (tmp_path / "plain").mkdir()
+    proc = cli("cancel", tmp_path / "plain")
+    assert proc.returncode == 2 and "not a sweep directory" in proc.stderr
