@@ -26,9 +26,14 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """A clear one-line error for bad input; no Python traceback. The message is plain text."""
+def print_error(message: str) -> None:
+    """The one `error:` line of bad input; the message is plain text."""
     err_console.print(f"[bold red]error:[/] {esc(message)}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """A clear one-line error for bad input; no Python traceback."""
+    print_error(message)
     raise typer.Exit(code)
 
 
@@ -287,11 +292,9 @@ def calibrate(
     if not comm and any(comm_only.values()):
         given = [flag for flag, set_ in comm_only.items() if set_]
         fail(f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of calibrate --comm: add --comm")
-    if node_rank >= nnodes:
-        fail(f"--node-rank {node_rank}: must be below --nnodes {nnodes}")
     from echobench.launch import rendezvous_problem
 
-    if comm and (problem := rendezvous_problem(nnodes, node_rank, master_addr)):
+    if problem := rendezvous_problem(nnodes, node_rank, master_addr):
         fail(problem)
     if comm:
         if out is not None:
@@ -838,13 +841,14 @@ def predict_command(
                                        "machine's)"))
         profiles = [found]
     items = pr.predict_runs(cfgs, profiles)
+    none_predicted = bool(cfgs) and not any(isinstance(p, pr.Prediction) for p in items)
     elapsed = clock.perf_counter() - started
     if as_json:
         rank = pr.ranks([p for p in items if isinstance(p, pr.Prediction)])
         print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
                           else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
                          indent=2, default=str))
-        if cfgs and not any(isinstance(p, pr.Prediction) for p in items):
+        if none_predicted:
             raise typer.Exit(1)  # every object holds its error
         return
     wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
@@ -859,7 +863,7 @@ def predict_command(
     console.print(f"rank: by predicted MFU among the runs of a scale and node count; hide GB/s: the bus bandwidth "
                   f"per link at which the overlappable collectives take no longer than the compute they overlap; "
                   f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
-    if cfgs and not any(isinstance(p, pr.Prediction) for p in items):
+    if none_predicted:
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
@@ -994,8 +998,7 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", 2))  # the help is already printed
         ctx = getattr(exc, "ctx", None)
         hint = f" (`{ctx.command_path} --help` lists them)" if ctx is not None else ""
-        err_console.print(f"[bold red]error:[/] {esc(' '.join(exc.format_message().split()) + hint)}",
-                          highlight=False, soft_wrap=True)  # fail()'s line, outside the app that catches its Exit
+        print_error(" ".join(exc.format_message().split()) + hint)  # not fail(): no app here to catch its Exit
         sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
 
