@@ -255,9 +255,8 @@ TORCHTITAN_DDP_BUCKET_BYTES = (100 * 2**20, 100 * 2**20)
 TORCH_DDP_BUCKET_BYTES = (2**20, 25 * 2**20)
 # The plain DiT block's weights the TP DiT splits across ranks: the parts stacked in
 # echobench.model.megatron.TPStateDictAdapter.SHARDED (kept here: no megatron-core import).
-TP_SHARDED = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wgate.weight", "attn.wk_text.weight",
-              "attn.wv_text.weight", "attn.wk_speaker.weight", "attn.wv_speaker.weight", "attn.wo.weight",
-              "mlp.gate.weight", "mlp.up.weight", "mlp.down.weight")
+TP_SHARDED = ("attn.in_proj.weight", "attn.wkv_text.weight", "attn.wkv_speaker.weight", "attn.wo.weight",
+              "mlp.gate_up.weight", "mlp.down.weight")
 FRAME_COUNT_BYTES = 8  # bench.global_frame_count: the int64 count of real frames, summed over the replicas
 FP32 = 4
 

@@ -81,9 +81,9 @@ class GemmShape:
 
 
 def gemm_shapes(cfg, micro_batch: int, audio_frames: int, text_tokens: int, speaker_frames: int) -> list[GemmShape]:
-    """The linear layers of one DiT block of `cfg` (an EchoConfig) at a micro-batch's rows, forward:
-    the plain model's (torchtitan; echobench/model/dit.py) and megatron's fused ones at TP=1
-    (echobench/model/megatron.py). Rows: micro_batch x audio_frames for the latent stream,
+    """The linear layers of one DiT block of `cfg` (an EchoConfig) at a micro-batch's rows, forward,
+    at TP=1: the plain model (echobench/model/dit.py) and megatron's TP model
+    (echobench/model/megatron.py) fuse the same projections. Rows: micro_batch x audio_frames for the latent stream,
     x text_tokens for the text keys / values, x speaker patches for the speaker ones, micro_batch
     for the AdaLN (one conditioning vector per sample). Shapes met twice are timed once, under
     both names."""
@@ -93,15 +93,12 @@ def gemm_shapes(cfg, micro_batch: int, audio_frames: int, text_tokens: int, spea
     latent, text = micro_batch * audio_frames, micro_batch * text_tokens
     speaker = micro_batch * speaker_patches(cfg, speaker_frames)
     listed = [
-        GemmShape("attn q/k/v/gate/out", latent, d, d),
-        GemmShape("attn qkv+gate fused (megatron)", latent, 4 * d, d),
-        GemmShape("mlp gate/up", latent, hidden, d),
-        GemmShape("mlp gate+up fused (megatron)", latent, 2 * hidden, d),
+        GemmShape("attn q+k+v+gate", latent, 4 * d, d),
+        GemmShape("attn out", latent, d, d),
+        GemmShape("mlp gate+up", latent, 2 * hidden, d),
         GemmShape("mlp down", latent, d, hidden),
-        GemmShape("text k/v", text, d, d),
-        GemmShape("text k+v fused (megatron)", text, 2 * d, d),
-        GemmShape("speaker k/v", speaker, d, ds),
-        GemmShape("speaker k+v fused (megatron)", speaker, 2 * d, ds),
+        GemmShape("text k+v", text, 2 * d, d),
+        GemmShape("speaker k+v", speaker, 2 * d, ds),
         GemmShape("adaln down", micro_batch, rank, d),
         GemmShape("adaln up", micro_batch, 6 * d, rank),
     ]

@@ -128,9 +128,10 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
               speaker_frames: int, ac: str) -> tuple[tuple[Matmul, ...], tuple[AttentionWork, ...]]:
     """The GEMMs and attentions of one step of one rank: flops.model_flops' matmuls at rows =
     micro_batch x tokens (its conventions: backward 2x, 1x for a first layer, the frozen encoder
-    forward only), AC full's recompute (flops.recompute_flops' blocks), and megatron's layout:
-    q/k/v/gate, text and speaker k/v and the MLP's gate/up fused column-parallel (n / tp), the
-    attention and MLP outputs row-parallel (k / tp), heads split; everything else replicated."""
+    forward only), AC full's recompute (flops.recompute_flops' blocks), with q/k/v/gate, text and
+    speaker k/v and the MLP's gate/up each one GEMM (both backends), and megatron's layout: those
+    column-parallel (n / tp), the attention and MLP outputs row-parallel (k / tp), heads split;
+    everything else replicated."""
     m, b, la, lt = model_cfg, micro_batch, audio_frames, text_tokens
     d, ds, p = m.width, m.speaker_width, speaker_patches(m, speaker_frames)
     keys, full = la + lt + p, ac == "full"
@@ -138,19 +139,13 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
     att: list[AttentionWork] = []
     latent, text, spk = b * la, b * lt, b * p
     L = m.layers
-    if framework == "megatron":
-        _linear(mm, "dit_attention", latent, 4 * d // tp, d, L, recompute=full)  # q, k, v, gate
-        _linear(mm, "dit_attention", latent, d, d // tp, L, recompute=full)  # out (row-parallel)
-        _linear(mm, "dit_attention", text, 2 * d // tp, d, L, recompute=full)
-        _linear(mm, "dit_attention", spk, 2 * d // tp, ds, L, recompute=full)
-        _linear(mm, "dit_mlp", latent, 2 * m.mlp // tp, d, L, recompute=full)  # gate + up
-        _linear(mm, "dit_mlp", latent, d, m.mlp // tp, L, recompute=full)  # down (row-parallel)
-    else:
-        _linear(mm, "dit_attention", latent, d, d, 5 * L, recompute=full)  # q, k, v, gate, out
-        _linear(mm, "dit_attention", text, d, d, 2 * L, recompute=full)
-        _linear(mm, "dit_attention", spk, d, ds, 2 * L, recompute=full)
-        _linear(mm, "dit_mlp", latent, m.mlp, d, 2 * L, recompute=full)  # gate, up
-        _linear(mm, "dit_mlp", latent, d, m.mlp, L, recompute=full)  # down
+    # Both backends fuse the same projections (megatron's column-parallel ones split n by tp).
+    _linear(mm, "dit_attention", latent, 4 * d // tp, d, L, recompute=full)  # q, k, v, gate
+    _linear(mm, "dit_attention", latent, d, d // tp, L, recompute=full)  # out (row-parallel)
+    _linear(mm, "dit_attention", text, 2 * d // tp, d, L, recompute=full)  # text k, v
+    _linear(mm, "dit_attention", spk, 2 * d // tp, ds, L, recompute=full)  # speaker k, v
+    _linear(mm, "dit_mlp", latent, 2 * m.mlp // tp, d, L, recompute=full)  # gate + up
+    _linear(mm, "dit_mlp", latent, d, m.mlp // tp, L, recompute=full)  # down (row-parallel)
     fwd = 4 * b * la * keys * d * L // tp
     att.append(AttentionWork("dit_attention", "forward", la, keys, fwd, L))
     att.append(AttentionWork("dit_attention", "backward", la, keys, 2 * fwd, L))
@@ -167,8 +162,9 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
     # Speaker encoder: full AC re-runs all of a block but its MLP down projection (flops.recompute_flops).
     S = m.speaker_layers
     _linear(mm, "speaker_encoder", spk, ds, m.latent_dim * m.speaker_patch, input_grad=False)
-    _linear(mm, "speaker_encoder", spk, ds, ds, 4 * S, recompute=full)
-    _linear(mm, "speaker_encoder", spk, m.speaker_mlp, ds, 2 * S, recompute=full)
+    _linear(mm, "speaker_encoder", spk, 3 * ds, ds, S, recompute=full)  # q, k, v
+    _linear(mm, "speaker_encoder", spk, ds, ds, S, recompute=full)  # out
+    _linear(mm, "speaker_encoder", spk, 2 * m.speaker_mlp, ds, S, recompute=full)  # gate + up
     _linear(mm, "speaker_encoder", spk, ds, m.speaker_mlp, S)
     fwd = 4 * b * p * p * ds * S
     att.append(AttentionWork("speaker_encoder", "forward", p, p, fwd, S))

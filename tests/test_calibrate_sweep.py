@@ -37,10 +37,9 @@ def test_the_shapes_are_the_dit_blocks_linears_of_the_preset(scale):
     dims = {(s.m, s.n, s.k) for s in shapes}
     latent, speaker = mb * frames, mb * speaker_patches(cfg, spk)
     d, hidden = cfg.width, cfg.mlp
-    # The MLP's hidden size is the n of gate/up and the k of down; q/k/v/gate/out are width x width.
-    assert {(latent, hidden, d), (latent, d, hidden), (latent, d, d)} <= dims
-    assert (latent, 4 * d, d) in dims and (latent, 2 * hidden, d) in dims  # megatron's fused ones
-    assert (mb * tokens, d, d) in dims and (speaker, d, cfg.speaker_width) in dims  # cross-attention k/v
+    # Fused projections: q/k/v/gate (4 x width), the MLP's gate/up (2 x hidden); out and down.
+    assert {(latent, 4 * d, d), (latent, 2 * hidden, d), (latent, d, hidden), (latent, d, d)} <= dims
+    assert (mb * tokens, 2 * d, d) in dims and (speaker, 2 * d, cfg.speaker_width) in dims  # cross-attention k+v
     assert (mb, cfg.adaln_rank, d) in dims and (mb, 6 * d, cfg.adaln_rank) in dims  # AdaLN, low rank
     assert len(dims) == len(shapes)  # each shape once
     assert all(s.flops == 2 * s.m * s.n * s.k for s in shapes)
@@ -51,8 +50,8 @@ def test_shapes_met_twice_are_timed_once_under_both_names():
     cfg = RunConfig(scale="tiny").model_config()
     tokens = speaker_patches(cfg, 40)
     shapes = gemm_shapes(cfg, 2, 40, tokens, 40)
-    (both,) = [s for s in shapes if s.m == 2 * tokens and s.n == cfg.width]
-    assert both.name == "text k/v; speaker k/v"
+    (both,) = [s for s in shapes if s.m == 2 * tokens and s.n == 2 * cfg.width]
+    assert both.name == "text k+v; speaker k+v"
 
 
 def test_the_sweep_times_every_shape_it_lists_and_the_ceiling_is_the_best_median(cache, monkeypatch):
@@ -112,7 +111,7 @@ def test_cli_prints_the_sweep_table_then_the_headline(tmp_path):
                    check=True)
     out = " ".join(proc.stdout.split())  # as one line, however rich wraps it
     assert "GEMM sweep: tiny DiT block at micro-batch 1" in out and "(ceiling)" in out
-    assert "mlp gate/up" in out and "square" in out
+    assert "mlp gate+up" in out and "square" in out
     assert "GEMM ceiling" in out and "best of" in out and "saved " in out
     (path,) = (tmp_path / "cache" / "calibration").glob("*.json")
     rec = json.loads(path.read_text())

@@ -273,7 +273,7 @@ def test_tp_sharded_names_match_the_state_dict_adapter():
     from echobench.commvolume import TP_SHARDED
     from echobench.model.megatron import TPStateDictAdapter
 
-    assert sorted(TP_SHARDED) == sorted(part for parts, _ in TPStateDictAdapter.SHARDED.values() for part in parts)
+    assert sorted(TP_SHARDED) == sorted(plain for plain, _, _ in TPStateDictAdapter.SHARDED.values())
 
 
 def test_formulas_scale_with_the_layout():

@@ -94,16 +94,16 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one GEMM (`gate_up`, gate rows first)."""
 
     def __init__(self, width: int, hidden: int):
         super().__init__()
-        self.gate = nn.Linear(width, hidden, bias=False)
-        self.up = nn.Linear(width, hidden, bias=False)
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 def split_heads(x: torch.Tensor, heads: int, seq_first: bool = False) -> torch.Tensor:
@@ -124,18 +124,24 @@ def attention(q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
 
 
 class QKNormAttention(nn.Module):
-    """What every attention of the plain model starts with: q / k / v projections of `width` and
-    a per-head QK-norm (the speaker encoder's self-attention, the DiT's joint attention).
+    """What every attention of the plain model starts with: the projections of its input stream,
+    `projections` x `width` outputs in one GEMM (q / k / v, and the DiT's gate), and a per-head
+    QK-norm (the speaker encoder's self-attention, the DiT's joint attention).
 
     Each subclass makes its own output projection `wo` after its other layers: layers draw their
     initial weights in the order they are made, and this order keeps a seed's weights unchanged.
     """
 
-    def __init__(self, width: int, heads: int, eps: float = 1e-6):
+    def __init__(self, width: int, heads: int, eps: float = 1e-6, projections: int = 3):
         super().__init__()
         self.heads = heads
-        self.wq, self.wk, self.wv = (nn.Linear(width, width, bias=False) for _ in range(3))
+        self.projections = projections
+        self.in_proj = nn.Linear(width, projections * width, bias=False)
         self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+
+    def project_in(self, x) -> tuple[torch.Tensor, ...]:
+        """q, k, v (and gate): views of one GEMM's output."""
+        return self.in_proj(x).chunk(self.projections, dim=-1)
 
 
 class SelfAttention(QKNormAttention):
@@ -146,7 +152,7 @@ class SelfAttention(QKNormAttention):
         self.wo = nn.Linear(width, width, bias=False)
 
     def forward(self, x, freqs, mask):
-        q = apply_rope(self.q_norm(split_heads(self.wq(x), self.heads)), freqs)
-        k = apply_rope(self.k_norm(split_heads(self.wk(x), self.heads)), freqs)
-        v = split_heads(self.wv(x), self.heads)
+        q, k, v = (split_heads(t, self.heads) for t in self.project_in(x))
+        q = apply_rope(self.q_norm(q), freqs)
+        k = apply_rope(self.k_norm(k), freqs)
         return self.wo(merge_heads(attention(q, k, v, mask)))

@@ -54,25 +54,22 @@ def joint_attention(attn: nn.Module, x, text, speaker, freqs, key_mask):
 
 
 class JointAttention(QKNormAttention):
-    """joint_attention on plain linears: q / k / v / gate from the latent stream, text keys and
-    values from the projected text stream (width), speaker keys and values from the speaker
-    encoder output (speaker_width)."""
+    """joint_attention on plain linears: q / k / v / gate from the latent stream (one GEMM), text
+    keys and values from the projected text stream (width), speaker keys and values from the
+    speaker encoder output (speaker_width), each pair one GEMM."""
 
     seq_first = False
     forward = joint_attention
 
     def __init__(self, width: int, heads: int, speaker_width: int, eps: float = 1e-6):
-        super().__init__(width, heads, eps)
-        self.wgate = nn.Linear(width, width, bias=False)
-        self.wk_text = nn.Linear(width, width, bias=False)
-        self.wv_text = nn.Linear(width, width, bias=False)
-        self.wk_speaker = nn.Linear(speaker_width, width, bias=False)
-        self.wv_speaker = nn.Linear(speaker_width, width, bias=False)
+        super().__init__(width, heads, eps, projections=4)  # in_proj: q / k / v / gate
+        self.wkv_text = nn.Linear(width, 2 * width, bias=False)
+        self.wkv_speaker = nn.Linear(speaker_width, 2 * width, bias=False)
         self.wo = nn.Linear(width, width, bias=False)
 
     def project(self, x, text, speaker):
-        return ((self.wq(x), self.wk(x), self.wv(x), self.wgate(x)), (self.wk_text(text), self.wv_text(text)),
-                (self.wk_speaker(speaker), self.wv_speaker(speaker)))
+        # One GEMM per stream: a fused projection reads its input once and runs one larger GEMM.
+        return (self.project_in(x), self.wkv_text(text).chunk(2, dim=-1), self.wkv_speaker(speaker).chunk(2, dim=-1))
 
     def attend(self, q, k, v, key_mask):
         return attention(q, k, v, key_mask)

@@ -275,20 +275,21 @@ class TPEchoDiT(EchoDiT):
 class TPStateDictAdapter:
     """The plain EchoDiT state dict <-> each TP rank's TPEchoDiT state dict (exact inverses).
 
-    One table: each sharded TP weight of a block, the plain weights stacked in it and the
-    dimension split across ranks (0: column-parallel rows, 1: row-parallel columns). Rank r's
+    One table: each sharded TP weight of a block, the plain weight it comes from, how many
+    projections that weight stacks (the plain model fuses q / k / v / gate, k / v, gate / up) and
+    the dimension split across ranks (0: column-parallel rows, 1: row-parallel columns). Rank r's
     shard is [part_0's r-th slice; part_1's r-th slice; ...], so that chunking the local output
     recovers this rank's heads (or MLP columns) of every part. Every other weight is replicated
     under the same name (norms, AdaLN, embeddings, projections).
     """
 
     SHARDED = {
-        "attn.linear_qkvg.weight": (("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wgate.weight"), 0),
-        "attn.linear_kv_text.weight": (("attn.wk_text.weight", "attn.wv_text.weight"), 0),
-        "attn.linear_kv_speaker.weight": (("attn.wk_speaker.weight", "attn.wv_speaker.weight"), 0),
-        "attn.linear_proj.weight": (("attn.wo.weight",), 1),
-        "mlp.linear_fc1.weight": (("mlp.gate.weight", "mlp.up.weight"), 0),
-        "mlp.linear_fc2.weight": (("mlp.down.weight",), 1),
+        "attn.linear_qkvg.weight": ("attn.in_proj.weight", 4, 0),
+        "attn.linear_kv_text.weight": ("attn.wkv_text.weight", 2, 0),
+        "attn.linear_kv_speaker.weight": ("attn.wkv_speaker.weight", 2, 0),
+        "attn.linear_proj.weight": ("attn.wo.weight", 1, 1),
+        "mlp.linear_fc1.weight": ("mlp.gate_up.weight", 2, 0),
+        "mlp.linear_fc2.weight": ("mlp.down.weight", 1, 1),
     }
 
     def __init__(self, tp: int):
@@ -301,11 +302,12 @@ class TPStateDictAdapter:
     def to_tp(self, plain: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         """This TP rank's state dict from a plain one."""
         blocks = self._blocks(plain)
-        stacked = {b + part for b in blocks for parts, _ in self.SHARDED.values() for part in parts}
-        out = {name: value.clone() for name, value in plain.items() if name not in stacked}
+        sharded = {b + plain_name for b in blocks for plain_name, _, _ in self.SHARDED.values()}
+        out = {name: value.clone() for name, value in plain.items() if name not in sharded}
         for b in blocks:
-            for name, (parts, dim) in self.SHARDED.items():
-                out[b + name] = torch.cat([plain[b + part].chunk(self.tp, dim)[rank] for part in parts], dim)
+            for name, (plain_name, parts, dim) in self.SHARDED.items():
+                out[b + name] = torch.cat([part.chunk(self.tp, dim)[rank]
+                                           for part in plain[b + plain_name].chunk(parts, 0)], dim)
         return out
 
     def from_tp(self, shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -315,10 +317,10 @@ class TPStateDictAdapter:
         fused = {b + name for b in blocks for name in self.SHARDED}
         out = {name: value.clone() for name, value in shards[0].items() if name not in fused}
         for b in blocks:
-            for name, (parts, dim) in self.SHARDED.items():
-                per_rank = [shard[b + name].chunk(len(parts), dim) for shard in shards]
-                for i, part in enumerate(parts):
-                    out[b + part] = torch.cat([chunks[i] for chunks in per_rank], dim)
+            for name, (plain_name, parts, dim) in self.SHARDED.items():
+                per_rank = [shard[b + name].chunk(parts, dim) for shard in shards]
+                out[b + plain_name] = torch.cat([torch.cat([chunks[i] for chunks in per_rank], dim)
+                                                 for i in range(parts)], 0)
         return out
 
 
@@ -339,7 +341,7 @@ def mark_tp_parameters(model: TPEchoDiT) -> None:
     from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
     for name, param in model.named_parameters():
-        dim = next((d for suffix, (_, d) in TPStateDictAdapter.SHARDED.items() if name.endswith(suffix)), None)
+        dim = next((d for suffix, (_, _, d) in TPStateDictAdapter.SHARDED.items() if name.endswith(suffix)), None)
         if dim is not None and not getattr(param, "tensor_model_parallel", False):
             for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
                 if hasattr(param, attr):
