@@ -10,6 +10,7 @@ lengths (count_measured).
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import signal
@@ -33,6 +34,7 @@ from echobench.data.buckets import parse_buckets
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
+from echobench.kernels import compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices, size_recompile_limit
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.atomic import write_json_atomic
 from echobench.results import (Record, padding_figures, peak_mem_figures, peak_mem_gib, step_figures,
@@ -119,21 +121,30 @@ class StepTimer:
         return [self.elapsed(a, b) for a, b in self.waits]
 
 
-def train_step(setup, batch, draws, device_type: str, dp_size: int) -> torch.Tensor:
-    """One optimizer step (forward under autocast, backward, clip, update); the loss stays on the device."""
-    frames, reduce_frames = global_frame_count(batch, setup.dp_group)
-    with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
-                        enabled=setup.autocast_dtype is not None):
-        err = setup.model(batch, draws=draws, reduction="sum")
-    if reduce_frames is not None:
-        reduce_frames.wait()  # on GPU the stream waits, not the host
-    # The replicas average their gradients: x dp_size makes that the global batch's mean.
-    loss = err / frames.clamp(min=1) * dp_size
-    loss.backward()
+def train_step(setup, micro_batches: list, device_type: str, dp_size: int) -> torch.Tensor:
+    """One optimizer step over its micro-batches, (batch, draws) pairs (grad_accum of them): each
+    forward under autocast and backward, the gradients reduced across replicas in the last backward
+    only; then clip and update. Returns the step's loss, on the device."""
+    frames, reduce_frames = global_frame_count([batch for batch, _ in micro_batches], setup.dp_group)
+    total = None
+    for k, (batch, draws) in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
+        if setup.gradient_sync is not None and len(micro_batches) > 1:
+            setup.gradient_sync(last)
+        with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
+                            enabled=setup.autocast_dtype is not None):
+            err = setup.model(batch, draws=draws, reduction="sum")
+        if reduce_frames is not None and k == 0:
+            reduce_frames.wait()  # on GPU the stream waits, not the host
+        # Every micro-batch over the step's frames: the accumulated gradient is the whole step's mean;
+        # the replicas average their gradients: x dp_size makes that the global batch's mean.
+        loss = err / frames.clamp(min=1) * dp_size
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
     setup.clip_grad()
     setup.optimizer.step()
     setup.optimizer.zero_grad(set_to_none=True)
-    return loss
+    return total
 
 
 def warm_buckets(setup, cfg: RunConfig, frames_list: list[int], tokenizer, device, generator) -> None:
@@ -222,7 +233,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     from echobench.data import build_tokenizer, make_loader
 
     dtype = resolve_dtype(cfg.precision, info.device)
+    pin_sdpa_backend(cfg.sdpa_backend)
     setup = build_training(cfg, info, dtype)
+    echo = getattr(setup.model, "module", setup.model)  # the EchoTTS inside a DDP wrapper
     model_cfg = cfg.model_config()
     tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
     # Data-parallel rank: tensor-parallel peers read the same batch.
@@ -231,8 +244,10 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         cfg.data, micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens,
         speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
         seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
-        buckets=parse_buckets(cfg.buckets) if cfg.buckets else None,
+        buckets=parse_buckets(cfg.buckets) if cfg.buckets else None, num_workers=cfg.loader_workers,
     )
+    if setup.info.get("compile"):
+        size_recompile_limit(compile_graphs(loader.bucket_frames))
     # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
     # are a function of (seed, global sample index): the same samples get the same draws whatever
     # the number of ranks (diffusion_draws).
@@ -242,11 +257,16 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     timer = StepTimer(info.device)
     if loader.bucket_frames:
         warm_buckets(setup, cfg, loader.bucket_frames, tokenizer, info.device, generator)
-    lengths, padded, losses = [], [], []  # per measured step: real lengths, the shape padded to
+    # per measured micro-batch: real lengths, the shape padded to; the attention each part took
+    lengths, padded, losses = [], [], []
+    paths = {}
     measured_end = cfg.warmup_steps + cfg.steps
     total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
     profiled: dict = {}
     profiler = make_profiler(cfg, info, out_dir, profiled)
+    if cfg.gc_every:  # collect at fixed steps only (torchtitan's way): no pause at a random step
+        gc.disable()
+        gc.collect()
     try:
         try:
             for step in range(total):
@@ -254,23 +274,30 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                     if device_type == "cuda":
                         torch.cuda.reset_peak_memory_stats(info.device)
                     timer.mark()  # start of the first measured step
+                if cfg.gc_every and step and step % cfg.gc_every == 0:
+                    gc.collect(1)
                 measured = cfg.warmup_steps <= step < measured_end
-                before = timer.stamp() if measured else None
-                # The breakdown's data wait: only in the profiled steps (after the measured ones), so
-                # that the timed steps stay bare.
-                with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
-                        else nullcontext():
-                    batch = next(loader)
-                if measured:
-                    timer.waits.append((before, timer.stamp()))
-                    lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
-                    padded.append((batch.latent.shape[1], batch.text_ids.shape[1], cfg.speaker_frames))
-                sample_ids = batch.index.tolist()  # still on the host: no device sync
-                batch = batch.to(info.device)
+                micro_batches = []
+                for _ in range(cfg.grad_accum):
+                    before = timer.stamp() if measured else None
+                    # The breakdown's data wait: only in the profiled steps (after the measured ones),
+                    # so that the timed steps stay bare.
+                    with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
+                            else nullcontext():
+                        batch = next(loader)
+                    sample_ids = batch.index.tolist()  # still on the host: no device sync
+                    draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
+                                            model_cfg.cfg_dropout, info.device, generator)
+                    if measured:
+                        timer.waits.append((before, timer.stamp()))
+                        lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+                        padded.append((batch.latent.shape[1], batch.text_ids.shape[1], cfg.speaker_frames))
+                        took = echo.attention_paths(batch.padding, not draws.keep.all(), batch.text_ids.shape[1])
+                        for part, path in took.items():
+                            paths.setdefault(part, Counter())[path] += 1
+                    micro_batches.append((batch.to(info.device), draws))
                 maybe_inject_failure(cfg, step, info.rank)
-                draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
-                                        model_cfg.cfg_dropout, info.device, generator)
-                loss = train_step(setup, batch, draws, device_type, dp_size)
+                loss = train_step(setup, micro_batches, device_type, dp_size)
                 if step < measured_end:
                     losses.append(loss.detach())
                 if measured:
@@ -289,10 +316,14 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         step_times, waits = timer.durations(), timer.wait_durations()
     finally:
         loader.close()
+        gc.enable()
         if profiler is not None:
             discard_profiler(profiler)
 
-    counts = count_measured(model_cfg, cfg.ac, lengths, padded, skips_padded_keys(setup.info))
+    counts = count_measured(model_cfg, setup.info.get("ac_mode", cfg.ac), lengths, padded,
+                            skips_padded_keys(setup.info))
+    sdpa = sdpa_choices(model_cfg, cfg.micro_batch, max(shape[0] for shape in padded), cfg.text_tokens,
+                        cfg.speaker_frames, info.device, setup.autocast_dtype or dtype, tp=cfg.tp)
     return {
         "rank": info.rank,
         "hostname": os.uname().nodename,
@@ -307,6 +338,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
+        "attention_paths": {part: dict(counts) for part, counts in paths.items()},
+        "sdpa_backends": sdpa,
+        "compile_counts": compile_counts() if setup.info.get("compile") else None,
         # The chrome trace, when its export completed (profiling stopped by its bound may leave none).
         "trace": profiled.get("trace"),
         # A profiled rank whose trace never completed says so (summary and explain read every rank's entry).
@@ -315,11 +349,12 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     }
 
 
-def global_frame_count(batch, dp_group):
-    """The loss's frame count (loss_frames) summed over the data-parallel replicas: started before
-    the forward, which it overlaps; wait() the returned work (None: one replica) before using it.
-    The count stays on the device (no .item()), so the step gains no host sync."""
-    frames = loss_frames(batch)
+def global_frame_count(batches: list, dp_group):
+    """The loss's frame count (loss_frames) of a step's micro-batches summed over the data-parallel
+    replicas: started before the forward, which it overlaps; wait() the returned work (None: one
+    replica) before using it. The count stays on the device (no .item()), so the step gains no
+    host sync."""
+    frames = sum(loss_frames(batch) for batch in batches)
     if dp_group is None:
         return frames, None
     return frames, torch.distributed.all_reduce(frames, group=dp_group, async_op=True)
@@ -440,6 +475,9 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
         backend=ranks[0]["backend_info"],
         te=bool(ranks[0]["backend_info"].get("te", False)),
+        grad_accum=cfg.grad_accum,
+        **attention_figures(dp_ranks),
+        **compile_figures(ranks[0]),
         per_rank=[
             {
                 "rank": r["rank"],
@@ -458,6 +496,31 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")], profiled_steps=profiled_steps(cfg),
                       breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
     return record
+
+
+def attention_figures(dp_ranks: list[dict]) -> dict:
+    """The record's attention: per part, how many measured micro-batches took each path (no mask,
+    flex, dense mask), over the data-parallel ranks; the SDPA kernels torch chose at the run's
+    shapes (rank 0's: every rank has the same shapes)."""
+    paths: dict[str, Counter] = {}
+    for r in dp_ranks:
+        for part, counts in r["attention_paths"].items():
+            paths.setdefault(part, Counter()).update(counts)
+    return {"attention_paths": {part: dict(counts) for part, counts in paths.items()},
+            "sdpa_backends": dp_ranks[0]["sdpa_backends"]}
+
+
+def compile_figures(rank: dict) -> dict:
+    """What compile produced (kernels.compile_counts, rank 0's): graphs and graph breaks. A run set
+    to compile whose compile produced no graph is not labelled compiled."""
+    counts = rank["compile_counts"]
+    if counts is None:
+        return {"compile": False}
+    out = {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
+           "compile_break_reasons": counts["break_reasons"], "compile": counts["graphs"] > 0}
+    if not counts["graphs"]:
+        out["compile_note"] = "compile was asked for but produced no graph: the run ran eager"
+    return out
 
 
 class RunTimeout(BaseException):
@@ -577,6 +640,9 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     # Before dist_info: device cuda without a GPU would raise there, with no record; on the CPU the
     # run gets one, with status error and the cause.
     no_gpu = no_gpu_problem(cfg)
+    # Before CUDA's allocator starts: segments that grow in place instead of fragmenting the cache
+    # (the allocator's retries slow the steps they hit); a value the user set stays.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     info = dist_info("cpu" if no_gpu else cfg.device)
     cfg = match_process_group(cfg, info)
     record = Record.start(cfg, info.device)

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from echobench.config import FIELDS, allowed_text, auto_switch, base_type, choices
 from echobench.console import esc, fmt, record_report, repeats_report
 from echobench.matrix import MAX_RUNS
 from echobench.yamltext import yaml_problem
@@ -65,13 +66,13 @@ def settings_options(*names: str, **defaults) -> Callable:
     that land in its **kwargs: flag, type, default and help all come from the field, so a field
     added once is a flag too. Choices stay plain text, checked by RunConfig (config.check_value), so
     a bad value reads the same from a flag, a --config file or a matrix file."""
-    from echobench.config import FIELDS, allowed_text, base_type, choices
-
     def options():
         for name in names or FIELDS:
             meta, default = FIELDS[name].metadata, defaults.get(name, FIELDS[name].default)
             if meta["flag"] == "":
                 continue
+            if auto_switch(name):  # a flag is on or off; left out, the setting stays "auto"
+                default = None
             allowed = choices(name)
             kind = str if allowed else base_type(name)
             option = typer.Option(default, *filter(None, [meta["flag"]]),
@@ -105,6 +106,8 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
     explicit = ("COMMANDLINE", "ENVIRONMENT")
     for name, value in params.items():
         source = ctx.get_parameter_source(name)
+        if value is None and auto_switch(name):  # flag not given: the file's value, else the field's default
+            continue
         if name not in settings or getattr(source, "name", None) in explicit:
             settings[name] = value
     return settings

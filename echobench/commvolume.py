@@ -433,7 +433,7 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     Held against a counted tp2 step on gloo in fp32 (tests/test_comm.py); bf16 (2 bytes per
     activation) and dp > 1 are derived, not counted (megatron-core's backward does not run under
     CPU autocast)."""
-    if cfg.sequence_parallel:
+    if cfg.sequence_parallel_on(device):
         raise ValueError("tp_bytes: sequence parallelism (GPU only) is not derived here: no counted step to hold "
                          "its all-gathers and reduce-scatters against")
     from echobench.flops import speaker_patches

@@ -47,8 +47,26 @@ class RunConfig:
     audio_frames: int = setting(750, "Max audio latent frames (25 per second).", min=1)
     text_tokens: int = setting(256, "Max text tokens.", min=1)
     speaker_frames: int = setting(750, "Max speaker reference frames.", min=1)
-    compile: bool = setting(False, "torch.compile each block.")
-    ac: Literal["none", "selective", "full"] = setting("none", "Activation checkpointing of each block.")
+    compile: bool | Literal["auto"] = setting(
+        "auto", "torch.compile each block, the text encoder's layers and the rest of the forward (auto: on a GPU, "
+        "not on a CPU); the record says what compiled.", flag="--compile/--no-compile")
+    ac: Literal["none", "selective", "full"] = setting(
+        "none", "Activation checkpointing of the blocks: full re-runs every block in backward; selective saves the "
+        "matmul and attention outputs and re-runs the element-wise ops where compiled (fused into backward), and "
+        "re-runs every second block where eager (re-run element-wise kernels would cost more than they save).")
+    grad_accum: int = setting(1, "Micro-batches per optimizer step (gradient accumulation); gradients sync on the "
+                              "last. A step and global_batch count all of them.", min=1)
+    key_masking: Literal["auto", "dense", "flex"] = setting(
+        "auto", "How attention skips the padded keys of a batch that has some (a batch without padding attends with "
+        "no mask): flex, a FlexAttention block mask (auto on a GPU); dense, a boolean mask to SDPA (auto on a CPU, "
+        "where torch has no FlexAttention backward).")
+    sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
+        "auto", "Pins the SDPA kernel (auto: torch's choice; the record says which it chose).")
+    reshard_after_forward: bool = setting(True, "fsdp2 / hsdp: free each block's gathered weights after its forward "
+                                          "(gathered again in backward); false keeps them, trading memory for one "
+                                          "all-gather per block.", flag="--reshard-after-forward/--no-reshard-after-forward")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = setting(
+        "fp32", "Data-parallel gradient reduction dtype (ddp, fsdp2, hsdp, megatron's DP): bf16 halves the bytes.")
     data: str = setting("synthetic", "'synthetic' (in memory) or a directory of tar shards.")
     skip_bad_samples: bool = setting(False, "Count and skip corrupt samples instead of failing.")
     batching: Literal["pad", "bucket"] = setting("pad", "pad: every batch to the maximum lengths; bucket: samples "
@@ -79,8 +97,16 @@ class RunConfig:
                                             "keeps its figures, without a breakdown (0 or null: no bound).")
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
                                                 "required (on), never (off).")
-    sequence_parallel: bool = setting(False, "megatron, GPU only: split the latent stream along T between TP regions.",
-                                      flag="--sequence-parallel")
+    sequence_parallel: bool | Literal["auto"] = setting(
+        "auto", "megatron, GPU only: split the latent stream along T between TP regions (auto: on for tp > 1 on a "
+        "GPU, as Megatron-LM runs TP).", flag="--sequence-parallel/--no-sequence-parallel")
+    distributed_optimizer: bool = setting(False, "megatron: shard the optimizer state and fp32 main weights over the "
+                                          "data-parallel group (megatron-core's distributed optimizer, ZeRO-1).",
+                                          flag="--distributed-optimizer/--no-distributed-optimizer")
+    loader_workers: int = setting(0, "Shard-reading worker processes per rank (0: read in the loader's thread).",
+                                  min=0)
+    gc_every: int = setting(50, "Run Python's garbage collector every N steps, automatic collection off (as "
+                            "torchtitan does: no collection pauses at random steps); 0 leaves it automatic.", min=0)
     repeat: int = setting(0, "Which independent launch of the same settings this is (repeats: N -> 0 .. N-1).",
                           min=0, flag="")
 
@@ -108,6 +134,18 @@ class RunConfig:
         """The model this run trains: the preset, its encoder choice and whether the encoder trains."""
         return get_preset(self.scale, self.encoder_model, self.frozen_encoder)
 
+    def compiled_on(self, device_type: str) -> bool:
+        """Whether this run compiles on a device of this type ("cuda", "cpu"): auto compiles on a GPU."""
+        return device_type == "cuda" if self.compile == "auto" else self.compile
+
+    def sequence_parallel_on(self, device_type: str) -> bool:
+        """Whether this run splits the sequence between TP regions on a device of this type: auto
+        does for megatron with tp > 1 on a GPU."""
+        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp
+            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda"
+                    and self.audio_frames % self.tp == 0 and self.batching == "pad")
+        return self.sequence_parallel
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
@@ -122,7 +160,8 @@ class RunConfig:
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.dp
+        """Samples per optimizer step: micro-batch x data-parallel ranks x accumulated micro-batches."""
+        return self.micro_batch * self.dp * self.grad_accum
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,10 +180,18 @@ HINTS = typing.get_type_hints(RunConfig)
 
 @functools.cache
 def base_type(key: str):
-    """The field's type without its None: int for `int | None`."""
+    """The field's type without its None: int for `int | None`; bool for `bool | Literal["auto"]`
+    (a switch that may be left to the run: its flag is --NAME/--no-NAME)."""
     args = [a for a in typing.get_args(HINTS[key]) if a is not type(None)]
     union = typing.get_origin(HINTS[key]) in (typing.Union, types.UnionType)
+    if union and len(args) == 2 and bool in args:
+        return bool
     return args[0] if union and len(args) == 1 else HINTS[key]
+
+
+def auto_switch(key: str) -> bool:
+    """A switch that may also be "auto" (`bool | Literal["auto"]`)."""
+    return base_type(key) is bool and HINTS[key] is not bool
 
 
 @functools.cache
@@ -164,6 +211,8 @@ def allowed_text(key: str) -> str:
     if allowed := choices(key):
         return ", ".join(allowed)
     low = FIELDS[key].metadata["min"]
+    if auto_switch(key):
+        return "auto, true or false"
     words = {int: "an integer", float: "a number", bool: "true or false", str: "text"}[base_type(key)]
     return f"{words} >= {low}" if low is not None else words
 
@@ -195,6 +244,8 @@ def check_value(key: str, value):
     try:
         value = _adapter(key).validate_python(value, strict=True)
     except ValidationError:
+        if auto_switch(key):
+            raise ValueError(f"{key}={value!r} is not valid: allowed {allowed_text(key)}") from None
         kind = base_type(key)
         raise ValueError(f"{key}={value!r} has the wrong type: expected {getattr(kind, '__name__', kind)}") from None
     low = FIELDS[key].metadata["min"]
@@ -209,7 +260,7 @@ def settings_table() -> str:
     for name, f in FIELDS.items():
         flag = "--" + name.replace("_", "-") if f.metadata["flag"] is None else f.metadata["flag"]
         default = json.dumps(f.default)  # as a matrix or --config file writes it (YAML reads JSON)
-        allowed = allowed_text(name) + (" or null" if HINTS[name] != base_type(name) else "")
+        allowed = allowed_text(name) + (" or null" if HINTS[name] != base_type(name) and not auto_switch(name) else "")
         rows.append(f"| `{name}` | {f'`{flag}`' if flag else '-'} | `{default}` | {allowed} | {f.metadata['help']} |")
     return "\n".join(rows) + "\n"
 
@@ -234,7 +285,9 @@ def _readable_id(ident: dict) -> str:
 
 # Keys added after sweeps were stored: hashed only when not at their default, so that the runs of
 # an older sweep keep their ids (and are not rerun).
-LATER_KEYS = {"batching": "pad", "buckets": None}
+LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
+              "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
+              "loader_workers": 0, "gc_every": 50}
 
 
 def config_id(cfg: RunConfig) -> str:

@@ -42,7 +42,8 @@ def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None
     model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
     work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
-    return STARTUP_S + (COMPILE_S if cfg.compile else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
+    compiles = cfg.compile is True or (cfg.compile == "auto" and cfg.device != "cpu")  # a limit errs long
+    return STARTUP_S + (COMPILE_S if compiles else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
 
 
 def format_time(seconds: int) -> str:

@@ -137,6 +137,11 @@ def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_fr
     return FlopBreakdown(parts, audio_frames, text_tokens, speaker_frames)
 
 
+# ac: selective where the blocks run eager: every second block of each stack checkpointed whole
+# (backends.torchtitan.ac_mode); a mode of the run, not a setting.
+LAYER_SELECTIVE = "selective-layer"
+
+
 def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     """Extra forward FLOPs that activation checkpointing re-executes in backward.
 
@@ -144,12 +149,13 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     stops recomputing once every saved tensor is rebuilt, so the last matmul of a speaker block
     (the MLP down-projection, whose output only feeds a residual add) is not re-run; a DiT
     block's is, since its output is saved for the AdaLN gate's gradient.
+    selective-layer: the same for every second block of each stack (floor(n / 2) of n).
     selective: matmul and attention outputs are saved, element-wise ops recomputed: no
     extra matmul FLOPs. none: nothing.
     """
     if ac in ("none", "selective"):
         return 0
-    if ac != "full":
+    if ac not in ("full", LAYER_SELECTIVE):
         raise ValueError(f"unknown activation checkpointing mode {ac!r}: none, selective or full")
     p = flops.parts
     dit_blocks = p["dit_attention"].forward + p["dit_mlp"].forward
@@ -159,6 +165,8 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     P = speaker_patches(cfg, flops.speaker_frames)
     speaker_down_proj = cfg.speaker_layers * _linear(P, cfg.speaker_mlp, cfg.speaker_width)
     speaker_blocks = p["speaker_encoder"].forward - patch_embed - speaker_down_proj
+    if ac == LAYER_SELECTIVE:  # each block of a stack does the same work
+        return dit_blocks // cfg.layers * (cfg.layers // 2) + speaker_blocks // cfg.speaker_layers * (cfg.speaker_layers // 2)
     return dit_blocks + speaker_blocks
 
 

@@ -391,6 +391,8 @@ def env_info(device: torch.device) -> dict:
         cuda=torch.version.cuda,
         nccl=nccl,
         cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        cuda_alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device.type == "cuda" else None,
+        cudnn=str(torch.backends.cudnn.version()) if device.type == "cuda" and torch.backends.cudnn.is_available() else None,
         transformers=_version("transformers"),
         megatron_core=_version("megatron-core") or _version("megatron_core"),
         transformer_engine=_version("transformer-engine") or _version("transformer_engine"),

@@ -584,9 +584,15 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     """The predicted step of `cfg` on `profile`'s machine (module docstring). `peak` overrides the
     run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full lengths (a record's
     measured figure, over its real lengths)."""
-    if cfg.sequence_parallel:
-        raise PredictError(f"{run_id(cfg)}: sequence parallelism is not modelled (commvolume derives no "
-                           f"collectives for it)")
+    rid = run_id(cfg)
+    # The auto settings as the run would resolve them on this profile's device.
+    device = "cpu" if is_cpu(profile) else "cuda"
+    sequence_parallel = cfg.sequence_parallel_on(device)
+    # Sequence parallelism is priced as the same layout without it: its all-gathers and
+    # reduce-scatters move the bytes of the all-reduces they replace (a note says so).
+    cfg = replace(cfg, compile=cfg.compiled_on(device), sequence_parallel=False)
+    if cfg.grad_accum > 1:
+        raise PredictError(f"{rid}: gradient accumulation is not modelled: predict it with grad_accum: 1")
     mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
@@ -601,11 +607,14 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
              "optimizer": dev["optimizer"], "communication": mid["exposed_s"],
              "host": mid["host"] if is_cpu(profile) else max(0.0, mid["host"] - mid["device"])}
     notes = _notes(cfg, profile)
+    if sequence_parallel:
+        notes.append("sequence parallelism priced as the same TP layout without it (its all-gathers and "
+                     "reduce-scatters move the bytes of the all-reduces they replace; the norms' split not modelled)")
     mem = estimate_memory(cfg)
     capacity = _capacity(profile)
     world = cfg.world_size
     return Prediction(
-        run_id=run_id(cfg), cfg=cfg, profile=profile.name, profile_device=profile.device, step_time_s=step,
+        run_id=rid, cfg=cfg, profile=profile.name, profile_device=profile.device, step_time_s=step,
         step_time_low_s=min(low["step"], step), step_time_high_s=max(high["step"], step), parts=parts,
         forward_s=mid["forward"], backward_s=mid["backward"], optimizer_s=dev["optimizer"], device_s=mid["device"],
         host_s=mid["host"], host_ops=ops, communication_s=sum(c.seconds for c in mid["comm"]),

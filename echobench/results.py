@@ -144,6 +144,8 @@ class Env(BaseModel):
     cuda: str | None = None
     nccl: str | None = None
     cuda_device_max_connections: str | None = None
+    cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF (bench sets expandable_segments on GPUs)
+    cudnn: str | None = None  # the cuDNN torch loaded (its SDPA kernel's version matters)
     transformers: str | None = None
     megatron_core: str | None = None
     transformer_engine: str | None = None
@@ -206,8 +208,18 @@ class Record(BaseModel):
     text_tokens: int
     speaker_frames: int
     precision: str
-    compile: bool
+    compile: bool | None  # whether it compiled (what ran: bench); None where unknown (compile auto, no run)
+    # what compile produced (kernels.compile_counts): dynamo graphs, graph breaks and their first reasons
+    compile_graphs: int | None = None
+    compile_graph_breaks: int | None = None
+    compile_break_reasons: list[str] | None = None
+    compile_note: str | None = None
     ac: str
+    grad_accum: int = 1  # micro-batches per optimizer step; global_batch counts them all
+    # per attention (dit, speaker_encoder, text_encoder): measured micro-batches per path (none: no
+    # mask; flex; dense); the SDPA kernel torch chose at the run's shapes (kernels.sdpa_choices)
+    attention_paths: dict[str, dict[str, int]] | None = None
+    sdpa_backends: dict[str, str] | None = None
     te: bool | None = None  # whether TransformerEngine kernels ran (the backend's info)
     encoder_model: str | None = None
     frozen_encoder: bool | None = None
@@ -291,14 +303,20 @@ class Record(BaseModel):
 
     @classmethod
     def of_settings(cls, cfg: RunConfig, **fields) -> Record:
-        """A record of cfg's settings, no figures; `fields` add to it (status, precision, env...)."""
+        """A record of cfg's settings, no figures; `fields` add to it (status, precision, env...).
+        A `compile` among them is what the run does (compile auto resolved on its device): it
+        replaces the setting in `config` too, so that reports group runs by what ran."""
+        config = cfg.to_dict()
+        config["compile"] = fields.pop("compile", config["compile"])
         return cls(run_id=run_id(cfg), repeat=cfg.repeat, scale=cfg.scale, framework=cfg.framework,
                    parallelism=cfg.parallelism, tp=cfg.tp, dp=cfg.dp, nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
                    world_size=cfg.world_size, micro_batch=cfg.micro_batch, global_batch=cfg.global_batch,
                    audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
-                   compile=cfg.compile, ac=cfg.ac, encoder_model=cfg.model_config().text_encoder.name,
-                   frozen_encoder=cfg.frozen_encoder, steps=cfg.steps, warmup_steps=cfg.warmup_steps, data=cfg.data,
-                   seed=cfg.seed, config=cfg.to_dict(), **fields)
+                   compile=None if config["compile"] == "auto" else config["compile"], ac=cfg.ac,
+                   grad_accum=cfg.grad_accum,
+                   encoder_model=cfg.model_config().text_encoder.name, frozen_encoder=cfg.frozen_encoder,
+                   steps=cfg.steps, warmup_steps=cfg.warmup_steps, data=cfg.data, seed=cfg.seed, config=config,
+                   **fields)
 
     @classmethod
     def start(cls, cfg: RunConfig, device: torch.device) -> Record:
@@ -308,6 +326,7 @@ class Record(BaseModel):
 
         source = "flag" if cfg.peak_tflops else None
         return cls.of_settings(cfg, status="error", precision=precision_name(cfg.precision, device),
+                               compile=cfg.compiled_on(device.type),
                                peak_tflops=cfg.peak_tflops, peak_source=source,
                                peak_precision=peak_precision_of(source), env=env_info(device))
 

@@ -229,3 +229,41 @@ def test_a_boundary_over_audio_frames_is_refused_before_anything_runs(tmp_path, 
                "--buckets", "1000", "--out", tmp_path / "out")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "1000 is over audio_frames=64" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_nine_buckets_with_checkpointing_compile_without_hitting_dynamo_s_recompile_limit(shards, tmp_path,
+                                                                                          monkeypatch):
+    """9 bucket shapes, full AC and compile, as `echobench run` runs them (in this process): every
+    compiled block enters through one code object (nn.Module's call, the checkpoint wrapper's
+    too), so the shapes would pass dynamo's default limit of 8 graphs (FailOnRecompileLimitHit);
+    the run sizes the limit to its shapes. torch.compile's backend is aot_eager here: the limit is
+    dynamo's, whatever compiles the graphs, and inductor on 9 shapes would take minutes."""
+    import functools
+
+    import torch
+    import torch._dynamo
+
+    from echobench.bench import run_benchmark
+    from echobench.config import RunConfig
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 256)
+    cfg = RunConfig(scale="tiny", data=str(shards[0].parent), batching="bucket", buckets="2,3,4,5,6,7,8,9",
+                    audio_frames=10, micro_batch=2, text_tokens=16, speaker_frames=8, ac="full", compile=True,
+                    steps=2, warmup_steps=1, peak_tflops=1, device="cpu")
+    torch._dynamo.reset()
+    try:
+        r = run_benchmark(cfg, tmp_path / "run")
+    finally:
+        torch._dynamo.reset()
+    assert r.status == "ok", r.error
+    assert r.compile is True and r.compile_graph_breaks == 0 and r.compile_graphs > 8
+
+
+def test_more_bucket_shapes_than_a_run_compiles_are_refused_in_one_line(tmp_path):
+    from echobench.config import RunConfig
+
+    edges = ",".join(str(8 * k) for k in range(1, 17))  # 16 boundaries + audio_frames: 17 shapes
+    with pytest.raises(ValueError, match=r"17 shapes, at most 16: each shape is warmed up \(and compiled\)"):
+        RunConfig(batching="bucket", data=str(tmp_path), audio_frames=200, buckets=edges)

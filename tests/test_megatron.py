@@ -321,7 +321,8 @@ def _recompute_worker(rank: int, out_path: str) -> None:
         setup = build_training(cfg, DistInfo(), torch.float32)
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             setup.model(batch, generator=torch.Generator().manual_seed(0)).backward()
-        result[ac] = {"flops": counted_model_flops(counter), "recompute": setup.info["recompute"]}
+        result[ac] = {"flops": counted_model_flops(counter), "recompute": setup.info["recompute"],
+                      "mode": setup.info["ac_mode"]}
     with open(out_path, "w") as f:
         json.dump(result, f)
     torch.distributed.destroy_process_group()
@@ -338,7 +339,9 @@ def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
     r = json.loads(out.read_text())
     cfg = get_preset("tiny")
     f = model_flops(cfg, 60, 20, 40)
-    assert {ac: v["flops"] for ac, v in r.items()} == {ac: hardware_flops(cfg, f, ac) for ac in r}
+    # selective runs eager here: layer-level (every second block re-run whole)
+    assert r["selective"]["mode"] == "selective-layer" and r["full"]["mode"] == "full"
+    assert {ac: v["flops"] for ac, v in r.items()} == {ac: hardware_flops(cfg, f, v["mode"]) for ac, v in r.items()}
     assert r["full"]["flops"] > r["none"]["flops"] == f.total
     assert r["none"]["recompute"] == "nothing" and "re-run in backward" in r["full"]["recompute"]
 

@@ -70,7 +70,7 @@ def measured_step_ops(cfg: RunConfig, steps: int = 2) -> list[str]:
             with recorder:
                 draws = diffusion_draws(cfg.seed, sample_ids, cfg.audio_frames, model_cfg.latent_dim,
                                         model_cfg.cfg_dropout, device, generator)
-                train_step(setup, batch, draws, device.type, dp_size=1)
+                train_step(setup, [(batch, draws)], device.type, dp_size=1)
     finally:
         loader.close()
     return recorder.found

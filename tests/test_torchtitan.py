@@ -16,10 +16,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, two_launchers
 from echobench.backends import parallelism_problem
-from echobench.backends.torchtitan import apply_ac, apply_float8, float8_plan, linear_inputs, validate
+from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
 from echobench.data import SyntheticSource
-from echobench.flops import hardware_flops, model_flops
+from echobench.flops import LAYER_SELECTIVE, hardware_flops, model_flops, recompute_flops
 from echobench.model.config import PRESETS
 from echobench.model.echo import EchoTTS, diffusion_draws
 
@@ -81,6 +81,47 @@ def test_data_parallel_matches_single_process(cli, tmp_path, single_run, paralle
         # and where the time went: FSDP's all-gathers and reduce-scatters on gloo's threads
         ranks = json.loads((out / "breakdown.json").read_text())["ranks"]
         assert [b["rank"] for b in ranks] == [0, 1] and all(b["communication"]["total_s"] > 0 for b in ranks)
+
+
+def test_accumulated_micro_batches_train_as_one_large_batch(cli, tmp_path, single_run):
+    """grad_accum 2 of micro-batch 1 sees the samples of micro-batch 2 in one step and follows its
+    losses; 2 DDP ranks accumulating 2 micro-batches each follow one process accumulating 2 of 2."""
+    out = tmp_path / "accum"
+    proc = cli("run", *EQUIV, "--micro-batch", "1", "--grad-accum", "2", "--out", out, timeout=600, env=ONE_THREAD)
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert r["grad_accum"] == 2 and r["global_batch"] == 2 and r["measured_samples"] == 2 * 3
+    assert r["losses"] == pytest.approx(single_run["losses"], rel=RTOL, abs=0)
+
+    runs = {}
+    for name, args in (("one", ["--micro-batch", "2"]), ("ddp", ["--micro-batch", "1", "--nproc", "2",
+                                                                 "--parallelism", "ddp"])):
+        out = tmp_path / name
+        proc = cli("run", *EQUIV, *args, "--grad-accum", "2", "--out", out, timeout=600, env=ONE_THREAD)
+        runs[name] = record(out)
+        assert proc.returncode == 0, runs[name]["error"] + proc.stderr[-3000:]
+    assert runs["one"]["global_batch"] == runs["ddp"]["global_batch"] == 4
+    assert runs["ddp"]["losses"] == pytest.approx(runs["one"]["losses"], rel=RTOL, abs=0)
+
+
+def test_a_step_syncs_gradients_on_its_last_micro_batch_only():
+    """train_step over 3 micro-batches: the backend's gradient sync off, off, on; the step's loss is
+    the sum of each micro-batch's error over the step's frames (the whole step's mean)."""
+    from echobench.backends import TrainSetup
+    from echobench.bench import train_step
+
+    torch.manual_seed(0)
+    model = EchoTTS(PRESETS["tiny"])
+    calls = []
+    setup = TrainSetup(model=model, optimizer=torch.optim.SGD(model.trainable_parameters(), lr=0.0),
+                       clip_grad=lambda: None, autocast_dtype=None, gradient_sync=calls.append)
+    micro = [(tiny_batch("cpu", b=1), diffusion_draws(0, [k], 12, 128, 0.1, torch.device("cpu"))) for k in range(3)]
+    loss = train_step(setup, micro, "cpu", 1)
+    assert calls == [False, False, True]
+    frames = sum(b.latent_mask.sum() * 128 for b, _ in micro)
+    with torch.no_grad():
+        expected = sum(model(b, draws=d, reduction="sum") for b, d in micro) / frames
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def _bf16_worker(rank: int, world: int, store: str, settings: dict, out_dir: str) -> None:
@@ -184,9 +225,13 @@ def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_ca
         torch._dynamo.reset()
     assert r.status == "ok", r.error
     assert r.compile is True and r.mfu > 0
-    # One graph per block kind (speaker-encoder block, DiT block): the blocks of a kind share it
-    # (more would mean a recompile per block).
-    assert graphs == 2, dict(counters["stats"])
+    # One graph per block kind (text-encoder layer, speaker-encoder block, DiT block: the blocks
+    # of a kind share it; more would mean a recompile per block) and per top-level function
+    # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for each
+    # attention path its steps took (no mask, dense mask), and not one graph break.
+    dit_paths = len(r.attention_paths["dit"])
+    assert graphs == 3 + 4 + dit_paths - 1, dict(counters["stats"])
+    assert r.compile_graphs == graphs and r.compile_graph_breaks == 0
 
 
 # fp8 shapes the float8 rule admits on the tiny model: rows 2 x 48 audio frames, 2 x 16 text
@@ -208,8 +253,8 @@ def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
     assert "dit.blocks.0.mlp.gate_up" in skipped and "multiples of 16" in skipped["dit.blocks.0.mlp.gate_up"]
     assert "no token axis" in skipped["dit.blocks.0.adaln.down"] and "dit.time_embed.fc1" in skipped
     # Per DiT block: q+k+v+gate, text k+v, speaker k+v, out; per speaker block: q+k+v, out, gate+up,
-    # down; and the latent in / out, text and patch projections.
-    assert r["backend"]["float8_linears"] == 2 * 4 + 2 * 4 + 4
+    # down; and the text and patch projections (the latent in / out, K or N of 128, stay high precision).
+    assert r["backend"]["float8_linears"] == 2 * 4 + 2 * 4 + 2
     assert all(math.isfinite(x) for x in r["losses"])
 
 
@@ -287,8 +332,12 @@ def test_converted_800m_trains_on_meta_with_real_float8_gemms():
     with torch.device("meta"):
         model = EchoTTS(cfg.model_config())
     per_sample = {name: shape for name, shape, _, _ in linear_inputs(cfg.model_config(), 750, 256, 750)}
-    info = apply_float8(model, float8_plan(cfg), emulate=False)
-    assert info["float8"] == "tensorwise" and info["float8_linears"] > 300
+    info = apply_float8(model, float8_plan(cfg), emulate=False, fsdp=False, compiled=True)
+    # per DiT block: q+k+v+gate, text k+v, speaker k+v, out, gate+up, down; per speaker block: q+k+v,
+    # out, gate+up, down; the text and patch projections. The latent in / out (K or N 128) stay bf16.
+    m = cfg.model_config()
+    assert info["float8"] == "tensorwise" and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
+    assert "128 gains less" in float8_plan(cfg).skipped["dit.in_proj"]
     seen = {}
     for name, module in model.named_modules():
         if name in per_sample:
@@ -334,7 +383,7 @@ def tiny_batch(device, b=2, la=12, lt=6, ls=8):
         )
 
 
-@pytest.mark.parametrize("ac", ["full", "selective"])
+@pytest.mark.parametrize("ac", ["full", "selective", LAYER_SELECTIVE])
 def test_activation_checkpointing_flops_match_the_hfu_model(ac):
     """FlopCounterMode on the checkpointed model sees exactly flops.hardware_flops(ac)."""
     with torch.device("meta"):
@@ -345,10 +394,23 @@ def test_activation_checkpointing_flops_match_the_hfu_model(ac):
     cfg = PRESETS["tiny"]
     f = model_flops(cfg, 60, 20, 40)
     assert counted_model_flops(counter) == hardware_flops(cfg, f, ac)
-    assert (hardware_flops(cfg, f, ac) > f.total) == (ac == "full")
+    assert (hardware_flops(cfg, f, ac) > f.total) == (ac != "selective")
+    if ac == LAYER_SELECTIVE:  # one of the two blocks of each stack
+        assert 2 * recompute_flops(cfg, f, ac) == recompute_flops(cfg, f, "full")
 
 
-@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_selective_checkpointing_is_op_level_compiled_and_layer_level_eager():
+    assert ac_mode("selective", compiled=True) == "selective"
+    assert ac_mode("selective", compiled=False) == LAYER_SELECTIVE
+    assert ac_mode("full", compiled=False) == "full" and ac_mode("none", compiled=True) == "none"
+    with torch.device("meta"):
+        model = EchoTTS(PRESETS["tiny"])
+    apply_ac(model, LAYER_SELECTIVE)
+    wrapped = [type(b).__name__ == "CheckpointWrapper" for b in model.dit.blocks]
+    assert wrapped == [False, True]
+
+
+@pytest.mark.parametrize("ac", ["full", "selective", LAYER_SELECTIVE])
 def test_activation_checkpointing_keeps_loss_and_gradients(ac):
     def loss_and_grads(mode):
         torch.manual_seed(0)

@@ -29,6 +29,9 @@ class TrainSetup:
     # The process group whose replicas average their gradients (None: one replica). The loop sums
     # the loss's frame count over it, so that every layout minimises the global batch's mean.
     dp_group: Any = None
+    # Turns the gradient reduction of the next backward on or off (off before the last micro-batch
+    # of a step, grad_accum > 1); None where gradients are not reduced across replicas in backward.
+    gradient_sync: Callable[[bool], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def validate(cfg) -> str | None:
                 "use --framework torchtitan for fp8 (torchao float8), or precision bf16")
     if cfg.te == "on" and not te_installed():
         return "--te on: transformer_engine is not installed here; use --te auto or --te off"
-    if cfg.sequence_parallel:
+    if cfg.sequence_parallel is True:  # auto turns it on only where it can run (RunConfig.sequence_parallel_on)
         if tp == 1:
             return "sequence parallelism needs tp > 1"
         if cfg.device == "cpu":
@@ -164,29 +164,34 @@ def tp_clip_grad(params: list[torch.nn.Parameter], partial: list[torch.nn.Parame
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
     device = dist_info.device
-    sequence_parallel = cfg.sequence_parallel
+    sequence_parallel = cfg.sequence_parallel_on(device.type)
     if sequence_parallel and device.type != "cuda":
         raise ValueError("sequence parallelism runs on GPU only: drop --sequence-parallel on CPU")
+    compiled = cfg.compiled_on(device.type)
     te = resolve_te(cfg.te)
     tp = cfg.tp
     init_model_parallel(tp, cfg.seed, device)
 
     from megatron.core import parallel_state
 
-    from echobench.backends.torchtitan import RECOMPUTE, apply_ac, apply_compile, build_model, build_optimizer
+    from echobench.backends.torchtitan import (RECOMPUTE, REDUCE_DTYPES, ac_mode, apply_ac, apply_compile,
+                                               build_model, build_optimizer)
     from echobench.model.megatron import build_tp_dit
 
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
     # is then replaced by the TP DiT holding this rank's shards of the same weights.
     model = build_model(cfg, device, dtype)
+    if te:  # TE's fused attention reads a dense key mask (TECoreAttention packs the valid keys)
+        model.key_masking = "dense"
     plain_dit = model.dit
     model.dit = build_tp_dit(model.cfg, plain_dit, parallel_state.get_tensor_model_parallel_rank(), tp, te,
                              sequence_parallel, device)
     del plain_dit
     # Activation recompute and compile of the blocks, applied from outside as in the torchtitan
     # backend: the TP DiT's blocks and the (replicated) speaker encoder's blocks.
-    apply_ac(model, cfg.ac)
-    if cfg.compile:
+    ac = ac_mode(cfg.ac, compiled)
+    apply_ac(model, ac)
+    if compiled:
         # fullgraph=False: megatron-core's parallel linears call functions dynamo will not trace
         # (its process-group lookups), so each block compiles into pieces around them.
         apply_compile(model, fullgraph=False)
@@ -198,8 +203,12 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     if dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, process_group=dp_group,
+        model = DistributedDataParallel(model, process_group=dp_group, gradient_as_bucket_view=True,
                                         device_ids=[device] if device.type == "cuda" else None)
+        if cfg.grad_reduce_dtype == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+            model.register_comm_hook(dp_group, bf16_compress_hook)
     return TrainSetup(
         model=model,
         optimizer=build_optimizer(params, device),
@@ -213,16 +222,20 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
             "tp": tp,
             "dp": dp,
             "sequence_parallel": sequence_parallel,
+            "key_masking": model.key_masking if dp == 1 else model.module.key_masking,
             "ac": cfg.ac,
-            "recompute": RECOMPUTE[cfg.ac],
-            "compile": cfg.compile,
-            "compiled": ("torch.compile(fullgraph=False) of each TP DiT block and speaker-encoder block"
-                         if cfg.compile else "nothing"),
-            "data_parallel": "torch DDP over megatron's data-parallel group" if dp > 1 else "none",
+            "ac_mode": ac,
+            "recompute": RECOMPUTE[ac],
+            "compile": compiled,
+            "compiled": ("torch.compile(fullgraph=False) of each TP DiT block, speaker-encoder and text-encoder "
+                         "block and of the top level's functions" if compiled else "nothing"),
+            "data_parallel": (f"torch DDP over megatron's data-parallel group, {cfg.grad_reduce_dtype} gradient "
+                              f"all-reduce" if dp > 1 else "none"),
             "sharding": "DiT attention heads and MLP across the TP group",
             "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
                           "timestep embedding, input/output projections",
             **versions(),
         },
         dp_group=dp_group,
+        gradient_sync=(lambda on: setattr(model, "require_backward_grad_sync", on)) if dp > 1 else None,
     )

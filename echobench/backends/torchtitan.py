@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Callable
 
 import torch
 from torch import nn
 
+from echobench import flops as flops_model
 from echobench.backends import TrainSetup
+from echobench.model.config import LATENT_DIM
 from echobench.model.echo import EchoTTS
 
 DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")
@@ -41,12 +44,22 @@ def blocks(model: EchoTTS) -> list[tuple[nn.ModuleList, int]]:
             for i in range(len(container))]
 
 
+def key_masking(cfg, device: torch.device) -> str:
+    """How attention skips padded keys here (components.key_mask): auto is flex on a GPU, dense on a CPU."""
+    if cfg.key_masking == "auto":
+        return "flex" if device.type == "cuda" else "dense"
+    if cfg.key_masking == "flex" and device.type != "cuda":
+        raise ValueError("key_masking flex: torch has no FlexAttention backward on the CPU: use key_masking dense "
+                         "(or auto)")
+    return cfg.key_masking
+
+
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # Same initial weights on every rank and in every backend. Built directly on the device:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint)
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device))
     if cfg.frozen_encoder:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
@@ -63,6 +76,10 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
 # would pad K instead, copying both operands of every float8 GEMM inside the measured step;
 # echobench refuses such a run before it starts rather than measure that copy.
 SCALED_MM_ALIGN = 16
+# The latent in / out projections (128 latent channels <-> width): one of their GEMMs' K or N is
+# 128, too thin for float8 to pay back its amax, scale and cast kernels (torchtitan's filter
+# leaves such small layers alone too).
+FLOAT8_THIN = LATENT_DIM
 
 
 @dataclass(frozen=True)
@@ -112,7 +129,7 @@ def float8_plan(cfg) -> Float8Plan:
     """Which linears run in float8, and whether this run's shapes let them.
 
     Converted: the trainable linears that see tokens (an input with a token axis) with in and out
-    features multiples of 16. The AdaLN, timestep-MLP and final-AdaLN linears see one row per
+    features multiples of 16, but not the latent in / out projections (FLOAT8_THIN). The AdaLN, timestep-MLP and final-AdaLN linears see one row per
     sample (micro_batch rows): too few for a float8 GEMM to pay, and rarely a multiple of 16, so
     they stay in the compute dtype, as torchtitan's float8 filter leaves small layers alone.
     A converted linear whose rows are not a multiple of 16 refuses the whole run.
@@ -126,6 +143,9 @@ def float8_plan(cfg) -> Float8Plan:
             skipped[name] = "one row per sample (no token axis)"
         elif fan_in % SCALED_MM_ALIGN or fan_out % SCALED_MM_ALIGN:
             skipped[name] = f"{fan_in} -> {fan_out} features: not multiples of {SCALED_MM_ALIGN}"
+        elif FLOAT8_THIN in (fan_in, fan_out):
+            skipped[name] = (f"{fan_in} -> {fan_out} features: a GEMM with K or N of {FLOAT8_THIN} gains "
+                             f"less from float8 than its casts cost")
         else:
             convert.add(name)
             rows = math.prod(shape[:-1])
@@ -148,16 +168,23 @@ def float8_emulated(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
 
 
-def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool) -> dict:
+def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, compiled: bool) -> dict:
+    """torchao's float8 training on the planned linears. Under FSDP2 the weights are all-gathered
+    in float8 (half the bytes of bf16), as torchtitan does. Eager float8 runs its amax, scale and
+    cast ops as separate kernels around every GEMM: the record says so (compile fuses them)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if plan.problem:
         raise ValueError(plan.problem)
-    convert_to_float8_training(model, config=Float8LinearConfig(emulate=emulate),
-                               module_filter_fn=lambda module, fqn: fqn in plan.convert)
+    config = Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp and not emulate)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in plan.convert)
     converted = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
-    return {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
-            "float8_skipped": plan.skipped}
+    info = {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
+            "float8_skipped": plan.skipped, "float8_all_gather": config.enable_fsdp_float8_all_gather}
+    if not compiled:
+        info["float8_note"] = ("eager float8: amax, scale and cast run as separate kernels around every GEMM; "
+                               "compile fuses them (compile: true)")
+    return info
 
 
 # Selective AC: keep the outputs of matmuls and attention, recompute everything else (norms,
@@ -187,66 +214,109 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
-# What each activation checkpointing mode re-runs in backward, for the record's `backend`.
+# What each activation checkpointing mode (ac_mode) re-runs in backward, for the record's `backend`.
 RECOMPUTE = {
     "none": "nothing",
     "full": "every DiT and speaker-encoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
-    "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward; "
-                 "matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+    "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward, fused by the "
+                 "compiler; matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+    flops_model.LAYER_SELECTIVE: "every second DiT and speaker-encoder block re-run in backward (layer-level "
+                                 "selective, torchtitan's default; eager, where re-running element-wise kernels "
+                                 "one by one would cost more than it saves)",
 }
 
 
+def ac_mode(ac: str, compiled: bool) -> str:
+    """The checkpointing that runs: selective is op-level where the blocks compile (the recomputed
+    element-wise ops fuse into backward's kernels) and layer-level where they run eager."""
+    return flops_model.LAYER_SELECTIVE if ac == "selective" and not compiled else ac
+
+
 def apply_ac(model: EchoTTS, mode: str) -> None:
-    """Non-reentrant checkpointing of every block: full (re-run the block) or selective."""
+    """Non-reentrant checkpointing of the blocks (mode: ac_mode): full, op-level selective (every
+    block, the selective policy) or layer-level selective (every second block of each stack, whole)."""
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    if mode not in ("full", "selective"):
+    if mode not in RECOMPUTE:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
     kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
     for container, i in blocks(model):
-        container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
+        if mode != flops_model.LAYER_SELECTIVE or i % 2 == 1:
+            container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
+
+
+def text_encoder_layers(model: EchoTTS) -> nn.ModuleList:
+    """The frozen (or trained) text encoder's repeated layers: T5Gemma2's `layers`, T5's `block`."""
+    encoder = model.text_encoder.encoder
+    return encoder.layers if hasattr(encoder, "layers") else encoder.encoder.block
+
+
+# The model's work outside its modules' blocks, as functions compiled on their own (EchoDiT.embed
+# / head, EchoTTS.noised / squared_error): compiling the whole forward would trace every block
+# into one graph.
+TOP_LEVEL = (("dit", "embed"), ("dit", "head"), ("", "noised"), ("", "squared_error"))
 
 
 def apply_compile(model: EchoTTS, fullgraph: bool = True) -> None:
-    """torch.compile each block in place: the blocks repeat, so one graph serves them all. Static
-    shapes (dynamic=False): one graph per shape, a few with batching=bucket, never a dynamic one."""
-    for container, i in blocks(model):
+    """torch.compile in place: each block (the blocks repeat, so one graph serves them all), each
+    text-encoder layer, and the top level's functions (TOP_LEVEL). Static shapes (dynamic=False):
+    one graph per shape, a few with batching=bucket (compile_shapes sizes dynamo's recompile limit
+    to them), never a dynamic one."""
+    for container, i in [*blocks(model), *((text_encoder_layers(model), i) for i in range(len(text_encoder_layers(model))))]:
         container[i].compile(fullgraph=fullgraph, dynamic=False)
+    for owner, name in TOP_LEVEL:
+        module = model.get_submodule(owner)
+        setattr(module, name, torch.compile(getattr(module, name), fullgraph=fullgraph, dynamic=False))
 
 
 def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
     return {p for p in model.text_encoder.parameters() if not p.requires_grad}
 
 
-def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool) -> None:
-    """FSDP2: each block, then the root (the remaining trainable layers); float32 gradient reduction.
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, reduce_dtype: torch.dtype,
+               reshard_after_forward: bool) -> None:
+    """FSDP2: each block, then the root (the remaining trainable layers); gradients reduced in
+    reduce_dtype (bf16 halves the bytes).
 
     On a 2-D mesh (replicate, shard) this is HSDP. No unit casts its forward inputs
     (cast_forward_inputs=False): autocast already picks the compute dtype of every matmul, and a
     cast would also turn the float32 RoPE table entering each block (and the loss target at the
-    root) into bf16, which single-process and DDP runs keep in float32.
+    root) into bf16, which single-process and DDP runs keep in float32. reshard_after_forward frees
+    each block's gathered weights after its forward, except the last block's, which backward
+    needs at once (as torchtitan does); the root keeps its own.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     ignored = frozen_params(model)
-    for container, i in blocks(model):
-        fully_shard(container[i], mesh=mesh, mp_policy=policy)
+    units = blocks(model)
+    for n, (container, i) in enumerate(units):
+        fully_shard(container[i], mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward and n < len(units) - 1)
     if not model.cfg.frozen_encoder:
-        fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+        fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored, reshard_after_forward=False)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
 
 
-def apply_ddp(model: EchoTTS, mesh) -> None:
+def apply_ddp(model: EchoTTS, mesh, reduce_dtype: torch.dtype) -> None:
+    """DDP: gradients written straight into the reduction buckets (gradient_as_bucket_view: no copy
+    per step, no second copy of the gradients in memory); bf16 reduction by DDP's compression hook."""
     from torch.distributed._composable.replicate import replicate
 
-    replicate(model, device_mesh=mesh, bucket_cap_mb=100)
+    replicate(model, device_mesh=mesh, bucket_cap_mb=100, gradient_as_bucket_view=True)
+    if reduce_dtype == torch.bfloat16:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        model.register_comm_hook(None, bf16_compress_hook)
 
 
 def build_mesh(cfg, device: torch.device):
@@ -281,31 +351,47 @@ def text_encoder_layout(cfg, dtype: torch.dtype) -> str:
     return f"frozen, replicated on every rank (not sharded), {str(dtype).removeprefix('torch.')}"
 
 
+def gradient_sync(model: nn.Module) -> Callable[[bool], None] | None:
+    """Turns the data-parallel gradient reduction of the next backward on or off (off for the
+    micro-batches before the last of a step): FSDP2 and replicate's set_requires_gradient_sync."""
+    return getattr(model, "set_requires_gradient_sync", None)
+
+
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     """The model, parallelised, and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
     device = dist_info.device
     model = build_model(cfg, device, dtype)
+    compiled = cfg.compiled_on(device.type)
+    ac = ac_mode(cfg.ac, compiled)
+    reduce_dtype = REDUCE_DTYPES[cfg.grad_reduce_dtype]
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
-            "text_encoder": text_encoder_layout(cfg, dtype),
-            "ac": cfg.ac, "recompute": RECOMPUTE[cfg.ac], "compile": cfg.compile}
+            "text_encoder": text_encoder_layout(cfg, dtype), "key_masking": model.key_masking,
+            "ac": cfg.ac, "ac_mode": ac, "recompute": RECOMPUTE[ac], "compile": compiled}
     if cfg.precision == "fp8":
-        info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device)))
-    apply_ac(model, cfg.ac)
-    if cfg.compile:
+        info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device),
+                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled))
+    apply_ac(model, ac)
+    if compiled:
         apply_compile(model)
+        info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each DiT, speaker-encoder and "
+                            "text-encoder block and of the top level's functions")
     if cfg.parallelism in DATA_PARALLEL:
         mesh = build_mesh(cfg, device)
         info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
         info["process_group_backend"] = torch.distributed.get_backend()
+        info["grad_reduce_dtype"] = cfg.grad_reduce_dtype
         if cfg.parallelism == "ddp":
-            apply_ddp(model, mesh)
-            info["sharding"] = "replicated (DDP, float32 gradient all-reduce)"
+            apply_ddp(model, mesh, reduce_dtype)
+            info["sharding"] = (f"replicated (DDP, {str(reduce_dtype).removeprefix('torch.')} gradient all-reduce, "
+                                "gradients as bucket views)")
         else:
             force_sum = torch.distributed.get_backend() == "gloo"
-            apply_fsdp(model, mesh, dtype, force_sum)
+            apply_fsdp(model, mesh, dtype, force_sum, reduce_dtype, cfg.reshard_after_forward)
             info["sharding"] = ("FSDP2 per block + root" if cfg.parallelism == "fsdp2"
                                 else "HSDP: replicate across nodes, FSDP2 per block + root inside a node")
-            info["mixed_precision"] = {"param_dtype": str(dtype).removeprefix("torch."), "reduce_dtype": "float32"}
+            info["mixed_precision"] = {"param_dtype": str(dtype).removeprefix("torch."),
+                                       "reduce_dtype": str(reduce_dtype).removeprefix("torch.")}
+            info["reshard_after_forward"] = cfg.reshard_after_forward
             if force_sum:
                 info["reduce_op"] = "sum (gloo lacks PREMUL_SUM)"
     params = model.trainable_parameters()
@@ -320,4 +406,5 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
         autocast_dtype=dtype if dtype != torch.float32 else None,
         info=info,
         dp_group=dp_group,
+        gradient_sync=gradient_sync(model),
     )

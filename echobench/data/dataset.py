@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 SPEAKER_PATCH = 4  # the speaker encoder folds 4 reference frames into one token
 
 
+@dataclass(frozen=True)
+class Padding:
+    """Which streams of a batch have padded positions, the speaker stream counted in the speaker
+    encoder's patches: known on the host when the batch is made (collate), so that the step picks
+    an attention without a mask where none is needed, with no device sync."""
+
+    latent: bool = True
+    text: bool = True
+    speaker: bool = True
+
+
 @dataclass
 class Batch:
     latent: torch.Tensor  # (B, Ta, 128) float32
@@ -40,13 +51,15 @@ class Batch:
     ref_len: torch.Tensor
     text_len: torch.Tensor
     index: torch.Tensor  # (B,) int64: each sample's global index (the diffusion draws are keyed by it)
+    padding: Padding = Padding()  # on the host
 
     @property
     def size(self) -> int:
         return self.latent.shape[0]
 
     def _map(self, fn) -> "Batch":
-        return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+        return Batch(**{f.name: fn(v) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+                        for f in fields(self)})
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -96,11 +109,14 @@ def collate(samples: list[dict], tokenizer: TextTokenizer, audio_frames: int, te
         _copy_rows(ref[i], r)
         text_ids[i, : len(t)] = t
         audio_len[i], ref_len[i], text_len[i] = len(a), len(r), len(t)
+    # A partial last patch still counts as the reference's (SpeakerEncoder): padding in patches.
+    padding = Padding(latent=bool((audio_len < audio_frames).any()), text=bool((text_len < text_tokens).any()),
+                      speaker=bool((-(-ref_len // SPEAKER_PATCH) < ref_padded // SPEAKER_PATCH).any()))
     audio_len, latent_mask = _lengths_mask(audio_len, audio_frames)
     ref_len, ref_mask = _lengths_mask(ref_len, ref_padded)
     text_len, text_mask = _lengths_mask(text_len, text_tokens)
     return Batch(latent, latent_mask, ref, ref_mask, torch.from_numpy(text_ids), text_mask,
-                 audio_len, ref_len, text_len, torch.from_numpy(index))
+                 audio_len, ref_len, text_len, torch.from_numpy(index), padding)
 
 
 def find_shards(data) -> list[Path]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 
 class RMSNorm(nn.Module):
@@ -117,10 +119,45 @@ def merge_heads(x: torch.Tensor, seq_first: bool = False) -> torch.Tensor:
     return (x.permute(2, 0, 1, 3) if seq_first else x.transpose(1, 2)).flatten(-2)
 
 
-def attention(q, k, v, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Bidirectional attention with a key-padding mask (B, Tk) of True = attend."""
-    mask = None if key_mask is None else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+# How an attention skips the padded keys of a batch that has some (a batch without padding
+# attends with no mask at all, which FlashAttention serves): "dense" gives SDPA a boolean key mask
+# (on a GPU it then runs the memory-efficient or cuDNN kernel, never FlashAttention); "flex" builds
+# a FlexAttention block mask from the key mask, whose kernel skips the key blocks that are all
+# padding and masks the rest inside the kernel.
+KEY_MASKINGS = ("dense", "flex")
+
+
+def key_mask(mask: torch.Tensor, queries: int, masking: str):
+    """The mask object `attention` takes for a (B, Tk) boolean key mask (True = attend) and
+    `queries` queries: the mask itself (dense) or a FlexAttention BlockMask (flex)."""
+    if masking == "dense":
+        return mask
+    if masking != "flex":
+        raise ValueError(f"unknown key masking {masking!r}: allowed {', '.join(KEY_MASKINGS)}")
+
+    def attends(b, h, q_idx, kv_idx):
+        return mask[b, kv_idx]
+
+    return create_block_mask(attends, B=mask.shape[0], H=None, Q_LEN=queries, KV_LEN=mask.shape[1],
+                             device=mask.device)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    # FlexAttention is only a fused kernel when compiled; eager it materialises the scores.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attention(q, k, v, mask=None) -> torch.Tensor:
+    """Bidirectional attention on (B, H, T, D) over the keys `mask` lets through: None, every key
+    (SDPA with no mask); a (B, Tk) boolean key mask, True = attend (SDPA with that mask); or a
+    BlockMask made by key_mask (FlexAttention, compiled on a GPU)."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    if isinstance(mask, BlockMask):
+        flex = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+        return flex(q, k, v, block_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
 
 
 class QKNormAttention(nn.Module):

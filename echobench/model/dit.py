@@ -125,11 +125,20 @@ class EchoDiT(nn.Module):
         self.out_norm = RMSNorm(cfg.width, cfg.norm_eps)
         self.out_proj = nn.Linear(cfg.width, cfg.latent_dim)
 
-    def forward(self, x_t, t, latent_mask, text, text_mask, speaker, speaker_mask):
+    def forward(self, x_t, t, text, speaker, key_mask):
+        """key_mask: what `components.attention` takes for the joint keys [latent; text; speaker]
+        (None: every key, no mask)."""
+        x, cond, freqs = self.embed(x_t, t)
+        return self.head(self.run_blocks(x, cond, text, speaker, freqs, key_mask), cond)
+
+    # embed and head: the DiT's work outside its blocks, each a function a backend may compile
+    # on its own (compiling forward whole would trace every block into one graph).
+    def embed(self, x_t, t):
+        """(B, T, 128) latents and (B,) times -> the blocks' input, the conditioning vector, RoPE."""
         freqs = rope_frequencies(x_t.shape[1], self.cfg.head_dim, device=x_t.device)
-        key_mask = torch.cat([latent_mask, text_mask, speaker_mask], dim=1)
-        cond = self.time_embed(t)
-        x = self.run_blocks(self.in_proj(x_t), cond, text, speaker, freqs, key_mask)
+        return self.in_proj(x_t), self.time_embed(t), freqs
+
+    def head(self, x, cond):
         shift, scale = self.out_adaln(cond)
         return self.out_proj(modulate(self.out_norm(x), shift, scale))
 

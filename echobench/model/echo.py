@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 
+from echobench.model.components import key_mask
 from echobench.model.config import EchoConfig
 from echobench.model.dit import EchoDiT
 from echobench.model.speaker import SpeakerEncoder
@@ -20,9 +23,23 @@ from echobench.model.text_encoder import TextEncoder
 class DiffusionDraws:
     """The random draws of one training objective evaluation, per sample."""
 
-    t: torch.Tensor  # (B,) diffusion time in [0, 1)
-    noise: torch.Tensor  # (B, T, C) standard normal
-    keep: torch.Tensor  # (B,) bool: False drops text and speaker conditioning (CFG)
+    t: torch.Tensor  # (B,) diffusion time in [0, 1), on the device
+    noise: torch.Tensor  # (B, T, C) standard normal, on the device
+    # (B,) bool, on the HOST (numpy: reading it is no tensor op): False drops text and speaker
+    # conditioning (CFG). The step knows without a device sync whether any sample drops it, hence
+    # whether its attention needs a mask.
+    keep: np.ndarray
+
+
+def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_needs_mask: bool) -> dict:
+    """The attention path each attention of a step takes: "none" (SDPA with no mask) where none of
+    its keys is padding, else `key_masking` ("dense" or "flex", components.key_mask); the text
+    encoder (transformers' SDPA) takes a dense mask where it needs one (TextEncoder.needs_mask).
+    padding: the batch's data.Padding (which streams have padded positions)."""
+    dit_masked = padding.latent or padding.text or padding.speaker or conditioning_dropped
+    return {"dit": key_masking if dit_masked else "none",
+            "speaker_encoder": key_masking if padding.speaker else "none",
+            "text_encoder": "dense" if text_needs_mask else "none"}
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -40,17 +57,22 @@ def diffusion_draws(seed: int, sample_ids: Sequence[int], frames: int, channels:
                     device: torch.device, generator: torch.Generator | None = None) -> DiffusionDraws:
     """Draws that depend only on (seed, global sample index), not on how samples split across ranks.
 
-    One generator, reseeded per sample on the host (no device sync): 2 ranks x B samples draw
-    exactly what 1 rank x 2B draws. Two small random kernels per sample.
+    Generators reseeded per sample on the host (no device sync): 2 ranks x B samples draw exactly
+    what 1 rank x 2B draws. The time and the CFG draw come from a host generator (the step reads
+    `keep` on the host); the noise from `generator` (the device's), one random kernel per sample.
     """
     gen = generator or torch.Generator(device)
+    host = torch.Generator()
     uniforms, noises = [], []
     for g in sample_ids:
+        host.manual_seed(sample_seed(seed, g))
+        uniforms.append(torch.rand(2, generator=host))
         gen.manual_seed(sample_seed(seed, g))
-        uniforms.append(torch.rand(2, device=device, generator=gen))
         noises.append(torch.randn(frames, channels, device=device, generator=gen))
     u = torch.stack(uniforms)
-    return DiffusionDraws(t=u[:, 0], noise=torch.stack(noises), keep=u[:, 1] >= cfg_dropout)
+    t = u[:, 0].pin_memory() if torch.device(device).type == "cuda" else u[:, 0]
+    return DiffusionDraws(t=t.to(device, non_blocking=True), noise=torch.stack(noises),
+                          keep=(u[:, 1] >= cfg_dropout).numpy())
 
 
 def loss_frames(batch) -> torch.Tensor:
@@ -61,13 +83,19 @@ def loss_frames(batch) -> torch.Tensor:
 
 
 class EchoTTS(nn.Module):
-    def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None):
+    def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None, key_masking: str = "dense"):
         super().__init__()
         self.cfg = cfg
+        self.key_masking = key_masking  # how attention skips padded keys (components.key_mask)
         self.text_encoder = TextEncoder(cfg.text_encoder, encoder_checkpoint, frozen=cfg.frozen_encoder)
         self.text_proj = nn.Linear(cfg.text_encoder.hidden, cfg.width)
         self.speaker_encoder = SpeakerEncoder(cfg)
         self.dit = EchoDiT(cfg)
+
+    def attention_paths(self, padding, conditioning_dropped: bool, text_tokens: int) -> dict:
+        """What each attention of a step with this padding takes (attention_paths): the record's counts."""
+        return attention_paths(padding, conditioning_dropped, self.key_masking,
+                               self.text_encoder.needs_mask(padding.text, text_tokens))
 
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
@@ -87,24 +115,41 @@ class EchoTTS(nn.Module):
             t = torch.rand(b, device=device, generator=generator)
             noise = torch.randn(x0.shape, device=device, dtype=x0.dtype, generator=generator)
             keep = torch.rand(b, device=device, generator=generator) >= self.cfg.cfg_dropout
+            dropped = self.cfg.cfg_dropout > 0  # drawn on the device: the host cannot tell, so assume some
         else:
-            t, noise, keep = draws.t, draws.noise.to(x0.dtype), draws.keep
-        # Cosine schedule, epsilon prediction.
+            t, noise = draws.t, draws.noise.to(x0.dtype)
+            keep, dropped = torch.from_numpy(draws.keep), not draws.keep.all()  # on the host: no sync
+        # Which streams have padding (data.Padding, on the host); a batch that does not say (a
+        # hand-made one) is taken as padded everywhere: masks that change nothing cost only time.
+        padding = getattr(batch, "padding", None) or SimpleNamespace(latent=True, text=True, speaker=True)
+        paths = self.attention_paths(padding, dropped, batch.text_ids.shape[1])
+        text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask, padding.text)
+                              .to(self.text_proj.weight.dtype))
+        speaker, speaker_mask = self.speaker_encoder(batch.ref, batch.ref_mask, padding.speaker, self.key_masking)
+        keys = None
+        if paths["dit"] != "none":
+            # Classifier-free guidance: drop text and speaker conditioning together where keep is
+            # False. A row without audio frames (a stand-in for a skipped sample) keeps them, so
+            # that its attention has keys: torch's SDPA gives zeros for a row that attends to
+            # nothing; other kernels (TE) are not checked for it. It adds nothing to the loss.
+            keep = keep.to(device, non_blocking=True) | ~batch.latent_mask.any(1)
+            keys = key_mask(torch.cat([batch.latent_mask, batch.text_mask & keep[:, None], speaker_mask & keep[:, None]],
+                                      dim=1), x0.shape[1], self.key_masking)
+        pred = self.dit(self.noised(x0, t, noise), t, text, speaker, keys)
+        err = self.squared_error(pred, noise, batch.latent_mask)
+        return err if reduction == "sum" else err / loss_frames(batch).clamp(min=1)
+
+    # noised and squared_error: the objective's work outside the modules, each a function a
+    # backend may compile on its own (as EchoDiT.embed / head).
+    @staticmethod
+    def noised(x0, t, noise):
+        """The diffusion input at time t: cosine schedule, epsilon prediction."""
         alpha = torch.cos(t * math.pi / 2)[:, None, None]
         sigma = torch.sin(t * math.pi / 2)[:, None, None]
-        x_t = alpha * x0 + sigma * noise
+        return alpha * x0 + sigma * noise
 
-        # Classifier-free guidance: drop text and speaker conditioning together where keep is False.
-        # A row without audio frames (a stand-in for a skipped sample) keeps them, so that its
-        # attention has keys: torch's SDPA gives zeros for a row that attends to nothing; other
-        # kernels (TE) are not checked for it. It adds nothing to the loss.
-        keep = keep | ~batch.latent_mask.any(1)
-        text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask).to(self.text_proj.weight.dtype))
-        text_mask = batch.text_mask & keep[:, None]
-        speaker, speaker_mask = self.speaker_encoder(batch.ref, batch.ref_mask)
-        speaker_mask = speaker_mask & keep[:, None]
-
-        pred = self.dit(x_t, t, batch.latent_mask, text, text_mask, speaker, speaker_mask)
-        mask = batch.latent_mask[..., None].to(pred.dtype)
-        err = ((pred.float() - noise.float()).pow(2) * mask).sum()
-        return err if reduction == "sum" else err / loss_frames(batch).clamp(min=1)
+    @staticmethod
+    def squared_error(pred, noise, latent_mask):
+        """The noise-prediction error summed over real frames and channels, in float32."""
+        mask = latent_mask[..., None].to(pred.dtype)
+        return ((pred.float() - noise.float()).pow(2) * mask).sum()

@@ -149,8 +149,14 @@ class TECoreAttention(nn.Module):
 
     def forward(self, q, k, v, key_mask):
         b, h, tq, d = q.shape
-        q, k, v, masks = self.te_inputs(q, k, v, key_mask)
-        out = self.attn(q, k, v, attention_mask=masks, attn_mask_type=self.mask_type)
+        if key_mask is None:  # no padded key: TE's attention without a mask
+            from megatron.core.transformer.enums import AttnMaskType
+
+            q, k, v = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, v))
+            out = self.attn(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.no_mask)
+        else:
+            q, k, v, masks = self.te_inputs(q, k, v, key_mask)
+            out = self.attn(q, k, v, attention_mask=masks, attn_mask_type=self.mask_type)
         return out.view(tq, b, h, d).permute(1, 2, 0, 3)  # (Tq, B, H*D) -> (B, H, Tq, D)
 
 

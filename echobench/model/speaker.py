@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from echobench.model.components import GatedMLP, RMSNorm, SelfAttention, rope_frequencies
+from echobench.model.components import GatedMLP, RMSNorm, SelfAttention, key_mask, rope_frequencies
 from echobench.model.config import EchoConfig
 
 
@@ -37,7 +37,10 @@ class SpeakerEncoder(nn.Module):
         )
         self.norm = RMSNorm(cfg.speaker_width, cfg.norm_eps)
 
-    def forward(self, ref: torch.Tensor, ref_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ref: torch.Tensor, ref_mask: torch.Tensor, padded: bool = True,
+                masking: str = "dense") -> tuple[torch.Tensor, torch.Tensor]:
+        """padded: whether any reference has padded patches (known on the host: data.Batch); without,
+        the self-attention takes no mask. masking: how it skips padded keys (components.key_mask)."""
         pad = -ref.shape[1] % self.patch
         if pad:  # a partial last patch is zero-filled and still carries voice
             ref = F.pad(ref, (0, 0, 0, pad))
@@ -47,6 +50,7 @@ class SpeakerEncoder(nn.Module):
         # A patch is valid when any of its frames is: a partial last patch still carries voice.
         mask = ref_mask.reshape(b, t // self.patch, self.patch).any(-1)
         freqs = rope_frequencies(x.shape[1], x.shape[-1] // self.heads, device=x.device)
+        keys = key_mask(mask, x.shape[1], masking) if padded else None
         for block in self.blocks:
-            x = block(x, freqs, mask)
+            x = block(x, freqs, keys)
         return self.norm(x), mask

@@ -102,17 +102,26 @@ class TextEncoder(nn.Module):
         # A frozen encoder stays in eval mode whatever the parent does.
         return super().train(mode and not self.frozen)
 
-    def attention_masks(self, mask: torch.Tensor, dtype: torch.dtype):
+    def needs_mask(self, padded: bool, tokens: int) -> bool:
+        """Whether the encoder's attention takes a mask: where the text has padding, where the
+        sliding window is shorter than the text, and always for T5 (its position bias is added as
+        a mask). Without one, T5Gemma2's SDPA runs maskless (FlashAttention on a GPU)."""
+        return padded or self.family == "t5" or tokens > self.sliding_window
+
+    def attention_masks(self, mask: torch.Tensor, dtype: torch.dtype, padded: bool = True):
         """Masks built here rather than by transformers, whose helper checks `mask.all()`
         on the host: a device sync every step, and impossible on the meta device.
 
-        T5Gemma2: boolean (B, 1, 1, T) masks for its full and sliding-window layers.
-        T5: an additive float mask, which T5 adds to its relative position bias.
+        T5Gemma2: boolean (B, 1, 1, T) masks for its full and sliding-window layers, or None for
+        both where needs_mask says none is needed (padded: whether the text has padding, known on
+        the host). T5: an additive float mask, which T5 adds to its relative position bias.
         """
         keys = mask[:, None, None, :]
         if self.family == "t5":
             return torch.zeros(keys.shape, dtype=dtype, device=mask.device).masked_fill(~keys, torch.finfo(dtype).min)
         t = mask.shape[1]
+        if not self.needs_mask(padded, t):
+            return {"full_attention": None, "sliding_attention": None}
         pos = torch.arange(t, device=mask.device)
         window = (pos[:, None] - pos[None, :]).abs() < self.sliding_window
         return {"full_attention": keys, "sliding_attention": keys & window[None, None]}
@@ -122,9 +131,9 @@ class TextEncoder(nn.Module):
             return torch.get_autocast_dtype(device.type)
         return next(self.encoder.parameters()).dtype
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, padded: bool = True) -> torch.Tensor:
         dtype = self.compute_dtype(mask.device)
-        masks = self.attention_masks(mask, dtype)
+        masks = self.attention_masks(mask, dtype, padded)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             if self.family == "t5":
                 out = self.encoder(input_ids=ids, attention_mask=masks)

@@ -209,7 +209,7 @@ def over_configurations(ok: pd.DataFrame) -> pd.DataFrame:
 def setting_text(key: str, value) -> str:
     """One setting as a label shows it: `mb=4`, `compile` / `eager`, `bf16`."""
     if key == "compile":
-        return "compile" if value else "eager"
+        return {True: "compile", False: "eager"}.get(value, f"compile={value}")
     if key == "frozen_encoder":
         return {True: "enc-frozen", False: "enc-trained"}.get(value, f"frozen={value}")
     if key == "precision":
