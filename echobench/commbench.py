@@ -526,7 +526,7 @@ def host_steps(cfg, info, dtype: torch.dtype, warmup: int, iters: int, budget_s:
         batch = batch.to(info.device)
         draws = diffusion_draws(cfg.seed, ids, cfg.audio_frames, model_cfg.latent_dim, model_cfg.cfg_dropout,
                                 info.device, generator)
-        train_step(setup, batch, draws, info.device.type, dp_size)
+        train_step(setup, [(batch, draws)], info.device.type, dp_size)
 
     try:
         for _ in range(warmup):

@@ -198,10 +198,10 @@ def count_step(cfg, info, warmup_steps: int = 2) -> CollectiveLog:
             draws = diffusion_draws(cfg.seed, ids, cfg.audio_frames, model_cfg.latent_dim, model_cfg.cfg_dropout,
                                     info.device, generator)
             if step < warmup_steps:
-                train_step(setup, batch, draws, info.device.type, dp_size)
+                train_step(setup, [(batch, draws)], info.device.type, dp_size)
                 continue
             with count_collectives() as log:
-                train_step(setup, batch, draws, info.device.type, dp_size)
+                train_step(setup, [(batch, draws)], info.device.type, dp_size)
     finally:
         loader.close()
     return log

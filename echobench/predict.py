@@ -58,17 +58,19 @@ ELEMENTWISE = {"eager": (6.0, 9.5), "compiled": (2.0, 3.0)}
 ADAMW_BYTES = {"foreach": 56, "fused": 28}  # per parameter (float32 p, g, m, v and temporaries)
 CLIP_BYTES = 8  # per parameter: the norm reads each gradient, the scale reads and writes it (counted)
 # ATen ops dispatched per step (views included), counted on real tiny steps on the CPU (one gloo
-# process per rank): phase -> (fixed, per DiT layer, per speaker layer, per text-encoder layer).
-# torchtitan single / ddp / fsdp2 (fsdp2 stands for hsdp) and megatron tp2 (stands for any TP).
+# process per rank; scripts/count_host_ops.py): phase -> (fixed, per DiT layer, per speaker layer,
+# per text-encoder layer). torchtitan single / ddp / fsdp2 (fsdp2 stands for hsdp) and megatron tp2
+# (stands for any TP).
 HOST_OPS = {
-    "single": {"forward": (141, 164, 102, 109), "backward": (123, 325, 183, 0), "optimizer": (54, 38, 22, 0)},
-    "ddp": {"forward": (141, 164, 102, 109), "backward": (176, 382, 216, 0), "optimizer": (54, 38, 22, 0)},
-    "fsdp2": {"forward": (173, 200, 127, 109), "backward": (176, 411, 245, 0), "optimizer": (55, 38, 22, 0)},
-    "tp": {"forward": (145, 153, 102, 109), "backward": (130, 272, 185, 0), "optimizer": (60, 32, 22, 0)},
+    "single": {"forward": (131, 139, 87, 100), "backward": (124, 266, 155, 0), "optimizer": (56, 26, 16, 0)},
+    "ddp": {"forward": (160, 152, 95, 100), "backward": (159, 292, 171, 0), "optimizer": (56, 26, 16, 0)},
+    "fsdp2": {"forward": (164, 169, 109, 100), "backward": (137, 321, 200, 0), "optimizer": (57, 26, 16, 0)},
+    "tp": {"forward": (135, 148, 87, 100), "backward": (130, 272, 157, 0), "optimizer": (62, 32, 16, 0)},
 }
 # Activation checkpointing adds, per DiT / speaker layer, these backward ops (single, counted):
-# full re-runs the block's forward, selective its element-wise ops; the forward changes by views only.
-AC_BACKWARD_OPS = {"none": (0, 0), "full": (312, 179), "selective": (297, 172)}
+# full re-runs the block's forward; selective, eager, every second block's (half of full's per
+# layer; compiled, COMPILED_BLOCK_OPS stand); the forward changes by views only.
+AC_BACKWARD_OPS = {"none": (0, 0), "full": (263, 152), "selective": (132, 76)}
 # A compiled block dispatches its matmuls, attention and about as many fused kernels (assumed):
 # forward / backward ops per DiT and per speaker layer.
 COMPILED_BLOCK_OPS = {"forward": (30, 16), "backward": (58, 30)}
@@ -196,7 +198,7 @@ def host_ops(cfg: RunConfig) -> dict[str, int]:
     table = HOST_OPS["single" if kind == "tp" and cfg.tp == 1 and cfg.dp == 1 else kind]
     out = {}
     for phase, (fixed, dit, speaker, encoder) in table.items():
-        if cfg.compile and phase in COMPILED_BLOCK_OPS:
+        if cfg.compile is True and phase in COMPILED_BLOCK_OPS:  # priced(): compile auto resolved
             dit, speaker = COMPILED_BLOCK_OPS[phase]
         elif phase == "backward":
             dit, speaker = dit + AC_BACKWARD_OPS[cfg.ac][0], speaker + AC_BACKWARD_OPS[cfg.ac][1]
@@ -579,20 +581,28 @@ def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
     return {**out, "ops": ops, "host": host, "step": step}
 
 
+def device_type(profile_device: str) -> str:
+    return "cpu" if is_cpu_name(profile_device) else "cuda"
+
+
+def priced(cfg: RunConfig, profile_device: str) -> RunConfig:
+    """The run as it would run on the profile's device, its auto settings resolved (compile), as
+    predict prices it: sequence parallelism as the same layout without it (its all-gathers and
+    reduce-scatters move the bytes of the all-reduces they replace; the prediction's notes say so)."""
+    device = device_type(profile_device)
+    return replace(cfg, compile=cfg.compiled_on(device), sequence_parallel=False)
+
+
 def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
             model_flops_per_sample: float | None = None) -> Prediction:
     """The predicted step of `cfg` on `profile`'s machine (module docstring). `peak` overrides the
     run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full lengths (a record's
     measured figure, over its real lengths)."""
-    rid = run_id(cfg)
-    # The auto settings as the run would resolve them on this profile's device.
-    device = "cpu" if is_cpu(profile) else "cuda"
-    sequence_parallel = cfg.sequence_parallel_on(device)
-    # Sequence parallelism is priced as the same layout without it: its all-gathers and
-    # reduce-scatters move the bytes of the all-reduces they replace (a note says so).
-    cfg = replace(cfg, compile=cfg.compiled_on(device), sequence_parallel=False)
+    given = cfg
+    sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
+    cfg = priced(cfg, profile.device)
     if cfg.grad_accum > 1:
-        raise PredictError(f"{rid}: gradient accumulation is not modelled: predict it with grad_accum: 1")
+        raise PredictError(f"{run_id(given)}: gradient accumulation is not modelled: predict it with grad_accum: 1")
     mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
@@ -614,7 +624,7 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     capacity = _capacity(profile)
     world = cfg.world_size
     return Prediction(
-        run_id=rid, cfg=cfg, profile=profile.name, profile_device=profile.device, step_time_s=step,
+        run_id=run_id(given), cfg=given, profile=profile.name, profile_device=profile.device, step_time_s=step,
         step_time_low_s=min(low["step"], step), step_time_high_s=max(high["step"], step), parts=parts,
         forward_s=mid["forward"], backward_s=mid["backward"], optimizer_s=dev["optimizer"], device_s=mid["device"],
         host_s=mid["host"], host_ops=ops, communication_s=sum(c.seconds for c in mid["comm"]),
@@ -775,10 +785,11 @@ def predicted_shares(p: Prediction) -> dict[str, float]:
     time per op lands in the op's own category (a profiled op's span holds its dispatch): GEMM and
     attention get two ops per call (the op and its transpose or view), the optimizer its phase's
     ops, the rest goes to other; on a GPU host time beyond the device's is idle (other)."""
-    mm, att = _work(p.cfg)
+    cfg = priced(p.cfg, p.profile_device)
+    mm, att = _work(cfg)
     calls = {"gemm": 2 * sum(w.count for w in mm), "attention": 2 * sum(a.calls for a in att)}
     per_op = p.host_s / p.host_ops if p.host_ops and is_cpu_name(p.profile_device) else 0.0
-    ops = host_ops(p.cfg)
+    ops = host_ops(cfg)
     host = {"gemm": calls["gemm"] * per_op, "attention": calls["attention"] * per_op,
             "optimizer": ops["optimizer"] * per_op}
     host["other"] = p.parts["host"] - sum(host.values())

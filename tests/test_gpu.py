@@ -106,7 +106,8 @@ def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
         if "compile" in name:
             apply_compile(model)
         if "fsdp2" in name:
-            apply_fsdp(model, init_device_mesh("cuda", (1,)), torch.bfloat16, force_sum=False)
+            apply_fsdp(model, init_device_mesh("cuda", (1,)), torch.bfloat16, force_sum=False,
+                       reduce_dtype=torch.float32, reshard_after_forward=True)
         params = model.trainable_parameters()
         setup = TrainSetup(model, build_optimizer(params, device), partial(clip_grad_norm_, params, 1.0),
                            torch.bfloat16)
@@ -114,7 +115,7 @@ def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
         losses[name] = []
         for batch in batches:
             draws = diffusion_draws(0, batch.index.tolist(), 200, model_cfg.latent_dim, model_cfg.cfg_dropout, device)
-            losses[name].append(float(train_step(setup, batch.to(device), draws, "cuda", dp_size=1)))
+            losses[name].append(float(train_step(setup, [(batch.to(device), draws)], "cuda", dp_size=1)))
     with open(out_path, "w") as f:
         json.dump(losses, f)
     torch.distributed.destroy_process_group()

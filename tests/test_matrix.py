@@ -322,11 +322,14 @@ def test_shipped_matrices_parse_and_expand():
     assert layouts == {("torchtitan", "single"), ("torchtitan", "ddp"), ("megatron", "tp2")}
     assert all(r.cfg.scale == "tiny" for r in smoke.runs)
     gh = expand(load_matrix(ROOT / "matrices" / "gh200-published.yaml"))
-    combos = {(s.get("scale"), s.get("framework"), s.get("parallelism"), s.get("compile"), s.get("nodes"))
+    combos = {(s.get("scale"), s.get("framework"), s.get("parallelism"), s.get("nodes"))
               for s in [r.settings for r in gh.runs] + [s.settings for s in gh.skipped]}
-    assert combos == {(scale, fw, par, comp, n) for scale, fw, par, comp in
-                      [("800M", "torchtitan", "ddp", False), ("3B", "torchtitan", "fsdp2", True),
-                       ("3B", "megatron", "tp2", False), ("8B", "megatron", "tp4", False)] for n in (1, 4, 16)}
+    # 3B: FSDP2 on one node, HSDP beyond (shard in a node, replicate across); every run compile: auto
+    assert combos == {(scale, fw, par, n) for scale, fw, par in
+                      [("800M", "torchtitan", "ddp"), ("3B", "megatron", "tp2"), ("8B", "megatron", "tp4")]
+                      for n in (1, 4, 16)} | {("3B", "torchtitan", "fsdp2", 1), ("3B", "torchtitan", "hsdp", 4),
+                                              ("3B", "torchtitan", "hsdp", 16)}
+    assert all(r.cfg.compile == "auto" for r in gh.runs) and len(gh.runs) == 12
     assert all(r.cfg.gpus_per_node == 4 and r.fits for r in gh.runs)
     h200 = expand(load_matrix(ROOT / "matrices" / "h200-single.yaml"))
     titan = [r for r in h200.runs if r.cfg.framework == "torchtitan"]
