@@ -107,10 +107,27 @@ def record_report(record) -> list:
         ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
          else f"{record.num_alloc_retries} / {record.num_ooms}"),
         ("data wait", f"{record.data_wait_frac:.1%}"),
+        ("compile", compile_text(record)),
+        ("attention", attention_text(record)),
     ]
     for k, v in rows:
         table.add_row(k, esc(v))
     return [table, *(Text(f"note: {note}") for note in peak_notes(record))]
+
+
+def compile_text(record) -> str:
+    """What compile produced, as the run's table says it: eager, or the graphs and graph breaks."""
+    if not record.compile:
+        return record.compile_note or "eager"
+    return f"{record.compile_graphs} graphs, {record.compile_graph_breaks} graph breaks"
+
+
+def attention_text(record) -> str:
+    """Per attention, the paths its measured micro-batches took; the DiT's SDPA kernel at its shapes."""
+    paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" for path, n in counts.items())
+                      for part, counts in (record.attention_paths or {}).items())
+    kernel = (record.sdpa_backends or {}).get("dit")
+    return paths + (f" (SDPA: {kernel})" if kernel else "") if paths else "-"
 
 
 def repeats_report(records: list, out) -> list:

@@ -3,9 +3,11 @@
 
 The steps, in priority order (STEPS): the carried wheels installed as the device installs them
 (pip --no-index --no-deps --target), the environment, whether triton can build its launcher (a C
-compiler and Python.h), the GEMM ceiling; then the headline runs, eager first (3B and 800M on
-torchtitan, megatron TP=1 on local layers), then compiled (3B profiled, 800M), the `gpu` tests; and
-while time is left the comparisons (bare PyTorch loop, fp8, selective AC, micro-batch 16, ...).
+compiler and Python.h), the GEMM ceiling, the kernel probe (scripts/kernel_probe.py: SDPA's choice
+and each attention kernel's time at the 3B shapes, a 3B block eager vs compiled, a fused AdamW step);
+then the headline runs, eager first (3B on torchtitan, megatron TP=1 on local layers), then compiled
+(3B profiled, 800M), the `gpu` tests; and while time is left the comparisons (bare PyTorch loop,
+fp8, selective AC, micro-batch 16, 800M eager, ...).
 Every step has its own limit and the least time worth starting it; one global deadline gives each
 step min(its limit, time left - the reserve), and a step that cannot get its minimum, or whose
 prerequisite failed (a failed compile run, no compiler), is skipped at once with the reason. The
@@ -64,7 +66,7 @@ WHEELS_S, PROBE_S = 30, 30  # the set-up's limits: the wheels' install, the envi
 @dataclass(frozen=True)
 class Step:
     name: str
-    kind: str  # run | bare | pytest | calibrate | plan
+    kind: str  # run | bare | probe | pytest | calibrate | plan
     args: tuple[str, ...] = ()
     limit_s: float = 60
     min_s: float = 20
@@ -94,12 +96,18 @@ def steps(dry: bool) -> list[Step]:
         return Step(name, "bare", common + args, limit, least, False, needs + (("launcher",) if compiled else ()))
 
     cal = ("--scale", s3, "--micro-batch", str(mb)) + (("--audio-frames", "96") if dry else ())
+    probe = ("--scale", s3, "--micro-batch", str(mb)) + (
+        ("--audio-frames", "96", "--text-tokens", "32", "--speaker-frames", "128", "--iters", "3", "--warmup", "1")
+        if dry else ())
     return [
         Step("calibrate", "calibrate", cal, 40, 15, always=True),
-        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--micro-batch", str(mb), limit=90, least=45, always=True),
-        run(f"{n8}-eager-mb{mb8}", "--scale", s8, "--micro-batch", str(mb8), limit=70, least=35, always=True),
+        # What the CPU cannot show: SDPA's choice and each attention kernel's time at the run's
+        # shapes, a block eager vs compiled, a fused AdamW step (scripts/kernel_probe.py).
+        Step("kernel-probe", "probe", probe, 100, 30, always=True, needs=("launcher",)),
+        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=45,
+            always=True),
         run(f"{n3}-megatron-tp1-mb{mb}", "--scale", s3, "--framework", "megatron", "--parallelism", "tp1",
-            "--micro-batch", str(mb), limit=90, least=45, always=True),
+            "--no-compile", "--micro-batch", str(mb), limit=90, least=45, always=True),
         run(f"{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), "--profile",
             limit=240, least=130, always=True),
         run(f"{n8}-compile-mb{mb8}", "--scale", s8, "--compile", "--micro-batch", str(mb8),
@@ -114,10 +122,11 @@ def steps(dry: bool) -> list[Step]:
             limit=180, least=100),
         run(f"{n3}-compile-mb{mb2}", "--scale", s3, "--compile", "--micro-batch", str(mb2), "--profile",
             limit=180, least=100),
+        run(f"{n8}-eager-mb{mb8}", "--scale", s8, "--no-compile", "--micro-batch", str(mb8), limit=70, least=35),
         bare(f"bare-{n3}-eager-mb{mb}", "--scale", s3, "--micro-batch", str(mb), limit=60, least=30),
-        run(f"{n3}-eager-sac-mb{mb}", "--scale", s3, "--ac", "selective", "--micro-batch", str(mb),
+        run(f"{n3}-eager-sac-mb{mb}", "--scale", s3, "--no-compile", "--ac", "selective", "--micro-batch", str(mb),
             limit=70, least=40),
-        run(f"{n3}-eager-mb{mb2}", "--scale", s3, "--micro-batch", str(mb2), limit=70, least=35),
+        run(f"{n3}-eager-mb{mb2}", "--scale", s3, "--no-compile", "--micro-batch", str(mb2), limit=70, least=35),
         Step("plan-h200-single", "plan", ("matrices/h200-single.yaml", "--json"), 30, 10),
     ]
 
@@ -234,6 +243,10 @@ class Check:
             result = self.work / "calibrate.json"
             cmd = self.echobench("calibrate", *step.args, "--json")
             extra["file"] = result
+        elif step.kind == "probe":
+            result = self.work / "kernel-probe.json"
+            cmd = [self.python, "scripts/kernel_probe.py", *step.args, "--json", str(result)]
+            extra["file"] = result
         elif step.kind == "plan":
             cmd = self.echobench("plan", *step.args)
         elif step.kind == "pytest":
@@ -288,7 +301,7 @@ def pack_logs(work: Path, dest: Path) -> None:
     """The logs, the environment and every run's records into one archive, replaced atomically."""
     tmp = dest.with_suffix(".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
-        for name in ("logs", "env.txt", "report-table.md", "calibrate.json", "bare"):
+        for name in ("logs", "env.txt", "report-table.md", "calibrate.json", "kernel-probe.json", "bare"):
             if (work / name).exists():
                 tar.add(work / name, arcname=name)
         for run in sorted((work / "runs").glob("*")):

@@ -202,6 +202,10 @@ def comparisons(lines: list[dict]) -> list[str]:
                    f"{cal['tflops']:.4g} TFLOP/s (min {cal['tflops_min']:.4g}, max {cal['tflops_max']:.4g})"
                    + (f", {cal['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
 
+    probe = next((ln["result"] for ln in lines if ln["kind"] == "probe" and ln.get("result")), None)
+    if probe:
+        out += probe_lines(probe)
+
     def speed(label, field, a, b, same):
         for x, y in pairs(runs, field, a, b, same):
             rx, ry = x["record"], y["record"]
@@ -244,6 +248,29 @@ def comparisons(lines: list[dict]) -> list[str]:
                    f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(mem)} runs")
     for t in (ln for ln in lines if ln["kind"] == "trace"):
         out.append(f"- profiler trace of {t['name']}: {t.get('note', '')}")
+    return out
+
+
+def probe_lines(probe: dict) -> list[str]:
+    """The kernel probe's results (scripts/kernel_probe.py), a line each; a failed one says why."""
+    res, out = probe.get("results", {}), []
+    where = f"{probe.get('scale')} mb {probe.get('micro_batch')} {probe.get('dtype')}, cuDNN {probe.get('cudnn')}"
+    for name, r in res.items():
+        if "error" in r:
+            out.append(f"- probe {name} ({where}): failed: {r['error']}")
+        elif name == "sdpa_choice":
+            out.append(f"- SDPA's choice ({where}): DiT no mask {r['dit']}, dense mask {r['dit_dense_mask']}, "
+                       f"speaker {r['speaker_encoder']}")
+        elif name == "attention":
+            paths = ", ".join(f"{k} {v['tflops']:.4g} TFLOP/s" if "tflops" in v else f"{k} cannot run"
+                              for k, v in r.items() if isinstance(v, dict))
+            out.append(f"- DiT attention forward + backward ({where}): {paths}")
+        elif name == "dit_block":
+            out.append(f"- one DiT block forward + backward ({where}): eager {r['eager_ms']} ms, compiled "
+                       f"{r['compiled_ms']} ms ({r['speedup']}x; compile {r['compile_s']} s)")
+        elif name == "adamw":
+            out.append(f"- AdamW step + clipping over {r['params']:,} parameters ({'fused' if r['fused'] else 'foreach'}):"
+                       f" {r['ms']} ms, {r['gb_per_s']} GB/s")
     return out
 
 

@@ -3,7 +3,9 @@
 - the measured steps make no host sync (torch.cuda.set_sync_debug_mode("error"));
 - fp8 on the 800M preset at micro-batch 1 and 8: refused in one line, or runs real float8 GEMMs;
 - compile + FSDP2 on one GPU trains as eager does;
-- megatron TP=1 on its local layers trains as the plain model does.
+- megatron TP=1 on its local layers trains as the plain model does;
+- FlexAttention's key-padding block mask gives the dense mask's outputs and gradients (the CPU has
+  no FlexAttention backward), and a run without padding attends with no mask (FlashAttention).
 
 Tolerances compare bf16 runs: one bf16 rounding step is 2^-8 = 3.9e-3 relative; compiled kernels
 fuse element-wise ops and round in other places, so losses agree to about that over a few steps.
@@ -146,3 +148,37 @@ def test_megatron_tp1_local_layers_train_as_the_plain_model(tmp_path):
     assert m["te"] is False and m["backend"]["backend"] == "megatron" and m["precision"] == "bf16"
     assert m["env"]["device_type"] == "cuda"
     assert m["losses"] == pytest.approx(runs["plain"]["losses"], rel=BF16_RTOL)
+
+
+def test_flex_and_dense_key_masks_give_the_same_outputs_and_gradients():
+    """fp32 on the GPU: the DiT with padded keys (gaps in [latent | text | speaker], a sample with
+    its conditioning dropped) through FlexAttention's block mask and through SDPA's dense mask."""
+    from test_model import dit_keys, padded_dit_inputs, perturb_adaln
+
+    from echobench.model.config import PRESETS
+    from echobench.model.echo import EchoTTS
+
+    torch.manual_seed(0)
+    model = EchoTTS(PRESETS["tiny"]).cuda()
+    perturb_adaln(model)
+    x, t, text, speaker, masks = padded_dit_inputs(device="cuda")
+    outs, grads = [], []
+    for masking in ("dense", "flex"):
+        model.zero_grad()
+        out = model.dit(x, t, text, speaker, dit_keys(model, *masks, masking))
+        (out * masks[0][..., None]).pow(2).sum().backward()
+        outs.append(out[masks[0]])
+        grads.append(torch.cat([p.grad.flatten() for p in model.dit.parameters() if p.grad is not None]))
+    assert torch.allclose(outs[0], outs[1], atol=1e-4)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-3, atol=1e-4)
+
+
+def test_a_synthetic_run_attends_without_a_mask_on_flash_attention(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("run", *SMALL, "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2", "--no-compile",
+                   "--out", out, gpu=True, timeout=600)
+    r = record(out)
+    assert proc.returncode == 0, r["error"]
+    assert r["sdpa_backends"]["dit"] in ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+    assert r["attention_paths"]["speaker_encoder"] == {"none": 3} and r["attention_paths"]["text_encoder"] == {"none": 3}
+    assert set(r["attention_paths"]["dit"]) <= {"none", "flex"}  # flex where a sample dropped its conditioning

@@ -426,3 +426,24 @@ def test_activation_checkpointing_keeps_loss_and_gradients(ac):
     assert torch.equal(loss, ref_loss)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_clipping_through_the_fused_optimizer_s_grad_scale_equals_clipping_the_gradients():
+    """With a fused AdamW, clipping hands its coefficient to the optimizer's kernel (grad_scale)
+    instead of scaling every gradient first: the same update, one pass over the gradients less."""
+    from echobench.backends.torchtitan import clip_grad_norm_
+
+    def updated(via_optimizer: bool):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(32))]
+        for p in params:
+            p.grad = torch.randn_like(p) * 10  # a norm well over max_norm: clipping bites
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        norm = clip_grad_norm_(params, 1.0, opt if via_optimizer else None)
+        assert norm > 1.0
+        opt.step()
+        # Adam's first update hardly depends on the gradients' scale; its moments do
+        return [t.detach().clone() for p in params for t in (p, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
+
+    for a, b in zip(updated(True), updated(False)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)

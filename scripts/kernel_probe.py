@@ -1,0 +1,228 @@
+"""What the CPU cannot show of a run's kernels, measured on the device at the run's shapes: which
+SDPA backend torch picks for the DiT's attention (no mask, a dense key mask) and which can run at
+all, the attention's time per backend (FlexAttention with a key-padding block mask beside them),
+one DiT block forward + backward eager and compiled, and one fused AdamW step over the model's
+parameters. Each result is written to the JSON file as soon as it exists.
+
+  python3 scripts/kernel_probe.py --scale 3B --micro-batch 8 --json probe.json
+  python3 scripts/kernel_probe.py --scale tiny --micro-batch 2 --device cpu --json probe.json  # the dry pass
+
+Times are CUDA events around `iters` repeats after `warmup` (the host clock on a CPU), on random
+inputs (never all zeros). Attention TFLOP/s count the scores and values matmuls in full (4 B H Tq Tk D
+forward, backward twice that: flops.py's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's echobench
+
+import torch  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
+
+from echobench.flops import speaker_patches  # noqa: E402
+from echobench.kernels import SDPA_BACKENDS, sdpa_choices  # noqa: E402
+from echobench.model.components import attention, key_mask  # noqa: E402
+from echobench.model.config import get_preset  # noqa: E402
+
+
+def timed(fn, device: torch.device, iters: int, warmup: int) -> float:
+    """Median seconds of fn() over `iters` calls after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+class Results:
+    """The probe's results, rewritten to `path` after every one."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path, self.data = path, {**meta, "results": {}}
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+    def measure(self, name: str, fn) -> None:
+        t = time.perf_counter()
+        try:
+            self.data["results"][name] = fn()
+        except Exception as exc:  # noqa: BLE001 - one failed measurement must not end the others
+            self.data["results"][name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                                          "traceback_tail": traceback.format_exc()[-1500:]}
+        self.data["results"][name]["wall_s"] = round(time.perf_counter() - t, 2)
+        self.save()
+        print(f"{name}: {json.dumps(self.data['results'][name], default=str)[:400]}", flush=True)
+
+
+def attention_inputs(cfg, b: int, frames: int, tokens: int, speaker_frames: int, device, dtype, padded: bool):
+    """The DiT's joint attention at the run's shapes: q (B, H, T, D), keys [latent | text | speaker],
+    and a key mask that pads the second half of the batch's text and a quarter of its audio."""
+    g = torch.Generator(device).manual_seed(0)
+    keys = frames + tokens + speaker_patches(cfg, speaker_frames)
+    q = torch.randn(b, cfg.heads, frames, cfg.head_dim, device=device, dtype=dtype, generator=g, requires_grad=True)
+    k, v = (torch.randn(b, cfg.heads, keys, cfg.head_dim, device=device, dtype=dtype, generator=g, requires_grad=True)
+            for _ in range(2))
+    mask = torch.ones(b, keys, dtype=torch.bool, device=device)
+    if padded:
+        mask[b // 2:, frames + tokens // 2:frames + tokens] = False
+        mask[b // 2:, frames * 3 // 4:frames] = False
+    return q, k, v, mask
+
+
+def attention_times(cfg, args, device, dtype) -> dict:
+    """Forward + backward of the DiT's attention per path: SDPA with no mask under each backend,
+    SDPA with the dense mask under each backend, FlexAttention with the block mask."""
+    out = {}
+    for padded in (False, True):
+        q, k, v, mask = attention_inputs(cfg, args.micro_batch, args.audio_frames, args.text_tokens,
+                                         args.speaker_frames, device, dtype, padded)
+        flops = 3 * 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+        grad = torch.randn_like(q)
+        paths = [(name, backend) for name, backend in SDPA_BACKENDS.items() if name != "math"] + [("flex", None)]
+        for name, backend in paths:
+            label = f"{'padded' if padded else 'full'}-{name}"
+            if name == "flex" and not padded:
+                continue
+            mask_obj = key_mask(mask, q.shape[2], "flex") if name == "flex" else (mask if padded else None)
+
+            forward_only = device.type != "cuda" and name == "flex"  # no FlexAttention backward on a CPU
+            inputs = [t.detach() for t in (q, k, v)] if forward_only else (q, k, v)
+
+            def step(mask_obj=mask_obj, backend=backend, inputs=inputs, forward_only=forward_only):
+                with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+                    out_ = attention(*inputs, mask_obj)
+                if not forward_only:
+                    out_.backward(grad)
+
+            try:
+                seconds = timed(step, device, args.iters, args.warmup)
+                out[label] = {"ms": round(seconds * 1e3, 3), "tflops": float(f"{flops / seconds / 1e12:.4g}")}
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot run these shapes says why
+                out[label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    return out
+
+
+def block_times(cfg, args, device, dtype) -> dict:
+    """One DiT block forward + backward, fp32 weights under autocast (as the runs), eager then
+    compiled (the compile's own time apart), no key mask."""
+    from echobench.model.components import rope_frequencies
+    from echobench.model.dit import DiTBlock
+
+    torch.manual_seed(0)
+    block = DiTBlock(cfg).to(device)
+    for m in block.modules():  # AdaLN's up-projection starts at zero; every path must do work
+        if type(m).__name__ == "LowRankAdaLN":
+            torch.nn.init.normal_(m.up.weight, std=0.02)
+    b, t = args.micro_batch, args.audio_frames
+    x = torch.randn(b, t, cfg.width, device=device, requires_grad=True)
+    cond = torch.randn(b, cfg.width, device=device)
+    text = torch.randn(b, args.text_tokens, cfg.width, device=device)
+    speaker = torch.randn(b, speaker_patches(cfg, args.speaker_frames), cfg.speaker_width, device=device)
+    freqs = rope_frequencies(t, cfg.head_dim, device=device)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def step(fn):
+        with autocast:
+            y = fn(x, cond, text, speaker, freqs, None)
+        y.float().pow(2).mean().backward()
+
+    out = {"eager_ms": round(timed(lambda: step(block), device, args.iters, args.warmup) * 1e3, 2)}
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    t0 = time.perf_counter()
+    step(compiled)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    out["compile_s"] = round(time.perf_counter() - t0, 1)
+    out["compiled_ms"] = round(timed(lambda: step(compiled), device, args.iters, args.warmup) * 1e3, 2)
+    out["speedup"] = round(out["eager_ms"] / out["compiled_ms"], 2)
+    return out
+
+
+def adamw_step(cfg, device) -> dict:
+    """One AdamW step (fused on a GPU, foreach on a CPU, as the runs) over tensors shaped as the
+    model's trainable parameters (fp32), with clipping's norm and scale, and the bytes it moves."""
+    from echobench.model.echo import EchoTTS
+
+    with torch.device("meta"):
+        shapes = [p.shape for p in EchoTTS(cfg).trainable_parameters()]
+    params = [torch.randn(s, device=device) * 0.02 for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, foreach=not fused)
+
+    def step():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        torch.nn.utils.clip_grads_with_norm_(params, 1.0, norm, foreach=True)
+        opt.step()
+
+    seconds = timed(step, device, iters=5, warmup=2)
+    n = sum(p.numel() for p in params)
+    return {"params": n, "ms": round(seconds * 1e3, 2), "fused": fused,
+            # fused AdamW reads p, g, m, v and writes p, m, v; the clipping reads g twice, writes it once
+            "gb_per_s": round(n * 4 * (7 + 3) / seconds / 1e9, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="3B")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--audio-frames", type=int, default=750)
+    p.add_argument("--text-tokens", type=int, default=256)
+    p.add_argument("--speaker-frames", type=int, default=750)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--only", default="sdpa,attention,block,adamw")
+    p.add_argument("--json", type=Path, required=True)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = get_preset(args.scale)
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+            "scale": args.scale, "micro_batch": args.micro_batch, "dtype": str(dtype).removeprefix("torch."),
+            "lengths": [args.audio_frames, args.text_tokens, args.speaker_frames]}
+    results = Results(args.json, meta)
+    only = set(args.only.split(","))
+    if "sdpa" in only:
+        def choices():
+            chosen = sdpa_choices(cfg, args.micro_batch, args.audio_frames, args.text_tokens, args.speaker_frames,
+                                  device, dtype)
+            return {**chosen, "enabled": {name: getattr(torch.backends.cuda, f"{flag}_sdp_enabled")()
+                                          for name, flag in (("flash", "flash"), ("efficient", "mem_efficient"),
+                                                             ("cudnn", "cudnn"), ("math", "math"))}}
+        results.measure("sdpa_choice", choices)
+    if "attention" in only:
+        results.measure("attention", lambda: attention_times(cfg, args, device, dtype))
+    if "block" in only:
+        results.measure("dit_block", lambda: block_times(cfg, args, device, dtype))
+    if "adamw" in only:
+        results.measure("adamw", lambda: adamw_step(cfg, device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
