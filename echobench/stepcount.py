@@ -471,7 +471,8 @@ class Figures:
 
 def graph_figures(nodes) -> Figures:
     """Figures of inductor's scheduler nodes after fusion: a fused node is one generated kernel; an
-    extern node is a library call (its python kernel name; none: a view of a multi-output)."""
+    extern node is a library call, GEMM, attention or another (a fallback kernel) by its python
+    kernel name (none: a view of a multi-output, no kernel)."""
     from torch._inductor.scheduler import NopKernelSchedulerNode  # start-up: inductor imports in seconds
 
     out = Figures()
@@ -485,6 +486,9 @@ def graph_figures(nodes) -> Figures:
         name = getattr(node.node, "python_kernel_name", None)
         if name is None:
             continue
+        # an RNG-state wrapper (activation checkpointing replays attention's RNG) names the op it runs
+        name = " ".join([name, *(str(a) for a in getattr(node.node, "constant_args", ())
+                                 if isinstance(a, torch._ops.OpOverload))])
         kind = "attention" if "attention" in name else "gemm" if re.search(r"\b(addmm|mm|bmm|baddbmm)\b", name) \
             else "memory"
         out.extern[kind] += 1
