@@ -669,7 +669,9 @@ def project(count: StepCount, profile: HardwareProfile, peak_tflops: float | Non
     given, else the profile device's dense bf16 datasheet peak."""
     gemm = max(profile.gemm, key=lambda p: p.tflops)
     gbps = memory_gbps(profile, "copy")
-    peak, peak_source = (peak_tflops, "given") if peak_tflops else table_peak(profile.device)
+    peak, peak_source = (peak_tflops, "given") if peak_tflops else table_peak(profile.device) or (None, None)
+    if peak is None:
+        raise ValueError(f"no datasheet peak for {profile.device!r}: give peak_tflops")
     fb = ("forward", "backward")
     gemm_s = grad_accum * sum(count.total(ph, kind="gemm").flops for ph in fb) / (gemm.tflops * 1e12)
     attention_s = {k: grad_accum * t.flops / (ATTENTION_RATES[k].tflops * 1e12) for k, t in count.attention.items()}
