@@ -522,8 +522,10 @@ def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, ful
         compile_fx(gm, example_inputs, inner_compile=inner)
         return gm.forward  # the step goes on eagerly on FakeTensors: the compiled code never runs
 
-    def never_built(*a, **k):
-        return lambda *x: (_ for _ in ()).throw(RuntimeError("stepcount's compiled kernels are never run"))
+    def never_built(*a, **k):  # stands in for a C++ kernel's build: only its source is needed
+        def kernel(*x):
+            raise RuntimeError("stepcount's compiled kernels are never run")
+        return kernel
 
     def leaf(obj):  # a fresh input, as a compiled call receives it (batches and draws are dataclasses)
         if isinstance(obj, torch.Tensor):
@@ -539,7 +541,8 @@ def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, ful
     with ExitStack() as stack:
         # the backward is lowered with the forward (AOT autograd otherwise waits for its first call)
         stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
-        # a cache hit would skip codegen and leave no scheduler nodes to count
+        # a cache hit would skip codegen and leave no scheduler nodes to count; nothing is built, so
+        # no pool of compile workers
         stack.enter_context(inductor_config.patch(force_disable_caches=True, compile_threads=1))
         stack.enter_context(mock.patch.object(AsyncCompile, "cpp", never_built))  # the C++ is never built
         stack.enter_context(mock.patch.object(AsyncCompile, "cpp_pybinding", never_built))
