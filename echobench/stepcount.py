@@ -1,0 +1,691 @@
+"""One training step counted, not timed: its GPU kernels, FLOPs and bytes, by part, eager and compiled,
+and what they would take on one H200.
+
+No model is allocated. The model is built on the meta device and its parameters become FakeTensors
+(torch._subclasses.FakeTensorMode: shapes, dtypes and strides, no data); a TorchDispatchMode then
+sees every ATen op of one step as the GPU would run it: forward under bf16 autocast, backward,
+gradient clipping and fused AdamW. Each op gets
+- its part: the DiT blocks, the speaker-encoder blocks, the text encoder, or the top level (every
+  other op of the forward: embeddings, text projection, speaker patching, DiT input and output, the
+  loss), in the forward or the backward (a backward op belongs to the part whose forward made its
+  autograd node), or the optimizer (clipping included);
+- its kind: GEMM, attention, memory-bound (every other kernel), or view (no kernel: views, reshapes
+  that alias, detach, allocation, metadata);
+- its FLOPs (GEMM and attention; torch.utils.flop_counter's formulas, attention under
+  echobench.flops' convention: backward 2x forward) and bytes: each distinct input element read
+  once and each output element written once (an input broadcast by a stride-0 dimension counts its
+  distinct elements; a lookup reads the rows it gathers).
+
+What is emulated rather than seen, because the counter runs on a CPU build of torch:
+- autocast is the CPU's (torch.autocast("cpu", bf16)); for this model it casts what CUDA's would
+  (matmuls and attention to bf16; the ops CUDA keeps in fp32 already run on fp32 tensors here);
+- scaled_dot_product_attention goes through gpu_attention(), the CUDA dispatch of torch 2.11: no
+  mask -> FlashAttention-2; a mask -> the memory-efficient kernel (its bias made from the boolean
+  mask, padded to 8-aligned strides, expanded), or cuDNN where torch prefers it (cuDNN > 9.15 on
+  sm90): the same ATen ops a GPU run dispatches;
+- fused AdamW's and the foreach ops' kernel launches follow multi_tensor_apply's limits.
+
+Compiled: what the backend compiles (its apply_compile, with torch.compile recorded rather than run)
+is compiled again by inductor on the CPU, on FakeTensors at the run's shapes, forward and backward as
+AOT autograd splits them; the generated kernels are counted (their C++ is never built) and their
+bytes are inductor's own estimate (the buffers each fused kernel reads and writes). A compiled unit's
+memory-bound kernels are replaced by these, times its calls; its GEMMs and attention stay as they
+are (extern calls: cuBLAS and the attention kernel on a GPU). The proxy's limits: inductor's C++
+backend fuses differently from Triton (no epilogue or prologue fusion into GEMMs, different
+reduction and loop fusion), and the CPU lowers some ops differently; kernel counts and bytes are
+a proxy for the GPU's, which only a GPU shows.
+
+Not counted: the host (launch overhead, Python), the batch's copy to the device, the per-sample
+diffusion draws (2 tiny kernels per sample, made before the step), communication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import math
+import re
+from collections import Counter, defaultdict
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count
+
+from echobench import flops as flops_model
+from echobench.backends import torchtitan
+from echobench.config import RunConfig
+from echobench.data import build_tokenizer, collate, make_source
+from echobench.hwprofile import HardwareProfile, memory_gbps
+from echobench.model.echo import diffusion_draws, loss_frames
+from echobench.peaks import table_peak
+
+PARTS = ("dit_blocks", "speaker_blocks", "text_encoder", "top")
+PHASES = ("forward", "backward", "optimizer")
+KINDS = ("gemm", "attention", "memory", "view")
+# Where a module's ops belong, by its name in EchoTTS (a checkpoint wrapper's inner module too).
+PART_ROOTS = {"dit_blocks": r"dit\.blocks\.\d+", "speaker_blocks": r"speaker_encoder\.blocks\.\d+",
+              "text_encoder": r"text_encoder"}
+
+aten = torch.ops.aten
+GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm}
+# ATen attention op -> the GPU kernel it is; backward ops are counted at 2x their forward's FLOPs.
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention: ("flash", False),
+    aten._scaled_dot_product_flash_attention_backward: ("flash", True),
+    aten._scaled_dot_product_efficient_attention: ("efficient", False),
+    aten._scaled_dot_product_efficient_attention_backward: ("efficient", True),
+    aten._scaled_dot_product_cudnn_attention: ("cudnn", False),
+    aten._scaled_dot_product_cudnn_attention_backward: ("cudnn", True),
+    # Only reached if an attention call escapes gpu_attention(): the record then names the CPU kernel.
+    aten._scaled_dot_product_flash_attention_for_cpu: ("cpu-flash", False),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: ("cpu-flash", True),
+}
+# Ops that launch no kernel beyond the views (op.is_view): allocation, metadata, an alias.
+NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
+             aten._unsafe_view, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset,
+             aten.is_same_size, aten.set_, aten.resize_}
+WRITE_ONLY = {aten.copy_, aten.fill_, aten.zero_, aten.normal_, aten.uniform_}  # overwrite self unread
+LOOKUPS = {aten.embedding, aten.index_select, aten.index, aten.gather}  # read the rows they gather
+
+# multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): elements per chunk (one block), and per
+# launch at most 320 chunks and, by the number of tensor lists (depth), this many tensors.
+CHUNK, MAX_BLOCKS, MAX_TENSORS = 65536, 320, (110, 64, 48, 36, 30)
+
+
+@dataclass
+class Tally:
+    ops: int = 0  # ATen ops dispatched, views included
+    kernels: int = 0  # GPU kernels they launch
+    bytes: int = 0  # read + written by those kernels
+    flops: int = 0  # GEMM and attention
+
+    def add(self, other: "Tally", times: int = 1) -> None:
+        self.ops += other.ops * times
+        self.kernels += other.kernels * times
+        self.bytes += other.bytes * times
+        self.flops += other.flops * times
+
+
+# ---- the GPU's attention ----
+
+def attention_kernel(masked: bool, prefer_cudnn: bool) -> str:
+    """The kernel torch's SDPA picks on sm90 for bidirectional bf16 attention of head_dim <= 256:
+    cuDNN first where torch prefers it (cuDNN newer than 9.15), else FlashAttention-2, which takes
+    no mask, then the memory-efficient kernel."""
+    return "cudnn" if prefer_cudnn else "efficient" if masked else "flash"
+
+
+def gpu_attention(prefer_cudnn: bool = False):
+    """F.scaled_dot_product_attention as torch runs it on an sm90 GPU, the kernel's ATen op called
+    directly (aten/src/ATen/native/transformers/attention.cpp of recent torch: a boolean mask becomes
+    a bias of the query's dtype, where(mask, 0, -inf); the memory-efficient kernel takes it padded to
+    8-aligned strides and expanded, as a view, to (B, H, Tq, Tk); cuDNN takes it as it is)."""
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if dropout_p or is_causal:
+            raise NotImplementedError("stepcount emulates bidirectional attention without dropout only")
+        kernel = attention_kernel(attn_mask is not None, prefer_cudnn)
+        if enable_gqa and kernel == "efficient":
+            raise NotImplementedError("the memory-efficient kernel takes no grouped-query attention")
+        logsumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        bias = attn_mask
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            bias = torch.where(attn_mask, 0.0, torch.scalar_tensor(-math.inf, dtype=query.dtype,
+                                                                      device=query.device))
+        if kernel == "flash":
+            return aten._scaled_dot_product_flash_attention(query, key, value, scale=scale)[0]
+        if kernel == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention(query, key, value, bias, logsumexp, scale=scale)[0]
+        if bias is not None:
+            if any(s % 8 for s in bias.stride()[:-1]) or bias.stride(-1) != 1:
+                bias = F.pad(bias, (0, 8 - bias.shape[-1] % 8))[..., : bias.shape[-1]]
+            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        return aten._scaled_dot_product_efficient_attention(query, key, value, bias, logsumexp, scale=scale)[0]
+
+    return sdpa
+
+
+# ---- one op: kind, kernels, FLOPs, bytes ----
+
+def read_bytes(t: torch.Tensor) -> int:
+    """The distinct elements of t (a stride-0, broadcast dimension holds one), in bytes."""
+    return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0) * t.element_size()
+
+
+def tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def multi_tensor_launches(numels: list[int], depth: int) -> int:
+    """Kernel launches of multi_tensor_apply over tensors of these sizes with `depth` tensor lists."""
+    launches, in_launch, blocks = 0, 0, 0
+    sizes = [n for n in numels if n]
+    for i, n in enumerate(sizes):
+        in_launch += 1
+        chunks = -(-n // CHUNK)
+        for c in range(chunks):
+            blocks += 1
+            last_chunk = c == chunks - 1
+            if (in_launch == MAX_TENSORS[depth - 1] and last_chunk) or blocks == MAX_BLOCKS or \
+                    (last_chunk and i == len(sizes) - 1):
+                launches, blocks = launches + 1, 0
+                in_launch = 0 if last_chunk else 1
+    return launches
+
+
+def op_tally(func, args, kwargs, out) -> tuple[str, str | None, Tally]:
+    """(kind, attention kernel or None, tally) of one dispatched op."""
+    packet = func._overloadpacket
+    if func.is_view or packet in NO_KERNEL or func.namespace in ("prim", "profiler"):
+        return "view", None, Tally(ops=1)
+    inputs, outputs = tensors((args, kwargs)), tensors(out)
+    written = outputs
+    if not func._schema.returns:  # in place on lists (foreach, fused AdamW): the mutated arguments
+        mutated = [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        # fused AdamW writes its gradients back only when a grad scale unscales them
+        mutated = [m for m in mutated if not (packet in (aten._fused_adamw_, aten._fused_adam_) and m == "grads")]
+        named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+        written = tensors([named.get(m) for m in mutated])
+    if packet in WRITE_ONLY:
+        inputs = inputs[1:]
+    elif packet.__name__.endswith("_like") or packet in (aten.new_zeros, aten.new_ones, aten.new_full):
+        inputs = []  # a factory reads its argument's shape, not its data
+    elif packet in LOOKUPS:
+        inputs = [t for t in inputs if not t.is_floating_point()] + outputs  # indices, and the gathered rows
+    nbytes = sum(map(read_bytes, inputs)) + sum(t.numel() * t.element_size() for t in written)
+    if packet in GEMM_OPS:
+        return "gemm", None, Tally(1, 1, nbytes, flop_registry[packet](*args, **kwargs, out_val=out))
+    if packet in ATTENTION_OPS:
+        kernel, backward = ATTENTION_OPS[packet]
+        q, k, v = args[1:4] if backward else args[:3]
+        return "attention", kernel, Tally(1, 1, nbytes, (2 if backward else 1) * sdpa_flop_count(q.shape, k.shape,
+                                                                                                 v.shape))
+    kernels = 1
+    if func.namespace == "aten" and packet.__name__.startswith(("_foreach_", "_fused_")):
+        lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+        depth = 4 if packet in (aten._fused_adamw_, aten._fused_adam_) else len(lists)
+        kernels = multi_tensor_launches([t.numel() for t in lists[0]], min(depth, 5))
+    return "memory", None, Tally(1, kernels, nbytes)
+
+
+# ---- the counter ----
+
+def part_root(name: str) -> str | None:
+    """The part whose root module this is (a checkpoint wrapper's inner module too), else None."""
+    name = name.removesuffix("._checkpoint_wrapped_module")
+    return next((part for part, pattern in PART_ROOTS.items() if re.fullmatch(pattern, name)), None)
+
+
+def part_of(name: str) -> str:
+    """The part a module's ops belong to: that of its innermost enclosing part root, else the top level."""
+    prefixes = [".".join(name.split(".")[:k]) for k in range(len(name.split(".")), 0, -1)] if name else []
+    return next((part for prefix in prefixes if (part := part_root(prefix))), "top")
+
+
+class StepCounter(TorchDispatchMode):
+    """Tallies every dispatched op by (phase, part, kind, compiled unit).
+
+    Forward: the part is the innermost part module running (module hooks keep the stack). Backward
+    (the autograd engine running a graph task): the part and unit of the autograd node being
+    executed, each node labelled when its forward left a part module or compiled unit (every
+    unlabelled ancestor of the outputs is that part's; of the inputs, the enclosing one's); ops
+    recomputed by activation checkpointing run inside the block's hooks again. `phase` overrides
+    both (the optimizer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tallies: dict[tuple, Tally] = defaultdict(Tally)
+        self.attention: dict[str, Tally] = defaultdict(Tally)
+        self.parts: list[str] = []
+        self.units: list[str] = []
+        self.labels: dict = {}  # autograd node -> (part, unit)
+        self.phase: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        kind, kernel, tally = op_tally(func, args, kwargs, out)
+        phase, part, unit = self.where()
+        self.tallies[phase, part, kind, unit].add(tally)
+        if kernel:
+            self.attention[kernel].add(tally)
+        return out
+
+    def where(self) -> tuple[str, str, str | None]:
+        if self.phase:
+            return self.phase, "optimizer", None
+        if torch._C._current_graph_task_id() == -1:
+            return ("forward", *self.enclosing())
+        part, unit = self.labels.get(torch._C._current_autograd_node(), ("top", None))
+        return "backward", self.parts[-1] if self.parts else part, unit
+
+    def label(self, tree, part: str, unit: str | None) -> None:
+        todo = [t.grad_fn for t in tensors(tree) if t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in self.labels:
+                self.labels[node] = (part, unit)
+                todo.extend(fn for fn, _ in node.next_functions)
+
+    def enclosing(self) -> tuple[str, str | None]:
+        """The innermost part and the outermost compiled unit running (dynamo inlines a unit's inner ones)."""
+        return (self.parts[-1] if self.parts else "top"), (self.units[0] if self.units else None)
+
+    @contextmanager
+    def inside(self, part: str | None, unit: str | None, args):
+        """Runs a part module or compiled unit's call: labels what came before, then what it made."""
+        if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute
+            self.label(args, *self.enclosing())
+        self.parts.extend([part] if part else [])
+        self.units.extend([unit] if unit else [])
+        out = []
+        try:
+            yield out
+        finally:
+            if part:
+                self.parts.pop()
+            if unit:
+                self.units.pop()
+        if torch._C._current_graph_task_id() == -1:
+            outer_part, outer_unit = self.enclosing()
+            self.label(out, part or outer_part, outer_unit or unit)
+
+    def hook_parts(self, model: torch.nn.Module) -> list:
+        """Forward hooks on the part modules: (pre, post) pairs push and pop the part."""
+        handles = []
+        for name, module in model.named_modules():
+            if (part := part_root(name)) is None:
+                continue
+            state = {}
+
+            def pre(mod, args, kwargs, part=part, state=state):
+                state["cm"] = self.inside(part, None, (args, kwargs))
+                state["out"] = state["cm"].__enter__()
+
+            def post(mod, args, kwargs, output, state=state):
+                state["out"].append(output)
+                state.pop("cm").__exit__(None, None, None)
+
+            handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
+                        module.register_forward_hook(post, with_kwargs=True, always_call=True)]
+        return handles
+
+
+# ---- what the backend compiles ----
+
+@dataclass
+class Unit:
+    """A compiled callable of the backend, by its owner module's name with block indices as '*'
+    (one per group of identical blocks) and the attribute compiled (None: the module's call)."""
+
+    name: str
+    owner: str | None  # the first instance's module name (None: a function of no module)
+    attr: str | None
+    fullgraph: bool
+    fn: object = None  # the function compiled, where it belongs to no module
+    calls: int = 0
+    inputs: tuple | None = None  # (args, kwargs, grad enabled, autocast dtype) of its first call
+
+
+def record_compiles(counter: StepCounter, model: torch.nn.Module, units: dict[str, Unit]):
+    """A stand-in for torch.compile while the backend applies it: the callable runs eagerly, inside
+    `counter.inside(None, unit)`, and its first call's inputs are kept for the inductor proxy."""
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def compile_(fn=None, *args, **kwargs):
+        if fn is None:  # used as a decorator factory: torch.compile(fullgraph=True)(fn)
+            return lambda f: compile_(f, *args, **kwargs)
+        owner_name = names.get(id(getattr(fn, "__self__", None)))  # None: a function of no module of the model
+        attr = None if owner_name is None or fn.__name__ == "_call_impl" else fn.__name__
+        base = fn.__qualname__ if owner_name is None else re.sub(r"\.\d+(?=\.|$)", ".*", owner_name) or "model"
+        name = base + (f".{attr}" if attr else "")
+        unit = units.setdefault(name, Unit(name, owner_name, attr, kwargs.get("fullgraph", False),
+                                           fn if owner_name is None else None))
+
+        @functools.wraps(fn)
+        def run(*a, **k):
+            if counter.units or torch._C._current_graph_task_id() != -1:  # inside another unit, or a recompute
+                return fn(*a, **k)
+            unit.calls += 1
+            if unit.inputs is None:
+                cast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+                unit.inputs = (a, k, torch.is_grad_enabled(), cast)
+            with counter.inside(None, name, (a, k)) as out:
+                out.append(fn(*a, **k))
+            return out[0]
+
+        return run
+
+    return mock.patch.object(torch, "compile", compile_)
+
+
+# ---- building and running the step ----
+
+def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype) -> torch.nn.Module:
+    """The backend's model (built on the meta device: no init kernels run) with FakeTensor
+    parameters and buffers on the CPU, activation checkpointing applied as the backend applies it."""
+    model = torchtitan.build_model(cfg, torch.device("meta"), dtype)
+    fakes: dict[int, torch.Tensor] = {}  # a tensor two modules share stays shared
+
+    def fake(t):
+        if id(t) not in fakes:
+            f = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            fakes[id(t)] = torch.nn.Parameter(f, t.requires_grad) if isinstance(t, torch.nn.Parameter) else f
+        return fakes[id(t)]
+
+    with mode:
+        for module in model.modules():
+            for store in (module._parameters, module._buffers):
+                for name, t in store.items():
+                    if t is not None:
+                        store[name] = fake(t)
+    torchtitan.apply_ac(model, cfg.ac)
+    return model
+
+
+def fake_batch(cfg: RunConfig, mode: FakeTensorMode):
+    """The synthetic full-length batch and diffusion draws of the run's first step, as the loader and
+    the loop make them (on the CPU: small), then FakeTensors."""
+    model_cfg = cfg.model_config()
+    source = make_source("synthetic", micro_batch=cfg.micro_batch, seed=cfg.seed, audio_frames=cfg.audio_frames,
+                         text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames)
+    samples = list(itertools.islice(iter(source), cfg.micro_batch))
+    batch = collate(samples, build_tokenizer(model_cfg.text_encoder.vocab), cfg.audio_frames, cfg.text_tokens,
+                    cfg.speaker_frames)
+    draws = diffusion_draws(cfg.seed, batch.index.tolist(), batch.latent.shape[1], model_cfg.latent_dim,
+                            model_cfg.cfg_dropout, torch.device("cpu"))
+
+    def fake(obj):
+        return dataclasses.replace(obj, **{f.name: mode.from_tensor(getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj)
+                                           if isinstance(getattr(obj, f.name), torch.Tensor)})
+
+    return fake(batch), fake(draws)
+
+
+def compute_dtype(cfg: RunConfig) -> torch.dtype | None:
+    """The autocast dtype of a GPU run of this precision (None: fp32, no autocast)."""
+    if cfg.precision == "fp8":
+        raise ValueError("stepcount counts bf16 and fp32 runs; fp8's float8 linears are not emulated")
+    return None if cfg.precision == "fp32" else torch.bfloat16
+
+
+def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compiled: bool,
+             prefer_cudnn: bool) -> dict[str, Unit]:
+    """One step of micro-batch cfg.micro_batch under `counter`, as bench.train_step runs it on a GPU:
+    the forward under autocast, the loss over the batch's frames, backward, clipping (the backend's
+    clip_grad_norm_) and fused AdamW (the backend's build_optimizer on CUDA). The optimizer's state
+    exists before the step, as in every step after the first. Returns the units the backend compiles."""
+    dtype = compute_dtype(cfg)
+    model = fake_model(cfg, mode, dtype or torch.float32)
+    units: dict[str, Unit] = {}
+    if compiled:
+        with record_compiles(counter, model, units):
+            torchtitan.apply_compile(model)
+    batch, draws = fake_batch(cfg, mode)
+    params = model.trainable_parameters()
+    with mode:
+        optimizer = torchtitan.build_optimizer(params, torch.device("cuda"))
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    handles = counter.hook_parts(model)
+    try:
+        with mode, counter, mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(prefer_cudnn)):
+            frames = loss_frames(batch)
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                err = model(batch, draws=draws, reduction="sum")
+            loss = err / frames.clamp(min=1)
+            loss.backward()
+            counter.phase = "optimizer"
+            torchtitan.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            counter.phase = None
+    finally:
+        for h in handles:
+            h.remove()
+    return units
+
+
+# ---- the compiled proxy: inductor on the CPU ----
+
+@dataclass
+class Figures:
+    """What inductor made of one graph: generated kernels and their bytes, extern calls by kind."""
+
+    kernels: int = 0
+    bytes: int = 0
+    extern: Counter = field(default_factory=Counter)  # gemm, attention, memory (a fallback kernel)
+    extern_bytes: Counter = field(default_factory=Counter)
+
+
+def graph_figures(nodes) -> Figures:
+    """Figures of inductor's scheduler nodes after fusion: a fused node is one generated kernel; an
+    extern node is a library call, GEMM, attention or another (a fallback kernel) by its python
+    kernel name (none: a view of a multi-output, no kernel)."""
+    from torch._inductor.scheduler import NopKernelSchedulerNode  # start-up: inductor imports in seconds
+
+    out = Figures()
+    for node in nodes:
+        if isinstance(node, NopKernelSchedulerNode):
+            continue
+        nbytes = node.get_read_write_buffers_sizes()
+        if not node.is_extern():
+            out.kernels, out.bytes = out.kernels + 1, out.bytes + nbytes
+            continue
+        name = getattr(node.node, "python_kernel_name", None)
+        if name is None:
+            continue
+        # an RNG-state wrapper (activation checkpointing replays attention's RNG) names the op it runs
+        name = " ".join([name, *(str(a) for a in getattr(node.node, "constant_args", ())
+                                 if isinstance(a, torch._ops.OpOverload))])
+        kind = "attention" if "attention" in name else "gemm" if re.search(r"\b(addmm|mm|bmm|baddbmm)\b", name) \
+            else "memory"
+        out.extern[kind] += 1
+        out.extern_bytes[kind] += nbytes
+    return out
+
+
+def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, fullgraph: bool, mode,
+                     prefer_cudnn: bool) -> dict[str, Figures]:
+    """Compiles fn(*args, **kwargs) with inductor for the CPU on FakeTensors, forward and backward,
+    without running it: {"forward": Figures, "backward": Figures} summed over its graphs."""
+    import torch._functorch.config as functorch_config  # start-up: inductor imports in seconds
+    import torch._inductor.config as inductor_config
+    from torch._inductor import metrics
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner, inductor_metrics_log
+
+    figures = {"forward": Figures(), "backward": Figures()}
+
+    def inner(gm, example_inputs, **kw):
+        metrics.reset()
+        compiled = compile_fx_inner(gm, example_inputs, **kw)
+        part = graph_figures([node for node, _ in metrics.nodes_num_elem])
+        total = figures["backward" if kw.get("is_backward") else "forward"]
+        total.kernels, total.bytes = total.kernels + part.kernels, total.bytes + part.bytes
+        total.extern.update(part.extern)
+        total.extern_bytes.update(part.extern_bytes)
+        return compiled
+
+    def backend(gm, example_inputs):
+        compile_fx(gm, example_inputs, inner_compile=inner)
+        return gm.forward  # the step goes on eagerly on FakeTensors: the compiled code never runs
+
+    def never_built(*a, **k):  # stands in for a C++ kernel's build: only its source is needed
+        def kernel(*x):
+            raise RuntimeError("stepcount's compiled kernels are never run")
+        return kernel
+
+    def leaf(obj):  # a fresh input, as a compiled call receives it (batches and draws are dataclasses)
+        if isinstance(obj, torch.Tensor):
+            return obj.detach().requires_grad_(obj.requires_grad)
+        if dataclasses.is_dataclass(obj):
+            return dataclasses.replace(obj, **{f.name: leaf(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(map(leaf, obj))
+        return {k: leaf(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
+
+    args, kwargs = leaf(args), leaf(kwargs)
+    level = inductor_metrics_log.level
+    with ExitStack() as stack:
+        # the backward is lowered with the forward (AOT autograd otherwise waits for its first call)
+        stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+        # a cache hit would skip codegen and leave no scheduler nodes to count; nothing is built, so
+        # no pool of compile workers
+        stack.enter_context(inductor_config.patch(force_disable_caches=True, compile_threads=1))
+        stack.enter_context(mock.patch.object(AsyncCompile, "cpp", never_built))  # the C++ is never built
+        stack.enter_context(mock.patch.object(AsyncCompile, "cpp_pybinding", never_built))
+        stack.enter_context(mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(prefer_cudnn)))
+        stack.enter_context(mode)
+        stack.enter_context(torch.set_grad_enabled(grad))
+        stack.enter_context(torch.autocast("cpu", dtype=cast or torch.float32, enabled=cast is not None))
+        inductor_metrics_log.setLevel(logging.INFO)  # inductor keeps its per-node bytes only then
+        stack.callback(inductor_metrics_log.setLevel, level)
+        torch._dynamo.reset()
+        torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=False)(*args, **kwargs)
+    return figures
+
+
+# ---- the result ----
+
+@dataclass
+class StepCount:
+    """One step's tallies by (phase, part, kind); optimizer ops are part "optimizer"."""
+
+    settings: dict
+    tallies: dict[tuple[str, str, str], Tally]
+    attention: dict[str, Tally]  # by GPU kernel
+    units: list[dict] = field(default_factory=list)  # compiled: what inductor made of each unit
+
+    def total(self, phase: str | None = None, part: str | None = None, kind: str | None = None) -> Tally:
+        out = Tally()
+        for (ph, pa, ki), t in self.tallies.items():
+            if phase in (None, ph) and part in (None, pa) and kind in (None, ki):
+                out.add(t)
+        return out
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(phase, part) of the table: forward and backward by part, then the optimizer."""
+        return [(ph, pa) for ph in PHASES[:2] for pa in PARTS] + [("optimizer", "optimizer")]
+
+    def as_dict(self) -> dict:
+        return {"settings": self.settings,
+                "rows": [{"phase": ph, "part": pa, **{k: dataclasses.asdict(self.total(ph, pa, k)) for k in KINDS}}
+                         for ph, pa in self.rows()],
+                "attention": {k: dataclasses.asdict(v) for k, v in self.attention.items()},
+                "units": self.units}
+
+
+def count_step(cfg: RunConfig, compiled: bool = False, prefer_cudnn: bool = False) -> StepCount:
+    """One training step of `cfg` (micro_batch, lengths, precision, ac), counted on FakeTensors.
+
+    compiled: what the backend compiles is counted from inductor's CPU code instead (module
+    docstring): memory-bound kernels and bytes of each compiled unit are its generated kernels
+    (and any fallback kernels) times its calls; GEMM and attention stay as counted.
+    prefer_cudnn: attention as torch runs it where it prefers cuDNN (gpu_attention)."""
+    counter, mode = StepCounter(), FakeTensorMode()
+    units = run_step(cfg, counter, mode, compiled, prefer_cudnn)
+    tallies: dict[tuple, Tally] = defaultdict(Tally)
+    for (phase, part, kind, unit), t in counter.tallies.items():
+        if not (unit and kind == "memory"):
+            tallies[phase, part, kind].add(t)
+    described = []
+    if units:
+        plain = fake_model(cfg, mode, compute_dtype(cfg) or torch.float32)  # no counter hooks, no compile stand-in
+        modules = dict(plain.named_modules())
+        for unit in units.values():
+            args, kwargs, grad, cast = unit.inputs
+            owner = None if unit.owner is None else modules[unit.owner]
+            fn = unit.fn if owner is None else owner._call_impl if unit.attr is None else getattr(owner, unit.attr)
+            figures = inductor_figures(fn, args, kwargs, grad, cast, unit.fullgraph, mode, prefer_cudnn)
+            part = part_of(unit.owner or "")
+            eager = {ph: Tally() for ph in ("forward", "backward")}
+            for (phase, _, kind, name), t in counter.tallies.items():
+                if name == unit.name and kind == "memory":
+                    eager[phase].add(t)
+            for phase, fig in figures.items():
+                memory = Tally(0, fig.kernels + fig.extern["memory"], fig.bytes + fig.extern_bytes["memory"])
+                tallies[phase, part, "memory"].add(memory, unit.calls)
+            described.append({"unit": unit.name, "calls": unit.calls, "part": part,
+                              **{ph: {"generated_kernels": fig.kernels, "generated_bytes": fig.bytes,
+                                      "extern_calls": dict(fig.extern),
+                                      "eager_memory_kernels": eager[ph].kernels // max(unit.calls, 1),
+                                      "eager_memory_bytes": eager[ph].bytes // max(unit.calls, 1)}
+                                 for ph, fig in figures.items()}})
+    model_flops = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
+    settings = {"scale": cfg.scale, "micro_batch": cfg.micro_batch, "audio_frames": cfg.audio_frames,
+                "text_tokens": cfg.text_tokens, "speaker_frames": cfg.speaker_frames, "precision": cfg.precision,
+                "ac": cfg.ac, "compiled": compiled, "prefer_cudnn": prefer_cudnn,
+                "model_flops_per_sample": model_flops.total}
+    return StepCount(settings, dict(tallies), dict(counter.attention), described)
+
+
+# ---- the projection onto one H200 ----
+
+@dataclass(frozen=True)
+class Rate:
+    tflops: float  # forward + backward, FLOPs under echobench.flops' convention (backward 2x forward)
+    source: str
+    assumed: bool = False
+
+
+# Attention, bidirectional, head_dim 128, bf16. FlashAttention's benchmark counts backward as 2.5x the
+# forward (fwd + bwd = 3.5x): its published rates are x 3 / 3.5 here.
+ATTENTION_RATES = {
+    "flash": Rate(round(294 * 3 / 3.5, 1),
+                  "FlashAttention-2 README, 'Performance / H100' (assets/flash2_h100_fwd_bwd_benchmark.png): "
+                  "294 TFLOP/s forward + backward on H100 SXM5, head_dim 128, no causal mask, sequence 1k, "
+                  "batch x seqlen 16k (benchmarks/benchmark_flash_attention.py counts backward 2.5x), "
+                  "github.com/Dao-AILab/flash-attention; the H200 has the H100's SMs and clocks"),
+    "cudnn": Rate(round(1.7 * 294 * 3 / 3.5, 1),
+                  "1.7x the FlashAttention-2 figure: the low end of the 1.7-2.3x training-shape speedup of "
+                  "cuDNN over SDPA's FlashAttention-2 on Hopper that transformers PR 48163 reports "
+                  "(github.com/huggingface/transformers/pull/48163); no direct H100 fwd+bwd figure found",
+                  assumed=True),
+    "efficient": Rate(180.0, "assumed: no published H100/H200 forward + backward figure of torch's memory-efficient "
+                             "(xformers CUTLASS) kernel found; 180 TFLOP/s as issue 32 estimates", assumed=True),
+    "flex": Rate(round(0.85 * 294 * 3 / 3.5, 1), "assumed: 85% of the FlashAttention-2 figure (no published "
+                                                 "H100 forward + backward FlexAttention figure found)", assumed=True),
+    "cpu-flash": Rate(round(294 * 3 / 3.5, 1), "assumed: an attention call that escaped the GPU emulation, priced "
+                                               "as FlashAttention-2", assumed=True),
+}
+
+
+def project(count: StepCount, profile: HardwareProfile, peak_tflops: float | None = None,
+            grad_accum: int = 1) -> dict:
+    """Step time on one device of `profile`: GEMM FLOPs at its best GEMM rate (one rate: per-shape
+    GEMM efficiency is issue 34's), attention FLOPs at ATTENTION_RATES of the kernel that runs,
+    memory-bound and optimizer bytes at its achievable copy bandwidth; nothing overlaps, the host
+    keeps up. grad_accum micro-batches per optimizer step repeat the forward and backward.
+    MFU = model FLOPs (echobench.flops, x micro-batch x grad_accum) / (step time x peak); the peak:
+    given, else the profile device's dense bf16 datasheet peak."""
+    gemm = max(profile.gemm, key=lambda p: p.tflops)
+    gbps = memory_gbps(profile, "copy")
+    peak, peak_source = (peak_tflops, "given") if peak_tflops else table_peak(profile.device) or (None, None)
+    if peak is None:
+        raise ValueError(f"no datasheet peak for {profile.device!r}: give peak_tflops")
+    fb = ("forward", "backward")
+    gemm_s = grad_accum * sum(count.total(ph, kind="gemm").flops for ph in fb) / (gemm.tflops * 1e12)
+    attention_s = {k: grad_accum * t.flops / (ATTENTION_RATES[k].tflops * 1e12) for k, t in count.attention.items()}
+    memory_s = grad_accum * sum(count.total(ph, kind="memory").bytes for ph in fb) / (gbps * 1e9)
+    optimizer_s = count.total("optimizer").bytes / (gbps * 1e9)
+    step_s = gemm_s + sum(attention_s.values()) + memory_s + optimizer_s
+    model_flops = count.settings["model_flops_per_sample"]
+    samples = count.settings["micro_batch"] * grad_accum
+    return {"gemm_ms": gemm_s * 1e3, "attention_ms": {k: v * 1e3 for k, v in attention_s.items()},
+            "memory_ms": memory_s * 1e3, "optimizer_ms": optimizer_s * 1e3, "step_ms": step_s * 1e3,
+            "model_tflop": model_flops * samples / 1e12, "mfu": model_flops * samples / (step_s * peak * 1e12),
+            "peak_tflops": peak, "peak_source": peak_source,
+            "rates": {"gemm_tflops": gemm.tflops, "gemm_source": gemm.source, "memory_gbps": gbps,
+                      "attention": {k: dataclasses.asdict(ATTENTION_RATES[k]) for k in count.attention}}}

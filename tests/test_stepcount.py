@@ -1,0 +1,167 @@
+"""echobench.stepcount: one training step counted on FakeTensors (tiny preset; nothing is timed)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from echobench import stepcount as sc
+from echobench.backends.torchtitan import build_model
+from echobench.config import RunConfig
+from echobench.flops import hardware_flops, model_flops, param_counts
+
+LENGTHS = {"audio_frames": 24, "text_tokens": 12, "speaker_frames": 18}  # 18 frames: 5 patches, one partial
+
+
+def tiny(micro_batch: int) -> RunConfig:
+    return RunConfig(scale="tiny", micro_batch=micro_batch, precision="bf16", **LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def counts():
+    return {b: sc.count_step(tiny(b)) for b in (2, 3, 4)}
+
+
+def test_every_matmul_is_counted_as_the_flop_model_counts_it(counts):
+    cfg, count = tiny(2), counts[2]
+    counted = count.total(kind="gemm").flops + count.total(kind="attention").flops
+    assert counted == model_flops(cfg.model_config(), **LENGTHS).total * 2
+    assert count.total(kind="memory").flops == count.total(kind="view").flops == 0
+    # a backward op belongs to the part whose forward made it: every block matmul's input needs a
+    # gradient, so the blocks' backward is exactly twice their forward
+    for part in ("dit_blocks", "speaker_blocks"):
+        for kind in ("gemm", "attention"):
+            assert count.total("backward", part, kind).flops == 2 * count.total("forward", part, kind).flops > 0
+    assert count.total("backward", "text_encoder").ops == 0  # frozen: no backward
+    # every attention call ran the kernel a GPU would run (none escaped to the CPU's)
+    assert count.attention and set(count.attention) <= {"flash", "efficient"}
+
+
+def test_activation_checkpointing_recomputes_the_blocks_in_their_backward():
+    cfg = RunConfig(scale="tiny", micro_batch=2, precision="bf16", ac="full", **LENGTHS)
+    count = sc.count_step(cfg)
+    flops = model_flops(cfg.model_config(), **LENGTHS)
+    assert count.total(kind="gemm").flops + count.total(kind="attention").flops == \
+        2 * hardware_flops(cfg.model_config(), flops, "full")
+    for kind in ("gemm", "attention"):  # a DiT block's backward: its forward again, then 2x
+        assert count.total("backward", "dit_blocks", kind).flops == 3 * count.total("forward", "dit_blocks", kind).flops
+
+
+def test_parts_are_named_by_their_root_module():
+    assert sc.part_root("dit.blocks.3._checkpoint_wrapped_module") == "dit_blocks"
+    assert sc.part_root("dit.blocks.3.attn") is None
+    assert sc.part_of("speaker_encoder.blocks.1.mlp.up") == "speaker_blocks"
+    assert sc.part_of("text_encoder.encoder.layers.0") == "text_encoder"
+    assert sc.part_of("dit.out_proj") == sc.part_of("") == "top"
+
+
+def test_memory_bound_bytes_are_affine_in_the_micro_batch_and_kernels_do_not_depend_on_it(counts):
+    """A kernel moves parameter-sized tensors (the same at any micro-batch) and activations with a
+    batch dimension (B times one sample's), so bytes(B) = a + b * B exactly: the second difference
+    over B = 2, 3, 4 is zero (at B = 1 a permuted tensor can be contiguous and skip a copy). The same
+    kernels run whatever B."""
+    for phase in ("forward", "backward"):
+        b2, b3, b4 = (counts[b].total(phase, kind="memory").bytes for b in (2, 3, 4))
+        assert b2 - 2 * b3 + b4 == 0 and b2 < b3 < b4
+        assert counts[2].total(phase).kernels == counts[3].total(phase).kernels == counts[4].total(phase).kernels
+    assert counts[2].total("optimizer") == counts[4].total("optimizer")
+
+
+def test_the_optimizer_moves_what_fused_adamw_and_clipping_move_over_the_trainable_parameters(counts):
+    cfg = tiny(2)
+    params = param_counts(cfg.model_config()).trainable
+    tensors = len(build_model(cfg, torch.device("meta"), torch.bfloat16).trainable_parameters())
+    # fused AdamW reads p, g, m, v and writes p, m, v; clipping reads g for the norm, then reads and
+    # writes it to scale it: 10 fp32 passes. Per tensor, a few scalars more (its step counter, its norm).
+    moved = counts[2].total("optimizer").bytes
+    assert 40 * params <= moved <= 40 * params + 32 * tensors + 64
+    assert counts[2].total("optimizer").kernels == counts[2].total("optimizer", kind="memory").kernels > 0
+
+
+def test_parts_sum_to_the_whole(counts):
+    count = counts[2]
+    assert {(phase, part) for phase, part, _ in count.tallies} <= set(count.rows())
+    whole, by_rows = count.total(), sc.Tally()
+    for phase, part in count.rows():
+        by_rows.add(count.total(phase, part))
+    assert by_rows == whole and whole.kernels > 0
+
+
+def counted(fn) -> sc.StepCounter:
+    with FakeTensorMode():
+        x = torch.empty(4, 8)
+        with sc.StepCounter() as counter:
+            fn(x)
+    return counter
+
+
+def test_a_view_counts_no_kernel_and_no_bytes_and_an_add_its_operands():
+    views = counted(lambda x: (x.view(8, 4).t(), x.transpose(0, 1), x.expand(2, 4, 8), x.detach(), x[1:]))
+    assert {key[2] for key in views.tallies} == {"view"}
+    assert sum(t.bytes + t.kernels for t in views.tallies.values()) == 0
+    add = counted(lambda x: x + x[0].expand(4, 8))  # reads 32 + the 8 distinct elements broadcast, writes 32
+    assert add.tallies["forward", "top", "memory", None] == sc.Tally(ops=1, kernels=1, bytes=(32 + 8 + 32) * 4)
+
+
+def attention_calls(mask: bool, prefer_cudnn: bool = False) -> sc.StepCounter:
+    def run(_):
+        q = torch.empty(2, 4, 10, 16, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.empty(2, 4, 20, 16, dtype=torch.bfloat16, requires_grad=True)
+        keep = torch.ones(2, 1, 1, 20, dtype=torch.bool) if mask else None
+        sc.gpu_attention(prefer_cudnn)(q, k, k, attn_mask=keep).sum().backward()
+    return counted(run)
+
+
+@pytest.mark.parametrize("mask, prefer_cudnn, kernel", [(False, False, "flash"), (True, False, "efficient"),
+                                                         (True, True, "cudnn")])
+def test_attention_runs_the_kernel_a_gpu_picks_with_flops_as_the_flop_model_counts(mask, prefer_cudnn, kernel):
+    calls = attention_calls(mask, prefer_cudnn)
+    assert set(calls.attention) == {kernel}
+    forward = 2 * 2 * 10 * 20 * 16 * 4 * 2  # q.k and p.v, per head and sample; backward twice that
+    assert calls.attention[kernel] == sc.Tally(ops=2, kernels=2, bytes=calls.attention[kernel].bytes,
+                                               flops=3 * forward)
+    assert calls.tallies["backward", "top", "attention", None].flops == 2 * forward
+
+
+def test_the_efficient_kernels_bias_is_padded_to_aligned_strides_not_expanded_in_memory():
+    memory = attention_calls(mask=True).tallies["forward", "top", "memory", None]
+    # the bias (2, 1, 1, 20) bool -> bf16 (where), padded to 24 keys (pad): (B, H, Tq, Tk) never materialised
+    assert memory.bytes < 2 * 4 * 10 * 20 * 2
+
+
+def test_multi_tensor_apply_launches():
+    assert sc.multi_tensor_launches([1] * 100, depth=4) == 3  # 36 tensors per launch with 4 lists
+    assert sc.multi_tensor_launches([sc.CHUNK * sc.MAX_BLOCKS + 1], depth=1) == 2  # 320 chunks per launch
+    assert sc.multi_tensor_launches([0, 5], depth=1) == 1
+
+
+def test_inductor_nodes_are_kernels_or_extern_calls_by_kind():
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    def node(extern: bool, name: str | None = None, nbytes: int = 100, wraps=()):
+        return SimpleNamespace(is_extern=lambda: extern, get_read_write_buffers_sizes=lambda: nbytes,
+                               node=SimpleNamespace(python_kernel_name=name, constant_args=wraps))
+
+    nop = NopKernelSchedulerNode.__new__(NopKernelSchedulerNode)
+    nodes = [node(False), node(False, nbytes=50), node(True, "extern_kernels.mm"), node(True, "extern_kernels.addmm"),
+             node(True, "torch.ops.aten._scaled_dot_product_efficient_attention.default"),
+             node(True, "torch.ops.higher_order.run_with_rng_state",
+                  wraps=(torch.ops.aten._scaled_dot_product_efficient_attention.default, True)),
+             node(True, "torch.ops.aten.embedding.default", 7), node(True, None), nop]
+    figures = sc.graph_figures(nodes)
+    assert (figures.kernels, figures.bytes) == (2, 150)
+    assert figures.extern == {"gemm": 2, "attention": 2, "memory": 1} and figures.extern_bytes["memory"] == 7
+
+
+def test_the_projection_adds_its_terms_and_divides_model_flops_by_them(counts):
+    from echobench.hwprofile import find_profile, load_profile
+
+    profile = load_profile(find_profile("h200-hgx-ib"))
+    p = sc.project(counts[2], profile)
+    assert p["step_ms"] == pytest.approx(p["gemm_ms"] + sum(p["attention_ms"].values()) + p["memory_ms"]
+                                         + p["optimizer_ms"])
+    assert p["peak_tflops"] == 989.5 and p["peak_source"] == "datasheet:H200"
+    assert p["mfu"] == pytest.approx(p["model_tflop"] / (p["step_ms"] / 1e3 * 989.5))
+    twice = sc.project(counts[2], profile, grad_accum=2)  # the optimizer runs once per step
+    assert twice["step_ms"] == pytest.approx(2 * p["step_ms"] - p["optimizer_ms"])
