@@ -504,16 +504,16 @@ def attention_figures(dp_ranks: list[dict]) -> dict:
     shapes (rank 0's: every rank has the same shapes)."""
     paths: dict[str, Counter] = {}
     for r in dp_ranks:
-        for part, counts in r["attention_paths"].items():
+        for part, counts in r.get("attention_paths", {}).items():
             paths.setdefault(part, Counter()).update(counts)
-    return {"attention_paths": {part: dict(counts) for part, counts in paths.items()},
-            "sdpa_backends": dp_ranks[0]["sdpa_backends"]}
+    return {"attention_paths": {part: dict(counts) for part, counts in paths.items()} or None,
+            "sdpa_backends": dp_ranks[0].get("sdpa_backends")}
 
 
 def compile_figures(rank: dict) -> dict:
     """What compile produced (kernels.compile_counts, rank 0's): graphs and graph breaks. A run set
     to compile whose compile produced no graph is not labelled compiled."""
-    counts = rank["compile_counts"]
+    counts = rank.get("compile_counts")
     if counts is None:
         return {"compile": False}
     out = {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],

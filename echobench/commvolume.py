@@ -369,10 +369,16 @@ def ddp_bytes(cfg) -> list[Traffic]:
     units = param_units(cfg.model_config())
     n, spans = cfg.world_size, cfg.nodes > 1
     sizes = [math.prod(s) * FP32 for u in reversed(units) for s in reversed(u.shapes)]
-    grads = sum(sizes)
-    return [Traffic("all_reduce", "dp", n, ddp_buckets(sizes, *TORCHTITAN_DDP_BUCKET_BYTES), grads, "float32",
+    reduce_dtype, reduce_size = _reduce_dtype(cfg)
+    grads = sum(sizes) * reduce_size // FP32  # the buckets hold float32 gradients; bf16 compresses them
+    return [Traffic("all_reduce", "dp", n, ddp_buckets(sizes, *TORCHTITAN_DDP_BUCKET_BYTES), grads, reduce_dtype,
                     _link(spans), "gradient buckets"),
             _frame_count("dp", n, spans)]
+
+
+def _reduce_dtype(cfg) -> tuple[str, int]:
+    """The data-parallel gradient reduction's dtype and bytes per element (grad_reduce_dtype)."""
+    return ("bfloat16", 2) if cfg.grad_reduce_dtype == "bf16" else ("float32", FP32)
 
 
 def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
@@ -380,11 +386,12 @@ def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     across nodes) per step, per kind of unit (ParamUnit):
     - all-gather of each unit's parameters in the compute dtype (MixedPrecisionPolicy param_dtype):
       the output is shard group x the padded shard (ParamUnit.shard_numel), every block twice
-      (forward, and again in backward: reshard_after_forward), the root once (FSDP2 keeps the
-      root's parameters gathered from forward to backward);
-    - reduce-scatter of each unit's gradients in float32 (reduce_dtype), input = shard group x the
-      padded shard, once per unit;
-    - hsdp only: all-reduce of each unit's float32 gradient shard over the replicate group;
+      (forward, and again in backward: reshard_after_forward) but the last, which backward finds
+      gathered, the root once (kept gathered from forward to backward); with
+      reshard_after_forward false every unit once;
+    - reduce-scatter of each unit's gradients in grad_reduce_dtype (reduce_dtype), input = shard
+      group x the padded shard, once per unit;
+    - hsdp only: all-reduce of each unit's gradient shard over the replicate group (reduce dtype);
     - the gradient norm (clip_grad_norm_): one all-reduce of a float32 per trainable parameter
       (torch.nn.utils.get_total_norm of the sharded gradients: DTensor reduces the stacked
       per-parameter norms) over the shard group;
@@ -396,20 +403,27 @@ def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     shard = cfg.gpus_per_node if hsdp else cfg.world_size
     shard_spans = cfg.nodes > 1 and not hsdp
     dtype, size = _dtype_bytes(cfg, device)
+    reduce_dtype, reduce_size = _reduce_dtype(cfg)
     units = param_units(cfg.model_config())
+    last_block = [u.name for u in units if u.kind.endswith("block")][-1]
+
+    def gathers(u: ParamUnit) -> int:  # as backends.torchtitan.apply_fsdp reshards them
+        return 2 if cfg.reshard_after_forward and u.kind != "root" and u.name != last_block else 1
+
     out = []
     for kind in dict.fromkeys(u.kind for u in units):
         mine = [u for u in units if u.kind == kind]
         padded = sum(u.shard_numel(shard) for u in mine) * shard
-        gathers = (1 if kind == "root" else 2) * len(mine)
-        out.append(Traffic("all_gather", "dp_shard", shard, gathers, (1 if kind == "root" else 2) * padded * size,
-                           dtype, _link(shard_spans), f"parameters of each {kind}"
-                           + (" (once: kept from forward to backward)" if kind == "root" else ", forward and backward")))
-        out.append(Traffic("reduce_scatter", "dp_shard", shard, len(mine), padded * FP32, "float32",
+        out.append(Traffic("all_gather", "dp_shard", shard, sum(map(gathers, mine)),
+                           sum(gathers(u) * u.shard_numel(shard) for u in mine) * shard * size, dtype,
+                           _link(shard_spans), f"parameters of each {kind}"
+                           + (", forward and backward" if any(gathers(u) == 2 for u in mine) else
+                              " (once: kept from forward to backward)")))
+        out.append(Traffic("reduce_scatter", "dp_shard", shard, len(mine), padded * reduce_size, reduce_dtype,
                            _link(shard_spans), f"gradients of each {kind}"))
         if hsdp and cfg.nodes > 1:
-            out.append(Traffic("all_reduce", "dp_replicate", cfg.nodes, len(mine), padded // shard * FP32, "float32",
-                               "inter", f"gradient shards of each {kind} across the replicas"))
+            out.append(Traffic("all_reduce", "dp_replicate", cfg.nodes, len(mine), padded // shard * reduce_size,
+                               reduce_dtype, "inter", f"gradient shards of each {kind} across the replicas"))
     tensors = sum(len(u.shapes) for u in units)
     out.append(Traffic("all_reduce", "dp_shard", shard, 1, tensors * FP32, "float32", _link(shard_spans),
                        "gradient norm: one float32 per trainable parameter"))

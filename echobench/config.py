@@ -302,12 +302,18 @@ def run_id(cfg: RunConfig) -> str:
     return config_id(cfg) if cfg.repeat == 0 else f"{config_id(cfg)}-r{cfg.repeat}"
 
 
+# Settings whose default changed to auto: settings without the key (a record older than it) ran
+# with the default of their time. A record of a run states what ran (results.Record.of_settings).
+FORMER_DEFAULTS = {"compile": False, "sequence_parallel": False}
+
+
 def configuration(settings: dict, with_nodes: bool = True) -> dict:
     """What a run measures, from its settings (a RunConfig dict): every key but MEASUREMENT_KEYS
     (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
     a record older than the key, takes its default. The one definition of "configuration" that the
-    dashboard, the tables and `compare` share: runs of equal configurations pool like repeats."""
-    merged = {**{name: f.default for name, f in FIELDS.items()}, **settings}
+    dashboard, the tables and `compare` share: runs of equal configurations pool like repeats.
+    (FORMER_DEFAULTS: the keys whose default changed take their former one.)"""
+    merged = {**{name: f.default for name, f in FIELDS.items()}, **FORMER_DEFAULTS, **settings}
     return {k: v for k, v in merged.items() if k not in MEASUREMENT_KEYS and (with_nodes or k != "nodes")}
 
 

@@ -302,12 +302,12 @@ class Record(BaseModel):
     # ---- building ----
 
     @classmethod
-    def of_settings(cls, cfg: RunConfig, **fields) -> Record:
+    def of_settings(cls, cfg: RunConfig, resolved: dict | None = None, **fields) -> Record:
         """A record of cfg's settings, no figures; `fields` add to it (status, precision, env...).
-        A `compile` among them is what the run does (compile auto resolved on its device): it
-        replaces the setting in `config` too, so that reports group runs by what ran."""
-        config = cfg.to_dict()
-        config["compile"] = fields.pop("compile", config["compile"])
+        `resolved`: the auto settings as the run resolved them on its device (compile,
+        sequence_parallel); they replace the settings in `config` too, so that reports group runs
+        by what ran."""
+        config = {**cfg.to_dict(), **(resolved or {})}
         return cls(run_id=run_id(cfg), repeat=cfg.repeat, scale=cfg.scale, framework=cfg.framework,
                    parallelism=cfg.parallelism, tp=cfg.tp, dp=cfg.dp, nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
                    world_size=cfg.world_size, micro_batch=cfg.micro_batch, global_batch=cfg.global_batch,
@@ -325,8 +325,8 @@ class Record(BaseModel):
         from echobench.hardware import env_info, precision_name  # imports torch: only where a run starts
 
         source = "flag" if cfg.peak_tflops else None
-        return cls.of_settings(cfg, status="error", precision=precision_name(cfg.precision, device),
-                               compile=cfg.compiled_on(device.type),
+        resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
+        return cls.of_settings(cfg, resolved, status="error", precision=precision_name(cfg.precision, device),
                                peak_tflops=cfg.peak_tflops, peak_source=source,
                                peak_precision=peak_precision_of(source), env=env_info(device))
 

@@ -369,10 +369,12 @@ def record_compiles(counter: StepCounter, model: torch.nn.Module, units: dict[st
 
 # ---- building and running the step ----
 
-def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype) -> torch.nn.Module:
-    """The backend's model (built on the meta device: no init kernels run) with FakeTensor
-    parameters and buffers on the CPU, activation checkpointing applied as the backend applies it."""
+def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype, compiled: bool) -> torch.nn.Module:
+    """The backend's model as a GPU run builds it (built on the meta device: no init kernels run;
+    FlexAttention for padded keys, key_masking auto's GPU choice) with FakeTensor parameters and
+    buffers on the CPU, activation checkpointing applied as the backend applies it (ac_mode)."""
     model = torchtitan.build_model(cfg, torch.device("meta"), dtype)
+    model.key_masking = "flex" if cfg.key_masking == "auto" else cfg.key_masking
     fakes: dict[int, torch.Tensor] = {}  # a tensor two modules share stays shared
 
     def fake(t):
@@ -387,7 +389,7 @@ def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype) -> torc
                 for name, t in store.items():
                     if t is not None:
                         store[name] = fake(t)
-    torchtitan.apply_ac(model, cfg.ac)
+    torchtitan.apply_ac(model, torchtitan.ac_mode(cfg.ac, compiled))
     return model
 
 
@@ -422,10 +424,11 @@ def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compile
              prefer_cudnn: bool) -> dict[str, Unit]:
     """One step of micro-batch cfg.micro_batch under `counter`, as bench.train_step runs it on a GPU:
     the forward under autocast, the loss over the batch's frames, backward, clipping (the backend's
-    clip_grad_norm_) and fused AdamW (the backend's build_optimizer on CUDA). The optimizer's state
+    clip_grad_norm_, its coefficient handed to the fused optimizer) and fused AdamW (the backend's
+    build_optimizer on CUDA). The optimizer's state
     exists before the step, as in every step after the first. Returns the units the backend compiles."""
     dtype = compute_dtype(cfg)
-    model = fake_model(cfg, mode, dtype or torch.float32)
+    model = fake_model(cfg, mode, dtype or torch.float32, compiled)
     units: dict[str, Unit] = {}
     if compiled:
         with record_compiles(counter, model, units):
@@ -447,7 +450,7 @@ def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compile
             loss = err / frames.clamp(min=1)
             loss.backward()
             counter.phase = "optimizer"
-            torchtitan.clip_grad_norm_(params, 1.0)
+            torchtitan.clip_grad_norm_(params, 1.0, optimizer)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             counter.phase = None
@@ -602,7 +605,7 @@ def count_step(cfg: RunConfig, compiled: bool = False, prefer_cudnn: bool = Fals
             tallies[phase, part, kind].add(t)
     described = []
     if units:
-        plain = fake_model(cfg, mode, compute_dtype(cfg) or torch.float32)  # no counter hooks, no compile stand-in
+        plain = fake_model(cfg, mode, compute_dtype(cfg) or torch.float32, compiled)  # no counter hooks or compile stand-in
         modules = dict(plain.named_modules())
         for unit in units.values():
             args, kwargs, grad, cast = unit.inputs

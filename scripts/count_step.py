@@ -72,6 +72,8 @@ def main() -> int:
     parser.add_argument("--cudnn", action="store_true", help="attention as torch runs it where it prefers cuDNN")
     parser.add_argument("--profile", default="h200-hgx-ib", help="hardware profile (name or file) of the projection")
     parser.add_argument("--peak", type=float, help="peak TFLOP/s of the MFU (default: the profile device's datasheet)")
+    parser.add_argument("--grad-accum", default="1", help="micro-batches per optimizer step projected, e.g. 1,4 "
+                                                            "(the count is one micro-batch and one optimizer step)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 
@@ -92,11 +94,14 @@ def main() -> int:
         cfg = RunConfig(scale=scale, ac=ac or "none", micro_batch=args.micro_batch, audio_frames=args.audio_frames,
                         text_tokens=args.text_tokens, speaker_frames=args.speaker_frames, precision=args.precision)
         counts, projections, seconds = {}, {}, {}
+        accums = [int(k) for k in args.grad_accum.split(",")]
         for mode in modes:
             start = time.perf_counter()
             counts[mode] = stepcount.count_step(cfg, compiled=mode == "compiled", prefer_cudnn=args.cudnn)
             seconds[mode] = time.perf_counter() - start
-            projections[mode] = stepcount.project(counts[mode], profile, args.peak)
+            for k in accums:  # a column per accumulation: the count's forward and backward k times
+                name = mode if k == 1 else f"{mode} x{k} accum"
+                projections[name] = stepcount.project(counts[mode], profile, args.peak, grad_accum=k)
         title = (f"{scale}, ac {cfg.ac}, micro-batch {cfg.micro_batch}, {cfg.audio_frames} / {cfg.text_tokens} / "
                  f"{cfg.speaker_frames} frames, {cfg.precision}")
         console.print(counts_table(f"{title}: one step's kernels and memory-bound bytes", counts))
@@ -109,7 +114,8 @@ def main() -> int:
         out["configs"].append({"scale": scale, "ac": cfg.ac, **{mode: {"count": counts[mode].as_dict(),
                                                                        "projection": projections[mode],
                                                                        "count_seconds": seconds[mode]}
-                                                                for mode in modes}})
+                                                                for mode in modes},
+                               "projections": projections})
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -247,14 +247,13 @@ def test_nine_buckets_with_checkpointing_compile_without_hitting_dynamo_s_recomp
     from echobench.config import RunConfig
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 256)
     cfg = RunConfig(scale="tiny", data=str(shards[0].parent), batching="bucket", buckets="2,3,4,5,6,7,8,9",
                     audio_frames=10, micro_batch=2, text_tokens=16, speaker_frames=8, ac="full", compile=True,
                     steps=2, warmup_steps=1, peak_tflops=1, device="cpu")
     torch._dynamo.reset()
-    try:
-        r = run_benchmark(cfg, tmp_path / "run")
+    try:  # dynamo's defaults, put back afterwards (the run raises them)
+        with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):
+            r = run_benchmark(cfg, tmp_path / "run")
     finally:
         torch._dynamo.reset()
     assert r.status == "ok", r.error

@@ -9,6 +9,7 @@ import math
 from functools import lru_cache
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -272,7 +273,8 @@ def test_matrix_lists_fp8_shapes_that_cannot_run_as_skipped():
 
     p = expand(parse_matrix("name: t\ndefaults: {scale: 800M, precision: fp8}\naxes: {micro_batch: [4, 8]}\n", "m.yaml"))
     assert [r.cfg.micro_batch for r in p.runs] == [8]
-    assert [s.reason.split("), ")[0] for s in p.skipped] == ["fp8: dit.in_proj has input (4, 750, 128"]
+    # the first linear float8 converts that sees 4 x 750 rows (the latent in / out projections stay bf16)
+    assert [s.reason.split("), ")[0] for s in p.skipped] == ["fp8: dit.blocks.0.attn.in_proj has input (4, 750, 1280"]
 
 
 @lru_cache(maxsize=None)
@@ -337,7 +339,7 @@ def test_converted_800m_trains_on_meta_with_real_float8_gemms():
     # out, gate+up, down; the text and patch projections. The latent in / out (K or N 128) stay bf16.
     m = cfg.model_config()
     assert info["float8"] == "tensorwise" and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
-    assert "128 gains less" in float8_plan(cfg).skipped["dit.in_proj"]
+    assert "K or N of 128 (the latent's channels)" in float8_plan(cfg).skipped["dit.in_proj"]
     seen = {}
     for name, module in model.named_modules():
         if name in per_sample:
@@ -367,8 +369,9 @@ def test_samples_and_draws_do_not_depend_on_the_split():
     cpu = torch.device("cpu")
     whole = diffusion_draws(3, range(8, 12), 10, 128, 0.5, cpu)
     halves = [diffusion_draws(3, range(a, a + 2), 10, 128, 0.5, cpu) for a in (8, 10)]
-    for name in ("t", "noise", "keep"):
+    for name in ("t", "noise"):
         assert torch.equal(getattr(whole, name), torch.cat([getattr(h, name) for h in halves]))
+    assert (whole.keep == np.concatenate([h.keep for h in halves])).all()  # on the host
     assert not torch.equal(whole.noise[0], whole.noise[1])
     assert not torch.equal(whole.noise, diffusion_draws(4, range(8, 12), 10, 128, 0.5, cpu).noise)
 

@@ -79,7 +79,7 @@ SCALED_MM_ALIGN = 16
 # The latent in / out projections (128 latent channels <-> width): one of their GEMMs' K or N is
 # 128, too thin for float8 to pay back its amax, scale and cast kernels (torchtitan's filter
 # leaves such small layers alone too).
-FLOAT8_THIN = LATENT_DIM
+LATENT_PROJECTIONS = ("dit.in_proj", "dit.out_proj")
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def float8_plan(cfg) -> Float8Plan:
     """Which linears run in float8, and whether this run's shapes let them.
 
     Converted: the trainable linears that see tokens (an input with a token axis) with in and out
-    features multiples of 16, but not the latent in / out projections (FLOAT8_THIN). The AdaLN, timestep-MLP and final-AdaLN linears see one row per
+    features multiples of 16, but not the latent in / out projections (LATENT_PROJECTIONS). The AdaLN, timestep-MLP and final-AdaLN linears see one row per
     sample (micro_batch rows): too few for a float8 GEMM to pay, and rarely a multiple of 16, so
     they stay in the compute dtype, as torchtitan's float8 filter leaves small layers alone.
     A converted linear whose rows are not a multiple of 16 refuses the whole run.
@@ -143,9 +143,9 @@ def float8_plan(cfg) -> Float8Plan:
             skipped[name] = "one row per sample (no token axis)"
         elif fan_in % SCALED_MM_ALIGN or fan_out % SCALED_MM_ALIGN:
             skipped[name] = f"{fan_in} -> {fan_out} features: not multiples of {SCALED_MM_ALIGN}"
-        elif FLOAT8_THIN in (fan_in, fan_out):
-            skipped[name] = (f"{fan_in} -> {fan_out} features: a GEMM with K or N of {FLOAT8_THIN} gains "
-                             f"less from float8 than its casts cost")
+        elif name in LATENT_PROJECTIONS:
+            skipped[name] = (f"{fan_in} -> {fan_out} features: a GEMM with K or N of {LATENT_DIM} (the latent's "
+                             f"channels) gains less from float8 than its casts cost")
         else:
             convert.add(name)
             rows = math.prod(shape[:-1])
