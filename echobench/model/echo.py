@@ -132,9 +132,9 @@ class EchoTTS(nn.Module):
             # False. A row without audio frames (a stand-in for a skipped sample) keeps them, so
             # that its attention has keys: torch's SDPA gives zeros for a row that attends to
             # nothing; other kernels (TE) are not checked for it. It adds nothing to the loss.
-            keep = keep.to(device, non_blocking=True) | ~batch.latent_mask.any(1)
-            keys = key_mask(torch.cat([batch.latent_mask, batch.text_mask & keep[:, None], speaker_mask & keep[:, None]],
-                                      dim=1), x0.shape[1], self.key_masking)
+            keep = (keep.to(device, non_blocking=True) | ~batch.latent_mask.any(1))[:, None]
+            keys = key_mask(torch.cat([batch.latent_mask, batch.text_mask & keep, speaker_mask & keep], dim=1),
+                            x0.shape[1], self.key_masking)
         pred = self.dit(self.noised(x0, t, noise), t, text, speaker, keys)
         err = self.squared_error(pred, noise, batch.latent_mask)
         return err if reduction == "sum" else err / loss_frames(batch).clamp(min=1)
