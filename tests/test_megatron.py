@@ -235,8 +235,14 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
         losses.append(loss.detach())
         outputs.append(captured[0])
 
-    tp_norm = clip()  # the norm before clipping; the main gradients are clipped in place
+    tp_norm = clip()  # the norm before clipping
     plain_norm = torch.nn.utils.get_total_norm([p.grad for p in plain.trainable_parameters()])
+    # The clip hands its coefficient to the fused AdamW (grad_scale), whose kernel divides each
+    # gradient (the main_grad, here) in place as it reads it: done here as the kernel does it.
+    (inner,) = optimizer.chained_optimizers
+    for group in inner.optimizer.param_groups:
+        for p in group["params"]:
+            p.grad.div_(inner.optimizer.grad_scale)
     grads = {name: p.main_grad for name, p in tp_model.dit.named_parameters()}
     all_grads = [None] * world
     dist.all_gather_object(all_grads, grads)

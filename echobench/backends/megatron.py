@@ -232,6 +232,7 @@ def megatron_optimizer(ddp, params_dtype: torch.dtype, distributed: bool, device
         if type(inner.optimizer) is torch.optim.AdamW:
             # Without TE's or Apex's FusedAdam, megatron-core builds torch's AdamW unfused; torch
             # reads `fused` per group at each step: the fused kernel, as the other backend's.
+            inner.optimizer.defaults["fused"] = True
             for group in inner.optimizer.param_groups:
                 group["fused"], group["foreach"] = True, False
     return optimizer
@@ -241,7 +242,9 @@ def megatron_clip(ddp, optimizer, partial: list[torch.nn.Parameter], tp_group, m
     """The step's gradients made ready and clipped, megatron-core's way without its host sync: the
     overlapped reduction awaited, the partial gradients summed over the TP group (as megatron's
     finalize_model_grads does), the main gradients handed to the main parameters
-    (prepare_grads), their global norm (each element counted once) and the clip."""
+    (prepare_grads), their global norm (each element counted once) and the clip: through torch's
+    fused AdamW's grad_scale where it steps (its kernel divides each gradient as it reads it, as
+    the torchtitan backend's clip_grad_norm_ does), else in place."""
 
     def clip() -> torch.Tensor:
         ddp.finish_grad_sync()
@@ -251,7 +254,11 @@ def megatron_clip(ddp, optimizer, partial: list[torch.nn.Parameter], tp_group, m
         params = inner.get_parameters()
         norm = grad_norm(inner.get_main_grads_for_grad_norm(), inner.get_grad_stats_parallel_group(),
                          params[0].device)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        if inner.optimizer.defaults.get("fused"):
+            # 1 / torch's clip coefficient: grads x min(max_norm / (norm + 1e-6), 1)
+            inner.optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0).float()
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
     return clip
