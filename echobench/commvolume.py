@@ -254,11 +254,13 @@ def step_collectives(cfgs: Sequence, warmup_steps: int = 2) -> list[list[Collect
 TORCHTITAN_DDP_BUCKET_BYTES = (100 * 2**20, 100 * 2**20)
 
 
-def megatron_ddp_bucket_bytes(dp: int, grad_bytes: int = 4) -> tuple[int, int]:
-    """megatron backend: megatron-core DDP's default bucket, max(40M, 1M x dp) parameters of
-    `grad_bytes` each, closed as ddp_buckets closes them (at least the cap; the first too)."""
-    cap = max(40_000_000, 1_000_000 * dp) * grad_bytes
+def megatron_ddp_bucket_bytes(cfg) -> tuple[int, int]:
+    """megatron backend: megatron-core DDP's default bucket, max(40M, 1M x dp) parameters, their
+    gradients in the reduce dtype, closed as ddp_buckets closes them (at least the cap; the first too)."""
+    cap = max(40_000_000, 1_000_000 * cfg.dp) * _reduce_dtype(cfg)[1]
     return cap, cap
+
+
 # The plain DiT block's weights the TP DiT splits across ranks: the parts stacked in
 # echobench.model.megatron.TPStateDictAdapter.SHARDED (kept here: no megatron-core import).
 TP_SHARDED = ("attn.in_proj.weight", "attn.wkv_text.weight", "attn.wkv_speaker.weight", "attn.wo.weight",
@@ -481,12 +483,12 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
                     "partial gradients of the per-head QK-norms"),
             Traffic("all_reduce", "tp", tp, 1, FP32, "float32", "intra", "squared gradient norm"),
         ]
-    grad_bytes, grad_dtype = (FP32, "float32") if cfg.grad_reduce_dtype == "fp32" else (2, "bfloat16")
+    grad_dtype, grad_bytes = _reduce_dtype(cfg)  # megatron's buffers hold the gradients in it
     units = param_units(m)
     shares = [math.prod(s) * grad_bytes // (tp if u.kind == "dit block" and name in TP_SHARDED else 1)
               for u in reversed(units) for name, s in reversed(list(zip(_block_names(m, u), u.shapes)))]
     spans = cfg.nodes > 1
-    out.append(Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *megatron_ddp_bucket_bytes(dp, grad_bytes)),
+    out.append(Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *megatron_ddp_bucket_bytes(cfg)),
                        sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)"))
     if dp > 1:
         out.append(_frame_count("dp", dp, spans))

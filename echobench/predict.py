@@ -492,9 +492,7 @@ def _host_per_op(cfg: RunConfig, rates: Rates) -> float:
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
     from echobench.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes
 
-    if cfg.framework == "megatron":
-        return megatron_ddp_bucket_bytes(cfg.dp, 4 if cfg.grad_reduce_dtype == "fp32" else 2)
-    return TORCHTITAN_DDP_BUCKET_BYTES
+    return megatron_ddp_bucket_bytes(cfg) if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
 
 
 def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:
