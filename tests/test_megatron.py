@@ -358,6 +358,7 @@ def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     assert b["optimizer"] == "megatron-core CPUFP32Optimizer over torch.optim.adamw.AdamW (fused)"
     assert b["fused_swiglu"].startswith("off") and b["tp_comm_overlap"].startswith("off")
     assert b["distributed_optimizer"] is False and b["gradient_accumulation_fusion"] is False
+    assert b["clipping"].endswith("fused AdamW (grad_scale)") and "overlapped" in b["tp_linears"]
     assert r["env"]["megatron_core"] and r["backend"]["megatron_core"] == r["env"]["megatron_core"]
     # The launcher gives TP > 1 one CUDA hardware queue (megatron's overlap needs it); env says so.
     assert r["env"]["cuda_device_max_connections"] == "1"

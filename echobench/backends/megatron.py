@@ -365,6 +365,8 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
     main_grads = "float32" if cfg.grad_reduce_dtype == "fp32" else dtype_name(options.params_dtype)
     if options.te:
         linears = "TransformerEngine's (their TP collectives inside TE)"
+    elif cfg.tp == 1:
+        linears = "megatron-core's (one rank: no TP collective)"
     elif options.traced:
         linears = ("megatron-core's, their collectives in megatron's region functions around the GEMM "
                    "(synchronous: dynamo traces them; TracedColumnParallelLinear)")
@@ -402,6 +404,9 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
                       + (", fp32 main parameters" if options.params_dtype != torch.float32 else "")
                       + (", sharded over the data-parallel group" if cfg.distributed_optimizer else "")),
         "distributed_optimizer": cfg.distributed_optimizer,
+        "clipping": "global norm, TP-aware, no host sync; " + (
+            "the coefficient applied by the fused AdamW (grad_scale)" if inner.optimizer.defaults.get("fused")
+            else "the main gradients scaled in place"),
         "key_masking": key_masking,
         "ac": cfg.ac,
         "ac_mode": ac,
