@@ -250,9 +250,17 @@ def step_collectives(cfgs: Sequence, warmup_steps: int = 2) -> list[list[Collect
 # ---- deriving a step's collectives from the settings ----
 
 # torchtitan backend: apply_ddp's bucket_cap_mb (first bucket too: a cap given explicitly is used
-# for every bucket); megatron backend: torch DDP's defaults (25 MiB, the first 1 MiB).
+# for every bucket).
 TORCHTITAN_DDP_BUCKET_BYTES = (100 * 2**20, 100 * 2**20)
-TORCH_DDP_BUCKET_BYTES = (2**20, 25 * 2**20)
+
+
+def megatron_ddp_bucket_bytes(cfg) -> tuple[int, int]:
+    """megatron backend: megatron-core DDP's default bucket, max(40M, 1M x dp) parameters, their
+    gradients in the reduce dtype, closed as ddp_buckets closes them (at least the cap; the first too)."""
+    cap = max(40_000_000, 1_000_000 * cfg.dp) * _reduce_dtype(cfg)[1]
+    return cap, cap
+
+
 # The plain DiT block's weights the TP DiT splits across ranks: the parts stacked in
 # echobench.model.megatron.TPStateDictAdapter.SHARDED (kept here: no megatron-core import).
 TP_SHARDED = ("attn.in_proj.weight", "attn.wkv_text.weight", "attn.wkv_speaker.weight", "attn.wo.weight",
@@ -442,8 +450,10 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
       (B x speaker patches x speaker_width);
     - clipping: one float32 all-reduce of the per-head QK-norm weights' partial gradients (layers x
       2 x head_dim) and one of the squared gradient norm (a float32);
-    - dp > 1: torch DDP over the data-parallel group of this rank's gradients (replicated
-      parameters whole, the TP_SHARDED weights 1/tp; 1 MiB / 25 MiB buckets) and the frame count.
+    - megatron-core's DDP over the data-parallel group (of one rank too) of this rank's gradients
+      (replicated parameters whole, the TP_SHARDED weights 1/tp; megatron_ddp_bucket_bytes buckets, in
+      the grad_reduce_dtype; the distributed optimizer's reduce-scatter and all-gather priced as this
+      all-reduce) and, dp > 1, the frame count.
     Held against a counted tp2 step on gloo in fp32 (tests/test_comm.py); bf16 (2 bytes per
     activation) and dp > 1 are derived, not counted (megatron-core's backward does not run under
     CPU autocast)."""
@@ -473,14 +483,15 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
                     "partial gradients of the per-head QK-norms"),
             Traffic("all_reduce", "tp", tp, 1, FP32, "float32", "intra", "squared gradient norm"),
         ]
+    grad_dtype, grad_bytes = _reduce_dtype(cfg)  # megatron's buffers hold the gradients in it
+    units = param_units(m)
+    shares = [math.prod(s) * grad_bytes // (tp if u.kind == "dit block" and name in TP_SHARDED else 1)
+              for u in reversed(units) for name, s in reversed(list(zip(_block_names(m, u), u.shapes)))]
+    spans = cfg.nodes > 1
+    out.append(Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *megatron_ddp_bucket_bytes(cfg)),
+                       sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)"))
     if dp > 1:
-        units = param_units(m)
-        shares = [math.prod(s) * FP32 // (tp if u.kind == "dit block" and name in TP_SHARDED else 1)
-                  for u in reversed(units) for name, s in reversed(list(zip(_block_names(m, u), u.shapes)))]
-        spans = cfg.nodes > 1
-        out += [Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *TORCH_DDP_BUCKET_BYTES), sum(shares), "float32",
-                        _link(spans), "gradient buckets (this rank's TP shard)"),
-                _frame_count("dp", dp, spans)]
+        out.append(_frame_count("dp", dp, spans))
     return out
 
 

@@ -98,10 +98,11 @@ class RunConfig:
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
                                                 "required (on), never (off).")
     sequence_parallel: bool | Literal["auto"] = setting(
-        "auto", "megatron, GPU only: split the latent stream along T between TP regions (auto: on for tp > 1 on a "
-        "GPU, as Megatron-LM runs TP).", flag="--sequence-parallel/--no-sequence-parallel")
-    distributed_optimizer: bool = setting(False, "megatron: shard the optimizer state and fp32 main weights over the "
-                                          "data-parallel group (megatron-core's distributed optimizer, ZeRO-1).",
+        "auto", "megatron: split the latent stream along T between TP regions (auto: on for tp > 1 on a GPU, as "
+        "Megatron-LM runs TP).", flag="--sequence-parallel/--no-sequence-parallel")
+    distributed_optimizer: bool = setting(False, "megatron, GPU only: shard the optimizer state and fp32 main weights "
+                                          "over the data-parallel group (megatron-core's distributed optimizer, "
+                                          "ZeRO-1).",
                                           flag="--distributed-optimizer/--no-distributed-optimizer")
     loader_workers: int = setting(0, "Shard-reading worker processes per rank (0: read in the loader's thread).",
                                   min=0)

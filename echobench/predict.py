@@ -490,9 +490,9 @@ def _host_per_op(cfg: RunConfig, rates: Rates) -> float:
 
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
-    from echobench.commvolume import TORCH_DDP_BUCKET_BYTES, TORCHTITAN_DDP_BUCKET_BYTES
+    from echobench.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes
 
-    return TORCH_DDP_BUCKET_BYTES if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
+    return megatron_ddp_bucket_bytes(cfg) if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
 
 
 def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:

@@ -3,7 +3,8 @@
 - the measured steps make no host sync (torch.cuda.set_sync_debug_mode("error"));
 - fp8 on the 800M preset at micro-batch 1 and 8: refused in one line, or runs real float8 GEMMs;
 - compile + FSDP2 on one GPU trains as eager does;
-- megatron TP=1 on its local layers trains as the plain model does;
+- megatron TP=1 on its local layers, bf16 parameters in megatron-core's DDP and optimizer (and its
+  distributed optimizer), trains as the plain model does;
 - FlexAttention's key-padding block mask gives the dense mask's outputs and gradients (the CPU has
   no FlexAttention backward), and a run without padding attends with no mask (FlashAttention).
 
@@ -136,18 +137,29 @@ def test_compile_and_fsdp2_on_one_gpu_train_as_eager(tmp_path, inductor_cache):
 
 
 def test_megatron_tp1_local_layers_train_as_the_plain_model(tmp_path):
+    """megatron TP=1 as Megatron-LM runs it on a GPU (bf16 parameters, fp32 main gradients in
+    megatron-core's DDP, megatron-core's optimizer with fp32 main parameters, fused SwiGLU, compiled
+    blocks: compile is auto), with and without the distributed optimizer, trains as the plain model."""
     pytest.importorskip("megatron.core")
     common = [*SMALL, "--steps", "3", "--warmup-steps", "1", "--micro-batch", "4"]
+    megatron = ["--framework", "megatron", "--tp", "1", "--te", "off"]
     runs = {}
-    for name, extra in (("megatron", ["--framework", "megatron", "--tp", "1", "--te", "off"]), ("plain", [])):
+    for name, extra in (("megatron", megatron), ("distributed", [*megatron, "--distributed-optimizer"]),
+                        ("plain", [])):
         out = tmp_path / name
         proc = run_cli("run", *common, *extra, "--out", out, gpu=True, timeout=900)
         runs[name] = record(out)
         assert proc.returncode == 0, runs[name]["error"] + proc.stderr[-3000:]
-    m = runs["megatron"]
-    assert m["te"] is False and m["backend"]["backend"] == "megatron" and m["precision"] == "bf16"
-    assert m["env"]["device_type"] == "cuda"
-    assert m["losses"] == pytest.approx(runs["plain"]["losses"], rel=BF16_RTOL)
+    for name, optimizer in (("megatron", "Float16OptimizerWithFloat16Params"), ("distributed", "DistributedOptimizer")):
+        m, b = runs[name], runs[name]["backend"]
+        assert m["te"] is False and b["backend"] == "megatron" and m["precision"] == "bf16"
+        assert m["env"]["device_type"] == "cuda"
+        assert b["param_dtype"] == "bfloat16" and b["main_grad_dtype"] == "float32"
+        assert b["optimizer"].startswith(f"megatron-core {optimizer} over torch.optim.adamw.AdamW (fused), fp32 main")
+        assert b["distributed_optimizer"] is (name == "distributed")
+        assert b["fused_swiglu"].startswith("megatron-core's fused SwiGLU")
+        assert m["compile"] is True and m["compile_graph_breaks"] == 0, m["compile_break_reasons"]
+        assert m["losses"] == pytest.approx(runs["plain"]["losses"], rel=BF16_RTOL)
 
 
 def test_flex_and_dense_key_masks_give_the_same_outputs_and_gradients():

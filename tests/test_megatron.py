@@ -76,7 +76,7 @@ def test_te_attention_gets_its_valid_keys_packed_to_the_front():
     """Variable lengths per stream ([latent | text | speaker], each padded, a CFG-dropped sample
     without text and speaker): the keys TE receives, read as TE reads a padding mask, give the
     plain model's attention."""
-    from echobench.model.megatron import TECoreAttention, pack_valid_keys
+    from echobench.model.megatron import TECoreAttention, pack_keys
 
     torch.manual_seed(0)
     (la, lt, ls), heads, dim = (10, 6, 5), 2, 8
@@ -94,9 +94,74 @@ def test_te_attention_gets_its_valid_keys_packed_to_the_front():
     assert not torch.allclose(unpacked[1:], plain[1:], atol=1e-3)
     torch.testing.assert_close(unpacked[0], plain[0])  # no gaps in a full-length sample
 
-    torch.testing.assert_close(te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, key_mask)), plain)
-    _, _, packed = pack_valid_keys(k, v, key_mask)
-    assert torch.equal(packed, torch.arange(la + lt + ls) < key_mask.sum(1, keepdim=True))
+    packed = pack_keys(key_mask, la)
+    torch.testing.assert_close(te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, packed)), plain)
+    # TE's key mask is a prefix of each sample's keys, as many as it has valid ones; no query masked
+    assert torch.equal(~packed.masks[1][:, 0, 0, :], torch.arange(la + lt + ls) < key_mask.sum(1, keepdim=True))
+    assert packed.masks[0].shape == (b, 1, 1, la) and not packed.masks[0].any()
+
+
+class EmulatedTEAttention(torch.nn.Module):
+    """TECoreAttention on the CPU: its inputs (te_inputs) read as TE reads them (te_reads_padding_mask)."""
+
+    def forward(self, q, k, v, packed):
+        from echobench.model.megatron import TECoreAttention
+
+        return te_reads_padding_mask(*TECoreAttention.te_inputs(q, k, v, packed))
+
+
+def _packing_worker(rank: int, out_path: str) -> None:
+    """One gloo rank: the TP=1 DiT as it runs with TE (keys packed, TE's attention emulated) on a
+    batch with gapped keys, against the plain DiT; the sorts of its forward counted."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megatron.core import parallel_state
+
+    from echobench.backends.megatron_cpu import redirect_cuda_to_cpu
+    from echobench.model.megatron import TPOptions, build_tp_dit
+
+    class Sorts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.overloadpacket is torch.ops.aten.sort
+            return func(*args, **(kwargs or {}))
+
+    one_gloo_rank()
+    redirect_cuda_to_cpu()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    cfg = get_preset("tiny")
+    plain = perturbed_plain_dit()
+    dit = build_tp_dit(cfg, plain, 0, 1, TPOptions(), torch.device("cpu"))
+    dit.packs_keys = True  # as with te (the TE layers themselves do not run on a CPU)
+    for block in dit.blocks:
+        block.attn.core_attention = EmulatedTEAttention()
+    torch.manual_seed(1)
+    (la, lt, ls), b = (10, 6, 5), 3
+    lengths = torch.tensor([[10, 6, 5], [7, 2, 3], [4, 0, 0]])
+    key_mask = torch.cat([torch.arange(n) < lengths[:, i, None] for i, n in enumerate((la, lt, ls))], dim=1)
+    inputs = (torch.randn(b, la, cfg.latent_dim), torch.rand(b), torch.randn(b, lt, cfg.width),
+              torch.randn(b, ls, cfg.speaker_width), key_mask)
+    with torch.no_grad(), Sorts() as sorts:
+        out = dit(*inputs)
+    with torch.no_grad():
+        expected = plain(*inputs)
+    with open(out_path, "w") as f:
+        json.dump({"sorts": sorts.count, "layers": len(dit.blocks),
+                   "max_err": (out - expected).abs().max().item()}, f)
+    torch.distributed.destroy_process_group()
+
+
+def test_te_keys_are_packed_once_per_step(tmp_path):
+    """With TE the DiT packs its keys once (one sort) and every layer gathers them in that order;
+    the DiT computes the plain one's function."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "packing.json"
+    mp.spawn(_packing_worker, args=(str(out),), nprocs=1, join=True)
+    r = json.loads(out.read_text())
+    assert r["layers"] == 2 and r["sorts"] == 1
+    assert r["max_err"] < 1e-5
 
 
 def make_batch():
@@ -112,9 +177,20 @@ def make_batch():
         loader.close()
 
 
-def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
-    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch. The ranks meet
-    through a file store (no port to race for)."""
+# The TP layouts the equality test runs (model.megatron.TPOptions): megatron-core's linears as eager
+# runs take them; with sequence parallelism (on by default for tp > 1 on a GPU); and as a GPU run's
+# compiled blocks take them (TracedColumnParallelLinear, sequence parallel, fused SwiGLU), eager here.
+TP_LAYOUTS = {
+    "megatron-linears": {},
+    "sequence-parallel": {"sequence_parallel": True},
+    "gpu-layout": {"sequence_parallel": True, "traced": True, "fused_swiglu": True},
+}
+
+
+def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) -> None:
+    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch, the TP model
+    under megatron-core's DDP, its gradients made ready and clipped by the backend's clip. The ranks
+    meet through a file store (no port to race for)."""
     warnings.filterwarnings("ignore")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -123,14 +199,16 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=300))
     from megatron.core import parallel_state
 
-    from echobench.model.echo import EchoTTS
-    from echobench.backends.megatron import allreduce_partial_grads, tp_grad_norm, tp_partial_grad_params
+    from echobench.backends.megatron import megatron_clip, megatron_ddp, megatron_optimizer, tp_partial_grad_params
+    from echobench.backends.megatron_cpu import redirect_cuda_to_cpu
     from echobench.model.dit import DiTBlock, joint_attention
-    from echobench.model.megatron import TPStateDictAdapter, build_tp_dit, tp_state_dict
+    from echobench.model.echo import EchoTTS
+    from echobench.model.megatron import TPOptions, TPStateDictAdapter, build_tp_dit, tp_state_dict
 
+    redirect_cuda_to_cpu()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     group = parallel_state.get_tensor_model_parallel_group()
     cfg = get_preset("tiny")
@@ -140,31 +218,39 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
     torch.manual_seed(0)
     tp_model = EchoTTS(cfg)  # same seed: same encoders
     tp_model.dit = build_tp_dit(cfg, plain.dit, parallel_state.get_tensor_model_parallel_rank(), world,
-                                te=False, sequence_parallel=False, device=torch.device("cpu"))
+                                TPOptions(**TP_LAYOUTS[layout]), torch.device("cpu"))
+    ddp = megatron_ddp(tp_model, tp_model.dit.config, grad_reduce_in_fp32=True, distributed_optimizer=False)
+    optimizer = megatron_optimizer(ddp, torch.float32, distributed=False, device=torch.device("cpu"))
+    clip = megatron_clip(ddp, optimizer, tp_partial_grad_params(tp_model), group, max_norm=1.0)
     batch = make_batch()
 
     # Loss and output of the whole model (same noise: same generator seed on both).
     losses, outputs = [], []
-    for model in (plain, tp_model):
+    for model, dit in ((plain, plain.dit), (ddp, tp_model.dit)):
         captured = []
-        handle = model.dit.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+        handle = dit.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
         loss = model(batch, generator=torch.Generator().manual_seed(7))
         handle.remove()
         loss.backward()
         losses.append(loss.detach())
         outputs.append(captured[0])
 
-    params = tp_model.trainable_parameters()
-    allreduce_partial_grads(tp_partial_grad_params(tp_model), group)
-    tp_norm = tp_grad_norm(params, group)
+    tp_norm = clip()  # the norm before clipping
     plain_norm = torch.nn.utils.get_total_norm([p.grad for p in plain.trainable_parameters()])
-    grads = {name: p.grad for name, p in tp_model.dit.named_parameters()}
+    # The clip hands its coefficient to the fused AdamW (grad_scale), whose kernel divides each
+    # gradient (the main_grad, here) in place as it reads it: done here as the kernel does it.
+    (inner,) = optimizer.chained_optimizers
+    for group in inner.optimizer.param_groups:
+        for p in group["params"]:
+            p.grad.div_(inner.optimizer.grad_scale)
+    grads = {name: p.main_grad for name, p in tp_model.dit.named_parameters()}
     all_grads = [None] * world
     dist.all_gather_object(all_grads, grads)
     all_weights = [None] * world
     dist.all_gather_object(all_weights, tp_state_dict(tp_model.dit))
     if rank == 0:
-        plain_grads = {name: p.grad for name, p in plain.dit.named_parameters()}
+        coefficient = min(1.0, 1.0 / (float(plain_norm) + 1e-6))  # clip_grads_with_norm_'s
+        plain_grads = {name: p.grad * coefficient for name, p in plain.dit.named_parameters()}
         gathered = TPStateDictAdapter(world).from_tp(all_grads)
         grad_err = {k: (gathered[k] - plain_grads[k]).abs().max().item() for k in plain_grads
                     if not torch.allclose(gathered[k], plain_grads[k], rtol=GRAD_RTOL, atol=GRAD_ATOL)}
@@ -180,6 +266,7 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
             # One block forward for both: the TP blocks are the plain DiTBlock given megatron's layers.
             "same_block": all(type(blk) is DiTBlock and type(blk.attn).forward is joint_attention
                               for dit in (plain.dit, tp_model.dit) for blk in dit.blocks),
+            "swiglu_fused": tp_model.dit.config.bias_activation_fusion,
         }
         with open(out_path, "w") as f:
             json.dump(result, f)
@@ -187,20 +274,23 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def test_tp2_matches_plain_model(tmp_path):
+@pytest.mark.parametrize("layout", TP_LAYOUTS)
+def test_tp2_matches_plain_model(tmp_path, layout, inductor_cache):
+    """Output, loss, clipped gradients and gradient norm of the TP=2 model on megatron-core's DDP and
+    the backend's clip equal the plain model's (the gpu layout's fused SwiGLU compiles with inductor)."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "result.json"
-    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), layout), nprocs=2, join=True)
     r = json.loads(out.read_text())
     assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
-    assert r["same_block"]
+    assert r["same_block"] and r["swiglu_fused"] == (layout == "gpu-layout")
     assert r["out_close"], f"DiT output differs by {r['out_max_err']}"
     assert r["loss"][1] == pytest.approx(r["loss"][0], rel=OUT_RTOL, abs=OUT_ATOL)
-    assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]
-    # TP-aware gradient norm: each element counted once (and the clip would act: norm > 1).
+    # TP-aware gradient norm: each element counted once (and the clip acts: norm > 1).
     assert r["norms"][1] == pytest.approx(r["norms"][0], rel=GRAD_RTOL)
     assert r["norms"][0] > 1.0
+    assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]
 
 
 def problem(**kw):
@@ -219,8 +309,17 @@ def test_validation_errors_are_clear():
     assert "tp4 needs 4 GPUs in one node" in problem(parallelism="tp4", gpus_per_node=2, nodes=2)
     assert "processes per node" in problem(parallelism="tp2", gpus_per_node=3, nodes=2)
     assert "no parallelism ddp" in problem(parallelism="ddp")
-    assert "GPU only" in problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu")
+    # sequence parallelism runs on the CPU too (backends/megatron_cpu.py); auto keeps it to GPUs
+    assert problem(parallelism="tp2", gpus_per_node=2, sequence_parallel=True, device="cpu") is None
     assert "tp > 1" in problem(parallelism="tp1", sequence_parallel=True)
+    assert problem(parallelism="tp2", gpus_per_node=2, distributed_optimizer=True, device="cuda") is None
+    assert problem(parallelism="tp2", gpus_per_node=2, distributed_optimizer=True, device="cpu").startswith(
+        "distributed_optimizer runs on a GPU only")
+    assert problem(parallelism="tp1", grad_reduce_dtype="bf16", device="cpu").startswith("grad_reduce_dtype bf16")
+    assert problem(parallelism="tp1", grad_reduce_dtype="bf16", device="cuda", precision="bf16") is None
+    from echobench.backends import parallelism_problem
+
+    assert "use --framework megatron" in parallelism_problem(RunConfig(distributed_optimizer=True))
     assert problem(parallelism="tp1", precision="fp8").startswith("fp8 on megatron would need TransformerEngine")
     from echobench.backends.megatron import te_installed
 
@@ -250,6 +349,16 @@ def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     assert r["status"] == "ok" and r["parallelism"] == "tp2"
     assert r["tp"] == 2 and r["dp"] == 1 and r["world_size"] == 2 and r["global_batch"] == 2
     assert r["te"] is False and r["backend"]["te"] is False and r["backend"]["backend"] == "megatron"
+    # What of Megatron-LM's practice ran (on the CPU: fp32 parameters, no sequence parallelism by
+    # default, SwiGLU unfused, no TE), megatron-core's DDP and optimizer in every case.
+    b = r["backend"]
+    assert b["param_dtype"] == b["main_grad_dtype"] == "float32" and b["sequence_parallel"] is False
+    assert b["data_parallel"].startswith("megatron-core DistributedDataParallel") and "overlap_grad_reduce" in \
+        b["data_parallel"]
+    assert b["optimizer"] == "megatron-core CPUFP32Optimizer over torch.optim.adamw.AdamW (fused)"
+    assert b["fused_swiglu"].startswith("off") and b["tp_comm_overlap"].startswith("off")
+    assert b["distributed_optimizer"] is False and b["gradient_accumulation_fusion"] is False
+    assert b["clipping"].endswith("fused AdamW (grad_scale)") and "overlapped" in b["tp_linears"]
     assert r["env"]["megatron_core"] and r["backend"]["megatron_core"] == r["env"]["megatron_core"]
     # The launcher gives TP > 1 one CUDA hardware queue (megatron's overlap needs it); env says so.
     assert r["env"]["cuda_device_max_connections"] == "1"
@@ -287,6 +396,11 @@ def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
     assert not (tmp_path / "x").exists()  # no process started
     proc = cli("run", "--framework", "megatron", "--tp", "2", "--parallelism", "ddp", *TINY, "--out", tmp_path / "y")
     assert proc.returncode == 2 and "conflicts with --parallelism ddp" in proc.stderr
+    for args in (["--distributed-optimizer"],  # torchtitan
+                 ["--framework", "megatron", "--tp", "1", "--distributed-optimizer", "--device", "cpu"]):
+        proc = cli("run", *args, *TINY, "--out", tmp_path / "z")
+        assert proc.returncode == 2 and "distributed_optimizer" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "z").exists()
 
 
 def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
@@ -355,6 +469,136 @@ def test_tp_run_with_recompute_and_compile_trains_as_without(cli, tmp_path, tp2_
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((out / "result.json").read_text())
     assert r["status"] == "ok" and r["ac"] == "full" and r["compile"] is True
-    assert "re-run in backward" in r["backend"]["recompute"] and "torch.compile" in r["backend"]["compiled"]
+    assert "re-run in backward" in r["backend"]["recompute"] and "fullgraph=True" in r["backend"]["compiled"]
+    # What compiled, from dynamo's counters: graphs, and no break (the TP blocks are one graph each).
+    assert r["compile_graphs"] > 0 and r["compile_graph_breaks"] == 0, r["compile_break_reasons"]
+    assert "TracedColumnParallelLinear" in r["backend"]["tp_linears"]
     assert r["hfu"] > r["mfu"] and tp2_run["hfu"] == tp2_run["mfu"]
     assert r["losses"] == pytest.approx(tp2_run["losses"], rel=1e-5)
+
+
+SHAPES = dict(scale="tiny", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20, precision="fp32",
+              device="cpu")
+
+
+def step_batches(steps: int, micro: int):
+    """steps x micro (batch, draws) pairs of the synthetic data at SHAPES, as bench.run_loop makes them."""
+    from echobench.data import build_tokenizer, make_loader
+    from echobench.model.echo import diffusion_draws
+
+    cfg = get_preset("tiny")
+    loader = make_loader("synthetic", micro_batch=SHAPES["micro_batch"], audio_frames=SHAPES["audio_frames"],
+                         text_tokens=SHAPES["text_tokens"], speaker_frames=SHAPES["speaker_frames"],
+                         tokenizer=build_tokenizer(cfg.text_encoder.vocab, None), rank=0, world_size=1, seed=0,
+                         skip_bad_samples=False)
+    try:
+        out = []
+        for _ in range(steps):
+            batches = [next(loader) for _ in range(micro)]
+            out.append([(b, diffusion_draws(0, b.index.tolist(), SHAPES["audio_frames"], cfg.latent_dim,
+                                            cfg.cfg_dropout, torch.device("cpu"))) for b in batches])
+        return out
+    finally:
+        loader.close()
+
+
+def _compile_worker(rank: int, world: int, store: str, out_path: str) -> None:
+    """One of 2 gloo ranks: tp2 with sequence parallelism and full recompute, eager and compiled
+    (torch.compile's backend aot_eager: dynamo and autograd's tracing as inductor gets them, without
+    inductor's minutes on a CPU), 2 steps each; dynamo's counters after the compiled steps."""
+    import datetime
+    import functools
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    torch.compile = functools.partial(torch.compile, backend="aot_eager")  # this process only
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    from echobench.backends import build_training
+    from echobench.bench import train_step
+    from echobench.distributed import DistInfo
+    from echobench.kernels import compile_counts
+
+    steps = step_batches(2, 1)
+    losses = {}
+    for compiled in (False, True):
+        cfg = RunConfig(framework="megatron", parallelism="tp2", gpus_per_node=2, sequence_parallel=True, ac="full",
+                        compile=compiled, **SHAPES)
+        setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32)
+        losses[compiled] = [float(train_step(setup, micro, "cpu", 1)) for micro in steps]
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"losses": [losses[False], losses[True]], "counts": compile_counts(),
+                       "sequence_parallel": setup.info["sequence_parallel"], "linears": setup.info["tp_linears"]}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_tp2_blocks_compile_to_one_graph_each_with_sequence_parallelism_and_recompute(tmp_path):
+    """The TP blocks built with their group and traceable linears compile without a graph break,
+    checkpointed and sequence-parallel, and train as eager does."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "compile.json"
+    mp.spawn(_compile_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    r = json.loads(out.read_text())
+    assert r["sequence_parallel"] is True and "TracedColumnParallelLinear" in r["linears"]
+    assert r["counts"]["graphs"] > 0 and r["counts"]["graph_breaks"] == 0, r["counts"]["break_reasons"]
+    assert r["losses"][1] == pytest.approx(r["losses"][0], rel=1e-5)
+
+
+def _sync_worker(rank: int, world: int, store: str, out_path: str) -> None:
+    """One of 2 gloo ranks, tp1 x dp2: 2 steps of 2 accumulated micro-batches through megatron-core's
+    DDP; which phase of the step each of its gradient reductions started in."""
+    import datetime
+
+    import torch.distributed as dist
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    from echobench.backends import build_training
+    from echobench.bench import train_step
+    from echobench.distributed import DistInfo
+
+    cfg = RunConfig(framework="megatron", parallelism="tp1", gpus_per_node=2, grad_accum=2, **SHAPES)
+    setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32)
+    phase, started = ["?"], []
+    switch, clip = setup.gradient_sync, setup.clip_grad
+    setup.gradient_sync = lambda on: (phase.__setitem__(0, "last micro-batch" if on else "earlier micro-batch"),
+                                      switch(on))
+    setup.clip_grad = lambda: (phase.__setitem__(0, "clip"), clip())[1]
+    start = _ParamAndGradBucketGroup.start_grad_sync
+
+    def record(self, *args, **kwargs):
+        started.append(phase[0])
+        return start(self, *args, **kwargs)
+
+    _ParamAndGradBucketGroup.start_grad_sync = record
+    steps = []
+    for micro in step_batches(2, 2):
+        started.clear()
+        train_step(setup, micro, "cpu", 2)
+        steps.append(sorted(set(started)))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(steps, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_accumulated_micro_batches_reduce_gradients_on_the_last_only(tmp_path):
+    """megatron-core's DDP under gradient accumulation: no reduction starts before the last
+    micro-batch's backward; in the first step megatron starts them all when the step finishes its
+    sync (it learns the buckets' order then), afterwards while the last backward runs."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "sync.json"
+    mp.spawn(_sync_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    assert json.loads(out.read_text()) == [["clip"], ["last micro-batch"]]

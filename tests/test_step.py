@@ -55,7 +55,9 @@ def measured_step_ops(cfg: RunConfig, steps: int = 2) -> list[str]:
     setup = build_training(cfg, DistInfo(device=device), resolve_dtype(cfg.precision, device))
     # The optimizer a GPU run builds (fused AdamW keeps its step count on the device). The CPU's
     # foreach AdamW reads its step count from a CPU tensor (.item()), which is no device sync.
-    setup.optimizer = build_optimizer(setup.model.trainable_parameters(), torch.device("cuda"))
+    # (megatron's runs fused AdamW inside megatron-core's optimizer on every device: kept.)
+    if isinstance(setup.optimizer, torch.optim.Optimizer):
+        setup.optimizer = build_optimizer(setup.model.trainable_parameters(), torch.device("cuda"))
     model_cfg = cfg.model_config()
     loader = make_loader("synthetic", micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames,
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,

@@ -1,4 +1,5 @@
-"""The megatron backend: the Echo DiT tensor-parallel on megatron-core, data-parallel across the rest.
+"""The megatron backend: the Echo DiT tensor-parallel on megatron-core, data-parallel across the rest,
+run as Megatron-LM runs TP.
 
 Rank layout (megatron's default order, tp first): TP groups are contiguous ranks
 [0..tp-1], [tp..2tp-1], ...; the data-parallel rank is rank // tp, which is how bench.run_loop
@@ -6,27 +7,44 @@ picks the batch (TP peers read the same batch) and how bench.summarize counts sa
 
 Replicated on every rank: the frozen text encoder, the text projection, the speaker encoder,
 and inside the DiT the norms, AdaLN, timestep embedding and input / output projections.
-Data parallelism: torch DDP over megatron's data-parallel group (when dp > 1).
-Activation recompute (--ac) and compile (--compile) wrap the TP DiT blocks and the speaker
-blocks with the torchtitan backend's functions; fp8 is refused (it would need TE's fp8 layers).
+Megatron-LM's practice, each item recorded in the record's `backend` (backend_info), on where it
+can run (tp_options):
+  - sequence parallelism for tp > 1 on a GPU (sequence_parallel: auto);
+  - bf16 parameters on a GPU with fp32 main gradients in megatron-core's DistributedDataParallel
+    (contiguous buffers, bucketed, reduced while backward runs) and fp32 main parameters in
+    megatron-core's optimizer, or its distributed optimizer (distributed_optimizer);
+  - fused SwiGLU; TE's weight-gradient accumulation fusion and TP communication overlap where TE runs;
+  - TE's key packing once per step (model.megatron.pack_keys).
+Clipping: TP-aware and without a host sync (megatron_clip). Activation recompute (--ac) and
+compile (--compile) wrap the TP DiT blocks and the speaker blocks with the torchtitan backend's
+functions; with megatron-core's local layers each block compiles to one graph. fp8 is refused (it
+would need TE's fp8 layers).
 
-This module imports megatron-core only inside build(): validate() runs before any process
+This module imports megatron-core only inside functions: validate() runs before any process
 starts, on machines that may not have it.
 
-CPU: what this model uses of megatron-core (parallel_state, Column/RowParallelLinear, MLP)
-runs on CPU over gloo unpatched, so no CUDA redirection is applied. The CUDA-only parts
-stay unused: the RNG tracker (seeded on GPU only; no dropout, weights come from the plain
-model), GlobalMemoryBuffer and the sequence-parallel collectives in tensor_parallel.mappings
-(both allocate on torch.cuda.current_device()), hence sequence parallelism is GPU only.
+CPU: megatron-core's layers, sequence parallelism, DDP and FP32Optimizer run over gloo with the two
+redirections of backends/megatron_cpu.py (applied on a CPU run only); bf16 parameters and the
+distributed optimizer need a GPU. The RNG tracker is seeded on GPU only (no dropout; the weights
+come from the plain model).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 
 from echobench.backends import TrainSetup
+from echobench.backends.torchtitan import ADAMW, RECOMPUTE, ac_mode, apply_ac, apply_compile, build_model
+
+DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
+                             "torch.cuda parameters): drop --distributed-optimizer on the CPU")
+GRAD_REDUCE_BF16 = ("grad_reduce_dtype bf16: megatron reduces gradients in its buffers' dtype, the parameters' when "
+                    "not fp32, and parameters are bf16 only with precision bf16 on a GPU: use grad_reduce_dtype fp32")
 
 
 def te_installed() -> bool:
@@ -55,10 +73,12 @@ def validate(cfg) -> str | None:
     if cfg.sequence_parallel is True:  # auto turns it on only where it can run (RunConfig.sequence_parallel_on)
         if tp == 1:
             return "sequence parallelism needs tp > 1"
-        if cfg.device == "cpu":
-            return "sequence parallelism runs on GPU only (megatron's sequence-parallel collectives allocate on CUDA): drop it on CPU"
         if cfg.audio_frames % tp:
             return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
+    if cfg.distributed_optimizer and cfg.device == "cpu":  # device auto on a CPU machine: build() says so
+        return DISTRIBUTED_OPTIMIZER_CPU
+    if cfg.grad_reduce_dtype == "bf16" and (cfg.device == "cpu" or cfg.precision == "fp32"):
+        return GRAD_REDUCE_BF16
     return None
 
 
@@ -77,9 +97,12 @@ def resolve_te(mode: str) -> bool:
 
 def init_model_parallel(tp: int, seed: int, device: torch.device) -> None:
     """megatron's process groups (tp innermost, so TP groups are contiguous ranks)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core import parallel_state, tensor_parallel  # optional dependency (module docstring)
 
+    if device.type == "cpu":
+        from echobench.backends.megatron_cpu import redirect_cuda_to_cpu  # imports megatron-core
+
+        redirect_cuda_to_cpu()
     if not dist.is_initialized():  # a single-process run: megatron still needs a group
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -109,19 +132,52 @@ def versions() -> dict:
     return out
 
 
+def tp_options(cfg, device: torch.device, te: bool, compiled: bool, dtype: torch.dtype):
+    """What of Megatron-LM's TP practice this run takes (model.megatron.TPOptions)."""
+    from echobench.model.megatron import TPOptions  # imports megatron-core
+
+    gpu = device.type == "cuda"
+    sequence_parallel = cfg.sequence_parallel_on(device.type)
+    return TPOptions(
+        te=te,
+        sequence_parallel=sequence_parallel,
+        traced=compiled and not te,
+        # megatron-core's mixed-precision optimizers take CUDA parameters only (megatron_cpu).
+        params_dtype=torch.bfloat16 if gpu and dtype == torch.bfloat16 else torch.float32,
+        # Its fused SwiGLU is torch.compile'd: on a CPU every process would first wait for inductor
+        # to build it (tens of seconds), which every CPU test and smoke run would pay.
+        fused_swiglu=gpu,
+        # TE's GEMMs accumulate weight gradients into DDP's fp32 main_grad themselves;
+        # megatron-core's local linears would need Apex's fused_weight_gradient_mlp_cuda.
+        grad_accum_fusion=te and gpu,
+        tp_comm_overlap=te and gpu and sequence_parallel and cfg.tp > 1,
+    )
+
+
+def init_tp_comm_overlap(cfg, model_cfg) -> str | None:
+    """TE's userbuffers for the TP collectives overlapped with the GEMMs (tp_comm_overlap), sized as
+    Megatron-LM sizes them: the latent stream's tokens (micro-batch x audio frames) x width. Returns
+    why it cannot run here, or None when it runs."""
+    try:
+        from transformer_engine.pytorch.module.base import initialize_ub  # TE: optional dependency
+
+        initialize_ub(shape=[cfg.micro_batch * cfg.audio_frames, model_cfg.width], tp_size=cfg.tp,
+                      bootstrap_backend="nccl")
+    except Exception as exc:  # noqa: BLE001 - any failure: the run goes on without the overlap, and says why
+        return f"TE's initialize_ub failed ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
+
+
 def tp_partial_grad_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Replicated parameters whose gradient on each TP rank covers only that rank's share: the
     TP model marks them (per-head QK-norms; block norms under sequence parallelism)."""
-    from echobench.model.megatron import PARTIAL_GRAD
+    from echobench.model.megatron import PARTIAL_GRAD  # imports megatron-core
 
     return [p for p in model.parameters() if p.requires_grad and getattr(p, PARTIAL_GRAD, False)]
 
 
-def allreduce_partial_grads(params: list[torch.nn.Parameter], group) -> None:
-    """Sums the partial gradients of `params` over the TP group (one flat all-reduce)."""
-    import torch.distributed as dist
-
-    grads = [p.grad for p in params if p.grad is not None]
+def allreduce_partial_grads(grads: list[torch.Tensor], group) -> None:
+    """Sums the partial gradients `grads` over the TP group (one flat all-reduce), in place."""
     if not grads or dist.get_world_size(group) == 1:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -130,53 +186,136 @@ def allreduce_partial_grads(params: list[torch.nn.Parameter], group) -> None:
         g.copy_(synced.view_as(g))
 
 
-def tp_grad_norm(params: list[torch.nn.Parameter], group) -> torch.Tensor:
-    """Global L2 norm of the gradients of a TP model, each element counted once.
-
-    Sharded parameters (megatron marks them `tensor_model_parallel`) contribute from every
-    rank; replicated ones only from TP rank 0 (megatron's param_is_not_tensor_parallel_duplicate).
-    """
-    import torch.distributed as dist
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-    grads = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p, group)]
-    # One foreach norm (as the torchtitan backend's clipping), not a kernel chain per tensor; the
-    # trainable parameters, hence their gradients, are float32.
+def grad_norm(grads: list[torch.Tensor], group, device: torch.device) -> torch.Tensor:
+    """Global L2 norm of `grads`, each rank holding a disjoint share of the elements (megatron-core's
+    optimizer picks them: TP duplicates only on TP rank 0; under the distributed optimizer, this
+    data-parallel rank's shard), summed over `group`. One foreach norm; no host sync."""
     sq = (torch.nn.utils.get_total_norm(grads, foreach=True) ** 2 if grads
-          else torch.zeros((), device=params[0].device, dtype=torch.float32))
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
+          else torch.zeros((), device=device, dtype=torch.float32))
+    if dist.get_world_size(group) > 1:
         dist.all_reduce(sq, group=group)
     return sq.sqrt()
 
 
-def tp_clip_grad(params: list[torch.nn.Parameter], partial: list[torch.nn.Parameter], group, max_norm: float):
-    """TP-aware clipping: sum partial gradients over the TP group, then clip by the global norm."""
+def megatron_ddp(model: torch.nn.Module, config, grad_reduce_in_fp32: bool, distributed_optimizer: bool):
+    """megatron-core's DistributedDataParallel over megatron's data-parallel group, as Megatron-LM runs it:
+    gradients accumulated into contiguous buffers (main_grad, fp32 with grad_reduce_in_fp32) and
+    reduced per bucket while backward runs (overlap_grad_reduce); reduce-scattered to the
+    distributed optimizer's shards, else all-reduced. Buckets: megatron's default size."""
+    from megatron.core.distributed import (  # optional dependency (module docstring)
+        DistributedDataParallel, DistributedDataParallelConfig)
+
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=True,
+                                               use_distributed_optimizer=distributed_optimizer)
+    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+
+
+def megatron_optimizer(ddp, params_dtype: torch.dtype, distributed: bool, device: torch.device):
+    """megatron-core's optimizer (get_megatron_optimizer) over the DDP model, with the torchtitan
+    backend's AdamW settings: bf16 parameters get fp32 main parameters (Float16OptimizerWithFloat16Params,
+    or the DistributedOptimizer, which shards them and the Adam state over the data-parallel group);
+    fp32 parameters step in place (FP32Optimizer). No clipping inside (megatron_clip does it without a
+    host sync); weight decay on every parameter, as the other backend."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # optional dependency
+
+    config = OptimizerConfig(optimizer="adam", lr=ADAMW["lr"], weight_decay=ADAMW["weight_decay"],
+                             adam_beta1=ADAMW["betas"][0], adam_beta2=ADAMW["betas"][1],
+                             bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
+                             use_distributed_optimizer=distributed, clip_grad=0.0)
+    if device.type == "cpu":
+        from echobench.backends.megatron_cpu import cpu_optimizer as building  # imports megatron-core
+    else:
+        building = nullcontext
+    with building():
+        optimizer = get_megatron_optimizer(config, [ddp], config_overrides={})
+    for inner in optimizer.chained_optimizers:
+        if type(inner.optimizer) is torch.optim.AdamW:
+            # Without TE's or Apex's FusedAdam, megatron-core builds torch's AdamW unfused; torch
+            # reads `fused` per group at each step: the fused kernel, as the other backend's.
+            inner.optimizer.defaults["fused"] = True
+            for group in inner.optimizer.param_groups:
+                group["fused"], group["foreach"] = True, False
+    return optimizer
+
+
+def megatron_clip(ddp, optimizer, partial: list[torch.nn.Parameter], tp_group, max_norm: float):
+    """The step's gradients made ready and clipped, megatron-core's way without its host sync: the
+    overlapped reduction awaited, the partial gradients summed over the TP group (as megatron's
+    finalize_model_grads does), the main gradients handed to the main parameters
+    (prepare_grads), their global norm (each element counted once) and the clip: through torch's
+    fused AdamW's grad_scale where it steps (its kernel divides each gradient as it reads it, as
+    the torchtitan backend's clip_grad_norm_ does), else in place."""
 
     def clip() -> torch.Tensor:
-        allreduce_partial_grads(partial, group)
-        norm = tp_grad_norm(params, group)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        ddp.finish_grad_sync()
+        allreduce_partial_grads([p.main_grad for p in partial], tp_group)
+        optimizer.prepare_grads()
+        (inner,) = optimizer.chained_optimizers
+        params = inner.get_parameters()
+        norm = grad_norm(inner.get_main_grads_for_grad_norm(), inner.get_grad_stats_parallel_group(),
+                         params[0].device)
+        if inner.optimizer.defaults.get("fused"):
+            # 1 / torch's clip coefficient: grads x min(max_norm / (norm + 1e-6), 1)
+            inner.optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0).float()
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
     return clip
 
 
+class MegatronStep:
+    """bench.train_step's optimizer on megatron-core: step() updates from the main gradients that
+    megatron_clip readied (train_step clips first); zero_grad() empties DDP's gradient buffers
+    and the main gradients."""
+
+    def __init__(self, ddp, optimizer):
+        self.ddp, self.optimizer = ddp, optimizer
+
+    def step(self) -> None:
+        self.optimizer.step_with_ready_grads()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # A backward outside train_step (bench.warm_buckets) may leave an overlapped reduction in
+        # flight: it lands before its buffer is zeroed, and megatron allows one at a time.
+        for group in self.ddp.bucket_groups + self.ddp.expert_parallel_bucket_groups:
+            if group.grad_reduce_handle is not None:
+                group.grad_reduce_handle.wait()
+                group.grad_reduce_handle = None
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none)
+
+
+def megatron_gradient_sync(ddp):
+    """TrainSetup.gradient_sync on megatron's DDP: the switch its no_sync() context flips (off, the
+    buckets' reductions wait for the last micro-batch's backward)."""
+
+    def sync(on: bool) -> None:
+        for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
+            group.is_last_microbatch = on
+
+    return sync
+
+
 def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
     device = dist_info.device
-    sequence_parallel = cfg.sequence_parallel_on(device.type)
-    if sequence_parallel and device.type != "cuda":
-        raise ValueError("sequence parallelism runs on GPU only: drop --sequence-parallel on CPU")
+    if device.type != "cuda" and cfg.distributed_optimizer:
+        raise ValueError(DISTRIBUTED_OPTIMIZER_CPU)
     compiled = cfg.compiled_on(device.type)
     te = resolve_te(cfg.te)
     tp = cfg.tp
     init_model_parallel(tp, cfg.seed, device)
+    options = tp_options(cfg, device, te, compiled, dtype)
+    if cfg.grad_reduce_dtype == "bf16" and options.params_dtype != torch.bfloat16:
+        raise ValueError(GRAD_REDUCE_BF16)
+    overlap_problem = init_tp_comm_overlap(cfg, cfg.model_config()) if options.tp_comm_overlap else None
+    if overlap_problem:
+        options = replace(options, tp_comm_overlap=False)
 
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state  # optional dependency (module docstring)
 
-    from echobench.backends.torchtitan import (RECOMPUTE, REDUCE_DTYPES, ac_mode, apply_ac, apply_compile,
-                                               build_model, build_optimizer)
-    from echobench.model.megatron import build_tp_dit
+    from echobench.model.megatron import build_tp_dit  # imports megatron-core
 
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
     # is then replaced by the TP DiT holding this rank's shards of the same weights.
@@ -184,58 +323,100 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     if te:  # TE's fused attention reads a dense key mask (TECoreAttention packs the valid keys)
         model.key_masking = "dense"
     plain_dit = model.dit
-    model.dit = build_tp_dit(model.cfg, plain_dit, parallel_state.get_tensor_model_parallel_rank(), tp, te,
-                             sequence_parallel, device)
+    model.dit = build_tp_dit(model.cfg, plain_dit, parallel_state.get_tensor_model_parallel_rank(), tp, options,
+                             device)
     del plain_dit
+    if options.params_dtype != torch.float32:
+        # Megatron-LM's bf16 parameters: the whole model (its Float16Module casts it all), the fp32
+        # copies in the optimizer. The frozen text encoder is already in the compute dtype.
+        model.to(options.params_dtype)
     # Activation recompute and compile of the blocks, applied from outside as in the torchtitan
     # backend: the TP DiT's blocks and the (replicated) speaker encoder's blocks.
     ac = ac_mode(cfg.ac, compiled)
     apply_ac(model, ac)
     if compiled:
-        # fullgraph=False: megatron-core's parallel linears call functions dynamo will not trace
-        # (its process-group lookups), so each block compiles into pieces around them.
-        apply_compile(model, fullgraph=False)
-    params = model.trainable_parameters()
+        # One graph per block with megatron-core's local layers (TracedColumnParallelLinear): the
+        # run's record counts the graphs and breaks. TE's layers are left to break where they do.
+        apply_compile(model, fullgraph=not te)
     partial = tp_partial_grad_params(model)
     tp_group = parallel_state.get_tensor_model_parallel_group()
     dp = parallel_state.get_data_parallel_world_size()
-    dp_group = parallel_state.get_data_parallel_group() if dp > 1 else None
-    if dp > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, process_group=dp_group, gradient_as_bucket_view=True,
-                                        device_ids=[device] if device.type == "cuda" else None)
-        if cfg.grad_reduce_dtype == "bf16":
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-
-            model.register_comm_hook(dp_group, bf16_compress_hook)
+    ddp = megatron_ddp(model, model.dit.config, cfg.grad_reduce_dtype == "fp32", cfg.distributed_optimizer)
+    optimizer = megatron_optimizer(ddp, options.params_dtype, cfg.distributed_optimizer, device)
     return TrainSetup(
-        model=model,
-        optimizer=build_optimizer(params, device),
-        clip_grad=tp_clip_grad(params, partial, tp_group, 1.0),
+        model=ddp,
+        optimizer=MegatronStep(ddp, optimizer),
+        clip_grad=megatron_clip(ddp, optimizer, partial, tp_group, 1.0),
         autocast_dtype=dtype if dtype != torch.float32 else None,
-        info={
-            "backend": "megatron",
-            "te": te,
-            "kernels": ("transformer_engine (TE linear, norm, attention)" if te else
-                        "megatron-core local (ColumnParallelLinear, RowParallelLinear, MLP) + torch SDPA attention"),
-            "tp": tp,
-            "dp": dp,
-            "sequence_parallel": sequence_parallel,
-            "key_masking": model.key_masking if dp == 1 else model.module.key_masking,
-            "ac": cfg.ac,
-            "ac_mode": ac,
-            "recompute": RECOMPUTE[ac],
-            "compile": compiled,
-            "compiled": ("torch.compile(fullgraph=False) of each TP DiT block, speaker-encoder and text-encoder "
-                         "block and of the top level's functions" if compiled else "nothing"),
-            "data_parallel": (f"torch DDP over megatron's data-parallel group, {cfg.grad_reduce_dtype} gradient "
-                              f"all-reduce" if dp > 1 else "none"),
-            "sharding": "DiT attention heads and MLP across the TP group",
-            "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
-                          "timestep embedding, input/output projections",
-            **versions(),
-        },
-        dp_group=dp_group,
-        gradient_sync=(lambda on: setattr(model, "require_backward_grad_sync", on)) if dp > 1 else None,
+        info=backend_info(cfg, options, ac, compiled, dp, model.key_masking, optimizer, overlap_problem),
+        dp_group=parallel_state.get_data_parallel_group() if dp > 1 else None,
+        gradient_sync=megatron_gradient_sync(ddp),
     )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: str, optimizer,
+                 overlap_problem: str | None) -> dict:
+    """The record's `backend`: what ran, each item of Megatron-LM's TP practice on or off and why."""
+    (inner,) = optimizer.chained_optimizers
+    main_grads = "float32" if cfg.grad_reduce_dtype == "fp32" else dtype_name(options.params_dtype)
+    if options.te:
+        linears = "TransformerEngine's (their TP collectives inside TE)"
+    elif cfg.tp == 1:
+        linears = "megatron-core's (one rank: no TP collective)"
+    elif options.traced:
+        linears = ("megatron-core's, their collectives in megatron's region functions around the GEMM "
+                   "(synchronous: dynamo traces them; TracedColumnParallelLinear)")
+    else:
+        linears = ("megatron-core's, the input-gradient all-reduce (or the sequence-parallel all-gather and "
+                   "reduce-scatter) overlapped with the weight-gradient GEMM in backward")
+    return {
+        "backend": "megatron",
+        "te": options.te,
+        "kernels": ("transformer_engine (TE linear, norm, attention)" if options.te else
+                    "megatron-core local (ColumnParallelLinear, RowParallelLinear, MLP) + torch SDPA attention"),
+        "tp": cfg.tp,
+        "dp": dp,
+        "tp_linears": linears,
+        "sequence_parallel": options.sequence_parallel,
+        "fused_swiglu": ("megatron-core's fused SwiGLU (bias_activation_fusion)" if options.fused_swiglu else
+                         "off: SwiGLU as the plain model's element-wise ops (megatron's fused one is compiled "
+                         "by inductor in each process, on a GPU only)"),
+        "tp_comm_overlap": ("TE userbuffers: TP all-gathers / reduce-scatters overlapped with the GEMMs"
+                            if options.tp_comm_overlap else
+                            f"off: {overlap_problem}" if overlap_problem else
+                            "off: needs TransformerEngine, sequence parallelism and a GPU"),
+        "gradient_accumulation_fusion": options.grad_accum_fusion,
+        "key_packing": "valid keys packed once per step for TE's attention" if options.te else None,
+        "param_dtype": dtype_name(options.params_dtype),
+        "main_grad_dtype": main_grads,
+        "data_parallel": (f"megatron-core DistributedDataParallel over megatron's data-parallel group (dp={dp}): "
+                          f"{main_grads} gradient buffers (main_grad), bucketed, reduced while backward runs "
+                          f"(overlap_grad_reduce), "
+                          + ("reduce-scattered to the optimizer's shards" if cfg.distributed_optimizer
+                             else "all-reduced")),
+        "optimizer": (f"megatron-core {type(inner).__name__} over {type(inner.optimizer).__module__}."
+                      f"{type(inner.optimizer).__name__}"
+                      + (" (fused)" if inner.optimizer.param_groups[0].get("fused") else "")
+                      + (", fp32 main parameters" if options.params_dtype != torch.float32 else "")
+                      + (", sharded over the data-parallel group" if cfg.distributed_optimizer else "")),
+        "distributed_optimizer": cfg.distributed_optimizer,
+        "clipping": "global norm, TP-aware, no host sync; " + (
+            "the coefficient applied by the fused AdamW (grad_scale)" if inner.optimizer.defaults.get("fused")
+            else "the main gradients scaled in place"),
+        "key_masking": key_masking,
+        "ac": cfg.ac,
+        "ac_mode": ac,
+        "recompute": RECOMPUTE[ac],
+        "compile": compiled,
+        "compiled": (f"torch.compile(fullgraph={not options.te}, dynamic=False) of each TP DiT block, "
+                     "speaker-encoder and text-encoder block and of the top level's functions" if compiled
+                     else "nothing"),
+        "sharding": "DiT attention heads and MLP across the TP group",
+        "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
+                      "timestep embedding, input/output projections",
+        **versions(),
+    }

@@ -27,6 +27,9 @@ DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")
 
 def validate(cfg) -> str | None:
     """Why this run cannot work (None when it can); the registry has checked the layout."""
+    if cfg.distributed_optimizer:
+        return ("distributed_optimizer is megatron-core's: use --framework megatron, or fsdp2 / hsdp to shard the "
+                "optimizer state on torchtitan")
     if cfg.parallelism == "single" and cfg.world_size != 1:
         return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}: use ddp, fsdp2 or hsdp"
     if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
@@ -349,10 +352,14 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float,
     return norm
 
 
+# The AdamW settings of every backend (the megatron backend's optimizer takes them too).
+ADAMW = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}
+
+
 def build_optimizer(params, device: torch.device) -> torch.optim.Optimizer:
     # fused AdamW on GPU is the fast path torchtitan uses; foreach on CPU.
     fused = device.type == "cuda"
-    return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, foreach=not fused)
+    return torch.optim.AdamW(params, **ADAMW, fused=fused, foreach=not fused)
 
 
 def text_encoder_layout(cfg, dtype: torch.dtype) -> str:

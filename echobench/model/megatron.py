@@ -12,7 +12,10 @@ parallelism (the latent stream split along T between the TP regions) is a flag.
 A layer spec (megatron-core ModuleSpec / submodules) picks the kernels without changing the
 model: TransformerEngine linear / norm / attention, or megatron-core's local layers with torch
 SDPA attention (megatron's local DotProductAttention materialises the score matrix; SDPA is the
-fast kernel torch offers and what the plain model runs).
+fast kernel torch offers and what the plain model runs). TPOptions says how the layers run
+(sequence parallelism, bf16 parameters, fused SwiGLU, TE's overlap); every layer is given its TP
+group, and blocks that will be compiled get TracedColumnParallelLinear, so that dynamo traces a
+block whole.
 
 Weights move between the plain layout and the TP shards with TPStateDictAdapter (to_tp /
 from_tp, exact inverses); the backend builds the plain model with the run's seed and loads its
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.core import parallel_state
 from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -47,7 +52,20 @@ from echobench.model.dit import BlockLayers, EchoDiT, joint_attention
 # Config and layer specs
 
 
-def megatron_config(cfg: EchoConfig, tp: int, sequence_parallel: bool, use_cpu: bool) -> TransformerConfig:
+@dataclass(frozen=True)
+class TPOptions:
+    """How the TP blocks run; the backend picks each where it can run (backends/megatron.py)."""
+
+    te: bool = False  # TransformerEngine's linear / norm / attention, else megatron-core's local layers
+    sequence_parallel: bool = False  # the latent stream split along T between the TP regions
+    traced: bool = False  # the blocks will be compiled: TracedColumnParallelLinear
+    params_dtype: torch.dtype = torch.float32  # bf16 on a GPU, fp32 main params in the optimizer
+    fused_swiglu: bool = False  # megatron-core's fused SwiGLU (bias_activation_fusion)
+    grad_accum_fusion: bool = False  # weight gradients accumulated into DDP's main_grad in the GEMM
+    tp_comm_overlap: bool = False  # TE's userbuffer overlap of the TP collectives with the GEMMs
+
+
+def megatron_config(cfg: EchoConfig, tp: int, options: TPOptions, use_cpu: bool) -> TransformerConfig:
     """megatron-core's TransformerConfig for the DiT blocks.
 
     Weights are not initialised here (perform_initialization=False): they are loaded from the
@@ -62,18 +80,22 @@ def megatron_config(cfg: EchoConfig, tp: int, sequence_parallel: bool, use_cpu: 
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        bias_activation_fusion=False,
+        # With gated_linear_unit and no bias, megatron-core's MLP runs its SwiGLUFunction: one fused
+        # kernel forward and one backward (its hand-written gradient), torch.compile'd.
+        bias_activation_fusion=options.fused_swiglu,
         normalization="RMSNorm",
         layernorm_epsilon=cfg.norm_eps,
         qk_layernorm=True,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
-        sequence_parallel=sequence_parallel,
-        params_dtype=torch.float32,  # fp32 master weights; bf16 compute comes from autocast
+        sequence_parallel=options.sequence_parallel,
+        params_dtype=options.params_dtype,
+        bf16=options.params_dtype == torch.bfloat16,
         use_cpu_initialization=use_cpu,
         perform_initialization=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=options.grad_accum_fusion,
+        tp_comm_overlap=options.tp_comm_overlap,
     )
 
 
@@ -109,30 +131,47 @@ class SDPACoreAttention(nn.Module):
         return attention(q, k, v, key_mask)
 
 
-def pack_valid_keys(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
-    """Moves each sample's valid keys and values to the front, in order; the mask becomes a prefix.
+class PackedKeys(NamedTuple):
+    """The joint keys' padding as TE's fused attention reads it, made once per step (pack_keys) and
+    used by every layer: the order that moves each sample's valid keys to the front, and TE's
+    (query mask, key mask), True = masked out."""
 
-    k, v: (B, H, Tk, D); key_mask: (B, Tk), True = attend. The joint key sequence is
-    [latent | text | speaker], each padded to its own maximum, so valid keys have gaps; TE's
-    fused attention reads a padding mask as a count of valid keys per sample (cu_seqlens), as if
-    they came first. Attention does not depend on the order of its keys (RoPE is already applied),
-    so packing changes nothing else. A stable sort on the device: no host sync, static shapes.
+    order: torch.Tensor  # (B, Tk) key indices, each sample's valid keys first
+    masks: tuple[torch.Tensor, torch.Tensor]  # (B, 1, 1, Tq), (B, 1, 1, Tk)
+
+
+def pack_keys(key_mask: torch.Tensor, queries: int) -> PackedKeys:
+    """The packing of a (B, Tk) key mask (True = attend) for `queries` queries.
+
+    The joint key sequence is [latent | text | speaker], each padded to its own maximum, so valid
+    keys have gaps; TE's fused attention reads a padding mask as a count of valid keys per sample
+    (cu_seqlens), as if they came first. Attention does not depend on the order of its keys (RoPE
+    is already applied), so packing changes nothing else. A stable sort on the device: no host
+    sync, static shapes; one per step, not one per layer (the mask is the same in every layer).
     """
     order = torch.sort((~key_mask).to(torch.uint8), dim=1, stable=True).indices  # valid keys first
+    packed = key_mask.gather(1, order)  # now a prefix of each row
+    q_mask = torch.zeros(key_mask.shape[0], 1, 1, queries, dtype=torch.bool, device=key_mask.device)
+    return PackedKeys(order, (q_mask, ~packed[:, None, None, :]))
+
+
+def gather_keys(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
+    """k, v (B, H, Tk, D) in the packed order (pack_keys)."""
     index = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-    return k.gather(2, index), v.gather(2, index), key_mask.gather(1, order)
+    return k.gather(2, index), v.gather(2, index)
 
 
 class TECoreAttention(nn.Module):
     """TransformerEngine's fused attention behind the same (B, H, T, D) interface.
 
     Queries and keys have different lengths, so TE takes the key-padding mask as a
-    (query mask, key mask) pair, True = masked out, with the valid keys packed to the front.
+    (query mask, key mask) pair, True = masked out, with the valid keys packed to the front: the
+    model packs once per step (TPEchoDiT.run_blocks), each layer gathers its keys in that order.
     """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention  # TE: optional
         from megatron.core.transformer.enums import AttnMaskType
 
         self.mask_type = AttnMaskType.padding
@@ -140,22 +179,21 @@ class TECoreAttention(nn.Module):
                                           attention_type="cross")
 
     @staticmethod
-    def te_inputs(q, k, v, key_mask):
+    def te_inputs(q, k, v, packed: PackedKeys):
         """(B, H, T, D) -> TE's sbhd layout (T, B, H, D), keys packed, and its (query, key) masks."""
-        k, v, key_mask = pack_valid_keys(k, v, key_mask)
-        q_mask = torch.zeros(q.shape[0], 1, 1, q.shape[2], dtype=torch.bool, device=q.device)
+        k, v = gather_keys(k, v, packed.order)
         q, k, v = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, v))
-        return q, k, v, (q_mask, ~key_mask[:, None, None, :])
+        return q, k, v, packed.masks
 
-    def forward(self, q, k, v, key_mask):
+    def forward(self, q, k, v, packed: PackedKeys | None):
         b, h, tq, d = q.shape
-        if key_mask is None:  # no padded key: TE's attention without a mask
+        if packed is None:  # no padded key: TE's attention without a mask
             from megatron.core.transformer.enums import AttnMaskType
 
             q, k, v = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, v))
             out = self.attn(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.no_mask)
         else:
-            q, k, v, masks = self.te_inputs(q, k, v, key_mask)
+            q, k, v, masks = self.te_inputs(q, k, v, packed)
             out = self.attn(q, k, v, attention_mask=masks, attn_mask_type=self.mask_type)
         return out.view(tq, b, h, d).permute(1, 2, 0, 3)  # (Tq, B, H*D) -> (B, H, Tq, D)
 
@@ -174,25 +212,30 @@ class TPJointAttention(nn.Module):
     seq_first = True
     forward = joint_attention
 
-    def __init__(self, config: TransformerConfig, submodules: JointAttentionSubmodules, speaker_width: int):
+    def __init__(self, config: TransformerConfig, submodules: JointAttentionSubmodules, speaker_width: int,
+                 tp_group):
         super().__init__()
         width = config.hidden_size
         self.heads = config.num_attention_heads // config.tensor_model_parallel_size
 
         # The text and speaker streams stay whole under sequence parallelism: their
-        # projections are plain column-parallel (no all-gather of the input).
-        whole_config = replace(config, sequence_parallel=False) if config.sequence_parallel else config
+        # projections are plain column-parallel (no all-gather of the input), and TE's userbuffers
+        # (tp_comm_overlap) exist only for the latent stream's shape.
+        whole_config = replace(config, sequence_parallel=False, tp_comm_overlap=False)
 
-        def column(spec, in_size, out_size, layer_config):
+        def column(spec, in_size, out_size, layer_config, buffer=None):
             return build_module(spec, in_size, out_size, config=layer_config, init_method=_no_init,
-                                gather_output=False, bias=False, skip_bias_add=True, is_expert=False)
+                                gather_output=False, bias=False, skip_bias_add=True, is_expert=False,
+                                tp_comm_buffer_name=buffer, tp_group=tp_group)
 
-        self.linear_qkvg = column(submodules.linear_qkvg, width, 4 * width, config)
+        # "qkv" / "proj": TE's userbuffer names for these GEMMs (the MLP's are "fc1" / "fc2").
+        self.linear_qkvg = column(submodules.linear_qkvg, width, 4 * width, config, "qkv")
         self.linear_kv_text = column(submodules.linear_kv_text, width, 2 * width, whole_config)
         self.linear_kv_speaker = column(submodules.linear_kv_speaker, speaker_width, 2 * width, whole_config)
         self.core_attention = build_module(submodules.core_attention, config)
         self.linear_proj = build_module(submodules.linear_proj, width, width, config=config, init_method=_no_init,
-                                        bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False)
+                                        bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False,
+                                        tp_comm_buffer_name="proj", tp_group=tp_group)
         self.q_norm = build_module(submodules.q_norm, config, config.kv_channels, config.layernorm_epsilon)
         self.k_norm = build_module(submodules.k_norm, config, config.kv_channels, config.layernorm_epsilon)
 
@@ -206,6 +249,38 @@ class TPJointAttention(nn.Module):
 
     def out(self, x):
         return self.linear_proj(x)[0]
+
+
+class TracedColumnParallelLinear(ColumnParallelLinear):
+    """megatron-core's ColumnParallelLinear with its communication in megatron's region functions
+    (copy-to-region, or the sequence-parallel all-gather) around a matmul that communicates nothing:
+    for compiled blocks. megatron's own forward issues the input-gradient all-reduce (or the
+    sequence-parallel all-gather and reduce-scatter) inside the matmul's backward with
+    async_op=True, to overlap them with the weight-gradient GEMM in eager; dynamo does not trace an
+    async collective and breaks the graph at every such linear. The region functions' collectives
+    are synchronous, which dynamo traces; the sums are the same."""
+
+    def forward(self, input_, weight=None, runtime_gather_output=None):
+        if weight is not None or runtime_gather_output or self.gather_output or not self.skip_bias_add:
+            raise NotImplementedError("TracedColumnParallelLinear: own weight, no gathered output, bias skipped")
+        if self.sequence_parallel:
+            x = gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True, group=self.tp_group)
+        else:
+            x = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
+        out = self._forward_impl(input=x, weight=self.weight, bias=None,
+                                 gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                                 allreduce_dgrad=False, sequence_parallel=False, tp_group=self.tp_group)
+        return out, self.bias
+
+
+class GroupRowParallelLinear(RowParallelLinear):
+    """megatron-core's RowParallelLinear, its matmul given the layer's TP group: megatron-core 0.16's
+    passes tp_group=None there, so the matmul looks the default group up on every call (and warns
+    on rank 0), a graph break where compiled. The row-parallel matmul itself communicates nothing
+    (its all-reduce or reduce-scatter follows it), so the group changes no result."""
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        return super()._forward_impl(input, weight, *args, **{**kwargs, "tp_group": self.tp_group})
 
 
 class TPMLP(MLP):
@@ -223,54 +298,63 @@ class SequenceFirstAdaLN(LowRankAdaLN):
     modulations' gradient is all-reduced over the TP group (copy-to-region's backward).
     """
 
-    def __init__(self, cfg: EchoConfig, sequence_parallel: bool):
+    def __init__(self, cfg: EchoConfig, sequence_parallel: bool, tp_group):
         super().__init__(cfg.width, cfg.adaln_rank, n_chunks=6)
         self.sequence_parallel = sequence_parallel
+        self.tp_group = tp_group
 
     def split(self, mods):
         if self.sequence_parallel:
-            mods = copy_to_tensor_model_parallel_region(mods)
+            mods = copy_to_tensor_model_parallel_region(mods, group=self.tp_group)
         return mods.unsqueeze(0).chunk(self.n_chunks, dim=-1)
 
 
-def tp_block_layers(config: TransformerConfig, te: bool) -> BlockLayers:
-    """The layers of a TP DiT block; the layer spec picks TransformerEngine kernels or megatron-core's local layers."""
+def tp_block_layers(config: TransformerConfig, te: bool, tp_group, traced: bool = False) -> BlockLayers:
+    """The layers of a TP DiT block, each given the TP group (megatron-core looks the default group up
+    otherwise, on every call: a graph break where compiled); the layer spec picks TransformerEngine
+    kernels or megatron-core's local layers."""
     if te:
         from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
 
         column, row, norm, core = TEColumnParallelLinear, TERowParallelLinear, TENorm, TECoreAttention
     else:
-        column, row, norm, core = ColumnParallelLinear, RowParallelLinear, LocalNorm, SDPACoreAttention
+        column = TracedColumnParallelLinear if traced else ColumnParallelLinear
+        row, norm, core = GroupRowParallelLinear, LocalNorm, SDPACoreAttention
     attention_spec = JointAttentionSubmodules(linear_qkvg=column, linear_kv_text=column, linear_kv_speaker=column,
                                               core_attention=core, linear_proj=row, q_norm=norm, k_norm=norm)
     mlp_spec = MLPSubmodules(linear_fc1=column, linear_fc2=row)
     return BlockLayers(
-        adaln=lambda cfg: SequenceFirstAdaLN(cfg, config.sequence_parallel),  # replicated
+        adaln=lambda cfg: SequenceFirstAdaLN(cfg, config.sequence_parallel, tp_group),  # replicated
         norm=lambda cfg: build_module(norm, config, cfg.width, cfg.norm_eps),
-        attention=lambda cfg: TPJointAttention(config, attention_spec, cfg.speaker_width),
-        mlp=lambda cfg: TPMLP(config, mlp_spec, ffn_hidden_size=cfg.mlp),
+        attention=lambda cfg: TPJointAttention(config, attention_spec, cfg.speaker_width, tp_group),
+        mlp=lambda cfg: TPMLP(config, mlp_spec, ffn_hidden_size=cfg.mlp, tp_group=tp_group),
     )
 
 
 class TPEchoDiT(EchoDiT):
     """EchoDiT on TP blocks: same signature and function, (B, T, C) in and out, sequence-first inside."""
 
-    def __init__(self, cfg: EchoConfig, config: TransformerConfig, te: bool):
-        super().__init__(cfg, tp_block_layers(config, te))
+    def __init__(self, cfg: EchoConfig, config: TransformerConfig, options: TPOptions, tp_group):
+        super().__init__(cfg, tp_block_layers(config, options.te, tp_group, options.traced))
+        self.config = config  # megatron-core's TransformerConfig (its DDP and optimizer read it)
         self.sequence_parallel = config.sequence_parallel
         self.tp = config.tensor_model_parallel_size
+        self.tp_group = tp_group
+        self.packs_keys = options.te  # TE's attention takes its keys packed (TECoreAttention)
         mark_tp_parameters(self)
 
     def run_blocks(self, x, cond, text, speaker, freqs, key_mask):
         if self.sequence_parallel and x.shape[1] % self.tp:
             raise ValueError(f"sequence parallelism needs audio frames ({x.shape[1]}) divisible by tp={self.tp}")
+        if self.packs_keys and key_mask is not None:
+            key_mask = pack_keys(key_mask, x.shape[1])  # once for every layer
         x, text, speaker = (a.transpose(0, 1) for a in (x, text, speaker))  # (T, B, W)
         if self.sequence_parallel:
-            x = scatter_to_sequence_parallel_region(x)
+            x = scatter_to_sequence_parallel_region(x, group=self.tp_group)
         x = super().run_blocks(x, cond, text, speaker, freqs, key_mask)
         if self.sequence_parallel:
             # Every rank then runs the replicated head on the full sequence: backward just splits.
-            x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+            x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False, group=self.tp_group)
         return x.transpose(0, 1)
 
 
@@ -382,11 +466,11 @@ def tp_state_dict(model: TPEchoDiT) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def build_tp_dit(cfg: EchoConfig, plain: EchoDiT, tp_rank: int, tp: int, te: bool, sequence_parallel: bool,
+def build_tp_dit(cfg: EchoConfig, plain: EchoDiT, tp_rank: int, tp: int, options: TPOptions,
                  device: torch.device) -> TPEchoDiT:
-    """The TP DiT for this rank, with the plain DiT's weights (sharded)."""
-    config = megatron_config(cfg, tp, sequence_parallel, use_cpu=device.type == "cpu")
+    """The TP DiT for this rank, with the plain DiT's weights (sharded, in options.params_dtype)."""
+    config = megatron_config(cfg, tp, options, use_cpu=device.type == "cpu")
     with torch.device(device):
-        model = TPEchoDiT(cfg, config, te)
+        model = TPEchoDiT(cfg, config, options, parallel_state.get_tensor_model_parallel_group())
     load_tp_state_dict(model, TPStateDictAdapter(tp).to_tp(plain.state_dict(), tp_rank))
-    return model
+    return model.to(options.params_dtype)  # the replicated layers too
