@@ -154,7 +154,7 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\naxes: {parallelism: [tpN]}\n", "m.yaml: axes.parallelism: parallelism='tpN' is not valid: allowed"),
     ("name: t\naxes: {parallelism: [tpx]}\n", "m.yaml: axes.parallelism: parallelism='tpx' is not valid: allowed single"),
     ("name: t\naxes: {steps: [10, ten]}\n", "m.yaml: axes.steps: steps='ten' has the wrong type: expected int"),
-    ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: compile='yes please' has the wrong type: expected bool"),
+    ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: compile='yes please' is not valid: allowed auto, true or false"),
     ("name: t\naxes: {scale: []}\n", "m.yaml: axes.scale: an axis needs at least one value"),
     ("name: t\naxes: {scale: 3B}\n", "m.yaml: axes.scale: Input should be a valid list"),
     ("name: t\ndefaults: {batch: 8}\n", "m.yaml: defaults.batch: unknown run key 'batch': allowed scale, framework"),
