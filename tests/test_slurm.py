@@ -239,7 +239,8 @@ def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_p
     matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
                                   "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "calibrating once on a compute node" in proc.stdout
     (calibration,) = (out / "cache" / "calibration").glob("*.json")
@@ -263,7 +264,8 @@ def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_l
                      "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
         "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
     job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]

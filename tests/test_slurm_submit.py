@@ -48,6 +48,9 @@ class FakeClock:
     def monotonic(self):
         return self.now
 
+    def time(self):
+        return self.now
+
     def sleep(self, seconds):
         self.sleeps.append(seconds)
         self.now += seconds
@@ -69,7 +72,7 @@ class FakeScheduler:
     def check_dir(self, sweep_dir):
         pass
 
-    def job_script(self, run, run_dir, matrix, time_limit):
+    def job_script(self, run, run_dir, matrix, time_limit, log=None):
         return "#!/bin/bash\n"
 
     def calibrate(self, sweep_dir, matrix, device, log):
@@ -128,7 +131,7 @@ def fake_sweep(tmp_path, monkeypatch, scheduler, n_runs, wait=True):
     monkeypatch.setattr(sw, "time", clock)
     console = Console(record=True, width=200, file=io.StringIO())
     out = tmp_path / "sweep"
-    code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="slurm", out=out, wait=wait), console)
+    code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="slurm", out=out, wait=wait, preflight=False), console)
     return code, console.export_text(), out, clock
 
 
@@ -385,7 +388,7 @@ def test_a_sweep_under_a_submit_limit_of_2_finishes_every_run(tmp_path, cluster)
     queued jobs with a QOS limit's words. Every run ends ok; the refusal is logged once."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     log = limited_sbatch(stubs, out, 2)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 5), "--out", out, "--poll", "1",
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 5), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -400,7 +403,7 @@ def test_max_submitted_keeps_the_queue_under_the_limit(tmp_path, cluster):
     """slurm.max_submitted: 2 under the same limit: never refused, every run ok."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     log = limited_sbatch(stubs, out, 2)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 4, max_submitted=2), "--out", out, "--poll", "1",
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 4, max_submitted=2), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert statuses(out) == ["ok"] * 4
@@ -415,7 +418,8 @@ def test_no_wait_under_a_limit_then_cancel_ends_the_sweeps_jobs(tmp_path, cluste
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     limited_sbatch(stubs, out, 2)
     matrix = slurm_matrix(tmp_path / "m.yaml", 3, defaults={"steps": 100000})
-    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, env=with_stubs(stubs))
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--no-preflight", tmp_path=tmp_path,
+                   env=with_stubs(stubs))
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert "1 of 3 runs not submitted yet" in flat(proc.stdout) and "QOSMaxSubmitJobPerUserLimit" in proc.stdout
     entries = json.loads((out / "sweep.json").read_text())["runs"]
@@ -444,7 +448,8 @@ def interrupted_sweep(tmp_path: Path, answer: str | None) -> tuple[subprocess.Co
     `answer`, or no terminal (None). (exit code and output, the job id, the sweep dir)."""
     out = tmp_path / "sweep"
     matrix = slurm_matrix(tmp_path / "m.yaml", 1, defaults={"steps": 100000})
-    cmd = [sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(out), "--poll", "1"]
+    cmd = [sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(out), "--poll", "1",
+           "--no-preflight"]
     from conftest import ROOT, cli_env
 
     master = slave = None
