@@ -26,6 +26,7 @@ class Fabric:
     # across nodes; () takes any. Anything else is a failed preflight, with `missing` as its fix.
     networks: tuple[str, ...] = ()
     missing: str = ""
+    clues: tuple[str, ...] = ()  # NCCL's lines about this fabric's network that say why it was not taken
     # Variables the Container Engine's aws-ofi-nccl hook sets inside the container: under
     # `container.runtime: ce` the job leaves them to it (the matrix's env still wins).
     hook_sets: frozenset[str] = frozenset()
@@ -53,7 +54,7 @@ FABRICS: dict[str, Fabric] = {
         missing="the aws-ofi-nccl plugin did not load (libnccl-net.so not found, or no cxi device): load its "
                 "module or uenv in slurm.setup, or with the Container Engine enable the hook in the EDF "
                 '(com.hooks.aws_ofi_nccl.enabled = "true")',
-        hook_sets=frozenset(SLINGSHOT_OFI)),
+        clues=("NET/Plugin", "NET/OFI", "WARN"), hook_sets=frozenset(SLINGSHOT_OFI)),
     "infiniband": Fabric(
         "InfiniBand (x86 H100 / H200 HGX clusters, JUPITER-class GH200 boosters): NCCL's own IB transport, "
         "required (NCCL_NET=IB: no silent fall-back to sockets); bootstrap on NCCL's default interfaces "
@@ -63,7 +64,8 @@ FABRICS: dict[str, Fabric] = {
         {"NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "GLOO_SOCKET_IFNAME": "ib0"},
         networks=("IB", "IBext"),
         missing="no usable InfiniBand device (is /dev/infiniband there, in the container too: pyxis and enroot "
-                "mount it with the NVIDIA hooks; does NCCL_IB_HCA name this node's HCAs, ibv_devices?)"),
+                "mount it with the NVIDIA hooks; does NCCL_IB_HCA name this node's HCAs, ibv_devices?)",
+        clues=("NET/IB", "WARN")),
     "tcp": Fabric(
         "plain TCP sockets (Ethernet without RDMA): slow, for bring-up and CPU clusters",
         "NCCL's environment variables (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html)",
@@ -107,7 +109,8 @@ VIA = re.compile(r"\bvia NET/([^/\s]+(?: [^/\s]+)?)/", re.MULTILINE)
 OFI = re.compile(r"NCCL INFO NET/OFI\b", re.MULTILINE)
 # Why a network is missing: NCCL's own words, kept for the failure line.
 WHY = re.compile(r"(NET/IB : No device found\.?|NET/Plugin\s*:.*(?:No plugin found|Plugin load returned|"
-                 r"Failed to find|cannot open shared object file)[^\n]*|NCCL WARN [^\n]*(?:network|NET|IB)[^\n]*)")
+                 r"Could not find|Failed to find|cannot open shared object file)[^\n]*|"
+                 r"NCCL WARN [^\n]*(?:network|NET|IB)[^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def transport_problem(fabric: str | None, transport: Transport) -> tuple[str, st
         return None
     if any(transport.network == n or transport.network.startswith(n + "_") for n in profile.networks):
         return None
-    why = f" ({'; '.join(transport.notes)})" if transport.notes else ""
+    notes = [n for n in transport.notes if not profile.clues or any(c in n for c in profile.clues)]
+    why = f" ({'; '.join(notes)})" if notes else ""
     return (f"NCCL chose NET/{transport.network} under fabric {fabric}{why}",
             profile.missing or "set slurm.fabric to the network this cluster has")
 
