@@ -34,7 +34,9 @@ NODE_NOTE_WAIT_S = 15.0
 HEARTBEAT_S = 5.0
 LOST_AFTER_S = 30.0
 # SLURM sends it before the time limit (#SBATCH --signal, echobench.executors.slurm) to every process
-# of the launch: the workers dump their stacks, the launcher and torchrun's agent go on.
+# of the launch: the workers dump their stacks; the launcher and torchrun's agent, which it would end,
+# ignore it (the job script's `trap '' USR1` before the launcher starts; ignored, it stays so in
+# their children until a worker registers its dump).
 STACK_SIGNAL = signal.SIGUSR1
 LAUNCHED = "ECHOBENCH_LAUNCHED"  # set for the workers of echobench's launcher: it prints the record, they do not
 
@@ -50,12 +52,9 @@ def dump_stacks_on_signal() -> None:
     faulthandler.register(STACK_SIGNAL, all_threads=True)
 
 
-def go_on_at_stack_signal(who: str) -> None:
-    """The launcher and torchrun's agent: STACK_SIGNAL would end them (its default action); say it once instead."""
-    def said(signum, frame):
-        print(f"echobench: {who}: the time limit is near (SLURM's USR1): every rank dumps its stacks", file=sys.stderr,
-              flush=True)
-    signal.signal(STACK_SIGNAL, said)
+def ignore_stack_signal() -> None:
+    """The launcher and torchrun's agent: STACK_SIGNAL would end them (its default action)."""
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -313,7 +312,7 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
                                node_note_path(out_dir, node_rank))
     env = child_env(nproc or 1, cfg)
     started = time.time()
-    go_on_at_stack_signal(f"node {node_rank}'s launcher")
+    ignore_stack_signal()
     beating = start_heartbeat(out_dir, node_rank) if nproc is not None and nnodes > 1 else None
     try:
         code = subprocess.call(cmd, env=env)

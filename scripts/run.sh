@@ -41,9 +41,10 @@ else
   # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
   # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
   # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
+  # USR1 (SLURM's, before the time limit) is ignored but by the ranks, which dump their stacks on it.
   srun --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}" --kill-on-bad-exit=1 \
     --wait=60 -l -u ${SRUN_ARGS[@]+"${SRUN_ARGS[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} bash -c \
-    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+    'trap "" USR1; exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?
 fi

@@ -81,7 +81,8 @@ else
   # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
   # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
   # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
-  """ + SRUN_PER_NODE + r"""    'exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
+  # USR1 (SLURM's, before the time limit) is ignored but by the ranks, which dump their stacks on it.
+  """ + SRUN_PER_NODE + r"""    'trap "" USR1; exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?
 fi
