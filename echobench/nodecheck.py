@@ -69,7 +69,8 @@ class Check:
     def show(self, node: int | None = None, host: str | None = None) -> None:
         """One line in the log (stdout, flushed: srun -u forwards it at once)."""
         line = {**asdict(self), "node": node, "host": host or socket.gethostname()}
-        print(f"{MARK} {json.dumps(line)}", flush=True)
+        sys.stdout.write(f"{MARK} {json.dumps(line)}\n")  # one write: srun passes a line through whole
+        sys.stdout.flush()
 
 
 # ---- the checks, each one small function ----

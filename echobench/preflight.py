@@ -94,15 +94,24 @@ def limit_s(matrix: Matrix) -> int:
 # ---- reading the nodes' lines ----
 
 def parse_checks(text: str) -> list[dict]:
-    """The check lines of a preflight log (`echobench-check {json}`, behind srun's node label)."""
-    checks = []
+    """The check lines of a preflight log (`echobench-check {json}`, behind srun's node label "K: ").
+    srun may pass a line on in pieces, each with the label: a line that does not parse yet takes the
+    next pieces of the same label; one that never does (a node that died mid-line) is dropped."""
+    checks, open_lines = [], {}
     for line in text.splitlines():
-        _, mark, rest = line.partition(MARK + " ")
-        if mark:
-            try:
-                checks.append(json.loads(rest))
-            except ValueError:
-                continue  # a line cut by a dying node
+        label, sep, rest = line.partition(": ")
+        label = label if sep and label.isdigit() else ""
+        if MARK + " " in line:
+            open_lines[label] = line.partition(MARK + " ")[2]
+        elif label in open_lines:
+            open_lines[label] += rest if label else line
+        else:
+            continue
+        try:
+            checks.append(json.loads(open_lines[label]))
+        except ValueError:
+            continue  # not whole yet
+        del open_lines[label]
     return checks
 
 
@@ -147,7 +156,8 @@ def lines(result: Preflight) -> list[str]:
     grouped: dict[tuple, list] = {}
     for c in result.checks:
         grouped.setdefault((c.get("name"), c.get("ok"), c.get("detail"), c.get("fix")), []).append(c.get("node"))
-    for (name, ok, detail, fix), nodes in grouped.items():
+    order = list(dict.fromkeys(name for name, *_ in grouped))  # the checks in the order the nodes ran them
+    for (name, ok, detail, fix), nodes in sorted(grouped.items(), key=lambda kv: order.index(kv[0][0])):
         mark = {True: "[green]ok[/]     ", False: "[red]FAILED[/] ", None: "[dim]skipped[/]"}[ok]
         where = "node " + ",".join(str(n) for n in sorted(nodes, key=str))
         out.append(f"  {mark} {esc(name):<11} {esc(where)}: {esc(detail)}" + (f" [bold]fix:[/] {esc(fix)}" if ok is False

@@ -137,6 +137,10 @@ def test_the_verdict_reads_every_nodes_lines_from_the_log():
                       line(1, "transport", None), "0: " + nodecheck.MARK + " {cut"])
     checks = parse_checks(both)
     assert [c["name"] for c in checks] == ["imports", "imports", "transport", "transport"]
+    # srun may pass a line on in pieces, each labelled: they are put together again.
+    cut = line(0, "interfaces", True, "eth0, lo")
+    pieces = "\n".join([cut[:60], line(1, "cpus", True), "0: " + cut[60:]])
+    assert [(c["name"], c["node"]) for c in parse_checks(pieces)] == [("cpus", 1), ("interfaces", 0)]
     assert verdict(spec, checks, "COMPLETED", both, "7") == (True, "")
     failed = both + "\n" + line(1, "cpus", False, "1 CPU(s) for 4 processes", "ask for 4")
     assert verdict(spec, parse_checks(failed), "FAILED", failed, "7") == (False, "")
