@@ -7,14 +7,14 @@ node back. Before the kill, SLURM's USR1 (`scancel --signal=USR1`, as --signal s
 time limit) has each rank dump its stacks: the handshake that it is in its training loop."""
 
 import json
-import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, run_cli
+from test_slurm import cluster  # noqa: F401 - 2 or more nodes that answer
+from test_slurm_submit import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -22,31 +22,13 @@ TINY = {"scale": "tiny", "steps": 100000, "warmup_steps": 1, "micro_batch": 2, "
         "speaker_frames": 40}
 
 
-@pytest.fixture
-def two_nodes():
-    from test_slurm import cluster_nodes
-
-    nodes = cluster_nodes()
-    if len(nodes) < 2:
-        message = "no local SLURM cluster with 2 or more nodes: bash scripts/slurm-local.sh up 2"
-        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+def local_cluster_only() -> None:
     if not Path("/etc/slurm/slurm.conf").read_text().startswith("# echobench slurm-local"):
         pytest.skip("kills a node: only on the cluster scripts/slurm-local.sh runs")
-    return nodes
 
 
-def wait_for(check, what: str, timeout_s: float = 600, every_s: float = 2.0):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if value := check():
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-
-
-def test_a_node_killed_mid_run_is_named_as_the_cause_and_the_run_settled_from_its_ranks(tmp_path, two_nodes):
+def test_a_node_killed_mid_run_is_named_as_the_cause_and_the_run_settled_from_its_ranks(tmp_path, cluster):
+    local_cluster_only()
     matrix = tmp_path / "m.yaml"
     matrix.write_text(json.dumps({
         "name": "nodefail", "executor": "slurm", "hardware": {"peak_tflops": 0.5}, "defaults": TINY,
@@ -57,18 +39,17 @@ def test_a_node_killed_mid_run_is_named_as_the_cause_and_the_run_settled_from_it
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (rid, entry), = json.loads((out / "sweep.json").read_text())["runs"].items()
     job, run_dir = entry["job_id"], out / rid
-    nodelist = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
 
     def training():
-        """every rank dumped a stack inside its training loop"""
+        """every rank dumped a stack inside its training loop (USR1, as --signal sends it); the job's nodes"""
         subprocess.run(["scancel", "--signal=USR1", job], capture_output=True)
         log = "\n".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("slurm-*.out"))
-        return all(f"{k}: " in log for k in (0, 1)) and log.count("in run_loop") >= 2 and nodelist
+        nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
+        return nodes if log.count("in run_loop") >= 2 and "0: " in log and "1: " in log else None
 
     try:
-        wait_for(training, "both ranks in their training loop", every_s=5)
-        hosts = subprocess.run(["scontrol", "show", "hostnames", wait_for(lambda: nodelist, "the job's nodes")],
-                               capture_output=True, text=True).stdout.split()
+        nodes = wait_for(training, timeout_s=600, every_s=5)
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True).stdout.split()
         victim = hosts[1]  # node rank 1: node 0's launcher is the one that writes the record
         subprocess.run(["bash", str(ROOT / "scripts" / "slurm-local.sh"), "kill", victim], check=True)
 
@@ -77,7 +58,7 @@ def test_a_node_killed_mid_run_is_named_as_the_cause_and_the_run_settled_from_it
             rows = json.loads(run_cli("status", out, "--json", tmp_path=tmp_path).stdout)
             return rows if rows[0]["state"] not in ("pending", "running") else None
 
-        (row,) = wait_for(settled, "the run settled")
+        (row,) = wait_for(settled, timeout_s=600, every_s=2)
         record = json.loads((run_dir / "result.json").read_text())
         assert row["state"] == "node_fail" == record["status"], record["error"]
         assert record["error"].startswith(f"node 1 ({victim}) went down: its launcher, torchrun and workers stopped "
@@ -92,7 +73,7 @@ def test_a_node_killed_mid_run_is_named_as_the_cause_and_the_run_settled_from_it
         assert state in ("CANCELLED", "COMPLETING"), state
     finally:
         subprocess.run(["scancel", job], capture_output=True)
-        back = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-local.sh"), "up", str(len(two_nodes))],
+        back = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-local.sh"), "up", str(len(cluster))],
                               capture_output=True, text=True)
     assert back.returncode == 0 and ("brought back: " in back.stdout or "up with" in back.stdout), back.stdout + back.stderr
     assert "*" not in subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from test_slurm_submit import cluster  # noqa: F401 - a cluster that answers; this test's jobs scancelled after it
 from echobench import nodecheck
 from echobench.fabric import nccl_transport, transport_problem
 from echobench.matrix import expand, parse_matrix
@@ -157,8 +158,7 @@ def test_the_verdict_reads_every_nodes_lines_from_the_log():
 
 # ---- on the local SLURM cluster ----
 
-@pytest.fixture
-def cluster(tmp_path):
+def two_nodes() -> None:
     from test_slurm import cluster_nodes
 
     if len(cluster_nodes()) < 2:
@@ -166,10 +166,6 @@ def cluster(tmp_path):
         if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    yield
-    queue = subprocess.run(["squeue", "-h", "-o", "%i %o"], capture_output=True, text=True).stdout.splitlines()
-    if left := [w[0] for w in map(str.split, queue) if len(w) == 2 and w[1].startswith(str(tmp_path))]:
-        subprocess.run(["scancel", *left])
 
 
 TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
@@ -220,6 +216,7 @@ def test_sockets_under_the_infiniband_fabric_fail_preflight(tmp_path, cluster):
     """Two CPU nodes under fabric infiniband; NCCL's INFO lines are a real-looking sockets log (the
     testing knob: these nodes run gloo). Every other check passes; the transport check fails,
     naming the missing device, and `echobench preflight` exits 1."""
+    two_nodes()
     log = tmp_path / "nccl.log"
     log.write_text(NCCL_SOCKET)
     matrix = cpu_matrix(tmp_path / "m.yaml", {"fabric": "infiniband",  # its GLOO_SOCKET_IFNAME=ib0: none here

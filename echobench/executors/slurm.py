@@ -361,30 +361,37 @@ def comm_log(sweep_dir: Path, job: str = "%j") -> Path:
     return sweep_dir.resolve() / "logs" / f"calibrate-comm-{job}.out"
 
 
+def per_node_job(slurm, sweep_dir: Path, job_name: str, nodes: int, nproc: int, log: Path, about: str,
+                 extra: list[str], launch: str, args: str) -> str:
+    """A job of the sweep's own (the comm calibration, the preflight) that starts one process per node
+    as a run's job starts its launchers (SRUN_PER_NODE), in the matrix's environment: `launch` is the
+    command after `$PYTHON` (its arguments "$1".. are `args`, quoted words), `extra` lines before it."""
+    head = sbatch_header(slurm, job_name, nodes, nproc, str(log))
+    body = ["", f"# echobench: {about}", "set -euo pipefail", f"NPROC={int(nproc)}",
+            f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
+            *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir), *extra,
+            NODE_LAUNCH_ENV.rstrip("\n"),
+            "# One process per node, as a run's job starts its launchers (node rank from SLURM_NODEID)",
+            SRUN_PER_NODE + f"""    'exec "$0" {launch}' \\""", f'    "$PYTHON" {args}']
+    return "\n".join(head + body) + "\n"
+
+
 def render_comm_calibration_script(sweep_dir: Path, matrix, nodes: int, nproc: int, device: str = "auto") -> str:
     """hardware.calibrate_comm's job: `echobench calibrate --comm` on `nodes` nodes x `nproc` processes,
-    one launcher per node as a run's job starts them (SRUN_PER_NODE; each torchrun --nnodes with its
-    node rank from SLURM_NODEID and the first host as master), so that the profile has an `inter` link
-    across nodes. Every run of SWEEP/matrix.yaml gives its shapes; the profile goes to SWEEP/profile.yaml
-    and SWEEP/cache. The arguments reach the launchers as arguments, quoted, never as code."""
+    one launcher per node (each torchrun --nnodes with its node rank from SLURM_NODEID and the first host
+    as master), so that the profile has an `inter` link across nodes. Every run of SWEEP/matrix.yaml
+    gives its shapes; the profile goes to SWEEP/profile.yaml and SWEEP/cache. The arguments reach the
+    launchers as arguments, quoted, never as code."""
     q = shlex.quote
-    path = sbatch_path(sweep_dir)
     limits = matrix.spec.hardware.comm_limits
     slurm = calibration_time(matrix.spec.slurm, 600 + math.ceil((limits.comm_budget_s or 0) + (limits.budget_s or 0)))
-    head = sbatch_header(slurm, f"eb-calibrate-comm-{sweep_dir.name}", nodes, nproc, str(comm_log(Path(path))))
     args = " ".join(q(word) for word in comm_command(sweep_dir, matrix, device))
-    body = ["", f"# echobench: the sweep's hardware profile (hardware.calibrate_comm) on {int(nodes)} node(s) x "
-                f"{int(nproc)} processes, before its runs",
-            "set -euo pipefail", f"NPROC={int(nproc)}",
-            f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
-            *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir),
-            f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}",
-            NODE_LAUNCH_ENV.rstrip("\n"),
-            "# One launcher per node, as a run's job starts them: torchrun with this node's rank, its workers calibrate",
-            SRUN_PER_NODE + """    'exec "$0" -m echobench calibrate --comm --nproc "$1" --nnodes "$SLURM_NNODES" """
-            """--node-rank "$SLURM_NODEID" --master-addr "$2" --master-port "$3" "${@:4}"' \\""",
-            f'    "$PYTHON" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" {args}']
-    return "\n".join(head + body) + "\n"
+    return per_node_job(
+        slurm, sweep_dir, f"eb-calibrate-comm-{sweep_dir.name}", nodes, nproc, comm_log(Path(sbatch_path(sweep_dir))),
+        f"the sweep's hardware profile (hardware.calibrate_comm) on {int(nodes)} node(s) x {int(nproc)} processes, "
+        f"before its runs", [f"export ECHOBENCH_CACHE={q(str(sweep_cache(sweep_dir)))}"],
+        '-m echobench calibrate --comm --nproc "$1" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
+        '--master-addr "$2" --master-port "$3" "${@:4}"', f'"$NPROC" "$MASTER_ADDR" "$MASTER_PORT" {args}')
 
 
 def preflight_log(sweep_dir: Path, job: str = "%j") -> Path:
@@ -395,23 +402,14 @@ def preflight_log(sweep_dir: Path, job: str = "%j") -> Path:
 def render_preflight_script(sweep_dir: Path, slurm, spec: dict, limit_s: int) -> str:
     """The preflight job (echobench.preflight): `spec["nodes"]` nodes in the matrix's exact environment
     (its #SBATCH options, setup lines, fabric variables, container or uenv, srun options), one
-    `python -m echobench.nodecheck node` per node, started as a run's launchers are. `spec` reaches
-    them as one quoted argument (JSON), never as code."""
-    q = shlex.quote
-    slurm = calibration_time(slurm, limit_s)
-    head = sbatch_header(slurm, f"eb-preflight-{sweep_dir.name}", spec["nodes"], spec["nproc"],
-                         str(preflight_log(Path(sbatch_path(sweep_dir)))))
-    body = ["", f"# echobench preflight: what the runs need, checked on {int(spec['nodes'])} node(s) x "
-                f"{int(spec['nproc'])} processes before any run is submitted (`echobench preflight`)",
-            "set -euo pipefail",
-            f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
-            *job_environment(slurm), *launch_arrays(slurm, None, sweep_dir),
-            NODE_LAUNCH_ENV.rstrip("\n"),
-            "# One check per node, started as a run's launchers are; each prints its lines (echobench-check {...})",
-            SRUN_PER_NODE + """    'exec "$0" -m echobench.nodecheck node --spec "$1" --nnodes "$SLURM_NNODES" """
-            """--node-rank "$SLURM_NODEID" --master-addr "$2" --master-port "$3"' \\""",
-            f'    "$PYTHON" {q(json.dumps(spec))} "$MASTER_ADDR" "$MASTER_PORT"']
-    return "\n".join(head + body) + "\n"
+    `python -m echobench.nodecheck node` per node. `spec` reaches them as one quoted argument (JSON),
+    never as code; each node prints its lines (echobench-check {...})."""
+    return per_node_job(
+        calibration_time(slurm, limit_s), sweep_dir, f"eb-preflight-{sweep_dir.name}", spec["nodes"], spec["nproc"],
+        preflight_log(Path(sbatch_path(sweep_dir))), f"preflight: what the runs need, checked on {int(spec['nodes'])} "
+        f"node(s) x {int(spec['nproc'])} processes before any run is submitted (`echobench preflight`)", [],
+        '-m echobench.nodecheck node --spec "$1" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
+        '--master-addr "$2" --master-port "$3"', f'{shlex.quote(json.dumps(spec))} "$MASTER_ADDR" "$MASTER_PORT"')
 
 
 # A sweep driven from inside an allocation (salloc, a batch job; SLURM_JOB_ID set) has that job's
