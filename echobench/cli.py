@@ -129,7 +129,10 @@ def run(
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
     from echobench.config import RunConfig
+    from echobench.launch import LAUNCHED, dump_stacks_on_signal
 
+    if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
+        dump_stacks_on_signal()
     settings = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
@@ -163,9 +166,7 @@ def run(
     else:
         from echobench.bench import run_benchmark
         from echobench.distributed import exit_process
-        from echobench.launch import LAUNCHED, dump_stacks_on_signal
 
-        dump_stacks_on_signal()  # SLURM's USR1 before the time limit: every rank's stacks in the log
         record = run_benchmark(cfg, out)
         if int(os.environ.get("RANK", 0)) == 0 and LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)

@@ -3,7 +3,8 @@ plan can tell, its duration at the matrix's assumed MFU, and the time limit its 
 
 The time limit is a run's include `time_limit` if it has one, else, with
 `slurm.time_from_estimate`, the estimate times a factor (at least a floor, at most `slurm.time`),
-else the executor's time. A limit near what a run needs lets the scheduler backfill the job into
+else the executor's time. The estimate allows for what a job does before its steps: starting,
+importing a container image, the setup lines, a cold compile (startup_parts). A limit near what a run needs lets the scheduler backfill the job into
 gaps that a week-long request never fits.
 """
 

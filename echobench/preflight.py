@@ -28,11 +28,10 @@ from pydantic import BaseModel
 from echobench.atomic import write_json_atomic
 from echobench.console import esc, log
 from echobench.estimate import startup_parts
-from echobench.executors import ACTIVE, explaining_lines, job_states
+from echobench.executors import ACTIVE, PREFLIGHT_FILE, explaining_lines, job_states, transport_label
 from echobench.matrix import Matrix, PlannedRun, gpu_run
 from echobench.nodecheck import MARK, RUN_PATH, backend_imports
 
-PREFLIGHT_FILE = "preflight.json"
 CHECKS_S = 300  # the checks themselves: imports, a compile, torchrun and an all-reduce (plus the start-up allowance)
 POLL_S = (2.0, 30.0)  # how often the job is looked at: from 2 s, doubling to 30 s while nothing changes
 # What a job that died before its checks says in its log, and what to do about it.
@@ -61,12 +60,13 @@ class Preflight(BaseModel):
     problem: str = ""  # why it failed without a failed check: the job ended before its nodes said theirs
     transport: str | None = None  # the network NCCL chose across the nodes (NET/IB), where it could tell
     matrix_sha: str = ""
+    spec: dict = {}  # what it checked (preflight_spec)
     log: str | None = None
     time: str = ""
 
     def record_label(self) -> str | None:
         """What the runs' records keep as the transport seen (env.nccl_transport)."""
-        return f"{self.transport} (preflight job {self.job})" if self.transport else None
+        return transport_label(self.transport, self.job)
 
 
 def matrix_sha(matrix: Matrix) -> str:
@@ -141,7 +141,7 @@ def outcome(matrix: Matrix, spec: dict, executor: str, job: str | None, ended: s
     transport = next((c.get("seen") for c in checks if c.get("name") == "transport" and c.get("seen")), None)
     return Preflight(passed=passed, executor=executor, job=job, nodes=spec["nodes"], nproc=spec["nproc"],
                      fabric=spec["fabric"], checks=checks, problem=problem, transport=transport,
-                     matrix_sha=matrix_sha(matrix), log=str(log_path),
+                     matrix_sha=matrix_sha(matrix), spec=spec, log=str(log_path),
                      time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
@@ -181,10 +181,21 @@ def saved(sweep_dir: Path) -> Preflight | None:
         return None
 
 
-def passed_before(sweep_dir: Path, matrix: Matrix) -> Preflight | None:
-    """An earlier preflight of this very matrix file that passed (none is run again for it)."""
+def covers(before: dict, now: dict) -> bool:
+    """Whether a preflight of spec `before` checked all that one of `now` would (a sweep with --only
+    checks fewer runs: a later one of all of them may need more nodes or modules)."""
+    return (before.get("nodes", 0) >= now["nodes"] and before.get("nproc", 0) >= now["nproc"]
+            and set(before.get("imports", [])) >= set(now["imports"]) and before.get("compile") >= now["compile"]
+            and all(before.get(k) == now[k] for k in ("expect_gpus", "device", "device_name", "numa_binding", "fabric")))
+
+
+def passed_before(sweep_dir: Path, matrix: Matrix, runs: list[PlannedRun], executor: str) -> Preflight | None:
+    """An earlier preflight of this very matrix file that passed and checked all these runs need
+    (none is run again for them)."""
     before = saved(sweep_dir)
-    return before if before is not None and before.passed and before.matrix_sha == matrix_sha(matrix) else None
+    if before is None or not before.passed or before.matrix_sha != matrix_sha(matrix):
+        return None
+    return before if covers(before.spec, preflight_spec(matrix, runs, executor)) else None
 
 
 def run_preflight(matrix: Matrix, runs: list[PlannedRun], executor, sweep_dir: Path, console,

@@ -45,12 +45,12 @@ from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_co
 from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
                                  SWEEP_FILE, comm_calibrated, current_record, finish_without_record, job_states,
-                                 make_executor, write_run_files)
+                                 make_executor, sweep_transport, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.launch import lost_node_record
 from echobench.preflight import passed_before, run_preflight
-from echobench.results import RECORD_FILE, Record, export_table, load_records, records_frame, validation_text
+from echobench.results import Record, export_table, load_records, records_frame, validation_text
 
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
@@ -229,13 +229,16 @@ def ended_early(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, j
         record = finish_without_record(cfg, rd, "error", why)
     else:
         try:
-            record = current_record(rd) or lost_node_record(cfg, rd)
+            own = current_record(rd)
         except CorruptRecord:
             return None
+        record = own or lost_node_record(cfg, rd)
         if record is None or record.status == "ok" or (
-                record.status != "node_fail" and time.time() - (rd / RECORD_FILE).stat().st_mtime < TEARDOWN_S):
+                own is not None and own.status != "node_fail" and time.time() - own.path.stat().st_mtime < TEARDOWN_S):
             return None
-        record.save(rd)
+        if own is None:  # node 0 went down with the launcher that would have written it
+            record.env.nccl_transport = sweep_transport(rd.parent)
+            record.save(rd)
     if (cancel := getattr(executor, "cancel", None)) is not None:
         try:
             cancel([entry.job_id])
@@ -359,7 +362,7 @@ class Sweep:
         matrix passed it before. Whether the runs may go; the network it saw goes into their records."""
         if not runs or self.executor.name != "slurm":
             return True
-        result = passed_before(self.dir, self.matrix)
+        result = passed_before(self.dir, self.matrix, runs, self.executor.name)
         if result is not None:
             self.log(f"preflight passed before for this matrix (job {esc(result.job)}, {esc(result.time)}): not run "
                      f"again (`echobench preflight` runs it)")

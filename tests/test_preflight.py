@@ -232,3 +232,20 @@ def test_sockets_under_the_infiniband_fabric_fail_preflight(tmp_path, cluster):
     assert "ok collective node 0:" in text and "ok imports node 0,1:" in text
     saved = json.loads((tmp_path / "sweep" / "preflight.json").read_text())
     assert not saved["passed"] and saved["job"] and saved["transport"] is None
+
+
+def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs_need_more(tmp_path):
+    from echobench.atomic import write_json_atomic
+    from echobench.preflight import Preflight, matrix_sha, passed_before
+
+    m = parse_matrix("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\ndefaults: {device: cpu, parallelism: ddp, "
+                     "gpus_per_node: 2}\naxes: {nodes: [1, 2]}\n", "m.yaml")
+    runs = expand(m).runs
+    one_node = [r for r in runs if r.cfg.nodes == 1]
+    spec = preflight_spec(m, one_node, "slurm")  # a sweep with --only nodes=1 checked one node
+    write_json_atomic(tmp_path / "preflight.json", Preflight(passed=True, executor="slurm", job="5",
+                                                             matrix_sha=matrix_sha(m), spec=spec).model_dump())
+    assert passed_before(tmp_path, m, one_node, "slurm").job == "5"
+    assert passed_before(tmp_path, m, runs, "slurm") is None  # the 2-node runs need a 2-node preflight
+    other = parse_matrix(m.text + "# edited\n", "m.yaml")
+    assert passed_before(tmp_path, other, one_node, "slurm") is None  # another matrix file

@@ -34,8 +34,9 @@ MATRIX = {
         {"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1},
         {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
         {"seed": 1, "fail_at_step": 2},
-        # Two minutes: USR1 (#SBATCH --signal) makes every rank dump its stacks 40 s before SLURM kills it.
-        {"seed": 2, "steps": 100000, "time_limit": "2"},
+        # Four minutes: USR1 (#SBATCH --signal) makes every rank dump its stacks 80 s before SLURM kills it
+        # (the controller sends it up to a minute early: by then a loaded machine has started the rank).
+        {"seed": 2, "steps": 100000, "time_limit": "4"},
         {"seed": 3, "steps": 100000},  # scancel'd by the test
         # Node 1's worker dies before the process group forms while node 0's waits for it. Within
         # its one-minute limit the job must end as an error naming rank 1, not as a timeout.

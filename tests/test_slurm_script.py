@@ -198,7 +198,7 @@ def test_setup_lines_survive_nounset_and_the_activated_interpreter_runs(script_s
     r, log = only_record(script_sweep["dirs"]["setup-ok"])
     assert r["status"] == "ok", r["error"] + log[-2000:]
     assert (script_sweep["venv"] / "used").read_text().split(), "the activated environment's python3 never ran"
-    assert "echobench job: " in log and "GPU(s) visible" in log  # the first-node check
+    assert "echobench job: imports: " in log and "gpus: torch " in log  # the first-node check
     assert [line for line in log.splitlines() if line.startswith("0: ")], "srun -l labels each line by node"
     env = r["env"]  # the scheduler and fabric context, in the record
     assert env["scheduler"]["job_id"] == json.loads((script_sweep["dirs"]["setup-ok"] / "sweep.json").read_text())[
@@ -219,7 +219,8 @@ def test_a_failing_setup_line_is_named(script_sweep):
 def test_a_job_that_wants_a_gpu_and_sees_none_fails_at_the_first_node_check(script_sweep):
     r, log = only_record(script_sweep["dirs"]["wants-gpu"])
     assert r["status"] == "error"
-    assert "this job expects GPUs but torch" in log and "first-node check failed" in log
+    assert "echobench: the first-node check failed: gpus: torch " in log and "is a CPU build" in log
+    assert "first-node check failed" in r["error"], r["error"]
     assert "0: " not in log  # no srun started
 
 

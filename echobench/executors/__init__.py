@@ -16,6 +16,7 @@ What a sweep asks of an executor is the `Executor` protocol; `make_executor` pic
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -122,6 +123,21 @@ def calibrated(sweep_dir: Path) -> bool:
 
 
 SWEEP_FILE = "sweep.json"  # a sweep directory's state (echobench.sweep.SweepState)
+PREFLIGHT_FILE = "preflight.json"  # a sweep's last preflight (echobench.preflight.Preflight)
+
+
+def transport_label(transport: str | None, job: str | None) -> str | None:
+    """The record's env.nccl_transport: the network a preflight saw NCCL choose, and which preflight."""
+    return f"{transport} (preflight job {job})" if transport else None
+
+
+def sweep_transport(sweep_dir: Path) -> str | None:
+    """transport_label of the sweep's passed preflight (for the records the sweep writes itself)."""
+    try:
+        seen = json.loads((sweep_dir / PREFLIGHT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return transport_label(seen.get("transport"), seen.get("job")) if seen.get("passed") else None
 
 
 def sweep_profile(sweep_dir: Path) -> Path:
@@ -271,6 +287,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
 
     tail = log_tail(run_dir)
     record = Record.without_run(cfg, status, why, log_tail=tail)
+    record.env.nccl_transport = sweep_transport(run_dir.parent)
     if own is None and (failures := rank_failures(run_dir)):
         # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
         # when another node's failed): name that rank first; the scheduler's verdict beats a plain error.

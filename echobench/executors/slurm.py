@@ -1,14 +1,18 @@
 """The SLURM executor: one sbatch script per run, submitted with `sbatch --parsable`.
 
-The script asks for N nodes with one task each and starts one launcher per node with srun:
-`echobench run --nproc GPUS --nnodes N --node-rank $SLURM_NODEID --master-addr FIRST_HOST`,
-which runs torchrun there; node 0's launcher assembles the record. Every value from the matrix
-that reaches the script is validated (echobench.matrix) and quoted here (shlex.quote); per-node
-values reach the srun'd command as arguments, never as code.
+The script asks for N nodes with one task each, checks its first node (echobench.nodecheck) and
+starts one launcher per node with srun: `echobench run --nproc GPUS --nnodes N --node-rank
+$SLURM_NODEID --master-addr FIRST_HOST`, which runs torchrun there; node 0's launcher assembles the
+record. Every srun of a job runs in the matrix's environment (environment_options: a pyxis named
+container, the Container Engine's EDF, a uenv, apptainer). The sweep's own jobs (the preflight, the
+calibrations) are rendered here too. Every value from the matrix that reaches a script is validated
+(echobench.matrix) and quoted here (shlex.quote); per-node values reach the srun'd command as
+arguments, never as code.
 
 A job is tracked by its own status file first (RUN_DIR/job-state), then by one batched sacct per
-poll where accounting exists, then one batched squeue. A job that ended without a record (TIMEOUT,
-CANCELLED, NODE_FAIL, OUT_OF_MEMORY, or a crash before the benchmark) gets one from the sweep.
+poll where accounting exists, then one batched squeue, each with its pending reason (NEVER_STARTS:
+the reasons of a job that can never start). A job that ended without a record (TIMEOUT, CANCELLED,
+NODE_FAIL, OUT_OF_MEMORY, or a crash before the benchmark) gets one from the sweep.
 """
 
 from __future__ import annotations
