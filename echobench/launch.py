@@ -96,10 +96,11 @@ def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
                      f"leaving no error of its own"}
 
 
-def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float = NODE_NOTE_WAIT_S) -> list[int]:
-    """Until every node's torchrun has said how it ended, or timeout_s; then, for the nodes that did not,
-    until each either says so or is lost (its launcher silent for LOST_AFTER_S). Returns the lost nodes."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float | None = None) -> list[int]:
+    """Until every node's torchrun has said how it ended, or timeout_s (NODE_NOTE_WAIT_S); then, for the
+    nodes that did not, until each either says so or is lost (its launcher silent for LOST_AFTER_S).
+    Returns the lost nodes."""
+    deadline = time.monotonic() + (NODE_NOTE_WAIT_S if timeout_s is None else timeout_s)
     while True:
         missing = [k for k in range(nnodes) if not node_note_path(out_dir, k).exists()]
         lost = lost_nodes(out_dir, missing)

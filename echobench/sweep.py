@@ -46,9 +46,9 @@ from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
                                  SWEEP_FILE, comm_calibrated, current_record, finish_without_record, job_states,
                                  make_executor, sweep_transport, write_run_files)
+from echobench.launch import lost_node_record
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
-from echobench.launch import lost_node_record
 from echobench.preflight import passed_before, run_preflight
 from echobench.results import Record, export_table, load_records, records_frame, validation_text
 
