@@ -32,7 +32,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from echobench.fabric import nccl_transport, transport_problem
+from echobench.fabric import launch_env, nccl_transport, transport_problem
 from echobench.peaks import table_peak
 
 MARK = "echobench-check"
@@ -245,7 +245,8 @@ def collective_checks(spec: dict, args) -> list[Check]:
     device = "cuda" if spec["device"] != "cpu" and torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="echobench-preflight-") as tmp:
         env = {**os.environ, "ECHOBENCH_CHECK_OUT": tmp, "PYTHONPATH": _source_path()}
-        if device == "cuda":
+        if device == "cuda":  # as the runs' launchers set it (launch.child_env), and NCCL's lines to read
+            env.update(launch_env(spec["fabric"], env, tuple(torch.cuda.nccl.version())))
             env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{tmp}/nccl.%h.%p.log")
         rendezvous = ([f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
                        f"--master-port={args.master_port}"] if args.nnodes > 1 else ["--standalone"])
