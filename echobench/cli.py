@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
 import sys
@@ -131,7 +132,10 @@ def run(
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
     from echobench.config import RunConfig
+    from echobench.launch import LAUNCHED, dump_stacks_on_signal
 
+    if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
+        dump_stacks_on_signal()
     settings = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
@@ -167,7 +171,7 @@ def run(
         from echobench.distributed import exit_process
 
         record = run_benchmark(cfg, out)
-        if int(os.environ.get("RANK", 0)) == 0:
+        if int(os.environ.get("RANK", 0)) == 0 and LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
         exit_process(0 if record.status == "ok" else 1)
@@ -185,7 +189,9 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
-    if "RANK" in os.environ:
+    from echobench.launch import under_torchrun
+
+    if under_torchrun():
         fail("--repeats launches its own processes: run it outside torchrun (with --nproc N for several per node)")
     records, code = launch_repeats(cfg, out, repeats, *launch_args)
     if not records:  # not node 0: node 0's launcher owns the records; this one exits as its torchruns did
@@ -367,6 +373,7 @@ def calibrate_comm(dev, dtype_flag: str, dtype, runs: list, shape_args: list[str
     from echobench.distributed import exit_process
     from echobench.hardware import default_dtype, device_name
     from echobench.hwprofile import ProfileError, calibrated_profile_path, load_profile
+    from echobench.launch import under_torchrun
 
     gpu = dev.type == "cuda"
     path = calibrated_profile_path(device_name(dev), str(dtype or default_dtype(dev)).removeprefix("torch."))
@@ -374,7 +381,7 @@ def calibrate_comm(dev, dtype_flag: str, dtype, runs: list, shape_args: list[str
     gemm_budget_s = budget_s if budget_s is not None else (15.0 if gpu else 5.0)
     nproc = nproc or (torch_device_count() if gpu else 2)
     nnodes, node_rank, master_addr, _ = rendezvous
-    if "RANK" not in os.environ and (nproc > 1 or nnodes > 1 or master_addr is not None):
+    if not under_torchrun() and (nproc > 1 or nnodes > 1 or master_addr is not None):
         args = ["--device", dev.type, "--dtype", dtype_flag, *shape_args, "--budget-s", gemm_budget_s,
                 "--out", out or path, *(["--max-bytes", max_bytes] if max_bytes else []),
                 *(["--comm-budget-s", comm_budget_s] if comm_budget_s else [])]
@@ -641,9 +648,12 @@ def plan(
         dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
         sweep_dir = (out or pl.default_out(matrix)).resolve()
         try:
+            # Logs beside the scripts: SLURM does not start a job whose --output directory is missing.
+            (logs := dest / "logs").mkdir(exist_ok=True)
             for run in the_plan.runs:
                 path = dest / f"{run.id}.sh"
-                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor))
+                log = logs.resolve() / f"{run.id}-%j.out" if executor == "slurm" else None
+                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
         except OSError as exc:
             fail(f"--write-scripts {write_scripts}: cannot write {exc.filename} ({exc.strerror or exc}): "
@@ -651,7 +661,8 @@ def plan(
         except ValueError as exc:
             fail(str(exc))
         console.print(f"{len(the_plan.runs)} job scripts in {esc(dest)} (paths as for `echobench sweep --out "
-                      f"{esc(sweep_dir)}`); nothing submitted", highlight=False)
+                      f"{esc(sweep_dir)}`; each writes its run.yaml there, its log goes to {esc(dest / 'logs')}); "
+                      f"nothing submitted", highlight=False)
         return
     if script is not None:
         run = the_plan.by_id(script)
@@ -672,9 +683,10 @@ def plan(
     profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(hw.device)]))
     rows, no_peak = pl.plan_rows(the_plan, executor, profiles), pl.peak_note(the_plan.runs, matrix, executor)
     comm_note = pl.comm_note(the_plan.runs, matrix, executor)
+    preflight_note, te_note = pl.preflight_note(the_plan.runs, matrix, executor), pl.te_note(the_plan.runs, matrix)
     if as_json:
         print(json.dumps({"name": matrix.name, "executor": executor, "device_memory_gib": capacity, "runs": rows,
-                          "no_peak": no_peak, "calibrate_comm": comm_note,
+                          "no_peak": no_peak, "calibrate_comm": comm_note, "preflight": preflight_note, "te": te_note,
                           "skipped": [{"settings": s.settings, "reason": s.reason} for s in the_plan.skipped],
                           "excluded": the_plan.excluded, "duplicates": the_plan.duplicates}, indent=2, default=str))
         return
@@ -722,6 +734,14 @@ def plan(
         console.print(f"[yellow]{esc(no_peak)}[/]", highlight=False)
     if comm_note:
         console.print(esc(comm_note), highlight=False)
+    if rule:
+        from echobench.estimate import startup_parts
+
+        parts = ", ".join(f"{k} {v} s" for k, v in startup_parts(matrix, any(r.cfg.may_compile() for r in the_plan.runs)).items())
+        console.print(f"estimates allow for the job's start: {esc(parts)} (echobench/estimate.py)", highlight=False)
+    for note in (preflight_note, te_note):
+        if note:
+            console.print(esc(note), highlight=False)
 
 
 def default_profiles(records: list) -> dict[str, list]:
@@ -882,6 +902,9 @@ def sweep(
     poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm; slurm "
                                                     "doubles it up to 60 while nothing changes)."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: one short job checks the runs' "
+                                   "environment before any is submitted (default; skipped where this matrix passed "
+                                   "it before)."),
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results.
 
@@ -902,12 +925,50 @@ def sweep(
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
         opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
-                               retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal())
+                               retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal(), preflight=preflight)
         opts.out = writable_dir(opts.out)
         code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)
+
+
+@app.command("preflight")
+def preflight_command(
+    matrix_path: Path = typer.Argument(..., metavar="MATRIX", help="Matrix YAML file."),
+    executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): the job's script, "
+                                       "log and preflight.json go there."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only for runs with this setting."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+):
+    """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
+    CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
+    network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
+    otherwise. A sweep of the same matrix into the same directory then does not check again."""
+    from echobench import sweep as sw
+    from echobench.executors import make_executor
+    from echobench.matrix import MatrixError
+    from echobench.plan import default_out
+    from echobench.preflight import run_preflight
+
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    try:
+        runs, _ = sw.choose_runs(the_plan, only, True, Console(file=io.StringIO()))
+    except MatrixError as exc:
+        fail(str(exc))
+    if not runs:
+        fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
+    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
+    made = make_executor(executor, matrix)
+    try:
+        made.check_dir(sweep_dir)
+        result = run_preflight(matrix, runs, made, sweep_dir, console)
+    except KeyboardInterrupt:
+        fail("interrupted (Ctrl-C): the preflight job was cancelled", 130)
+    except Exception as exc:  # noqa: BLE001 - sbatch's refusal, a path SLURM cannot take: one line
+        fail(f"the preflight job was not submitted: {exc}")
+    raise typer.Exit(0 if result.passed else 1)
 
 
 def ask_on_a_terminal() -> Callable[[str], bool] | None:

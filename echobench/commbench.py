@@ -722,14 +722,15 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
 
 
 def calibrate_in_group(device: str, runs, paths: Sequence, **options) -> HardwareProfile | None:
-    """calibrate_comm where this process runs: in a torchrun worker (RANK set) on the process group
-    it forms (distributed.form_process_group: NCCL on GPUs, gloo on CPU), else on this process
-    alone. Rank 0 saves the profile to every path of `paths` and returns it; other ranks None.
-    `options`: calibrate_comm's keywords."""
-    from echobench.distributed import dist_info, form_process_group, shutdown
+    """calibrate_comm where this process runs: in a torchrun worker (launch.under_torchrun) on the
+    process group it forms (distributed.form_process_group: NCCL on GPUs, gloo on CPU), else on this
+    process alone, whatever RANK / WORLD_SIZE a container's hooks set. Rank 0 saves the profile to
+    every path of `paths` and returns it; other ranks None. `options`: calibrate_comm's keywords."""
+    from echobench.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
     from echobench.hwprofile import save_profile
+    from echobench.launch import under_torchrun
 
-    info = dist_info(device)
+    info = dist_info(device) if under_torchrun() else DistInfo(device=pick_device(device))
     form_process_group(info, timeout_s=900.0)  # a rank waits while the others time their sub-groups
     try:
         profile = calibrate_comm(info.device, runs, **options)

@@ -139,6 +139,11 @@ class RunConfig:
         """Whether this run compiles on a device of this type ("cuda", "cpu"): auto compiles on a GPU."""
         return device_type == "cuda" if self.compile == "auto" else self.compile
 
+    def may_compile(self) -> bool:
+        """Whether this run compiles as far as a plan can tell: device auto counts as a GPU, so a time
+        limit or a preflight errs on the side of the compile."""
+        return self.compiled_on("cpu" if self.device == "cpu" else "cuda")
+
     def sequence_parallel_on(self, device_type: str) -> bool:
         """Whether this run splits the sequence between TP regions on a device of this type: auto
         does for megatron with tp > 1 on a GPU."""

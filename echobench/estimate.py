@@ -3,7 +3,8 @@ plan can tell, its duration at the matrix's assumed MFU, and the time limit its 
 
 The time limit is a run's include `time_limit` if it has one, else, with
 `slurm.time_from_estimate`, the estimate times a factor (at least a floor, at most `slurm.time`),
-else the executor's time. A limit near what a run needs lets the scheduler backfill the job into
+else the executor's time. The estimate allows for what a job does before its steps: starting,
+importing a container image, the setup lines, a cold compile (startup_parts). A limit near what a run needs lets the scheduler backfill the job into
 gaps that a week-long request never fits.
 """
 
@@ -14,8 +15,34 @@ import math
 from echobench.matrix import Matrix, PlannedRun, parse_time
 from echobench.peaks import table_peak
 
-STARTUP_S = 120  # per job: allocation, imports, model build
-COMPILE_S = 60
+# What a job spends before its first measured step, beyond the steps themselves (assumed, not measured:
+# generous, since a limit that is too short throws the run away).
+STARTUP_S = 120  # allocation, the first-node check, Python and torch imports, model build, process group
+COMPILE_S = 300  # a cold torch.compile of the block kinds, forward and backward (1-2 min for 3B on 16 cores)
+PULL_S = 600  # a container image pulled from a registry onto each node (pyxis, apptainer docker://): GBs
+LOCAL_IMAGE_S = 60  # an image already on the cluster: a squashfs or .sif file, an EDF, a uenv
+SETUP_LINE_S = 30  # each setup line (module load, activating an environment on a shared filesystem)
+
+
+def pulls_image(image: str) -> bool:
+    """Whether a container image comes from a registry (docker://..., nvcr.io#..., a bare name) rather
+    than a file on the cluster."""
+    return not image.startswith(("/", "./", "~")) and not image.endswith((".sqsh", ".squashfs", ".sif"))
+
+
+def startup_parts(matrix: Matrix, compile: bool = False) -> dict[str, int]:
+    """The seconds a job of this matrix is allowed before its steps, by what takes them."""
+    slurm = matrix.spec.slurm
+    parts = {"start-up": STARTUP_S}
+    if (c := slurm.container) is not None:
+        parts["image"] = PULL_S if c.runtime != "ce" and pulls_image(c.image) else LOCAL_IMAGE_S
+    elif slurm.uenv is not None:
+        parts["image"] = LOCAL_IMAGE_S
+    if slurm.setup:
+        parts["setup lines"] = SETUP_LINE_S * len(slurm.setup)
+    if compile:
+        parts["compile"] = COMPILE_S
+    return parts
 
 
 def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | None]:
@@ -31,8 +58,8 @@ def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | N
 
 
 def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None) -> float | None:
-    """Startup plus all steps at the matrix's assumed MFU of `peak` (default: planned_peak); None
-    without a peak."""
+    """The start-up allowance (startup_parts) plus all steps at the matrix's assumed MFU of `peak`
+    (default: planned_peak); None without a peak."""
     from echobench.flops import hardware_flops, model_flops
 
     peak = planned_peak(run, matrix)[0] if peak is None else peak
@@ -42,8 +69,7 @@ def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None
     model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
     work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
-    compiles = cfg.compile is True or (cfg.compile == "auto" and cfg.device != "cpu")  # a limit errs long
-    return STARTUP_S + (COMPILE_S if compiles else 0) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
+    return sum(startup_parts(matrix, cfg.may_compile()).values()) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
 
 
 def format_time(seconds: int) -> str:

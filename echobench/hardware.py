@@ -361,7 +361,8 @@ def scheduler_context(environ=None) -> dict:
     scheduler = {k: environ[v] for k, v in SCHEDULER_VARS.items() if environ.get(v)}
     comm = {k: v for k, v in sorted(environ.items()) if k.startswith(COMM_PREFIXES)}
     container = next((environ[v] for v in CONTAINER_VARS if environ.get(v)), None)
-    return {"scheduler": scheduler or None, "comm_env": comm or None, "container": container}
+    return {"scheduler": scheduler or None, "comm_env": comm or None, "container": container,
+            "nccl_transport": environ.get("ECHOBENCH_NCCL_TRANSPORT") or None}  # set by the sweep from its preflight
 
 
 def driver_version() -> str | None:

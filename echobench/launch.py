@@ -9,21 +9,57 @@ is lost, and a worker killed by a signal is named, not the peers that lost their
 
 from __future__ import annotations
 
+import faulthandler
+import io
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from echobench.config import RunConfig
+from echobench.fabric import launch_env
 from echobench.results import RECORD_FILE, Record
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
 # ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
 NODE_NOTE_WAIT_S = 15.0
+# Each node's launcher notes every HEARTBEAT_S that it is alive (OUT/ranks/node-K.alive); one silent for
+# LOST_AFTER_S, without a note of how its torchrun ended, went down with its node (or was killed).
+HEARTBEAT_S = 5.0
+LOST_AFTER_S = 30.0
+# SLURM sends it before the time limit (#SBATCH --signal, echobench.executors.slurm) to every process
+# of the launch: the workers dump their stacks; the launcher and torchrun's agent, which it would end,
+# ignore it (the job script's `trap '' USR1` before the launcher starts; ignored, it stays so in
+# their children until a worker registers its dump).
+STACK_SIGNAL = signal.SIGUSR1
+LAUNCHED = "ECHOBENCH_LAUNCHED"  # set for the workers of echobench's launcher: it prints the record, they do not
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a torchrun worker. torchrun's own variable, not RANK: pyxis and enroot's
+    hooks set RANK / LOCAL_RANK / WORLD_SIZE in a container's launcher process too."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def dump_stacks_on_signal() -> None:
+    """A worker: every thread's stack to stderr on STACK_SIGNAL (at the signal, even inside a collective).
+    Nothing where stderr is no file (a test's captured output: there is no log to dump into)."""
+    try:
+        faulthandler.register(STACK_SIGNAL, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass
+
+
+def ignore_stack_signal() -> None:
+    """The launcher and torchrun's agent: STACK_SIGNAL would end them (its default action)."""
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -65,13 +101,89 @@ def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
                      f"leaving no error of its own"}
 
 
-def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float = NODE_NOTE_WAIT_S) -> None:
-    """Until every node's torchrun has said how it ended (or timeout_s)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(node_note_path(out_dir, k).exists() for k in range(nnodes)):
-            return
+def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float | None = None) -> list[int]:
+    """Until every node's torchrun has said how it ended, or timeout_s (NODE_NOTE_WAIT_S); then, for the
+    nodes that did not, until each either says so or is lost (its launcher silent for LOST_AFTER_S).
+    Returns the lost nodes."""
+    deadline = time.monotonic() + (NODE_NOTE_WAIT_S if timeout_s is None else timeout_s)
+    while True:
+        missing = [k for k in range(nnodes) if not node_note_path(out_dir, k).exists()]
+        lost = lost_nodes(out_dir, missing)
+        if not missing or (time.monotonic() >= deadline and (lost == missing or
+                                                             time.monotonic() >= deadline + LOST_AFTER_S)):
+            return lost
         time.sleep(0.2)
+
+
+def heartbeat_path(out_dir: Path, node_rank: int) -> Path:
+    return Path(out_dir) / "ranks" / f"node-{node_rank}.alive"
+
+
+def start_heartbeat(out_dir: Path, node_rank: int) -> threading.Event:
+    """Notes every HEARTBEAT_S, in OUT/ranks/node-K.alive, that this node's launcher lives (the time by
+    this node's clock, its host and SLURM node name); set the returned event to stop."""
+    stop = threading.Event()
+    path = heartbeat_path(out_dir, node_rank)
+    me = {"host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid()}
+
+    def beat():
+        while True:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({**me, "at": time.time()}))
+            except OSError:
+                pass  # a full or flaky filesystem: the next beat tries again
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    threading.Thread(target=beat, daemon=True, name="echobench-heartbeat").start()
+    return stop
+
+
+def lost_nodes(out_dir: Path, nodes: list[int], now: float | None = None) -> list[int]:
+    """Those of `nodes` whose launcher is silent: no note of how their torchrun ended and no heartbeat
+    for LOST_AFTER_S (the launcher, torchrun and workers of the node are gone at once: the node died)."""
+    now = time.time() if now is None else now
+    return [k for k in nodes if not node_note_path(out_dir, k).exists()
+            and now - float((_read_json(heartbeat_path(out_dir, k)) or {}).get("at", 0.0)) > LOST_AFTER_S]
+
+
+def node_name(out_dir: Path, k: int) -> str:
+    """Node k of a run as its heartbeat named it: "node 1 (gpu-0042)"."""
+    beat = _read_json(heartbeat_path(out_dir, k)) or {}
+    name = beat.get("node") or beat.get("host")
+    return f"node {k}" + (f" ({name})" if name else "")
+
+
+def blame_lost_nodes(record: Record, lost: list[int], nproc: int, out_dir: Path) -> Record:
+    """The run failed because these nodes went down: status node_fail, the first lost node named, and
+    the surviving ranks' errors (a peer's "Connection reset by peer", a collective timeout) said to follow
+    from it. Each rank of a lost node gets a line in per_rank."""
+    peers = f"; the other ranks' errors follow from it (first: {record.error})" if record.error else ""
+    gone = [{"rank": k * nproc + i, "status": "node_fail", "node_rank": k, "local_rank": i,
+             "error": f"lost with {node_name(out_dir, k)}"} for k in lost for i in range(nproc)]
+    return record.update(
+        status="node_fail", cause_rank=gone[0]["rank"],
+        error=f"{', '.join(node_name(out_dir, k) for k in lost)} went down: its launcher, torchrun and workers "
+              f"stopped at once, leaving no word (silent over {LOST_AFTER_S:.0f} s){peers}",
+        failed_ranks=sorted({*(record.failed_ranks or []), *(g["rank"] for g in gone)}),
+        per_rank=[*record.per_rank, *gone])
+
+
+def lost_node_record(cfg: RunConfig, out_dir: Path) -> Record | None:
+    """The record of a multi-node run whose ranks or nodes said they failed and one of whose nodes went
+    silent, where no launcher wrote one (node 0 was the one lost): status node_fail naming the node."""
+    if cfg.nodes < 2 or (out_dir / RECORD_FILE).exists():
+        return None
+    failures = rank_failures(out_dir)
+    if not failures and not any(node_note_path(out_dir, k).exists() for k in range(cfg.nodes)):
+        return None  # nothing says the run failed: a silent node may be a slow one
+    if not (lost := lost_nodes(out_dir, list(range(cfg.nodes)))):
+        return None
+    record = Record.without_run(cfg, "node_fail", "")
+    if failures:
+        record.fail(failures)
+    return blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
 
 
 def clear_previous(out_dir: Path) -> None:
@@ -81,7 +193,11 @@ def clear_previous(out_dir: Path) -> None:
 
 
 def numa_binding_args(binding: str) -> list[str]:
-    """torchrun's --numa-binding (each rank on the CPUs near its GPU), where this torch has it."""
+    """torchrun's --numa-binding (each rank on the CPUs near its GPU), where this torch has it.
+    ValueError without numactl, which it runs (and does not fall back from)."""
+    if shutil.which("numactl") is None:
+        raise ValueError(f"slurm.numa_binding={binding} needs the numactl command on the nodes (in the image), and "
+                         f"{socket.gethostname()} has none: install numactl, or drop slurm.numa_binding")
     from torch.distributed.run import get_args_parser
 
     if "--numa-binding" not in get_args_parser()._option_string_actions:
@@ -135,6 +251,16 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
     return cmd + ["-m", "echobench", command, *run_args]
 
 
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL torch loads on this node (None without a GPU build)."""
+    import torch  # the launcher's torch: only where a fabric needs the NCCL version
+
+    try:
+        return tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+
+
 def source_root() -> Path:
     """The directory that holds this echobench package (a source checkout, or site-packages)."""
     return Path(__file__).resolve().parent.parent
@@ -147,10 +273,23 @@ def with_source_path(env: dict) -> dict:
     return env
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: what SLURM or taskset gave the job), not
+    every CPU of the node."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
     env = with_source_path(dict(os.environ))
-    # Share the cores between the local ranks instead of oversubscribing them.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env[LAUNCHED] = "1"
+    # Share the job's cores between the local ranks instead of oversubscribing them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    if fabric := env.get("ECHOBENCH_FABRIC"):  # the job's slurm.fabric: what only the node can decide
+        for key, value in launch_env(fabric, env, nccl_version()).items():
+            env[key] = value
     if cfg is not None and cfg.framework == "megatron" and cfg.tp > 1:
         # One hardware queue per device: megatron-core's TP communication then overlaps the GEMMs
         # it is issued beside (read when the CUDA context starts; the record's env keeps it).
@@ -179,7 +318,13 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
                                node_note_path(out_dir, node_rank))
     env = child_env(nproc or 1, cfg)
     started = time.time()
-    code = subprocess.call(cmd, env=env)
+    ignore_stack_signal()
+    beating = start_heartbeat(out_dir, node_rank) if nproc is not None and nnodes > 1 else None
+    try:
+        code = subprocess.call(cmd, env=env)
+    finally:
+        if beating is not None:
+            beating.set()
     if node_rank != 0:
         return None, code
     return finalize(cfg, out_dir, code, started, nnodes if nproc is not None else 0), code
@@ -208,13 +353,13 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnod
         return Record.load(path)
     from echobench.distributed import pick_device
 
-    if nnodes:
-        wait_for_node_notes(out_dir, nnodes)
-
+    lost = wait_for_node_notes(out_dir, nnodes) if nnodes > 1 else []
     record = Record.start(cfg, pick_device(cfg.device))
     if failures := rank_failures(out_dir):
         record.fail(failures)
-    else:
+    elif not lost:
         record.update(status="error", error=f"torchrun exited with code {exit_code} and no rank left a record; see the log")
+    if lost:
+        blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
     record.save(out_dir)
     return record

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
+from echobench.fabric import hca_problem
 from echobench.peaks import table_peak
 from echobench.yamltext import yaml_problem
 
@@ -95,11 +96,15 @@ def _one_line(what: str, value: str) -> str:
 
 class ContainerSettings(Strict):
     """The image every job runs in, with its runtime: pyxis (srun --container-image, an image such
-    as nvcr.io#nvidia/pytorch:25.01-py3) or apptainer (`apptainer exec --nv IMAGE`, a .sif file or
-    docker://...). The sweep directory, echobench's source and a run's data directory are mounted
-    at their own paths; the image must have echobench's dependencies (torch, pydantic, typer, ...)."""
+    as nvcr.io#nvidia/pytorch:25.01-py3 or a squashfs file from `enroot import`; imported once per
+    node and job, then reused by name), apptainer (`apptainer exec --nv IMAGE`, a .sif file or
+    docker://...) or ce, CSCS's Container Engine (srun --environment=IMAGE, where IMAGE is an EDF:
+    a name in ~/.edf or the path of a .toml file, which holds the image, mounts, workdir and hooks).
+    pyxis and apptainer mount the sweep directory, echobench's source and a run's data directory at
+    their own paths; under ce the EDF must mount them. The image must have echobench's dependencies
+    (torch, transformers >= 5, pydantic, typer, ...): preflight checks it."""
     image: str
-    runtime: Literal["pyxis", "apptainer"] = "pyxis"
+    runtime: Literal["pyxis", "apptainer", "ce"] = "pyxis"
     mounts: list[str] = []  # SRC[:DST[:FLAGS]] each, e.g. /lustre/data:/data:ro
     workdir: str | None = None  # the directory ranks start in, inside the image
     writable: bool = False  # pyxis --container-writable / apptainer --writable-tmpfs
@@ -117,6 +122,25 @@ class ContainerSettings(Strict):
             if "," in m or not m:
                 raise ValueError(f"container mount {m!r}: one SRC[:DST[:FLAGS]] per entry, without commas")
         return v
+
+    @model_validator(mode="after")
+    def _edf_holds_the_rest(self):
+        if self.runtime == "ce" and (self.mounts or self.workdir or self.writable):
+            raise ValueError("runtime ce: the Container Engine takes mounts, workdir and writable from the EDF "
+                             f"({self.image}): set them there")
+        return self
+
+
+class UenvSettings(Strict):
+    """A uenv (CSCS): every srun of the job gets --uenv=IMAGE (and --view=VIEW), the first-node check
+    and preflight included: the image is mounted in the job's steps, not in its batch shell."""
+    image: str  # e.g. prgenv-gnu/24.11:v1, or a squashfs path
+    view: str | None = None  # e.g. default
+
+    @field_validator("image", "view")
+    @classmethod
+    def _word(cls, v, info):
+        return v if v is None else _check(r"^[A-Za-z0-9_.,:+/@=-]{1,256}$", f"uenv.{info.field_name}", v)
 
 
 class TimeFromEstimate(Strict):
@@ -143,12 +167,14 @@ class SlurmSettings(Strict):
     cpus_per_task: int | None = Field(None, ge=1)  # CPUs of each node's one task (its launcher and ranks)
     cpus_per_gpu: int = Field(8, ge=1)  # when GPUs are requested and cpus_per_task is not set (not with exclusive)
     numa_binding: Literal["node", "socket", "exclusive", "core-complex"] | None = None  # torchrun --numa-binding
-    fabric: Literal["none", "infiniband", "slingshot", "tcp"] = "none"  # NCCL / libfabric profile (echobench.fabric)
+    # NCCL / libfabric profile (echobench.fabric); None: not chosen, which multi-node GPU runs refuse
+    fabric: Literal["none", "infiniband", "slingshot", "tcp"] | None = None
     mem: str | None = None  # per node, e.g. 0 (all) or 200G
     exclusive: bool = False
     extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc" (values quoted)
     srun_args: list[str] = []  # further options of the srun that starts the ranks: "--mpi=pmix"
     container: ContainerSettings | None = None
+    uenv: UenvSettings | None = None
     setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
     env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
@@ -222,6 +248,14 @@ class SlurmSettings(Strict):
         if v is not None and ("\0" in v or "\n" in v):
             raise ValueError("python must be a path on one line")
         return v
+
+    @model_validator(mode="after")
+    def _environment(self):
+        if self.container is not None and self.uenv is not None:
+            raise ValueError("container and uenv: a job runs in one of them, choose one")
+        if problem := hca_problem(self.env):
+            raise ValueError(f"env: {problem}")
+        return self
 
 
 class LocalSettings(Strict):
@@ -515,6 +549,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
             rid = first if k == 0 else run_id(repeat)
             seen.add(rid)
             plan.runs.append(PlannedRun(rid, repeat, settings, limit))
+    if executor == "slurm":
+        check_fabric_named(matrix, plan.runs)
     from echobench.memory import device_memory_gib, estimate_memory
 
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
@@ -522,6 +558,21 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         run.memory = estimate_memory(run.cfg)
         run.fits = None if capacity is None else run.memory.total_gib <= capacity
     return plan
+
+
+def gpu_run(run: PlannedRun, slurm: SlurmSettings) -> bool:
+    """Whether a SLURM run of this matrix runs on GPUs (it asks for them and is not a CPU run)."""
+    return slurm.request_gpus and run.cfg.device != "cpu"
+
+
+def check_fabric_named(matrix: Matrix, runs: list[PlannedRun]) -> None:
+    """Multi-node GPU runs need slurm.fabric named: a silent default would run NCCL on whatever it
+    finds, sockets included, and report a low MFU as a result."""
+    slurm = matrix.spec.slurm
+    if slurm.fabric is None and any(r.cfg.nodes > 1 and gpu_run(r, slurm) for r in runs):
+        raise MatrixError(f"{matrix.path}: slurm.fabric: runs on several GPU nodes need their fabric named: "
+                          f"infiniband, slingshot, tcp, or none (NCCL's own choices, e.g. where the cluster's "
+                          f"modules set its variables)")
 
 
 def parse_only(items: list[str]) -> dict[str, list]:

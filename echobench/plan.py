@@ -4,10 +4,13 @@ that tell the runs apart."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from echobench.estimate import estimated_seconds, planned_peak, time_limit, time_limit_s
 from echobench.matrix import Matrix, Plan, PlannedRun
+from echobench.nodecheck import RUN_PATH
+from echobench.preflight import preflight_spec
 
 
 def default_out(matrix: Matrix) -> Path:
@@ -65,11 +68,39 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
     return rows
 
 
-def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str) -> str:
-    """`plan --script`: the exact job.sh the sweep would write into `rd`."""
+def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str, log: Path | None = None) -> str:
+    """`plan --script`: the exact job.sh the sweep would write into `rd`. `log` (SLURM): its output
+    elsewhere than RUN_DIR/logs, for a script to submit by hand (`plan --write-scripts`)."""
     from echobench.executors import make_executor
 
-    return make_executor(executor, matrix).job_script(run, rd, matrix, time_limit(matrix, executor, run))
+    return make_executor(executor, matrix).job_script(run, rd, matrix, time_limit(matrix, executor, run), log)
+
+
+def preflight_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
+    """What the SLURM sweep's preflight job checks before any run (echobench.preflight)."""
+    if executor != "slurm" or not runs:
+        return None
+    spec = preflight_spec(matrix, runs, executor)
+    what = ["imports of the run path" + (" and backends" if len(spec["imports"]) > len(RUN_PATH) else ""),
+            f"{spec['nproc']} GPU(s) per node" if spec["expect_gpus"] else "CPUs per task",
+            "an all-reduce across the nodes" + (f" and NCCL's network against fabric {spec['fabric']}"
+                                                if spec["expect_gpus"] and spec["nodes"] > 1 else "")]
+    what += ["numactl"] * bool(spec["numa_binding"]) + ["a tiny compile"] * spec["compile"]
+    return (f"preflight: before any run, one job on {spec['nodes']} node(s) x {spec['nproc']} process(es) in the "
+            f"runs' environment checks {', '.join(what)} (`echobench preflight MATRIX` runs it alone)")
+
+
+def te_note(runs: list[PlannedRun], matrix: Matrix) -> str | None:
+    """megatron runs with te: auto take TransformerEngine's kernels only where it imports on the nodes;
+    on aarch64 (GH200, GB200) scripts/setup.sh installs none."""
+    auto = [r for r in runs if r.cfg.framework == "megatron" and r.cfg.te == "auto"]
+    if not auto:
+        return None
+    grace = matrix.spec.hardware.device and re.search(r"\bG[HB]200\b", matrix.spec.hardware.device, re.IGNORECASE)
+    return (f"te: auto: {len(auto)} megatron run(s) use TransformerEngine where it imports on the nodes, else "
+            f"megatron-core's local layers (the record's te says which; preflight with te: on requires it)"
+            + ("; on GH200 (aarch64) scripts/setup.sh installs no TransformerEngine: they would run on local layers "
+               "(README: TransformerEngine on GH200)" if grace else ""))
 
 
 def varying_keys(plan: Plan) -> list[str]:

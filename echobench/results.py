@@ -157,6 +157,7 @@ class Env(BaseModel):
     driver: str | None = None  # the NVIDIA kernel driver (GPU hosts)
     scheduler: dict[str, str] | None = None  # job id, node list, partition, cluster (hardware.SCHEDULER_VARS)
     comm_env: dict[str, str] | None = None  # NCCL_* / FI_* / OFI_NCCL_* as the run saw them (the fabric)
+    nccl_transport: str | None = None  # the network NCCL chose across nodes, as its sweep's preflight saw it
     container: str | None = None  # the image a container runtime reports
 
 

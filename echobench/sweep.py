@@ -41,19 +41,23 @@ from pydantic import BaseModel, ValidationError
 
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
-from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_markup
+from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_counts, state_markup
 from echobench.estimate import time_limit_s
 from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
                                  SWEEP_FILE, comm_calibrated, current_record, finish_without_record, job_states,
-                                 make_executor, write_run_files)
+                                 make_executor, sweep_transport, write_run_files)
+from echobench.launch import lost_node_record
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
+from echobench.preflight import passed_before, run_preflight
 from echobench.results import Record, export_table, load_records, records_frame, validation_text
 
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
 NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (sysexits' EX_TEMPFAIL: try again later)
+NEVER_GRACE_S = 120.0  # a pending reason that says a job can never start must hold this long to end it
+TEARDOWN_S = 75.0  # a job still running this long after its launcher's failure record hangs (srun --wait=60)
 
 
 def now_iso() -> str:
@@ -90,6 +94,7 @@ class RunEntry(BaseModel):
     settled: bool = False  # the record is final: the scheduler is not asked again
     detail: str = ""  # the scheduler's words at the last look
     finished: str | None = None
+    blocked_since: float | None = None  # time.time() since when its pending reason says it can never start
 
 
 class CorruptSweepState(ValueError):
@@ -111,6 +116,7 @@ class SweepState(BaseModel):
     runs: dict[str, RunEntry] = {}
     calibration_job: str | None = None  # slurm: the sweep's calibration job (`echobench cancel` ends it too)
     comm_calibration_job: str | None = None  # slurm: hardware.calibrate_comm's job (likewise)
+    preflight_job: str | None = None  # slurm: the last preflight job (likewise)
 
     def plan(self, run_ids: list[str]) -> None:
         """Adds a sweep's selection to the planned runs (a later --only keeps the earlier ones)."""
@@ -162,12 +168,23 @@ def waiting(entry: RunEntry | None) -> bool:
     return entry is not None and not entry.job_id and not entry.settled
 
 
-def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]]) -> dict[str, JobState | None]:
+def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
+         sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
     """One look at the executor for every job not settled (run id -> (entry, run directory)):
-    run id -> the job's state, None where the scheduler did not answer about it (no news)."""
+    run id -> the job's state, None where the scheduler did not answer about it (no news). A job
+    pending on a dependency says which of the sweep's jobs it waits for."""
     tracked = {rid: (e, rd) for rid, (e, rd) in entries.items() if e.job_id and not e.settled}
     states = job_states(executor, {e.job_id: rd for e, rd in tracked.values()})
+    for job in states.values():
+        if job.reason == "Dependency" and sweep_state is not None and (what := waits_for(sweep_state)):
+            job.detail += f": waits for {what}"
     return {rid: states.get(e.job_id) for rid, (e, _) in tracked.items()}
+
+
+def waits_for(state: SweepState) -> str:
+    """The sweep's jobs its runs may wait for (SLURM dependencies): its calibrations."""
+    return " and ".join(f"the {what} job {job}" for what, job in (("calibration", state.calibration_job),
+                                                                 ("comm calibration", state.comm_calibration_job)) if job)
 
 
 def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState | None) -> str:
@@ -179,6 +196,8 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: J
         return entry.state
     entry.detail = job.detail
     if job.state in ACTIVE:
+        if (ended := ended_early(cfg, rd, entry, executor, job)) is not None:
+            return ended
         entry.state = job.state
         return job.state
     # exited or gone without a record of its own: an error; else the scheduler's verdict
@@ -186,6 +205,45 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: J
     status, why = {"exited": ("error", f"{entry.job_id}: {job.detail} without writing a record"),
                    "gone": ("error", job.detail)}.get(job.state, (job.state, job.detail))
     record = finish_without_record(cfg, rd, status, why)
+    entry.settled, entry.state, entry.finished = True, record.status, now_iso()
+    return record.status
+
+
+def ended_early(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState) -> str | None:
+    """The status of a run whose job the scheduler still calls pending or running but which is over
+    all the same, its job cancelled; None while it is not. Pending: for NEVER_GRACE_S on a reason that
+    says it can never start (a transient one passes), recorded `error` naming the limit and the fix.
+    Running: a node went down (its launcher's record, or, when node 0 was the one, the ranks' files
+    say so: at once, not at the scheduler's node timeout), or its launcher wrote a failure record
+    TEARDOWN_S ago (srun's --wait is over: something hangs)."""
+    if job.state == "pending":
+        if not job.never:
+            entry.blocked_since = None
+            return None
+        entry.blocked_since = entry.blocked_since or time.time()
+        held = time.time() - entry.blocked_since
+        if held < NEVER_GRACE_S:
+            return None
+        why = (f"SLURM job {entry.job_id} can never start as it is: {job.detail} for {held:.0f} s: {job.never}; "
+               f"cancelled (fix it, then `echobench sweep --retry-failed` reruns it)")
+        record = finish_without_record(cfg, rd, "error", why)
+    else:
+        try:
+            own = current_record(rd)
+        except CorruptRecord:
+            return None
+        record = own or lost_node_record(cfg, rd)
+        if record is None or record.status == "ok" or (
+                own is not None and own.status != "node_fail" and time.time() - own.path.stat().st_mtime < TEARDOWN_S):
+            return None
+        if own is None:  # node 0 went down with the launcher that would have written it
+            record.env.nccl_transport = sweep_transport(rd.parent)
+            record.save(rd)
+    if (cancel := getattr(executor, "cancel", None)) is not None:
+        try:
+            cancel([entry.job_id])
+        except Exception:  # noqa: BLE001 - the record stands; the scheduler ends the job in its own time
+            pass
     entry.settled, entry.state, entry.finished = True, record.status, now_iso()
     return record.status
 
@@ -222,6 +280,7 @@ class SweepOptions:
     # After Ctrl-C, with a scheduler's jobs still queued or running: asked whether to cancel them
     # (the CLI asks on a terminal); None leaves them running and says how to cancel them.
     ask: Callable[[str], bool] | None = None
+    preflight: bool = True  # SLURM: one preflight job before any run (echobench.preflight)
 
     def __post_init__(self):  # refused before anything is written
         if not self.wait and not detached(make_executor(self.executor)):
@@ -295,7 +354,33 @@ class Sweep:
 
     def look(self, runs) -> dict[str, JobState | None]:
         """One look at the executor for the jobs of these runs not settled (run id -> state)."""
-        return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))})
+        return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))},
+                    self.state)
+
+    def preflight(self, runs: list[PlannedRun]) -> bool:
+        """SLURM, with runs to submit: the preflight job first (echobench.preflight), unless this very
+        matrix passed it before. Whether the runs may go; the network it saw goes into their records."""
+        if not runs or self.executor.name != "slurm":
+            return True
+        result = passed_before(self.dir, self.matrix, runs, self.executor.name)
+        if result is not None:
+            self.log(f"preflight passed before for this matrix (job {esc(result.job)}, {esc(result.time)}): not run "
+                     f"again (`echobench preflight` runs it)")
+        else:
+            def keep(job: str) -> None:
+                self.state.preflight_job = job
+                self.save()
+
+            try:
+                result = run_preflight(self.matrix, runs, self.executor, self.dir, self.console, keep)
+            except Exception as exc:  # noqa: BLE001 - sbatch's refusal (SubmitLater, SlurmError), one line
+                raise ValueError(f"the preflight job was not submitted: {exc}; no run submitted") from None
+            if not result.passed:
+                self.log(f"[red]no run submitted[/]: {len(runs)} runs wait for a passing preflight (nothing measured "
+                         f"is lost); fix what it says, then run the same `echobench sweep` again")
+                return False
+        self.executor.transport = result.record_label()
+        return True
 
     def calibrate(self, runs: list[PlannedRun]) -> None:
         """Runs to submit without a peak of their own: the executor measures one where they run. With
@@ -429,10 +514,13 @@ class Sweep:
                 return False
         return True
 
-    def interrupt(self, runs: list[PlannedRun], during: str, ask: Callable[[str], bool] | None = None) -> None:
+    def interrupt(self, runs: list[PlannedRun], during: str | None, ask: Callable[[str], bool] | None = None) -> None:
         """After Ctrl-C: the jobs the executor stopped end as cancelled; a scheduler's keep running
         unless `ask` says to cancel them (`echobench cancel DIR` does it later). Says what was
-        interrupted, that nothing measured is lost, and what is left to do."""
+        interrupted (None: waiting for the jobs, named by their states), each job left behind, that
+        nothing measured is lost, and what is left to do."""
+        if during is None:  # waiting: for which jobs, by their last states
+            during = f"while waiting for its jobs ({state_counts(self.state.runs[rid].state for rid in self.tracked)})"
         for job_id in self.executor.cancel_all():
             rid, run = next((rid, run) for rid, run in self.tracked.items() if self.state.runs[rid].job_id == job_id)
             finish_without_record(run.cfg, self.run_dir(run), "cancelled", "interrupted (Ctrl-C) while running")
@@ -440,11 +528,14 @@ class Sweep:
             del self.tracked[rid]
         self.save()
         left = sum(r.id not in self.state.runs or waiting(self.state.runs[r.id]) for r in runs)
+        live = [rid for rid in self.tracked if not self.state.runs[rid].settled]
         self.log(f"interrupted (Ctrl-C) {esc(during)}: finished results are kept"
                  + (f"; {left} of {len(runs)} runs not started (the same `echobench sweep` runs them)" if left else ""))
-        live = [rid for rid in self.tracked if not self.state.runs[rid].settled]
         if not live or not detached(self.executor):
             return
+        shown = [f"{rid} (job {self.state.runs[rid].job_id}, {self.state.runs[rid].state})" for rid in live]
+        self.log(f"left in the queue: {esc(', '.join(shown[:5]))}" + (f" and {len(shown) - 5} more" if len(shown) > 5
+                                                                       else ""))
         question = f"cancel the {len(live)} {self.executor.name.upper()} job(s) of this sweep still queued or running?"
         try:
             stop = ask is not None and ask(question)
@@ -489,6 +580,9 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
               + f" -> {esc(sweep.dir)}")
     queue = list(to_submit)
     try:
+        during = "during the preflight, before any run was submitted"
+        if opts.preflight and not sweep.preflight(to_submit):
+            return 1
         during = "while calibrating, before any run was submitted"
         sweep.calibrate(to_submit)
         during = "while submitting"
@@ -507,7 +601,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         return 0
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
-        sweep.interrupt(runs, "while running", opts.ask)
+        sweep.interrupt(runs, None, opts.ask)
     else:
         sweep.profile_outcome()
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
@@ -571,7 +665,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     for name in {entry.executor for _, _, entry in readable.values() if entry}:
         executors[name] = make_executor(name)
         looks.update(look(executors[name], {rid: (entry, rd) for rid, (_, rd, entry) in readable.items()
-                                            if entry and entry.executor == name}))
+                                            if entry and entry.executor == name}, state))
     for rid, (cfg, rd, entry) in readable.items():
         name = entry.executor if entry else "local"
         st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)), looks.get(rid))
@@ -600,8 +694,9 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[lis
 # ---- cancel ----
 
 def active_calibrations(executor: Executor, state: SweepState, sweep_dir: Path) -> list[str]:
-    """The sweep's calibration jobs (GEMM, comm) still queued or running, in one look."""
-    jobs = [j for j in (state.calibration_job, state.comm_calibration_job) if j]
+    """The sweep's own jobs before its runs (preflight, GEMM and comm calibrations) still queued or
+    running, in one look."""
+    jobs = [j for j in (state.preflight_job, state.calibration_job, state.comm_calibration_job) if j]
     looks = job_states(executor, {j: sweep_dir for j in jobs})
     return [j for j in jobs if (st := looks.get(j)) is not None and st.state in ACTIVE]
 

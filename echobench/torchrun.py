@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from echobench.atomic import write_json_atomic
+from echobench.launch import ignore_stack_signal
 
 
 def worker_failure(rank: int, failure) -> dict:
@@ -26,6 +27,7 @@ def worker_failure(rank: int, failure) -> dict:
 
 def main(argv: list[str]) -> None:
     report, torchrun_args = Path(argv[0]), argv[1:]
+    ignore_stack_signal()  # SLURM's USR1 before the time limit reaches the agent too: it must not end it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 

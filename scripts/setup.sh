@@ -9,7 +9,9 @@
 # TORCH_INDEX_URL, when set, replaces the index in every case (cu130 for R580+ drivers, ...).
 # The GPU is what `nvidia-smi -L` finds here: on a login node without one, for GPU compute nodes,
 # set ECHOBENCH_SETUP_GPU=1 (0: as if none). ECHOBENCH_SETUP_ARCH overrides `uname -m`.
-# Afterwards, a GPU that torch cannot use fails setup, naming the fix.
+# Afterwards, a GPU that torch cannot use fails setup, naming the fix; where no driver answers (a
+# login node set up for GPU nodes), torch must be a CUDA build with kernels for ECHOBENCH_SETUP_SM
+# (default sm_90: H100, H200, GH200).
 #   scripts/setup.sh [--dry-run | --check]   # --dry-run: print the torch install, do nothing;
 #                                            # --check: only check the venv's torch against the GPU
 set -euo pipefail
@@ -44,15 +46,32 @@ torch_args() {
   if [ -n "$index" ]; then printf '%s\n' --index-url "$index"; fi
 }
 
-# Fails, in one line, where this machine has a GPU that the torch of python $1 cannot use.
+driver_here() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
+# Fails, in one line, where this machine has a GPU that the torch of python $1 cannot use; where it is
+# set up for GPU nodes without a driver here, where torch is no CUDA build for them.
 check_torch() {
   has_gpu || return 0
-  FIX="TORCH_INDEX_URL=$CUDA_INDEX scripts/setup.sh" "$1" -c '
+  local driver=0
+  if driver_here; then driver=1; fi
+  DRIVER=$driver SM=${ECHOBENCH_SETUP_SM:-sm_90} FIX="TORCH_INDEX_URL=$CUDA_INDEX scripts/setup.sh" "$1" -c '
 import os, sys, torch
-if not torch.cuda.is_available():
+fix, sm = os.environ["FIX"], os.environ["SM"]
+if os.environ["DRIVER"] == "0":  # no driver here: what the build is, not what it sees
+    archs = (torch._C._cuda_getArchFlags() or "").split() if torch.version.cuda else []
+    built = " ".join(archs) or "none"
+    if torch.version.cuda is None:
+        sys.exit(f"setup: for GPU nodes, but torch {torch.__version__} is a CPU build: install a CUDA build: {fix}")
+    if sm not in archs:
+        sys.exit(f"setup: for GPU nodes, but torch {torch.__version__} has no kernels for {sm} (built for {built}): "
+                 f"install a build for them: {fix}")
+    print(f"setup: no NVIDIA driver here: torch {torch.__version__} is a CUDA {torch.version.cuda} build for {built}, "
+          f"as the GPU nodes need ({sm})")
+elif not torch.cuda.is_available():
     why = ("is a CPU build" if torch.version.cuda is None else
            f"is built for CUDA {torch.version.cuda} and cannot use it (is the driver older? see nvidia-smi)")
-    fix = os.environ["FIX"]
     sys.exit(f"setup: this machine has an NVIDIA GPU but torch {torch.__version__} {why}: install a CUDA build: {fix}")'
 }
 

@@ -2,11 +2,14 @@
 # A real SLURM cluster of N emulated nodes on this one machine (root, Debian/Ubuntu, no systemd
 # needed). For trying the SLURM path of `echobench sweep` and for CI.
 #
-#   bash scripts/slurm-local.sh up [N]   install slurm + munge if missing, configure, start N nodes
-#   bash scripts/slurm-local.sh down     stop the controller, every node and munge
-#   bash scripts/slurm-local.sh status   sinfo
+#   bash scripts/slurm-local.sh up [N]    install slurm + munge if missing, configure, start N nodes
+#   bash scripts/slurm-local.sh down      stop the controller, every node and munge
+#   bash scripts/slurm-local.sh status    sinfo
+#   bash scripts/slurm-local.sh kill NODE a node failure: SIGKILL the node's slurmd, its step daemons and
+#                                         every process of its job steps (launchers, torchrun, workers)
 #
-# Idempotent: `up` with a cluster of N nodes already up does nothing; another N restarts it.
+# Idempotent: `up` with a cluster of N nodes already up does nothing but bring back a node whose
+# slurmd died (or was killed); another N restarts the cluster.
 # The nodes are node1..nodeN, each a slurmd on its own port, aliased to 127.0.0.1 in /etc/hosts.
 # No accounting daemon (sacct does not work, as on some real clusters); no cgroups.
 # Why the less obvious settings (found with Debian 12's SLURM 22.05; its build allows several slurmd
@@ -142,11 +145,36 @@ wait_idle() {
   die "nodes did not reach idle; see $LOGS/"
 }
 
+slurmd_alive() {  # node name: whether its slurmd runs
+  local pid; pid=$(cat "$STATE/slurmd-$1.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+revive() {
+  # Nodes of a running cluster whose slurmd is gone: start it again, resume the node, wait until it answers.
+  local dead=() i
+  for i in $(seq 1 "$N"); do slurmd_alive "node$i" || dead+=("node$i"); done
+  [ "${#dead[@]}" -gt 0 ] || return 0
+  for node in "${dead[@]}"; do
+    rm -f "$STATE/slurmd-$node.pid"
+    slurmd -f "$CONF" -N "$node"
+    scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true  # only where it was set down
+  done
+  for _ in $(seq 100); do
+    local bad; bad=$(sinfo -h -N -n "$(IFS=,; echo "${dead[*]}")" -o '%t' 2>/dev/null | grep -E '\*|down|drain|fail' || true)
+    if [ -z "$bad" ]; then say "brought back: ${dead[*]}"; return 0; fi
+    sleep 0.3
+  done
+  sinfo -N >&2 || true
+  die "${dead[*]} did not come back; see $LOGS/"
+}
+
 up() {
   need_root
   [[ "$N" =~ ^[1-9][0-9]?$ ]] || die "N must be a number of nodes from 1 to 99, got '$N'"
   if [ "$(running_nodes)" = "$N" ] && grep -q "$MARK" "$CONF" 2>/dev/null; then
-    say "already up with $N nodes"; sinfo; return
+    revive
+    say "up with $N nodes"; sinfo; return
   fi
   [ -n "$(running_nodes)" ] && down
   install_packages
@@ -181,9 +209,33 @@ down() {
   say "down"
 }
 
+kill_node() {
+  # As a node failure: everything of that node at once, with no chance to say so.
+  local node=$1 pids=() p inodes
+  [[ "$node" =~ ^node[0-9]+$ ]] || die "kill takes a node name (node1, node2, ...), got '$node'"
+  pids+=("$(cat "$STATE/slurmd-$node.pid" 2>/dev/null || true)")
+  # Step daemons: each listens on a socket in the node's spool directory.
+  inodes=" $(awk -v d="$STATE/d/$node/" 'index($8, d) == 1 {printf "%s ", $7}' /proc/net/unix) "
+  for p in /proc/[0-9]*; do
+    for fd in "$p"/fd/*; do
+      case "$(readlink "$fd" 2>/dev/null)" in
+        "socket:["*) local inode; inode=$(readlink "$fd"); inode=${inode#socket:[}; inode=${inode%]}
+                     [[ "$inodes" == *" $inode "* ]] && { pids+=("${p#/proc/}"); break; } ;;
+      esac
+    done
+    # The steps' processes: SLURM names the node in their environment.
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "SLURMD_NODENAME=$node" && pids+=("${p#/proc/}")
+  done
+  mapfile -t pids < <(printf '%s\n' "${pids[@]}" | grep -E '^[0-9]+$' | sort -u)
+  [ "${#pids[@]}" -gt 0 ] || die "nothing of $node is running"
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+  say "killed $node: ${#pids[@]} processes (slurmd, step daemons, tasks); \`$0 up $(running_nodes)\` brings it back"
+}
+
 case "$ACTION" in
   up) up ;;
   down) down ;;
   status) sinfo ;;
-  *) die "usage: $0 up [N] | down | status" ;;
+  kill) need_root; kill_node "${2:-}" ;;
+  *) die "usage: $0 up [N] | down | status | kill NODE" ;;
 esac

@@ -207,7 +207,7 @@ def test_a_slurm_sweep_submits_the_comm_calibration_on_its_largest_nodes_and_eve
         "hardware": {"calibrate_comm": True},
         "include": [{"seed": 1}, {"seed": 2, "peak_tflops": 3, "parallelism": "ddp", "nodes": 2, "gpus_per_node": 2}]}))
     sweep = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", tmp_path=tmp_path)
+    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", "--no-preflight", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     gemm, comm, *jobs = calls.read_text().splitlines()
     assert gemm.endswith(f"{sweep}/calibrate.sh")
@@ -223,7 +223,7 @@ def test_a_slurm_sweep_submits_the_comm_calibration_on_its_largest_nodes_and_eve
     state = json.loads((sweep / "sweep.json").read_text())
     assert (state["calibration_job"], state["comm_calibration_job"]) == ("101", "102")
 
-    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", tmp_path=tmp_path)
+    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", "--no-preflight", tmp_path=tmp_path)
     assert proc.returncode == 0 and len(calls.read_text().splitlines()) == 4  # nothing submitted twice
 
     assert sw.cancel_sweep(sweep, Console(file=io.StringIO()), wait_s=0) == 0
@@ -240,7 +240,7 @@ def test_a_resumed_slurm_sweep_waits_for_the_comm_calibration_job_still_queued(t
     sweep.mkdir()
     sw.SweepState(comm_calibration_job="77").save(sweep)
     matrix = write_matrix(tmp_path / "m.yaml", [{"seed": 0}], executor="slurm", slurm={"request_gpus": False})
-    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", tmp_path=tmp_path)
+    proc = run_cli("sweep", matrix, "--out", sweep, "--no-wait", "--no-preflight", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the profile job 77 of an earlier sweep is still pending: the runs wait for it" in flat(proc.stdout)
     (job,) = calls.read_text().splitlines()

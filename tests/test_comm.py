@@ -141,9 +141,12 @@ def test_a_profile_that_is_not_yaml_is_named_with_line_and_column(tmp_path):
 @pytest.mark.slow
 def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
     out = tmp_path / "profile.yaml"
+    # As in a pyxis container: its hooks set RANK / LOCAL_RANK / WORLD_SIZE for the one task. Only torchrun's
+    # own variable says a process is a worker: this one is the launcher, and measures 2 processes.
+    pyxis = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     proc = run_cli("calibrate", "--comm", "--device", "cpu", "--out", out, "--max-bytes", 2**20,
                    "--comm-budget-s", 6, "--budget-s", 1, "--micro-batch", 1, "--audio-frames", 50,
-                   "--text-tokens", 16, "--speaker-frames", 40, tmp_path=tmp_path, timeout=300)
+                   "--text-tokens", 16, "--speaker-frames", 40, tmp_path=tmp_path, timeout=300, env=pyxis)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     p = load_profile(out)
     assert p.measured is True and p.backend == "gloo" and p.gpus_per_node == 2 and p.device.startswith("CPU")

@@ -325,7 +325,7 @@ def test_a_slurm_sweep_without_a_peak_submits_one_calibration_job_that_only_peak
     matrix.write_text(json.dumps({"name": "t", "executor": "slurm", "slurm": {"request_gpus": False},
                                   "defaults": TINY, "include": [{"seed": 1}, {"seed": 2, "peak_tflops": 3}]}))
     sweep = tmp_path / "sweep"
-    proc = cli("sweep", matrix, "--out", sweep, "--no-wait")
+    proc = cli("sweep", matrix, "--out", sweep, "--no-wait", "--no-preflight")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, *jobs = calls.read_text().splitlines()
     assert first.endswith(f"{sweep}/calibrate.sh") and "calibrating once on a compute node (job 101" in proc.stdout

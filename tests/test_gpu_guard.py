@@ -4,6 +4,7 @@ architecture and GPU (tested through its --dry-run and --check modes, nothing in
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,33 @@ def test_setup_on_a_login_node_without_a_gpu_can_set_up_for_gpu_nodes(tmp_path):
     proc = setup(tmp_path, "--dry-run", arch="x86_64", gpu=True, ECHOBENCH_SETUP_GPU="0")
     assert proc.stdout.strip() == "python -m pip install -q torch==2.13.0"
     assert setup(tmp_path, "--bogus", arch="x86_64", gpu=False).returncode == 2
+
+
+def fake_venv(root: Path, cuda: str | None, archs: str) -> Path:
+    """A venv whose python imports a stand-in torch: a CUDA build (`cuda`, kernels for `archs`) or a
+    CPU one, on a machine without a driver (torch.cuda.is_available() is False, as there)."""
+    (root / "site" / "torch").mkdir(parents=True)
+    (root / "site" / "torch" / "__init__.py").write_text(
+        f"__version__ = '2.9.0+{'cu128' if cuda else 'cpu'}'\n"
+        f"class version:\n    cuda = {cuda!r}\n"
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n"
+        f"class _C:\n    @staticmethod\n    def _cuda_getArchFlags():\n        return {archs!r}\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "python").write_text(f'#!/bin/sh\nPYTHONPATH={root / "site"} exec {sys.executable} "$@"\n')
+    (root / "bin" / "python").chmod(0o755)
+    return root
+
+
+def test_setup_for_gpu_nodes_on_a_login_node_without_a_driver_checks_the_build_not_the_device(tmp_path):
+    """ECHOBENCH_SETUP_GPU=1 where no driver answers: torch.cuda.is_available() is False there for any
+    build, so the check is the build itself: CUDA, with kernels for the nodes' architecture."""
+    cuda = fake_venv(tmp_path / "cuda", "12.8", "sm_80 sm_90 sm_100")
+    proc = setup(tmp_path, "--check", arch="aarch64", gpu=False, ECHOBENCH_SETUP_GPU="1", ECHOBENCH_VENV=str(cuda))
+    assert proc.returncode == 0, proc.stderr
+    assert "no NVIDIA driver here: torch 2.9.0+cu128 is a CUDA 12.8 build for sm_80 sm_90 sm_100" in proc.stdout
+    cpu = fake_venv(tmp_path / "cpu", None, "")
+    proc = setup(tmp_path, "--check", arch="aarch64", gpu=False, ECHOBENCH_SETUP_GPU="1", ECHOBENCH_VENV=str(cpu))
+    assert proc.returncode == 1 and "torch 2.9.0+cpu is a CPU build" in proc.stderr
+    old = fake_venv(tmp_path / "old", "11.8", "sm_70 sm_80")
+    proc = setup(tmp_path, "--check", arch="x86_64", gpu=False, ECHOBENCH_SETUP_GPU="1", ECHOBENCH_VENV=str(old))
+    assert proc.returncode == 1 and "has no kernels for sm_90 (built for sm_70 sm_80)" in proc.stderr

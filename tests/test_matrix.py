@@ -60,7 +60,7 @@ def test_no_axes_means_the_defaults_alone_or_the_includes_alone():
 def test_processes_per_node_come_from_slurm_and_single_takes_one():
     p = plan("""
 name: t
-slurm: {gpus_per_node: 4}
+slurm: {gpus_per_node: 4, fabric: none}
 axes: {parallelism: [single, ddp, fsdp2]}
 include: [{parallelism: ddp, gpus_per_node: 2, nodes: 2}]
 """, executor="slurm")

@@ -330,13 +330,24 @@ def test_validation_errors_are_clear():
 
 
 @pytest.fixture(scope="module")
-def tp2_run(tmp_path_factory):
-    """`echobench run --framework megatron --tp 2 --nproc 2` on the tiny model: its record."""
+def tp2_launch(tmp_path_factory):
+    """`echobench run --framework megatron --tp 2 --nproc 2` on the tiny model: (its record, its output)."""
     out = tmp_path_factory.mktemp("tp2")
     proc = run_cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--out", out,
                    tmp_path=out, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "result.json").read_text())
+    return json.loads((out / "result.json").read_text()), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tp2_launch):
+    return tp2_launch[0]
+
+
+def test_a_launched_run_prints_its_record_once(tp2_launch):
+    """The launcher prints the record; rank 0 under it does not print it again (nor `wrote ...`)."""
+    record, stdout = tp2_launch
+    assert stdout.count("wrote ") == 1 and stdout.count("step time (median") == 1, stdout
 
 
 def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
@@ -377,6 +388,24 @@ def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     s = json.loads((single / "result.json").read_text())
     assert s["te"] is False
     assert r["losses"] == pytest.approx(s["losses"], rel=1e-4)
+
+
+def test_megatron_makes_no_gloo_groups(monkeypatch):
+    """Nothing uses them, and gloo binds to the host name's address (127.0.1.1 on common Ubuntu hosts),
+    which other nodes cannot reach: initialize_model_parallel is asked for none."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from echobench.backends import megatron
+
+    asked = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(parallel_state, "model_parallel_is_initialized", lambda: False)
+    monkeypatch.setattr(parallel_state, "initialize_model_parallel", lambda **kw: asked.update(kw))
+    monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_rank", lambda: 0)
+    megatron.init_model_parallel(1, 0, torch.device("cpu"))
+    assert asked == {"tensor_model_parallel_size": 1, "create_gloo_process_groups": False}
 
 
 def test_launcher_sets_one_cuda_queue_for_megatron_tp(monkeypatch):

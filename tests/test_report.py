@@ -601,10 +601,12 @@ def test_the_software_line_names_cluster_fabric_and_driver(tmp_path):
     rec.env.scheduler = {"cluster": "alps", "partition": "normal", "job_id": "7"}
     rec.env.comm_env = {"NCCL_NET": "AWS Libfabric", "NCCL_SOCKET_IFNAME": "<hsn>"}
     rec.env.driver = "570.86.15"
+    rec.env.nccl_transport = "NET/AWS Libfabric (preflight job <7>)"  # what the sweep's preflight saw
     write(tmp_path, rec)
     page = render_dashboard(load_report_input([tmp_path]))
     assert "cluster <code>alps/normal</code>" in page and "driver <code>570.86.15</code>" in page
     assert "fabric env <code>NCCL_NET=AWS Libfabric NCCL_SOCKET_IFNAME=&lt;hsn&gt;</code>" in page
+    assert "NCCL transport <code>NET/AWS Libfabric (preflight job &lt;7&gt;)</code>" in page
 
 
 def profiled(fractions=None, step_time_s=1.0):

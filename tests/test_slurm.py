@@ -34,7 +34,9 @@ MATRIX = {
         {"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1},
         {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
         {"seed": 1, "fail_at_step": 2},
-        {"seed": 2, "steps": 100000, "time_limit": "1"},  # one minute: SLURM kills it 60-90 s in
+        # Four minutes: USR1 (#SBATCH --signal) makes every rank dump its stacks 80 s before SLURM kills it
+        # (the controller sends it up to a minute early: by then a loaded machine has started the rank).
+        {"seed": 2, "steps": 100000, "time_limit": "4"},
         {"seed": 3, "steps": 100000},  # scancel'd by the test
         # Node 1's worker dies before the process group forms while node 0's waits for it. Within
         # its one-minute limit the job must end as an error naming rank 1, not as a timeout.
@@ -88,16 +90,29 @@ def squeue_state(job_id: str) -> str:
                           text=True).stdout.strip()
 
 
+# NCCL's INFO lines for the preflight's transport check (the testing knob: these CPU nodes run gloo).
+NCCL_SOCKET_LOG = """\
+node1:100:100 [0] NCCL INFO NET/IB : No device found.
+node1:100:100 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.1<0>
+node1:100:120 [0] NCCL INFO Using network Socket
+node1:100:120 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0
+"""
+
+
 @pytest.fixture(scope="module")
 def sweep(cluster, tmp_path_factory):
-    """Submits the matrix, scancels one run once it runs, waits for every run to settle."""
+    """Submits the matrix (its preflight first, on 2 nodes, fabric tcp), scancels one run once it
+    runs, waits for every run to settle."""
     base = tmp_path_factory.mktemp("slurm")
     matrix = base / "slurm-ci.yaml"
-    matrix.write_text(json.dumps(MATRIX))
+    (base / "nccl.log").write_text(NCCL_SOCKET_LOG)
+    slurm = {**MATRIX["slurm"], "fabric": "tcp", "env": {**MATRIX["slurm"]["env"], "ECHOBENCH_TEST_NCCL_LOG": str(base / "nccl.log")}}
+    matrix.write_text(json.dumps({**MATRIX, "slurm": slurm}))
     out = base / "sweep"
     t0 = time.time()
-    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    preflight = proc.stdout
     submitted = runs(out)
     cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
     job = submitted[cancel_id]["job_id"]
@@ -115,7 +130,21 @@ def sweep(cluster, tmp_path_factory):
     wall = time.time() - t0
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall, "nodes": cluster}
+    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall, "nodes": cluster,
+            "preflight": preflight}
+
+
+def test_the_sweep_runs_its_preflight_first_and_its_transport_reaches_every_record(sweep):
+    said = " ".join(sweep["preflight"].split())
+    assert said.index("preflight passed") < said.index("submitted as"), said
+    assert "(job " in said and "2 node(s) x 2 process(es), fabric tcp" in said
+    for check in ("imports", "cpus", "interfaces", "collective", "transport"):
+        assert f"ok {check} node 0" in said, check
+    saved = json.loads((sweep["dir"] / "preflight.json").read_text())
+    assert saved["passed"] and saved["transport"] == "NET/Socket"
+    label = f"NET/Socket (preflight job {saved['job']})"
+    for rid in sweep["submitted"]:
+        assert record(sweep["dir"], rid)["env"]["nccl_transport"] == label, rid
 
 
 def record_seed(sweep: Path, rid: str) -> int:
@@ -175,6 +204,10 @@ def test_failure_timeout_and_cancel_become_record_statuses(sweep):
     failed, slow, cancelled = layouts[1], layouts[2], layouts[3]
     assert failed["status"] == "error" and "injected failure at step 2" in failed["error"]
     assert slow["status"] == "timeout" and "TIMEOUT" in slow["error"] and "TIME LIMIT" in slow["log_tail"]
+    # Before the kill, SLURM's USR1: the rank's stacks in the log, its training loop among them.
+    log = "\n".join(p.read_text(errors="replace") for p in (sweep["dir"] / slow["run_id"] / "logs").glob("slurm-*.out"))
+    assert "most recent call first" in log, log[-3000:]
+    assert "in run_loop" in log
     assert cancelled["status"] == "cancelled" and "CANCELLED" in cancelled["error"]
     for r in (slow, cancelled):  # written by the sweep from the scheduler's state: complete records
         assert r["env"]["recorded_by"].startswith("echobench sweep") and r["run_id"] in sweep["submitted"]
@@ -201,8 +234,29 @@ def test_scripts_run_sh_works_by_hand(sweep):
     deadline = time.time() + 300
     while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
         time.sleep(2)
-    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text()
+    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text(errors="replace")
     assert json.loads((out / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(sweep):
+    """Its run directory and run.yaml do not exist yet: the script writes them (its log goes beside
+    the scripts, a directory that exists)."""
+    base = sweep["base"]
+    matrix = base / "by-hand-plan.yaml"
+    matrix.write_text(json.dumps({**MATRIX, "name": "by-hand-plan", "include": [{"seed": 7}]}))
+    scripts, target = base / "scripts", base / "by-hand-sweep"
+    proc = run_cli("plan", matrix, "--write-scripts", scripts, "--out", target, tmp_path=base)
+    assert proc.returncode == 0 and not target.exists(), proc.stdout + proc.stderr
+    (script,) = scripts.glob("*.sh")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=base, check=True,
+                         env=cli_env()).stdout.strip()
+    deadline = time.time() + 300
+    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
+        time.sleep(2)
+    log = (scripts / "logs" / f"{script.stem}-{job}.out").read_text(errors="replace")
+    assert squeue_state(job) == "COMPLETED", log[-3000:]
+    assert json.loads((target / script.stem / "result.json").read_text())["status"] == "ok"
+    assert (target / script.stem / "run.yaml").exists()
 
 
 def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_failed(sweep):
@@ -239,7 +293,8 @@ def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_p
     matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
                                   "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "calibrating once on a compute node" in proc.stdout
     (calibration,) = (out / "cache" / "calibration").glob("*.json")
@@ -263,11 +318,12 @@ def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_l
                      "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
         "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", tmp_path=tmp_path, timeout=900)
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
     job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]
-    log = (out / "logs" / f"calibrate-comm-{job}.out").read_text()
+    log = (out / "logs" / f"calibrate-comm-{job}.out").read_text(errors="replace")
     profile = load_profile(out / "profile.yaml")
     assert profile.measured and "inter" in profile.links and "2 node(s)" in profile.note, log[-3000:]
     assert {p.group_size for fit in profile.links["inter"].values() for p in fit.points} == {2}  # one rank per node

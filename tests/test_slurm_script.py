@@ -43,7 +43,8 @@ def test_the_matrix_admits_exactly_the_profiles_there_are():
 
     from echobench.matrix import SlurmSettings
 
-    assert set(get_args(SlurmSettings.model_fields["fabric"].annotation)) == set(FABRICS)
+    choices = next(a for a in get_args(SlurmSettings.model_fields["fabric"].annotation) if get_args(a))
+    assert set(get_args(choices)) == set(FABRICS)  # or None: not chosen
 
 
 def test_a_fabric_profile_and_the_matrix_env_over_it():
@@ -56,15 +57,33 @@ def test_a_fabric_profile_and_the_matrix_env_over_it():
         script_for("{fabric: omnipath}")
 
 
-def test_shipped_gpu_matrices_choose_a_profile_instead_of_setting_fabric_variables():
+def test_shipped_gpu_matrices_choose_a_profile_instead_of_overriding_its_variables():
     import yaml
 
     for path in sorted((ROOT / "matrices").glob("*.yaml")):
         slurm = yaml.safe_load(path.read_text()).get("slurm") or {}
-        fabric_vars = {k for k in slurm.get("env", {}) for f in FABRICS.values() if k in f.env}
-        assert not fabric_vars, f"{path.name} sets {fabric_vars}: choose slurm.fabric instead"
-    gh200 = yaml.safe_load((ROOT / "matrices" / "gh200-published.yaml").read_text())["slurm"]
-    assert gh200["fabric"] == "slingshot" and str(gh200["mem"]) == "0"
+        fabric = FABRICS[slurm.get("fabric") or "none"]
+        overridden = {k for k in slurm.get("env", {}) if k in fabric.env}
+        assert not overridden, f"{path.name} sets {overridden}: choose another slurm.fabric instead"
+
+
+def test_the_seeds_cluster_is_gh200_on_infiniband_with_its_own_settings_and_slingshot_has_its_own_matrix():
+    """The seed's runs: quad-GH200 nodes on InfiniBand, its README's NCCL_IB_HCA=mlx5 and
+    NCCL_SOCKET_IFNAME=ib0; NCCL's IB transport required. Slingshot: another matrix, CSCS's variables."""
+    seed = exported(rendered(ROOT / "matrices" / "gh200-published.yaml"))
+    assert (seed["NCCL_NET"], seed["NCCL_IB_HCA"], seed["NCCL_SOCKET_IFNAME"]) == ("IB", "mlx5", "ib0")
+    alps = exported(rendered(ROOT / "matrices" / "gh200-slingshot.yaml"))
+    assert alps["NCCL_SOCKET_IFNAME"] == "hsn" and alps["GLOO_SOCKET_IFNAME"] == "hsn0"
+    assert "NCCL_IB_HCA" not in alps and alps["ECHOBENCH_FABRIC"] == "slingshot"
+
+
+def rendered(matrix_path: Path, tmp: Path = Path("/tmp/eb")) -> list[str]:
+    """The job script of a shipped matrix's first run, as lines."""
+    from echobench.matrix import load_matrix
+
+    m = load_matrix(matrix_path)
+    run = expand(m).runs[0]
+    return render_script(run.cfg, tmp / run.id, m.spec.slurm).splitlines()
 
 
 def test_cpus_and_memory_are_asked_for():
@@ -158,7 +177,8 @@ os.execvp(args[i], args[i:])
         # (SBATCH_PARTITION overrides the script's options: a partition that does not exist).
         inside = {"SBATCH_PARTITION": "no-such-partition", "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "64",
                   "PATH": f"{stub_bin}:{os.environ['PATH']}"}
-        proc = run_cli("sweep", path, "--out", base / name, "--no-wait", tmp_path=base, env=inside)
+        proc = run_cli("sweep", path, "--out", base / name, "--no-wait", "--no-preflight", tmp_path=base,
+                       env=inside)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[name] = base / name
     for name, sweep in out.items():
@@ -168,7 +188,7 @@ os.execvp(args[i], args[i:])
 
 def only_record(sweep: Path) -> tuple[dict, str]:
     rid = next(iter(json.loads((sweep / "sweep.json").read_text())["runs"]))
-    log = "\n".join(p.read_text() for p in sorted((sweep / rid / "logs").glob("slurm-*.out")))
+    log = "\n".join(p.read_text(errors="replace") for p in sorted((sweep / rid / "logs").glob("slurm-*.out")))
     return json.loads((sweep / rid / "result.json").read_text()), log
 
 
@@ -178,7 +198,7 @@ def test_setup_lines_survive_nounset_and_the_activated_interpreter_runs(script_s
     r, log = only_record(script_sweep["dirs"]["setup-ok"])
     assert r["status"] == "ok", r["error"] + log[-2000:]
     assert (script_sweep["venv"] / "used").read_text().split(), "the activated environment's python3 never ran"
-    assert "echobench job: " in log and "GPU(s) visible" in log  # the first-node check
+    assert "echobench job: imports: " in log and "gpus: torch " in log  # the first-node check
     assert [line for line in log.splitlines() if line.startswith("0: ")], "srun -l labels each line by node"
     env = r["env"]  # the scheduler and fabric context, in the record
     assert env["scheduler"]["job_id"] == json.loads((script_sweep["dirs"]["setup-ok"] / "sweep.json").read_text())[
@@ -199,7 +219,8 @@ def test_a_failing_setup_line_is_named(script_sweep):
 def test_a_job_that_wants_a_gpu_and_sees_none_fails_at_the_first_node_check(script_sweep):
     r, log = only_record(script_sweep["dirs"]["wants-gpu"])
     assert r["status"] == "error"
-    assert "this job expects GPUs but torch" in log and "first-node check failed" in log
+    assert "echobench: the first-node check failed: gpus: torch " in log and "is a CPU build" in log
+    assert "first-node check failed" in r["error"], r["error"]
     assert "0: " not in log  # no srun started
 
 
@@ -234,10 +255,10 @@ def test_pyxis_options_and_srun_args_arrive_as_written(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout.splitlines()
     srun = out[:out.index("--")]
     assert srun[:2] == ["--mpi=pmix", "--network=a b;c"]
-    assert srun[2] == f"--container-image={IMAGE}"
-    mounts = srun[3].removeprefix("--container-mounts=").split(",")
+    assert srun[2] == f"--container-image={IMAGE}" and srun[3].startswith("--container-name=echobench-")
+    mounts = srun[4].removeprefix("--container-mounts=").split(",")
     assert mounts[0] == "/lustre:/lustre" and str(ROOT) in mounts and str(tmp_path.resolve()) in mounts
-    assert srun[4:] == ["--container-workdir=/work dir", "--container-writable"]
+    assert srun[5:] == ["--container-workdir=/work dir", "--container-writable"]
     assert out[out.index("--") + 1:] == ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *srun]
     assert not list(tmp_path.rglob("PWNED"))
     assert "PYTHON=python3" in lines  # the image's interpreter, not the sweep's
@@ -289,12 +310,16 @@ def test_sbatch_options_with_hash_brackets_spaces_and_quotes_reach_slurm_as_writ
     assert not list(tmp_path.rglob("PWNED"))
 
 
-def test_the_submit_environment_is_clean():
+def test_the_submit_environment_is_clean_inside_an_allocation_and_the_users_own_outside():
     from echobench.executors.slurm import submit_env
 
     env = submit_env({"SLURM_JOB_ID": "1", "SBATCH_PARTITION": "x", "SRUN_CPUS_PER_TASK": "4", "SLURM_CONF": "/etc/s.conf",
                       "PATH": "/bin", "NCCL_DEBUG": "INFO"})
     assert env == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin", "NCCL_DEBUG": "INFO"}
+    # A login shell: SBATCH_ACCOUNT & co are the user's defaults (an account, a reservation), kept.
+    login = {"SBATCH_ACCOUNT": "proj1", "SBATCH_PARTITION": "gpu", "SBATCH_QOS": "high", "SBATCH_RESERVATION": "bench",
+             "PATH": "/bin"}
+    assert submit_env(login) == login
 
 
 def test_plan_writes_every_job_script_without_submitting(tmp_path):
@@ -307,7 +332,12 @@ def test_plan_writes_every_job_script_without_submitting(tmp_path):
     rid = scripts[0].stem
     one = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--script", rid, "--out", tmp_path / "sw",
                   tmp_path=tmp_path)
-    assert one.stdout == scripts[0].read_text()
+    # The same script, but for its log: SLURM does not start a job whose --output directory is missing,
+    # and the run's directory is not there until the script makes it: the log goes beside the scripts.
+    written = scripts[0].read_text().splitlines()
+    assert f"#SBATCH --output={out}/logs/{rid}-%j.out" in written and (out / "logs").is_dir()
+    assert [x for x in one.stdout.splitlines() if not x.startswith("#SBATCH --output=")] == \
+        [x for x in written if not x.startswith("#SBATCH --output=")]
 
 
 def test_plan_write_scripts_names_its_own_flag_and_takes_no_script(tmp_path):

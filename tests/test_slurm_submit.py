@@ -25,7 +25,7 @@ from rich.console import Console
 from conftest import run_cli
 from echobench import sweep as sw
 from echobench.executors import JobState, SubmitLater
-from echobench.executors.slurm import SlurmError, SlurmExecutor
+from echobench.executors.slurm import Seen, SlurmError, SlurmExecutor
 from echobench.matrix import expand, load_matrix
 from echobench.results import Record
 
@@ -48,6 +48,9 @@ class FakeClock:
     def monotonic(self):
         return self.now
 
+    def time(self):
+        return self.now
+
     def sleep(self, seconds):
         self.sleeps.append(seconds)
         self.now += seconds
@@ -60,16 +63,19 @@ class FakeScheduler:
     name = "slurm"
     poll_s = 5.0
 
-    def __init__(self, limit=1000, max_submitted=None, looks=2, ends=None):
+    def __init__(self, limit=1000, max_submitted=None, looks=2, ends=None, pending=None):
         self.max_active, self.limit, self.looks, self.ends = max_submitted, limit, looks, ends or {}
+        # submission index -> [pending reason, looks it lasts]: the job waits with that reason first
+        self.pending = {k: list(v) for k, v in (pending or {}).items()}
         self.queue: dict[str, list] = {}
         self.refusals = self.submitted = self.most = self.batches = 0
         self.next_id = 100
+        self.cancelled: list[str] = []
 
     def check_dir(self, sweep_dir):
         pass
 
-    def job_script(self, run, run_dir, matrix, time_limit):
+    def job_script(self, run, run_dir, matrix, time_limit, log=None):
         return "#!/bin/bash\n"
 
     def calibrate(self, sweep_dir, matrix, device, log):
@@ -81,7 +87,7 @@ class FakeScheduler:
             raise SubmitLater(f"sbatch refused {run.id} for now: {LIMIT_WORDS.replace(chr(10), ' | ')}")
         self.next_id += 1
         job_id = str(self.next_id)
-        self.queue[job_id] = [run_dir, run.cfg, self.ends.get(self.submitted, self.looks)]
+        self.queue[job_id] = [run_dir, run.cfg, self.ends.get(self.submitted, self.looks), self.pending.get(self.submitted)]
         self.submitted += 1
         self.most = max(self.most, len(self.queue))
         return job_id
@@ -94,9 +100,13 @@ class FakeScheduler:
             if job is None:
                 out[job_id] = JobState("gone", "unknown")
                 continue
+            if (waits := job[3]) is not None and waits[1] > 0:  # pending, as squeue's %r says why
+                waits[1] -= 1
+                out[job_id] = SlurmExecutor.job_state(job_id, Seen("PENDING", "", waits[0]))
+                continue
             job[2] -= 1
             if job[2] > 0:
-                out[job_id] = JobState("running", "RUNNING None")
+                out[job_id] = SlurmExecutor.job_state(job_id, Seen("RUNNING", "", "None"))
                 continue
             Record.without_run(job[1], "ok", "").save(run_dir)
             (run_dir / "job-state").write_text(f"exited {job_id} 0 2026-01-01T00:00:00Z\n")
@@ -107,6 +117,11 @@ class FakeScheduler:
     def state(self, job_id, run_dir):
         return self.states({job_id: run_dir})[job_id]
 
+    def cancel(self, job_ids):
+        self.cancelled += job_ids
+        for job_id in job_ids:
+            self.queue.pop(job_id, None)
+
     def cancel_all(self):
         return []
 
@@ -114,7 +129,7 @@ class FakeScheduler:
         return "the fake jobs keep running: `echobench cancel DIR` stops them"
 
 
-def fake_sweep(tmp_path, monkeypatch, scheduler, n_runs, wait=True):
+def fake_sweep(tmp_path, monkeypatch, scheduler, n_runs, wait=True, clock=None):
     """(exit code, console text, sweep dir): a sweep of n_runs tiny runs on `scheduler`."""
     matrix_path = tmp_path / "m.yaml"
     matrix_path.write_text(json.dumps({"name": "limits", "executor": "slurm", "hardware": {"peak_tflops": 0.5},
@@ -124,11 +139,11 @@ def fake_sweep(tmp_path, monkeypatch, scheduler, n_runs, wait=True):
     runs = expand(matrix, "slurm").runs
     assert len(runs) == n_runs
     monkeypatch.setattr(sw, "make_executor", lambda name, matrix=None: scheduler)
-    clock = FakeClock()
+    clock = clock or FakeClock()
     monkeypatch.setattr(sw, "time", clock)
     console = Console(record=True, width=200, file=io.StringIO())
     out = tmp_path / "sweep"
-    code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="slurm", out=out, wait=wait), console)
+    code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="slurm", out=out, wait=wait, preflight=False), console)
     return code, console.export_text(), out, clock
 
 
@@ -196,6 +211,52 @@ def test_polls_back_off_while_nothing_changes_and_reset_at_a_change(tmp_path, mo
     assert scheduler.batches == 10  # one look per poll for both jobs, never one per job
 
 
+def test_a_job_that_can_never_start_ends_as_an_error_naming_the_limit_and_frees_its_slot(tmp_path, monkeypatch):
+    """PENDING (QOSMaxNodePerJobLimit) would hold the sweep's one slot for ever: after the grace it is
+    cancelled, recorded `error` with the limit and the fix, and the next run goes in; a transient
+    reason (Priority) is waited for."""
+    scheduler = FakeScheduler(max_submitted=1, pending={0: ["QOSMaxNodePerJobLimit", 10**6], 1: ["Priority", 3]})
+    code, text, out, clock = fake_sweep(tmp_path, monkeypatch, scheduler, 2)
+    assert code == 1, text
+    assert statuses(out) == ["error", "ok"] and scheduler.cancelled == ["101"] and scheduler.submitted == 2
+    (blocked,) = [json.loads((d / "result.json").read_text()) for d in out.iterdir()
+                  if (d / "result.json").exists() and json.loads((d / "result.json").read_text())["status"] == "error"]
+    assert blocked["error"].startswith("SLURM job 101 can never start as it is: PENDING (QOSMaxNodePerJobLimit) for ")
+    assert "more than the QOS or account allows one job (sacctmgr show qos" in blocked["error"]
+    assert "--retry-failed" in blocked["error"] and sum(clock.sleeps) >= sw.NEVER_GRACE_S
+
+
+def test_status_shows_the_pending_reason_and_what_a_dependency_waits_for(tmp_path):
+    class Pending:
+        name, poll_s, max_active = "slurm", 5.0, None
+
+        def states(self, jobs):
+            return {j: SlurmExecutor.job_state(j, Seen("PENDING", "", "Dependency")) for j in jobs}
+
+    entry = sw.RunEntry(executor="slurm", job_id="12")
+    looks = sw.look(Pending(), {"r": (entry, tmp_path)}, sw.SweepState(calibration_job="7"))
+    assert looks["r"].detail == "PENDING (Dependency): waits for the calibration job 7"
+    assert SlurmExecutor.job_state("5", Seen("RUNNING", "", "None")).detail == "RUNNING"  # no literal None
+    ended = SlurmExecutor.job_state("5", Seen("CANCELLED", "exit 0:15", "None"))
+    assert ended.detail == "SLURM job 5 ended CANCELLED (exit 0:15)" and ended.state == "cancelled"
+
+
+def test_ctrl_c_names_the_runs_and_jobs_it_leaves_and_says_they_are_pending(tmp_path, monkeypatch):
+    scheduler = FakeScheduler(looks=100, pending={0: ["Priority", 100]})
+    clock = FakeClock()
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    clock.sleep = interrupted
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, clock=clock)
+    rids = json.loads((out / "sweep.json").read_text())["runs"]
+    assert code == 130, text
+    assert "interrupted (Ctrl-C) while waiting for its jobs (1 pending, 1 running)" in flat(text), text
+    first, second = rids
+    assert f"left in the queue: {first} (job 101, pending), {second} (job 102, running)" in flat(text)
+
+
 # ---- the SLURM executor against stand-in commands ----
 
 def stub(bin_dir: Path, name: str, body: str) -> None:
@@ -244,6 +305,20 @@ def test_a_refusal_that_passes_with_time_waits_another_stays_an_error(tmp_path, 
         SlurmExecutor().sbatch(script, "r")
     assert type(exc.value) is (SubmitLater if later else SlurmError)
     assert words.splitlines()[-1].strip() in str(exc.value)
+
+
+def test_a_login_shells_sbatch_defaults_reach_sbatch_and_an_allocations_do_not(tmp_path, bin_dir, monkeypatch):
+    """SBATCH_ACCOUNT & co from a login shell are the user's account and reservation: kept. Inside an
+    allocation (SLURM_JOB_ID set) the SLURM_* / SBATCH_* variables are that job's: dropped."""
+    seen = tmp_path / "seen"
+    stub(bin_dir, "sbatch", f'echo "${{SBATCH_ACCOUNT:-none}} ${{SBATCH_RESERVATION:-none}}" >>"{seen}"\necho 42\n')
+    monkeypatch.setenv("SBATCH_ACCOUNT", "proj1")
+    monkeypatch.setenv("SBATCH_RESERVATION", "bench")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert SlurmExecutor().sbatch(job_script(tmp_path / "r", "eb-r"), "r") == "42"
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    SlurmExecutor().sbatch(job_script(tmp_path / "s", "eb-s"), "s")
+    assert seen.read_text().splitlines() == ["proj1 bench", "none none"]
 
 
 def test_an_sbatch_that_timed_out_is_looked_up_by_name_before_anything_is_recorded(tmp_path, bin_dir):
@@ -385,7 +460,7 @@ def test_a_sweep_under_a_submit_limit_of_2_finishes_every_run(tmp_path, cluster)
     queued jobs with a QOS limit's words. Every run ends ok; the refusal is logged once."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     log = limited_sbatch(stubs, out, 2)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 5), "--out", out, "--poll", "1",
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 5), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -400,7 +475,7 @@ def test_max_submitted_keeps_the_queue_under_the_limit(tmp_path, cluster):
     """slurm.max_submitted: 2 under the same limit: never refused, every run ok."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     log = limited_sbatch(stubs, out, 2)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 4, max_submitted=2), "--out", out, "--poll", "1",
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 4, max_submitted=2), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert statuses(out) == ["ok"] * 4
@@ -415,7 +490,8 @@ def test_no_wait_under_a_limit_then_cancel_ends_the_sweeps_jobs(tmp_path, cluste
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     limited_sbatch(stubs, out, 2)
     matrix = slurm_matrix(tmp_path / "m.yaml", 3, defaults={"steps": 100000})
-    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, env=with_stubs(stubs))
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--no-preflight", tmp_path=tmp_path,
+                   env=with_stubs(stubs))
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert "1 of 3 runs not submitted yet" in flat(proc.stdout) and "QOSMaxSubmitJobPerUserLimit" in proc.stdout
     entries = json.loads((out / "sweep.json").read_text())["runs"]
@@ -444,7 +520,8 @@ def interrupted_sweep(tmp_path: Path, answer: str | None) -> tuple[subprocess.Co
     `answer`, or no terminal (None). (exit code and output, the job id, the sweep dir)."""
     out = tmp_path / "sweep"
     matrix = slurm_matrix(tmp_path / "m.yaml", 1, defaults={"steps": 100000})
-    cmd = [sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(out), "--poll", "1"]
+    cmd = [sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(out), "--poll", "1",
+           "--no-preflight"]
     from conftest import ROOT, cli_env
 
     master = slave = None

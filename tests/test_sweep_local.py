@@ -149,7 +149,7 @@ def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(cli, tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert "interrupted (Ctrl-C) while running: finished results are kept; 2 of 4 runs not started" in out, out
+    assert "interrupted (Ctrl-C) while waiting for its jobs (1 running): finished results are kept; 2 of 4 runs not started" in out, out
     records = {rid: record(sweep, rid) for rid in state(sweep)}
     assert records[long_id]["status"] == "cancelled" and "Ctrl-C" in records[long_id]["error"]
     assert [r["status"] for rid, r in records.items() if rid != long_id] == ["ok"]

@@ -107,7 +107,9 @@ def init_model_parallel(tp: int, seed: int, device: torch.device) -> None:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        # No gloo groups: nothing here uses them, and gloo binds to the host name's address (127.0.1.1 on
+        # common Ubuntu hosts), where other nodes cannot reach it.
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
     rank = dist.get_rank()
     if parallel_state.get_tensor_model_parallel_rank() != rank % tp:
         raise RuntimeError("megatron placed TP groups on non-contiguous ranks; bench.py assumes rank // tp is the DP rank")
@@ -227,7 +229,9 @@ def megatron_optimizer(ddp, params_dtype: torch.dtype, distributed: bool, device
     else:
         building = nullcontext
     with building():
-        optimizer = get_megatron_optimizer(config, [ddp], config_overrides={})
+        # Without gloo groups (initialize_model_parallel made none): megatron-core uses them only to
+        # save the distributed optimizer's state, which a benchmark never does.
+        optimizer = get_megatron_optimizer(config, [ddp], config_overrides={}, use_gloo_process_groups=False)
     for inner in optimizer.chained_optimizers:
         if type(inner.optimizer) is torch.optim.AdamW:
             # Without TE's or Apex's FusedAdam, megatron-core builds torch's AdamW unfused; torch

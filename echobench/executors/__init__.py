@@ -16,6 +16,8 @@ What a sweep asks of an executor is the `Executor` protocol; `make_executor` pic
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ class JobState:
     state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
     detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
     exit_code: int | None = None
+    reason: str = ""  # why a pending job waits (the scheduler's reason code: Priority, Dependency, ...)
+    never: str = ""  # the fix, when that reason says it can never start as it is (PartitionNodeLimit, ...)
 
 
 class SubmitLater(RuntimeError):
@@ -56,8 +60,9 @@ class Executor(Protocol):
     def check_dir(self, sweep_dir: Path) -> None:
         """Raises ValueError when the sweep directory cannot serve this executor (before anything is written)."""
 
-    def job_script(self, run: PlannedRun, run_dir: Path, matrix: Matrix, time_limit: str) -> str:
-        """The exact RUN_DIR/job.sh of a run (`echobench plan --script` prints it)."""
+    def job_script(self, run: PlannedRun, run_dir: Path, matrix: Matrix, time_limit: str, log: Path | None = None) -> str:
+        """The exact RUN_DIR/job.sh of a run (`echobench plan --script` prints it); `log`, where a
+        scheduler writes its output when not in RUN_DIR/logs (a script to submit by hand)."""
 
     def calibrate(self, sweep_dir: Path, matrix: Matrix, device: str, log: Callable[[str], None]) -> None:
         """Runs without a peak are to be submitted: measure the GEMM rate where they will run, once per
@@ -118,6 +123,21 @@ def calibrated(sweep_dir: Path) -> bool:
 
 
 SWEEP_FILE = "sweep.json"  # a sweep directory's state (echobench.sweep.SweepState)
+PREFLIGHT_FILE = "preflight.json"  # a sweep's last preflight (echobench.preflight.Preflight)
+
+
+def transport_label(transport: str | None, job: str | None) -> str | None:
+    """The record's env.nccl_transport: the network a preflight saw NCCL choose, and which preflight."""
+    return f"{transport} (preflight job {job})" if transport else None
+
+
+def sweep_transport(sweep_dir: Path) -> str | None:
+    """transport_label of the sweep's passed preflight (for the records the sweep writes itself)."""
+    try:
+        seen = json.loads((sweep_dir / PREFLIGHT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return transport_label(seen.get("transport"), seen.get("job")) if seen.get("passed") else None
 
 
 def sweep_profile(sweep_dir: Path) -> Path:
@@ -185,12 +205,25 @@ def log_tail(run_dir: Path, lines: int = 40) -> str:
     return "\n".join(verdict + tail)
 
 
+# Log lines that never explain an end: Python's warnings (the line and its `warnings.warn(` echo).
+NOISE = re.compile(r"warnings\.warn\(|\b\w*Warning: |^(\d+: )?\s*$")
+# Lines that say why something ended.
+TELLS = re.compile(r"error|fail|killed|signal|traceback|\*\*\*|exception|timed? ?out|reset by peer|refused|"
+                   r"cancel|lost|went down|abort|terminat|not found|no such|cannot|exit(ed)? (with )?code", re.IGNORECASE)
+
+
+def explaining_lines(tail: str, lines: int = 3) -> list[str]:
+    """The lines of a log tail that explain how the job ended: SLURM's own `*** ... ***` verdict, then
+    the last `lines` that say an error, a signal, a lost peer (else the last lines), warnings left out."""
+    kept = [line.strip() for line in tail.splitlines() if line.strip() and not NOISE.search(line)]
+    verdict = [line for line in kept if "***" in line][-1:]
+    telling = [line for line in kept if TELLS.search(line) and line not in verdict][-lines:]
+    return verdict + (telling or [line for line in kept[-lines:] if line not in verdict])
+
+
 def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
-    """A few log lines for the one-line error: SLURM's own `*** ... ***` verdict first."""
-    all_lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    verdict = [line for line in all_lines if "***" in line][-1:]
-    kept = verdict + [line for line in all_lines[-lines:] if line not in verdict]
-    return " | ".join(kept)[:limit]
+    """A few log lines for the one-line error (explaining_lines)."""
+    return " | ".join(explaining_lines(tail, lines))[:limit]
 
 
 def archive_attempt(rd: Path, attempt: int) -> None:
@@ -254,6 +287,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
 
     tail = log_tail(run_dir)
     record = Record.without_run(cfg, status, why, log_tail=tail)
+    record.env.nccl_transport = sweep_transport(run_dir.parent)
     if own is None and (failures := rank_failures(run_dir)):
         # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
         # when another node's failed): name that rank first; the scheduler's verdict beats a plain error.

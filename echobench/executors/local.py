@@ -159,8 +159,8 @@ class LocalExecutor:
     def check_dir(self, sweep_dir: Path) -> None:
         pass  # any directory: the scripts quote its path
 
-    def job_script(self, run, run_dir: Path, matrix, time_limit: str) -> str:
-        return render_local_script(run.cfg, run_dir)  # the time limit is kept by this process (state)
+    def job_script(self, run, run_dir: Path, matrix, time_limit: str, log: Path | None = None) -> str:
+        return render_local_script(run.cfg, run_dir)  # the time limit is kept by this process (state); log: local.log
 
     def calibrate(self, sweep_dir: Path, matrix, device: str, log) -> None:
         self.env["ECHOBENCH_CACHE"] = str(calibrate_here(sweep_dir, device, log))

@@ -377,6 +377,7 @@ def header_facts(data: ReportInput) -> dict:
                                             for e in envs)) or "-"
     versions["fabric env"] = "; ".join(_unique(" ".join(f"{k}={v}" for k, v in (e.comm_env or {}).items())
                                                for e in envs)) or "-"
+    versions["NCCL transport"] = ", ".join(_unique(e.nccl_transport for e in envs)) or "-"
     matrices = _unique(data.frame["matrix"])
     statuses = Counter(r.status for r in records)
     return {

@@ -1,0 +1,251 @@
+"""Preflight (issue 33): one short job in the matrix's exact environment before any run. Its checks
+on their own (the NCCL transport read from real-looking NCCL_DEBUG=INFO lines, CPUs, numactl,
+interfaces, imports), how its log is read and judged, and, on the local SLURM cluster, a preflight
+that fails on a missing import (the sweep submits nothing and resumes after the fix) and one that
+fails on a sockets transport under the `infiniband` fabric. A passing one runs before the main
+sweep of tests/test_slurm.py, which checks that its transport reaches every record."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from test_slurm_submit import cluster  # noqa: F401 - a cluster that answers; this test's jobs scancelled after it
+from echobench import nodecheck
+from echobench.fabric import nccl_transport, transport_problem
+from echobench.matrix import expand, parse_matrix
+from echobench.preflight import parse_checks, preflight_spec, verdict
+
+# What NCCL 2.2x prints with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET, one rank of a 2-node job each.
+NCCL_IB = """\
+gpu-001:12345:12345 [0] NCCL INFO Bootstrap : Using ib0:10.0.0.1<0>
+gpu-001:12345:12345 [0] NCCL INFO NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory : when loading libnccl-net.so
+gpu-001:12345:12345 [0] NCCL INFO NET/Plugin: Using internal network plugin.
+gpu-001:12345:12401 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB [3]mlx5_3:1/IB [RO]; OOB ib0:10.0.0.1<0>
+gpu-001:12345:12401 [0] NCCL INFO Using network IB
+gpu-001:12345:12401 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read
+gpu-001:12345:12401 [0] NCCL INFO Channel 00/0 : 4[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+gpu-001:12345:12401 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/0/GDRDMA
+"""
+NCCL_SOCKET = """\
+gpu-001:12345:12345 [0] NCCL INFO Bootstrap : Using eth0:10.1.0.1<0>
+gpu-001:12345:12345 [0] NCCL INFO NET/Plugin: No plugin found (libnccl-net.so)
+gpu-001:12345:12401 [0] NCCL INFO NET/IB : No device found.
+gpu-001:12345:12401 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.1<0>
+gpu-001:12345:12401 [0] NCCL INFO Using network Socket
+gpu-001:12345:12401 [0] NCCL INFO Channel 00/0 : 4[0] -> 0[0] [receive] via NET/Socket/0
+gpu-001:12345:12401 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/Socket/0
+"""
+NCCL_OFI = """\
+nid001234:4567:4567 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v8)
+nid001234:4567:4567 [0] NCCL INFO NET/OFI Using aws-ofi-nccl 1.14.0
+nid001234:4567:4567 [0] NCCL INFO NET/OFI Selected provider is cxi, fabric is cxi (found 4 nics)
+nid001234:4567:4601 [0] NCCL INFO Using network AWS Libfabric
+nid001234:4567:4601 [0] NCCL INFO Channel 00/0 : 4[0] -> 0[0] [receive] via NET/AWS Libfabric/0/GDRDMA
+"""
+
+
+@pytest.mark.parametrize("log, network", [(NCCL_IB, "IB"), (NCCL_SOCKET, "Socket"), (NCCL_OFI, "AWS Libfabric")])
+def test_the_network_nccl_chose_is_read_from_its_info_lines(log, network):
+    found = nccl_transport(log)
+    assert found.network == network and found.via_net and found.label == f"NET/{network}"
+    assert nccl_transport("\n".join(line for line in log.splitlines() if "via NET" not in line)).network == network
+
+
+def test_a_network_that_does_not_fit_the_fabric_is_a_failure_naming_the_missing_device_or_plugin():
+    socket = nccl_transport(NCCL_SOCKET)
+    seen, fix = transport_problem("infiniband", socket)
+    assert seen == "NCCL chose NET/Socket under fabric infiniband (NET/IB : No device found.)"
+    assert "/dev/infiniband" in fix and "NCCL_IB_HCA" in fix
+    seen, fix = transport_problem("slingshot", socket)
+    assert seen.startswith("NCCL chose NET/Socket under fabric slingshot") and "aws-ofi-nccl" in fix
+    assert 'com.hooks.aws_ofi_nccl.enabled = "true"' in fix
+    assert transport_problem("infiniband", nccl_transport(NCCL_IB)) is None
+    assert transport_problem("slingshot", nccl_transport(NCCL_OFI)) is None
+    assert transport_problem("tcp", socket) is None and transport_problem(None, socket) is None  # takes any
+    assert transport_problem("infiniband", nccl_transport("")) is None  # no line: said by the check
+
+
+def test_the_transport_check_fails_only_across_nodes_and_skips_on_cpus(tmp_path, monkeypatch):
+    monkeypatch.delenv(nodecheck.TEST_NCCL_LOG, raising=False)
+    assert nodecheck.transport_check("", "infiniband", "cpu", 2).ok is None
+    check = nodecheck.transport_check(NCCL_SOCKET, "infiniband", "cuda", 2)
+    assert check.ok is False and "NET/Socket" in check.detail and check.fix
+    one_node = nodecheck.transport_check(NCCL_SOCKET, "infiniband", "cuda", 1)
+    assert one_node.ok is True and one_node.seen == "NET/Socket"
+    ok = nodecheck.transport_check(NCCL_IB, "infiniband", "cuda", 2)
+    assert (ok.ok, ok.seen) == (True, "NET/IB")
+    (tmp_path / "nccl.log").write_text(NCCL_SOCKET)  # the testing knob: a CPU cluster's stand-in for NCCL
+    monkeypatch.setenv(nodecheck.TEST_NCCL_LOG, str(tmp_path / "nccl.log"))
+    assert nodecheck.transport_check("", "infiniband", "cpu", 2).ok is False
+
+
+def test_cpus_numactl_and_interfaces(tmp_path, monkeypatch):
+    few = nodecheck.check_cpus("1", 8)
+    assert few.ok is False and "1 CPU(s) for 8 processes" in few.detail and "--cpus-per-task=64" in few.fix
+    assert nodecheck.check_cpus("64", 8).ok and nodecheck.check_cpus(None, 8).ok is None
+    monkeypatch.setenv("PATH", str(tmp_path))  # no numactl here
+    missing = nodecheck.check_numactl("node")
+    assert missing.ok is False and "needs the numactl command" in missing.detail and "numactl" in missing.fix
+    (tmp_path / "numactl").write_text("#!/bin/sh\n")
+    (tmp_path / "numactl").chmod(0o755)
+    assert nodecheck.check_numactl("node").ok and nodecheck.check_numactl(None).ok is None
+    names = {"lo", "eth0", "ib0", "hsn0", "hsn1"}
+    assert nodecheck.interfaces_missing("hsn", names, prefixes=True) == []
+    assert nodecheck.interfaces_missing("=hsn", names, prefixes=True) == ["hsn"]
+    assert nodecheck.interfaces_missing("^lo,docker0", names, prefixes=True) == []
+    assert nodecheck.interfaces_missing("ib0,ib1", names, prefixes=False) == ["ib1"]
+    bad = nodecheck.check_interfaces({"GLOO_SOCKET_IFNAME": "no-such-if0"})
+    assert bad.ok is False and "GLOO_SOCKET_IFNAME=no-such-if0: no such interface" in bad.detail
+
+
+def test_the_import_check_names_each_module_that_does_not_import():
+    check = nodecheck.check_imports(["json", "echobench_no_such_module", "yaml"])
+    assert check.ok is False and "echobench_no_such_module: ModuleNotFoundError" in check.detail
+    assert "pip install -e" in check.fix
+    assert nodecheck.backend_imports("megatron", "on") == ["megatron.core", "echobench.backends.megatron",
+                                                           "transformer_engine.pytorch"]
+    assert nodecheck.backend_imports("torchtitan", precision="fp8") == ["torchao.float8"]
+
+
+def spec_of(text: str, executor: str = "slurm") -> dict:
+    m = parse_matrix(text, "m.yaml")
+    return preflight_spec(m, expand(m, executor).runs, executor)
+
+
+def test_the_spec_asks_for_two_nodes_where_a_run_has_several_and_the_backends_runs_import():
+    spec = spec_of("name: t\nexecutor: slurm\nslurm: {gpus_per_node: 4, fabric: infiniband, numa_binding: node}\n"
+                   "hardware: {device: H100}\ndefaults: {parallelism: ddp}\naxes: {nodes: [1, 4]}\n"
+                   "include: [{framework: megatron, parallelism: tp2}, {parallelism: fsdp2, compile: true}]\n")
+    assert (spec["nodes"], spec["nproc"], spec["expect_gpus"], spec["device"]) == (2, 4, True, "cuda")
+    assert {"megatron.core", "echobench.backends.megatron", "echobench.cli"} <= set(spec["imports"])
+    assert spec["compile"] and spec["numa_binding"] == "node" and spec["fabric"] == "infiniband"
+    cpu = spec_of("name: t\nslurm: {request_gpus: false}\ndefaults: {parallelism: single}\n")
+    assert (cpu["nodes"], cpu["expect_gpus"], cpu["device"]) == (1, False, "cpu")
+
+
+def line(node: int, name: str, ok, detail: str = "d", fix: str = "") -> str:
+    return f"{node}: {nodecheck.MARK} " + json.dumps({"name": name, "ok": ok, "detail": detail, "fix": fix,
+                                                       "node": node, "host": f"h{node}"})
+
+
+def test_the_verdict_reads_every_nodes_lines_from_the_log():
+    spec = {"nodes": 2}
+    both = "\n".join([line(0, "imports", True), "1: noise", line(1, "imports", True), line(0, "transport", True),
+                      line(1, "transport", None), "0: " + nodecheck.MARK + " {cut"])
+    checks = parse_checks(both)
+    assert [c["name"] for c in checks] == ["imports", "imports", "transport", "transport"]
+    # srun may pass a line on in pieces, each labelled: they are put together again.
+    cut = line(0, "interfaces", True, "eth0, lo")
+    pieces = "\n".join([cut[:60], line(1, "cpus", True), "0: " + cut[60:]])
+    assert [(c["name"], c["node"]) for c in parse_checks(pieces)] == [("cpus", 1), ("interfaces", 0)]
+    assert verdict(spec, checks, "COMPLETED", both, "7") == (True, "")
+    failed = both + "\n" + line(1, "cpus", False, "1 CPU(s) for 4 processes", "ask for 4")
+    assert verdict(spec, parse_checks(failed), "FAILED", failed, "7") == (False, "")
+    # A job that died before node 1 said anything: its log's lines that explain it, with a fix where known.
+    died = "\n".join([line(0, "imports", True), line(0, "transport", True), "/usr/bin/python3: Error while finding "
+                      "module specification for 'echobench.nodecheck' (ModuleNotFoundError: No module named 'echobench')",
+                      "srun: error: node2: task 1: Exited with exit code 1"])
+    passed, why = verdict(spec, parse_checks(died), "FAILED (exit 1:0)", died, "7")
+    assert not passed and why.startswith("preflight job 7 ended (FAILED (exit 1:0)) before node(s) 1 said their checks")
+    assert "No module named 'echobench'" in why and "mount its checkout" in why
+    setup = "echobench: setup line 2 failed (exit 1): 'module load nccl'"
+    assert "fix: fix that line of slurm.setup" in verdict(spec, [], "FAILED", setup, "8")[1]
+
+
+# ---- on the local SLURM cluster ----
+
+def two_nodes() -> None:
+    from test_slurm import cluster_nodes
+
+    if len(cluster_nodes()) < 2:
+        message = "no local SLURM cluster with 2 or more nodes: bash scripts/slurm-local.sh up 2"
+        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
+        "speaker_frames": 40}
+
+
+def cpu_matrix(path: Path, slurm: dict, include: list[dict]) -> Path:
+    path.write_text(json.dumps({
+        "name": "pf", "executor": "slurm", "hardware": {"peak_tflops": 0.5}, "defaults": TINY, "include": include,
+        "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1}, **slurm}}))
+    return path
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.slurm
+def test_a_missing_import_fails_preflight_submits_nothing_and_the_same_sweep_resumes_after_the_fix(tmp_path, cluster):
+    """As in an image without typer: a setup line puts a typer that does not import first on the
+    path. The sweep's preflight names the module and the fix, submits no run (nothing measured is
+    lost), exits 1; with the setup line gone the same sweep passes its preflight and submits."""
+    shim = tmp_path / "shim" / "typer"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'typer' (not in this image)\")\n")
+    matrix, out = tmp_path / "m.yaml", tmp_path / "sweep"
+    cpu_matrix(matrix, {"setup": [f"export PYTHONPATH={shim.parent}:$PYTHONPATH"]}, [{"seed": 1}])
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, timeout=600)
+    text = flat(proc.stdout)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "preflight FAILED" in text and "FAILED imports node 0:" in text, text
+    assert "typer: ModuleNotFoundError: No module named 'typer' (not in this image)" in text
+    assert "fix: install echobench's dependencies where $PYTHON runs" in text
+    assert "no run submitted: 1 runs wait for a passing preflight" in text
+    assert json.loads((out / "sweep.json").read_text())["runs"] == {}
+    rows = json.loads(run_cli("status", out, "--json", tmp_path=tmp_path).stdout)
+    assert [r["state"] for r in rows] == ["not started"]
+    cpu_matrix(matrix, {}, [{"seed": 1}])  # the fix
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, timeout=600)
+    assert proc.returncode == 0 and "preflight passed" in flat(proc.stdout), proc.stdout + proc.stderr
+    (entry,) = json.loads((out / "sweep.json").read_text())["runs"].values()
+    assert entry["job_id"] and "submitted as" in proc.stdout
+    subprocess.run(["scancel", entry["job_id"]])
+
+
+@pytest.mark.slurm
+def test_sockets_under_the_infiniband_fabric_fail_preflight(tmp_path, cluster):
+    """Two CPU nodes under fabric infiniband; NCCL's INFO lines are a real-looking sockets log (the
+    testing knob: these nodes run gloo). Every other check passes; the transport check fails,
+    naming the missing device, and `echobench preflight` exits 1."""
+    two_nodes()
+    log = tmp_path / "nccl.log"
+    log.write_text(NCCL_SOCKET)
+    matrix = cpu_matrix(tmp_path / "m.yaml", {"fabric": "infiniband",  # its GLOO_SOCKET_IFNAME=ib0: none here
+                                              "env": {"OMP_NUM_THREADS": 1, "GLOO_SOCKET_IFNAME": "lo",
+                                                      nodecheck.TEST_NCCL_LOG: str(log)}},
+                        [{"parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}])
+    proc = run_cli("preflight", matrix, "--out", tmp_path / "sweep", tmp_path=tmp_path, timeout=600)
+    text = flat(proc.stdout)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "preflight FAILED" in text and "2 node(s) x 1 process(es), fabric infiniband" in text
+    assert ("FAILED transport node 0,1: NCCL chose NET/Socket under fabric infiniband (NET/IB : No device found.) "
+            "fix: no usable InfiniBand device") in text, text
+    assert "ok collective node 0:" in text and "ok imports node 0,1:" in text
+    saved = json.loads((tmp_path / "sweep" / "preflight.json").read_text())
+    assert not saved["passed"] and saved["job"] and saved["transport"] is None
+
+
+def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs_need_more(tmp_path):
+    from echobench.atomic import write_json_atomic
+    from echobench.preflight import Preflight, matrix_sha, passed_before
+
+    m = parse_matrix("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\ndefaults: {device: cpu, parallelism: ddp, "
+                     "gpus_per_node: 2}\naxes: {nodes: [1, 2]}\n", "m.yaml")
+    runs = expand(m).runs
+    one_node = [r for r in runs if r.cfg.nodes == 1]
+    spec = preflight_spec(m, one_node, "slurm")  # a sweep with --only nodes=1 checked one node
+    write_json_atomic(tmp_path / "preflight.json", Preflight(passed=True, executor="slurm", job="5",
+                                                             matrix_sha=matrix_sha(m), spec=spec).model_dump())
+    assert passed_before(tmp_path, m, one_node, "slurm").job == "5"
+    assert passed_before(tmp_path, m, runs, "slurm") is None  # the 2-node runs need a 2-node preflight
+    other = parse_matrix(m.text + "# edited\n", "m.yaml")
+    assert passed_before(tmp_path, other, one_node, "slurm") is None  # another matrix file
