@@ -2,6 +2,7 @@
 for about what it needs (so that it can be backfilled), never less than the floor nor more than
 slurm.time; an include's own limit wins and a run the plan cannot estimate keeps slurm.time."""
 
+import dataclasses
 import json
 import math
 
@@ -16,7 +17,7 @@ name: t
 executor: slurm
 slurm: {time: "04:00:00", time_from_estimate: {factor: 3, floor: "00:20:00"}}
 hardware: {peak_tflops: %s, assumed_mfu: 0.4}
-defaults: {scale: 800M, parallelism: single, micro_batch: 8}
+defaults: {scale: 800M, parallelism: single, micro_batch: 8, compile: false}  # no compile allowance
 axes: {steps: [10, 2000, 3000000]}
 include: [{steps: 7, time_limit: "00:45:00"}]
 """
@@ -76,3 +77,16 @@ def test_a_bad_rule_is_refused(rule):
 
     with pytest.raises(MatrixError, match="time_from_estimate"):
         parse_matrix(f"name: t\nslurm: {{time_from_estimate: {rule}}}\n", "m.yaml")
+
+
+@pytest.mark.parametrize("settings, compiles", [({}, True), ({"device": "cuda"}, True), ({"device": "cpu"}, False),
+                                                ({"device": "cpu", "compile": True}, True), ({"compile": False}, False)])
+def test_compile_auto_gets_the_compile_allowance_unless_the_run_is_on_a_cpu(settings, compiles):
+    """compile: auto compiles on a GPU; with device auto the plan cannot tell, so the limit errs long."""
+    from echobench.estimate import COMPILE_S
+
+    m = parse_matrix(MATRIX % "100", "m.yaml")
+    base = next(r for r in expand(m).runs if r.cfg.steps == 10)
+    run = dataclasses.replace(base, cfg=dataclasses.replace(base.cfg, **{"compile": "auto", "device": "auto", **settings}))
+    assert run.cfg.may_compile() is compiles
+    assert estimated_seconds(run, m) - estimated_seconds(base, m) == pytest.approx(COMPILE_S if compiles else 0)
