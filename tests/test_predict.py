@@ -524,7 +524,7 @@ def _cpu_profile_with_host_steps(factor: float, per_op: float) -> HardwareProfil
     points = []
     for shape, ops in ((HOST_RUN, 2200), (REFERENCE_RUN, 2230)):
         run = RunConfig(**shape)
-        dev = pr._device_seconds(run, rates, pr.compute_bytes(run, prof))
+        dev = pr.device_seconds(run, rates, pr.compute_bytes(run, prof))
         compute = sum(v for k, v in dev.items() if k != "optimizer")
         step = factor * compute + dev["optimizer"] + per_op * ops
         points.append(HostPoint(**shape, ops=ops, step_s=step, source="set"))
@@ -538,7 +538,7 @@ def test_the_in_situ_factor_is_what_the_two_host_steps_give():
     rates = pr.Rates(prof)
     assert rates.compute_factor == pytest.approx(1.4, rel=1e-9)
     run = RunConfig(scale="tiny", micro_batch=4, audio_frames=200, text_tokens=64, speaker_frames=160, device="cpu")
-    assert pr._host_per_op(run, rates) == pytest.approx(3e-6, rel=1e-6)
+    assert pr.host_per_op(run, rates) == pytest.approx(3e-6, rel=1e-6)
     assert pr.predict(run, prof).parts["gemm"] == pytest.approx(1.4 * pr.predict(run, prof.model_copy(
         update={"host_steps": prof.host_steps[:1]})).parts["gemm"], rel=1e-9)
     assert "in-situ factor 1.4" in pr.profile_lines([prof])[0]  # said with the profile it came from

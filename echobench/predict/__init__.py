@@ -1,0 +1,116 @@
+"""`echobench predict`: a performance model of one training step, from a run's settings and a
+hardware profile (echobench.hwprofile), and its residual against measured records.
+
+Per rank and step (README, "Predicting a run"):
+
+    device  = forward + backward + optimizer + exposed communication
+    forward = sum over the step's GEMMs of 2 m n k / gemm_tflops(m, n, k)        (flops.py's matmuls,
+              + attention FLOPs / attention_tflops(seq_q, seq_k)                at the run's rows,
+              + element-wise bytes / memory_gbps                                TP-split per rank)
+    backward: the same for the input- and weight-gradient GEMMs (and AC's recompute)
+    optimizer = AdamW + gradient-clipping bytes of this rank's parameters / memory_gbps
+    host    = dispatched ATen ops of the step x the host's cost per op (the profile's host point)
+    step    = device + host on a CPU (the host runs the kernels itself), max(device, host) on a GPU
+              (the host queues kernels ahead of the device)
+
+Communication: each collective of commvolume.step_bytes priced with hwprofile.collective_seconds,
+then placed: DDP's bucketed gradient all-reduce overlaps backward but its last bucket; FSDP2's
+all-gathers are prefetched (the first exposed), its reduce-scatters overlap backward (the last
+exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlaps forward; TP's
+collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
+part + max(0, the rest - the compute of the phase it overlaps).
+
+Element-wise bytes (eager): 6.0 x forward and 9.5 x backward the bytes of what autograd saves per
+sample (memory.activation_elements_per_sample, x micro-batch x the compute dtype's size): the ratio
+of the bytes read + written by every non-matmul ATen op of a real tiny step to that estimate,
+counted (5.4 .. 7.2 forward, 9.4 .. 14 backward over micro-batches 1-4 and lengths 50-400; a test
+holds it). Compiled blocks (inductor fuses each element-wise chain into one kernel): 2 x / 3 x,
+assumed. AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read,
+p, m, v written), at the profile's measured AdamW rate (memory op "adamw") where it has one, else
+at its add bandwidth; clipping 8 (counted) at the add bandwidth.
+
+Host ops per step: HOST_OPS, counted on real tiny steps of each layout (per DiT, speaker and text
+encoder layer, plus a fixed part; a test holds the single-process rows against a count).
+
+The MFU convention is the record's: model FLOPs / (step time x world x peak), the peak the run's
+(the matrix's peak_tflops, else the datasheet entry of the profile's device, else the profile's
+best GEMM rate). The interval: the model at the calibration's best and worst figures (each GEMM,
+attention and memory point's min / max, the host step's min / max; each collective fit +- its
+rel_rms). Plain functions over RunConfig; no torch import (commvolume's imports it where the
+collectives are derived).
+
+The package, by what each file is (every name callers use is re-exported here):
+
+    work.py           what a step of Echo runs on a rank: its GEMMs and attentions (step_work), its
+                      element-wise and optimizer bytes, the parameters a rank updates, the host's ATen
+                      ops (host_ops)
+    pricing.py        that work priced on a profile: Rates (GEMM, attention, memory and collective
+                      figures at one bound), device_seconds, the CPU's in-situ factor, the host point,
+                      run_peak, priced (the run as the profile's device runs it)
+    communication.py  the step's collectives priced and placed (Collective, collectives), exposed,
+                      link_bytes, hide_gbps
+    model.py          the prediction: predict -> Prediction (host_per_op, the interval, MFU, memory,
+                      notes); predict_runs, ranks, at_nodes, parse_nodes
+    profiles.py       which profile a run takes: load_profiles, profile_for_device, machine_device,
+                      choose_profile; profile_lines, no_profile_message, other_device_lines
+    measured.py       a prediction held against a measured record: against -> Comparison, summary,
+                      predicted_shares / measured_shares
+    tables.py         rich tables: prediction_table, comparison_table
+    errors.py         PredictError
+"""
+
+from echobench.config import run_id  # callers reach it as predict.run_id
+from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
+from echobench.predict.errors import PredictError
+from echobench.predict.measured import BREAKDOWN_PARTS, Comparison, against, measured_shares, predicted_shares, summary
+from echobench.predict.model import Prediction, at_nodes, host_per_op, parse_nodes, predict, predict_runs, ranks
+from echobench.predict.pricing import (
+    BOUNDS,
+    FACTOR_BOUNDS,
+    Rates,
+    compute_bytes,
+    device_seconds,
+    device_type,
+    host_point,
+    in_situ_factor,
+    is_cpu,
+    is_cpu_name,
+    priced,
+    run_peak,
+)
+from echobench.predict.profiles import (
+    choose_profile,
+    load_profiles,
+    machine_device,
+    no_profile_message,
+    other_device_lines,
+    profile_for_device,
+    profile_lines,
+    profile_processes,
+)
+from echobench.predict.tables import comparison_table, prediction_table
+from echobench.predict.work import (
+    AC_BACKWARD_OPS,
+    ADAMW_BYTES,
+    CLIP_BYTES,
+    COMPILED_BLOCK_OPS,
+    ELEMENTWISE,
+    HOST_OPS,
+    AttentionWork,
+    Matmul,
+    elementwise_bytes,
+    host_ops,
+    rank_params,
+    run_work,
+    step_work,
+)
+
+__all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES",
+           "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
+           "PredictError", "Prediction", "Rates", "against", "at_nodes", "choose_profile", "collectives",
+           "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",
+           "hide_gbps", "host_ops", "host_per_op", "host_point", "in_situ_factor", "is_cpu", "is_cpu_name",
+           "link_bytes", "load_profiles", "machine_device", "measured_shares", "no_profile_message",
+           "other_device_lines", "parse_nodes", "predict", "predict_runs", "predicted_shares", "prediction_table",
+           "priced", "profile_for_device", "profile_lines", "profile_processes", "rank_params", "ranks", "run_id",
+           "run_peak", "run_work", "step_work", "summary"]

@@ -1,0 +1,130 @@
+"""How a step's collectives are priced and placed: commvolume.step_bytes of the run, each priced
+at the profile's link fit (Rates.collective_seconds) and placed where it can hide (Collective:
+forward, backward or on the critical path, with its unhideable floor); exposed, the part compute
+cannot cover; link_bytes and hide_gbps, the traffic per link class and the bandwidth that hides it.
+The placement rules are in echobench.predict's docstring."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from echobench.config import RunConfig
+from echobench.hwprofile import bus_factor
+from echobench.predict.pricing import Rates, is_cpu
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective of the step, priced: where it can hide (forward, backward or nowhere)
+    and how much of it cannot (`floor_s`: a first all-gather, a last bucket or reduce-scatter)."""
+
+    what: str
+    op: str
+    group: str
+    group_size: int
+    link: str
+    calls: int
+    nbytes: int
+    bus_bytes: float
+    alpha_s: float  # the fit's latency per call
+    bus_gbps: float  # the fit's bus bandwidth
+    seconds: float
+    overlaps: str  # forward, backward, none
+    floor_s: float
+
+
+def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
+    """The byte caps of DDP's first and further buckets in the run's backend (commvolume's)."""
+    from echobench.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes  # imports torch
+
+    return megatron_ddp_bucket_bytes(cfg) if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
+
+
+def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:
+    """The bytes of DDP's last bucket: what is left after the first and the full ones
+    (commvolume.ddp_buckets fills them in the order the gradients become ready)."""
+    if calls <= 1:
+        return total
+    left = total - first_cap - (calls - 2) * cap
+    return left if 0 < left <= cap else cap
+
+
+@lru_cache(maxsize=4096)
+def _traffic(cfg_key: tuple, device: str):
+    from echobench.commvolume import step_bytes  # imports torch: only where collectives are priced
+
+    return tuple(step_bytes(RunConfig(**dict(cfg_key)), device))
+
+
+def collectives(cfg: RunConfig, rates: Rates) -> list[Collective]:
+    """commvolume.step_bytes of the run (groups of one rank left out), priced and placed (echobench.predict's
+    docstring)."""
+    key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("repeat", "seed", "steps", "warmup_steps")))
+    out = []
+    for t in _traffic(key, "cpu" if is_cpu(rates.profile) else "cuda"):
+        if t.group_size <= 1 or t.nbytes <= 0:
+            continue
+        one = rates.collective_seconds(t.op, t.nbytes / t.calls, t.group_size, t.link)
+        if t.group == "tp" or (t.op == "all_reduce" and t.group == "dp_shard"):
+            parts = [(t.calls, "none", t.calls * one)]  # TP activations, the gradient norm: on the critical path
+        elif t.dtype == "int64":
+            parts = [(t.calls, "forward", 0.0)]  # the frame count: started before the forward, waited after it
+        elif t.op == "all_gather" and "once" in t.what:
+            parts = [(t.calls, "forward", t.calls * one)]  # the root's: gathered before anything can run
+        elif t.op == "all_gather":  # each block's, prefetched: in forward (the root's goes first) and in backward
+            parts = [(t.calls // 2, "forward", 0.0), (t.calls - t.calls // 2, "backward", one)]
+        elif t.op == "all_reduce" and t.group == "dp":  # DDP's buckets: the last one waits for the backward's end
+            last = _last_bucket(t.nbytes, t.calls, *_bucket_caps(cfg))
+            parts = [(t.calls, "backward", rates.collective_seconds(t.op, last, t.group_size, t.link))]
+        else:  # FSDP2's reduce-scatters, HSDP's replica all-reduce: the last unit's waits
+            parts = [(t.calls, "backward", one)]
+        fit = rates.profile.links[t.link][t.op]
+        for calls, overlaps, floor in parts:
+            nbytes = t.nbytes * calls // t.calls
+            out.append(Collective(t.what, t.op, t.group, t.group_size, t.link, calls, nbytes,
+                                  bus_factor(t.op, t.group_size) * nbytes, fit.alpha_s, fit.bus_gbps, calls * one,
+                                  overlaps, min(floor, calls * one)))
+    return out
+
+
+def exposed(comm: Sequence[Collective], windows: dict[str, float]) -> dict[str, float]:
+    """Exposed seconds per overlap class: the critical-path collectives whole; per phase, the
+    unhideable floors plus whatever of the rest the phase's compute (windows[phase]) cannot cover."""
+    out = {"none": sum(c.seconds for c in comm if c.overlaps == "none")}
+    for phase in ("forward", "backward"):
+        mine = [c for c in comm if c.overlaps == phase]
+        floors = sum(c.floor_s for c in mine)
+        out[phase] = floors + max(0.0, sum(c.seconds for c in mine) - floors - windows[phase])
+    return out
+
+
+def link_bytes(comm: Sequence[Collective]) -> dict[str, dict[str, float]]:
+    """Per link class: the message bytes (nccl-tests' sizes) and bus bytes one rank's collectives move per step."""
+    out: dict[str, dict[str, float]] = {}
+    for c in comm:
+        row = out.setdefault(c.link, {"bytes": 0.0, "bus_bytes": 0.0})
+        row["bytes"] += c.nbytes
+        row["bus_bytes"] += c.bus_bytes
+    return out
+
+
+def hide_gbps(comm: Sequence[Collective], windows: dict[str, float]) -> dict[str, float | None]:
+    """Per link class, the bus bandwidth (GB/s) at which its overlappable collectives take no longer
+    than the compute they overlap: the largest over the phases of bus bytes / (the phase's compute -
+    their latencies). None: nothing on that link can overlap (TP, the gradient norm); inf: the
+    latencies alone exceed the compute."""
+    out: dict[str, float | None] = {}
+    for link in dict.fromkeys(c.link for c in comm):
+        need = None
+        for phase, window in windows.items():
+            mine = [c for c in comm if c.link == link and c.overlaps == phase and c.bus_bytes > 0]
+            if not mine:
+                continue
+            left = window - sum(c.calls * c.alpha_s for c in mine)
+            rate = math.inf if left <= 0 else sum(c.bus_bytes for c in mine) / left / 1e9
+            need = rate if need is None else max(need, rate)
+        out[link] = need
+    return out

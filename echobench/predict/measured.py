@@ -1,0 +1,93 @@
+"""A prediction held against a measured record: against -> Comparison (step time, MFU, and the
+predicted parts of the step against the record's profiled breakdown), summary over many."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from echobench.config import RunConfig
+from echobench.hwprofile import HardwareProfile
+from echobench.predict.errors import PredictError
+from echobench.predict.model import Prediction, predict
+from echobench.predict.pricing import is_cpu_name, priced
+from echobench.predict.profiles import choose_profile
+from echobench.predict.work import host_ops, run_work
+from echobench.results import record_settings
+
+# The breakdown's categories (echobench.breakdown) each predicted part is held against.
+BREAKDOWN_PARTS = {"gemm": ("gemm",), "attention": ("attention",), "optimizer": ("optimizer",),
+                   "communication": ("communication",),
+                   "other": ("other_compute", "memcpy", "data_wait", "idle")}
+
+
+def predicted_shares(p: Prediction) -> dict[str, float]:
+    """The predicted step in the breakdown's categories, as shares of the step. On a CPU the host's
+    time per op lands in the op's own category (a profiled op's span holds its dispatch): GEMM and
+    attention get two ops per call (the op and its transpose or view), the optimizer its phase's
+    ops, the rest goes to other; on a GPU host time beyond the device's is idle (other)."""
+    cfg = priced(p.cfg, p.profile_device)
+    mm, att = run_work(cfg)
+    calls = {"gemm": 2 * sum(w.count for w in mm), "attention": 2 * sum(a.calls for a in att)}
+    per_op = p.host_s / p.host_ops if p.host_ops and is_cpu_name(p.profile_device) else 0.0
+    ops = host_ops(cfg)
+    host = {"gemm": calls["gemm"] * per_op, "attention": calls["attention"] * per_op,
+            "optimizer": ops["optimizer"] * per_op}
+    host["other"] = p.parts["host"] - sum(host.values())
+    seconds = {"gemm": p.parts["gemm"] + host["gemm"], "attention": p.parts["attention"] + host["attention"],
+               "optimizer": p.parts["optimizer"] + host["optimizer"], "communication": p.parts["communication"],
+               "other": p.parts["elementwise"] + host["other"]}
+    return {k: v / p.step_time_s for k, v in seconds.items()}
+
+
+def measured_shares(breakdown: dict | None) -> dict[str, float] | None:
+    """A record's profiled breakdown (its `breakdown` summary) in BREAKDOWN_PARTS' categories."""
+    fractions = (breakdown or {}).get("fractions")
+    if not fractions:
+        return None
+    return {k: sum(fractions.get(c, 0.0) for c in cats) for k, cats in BREAKDOWN_PARTS.items()}
+
+
+@dataclass
+class Comparison:
+    """A prediction held against a measured record: error = (predicted - measured) / measured."""
+
+    prediction: Prediction
+    measured_step_time_s: float
+    measured_mfu: float | None
+    error: float
+    mfu_error: float | None
+    parts: dict[str, dict[str, float]] | None  # category -> predicted and measured share of the step
+    path: str | None = None
+
+    def as_dict(self) -> dict:
+        return {**self.prediction.as_dict(), "measured_step_time_s": self.measured_step_time_s,
+                "measured_mfu": self.measured_mfu, "error": self.error, "mfu_error": self.mfu_error,
+                "parts_vs_breakdown": self.parts, "path": self.path}
+
+
+def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
+    """The prediction of a measured run (an ok Record with a median step time), on the profile
+    choose_profile picks, with the record's own peak and model FLOPs per sample (its real lengths),
+    so that the MFUs compare under one convention."""
+    if record.status != "ok" or not record.step_time_s:
+        raise PredictError(f"{record.run_id}: status {record.status}, no measured step time to compare")
+    cfg = RunConfig.from_dict({**record_settings(record), "repeat": 0})
+    profile = choose_profile(cfg, profiles)
+    peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
+    p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
+    p.run_id = record.run_id
+    measured, predicted = measured_shares(record.breakdown), predicted_shares(p)
+    parts = None if measured is None else {k: {"predicted": predicted[k], "measured": measured[k]} for k in measured}
+    mfu_error = (p.mfu - record.mfu) / record.mfu if record.mfu else None
+    return Comparison(p, record.step_time_s, record.mfu, (p.step_time_s - record.step_time_s) / record.step_time_s,
+                      mfu_error, parts, str(record.path) if record.path else None)
+
+
+def summary(comparisons: Sequence[Comparison]) -> dict:
+    """Mean and max absolute relative step-time error over the comparisons (and MFU's)."""
+    errors = [abs(c.error) for c in comparisons]
+    mfu = [abs(c.mfu_error) for c in comparisons if c.mfu_error is not None]
+    return {"runs": len(errors), "mean_abs_error": sum(errors) / len(errors) if errors else None,
+            "max_abs_error": max(errors, default=None),
+            "mean_abs_mfu_error": sum(mfu) / len(mfu) if mfu else None, "max_abs_mfu_error": max(mfu, default=None)}

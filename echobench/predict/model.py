@@ -1,0 +1,235 @@
+"""The prediction of one step (predict -> Prediction) and of many runs (predict_runs, ranks,
+at_nodes, parse_nodes): the device side (compute from pricing.py, collectives from
+communication.py), the host at the profile's cost per op, the interval over the three bounds, MFU,
+memory and the notes on what the prediction assumes (echobench.predict's docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from echobench.config import RunConfig, run_id
+from echobench.flops import hardware_flops, model_flops
+from echobench.hwprofile import HardwareProfile
+from echobench.matrix import layout_problem
+from echobench.memory import device_memory_gib, estimate_memory
+from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
+from echobench.predict.errors import PredictError
+from echobench.predict.pricing import (
+    BOUNDS,
+    Rates,
+    bounded,
+    compute_bytes,
+    device_seconds,
+    device_type,
+    host_point,
+    is_cpu,
+    point_run,
+    priced,
+    run_peak,
+)
+from echobench.predict.profiles import choose_profile
+from echobench.predict.work import host_ops
+
+
+@dataclass
+class Prediction:
+    run_id: str
+    cfg: RunConfig
+    profile: str
+    profile_device: str
+    step_time_s: float
+    step_time_low_s: float
+    step_time_high_s: float
+    parts: dict[str, float]  # seconds: gemm, attention, elementwise, optimizer, host, communication (exposed)
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    device_s: float
+    host_s: float
+    host_ops: int
+    communication_s: float  # every collective's time, hidden or not
+    exposed_communication_s: float
+    collectives: list[Collective]
+    link_bytes: dict[str, dict[str, float]]  # link -> message bytes and bus bytes one rank moves per step
+    hide_gbps: dict[str, float | None]  # link -> the bus bandwidth that hides its overlappable traffic
+    samples_per_s: float
+    model_flops_per_sample: int
+    hardware_flops_per_sample: int
+    mfu: float
+    hfu: float
+    peak_tflops: float
+    peak_source: str
+    memory_gib: float
+    fits: bool | None
+    notes: list[str]
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("cfg", "collectives")}
+        out["collectives"] = [asdict(c) for c in self.collectives]
+        out["settings"] = {k: getattr(self.cfg, k) for k in ("scale", "framework", "parallelism", "nodes",
+                                                             "gpus_per_node", "micro_batch", "audio_frames",
+                                                             "text_tokens", "speaker_frames", "precision", "ac",
+                                                             "compile")}
+        return out
+
+
+def host_per_op(cfg: RunConfig, rates: Rates) -> float:
+    """The host's seconds per dispatched op in the run's layout: its host point's step less what the
+    model puts on the device for that step (its compute and exposed communication), over its ops. On
+    a GPU the tiny step's device work hides behind its host: the step over its ops. 0 without a
+    host point: the host is then assumed never to hold the device up."""
+    point = host_point(cfg, rates.profile)
+    if point is None:
+        return 0.0
+    step = bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
+    if not is_cpu(rates.profile):
+        return step / point.ops
+    return max(0.0, step - _device_step(point_run(point, rates.profile), rates)) / point.ops
+
+
+def _device(cfg: RunConfig, rates: Rates) -> dict:
+    """One step's device side at one bound: seconds by kind, the phases, communication and its
+    exposed part."""
+    dev = device_seconds(cfg, rates, compute_bytes(cfg, rates.profile))
+    fwd = dev["gemm_forward"] + dev["attention_forward"] + dev["elementwise_forward"]
+    bwd = dev["gemm_backward"] + dev["attention_backward"] + dev["elementwise_backward"]
+    comm = collectives(cfg, rates)
+    # On a CPU the collectives hide behind nothing: gloo's threads need the cores the ranks compute
+    # on (profiled DDP, FSDP2 and TP=2 steps on 2 cores overlap under 2% of their communication).
+    hidden = exposed(comm, {"forward": 0.0, "backward": 0.0} if is_cpu(rates.profile) else {"forward": fwd, "backward": bwd})
+    exposed_s = sum(hidden.values())
+    return {"dev": dev, "forward": fwd, "backward": bwd, "comm": comm, "exposed": hidden, "exposed_s": exposed_s,
+            "device": fwd + bwd + dev["optimizer"] + exposed_s}
+
+
+def _device_step(cfg: RunConfig, rates: Rates) -> float:
+    return _device(cfg, rates)["device"]
+
+
+def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
+    """One step's figures at one bound: the device side, the host, the step."""
+    out = _device(cfg, rates)
+    ops = host_ops(cfg)
+    host = sum(ops.values()) * host_per_op(cfg, rates)
+    step = out["device"] + host if is_cpu(rates.profile) else max(out["device"], host)
+    return {**out, "ops": ops, "host": host, "step": step}
+
+
+def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
+            model_flops_per_sample: float | None = None) -> Prediction:
+    """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak` overrides the
+    run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full lengths (a record's
+    measured figure, over its real lengths)."""
+    given = cfg
+    sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
+    cfg = priced(cfg, profile.device)
+    if cfg.grad_accum > 1:
+        raise PredictError(f"{run_id(given)}: gradient accumulation is not modelled: predict it with grad_accum: 1")
+    mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
+    m = cfg.model_config()
+    f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
+    mflops = model_flops_per_sample if model_flops_per_sample is not None else f.total
+    hflops = hardware_flops(m, f, cfg.ac) * (mflops / f.total)
+    peak_tflops, peak_source = peak or run_peak(cfg, profile)
+    step, dev = mid["step"], mid["dev"]
+    ops = sum(mid["ops"].values())
+    parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
+             "attention": dev["attention_forward"] + dev["attention_backward"],
+             "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
+             "optimizer": dev["optimizer"], "communication": mid["exposed_s"],
+             "host": mid["host"] if is_cpu(profile) else max(0.0, mid["host"] - mid["device"])}
+    notes = _notes(cfg, profile)
+    if sequence_parallel:
+        notes.append("sequence parallelism priced as the same TP layout without it (its all-gathers and "
+                     "reduce-scatters move the bytes of the all-reduces they replace; the norms' split not modelled)")
+    mem = estimate_memory(cfg)
+    capacity = _capacity(profile)
+    world = cfg.world_size
+    return Prediction(
+        run_id=run_id(given), cfg=given, profile=profile.name, profile_device=profile.device, step_time_s=step,
+        step_time_low_s=min(low["step"], step), step_time_high_s=max(high["step"], step), parts=parts,
+        forward_s=mid["forward"], backward_s=mid["backward"], optimizer_s=dev["optimizer"], device_s=mid["device"],
+        host_s=mid["host"], host_ops=ops, communication_s=sum(c.seconds for c in mid["comm"]),
+        exposed_communication_s=mid["exposed_s"], collectives=mid["comm"], link_bytes=link_bytes(mid["comm"]),
+        hide_gbps=hide_gbps(mid["comm"], {"forward": mid["forward"], "backward": mid["backward"]}),
+        samples_per_s=cfg.global_batch / step, model_flops_per_sample=int(mflops), hardware_flops_per_sample=int(hflops),
+        mfu=mflops * cfg.global_batch / (step * world * peak_tflops * 1e12),
+        hfu=hflops * cfg.global_batch / (step * world * peak_tflops * 1e12),
+        peak_tflops=peak_tflops, peak_source=peak_source, memory_gib=mem.total_gib,
+        fits=None if capacity is None else mem.total_gib <= capacity, notes=notes)
+
+
+def _capacity(profile: HardwareProfile) -> float | None:
+    try:
+        return device_memory_gib(device=profile.device)
+    except ValueError:  # a CPU, or a device the memory table lacks
+        return None
+
+
+def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
+    """What the prediction assumes for this run beyond the module's rules."""
+    notes = []
+    if not profile.measured:
+        notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
+    if host_point(cfg, profile) is None:
+        notes.append("no host point in the profile: host overhead not modelled")
+    if not profile.attention:
+        notes.append("no attention points in the profile: attention at its score GEMM's rate")
+    if cfg.precision == "fp8":
+        notes.append("fp8: GEMMs at the profile's rate (float8 GEMMs are not modelled apart)")
+    if cfg.data != "synthetic":
+        notes.append("data from shards: no data wait modelled, lengths taken as the maxima"
+                     + (" (batching bucket: every step at the largest bucket's shape)"
+                        if getattr(cfg, "batching", "pad") == "bucket" else ""))
+    if is_cpu(profile) and profile.gpus_per_node and cfg.gpus_per_node != profile.gpus_per_node:
+        notes.append(f"CPU rates measured with {profile.gpus_per_node} process(es) per node, the run has "
+                     f"{cfg.gpus_per_node}: its threads per process differ")
+    return notes
+
+
+# ---- many runs ----
+
+def predict_runs(cfgs: Sequence[RunConfig], profiles: Sequence[HardwareProfile]) -> list[Prediction | PredictError]:
+    """A prediction (or why there is none) per run, each on its choose_profile."""
+    out: list[Prediction | PredictError] = []
+    for cfg in cfgs:
+        try:
+            out.append(predict(cfg, choose_profile(cfg, profiles)))
+        except PredictError as exc:
+            out.append(exc)
+    return out
+
+
+def ranks(predictions: Sequence[Prediction]) -> dict[str, int]:
+    """Run id -> rank of its layout by predicted MFU among the runs of its scale and node count (1 best)."""
+    groups: dict[tuple, list[Prediction]] = {}
+    for p in predictions:
+        groups.setdefault((p.cfg.scale, p.cfg.nodes), []).append(p)
+    return {p.run_id: i + 1 for group in groups.values()
+            for i, p in enumerate(sorted(group, key=lambda p: -p.mfu))}
+
+
+def at_nodes(cfgs: Sequence[RunConfig], nodes: Sequence[int]) -> list[RunConfig]:
+    """Each distinct configuration of `cfgs` (node count aside) at each of `nodes`, where its layout
+    can run there (matrix.layout_problem on SLURM: single stays on one node, HSDP needs two)."""
+    out, seen = [], set()
+    for cfg in cfgs:
+        for n in nodes:
+            moved = replace(cfg, nodes=n)
+            if (rid := run_id(moved)) in seen or layout_problem(moved, "slurm") is not None:
+                continue
+            seen.add(rid)
+            out.append(moved)
+    return out
+
+
+def parse_nodes(text: str) -> list[int]:
+    """--nodes 1,4,16 -> [1, 4, 16]; each between 1 and 1024."""
+    try:
+        nodes = [int(x) for x in text.split(",")]  # an empty entry (1,,4) is a typo, not nothing
+    except ValueError:
+        raise PredictError(f"--nodes {text!r}: give node counts separated by commas, e.g. 1,4,16") from None
+    if not nodes or any(not 1 <= n <= 1024 for n in nodes):
+        raise PredictError(f"--nodes {text!r}: each node count must be between 1 and 1024")
+    return list(dict.fromkeys(nodes))

@@ -1,0 +1,215 @@
+"""How a step's work (work.py) is priced on a hardware profile: the profile's rates at one bound
+(Rates: GEMM, attention, memory and collective figures), the device's seconds by phase and kind
+(device_seconds), a CPU's in-situ factor, the host point that gives the host's cost per op, the
+peak that MFU is taken against (run_peak), and the run as the profile's device would run it (priced)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from echobench.config import RunConfig, run_id
+from echobench.hwprofile import HardwareProfile, attention_tflops, bus_factor, gemm_point, link_fit
+from echobench.peaks import table_peak
+from echobench.predict.errors import PredictError
+from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, elementwise_bytes, rank_params, run_work
+
+BOUNDS = ("mid", "low", "high")  # the point figures; the calibration's best; its worst
+
+
+@dataclass
+class Rates:
+    """A profile's figures at one bound (mid: the points; low: the calibration's best figures, the
+    fast end of the interval; high: its worst), looked up once per shape."""
+
+    profile: HardwareProfile
+    bound: str = "mid"
+    _gemm: dict = field(default_factory=dict)
+    _attention: dict = field(default_factory=dict)
+    _factor: float | None = None  # in_situ_factor's, once computed (1.0 while it is being fitted)
+
+    @property
+    def compute_factor(self) -> float:
+        if self._factor is None:
+            self._factor = 1.0
+            self._factor = in_situ_factor(self)
+        return self._factor
+
+    def gemm_tflops(self, m: int, n: int, k: int) -> float:
+        key = (m, n, k)
+        if key not in self._gemm:
+            try:
+                point = gemm_point(self.profile, m, n, k)
+            except KeyError as exc:
+                raise PredictError(f"{exc.args[0]}: measure them with `echobench calibrate --comm` or add `gemm` "
+                                   "entries") from None
+            self._gemm[key] = bounded(point.tflops, point.tflops_max, point.tflops_min, self.bound)
+        return self._gemm[key]
+
+    def attention_tflops(self, seq_q: int, seq_k: int, head_dim: int) -> float:
+        key = (seq_q, seq_k, head_dim)
+        if key not in self._attention:
+            if self.profile.attention:
+                mid = attention_tflops(self.profile, seq_q, seq_k, head_dim)
+                spread = [(p.tflops_max or p.tflops) / p.tflops for p in self.profile.attention]
+                low = [(p.tflops_min or p.tflops) / p.tflops for p in self.profile.attention]
+                self._attention[key] = bounded(mid, mid * max(spread), mid * min(low), self.bound)
+            else:  # no attention points: the rate of its score GEMM (seq_q x seq_k x head_dim)
+                self._attention[key] = self.gemm_tflops(seq_q, seq_k, head_dim)
+        return self._attention[key]
+
+    def memory_gbps(self, op: str = "add") -> float:
+        """The bandwidth of `op` (add: element-wise work; adamw: the optimizer's step), at the largest
+        tensors measured; a profile without that op: its add (else its datasheet) figure."""
+        if not self.profile.memory:
+            raise PredictError(f"profile {self.profile.name!r} has no memory bandwidth: measure one with "
+                               f"`echobench calibrate --comm` or add a `memory` entry")
+        same = ([p for p in self.profile.memory if p.op == op] or [p for p in self.profile.memory if p.op == "add"]
+                or self.profile.memory)
+        point = max(same, key=lambda p: p.nbytes or 0)
+        return bounded(point.gbps, point.gbps_max, point.gbps_min, self.bound)
+
+    def collective_seconds(self, op: str, nbytes: float, group_size: int, link: str) -> float:
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        try:
+            fit = link_fit(self.profile, op, link)
+        except KeyError as exc:
+            have = ", ".join(self.profile.links) or "none"
+            fix = ("calibrate across nodes: `echobench calibrate --comm` under torchrun on 2 or more nodes "
+                   "(README, Hardware profiles), or give a profile of profiles/ that has an inter link"
+                   if link == "inter" else "calibrate on this node: `echobench calibrate --comm --nproc N`")
+            raise PredictError(f"{exc.args[0]}; link classes it has: {have}: {fix}") from None
+        seconds = fit.alpha_s + bus_factor(op, group_size) * nbytes / (fit.bus_gbps * 1e9)
+        rms = fit.rel_rms or 0.0
+        return seconds * {"mid": 1.0, "low": max(0.0, 1 - rms), "high": 1 + rms}[self.bound]
+
+
+def bounded(mid: float, best: float | None, worst: float | None, bound: str) -> float:
+    """The figure at `bound`: mid, else the best or worst measured (mid where there is none)."""
+    if bound == "low":
+        return best if best else mid
+    if bound == "high":
+        return worst if worst else mid
+    return mid
+
+
+def is_cpu(profile: HardwareProfile) -> bool:
+    """Whether the profile's device is a CPU (hardware.device_name names one `CPU ...`): its host runs
+    the kernels itself, so host time adds to the device's instead of hiding behind it."""
+    return is_cpu_name(profile.device)
+
+
+def is_cpu_name(device: str) -> bool:
+    """is_cpu of a profile's device name."""
+    return device.upper().startswith("CPU")
+
+
+def device_type(profile_device: str) -> str:
+    """The torch device type a run on the profile's device takes (cpu or cuda)."""
+    return "cpu" if is_cpu_name(profile_device) else "cuda"
+
+
+def priced(cfg: RunConfig, profile_device: str) -> RunConfig:
+    """The run as it would run on the profile's device, its auto settings resolved (compile), as
+    predict prices it: sequence parallelism as the same layout without it (its all-gathers and
+    reduce-scatters move the bytes of the all-reduces they replace; the prediction's notes say so)."""
+    device = device_type(profile_device)
+    return replace(cfg, compile=cfg.compiled_on(device), sequence_parallel=False)
+
+
+def compute_bytes(cfg: RunConfig, profile: HardwareProfile) -> int:
+    """Bytes per element of the compute dtype: precision auto is the profile's dtype."""
+    if cfg.precision == "auto":
+        return 4 if profile.dtype == "float32" else 2
+    return 4 if cfg.precision == "fp32" else 2
+
+
+def run_peak(cfg: RunConfig, profile: HardwareProfile) -> tuple[float, str]:
+    """The MFU denominator as the run would take it (hardware.resolve_peak's order): the run's
+    peak_tflops (a flag, or the matrix's hardware.peak_tflops), else the datasheet entry of the
+    profile's device, else the profile's best GEMM rate (calibrated)."""
+    if cfg.peak_tflops is not None:
+        return cfg.peak_tflops, "flag"
+    if hit := table_peak(profile.device):
+        return hit
+    if profile.gemm:
+        return max(p.tflops for p in profile.gemm), f"calibrated:{profile.dtype} GEMM (profile {profile.name})"
+    raise PredictError(f"no peak for {run_id(cfg)}: set peak_tflops (hardware.peak_tflops in the matrix) or give "
+                       f"a profile with GEMM points")
+
+
+def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
+    """The device's seconds of one step by phase and kind (no communication): GEMMs and attention at
+    the profile's rates, element-wise and optimizer bytes at its memory bandwidth."""
+    mm, att = run_work(cfg)
+    factor = rates.compute_factor
+    out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
+    for w in mm:
+        out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
+    m = cfg.model_config()
+    for a in att:
+        head_dim = m.speaker_width // m.speaker_heads if a.part == "speaker_encoder" else m.head_dim
+        out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
+            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, head_dim) * 1e12)
+    gbps = rates.memory_gbps() * 1e9
+    fwd, bwd = elementwise_bytes(cfg, eb)
+    out["elementwise_forward"] = fwd / gbps
+    out["elementwise_backward"] = bwd / gbps
+    out = {key: seconds * factor for key, seconds in out.items()}
+    adamw = ADAMW_BYTES["foreach" if is_cpu(rates.profile) else "fused"]
+    out["optimizer"] = rank_params(cfg) * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
+    return out
+
+
+def _rows(point) -> int:
+    return point.micro_batch * point.audio_frames
+
+
+def host_point(cfg: RunConfig, profile: HardwareProfile):
+    """The profile's host point for the run's layout (its shortest step, where the host is most of
+    it): megatron TP of any width, FSDP2 (for HSDP too), DDP, else single; None when the profile
+    has none."""
+    kind = ("megatron", None) if cfg.framework == "megatron" and cfg.tp > 1 else \
+        ("torchtitan", {"hsdp": "fsdp2"}.get(cfg.parallelism, cfg.parallelism))
+    points = sorted(profile.host_steps, key=_rows)
+    for p in points:
+        if p.framework == kind[0] and (kind[1] is None or p.parallelism == kind[1]):
+            return p
+    return next((p for p in points if p.parallelism == "single"), None)
+
+
+FACTOR_BOUNDS = (1 / 3, 3.0)  # an in-situ factor outside these says the points are not what it assumes
+
+
+def point_run(point, profile: HardwareProfile) -> RunConfig:
+    """The RunConfig of a host point's steps."""
+    nodes = max(1, point.processes // (profile.gpus_per_node or point.processes))
+    return RunConfig(scale=point.scale, micro_batch=point.micro_batch, audio_frames=point.audio_frames,
+                     text_tokens=point.text_tokens, speaker_frames=point.speaker_frames, framework=point.framework,
+                     parallelism=point.parallelism, nodes=nodes, gpus_per_node=point.processes // nodes)
+
+
+def in_situ_factor(rates: Rates) -> float:
+    """How much longer a CPU's kernels take inside a training step than timed alone (operands the
+    step left elsewhere in the cache, its allocations), from the profile's two single-process host
+    steps (calibrate --comm: the shortest one, mostly host, and a reference step, mostly compute):
+    each is step = factor x compute + optimizer + cost per op x ops, two equations for the factor
+    and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
+    measured as training meets it). 1 on a GPU (its host and device overlap: not fitted), or without
+    both points, or where the points give a factor outside FACTOR_BOUNDS."""
+    if not is_cpu(rates.profile):
+        return 1.0
+    single = sorted((p for p in rates.profile.host_steps if p.parallelism == "single"), key=_rows)
+    if len(single) < 2 or _rows(single[0]) == _rows(single[-1]):
+        return 1.0
+    sides = []
+    for point in (single[0], single[-1]):
+        run = point_run(point, rates.profile)
+        dev = device_seconds(run, rates, compute_bytes(run, rates.profile))
+        compute = sum(v for k, v in dev.items() if k != "optimizer")
+        step = bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
+        sides.append((compute, step - dev["optimizer"], point.ops))
+    (d1, s1, o1), (d2, s2, o2) = sides
+    det = d2 * o1 - d1 * o2
+    factor = (s2 * o1 - s1 * o2) / det if det > 0 else 1.0
+    return factor if FACTOR_BOUNDS[0] <= factor <= FACTOR_BOUNDS[1] else 1.0

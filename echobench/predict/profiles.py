@@ -1,0 +1,129 @@
+"""Which hardware profile a run takes: profiles by name or file (load_profiles), by device name
+(profile_for_device: a sweep's own, a shipped one, this machine's calibrated one), this machine's
+device (machine_device), the best of several for a run (choose_profile), and the lines that say
+which profiles were used (profile_lines) or why none could be (no_profile_message, other_device_lines)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from echobench.config import RunConfig
+from echobench.executors import measured_profile
+from echobench.hwprofile import (
+    HardwareProfile,
+    ProfileError,
+    _log_distance,
+    calibrated_profile_path,
+    find_profile,
+    load_profile,
+    shipped_profiles,
+)
+from echobench.peaks import PEAK_PATTERNS
+from echobench.predict.errors import PredictError
+from echobench.predict.pricing import Rates
+
+
+def profile_processes(profile: HardwareProfile) -> int:
+    """How many processes a profile was measured on: its largest collective group (1 without links)."""
+    return max((pt.group_size for ops in profile.links.values() for fit in ops.values() for pt in fit.points),
+               default=1 if not profile.links else 0)
+
+
+def choose_profile(cfg: RunConfig, profiles: Sequence[HardwareProfile]) -> HardwareProfile:
+    """Of several profiles, the one measured most like the run: with the link classes its
+    collectives need (inter across nodes), the same processes per node and in all (on a CPU they
+    decide the threads and cores each process has), then the GEMM point nearest the run's biggest
+    GEMM (the DiT's q projection at its rows), then the first given."""
+    rows, width = cfg.micro_batch * cfg.audio_frames, cfg.model_config().width
+    needs = ({"inter"} if cfg.nodes > 1 else set()) | ({"intra"} if cfg.gpus_per_node > 1 else set())
+
+    def key(item):
+        i, p = item
+        lacks = len(needs - set(p.links))
+        per_node = p.gpus_per_node is not None and p.gpus_per_node != cfg.gpus_per_node
+        world = profile_processes(p) not in (0, cfg.world_size)  # 0: published fits without points
+        near = min((_log_distance((g.m, g.n, g.k), (rows, width, width)) for g in p.gemm), default=math.inf)
+        return (lacks, per_node, world, round(near, 6), i)
+
+    return min(enumerate(profiles), key=key)[1]
+
+
+def load_profiles(names: Sequence[str]) -> list[HardwareProfile]:
+    """Profiles from shipped names or files (hwprofile.find_profile); PredictError on a bad one."""
+    try:
+        return [load_profile(find_profile(n)) for n in names]
+    except ProfileError as exc:
+        raise PredictError(str(exc)) from None
+
+
+def profile_for_device(device: str | None, near: str | None = None) -> HardwareProfile | None:
+    """The profile to use for a device name without --profile: the one the sweep that `near` (a
+    record's file) lies in measured for that device (hardware.calibrate_comm: SWEEP/profile.yaml,
+    named after its file); else the shipped profile of the same datasheet row (peaks.PEAK_TFLOPS
+    names: a whole word of both names); else, for this machine's own device, the profile `calibrate
+    --comm` left in echobench's cache; None without any. PredictError when the sweep's cannot be read."""
+    if not device:
+        return None
+    if near is not None and (path := measured_profile(near)) is not None:
+        try:
+            profile = load_profile(path)
+        except ProfileError as exc:
+            raise PredictError(str(exc)) from None
+        if profile.device == device:  # another device (a sweep over mixed nodes): the lookups below
+            return profile.model_copy(update={"name": f"{profile.name} ({path})"})
+    row = next((pattern for pattern, _, _ in PEAK_PATTERNS if pattern.search(device)), None)
+    for path in shipped_profiles().values():
+        profile = load_profile(path)
+        if row is not None and row.search(profile.device):
+            return profile
+    for dtype in ("float32", "bfloat16"):
+        path = calibrated_profile_path(device, dtype)
+        if path.is_file():
+            return load_profile(path)
+    return None
+
+
+def machine_device(cfgs: Sequence[RunConfig]) -> str:
+    """This machine's device name, for runs whose matrix names no hardware.device: its GPU where
+    the runs may use one (device cuda or auto), else its CPU; profile_for_device then finds the
+    profile `calibrate --comm` measured here."""
+    import torch  # lazy: seconds to import, and only this function of the module needs it
+
+    from echobench.hardware import device_name  # imports torch
+
+    gpu = torch.cuda.is_available() and any(c.device != "cpu" for c in cfgs)
+    return device_name(torch.device("cuda" if gpu else "cpu"))
+
+
+def other_device_lines(records, profiles: Sequence[HardwareProfile]) -> list[str]:
+    """For `predict --against ... --profile P`: one line per device the records ran on that none of
+    the profiles given is of (their errors then say how two machines differ, not how good the
+    model is)."""
+    have = {p.device for p in profiles}
+    counts: dict[str, int] = {}
+    for r in records:
+        device = r.env.device_name
+        if device and device not in have:
+            counts[device] = counts.get(device, 0) + 1
+    return [f"{n} run(s) measured on {device!r}, predicted from a profile of another device "
+            f"({', '.join(sorted(have))}): give that device's profile to judge the model"
+            for device, n in counts.items()]
+
+
+def no_profile_message(what: str) -> str:
+    """Why `what` (a run, a matrix) has no profile, and the two ways to give it one."""
+    return (f"no hardware profile for {what}: pass --profile NAME|FILE (shipped: {', '.join(shipped_profiles())}), "
+            f"or measure this machine's with `echobench calibrate --comm`")
+
+
+def profile_lines(profiles: Sequence[HardwareProfile]) -> list[str]:
+    """One line per profile used: what it is and where its numbers come from."""
+    lines = []
+    for p in profiles:
+        kind = "measured" if p.measured else "NOT MEASURED: datasheets and published figures"
+        factor = Rates(p).compute_factor
+        lines.append(f"profile {p.name}: {p.device}, {p.dtype}, {kind}, {p.date}"
+                     + (f", {p.gpus_per_node} per node" if p.gpus_per_node else "")
+                     + (f", in-situ factor {factor:.3g}" if factor != 1.0 else ""))
+    return lines

@@ -1,0 +1,69 @@
+"""Rich tables of predictions: one row per run of a matrix (prediction_table) and predicted
+against measured runs (comparison_table)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from echobench.config import RunConfig, run_id
+from echobench.console import esc
+from echobench.predict.measured import Comparison
+from echobench.predict.errors import PredictError
+from echobench.predict.model import Prediction, ranks
+
+
+def _pct(x: float | None) -> str:
+    """A share as a percentage, `-` for none."""
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _gbps(x: float | None) -> str:
+    """A bandwidth in GB/s to 3 figures, `-` for none."""
+    return "-" if x is None else ("inf" if math.isinf(x) else f"{x:.3g}")
+
+
+def prediction_table(items: Sequence[Prediction | PredictError], cfgs: Sequence[RunConfig], title: str) -> Table:
+    """`echobench predict MATRIX`: one row per run (PREDICTED), ranked per scale and node count."""
+    good = [p for p in items if isinstance(p, Prediction)]
+    rank = ranks(good)
+    table = Table(title=esc(title), caption="n x g: nodes x GPUs per node; mb/gb: micro / global batch; comm, host: "
+                  "exposed communication and host overhead, shares of the step; rank: by MFU within scale and nodes; "
+                  "hide: bus GB/s per link that hides the overlappable collectives")
+    table.add_column("run id", no_wrap=True)
+    for col in ("n x g", "mb/gb", "step s", "range s", "samples/s", "MFU", "comm", "host", "GiB", "rank", "hide GB/s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    order = sorted(zip(items, cfgs), key=lambda pc: (pc[1].scale, pc[1].nodes, rank.get(run_id(pc[1]), 99)))
+    for p, cfg in order:
+        shape = f"{cfg.nodes} x {cfg.gpus_per_node}"
+        if isinstance(p, PredictError):
+            table.add_row(esc(run_id(cfg)), shape, "", "", "[red]not predicted[/]", *[""] * 7)  # why: under the table
+            continue
+        hide = " ".join(f"{k} {_gbps(v)}" for k, v in p.hide_gbps.items() if v is not None) or "-"
+        fits = {True: "", False: " [red]NO[/]", None: ""}[p.fits]
+        table.add_row(esc(p.run_id), shape, f"{cfg.micro_batch} / {cfg.global_batch}",
+                      f"{p.step_time_s:.4g}", f"{p.step_time_low_s:.3g}-{p.step_time_high_s:.3g}",
+                      f"{p.samples_per_s:.4g}", _pct(p.mfu),
+                      _pct(p.exposed_communication_s / p.step_time_s), _pct(p.parts["host"] / p.step_time_s),
+                      f"{p.memory_gib:.1f}{fits}", str(rank[p.run_id]), hide)
+    return table
+
+
+def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
+    """`echobench predict --against`: predicted vs measured per run, parts vs the breakdown."""
+    table = Table(title=esc(title), caption="error = (predicted - measured) / measured step time; parts: predicted / "
+                  "measured share of the step (profiled runs), gemm attention optimizer communication other")
+    table.add_column("run id", no_wrap=True)
+    for col in ("measured s", "predicted s", "range s", "error", "MFU meas", "MFU pred", "parts"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for c in sorted(comparisons, key=lambda c: (c.prediction.cfg.scale, c.prediction.cfg.framework,
+                                                c.prediction.cfg.parallelism, c.prediction.run_id)):
+        p = c.prediction
+        parts = "-" if c.parts is None else " ".join(
+            f"{v['predicted']:.0%}/{v['measured']:.0%}" for v in c.parts.values())
+        table.add_row(esc(p.run_id), f"{c.measured_step_time_s:.4g}", f"{p.step_time_s:.4g}",
+                      f"{p.step_time_low_s:.3g}-{p.step_time_high_s:.3g}", f"{c.error:+.1%}",
+                      _pct(c.measured_mfu), _pct(p.mfu), parts)
+    return table
