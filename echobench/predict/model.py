@@ -34,6 +34,9 @@ from echobench.predict.work import host_ops
 
 @dataclass
 class Prediction:
+    """One run's predicted step on one profile: its time and interval, the parts and phases, the
+    collectives, MFU and HFU, memory, and what the prediction assumes (`notes`)."""
+
     run_id: str
     cfg: RunConfig
     profile: str
@@ -118,9 +121,9 @@ def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
 
 def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
             model_flops_per_sample: float | None = None) -> Prediction:
-    """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak` overrides the
-    run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full lengths (a record's
-    measured figure, over its real lengths)."""
+    """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak`
+    overrides the run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full
+    lengths (a record's measured figure, over its real lengths)."""
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
@@ -168,7 +171,7 @@ def _capacity(profile: HardwareProfile) -> float | None:
 
 
 def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
-    """What the prediction assumes for this run beyond the module's rules."""
+    """What the prediction assumes for this run beyond the rules of echobench.predict's docstring."""
     notes = []
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
