@@ -33,7 +33,7 @@ ENTRY_SCRIPTS = ("scripts/device_check.py", "scripts/device_summary.py", "script
                  "scripts/device_stack.py")
 # Import names whose distribution is not installed here to ask (importlib.metadata answers the rest).
 KNOWN_DISTS = {"yaml": "pyyaml", "megatron": "megatron-core", "transformer_engine": "transformer-engine",
-               "websocket": "websocket-client", "PIL": "pillow", "google": "protobuf"}
+               "PIL": "pillow", "google": "protobuf"}
 ECHOBENCH_NAME = re.compile(r"^echobench(\.\w+)+$")
 # The device's interpreter and platform, for requirement markers.
 MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",

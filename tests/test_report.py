@@ -120,9 +120,9 @@ def browser_or_skip(width: int = 1400):
     if find_chromium() is None:
         missing.append("chromium (apt-get install chromium)")
     try:
-        import websocket  # noqa: F401
+        import playwright  # noqa: F401
     except ImportError:
-        missing.append("websocket-client (pip install -e .[dev])")
+        missing.append("playwright (pip install -e .[dev])")
     if missing:
         if os.environ.get("ECHOBENCH_REQUIRE_BROWSER") == "1":
             pytest.fail(f"ECHOBENCH_REQUIRE_BROWSER=1 but missing: {', '.join(missing)}")

@@ -1,29 +1,26 @@
-"""Open a page in real headless Chromium over the DevTools protocol: errors, dialogs, DOM, screenshot.
+"""Open a page in real headless Chromium through playwright: errors, dialogs, DOM, screenshot.
 
 Used by the browser tests and by `python -m echobench.report.browser [--width PX] PAGE.html SHOT.png [SELECTOR]`
 (the committed dashboard screenshots, of the page or of one element, after the same layout check the
-tests make). Needs a `chromium` binary and the `websocket-client` package (dev extra).
+tests make). Needs a `chromium` binary (Debian's: playwright drives it by its path, so no
+`playwright install`) and the `playwright` package (dev extra).
 Network is off: every host name resolves to nothing, so a page that needs a CDN fails here.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-port=0", "--hide-scrollbars"]
+# on top of playwright's own (headless, --no-sandbox as CI runs as root, --hide-scrollbars, no background networking)
+FLAGS = ["--disable-gpu", "--disable-quic", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND"]
+# plotly's toolbars show in a headless capture as if hovered; they say nothing in a picture
+SCREENSHOT_STYLE = ".modebar{display:none}"
+SETTLE_JS = "new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))"
 
 
 def find_chromium() -> str | None:
@@ -42,130 +39,79 @@ class PageLog:
 
 
 class Chromium:
-    """One headless Chromium with one page, driven synchronously over its DevTools websocket."""
+    """One headless Chromium with one page, driven by playwright's synchronous API."""
 
     def __init__(self, width: int = 1400, height: int = 1000, timeout: float = 60):
         try:
-            import websocket  # websocket-client: the dev extra, not a run dependency
+            from playwright.sync_api import Error, sync_playwright  # the dev extra, not a run dependency
         except ImportError as exc:
-            raise RuntimeError("the browser check needs websocket-client: pip install websocket-client") from exc
+            raise RuntimeError("the browser check needs playwright: pip install playwright") from exc
         binary = find_chromium()
         if binary is None:
             raise RuntimeError("no chromium binary on PATH (apt-get install chromium)")
-        self.timeout = timeout
-        self.width = width
-        self.profile = tempfile.mkdtemp(prefix="echobench-chromium-")
-        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={self.profile}",
-                                      f"--window-size={width},{height}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        port = self._devtools_port()
-        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout))
-        page = next(t for t in targets if t.get("type") == "page")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout, suppress_origin=True)
-        self.next_id = 0
+        self._script_error = Error
+        self.width, self.height = width, height
         self.log = PageLog()
-        self.seen: list[str] = []  # event names, so a wait does not miss one read during a call
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.send(f"{domain}.enable")
+        self.playwright = sync_playwright().start()
+        try:
+            self.browser = self.playwright.chromium.launch(executable_path=binary, headless=True, args=FLAGS,
+                                                           timeout=timeout * 1000)
+            self.page = self.browser.new_page(viewport={"width": width, "height": height})
+        except BaseException:
+            self.playwright.stop()
+            raise
+        self.page.set_default_timeout(timeout * 1000)
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda error: self.log.exceptions.append(error.stack or error.message))
+        self.page.on("dialog", self._dialog)
+        self.page.on("request", lambda request: self.log.requests.append(request.url))
 
-    def _devtools_port(self) -> int:
-        """Chromium writes the port it chose (--remote-debugging-port=0) into the profile."""
-        port_file = Path(self.profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"chromium exited ({self.proc.returncode}): {self.proc.stderr.read().decode()[-2000:]}")
-            if port_file.exists() and (text := port_file.read_text().split()):
-                return int(text[0])
-            time.sleep(0.1)
-        raise TimeoutError("chromium did not open its DevTools port")
+    def _console(self, msg) -> None:
+        if msg.type in ("error", "assert"):  # console.error/assert, and Chromium's own errors (a failed load)
+            self.log.console_errors.append(msg.text)
 
-    def _event(self, msg: dict) -> None:
-        method, params = msg.get("method"), msg.get("params", {})
-        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.log.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
-        elif method == "Runtime.exceptionThrown":
-            details = params["exceptionDetails"]
-            self.log.exceptions.append((details.get("exception") or {}).get("description") or details.get("text", ""))
-        elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-            self.log.console_errors.append(params["entry"].get("text", ""))
-        elif method == "Page.javascriptDialogOpening":
-            self.log.dialogs.append(f"{params.get('type')}: {params.get('message')}")
-            self.send("Page.handleJavaScriptDialog", accept=True, wait=False)
-        elif method == "Network.requestWillBeSent":
-            self.log.requests.append(params["request"]["url"])
-
-    def _read(self) -> dict:
-        msg = json.loads(self.ws.recv())
-        if "method" in msg:
-            self.seen.append(msg["method"])
-            self._event(msg)
-        return msg
-
-    def send(self, method: str, wait: bool = True, **params) -> dict:
-        self.next_id += 1
-        call_id = self.next_id
-        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
-        while wait:
-            msg = self._read()
-            if msg.get("id") == call_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-        return {}
-
-    def wait_for(self, method: str) -> None:
-        deadline = time.monotonic() + self.timeout
-        while method not in self.seen and time.monotonic() < deadline:
-            self._read()
-        if method in self.seen:
-            return
-        raise TimeoutError(f"no {method} within {self.timeout} s")
+    def _dialog(self, dialog) -> None:
+        self.log.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.accept()
 
     def open(self, path: Path) -> None:
-        self.seen.clear()
-        self.send("Page.navigate", url=Path(path).resolve().as_uri())
-        self.wait_for("Page.loadEventFired")
+        self.page.goto(Path(path).resolve().as_uri(), wait_until="load")
 
     def evaluate(self, expression: str):
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
-        return result["result"].get("value")
+        try:
+            return self.page.evaluate(expression)
+        except self._script_error as exc:
+            raise RuntimeError(f"page script failed: {exc.message}") from exc
+
+    def fit_to_page(self) -> None:
+        """Make the viewport as tall as the page (and let plotly redraw), so all of it is in view."""
+        height = self.evaluate("document.documentElement.scrollHeight")
+        self.page.set_viewport_size({"width": self.width, "height": int(height)})
+        self.evaluate(SETTLE_JS)
+
+    def reset_viewport(self) -> None:
+        self.page.set_viewport_size({"width": self.width, "height": self.height})
 
     def screenshot(self, path: Path, full_page: bool = True, selector: str | None = None) -> Path:
         """A PNG of the page (all of it with full_page), or of the first element matching selector."""
-        # plotly's toolbars show in a headless capture as if hovered; they say nothing in a picture
-        self.evaluate("document.head.insertAdjacentHTML('beforeend', '<style>.modebar{display:none}</style>')")
         if full_page:
-            size = self.send("Page.getLayoutMetrics")["cssContentSize"]
-            self.send("Emulation.setDeviceMetricsOverride", width=self.width, height=int(size["height"]),
-                      deviceScaleFactor=1, mobile=False)
-            self.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))")
-        clip = {}
-        if selector is not None:
-            box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
-                                " const r = e.getBoundingClientRect();"
-                                " return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; })()")
-            if box is None:
-                raise RuntimeError(f"no element matches {selector!r}")
-            clip = {"clip": {**box, "scale": 1}}
-        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=full_page, **clip)["data"]
+            self.fit_to_page()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(data))
+        if selector is None:
+            self.page.screenshot(path=path, full_page=full_page, style=SCREENSHOT_STYLE)
+        else:
+            element = self.page.locator(selector)
+            if element.count() == 0:
+                raise RuntimeError(f"no element matches {selector!r}")
+            element.first.screenshot(path=path, style=SCREENSHOT_STYLE)
         return path
 
     def close(self) -> None:
         try:
-            self.ws.close()
+            self.browser.close()
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            shutil.rmtree(self.profile, ignore_errors=True)
+            self.playwright.stop()
 
     def __enter__(self):
         return self
@@ -242,14 +188,11 @@ def layout_problems(browser: "Chromium") -> tuple[int, list[str]]:
     panel or section, a legend over a plot area, a trace not drawn, drawn outside its axes or with
     every marker under other traces. The viewport is made as tall as the page for the check, so
     every plot can be hit-tested (elementsFromPoint sees only the viewport)."""
-    height = browser.evaluate("document.documentElement.scrollHeight")
-    browser.send("Emulation.setDeviceMetricsOverride", width=browser.width, height=int(height), deviceScaleFactor=1,
-                 mobile=False)
-    browser.evaluate("new Promise(r => requestAnimationFrame(() => setTimeout(r, 300)))")
+    browser.fit_to_page()
     try:
         result = browser.evaluate(LAYOUT_JS)
     finally:
-        browser.send("Emulation.clearDeviceMetricsOverride")
+        browser.reset_viewport()
     return result["checked"], result["problems"]
 
 
