@@ -66,8 +66,9 @@ def comm_runs(device_type: str, scale: str | None, matrix: Path | None, settings
                    "--text-tokens", str(run.text_tokens), "--speaker-frames", str(run.speaker_frames)]
 
 
-def calibrate_command(dev: torch.device, dtype_flag: str, dtype: torch.dtype | None, shapes: tuple, budget_s: float | None,
-                      nproc: int | None, out: Path | None, max_bytes: int | None, comm_budget_s: float | None,
+def calibrate_command(dev: torch.device, dtype_flag: str, dtype: torch.dtype | None, shapes: tuple,
+                      budget_s: float | None, nproc: int | None, out: Path | None, max_bytes: int | None,
+                      comm_budget_s: float | None,
                       rendezvous: tuple[int, int, str | None, int]) -> tuple[HardwareProfile | None, list]:
     """`calibrate --comm`: in a torchrun worker (or alone with one process on one node) measure here;
     else launch torchrun for this node (launch_node: `nproc` processes, one of --nnodes) running this
@@ -106,7 +107,8 @@ def calibrate_command(dev: torch.device, dtype_flag: str, dtype: torch.dtype | N
 
 def shapes_note(runs) -> str:
     """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape."""
-    seen = dict.fromkeys((r.scale, r.micro_batch, r.audio_frames, r.text_tokens, r.speaker_frames) for r in cb.as_runs(runs))
+    seen = dict.fromkeys((r.scale, r.micro_batch, r.audio_frames, r.text_tokens, r.speaker_frames)
+                         for r in cb.as_runs(runs))
     return "; ".join(f"{scale} at micro-batch {mb}, {la} audio frames, {lt} text tokens, {ls} speaker frames"
                      for scale, mb, la, lt, ls in seen)
 

@@ -121,7 +121,8 @@ def plan_summary(plan: Plan, executor: str, profiles: list) -> dict:
     """`plan --json`: the matrix's runs (plan_rows), the device memory they are held against, the
     notes (peak, calibrate_comm, preflight, te) and what the expansion skipped, excluded or merged."""
     hw = plan.matrix.spec.hardware
-    return {"name": plan.matrix.name, "executor": executor, "device_memory_gib": device_memory_gib(hw.memory_gib, hw.device),
+    return {"name": plan.matrix.name, "executor": executor,
+            "device_memory_gib": device_memory_gib(hw.memory_gib, hw.device),
             "runs": plan_rows(plan, executor, profiles), "no_peak": peak_note(plan.runs, plan.matrix, executor),
             "calibrate_comm": comm_note(plan.runs, plan.matrix, executor),
             "preflight": preflight_note(plan.runs, plan.matrix, executor), "te": te_note(plan.runs, plan.matrix),
@@ -181,7 +182,8 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
         parts.append(Text.from_markup(esc(summary["calibrate_comm"])))
     if rule:
         allowed = startup_parts(matrix, any(r.cfg.may_compile() for r in runs))
-        parts.append(Text.from_markup(f"estimates allow for the job's start: "
-                                      f"{esc(', '.join(f'{k} {v} s' for k, v in allowed.items()))} (echobench/estimate.py)"))
-    parts += [Text.from_markup(esc(note)) for note in (summary["preflight"], summary["te"]) if note]
+        allowed_text = ", ".join(f"{k} {v} s" for k, v in allowed.items())
+        parts.append(Text.from_markup(f"estimates allow for the job's start: {esc(allowed_text)} "
+                                      "(echobench/estimate.py)"))
+    parts += [Text.from_markup(esc(n)) for n in (summary["preflight"], summary["te"]) if n]
     return parts
