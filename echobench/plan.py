@@ -1,6 +1,6 @@
 """`echobench plan`: what a matrix's runs will take before any runs. Time limits, the peak each
-run's MFU will use as far as the plan can tell, GPU-hour estimates and limits, and the settings
-that tell the runs apart."""
+run's MFU will use as far as the plan can tell, GPU-hour estimates and limits, the settings that
+tell the runs apart, and what `plan` prints of them all (plan_summary, plan_report)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from echobench.executors import comm_size, make_executor
 from echobench.matrix import Matrix, Plan, PlannedRun
 from echobench.memory import device_memory_gib
 from echobench.nodecheck import RUN_PATH
+from echobench.predict import Prediction, predict_runs
 from echobench.preflight import preflight_spec
 
 
@@ -53,8 +54,6 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
     the model cannot price the run)."""
     predicted = {}
     if profiles:
-        from echobench.predict import Prediction, predict_runs  # lazy: start-up time of the sweep (settings_label)
-
         predicted = {run.id: p for run, p in zip(plan.runs, predict_runs([r.cfg for r in plan.runs], profiles))
                      if isinstance(p, Prediction)}
     rows = []
