@@ -1,5 +1,6 @@
-"""`echobench calibrate --comm`: a hardware profile (echobench.hwprofile) measured on this
-process group.
+"""What `echobench calibrate --comm` measures on this process group, and the alpha-beta fit of
+its collectives (echobench.commcalibrate runs it all and assembles the hardware profile,
+echobench.hwprofile).
 
 Collectives: all_reduce, all_gather (all_gather_into_tensor) and reduce_scatter
 (reduce_scatter_tensor) of float32 messages from 1 KiB up to max_bytes (doubling; bounded by free
@@ -17,43 +18,43 @@ model fits there), attention forward + backward at the runs' lengths (the model'
 FLOPs as echobench.flops counts them), element-wise bandwidth (add, copy), AdamW steps over the
 model's own parameter shapes, and the host's cost of a step's ops (measure_host: tiny training
 steps whose device work is negligible, their ops counted).
-
-Started by torchrun (`torchrun ... -m echobench calibrate --comm`, or `echobench calibrate --comm
---nproc N`, which launches torchrun as `echobench run --nproc` does), rank 0 writes the profile.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import socket
 import statistics
 import time
+import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from echobench.hwprofile import (
-    OPS,
-    AlphaBeta,
-    AttentionPoint,
-    CommPoint,
-    GemmPoint,
-    HardwareProfile,
-    HostPoint,
-    MemoryPoint,
-    bus_factor,
-)
+from echobench.backends import build_training, parallelism_problem
+from echobench.backends.torchtitan import build_optimizer
+from echobench.bench import train_step
+from echobench.commvolume import param_units
+from echobench.config import RunConfig
+from echobench.data import build_tokenizer, make_loader
+from echobench.flops import param_counts, speaker_patches
+from echobench.hardware import GemmShape, time_gemm
+from echobench.hwprofile import OPS, AttentionPoint, CommPoint, GemmPoint, HostPoint, MemoryPoint, bus_factor
+from echobench.model.components import attention
+from echobench.model.echo import diffusion_draws
+from echobench.predict import ADAMW_BYTES, rank_params, step_work
 
 MIN_BYTES = 1024
-DEFAULT_MAX_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}
-DEFAULT_COMM_BUDGET_S = {"cuda": 120.0, "cpu": 20.0}
 REPEATS = 3  # timed repeats per point; the point is their median, the spread kept
 TARGET_S = 0.02  # each repeat's back-to-back calls take about this long (at least MIN_ITERS calls)
 MIN_ITERS, MAX_ITERS = 2, 50
-MEMORY_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}  # per tensor: far beyond the caches
 
 
 # ---- the alpha-beta fit ----
@@ -74,8 +75,6 @@ def fit_alpha_beta(points: Sequence[CommPoint], op: str) -> tuple[float, float, 
     t = [p.seconds for p in points]
     alpha, beta = 0.0, 0.0
     if len(set(x)) >= 2:
-        import numpy as np
-
         a = np.array([[1 / ti, xi / ti] for xi, ti in zip(x, t)])
         (alpha, beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
         alpha, beta = float(alpha), float(beta)
@@ -158,8 +157,6 @@ def _buffers(op: str, nbytes: int, n: int, device: torch.device):
 
 
 def _quiet(fn, *args, **kwargs):
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return fn(*args, **kwargs)
@@ -190,7 +187,7 @@ def time_collective(op: str, nbytes: int, group, device: torch.device) -> CommPo
                      seconds_max=max(reps), iters=iters)
 
 
-def _agree(value: float, device: torch.device, op=dist.ReduceOp.MAX) -> float:
+def agree(value: float, device: torch.device, op=dist.ReduceOp.MAX) -> float:
     """The same number on every rank (the max unless `op` says otherwise), so that every rank takes
     the same branch and no collective waits for a rank that left."""
     if not dist.is_initialized():
@@ -241,7 +238,7 @@ def measure_collectives(plans: Sequence[GroupPlan], device: torch.device, max_by
             if rank in plan.ranks:
                 points.setdefault((plan.link, op), []).append(time_collective(op, size, group, device))
             # Each rank's own clock says whether to go on; any rank that says stop stops them all.
-            if _agree(float(time.perf_counter() - began > share), device) > 0:
+            if agree(float(time.perf_counter() - began > share), device) > 0:
                 break
     return points
 
@@ -249,7 +246,7 @@ def measure_collectives(plans: Sequence[GroupPlan], device: torch.device, max_by
 WORKING_SET_CAP = 256 * 2**20  # bytes: beyond every last-level cache (H200 L2 50 MB; EPYC L3 32 MB per CCD)
 
 
-def _as_runs(runs) -> list:
+def as_runs(runs) -> list:
     """One RunConfig or several: always a list."""
     return [runs] if hasattr(runs, "model_config") else list(runs)
 
@@ -270,11 +267,8 @@ def gemm_work(runs, local: int) -> list:
     forward, backward and recompute, as echobench.predict.step_work lists what it prices: every
     linear of the DiT, the speaker and text encoders and the conditioning, in each gemm_layouts
     layout. Named after the part and phase of their first appearance."""
-    from echobench.hardware import GemmShape
-    from echobench.predict import step_work
-
     seen: dict[tuple[int, int, int], GemmShape] = {}
-    for run in _as_runs(runs):
+    for run in as_runs(runs):
         for framework, tp in gemm_layouts(run, local):
             mm, _ = step_work(run.model_config(), framework, tp, run.micro_batch, run.audio_frames, run.text_tokens,
                               run.speaker_frames, run.ac)
@@ -287,10 +281,8 @@ def working_set_bytes(runs, dtype: torch.dtype) -> int:
     """The bytes a step streams between two uses of one weight (forward, then its backward): the
     largest run's weights on one rank (at the compute dtype), at most WORKING_SET_CAP. A small model
     stays in the cache between its matmuls, a large one does not."""
-    from echobench.predict import rank_params
-
     elem = torch.empty((), dtype=dtype).element_size()
-    return int(min(WORKING_SET_CAP, max(rank_params(r) for r in _as_runs(runs)) * elem))
+    return int(min(WORKING_SET_CAP, max(rank_params(r) for r in as_runs(runs)) * elem))
 
 
 def measure_gemms(device: torch.device, dtype: torch.dtype, runs, budget_s: float, local: int = 1) -> list[GemmPoint]:
@@ -298,8 +290,6 @@ def measure_gemms(device: torch.device, dtype: torch.dtype, runs, budget_s: floa
     hardware.time_gemm within its share of the budget, rotating through operand sets as large as
     the step's weights (working_set_bytes: the operands are not warm in the cache unless the model
     fits there)."""
-    from echobench.hardware import time_gemm
-
     gpu = device.type == "cuda"
     order = sorted(gemm_work(runs, local), key=lambda s: s.flops)
     working_set = working_set_bytes(runs, dtype)
@@ -318,8 +308,6 @@ def attention_shapes(run) -> list[tuple[str, int, int, int, int, int]]:
     """(name, batch, heads, head_dim, seq_q, seq_k) of the run's attentions: the DiT's joint
     attention (audio-frame queries against audio + text + speaker-patch keys) and the speaker
     encoder's self-attention over the patches."""
-    from echobench.flops import speaker_patches
-
     m = run.model_config()
     p = speaker_patches(m, run.speaker_frames)
     return [("dit joint attention", run.micro_batch, m.heads, m.head_dim, run.audio_frames,
@@ -336,10 +324,8 @@ def attention_flops(batch: int, heads: int, head_dim: int, seq_q: int, seq_k: in
 def measure_attention(device: torch.device, dtype: torch.dtype, runs, budget_s: float) -> list[AttentionPoint]:
     """Forward + backward of the model's attention call (model.components.attention: SDPA with the
     key-padding mask the model passes, every key valid) at the runs' shapes (attention_shapes)."""
-    from echobench.model.components import attention
-
     gpu = device.type == "cuda"
-    out, shapes = [], list(dict.fromkeys(s for r in _as_runs(runs) for s in attention_shapes(r)))
+    out, shapes = [], list(dict.fromkeys(s for r in as_runs(runs) for s in attention_shapes(r)))
     gen = torch.Generator(device=device).manual_seed(0)
     for i, (name, b, h, d, lq, lk) in enumerate(shapes):
         q = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
@@ -407,10 +393,7 @@ def adamw_shapes(runs, device: torch.device) -> list[tuple[int, ...]]:
     own, registration order), the first as many as this process's free memory holds at
     ADAMW_STATE_BYTES each: all of them wherever the run's own training fits. The whole count
     matters: the rate falls with the size (a CPU's page faults of the step's fresh temporaries)."""
-    from echobench.commvolume import param_units
-    from echobench.flops import param_counts
-
-    run = max(_as_runs(runs), key=lambda r: param_counts(r.model_config()).trainable)
+    run = max(as_runs(runs), key=lambda r: param_counts(r.model_config()).trainable)
     shapes, room = [], free_bytes(device) // ADAMW_STATE_BYTES
     for shape in (s for u in param_units(run.model_config()) for s in u.shapes):
         room -= math.prod(shape)
@@ -428,9 +411,6 @@ def measure_adamw(device: torch.device, shapes: Sequence[tuple[int, ...]], budge
     and the first step, which allocates the state, is not timed. Its passes (lerp, addcmul, sqrt,
     div, ...) run slower than one add, and over a model's hundreds of tensors slower than over a
     few: the add's bandwidth, or a few small tensors, would understate the optimizer's time."""
-    from echobench.backends.torchtitan import build_optimizer
-    from echobench.predict import ADAMW_BYTES
-
     params = [torch.nn.Parameter(torch.full(shape, 0.02, device=device)) for shape in shapes]
     numel = sum(p.numel() for p in params)
     optimizer = build_optimizer(params, device)
@@ -467,8 +447,6 @@ class OpCount:
     """ATen ops dispatched while a count_ops() block runs (views included), in all and per name."""
 
     def __init__(self):
-        from collections import Counter
-
         self.total = 0
         self.by_name: Counter = Counter()
 
@@ -477,8 +455,6 @@ def count_ops():
     """A dispatch mode counting every ATen op it sees (on this thread and on autograd's, which
     carries the mode): forward, backward and optimizer ops alike. Its own Python cost per op makes
     the block slower: count in a step that is not timed."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class _Counting(TorchDispatchMode):
         def __init__(self):
             super().__init__()
@@ -503,11 +479,6 @@ def host_steps(cfg, info, dtype: torch.dtype, warmup: int, iters: int, budget_s:
     backend's setup and the run's data and draws (bench.train_step), `warmup` untimed steps, up to
     `iters` timed ones within budget_s (at least one; every rank stops with the slowest), then one
     step under count_ops()."""
-    from echobench.backends import build_training
-    from echobench.bench import train_step
-    from echobench.data import build_tokenizer, make_loader
-    from echobench.model.echo import diffusion_draws
-
     setup = build_training(cfg, info, dtype)
     model_cfg = cfg.model_config()
     dp_size = max(1, cfg.world_size // cfg.tp)
@@ -539,7 +510,7 @@ def host_steps(cfg, info, dtype: torch.dtype, warmup: int, iters: int, budget_s:
             _sync(info.device)
             seconds.append(time.perf_counter() - t)
             over = float(time.perf_counter() - start > budget_s)
-            if (_agree(over, info.device) if grouped else over) > 0:
+            if (agree(over, info.device) if grouped else over) > 0:
                 break
         with count_ops() as count:
             step()
@@ -555,12 +526,8 @@ def host_layouts(world: int, local: int) -> list[tuple[str, str]]:
     layouts = [("torchtitan", "single")]
     if world > 1:
         layouts += [("torchtitan", "ddp"), ("torchtitan", "fsdp2")]
-        import importlib.util
 
         if local > 1 and importlib.util.find_spec("megatron") is not None:
-            from echobench.backends import parallelism_problem
-            from echobench.config import RunConfig
-
             for tp in dict.fromkeys(t for t in (local, 4, 2) if t <= local):  # the widest TP the tiny heads allow
                 run = RunConfig(**HOST_RUN, framework="megatron", parallelism=f"tp{tp}", gpus_per_node=local,
                                 nodes=max(1, world // local))
@@ -576,8 +543,6 @@ def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[
     is Python, dispatch, autograd, the layout's hooks and collectives and (GPU) kernel launches;
     echobench.predict spreads what its model does not account for over the step's ops. Each point:
     this rank's steps (calibrate_comm keeps the slowest rank's). Call on every rank."""
-    from echobench.config import RunConfig
-
     gpu = info.device.type == "cuda"
     steps = [(HOST_RUN, layout) for layout in host_layouts(info.world_size, local)]
     if not gpu:
@@ -595,167 +560,6 @@ def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[
     return out
 
 
-def _slowest(per_rank: list[list], key: str) -> list:
+def slowest(per_rank: list[list], key: str) -> list:
     """Per point (same index on every rank), the rank whose median is lowest: the pace of a job."""
     return [min(points, key=lambda p: getattr(p, key)) for points in zip(*per_rank)]
-
-
-# ---- the whole calibration ----
-
-def shapes_note(runs) -> str:
-    """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape."""
-    seen = dict.fromkeys((r.scale, r.micro_batch, r.audio_frames, r.text_tokens, r.speaker_frames) for r in _as_runs(runs))
-    return "; ".join(f"{scale} at micro-batch {mb}, {la} audio frames, {lt} text tokens, {ls} speaker frames"
-                     for scale, mb, la, lt, ls in seen)
-
-
-def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
-                   comm_budget_s: float | None = None, gemm_budget_s: float = 5.0,
-                   compute_budget_s: float = 4.0) -> HardwareProfile | None:
-    """The hardware profile of this process group (or of this one process when there is none):
-    collectives over plan_groups (needs >= 2 ranks), GEMMs, attention, memory bandwidth and the
-    optimizer at the shapes of `runs` (a RunConfig or several: scale, layout, micro-batch, lengths;
-    the profile then prices each of them at its own shapes). Call on every rank; rank 0 returns the
-    profile (not saved), the others None. Defaults: max_bytes 1 GiB on GPU, 64 MiB on CPU, bounded
-    by free memory (a third of it: an all-gather holds about 2x its message); comm_budget_s 120 s
-    on GPU, 20 s on CPU."""
-    from echobench.hardware import default_dtype, device_name, git_commit, now_iso
-
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    dtype = dtype or default_dtype(device)
-    grouped = dist.is_initialized() and dist.get_world_size() > 1
-    world = dist.get_world_size() if grouped else 1
-    rank = dist.get_rank() if grouped else 0
-    started = time.perf_counter()
-    links: dict[str, dict[str, AlphaBeta]] = {}
-    hosts = [socket.gethostname()]
-    backend = dist.get_backend() if dist.is_initialized() else None
-    # The optimizer first, in the allocator's state of a fresh process, as training meets it: on a CPU
-    # the step's fresh temporaries fault their pages in; once the process has freed large blocks
-    # (the collectives' and element-wise buffers) glibc serves them from its heap and the step runs
-    # several times faster than any training step does.
-    optimizer = measure_adamw(device, adamw_shapes(runs, device), compute_budget_s * 0.2)
-    if grouped:
-        node_of = node_indices(world)
-        hosts = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname())
-        limit = min(max_bytes or DEFAULT_MAX_BYTES[kind], free_bytes(device) // 3)
-        limit = int(_agree(limit, device, dist.ReduceOp.MIN))
-        plans = plan_groups(node_of)
-        points = measure_collectives(plans, device, limit, comm_budget_s or DEFAULT_COMM_BUDGET_S[kind])
-        gathered = [None] * world
-        dist.all_gather_object(gathered, points)
-        if rank == 0:
-            merged: dict[tuple[str, str], list[CommPoint]] = {}
-            for r, mine in enumerate(gathered):  # a group's points from its lowest rank (all members agree)
-                for key, pts in mine.items():
-                    for p in pts:
-                        if not any(q.group_size == p.group_size and q.nbytes == p.nbytes for q in merged.get(key, [])):
-                            merged.setdefault(key, []).append(p)
-            for (link, op), pts in sorted(merged.items()):
-                alpha, gbps, rms = fit_alpha_beta(pts, op)
-                groups = sorted({p.group_size for p in pts})
-                links.setdefault(link, {})[op] = AlphaBeta(
-                    alpha_s=alpha, bus_gbps=gbps, rel_rms=rms, points=sorted(pts, key=lambda p: (p.group_size, p.nbytes)),
-                    source=f"measured: echobench calibrate --comm ({backend}, float32 messages {pts[0].nbytes} B .. "
-                           f"{max(p.nbytes for p in pts)} B, groups of {', '.join(map(str, groups))} ranks); "
-                           f"fit: commbench.fit_alpha_beta (least squares of relative residuals)")
-        node_count = len(set(node_of))
-    else:
-        node_count = 1
-    runs = _as_runs(runs)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    # CPU: the host steps' own shapes too, which predict prices to take the host's share of them
-    from echobench.config import RunConfig
-
-    priced = runs + ([RunConfig(**HOST_RUN), RunConfig(**REFERENCE_RUN)] if kind == "cpu" else [])
-    gemm = measure_gemms(device, dtype, priced, gemm_budget_s, local)
-    attn = measure_attention(device, dtype, priced, compute_budget_s * 0.6)
-    memory = measure_memory(device, min(MEMORY_BYTES[kind], free_bytes(device) // 8), compute_budget_s * 0.2)
-    memory.append(optimizer)
-    from echobench.distributed import DistInfo
-
-    host = measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
-                        compute_budget_s, local)
-    if grouped:
-        everyone = [None] * world
-        dist.all_gather_object(everyone, (gemm, attn, memory, host))
-        gemm, attn, memory = (_slowest([e[i] for e in everyone], key)
-                              for i, key in ((0, "tflops"), (1, "tflops"), (2, "gbps")))
-        host = [max(points, key=lambda p: p.step_s) for points in zip(*(e[3] for e in everyone))]  # slowest rank
-    if rank != 0:
-        return None
-    timing = "CUDA events per call" if kind == "cuda" else "host clock per call"
-    ranks = f"slowest of {world} ranks measuring at once" if world > 1 else "one process"
-    gemm = [p.model_copy(update={"source": f"measured: torch.mm {str(dtype).removeprefix('torch.')}, median of "
-                                           f"{p.iters} ({timing}), {ranks}"}) for p in gemm]
-    attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward (model.components.attention, "
-                                           f"key mask), median of {p.iters} ({timing}), {ranks}"}) for p in attn]
-    memory = [p.model_copy(update={"source": (f"measured: float32 {p.op}" if p.op != "adamw" else
-                                              f"measured: AdamW steps (torchtitan.build_optimizer) over "
-                                              f"{p.nbytes // 4 / 1e6:.4g}M float32 parameters of the model's shapes, "
-                                              "fresh gradients each step, predict.ADAMW_BYTES per parameter")
-                                             + f", median of {p.iters} ({timing}), {ranks}"}) for p in memory]
-    host = [p.model_copy(update={"source": f"measured: commbench.measure_host, {p.framework} {p.parallelism} "
-                                           f"training steps (bench.train_step) of {p.scale} at micro-batch "
-                                           f"{p.micro_batch} on {p.processes} process(es), median of {p.iters} (host "
-                                           f"clock around device syncs), {p.ops} ATen ops counted in one more step, "
-                                           f"the slowest rank's"}) for p in host]
-    name = device_name(device)
-    nccl = None
-    if kind == "cuda":
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL
-            nccl = None
-    return HardwareProfile(
-        name=f"calibrated {name} {str(dtype).removeprefix('torch.')}",
-        device=name, dtype=str(dtype).removeprefix("torch."), measured=True, backend=backend,
-        note=(f"measured by `echobench calibrate --comm` on {world} process(es), {node_count} node(s) "
-              f"({', '.join(dict.fromkeys(hosts))}), shapes of {shapes_note(runs)}; "
-              f"{time.perf_counter() - started:.1f} s"),
-        gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
-        gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links,
-        link_notes={"intra": "ranks on one node", "inter": "ranks on different nodes"} if links else {},
-        versions={"torch": torch.__version__, "echobench": git_commit(), "cuda": torch.version.cuda, "nccl": nccl},
-        date=now_iso(), host=socket.gethostname())
-
-
-def calibrate_in_group(device: str, runs, paths: Sequence, **options) -> HardwareProfile | None:
-    """calibrate_comm where this process runs: in a torchrun worker (launch.under_torchrun) on the
-    process group it forms (distributed.form_process_group: NCCL on GPUs, gloo on CPU), else on this
-    process alone, whatever RANK / WORLD_SIZE a container's hooks set. Rank 0 saves the profile to
-    every path of `paths` and returns it; other ranks None. `options`: calibrate_comm's keywords."""
-    from echobench.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
-    from echobench.hwprofile import save_profile
-    from echobench.launch import under_torchrun
-
-    info = dist_info(device) if under_torchrun() else DistInfo(device=pick_device(device))
-    form_process_group(info, timeout_s=900.0)  # a rank waits while the others time their sub-groups
-    try:
-        profile = calibrate_comm(info.device, runs, **options)
-        for path in paths if profile is not None else ():
-            save_profile(profile, path)
-    except BaseException:
-        shutdown(abort=True)  # the peers may sit in a collective this rank will never join
-        raise
-    shutdown()
-    return profile
-
-
-def launch_node(args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-                master_port: int = 29500) -> int:
-    """torchrun for this node (launch.torchrun_command: standalone on one node, else the rendezvous
-    of node_rank of nnodes, as `echobench run` launches a node) running `echobench calibrate --comm
-    ARGS` on nproc processes with the environment `run --nproc` gives its workers
-    (launch.child_env); torchrun's exit code."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from echobench.launch import child_env, torchrun_command
-
-    with tempfile.TemporaryDirectory(prefix="echobench-calibrate-") as tmp:
-        cmd = torchrun_command(["--comm", *args], nproc, nnodes, node_rank, master_addr, master_port,
-                               Path(tmp) / f"node-{node_rank}.json", command="calibrate")
-        return subprocess.call(cmd, env=child_env(nproc))

@@ -233,7 +233,7 @@ def rendezvous_note(nnodes: int, node_rank: int, master_addr: str | None, master
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
                      master_addr: str | None, master_port: int, note: Path, command: str = "run") -> list[str]:
     """torchrun (through echobench.torchrun, which writes `note` when it ends) for this node, its
-    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commbench.launch_node).
+    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commcalibrate.launch_node).
     With several nodes it says on stderr where it is about to wait for the others; ValueError
     (rendezvous_problem) for flags that would wait for ever."""
     if problem := rendezvous_problem(nnodes, node_rank, master_addr):

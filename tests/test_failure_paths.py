@@ -159,7 +159,7 @@ def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
 
 def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, monkeypatch):
     """torchrun prints nothing while it waits for the other nodes: the launcher says where, once."""
-    from echobench import commbench
+    from echobench import commcalibrate
     from echobench.launch import torchrun_command
 
     cmd = torchrun_command(["--out", "o"], 1, 2, 0, None, 29511, Path("note.json"))
@@ -169,7 +169,7 @@ def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, 
     torchrun_command(["--out", "o"], 2, 1, 0, None, 29500, Path("note.json"))  # one node: no one to wait for
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(subprocess, "call", lambda cmd, env=None: 0)
-    assert commbench.launch_node(["--device", "cpu"], 1, 3, 2, "node-a", 29512) == 0  # calibrate --comm's launcher
+    assert commcalibrate.launch_node(["--device", "cpu"], 1, 3, 2, "node-a", 29512) == 0  # calibrate --comm's launcher
     assert capsys.readouterr().err.startswith("echobench: node 2 of 3: waiting for the other nodes at node-a:29512 ")
 
 

@@ -1,0 +1,45 @@
+"""The `echobench` command line (typer). Each command is a thin layer over a module: it parses its
+options, calls the module that owns the work, and prints."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from echobench.cli.common import app, err_console, print_error
+
+# The command modules register their commands on `app` as they are imported: in this order, that
+# of `echobench --help`.
+# isort: off
+from echobench.cli import run  # noqa: F401,E402
+from echobench.cli import calibrate  # noqa: F401,E402
+from echobench.cli import report  # noqa: F401,E402
+from echobench.cli import plan  # noqa: F401,E402
+from echobench.cli import sweep  # noqa: F401,E402
+from echobench.cli import data  # noqa: F401,E402
+# isort: on
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """The `echobench` command: typer's app, with its usage errors (a bad flag value, an unknown
+    option or command) as one `error:` line like every other bad input, not a boxed panel."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        err_console.print("aborted", highlight=False)
+        sys.exit(1)
+    except typer.TyperException as exc:  # typer's click exceptions (it vendors click)
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            sys.exit(getattr(exc, "exit_code", 2))  # the help is already printed
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (`{ctx.command_path} --help` lists them)" if ctx is not None else ""
+        print_error(" ".join(exc.format_message().split()) + hint)  # not fail(): no app here to catch its Exit
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

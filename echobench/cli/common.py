@@ -1,0 +1,113 @@
+"""What every command of the command line uses: the typer apps, the consoles, the one-line errors,
+the checks of paths to write, the RunConfig fields as options, and a matrix's plan."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import tempfile
+import typing
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+
+from echobench.config import FIELDS, allowed_text, auto_switch, base_type, choices
+from echobench.console import esc
+from echobench.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
+data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
+app.add_typer(data_app, name="data")
+# Wide enough for the tables when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def print_error(message: str) -> None:
+    """The one `error:` line of bad input; the message is plain text."""
+    err_console.print(f"[bold red]error:[/] {esc(message)}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """A clear one-line error for bad input; no Python traceback."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
+def writable_dir(path: Path, what: str | None = None) -> Path:
+    """Creates the directory `path` (and its parents) and checks a file can be written in it;
+    else one line naming `what` (default: --out PATH)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        fail(f"{what or f'--out {path}'}: cannot write a directory there ({exc.strerror or exc}): choose another path")
+    return path
+
+
+def writable_file(path: Path, what: str) -> Path:
+    """Checks that the file `path` can be written (its folder made, not a directory itself) before
+    the work that fills it; else one line naming `what`."""
+    if path.is_dir():
+        fail(f"{what} {path}: is a directory: give a file name (e.g. {path / 'profile.yaml'})")
+    writable_dir(path.parent, f"{what} {path}")
+    return path
+
+
+def settings_options(*names: str, **defaults) -> Callable:
+    """Adds RunConfig fields (the given names, else every one with a flag) to a command as options
+    that land in its **kwargs: flag, type, default and help all come from the field, so a field
+    added once is a flag too. Choices stay plain text, checked by RunConfig (config.check_value), so
+    a bad value reads the same from a flag, a --config file or a matrix file."""
+    def options():
+        for name in names or FIELDS:
+            meta, default = FIELDS[name].metadata, defaults.get(name, FIELDS[name].default)
+            if meta["flag"] == "":
+                continue
+            if auto_switch(name):  # a flag is on or off; left out, the setting stays "auto"
+                default = None
+            allowed = choices(name)
+            kind = str if allowed else base_type(name)
+            option = typer.Option(default, *filter(None, [meta["flag"]]),
+                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"])
+            yield inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                    annotation=kind if default is not None else Optional[kind])
+
+    def add(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True).parameters.values()
+        command.__signature__ = inspect.Signature([p for p in own if p.kind != p.VAR_KEYWORD] + list(options()))
+        return command
+
+    return add
+
+
+# ---- matrices (echobench.matrix): plan, predict, sweep, preflight ----
+
+MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's max_runs, else {MAX_RUNS})."
+
+
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
+    """(the matrix, its plan, the executor: --executor, else the matrix's); bad input fails."""
+    if executor not in (None, *typing.get_args(ExecutorName)):
+        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
+    if max_runs is not None and max_runs < 1:
+        fail(f"--max-runs {max_runs}: must be >= 1")
+    try:
+        matrix = load_matrix(matrix_path)
+        executor = executor or matrix.spec.executor
+        return matrix, expand(matrix, executor, max_runs), executor
+    except MatrixError as exc:
+        fail(str(exc))
+
+
+def load_profiles_or_fail(names: list[str]):
+    """The hardware profiles of --profile (echobench.predict.load_profiles); a bad one fails."""
+    from echobench.predict import PredictError, load_profiles  # lazy: start-up time of `echobench --help`
+
+    try:
+        return load_profiles(names)
+    except PredictError as exc:
+        fail(str(exc))

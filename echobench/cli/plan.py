@@ -1,0 +1,223 @@
+"""`echobench plan` and `echobench predict`: a matrix's runs before any runs (echobench.plan), and
+the performance model's predictions (echobench.predict)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time as clock
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from echobench.cli.common import (
+    MAX_RUNS_HELP,
+    app,
+    console,
+    err_console,
+    fail,
+    load_plan,
+    load_profiles_or_fail,
+    writable_dir,
+)
+from echobench.console import esc
+
+
+@app.command()
+def plan(
+    matrix_path: Path = typer.Argument(..., metavar="MATRIX", help="Matrix YAML file."),
+    executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): paths in --script."),
+    script: Optional[str] = typer.Option(None, "--script", metavar="RUN_ID", help="Print this run's exact job script."),
+    write_scripts: Optional[Path] = typer.Option(None, "--write-scripts", metavar="DIR",
+                                                 help="Write every run's job script to DIR/RUN_ID.sh, submit nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile for the "
+                                      "predicted step time and MFU (echobench predict); default: the shipped "
+                                      "profile of hardware.device, if any."),
+):
+    """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
+    predicted step time and MFU."""
+    from echobench import plan as pl  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import run_dir  # lazy: start-up time of `echobench --help`
+
+    if write_scripts is not None and script is not None:
+        fail("--write-scripts writes every run's script, --script prints one: give one of them")
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    if write_scripts is not None:  # for review on a cluster before spending GPU-hours
+        dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
+        sweep_dir = (out or pl.default_out(matrix)).resolve()
+        try:
+            # Logs beside the scripts: SLURM does not start a job whose --output directory is missing.
+            (logs := dest / "logs").mkdir(exist_ok=True)
+            for run in the_plan.runs:
+                path = dest / f"{run.id}.sh"
+                log = logs.resolve() / f"{run.id}-%j.out" if executor == "slurm" else None
+                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
+                path.chmod(0o755)
+        except OSError as exc:
+            fail(f"--write-scripts {write_scripts}: cannot write {exc.filename} ({exc.strerror or exc}): "
+                 "choose another directory")
+        except ValueError as exc:
+            fail(str(exc))
+        console.print(f"{len(the_plan.runs)} job scripts in {esc(dest)} (paths as for `echobench sweep --out "
+                      f"{esc(sweep_dir)}`; each writes its run.yaml there, its log goes to {esc(dest / 'logs')}); "
+                      f"nothing submitted", highlight=False)
+        return
+    if script is not None:
+        run = the_plan.by_id(script)
+        if run is None:
+            fail(f"no run {script!r} in {matrix_path}: `echobench plan {matrix_path}` lists the run ids")
+        try:
+            sweep_dir = (out or pl.default_out(matrix)).resolve()
+            print(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
+        except ValueError as exc:
+            fail(str(exc))
+        return
+    from echobench.predict import profile_for_device  # lazy: start-up time of `echobench --help`
+
+    profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(matrix.spec.hardware.device)]))
+    if as_json:
+        print(json.dumps(pl.plan_summary(the_plan, executor, profiles), indent=2, default=str))
+        return
+    for part in pl.plan_report(the_plan, executor, profiles):
+        console.print(part)
+
+
+def default_profiles(records: list) -> dict[str, list]:
+    """`predict --against` without --profile: run id -> [its profile], predict.profile_for_device of
+    the record's device and file (its sweep's own profile first). A record without one is said and
+    left out; none with one fails."""
+    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
+    from echobench.executors import measured_profile  # lazy: start-up time of `echobench --help`
+
+    found, missing, looked = {}, [], {}
+    for record in records:
+        near = str(record.path) if record.path else None
+        key = (record.env.device_name, near and measured_profile(near))  # one lookup (and object) per sweep
+        try:
+            if key not in looked:
+                looked[key] = pr.profile_for_device(record.env.device_name, near)
+        except pr.PredictError as exc:
+            fail(str(exc))
+        profile = looked[key]
+        if profile is None:
+            missing.append(record)
+        else:
+            found[record.run_id] = [profile]
+    if not found:
+        fail(pr.no_profile_message(f"device {records[0].env.device_name!r}"))
+    for record in missing:
+        err_console.print(f"[yellow]not predicted:[/] {esc(record.run_id)}: "
+                          f"{esc(pr.no_profile_message(f'device {record.env.device_name!r}'))}",
+                          highlight=False, soft_wrap=True)
+    return found
+
+
+PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
+                "measured most like it (processes per node, GEMM shapes). Default: the shipped profile of the "
+                "matrix's hardware.device (with --against: the profile their sweep measured, hardware.calibrate_comm, else "
+                "that of the records' device), else this machine's calibrated one.")
+
+
+
+@app.command("predict")
+def predict_command(
+    paths: list[Path] = typer.Argument(..., metavar="MATRIX | RUN_DIRS...", help="A matrix YAML file; with "
+                                       "--against, sweep or run directories (or result.json files)."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="Every configuration at these node counts (1 .. "
+                                        "1024, e.g. 1,4,16) instead of the matrix's."),
+    against: bool = typer.Option(False, "--against", help="Predict measured runs and hold each against its "
+                                 "record: step time, MFU and, for --profile runs, the parts of the step."),
+    as_json: bool = typer.Option(False, "--json", help="A list with one object per run."),
+):
+    """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
+    bytes per link and the bandwidth that would hide its exposed communication (README,
+    Predicting a run); with --against, predicted vs measured."""
+    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
+
+    started = clock.perf_counter()
+    wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
+    profiles = load_profiles_or_fail(profile)
+    if against:
+        from echobench.results import load_records  # lazy: start-up time of `echobench --help`
+
+        if nodes is not None:
+            fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            fail(f"no such file or directory: {', '.join(missing)}")
+        records, problems = load_records(paths)
+        for problem in problems:
+            err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+        ok = [r for r in records if r.status == "ok" and r.step_time_s]
+        if not ok:
+            fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
+        each = {r.run_id: profiles for r in ok} if profiles else default_profiles(ok)
+        for line in pr.other_device_lines(ok, profiles):
+            err_console.print(f"[yellow]warning:[/] {esc(line)}", highlight=False, soft_wrap=True)
+        comparisons = []
+        for record in (r for r in ok if r.run_id in each):
+            try:
+                comparisons.append(pr.against(record, each[record.run_id]))
+            except (pr.PredictError, ValueError) as exc:
+                err_console.print(f"[yellow]not predicted:[/] {esc(exc)}", highlight=False, soft_wrap=True)
+        profiles = list({id(p): p for ps in each.values() for p in ps}.values())  # those given or found, each once
+        if as_json:
+            print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
+            return
+        wide.print(pr.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
+        s = pr.summary(comparisons)
+        if s["runs"]:
+            console.print(f"step time: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
+                          f"{s['runs']} runs (error = (predicted - measured) / measured)"
+                          + (f"; MFU: mean |error| {s['mean_abs_mfu_error']:.1%}, max {s['max_abs_mfu_error']:.1%}"
+                             if s["mean_abs_mfu_error"] is not None else ""))
+        for line in pr.profile_lines(profiles):
+            console.print(esc(line), highlight=False)
+        return
+    if len(paths) != 1:
+        fail(f"predict takes one matrix ({len(paths)} paths given): for run directories add --against")
+    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None)
+    cfgs = [r.cfg for r in the_plan.runs]
+    try:
+        if nodes is not None:
+            cfgs = pr.at_nodes(cfgs, pr.parse_nodes(nodes))
+    except pr.PredictError as exc:
+        fail(str(exc))
+    if not profiles:
+        device = matrix.spec.hardware.device or pr.machine_device(cfgs)
+        found = pr.profile_for_device(device)
+        if found is None:
+            fail(pr.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
+                                       "machine's)"))
+        profiles = [found]
+    items = pr.predict_runs(cfgs, profiles)
+    none_predicted = bool(cfgs) and not any(isinstance(p, pr.Prediction) for p in items)
+    elapsed = clock.perf_counter() - started
+    if as_json:
+        rank = pr.ranks([p for p in items if isinstance(p, pr.Prediction)])
+        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
+                          else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
+                         indent=2, default=str))
+        if none_predicted:
+            raise typer.Exit(1)  # every object holds its error
+        return
+    wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
+    for p, c in zip(items, cfgs):
+        if isinstance(p, pr.PredictError):  # in full, one line each: a table cell cuts the fix off
+            err_console.print(f"[red]not predicted:[/] {esc(pr.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
+    for line in pr.profile_lines(profiles):
+        console.print(esc(line), highlight=False)
+    notes = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
+    for note in notes:
+        console.print(f"note: {esc(note)}", highlight=False)
+    console.print(f"rank: by predicted MFU among the runs of a scale and node count; hide GB/s: the bus bandwidth "
+                  f"per link at which the overlappable collectives take no longer than the compute they overlap; "
+                  f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
+    if none_predicted:
+        fail(f"no run of {paths[0]} could be predicted (why: above)", 1)

@@ -1,0 +1,132 @@
+"""`echobench report`, `compare` and `explain`: dashboards, tables and regression gates from stored
+records (echobench.report), and where one run's step time went (echobench.breakdown)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
+from echobench.console import esc
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="Sweep or run directories (or result.json files); merged, newest record per run id."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Dashboard HTML file (default report.html unless --table)."),
+    table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (see README)."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile(s): put each "
+                                      "run's prediction (echobench predict) beside it in the dashboard."),
+    margin: float = typer.Option(15.0, "--margin", help="With --profile: flag runs more than this percent below "
+                                 "their predicted throughput."),
+):
+    """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
+    from echobench.report import load_report_input, read_reference, render_dashboard, render_table  # lazy: pandas
+    from echobench.report.tables import RENDERERS, ReferenceError  # lazy: pandas, start-up time of `echobench --help`
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        fail(f"no such file or directory: {', '.join(missing)}")
+    if table is not None and table not in RENDERERS:
+        fail(f"--table {table!r} is not valid: allowed {', '.join(RENDERERS)}")
+    if out is None and table is None:
+        out = Path("report.html")
+    if out is not None:
+        if out.is_dir():
+            fail(f"-o {out} is a directory: give the HTML file's path (e.g. {out / 'report.html'})")
+        writable_dir(out.parent, f"-o {out}")
+    ref = None
+    if reference is not None:
+        try:
+            ref = read_reference(reference)
+        except ReferenceError as exc:
+            fail(str(exc))
+    if not 0 <= margin < 100:
+        fail(f"--margin {margin:g}: a percentage from 0 to below 100")
+    profiles = load_profiles_or_fail(profile)
+    data = load_report_input(paths)
+    if profiles:
+        from echobench.report.data import with_predictions  # lazy: pandas, start-up time of `echobench --help`
+
+        data = with_predictions(data, profiles, margin / 100)
+    for problem in data.problems:
+        err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+    if not data.records:
+        err_console.print(f"no result records under {esc(', '.join(map(str, paths)))}", highlight=False)
+    elif data.ok.empty:
+        err_console.print(f"no successful runs: all {len(data.records)} record(s) failed", highlight=False)
+    if table is not None:
+        sys.stdout.write(render_table(data.frame, table, ref))
+    if out is not None:
+        try:
+            out.write_text(render_dashboard(data, ref, str(reference) if reference else None), encoding="utf-8")
+        except OSError as exc:
+            fail(f"-o {out}: cannot write it ({exc.strerror or exc})")
+        err_console.print(f"wrote {esc(out)} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
+
+
+@app.command()
+def compare(
+    old: Path = typer.Argument(..., help="Baseline sweep or run directory."),
+    new: Path = typer.Argument(..., help="Candidate sweep or run directory."),
+    threshold: float = typer.Option(5.0, "--threshold", help="Percent loss of samples/s or MFU that fails the gate."),
+    alpha: float = typer.Option(0.01, "--alpha", help="Significance level of the step-time test (one-sided Mann-Whitney U)."),
+):
+    """Pair configurations, print throughput / MFU changes; exit 1 when any lost more than the
+    threshold and its step times say the slowdown is significant."""
+    from echobench.report import compare_records  # lazy: pandas, start-up time of `echobench --help`
+    from echobench.report.compare import comparison_report  # lazy: pandas, start-up time of `echobench --help`
+    from echobench.results import load_records  # lazy: start-up time of `echobench --help`
+
+    for p in (old, new):
+        if not p.exists():
+            fail(f"no such file or directory: {p}")
+    if threshold < 0:
+        fail("--threshold must be >= 0 (a percentage)")
+    if not 0 < alpha < 1:
+        fail(f"--alpha {alpha:g}: must be between 0 and 1 (e.g. 0.01)")
+    (old_records, old_problems), (new_records, new_problems) = load_records([old]), load_records([new])
+    for problem in old_problems + new_problems:
+        err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+    result = compare_records(old_records, new_records, threshold, alpha)
+    if not result.changes:
+        fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
+             f"({len(new_records)} records)")
+
+    table, *lines = comparison_report(result, f"{old} -> {new}")
+    console.print(table)
+    for line in lines:
+        console.print(line, soft_wrap=True)
+    if result.regressions:
+        raise typer.Exit(1)
+
+
+@app.command()
+def explain(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="One run's directory (result.json, and breakdown.json "
+                                   "from a --profile run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
+):
+    """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
+    from echobench.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
+
+    try:
+        record, bd = read_profiled_run(run_dir)
+    except ValueError as exc:
+        fail(str(exc))
+    steps = waterfall(record)
+    if as_json:
+        # padding: the record's figures (null: a record written before padding was counted)
+        padding = {k: getattr(record, k) for k in ("measured_padded_flops", "measured_hardware_flops",
+                                                   "padded_flops_frac", "padded_frac_latent", "padded_frac_text",
+                                                   "padded_frac_speaker")}
+        print(json.dumps({"run_id": record.run_id, "summary": record.breakdown or {}, "breakdown": bd,
+                          "padding": padding, "waterfall": steps}, indent=2))
+        return
+    for part in explain_report(record, bd, steps):
+        console.print(part)

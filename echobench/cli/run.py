@@ -1,0 +1,160 @@
+"""`echobench run` and `echobench flops`: one benchmark run of the full model, and the parameter and
+FLOP breakdown of a sample."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+
+from echobench.backends import parallelism_problem
+from echobench.cli.common import app, console, err_console, fail, settings_options, writable_dir
+from echobench.config import RunConfig, auto_switch
+from echobench.console import esc, record_report, repeats_report
+from echobench.yamltext import yaml_problem
+
+
+def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
+    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override."""
+    settings = {}
+    if config is not None:
+        try:
+            settings = yaml.safe_load(config.read_text()) or {}
+        except OSError as exc:
+            fail(f"--config {config}: cannot read it ({exc.strerror})")
+        except yaml.YAMLError as exc:
+            fail(f"--config {config}: not valid YAML: {yaml_problem(exc)}")
+        if not isinstance(settings, dict):
+            fail(f"--config {config}: expected a mapping of run settings")
+    # Compared by name: typer may carry its own copy of click's ParameterSource enum.
+    explicit = ("COMMANDLINE", "ENVIRONMENT")
+    for name, value in params.items():
+        source = ctx.get_parameter_source(name)
+        if value is None and auto_switch(name):  # flag not given: the file's value, else the field's default
+            continue
+        if name not in settings or getattr(source, "name", None) in explicit:
+            settings[name] = value
+    return settings
+
+
+@app.command()
+@settings_options()
+def run(
+    ctx: typer.Context,
+    out: Path = typer.Option(..., "--out", help="Directory for result.json (created)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file of run settings; flags override it."),
+    nproc: Optional[int] = typer.Option(None, help="Launch torchrun with this many processes on this node."),
+    nnodes: int = typer.Option(1, help="With --nproc: number of nodes (one launcher per node)."),
+    node_rank: int = typer.Option(0, help="With --nproc: this node's rank (SLURM_NODEID)."),
+    master_addr: Optional[str] = typer.Option(None, help="With --nproc: rendezvous host (first node)."),
+    master_port: int = typer.Option(29500, help="With --nproc: rendezvous port."),
+    repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
+                                "group writing OUT/repeat-K/result.json; prints the median over them."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
+    **params,
+):
+    """One benchmark run: real training steps of the full model; writes OUT/result.json."""
+    from echobench import launch as ln  # lazy: start-up time of `echobench --help`
+
+    if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
+        ln.dump_stacks_on_signal()
+    settings = run_settings(ctx, params, config)
+    code = 0  # torchrun's exit code, with --nproc
+    if tp is not None:
+        settings["parallelism"] = tp_parallelism(ctx, tp)
+    if nproc is not None:
+        if nproc < 1 or nnodes < 1:
+            fail("--nproc and --nnodes must be >= 1")
+        settings.update(gpus_per_node=nproc, nodes=nnodes)
+    try:
+        cfg = RunConfig.from_dict(settings)
+    except (ValueError, TypeError) as exc:
+        fail(f"{config or 'run settings'}: {exc}")
+    if problem := parallelism_problem(cfg):
+        fail(problem)
+    if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):
+        fail(problem)
+    writable_dir(out)
+    if repeats != 1:
+        run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
+        return
+    if nproc is not None:
+        record, code = ln.launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
+        if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
+            raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
+    else:
+        from echobench.bench import run_benchmark  # lazy: torch and the model, for this command alone
+        from echobench.distributed import exit_process  # lazy: torch, for this command alone
+
+        record = run_benchmark(cfg, out)
+        if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
+            print_record(record, out)
+        # A non-zero exit makes torchrun stop the other ranks.
+        exit_process(0 if record.status == "ok" else 1)
+        if record.status != "ok":
+            raise typer.Exit(1)
+        return
+    print_record(record, out)
+    if record.status != "ok" or code:
+        raise typer.Exit(code or 1)
+
+
+def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
+    """`run --repeats N`: N launches one after another, then the median over the ok ones."""
+    from echobench.launch import launch_repeats, under_torchrun  # lazy: start-up time of `echobench --help`
+
+    if repeats < 1:
+        fail(f"--repeats {repeats}: must be >= 1")
+    if under_torchrun():
+        fail("--repeats launches its own processes: run it outside torchrun (with --nproc N for several per node)")
+    records, code = launch_repeats(cfg, out, repeats, *launch_args)
+    if not records:  # not node 0: node 0's launcher owns the records; this one exits as its torchruns did
+        raise typer.Exit(code)
+    for part in repeats_report(records, out):
+        console.print(part)
+    if any(r.status != "ok" for r in records):
+        raise typer.Exit(1)
+
+
+def tp_parallelism(ctx: typer.Context, tp: int) -> str:
+    """`--tp N` is shorthand for `--parallelism tpN`; both at once must agree."""
+    if tp < 1:
+        fail(f"--tp {tp}: must be >= 1")
+    given = ctx.params.get("parallelism")
+    if getattr(ctx.get_parameter_source("parallelism"), "name", None) == "COMMANDLINE" and given != f"tp{tp}":
+        fail(f"--tp {tp} conflicts with --parallelism {given}: give one of them")
+    return f"tp{tp}"
+
+
+def print_record(record, out: Path) -> None:
+    """A run's Record as a table (its error, when it failed), and where it was written."""
+    if record.status != "ok":
+        err_console.print(f"[bold red]{esc(record.status)}:[/] {esc(record.error)}", highlight=False,
+                          soft_wrap=True)
+    else:
+        for part in record_report(record):
+            console.print(part)
+    console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+
+
+@app.command()
+@settings_options("scale", "audio_frames", "text_tokens", "speaker_frames", "ac", "encoder_model", "frozen_encoder",
+                  scale="8B")
+def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **settings):
+    """Parameter and FLOP breakdown of one training sample."""
+    from echobench.flops import flops_report, flops_table  # lazy: start-up time of `echobench --help`
+
+    try:
+        cfg = RunConfig(**settings)
+    except ValueError as exc:
+        fail(str(exc))
+    report = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    for part in flops_table(report, cfg):
+        console.print(part)

@@ -1,0 +1,174 @@
+"""`echobench sweep`, `preflight`, `cancel` and `status`: a matrix's runs through an executor
+(echobench.sweep, echobench.preflight) and the state of a sweep directory."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from echobench.cli.common import MAX_RUNS_HELP, app, console, err_console, fail, load_plan, writable_dir
+from echobench.console import esc, fmt, state_counts, state_markup
+from echobench.matrix import MatrixError
+
+
+@app.command()
+def sweep(
+    matrix_path: Path = typer.Argument(..., metavar="MATRIX", help="Matrix YAML file."),
+    executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the jobs and collect (slurm: --no-wait returns after submitting)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Also re-run runs whose record is a failure."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
+    force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
+    poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm; slurm "
+                                                    "doubles it up to 60 while nothing changes)."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: one short job checks the runs' "
+                                   "environment before any is submitted (default; skipped where this matrix passed "
+                                   "it before)."),
+):
+    """Run every run of a matrix not yet done (resumable); shows progress, collects results.
+
+    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait, 0 once every
+    run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit): the same
+    command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
+    terminal; elsewhere they keep running: `echobench cancel DIR`)."""
+    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+    from echobench.plan import default_out  # lazy: start-up time of `echobench --help`
+
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    try:
+        runs, skipped = sw.choose_runs(the_plan, only, force, console)
+    except MatrixError as exc:
+        fail(str(exc))
+    if not runs:
+        fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
+    try:
+        opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
+                               retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal(), preflight=preflight)
+        opts.out = writable_dir(opts.out)
+        code = sw.run_sweep(matrix, runs, opts, console, skipped)
+    except ValueError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command("preflight")
+def preflight_command(
+    matrix_path: Path = typer.Argument(..., metavar="MATRIX", help="Matrix YAML file."),
+    executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): the job's script, "
+                                       "log and preflight.json go there."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only for runs with this setting."),
+    max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+):
+    """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
+    CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
+    network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
+    otherwise. A sweep of the same matrix into the same directory then does not check again."""
+    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+    from echobench.executors import make_executor  # lazy: start-up time of `echobench --help`
+    from echobench.plan import default_out  # lazy: start-up time of `echobench --help`
+    from echobench.preflight import run_preflight  # lazy: start-up time of `echobench --help`
+
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    try:
+        runs, _ = sw.choose_runs(the_plan, only, True, Console(file=io.StringIO()))
+    except MatrixError as exc:
+        fail(str(exc))
+    if not runs:
+        fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
+    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
+    made = make_executor(executor, matrix)
+    try:
+        made.check_dir(sweep_dir)
+        result = run_preflight(matrix, runs, made, sweep_dir, console)
+    except KeyboardInterrupt:
+        fail("interrupted (Ctrl-C): the preflight job was cancelled", 130)
+    except Exception as exc:  # noqa: BLE001 - sbatch's refusal, a path SLURM cannot take: one line
+        fail(f"the preflight job was not submitted: {exc}")
+    raise typer.Exit(0 if result.passed else 1)
+
+
+def ask_on_a_terminal() -> Callable[[str], bool] | None:
+    """A yes/no question (default no) where stdin is a terminal; None elsewhere (nobody to answer)."""
+    if not sys.stdin.isatty():
+        return None
+    return lambda question: typer.confirm(question, default=False)
+
+
+@app.command()
+def cancel(
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="A sweep directory."),
+):
+    """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
+    sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
+    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+
+    if not sweep_dir.is_dir():
+        fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
+    if not (sweep_dir / sw.SWEEP_FILE).is_file():
+        fail(f"{sweep_dir}: no {sw.SWEEP_FILE} here: not a sweep directory")
+    writable_dir(sweep_dir, f"cancel in {sweep_dir}")
+    try:
+        code = sw.cancel_sweep(sweep_dir, console)
+    except sw.CorruptSweepState as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    runs_dir: Path = typer.Argument(..., metavar="DIR", help="A sweep directory (or any directory of result.json)."),
+    wait: bool = typer.Option(False, "--wait", help="Keep refreshing until no job is pending or running."),
+    poll: float = typer.Option(5.0, help="Seconds between refreshes with --wait."),
+    export: bool = typer.Option(False, "--export", help="Also write DIR/results.csv and results.parquet."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
+):
+    """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error."""
+    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+
+    if not runs_dir.is_dir():
+        fail(f"{runs_dir} is not a directory")
+    try:
+        rows, problems = sw.status(runs_dir, wait, poll)
+    except sw.CorruptSweepState as exc:
+        fail(str(exc))
+    paths = []
+    if export:
+        writable_dir(runs_dir, f"--export into {runs_dir}")
+        paths, unreadable = sw.export_status(runs_dir, rows)
+        problems += unreadable
+    for p in problems:
+        err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title=esc(f"{runs_dir}: {len(rows)} runs"))
+    table.add_column("run id", overflow="fold")  # folds only where the terminal is narrower than the ids
+    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
+                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
+                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"))
+    console.print(table)
+    # Errors under the table, one line each (in a table column they fold into a few characters per
+    # line): cut at a terminal's width, whole in a log or pipe. In full: --json, or RUN/result.json.
+    if errors := [r for r in rows if r.get("error")]:
+        crop = console.is_terminal
+        for r in errors:
+            console.print(f"{esc(r['run_id'])}: {esc(' '.join(r['error'].split()))}", highlight=False,
+                          no_wrap=crop, overflow="ellipsis" if crop else None, soft_wrap=not crop)
+        if crop:
+            console.print("[dim]errors in full: echobench status DIR --json[/]", highlight=False)
+    console.print(esc(state_counts(r["state"] for r in rows) or "no runs"))
+    if paths:
+        console.print(f"results: {esc(', '.join(map(str, paths)))}", highlight=False)
