@@ -87,36 +87,6 @@ def plan(
         console.print(part)
 
 
-def default_profiles(records: list) -> dict[str, list]:
-    """`predict --against` without --profile: run id -> [its profile], predict.profile_for_device of
-    the record's device and file (its sweep's own profile first). A record without one is said and
-    left out; none with one fails."""
-    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
-    from echobench.executors import measured_profile  # lazy: start-up time of `echobench --help`
-
-    found, missing, looked = {}, [], {}
-    for record in records:
-        near = str(record.path) if record.path else None
-        key = (record.env.device_name, near and measured_profile(near))  # one lookup (and object) per sweep
-        try:
-            if key not in looked:
-                looked[key] = pr.profile_for_device(record.env.device_name, near)
-        except pr.PredictError as exc:
-            fail(str(exc))
-        profile = looked[key]
-        if profile is None:
-            missing.append(record)
-        else:
-            found[record.run_id] = [profile]
-    if not found:
-        fail(pr.no_profile_message(f"device {records[0].env.device_name!r}"))
-    for record in missing:
-        err_console.print(f"[yellow]not predicted:[/] {esc(record.run_id)}: "
-                          f"{esc(pr.no_profile_message(f'device {record.env.device_name!r}'))}",
-                          highlight=False, soft_wrap=True)
-    return found
-
-
 PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
                 "measured most like it (processes per node, GEMM shapes). Default: the shipped profile of the "
                 "matrix's hardware.device (with --against: the profile their sweep measured, hardware.calibrate_comm, else "
@@ -154,19 +124,15 @@ def predict_command(
         records, problems = load_records(paths)
         for problem in problems:
             err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
-        ok = [r for r in records if r.status == "ok" and r.step_time_s]
-        if not ok:
+        if not any(r.status == "ok" and r.step_time_s for r in records):
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
-        each = {r.run_id: profiles for r in ok} if profiles else default_profiles(ok)
-        for line in pr.other_device_lines(ok, profiles):
-            err_console.print(f"[yellow]warning:[/] {esc(line)}", highlight=False, soft_wrap=True)
-        comparisons = []
-        for record in (r for r in ok if r.run_id in each):
-            try:
-                comparisons.append(pr.against(record, each[record.run_id]))
-            except (pr.PredictError, ValueError) as exc:
-                err_console.print(f"[yellow]not predicted:[/] {esc(exc)}", highlight=False, soft_wrap=True)
-        profiles = list({id(p): p for ps in each.values() for p in ps}.values())  # those given or found, each once
+        try:
+            held = pr.against_records(records, profiles)
+        except pr.PredictError as exc:
+            fail(str(exc))
+        for kind, line in held.lines:
+            err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
+        comparisons, profiles = held.comparisons, held.profiles
         if as_json:
             print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
             return

@@ -62,7 +62,16 @@ The package, by what each file is (every name callers use is re-exported here):
 from echobench.config import run_id  # callers reach it as predict.run_id
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
 from echobench.predict.errors import PredictError
-from echobench.predict.measured import BREAKDOWN_PARTS, Comparison, against, measured_shares, predicted_shares, summary
+from echobench.predict.measured import (
+    BREAKDOWN_PARTS,
+    AgainstRecords,
+    Comparison,
+    against,
+    against_records,
+    measured_shares,
+    predicted_shares,
+    summary,
+)
 from echobench.predict.model import Prediction, at_nodes, host_per_op, parse_nodes, predict, predict_runs, ranks
 from echobench.predict.pricing import (
     BOUNDS,
@@ -107,7 +116,7 @@ from echobench.predict.work import (
 
 __all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES",
            "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
-           "PredictError", "Prediction", "Rates", "against", "at_nodes", "choose_profile", "collectives",
+           "AgainstRecords", "PredictError", "Prediction", "Rates", "against", "against_records", "at_nodes", "choose_profile", "collectives",
            "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",
            "hide_gbps", "host_ops", "host_per_op", "host_point", "in_situ_factor", "is_cpu", "is_cpu_name",
            "link_bytes", "load_profiles", "machine_device", "measured_shares", "no_profile_message",

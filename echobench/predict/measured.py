@@ -11,9 +11,9 @@ from echobench.hwprofile import HardwareProfile
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, predict
 from echobench.predict.pricing import is_cpu_name, priced
-from echobench.predict.profiles import choose_profile
+from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
 from echobench.predict.work import host_ops, run_work
-from echobench.results import record_settings
+from echobench.results import Record, record_settings
 
 # The breakdown's categories (echobench.breakdown) each predicted part is held against.
 BREAKDOWN_PARTS = {"gemm": ("gemm",), "attention": ("attention",), "optimizer": ("optimizer",),
@@ -91,3 +91,32 @@ def summary(comparisons: Sequence[Comparison]) -> dict:
     return {"runs": len(errors), "mean_abs_error": sum(errors) / len(errors) if errors else None,
             "max_abs_error": max(errors, default=None),
             "mean_abs_mfu_error": sum(mfu) / len(mfu) if mfu else None, "max_abs_mfu_error": max(mfu, default=None)}
+
+
+@dataclass
+class AgainstRecords:
+    """`predict --against`: the comparisons, the profiles they took (each once), and what to tell the
+    user in the order it arose: (kind, line), kind "not predicted" (a record without a profile, or one
+    the model refused) or "warning" (a record on another device than the profile given)."""
+    comparisons: list[Comparison]
+    profiles: list[HardwareProfile]
+    lines: list[tuple[str, str]]
+
+
+def against_records(records: Sequence[Record], profiles: Sequence[HardwareProfile]) -> AgainstRecords:
+    """Each successful record held against its prediction: on `profiles` if given, else on the profile
+    of its device (its sweep's own first). No record to predict, or no profile for any, is a PredictError."""
+    ok = [r for r in records if r.status == "ok" and r.step_time_s]
+    if not ok:
+        raise PredictError("no successful runs to predict")
+    each, missing = ({r.run_id: list(profiles) for r in ok}, []) if profiles else profiles_for_records(ok)
+    lines = [("not predicted", line) for line in missing]
+    lines += [("warning", line) for line in other_device_lines(ok, profiles)]
+    comparisons = []
+    for record in (r for r in ok if r.run_id in each):
+        try:
+            comparisons.append(against(record, each[record.run_id]))
+        except (PredictError, ValueError) as exc:
+            lines.append(("not predicted", str(exc)))
+    used = list({id(p): p for ps in each.values() for p in ps}.values())  # those given or found, each once
+    return AgainstRecords(comparisons, used, lines)

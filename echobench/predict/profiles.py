@@ -127,3 +127,23 @@ def profile_lines(profiles: Sequence[HardwareProfile]) -> list[str]:
                      + (f", {p.gpus_per_node} per node" if p.gpus_per_node else "")
                      + (f", in-situ factor {factor:.3g}" if factor != 1.0 else ""))
     return lines
+
+
+def profiles_for_records(records: Sequence) -> tuple[dict[str, list[HardwareProfile]], list[str]]:
+    """`predict --against` without --profile: run id -> [its profile], profile_for_device of the
+    record's device and file (its sweep's own profile first), and a line for each record without
+    one (left out). None with one is a PredictError."""
+    found, missing, looked = {}, [], {}
+    for record in records:
+        near = str(record.path) if record.path else None
+        key = (record.env.device_name, near and measured_profile(near))  # one lookup (and object) per sweep
+        if key not in looked:
+            looked[key] = profile_for_device(record.env.device_name, near)
+        if looked[key] is None:
+            missing.append(record)
+        else:
+            found[record.run_id] = [looked[key]]
+    if not found:
+        raise PredictError(no_profile_message(f"device {records[0].env.device_name!r}"))
+    return found, [f"{record.run_id}: {no_profile_message(f'device {record.env.device_name!r}')}"
+                   for record in missing]
