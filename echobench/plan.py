@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 from echobench.estimate import estimated_seconds, planned_peak, time_limit, time_limit_s
+from echobench.executors import comm_size, make_executor
 from echobench.matrix import Matrix, Plan, PlannedRun
 from echobench.nodecheck import RUN_PATH
+from echobench.predict import Prediction, predict_runs
 from echobench.preflight import preflight_spec
 
 
@@ -31,8 +33,6 @@ def peak_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
 
 def comm_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | None:
     """hardware.calibrate_comm: that the sweep measures a hardware profile first, where and how big."""
-    from echobench.executors import comm_size
-
     if not matrix.spec.hardware.calibrate_comm or not runs:
         return None
     nodes, nproc = comm_size(runs)
@@ -49,8 +49,6 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
     the model cannot price the run)."""
     predicted = {}
     if profiles:
-        from echobench.predict import Prediction, predict_runs
-
         predicted = {run.id: p for run, p in zip(plan.runs, predict_runs([r.cfg for r in plan.runs], profiles))
                      if isinstance(p, Prediction)}
     rows = []
@@ -71,8 +69,6 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
 def render_job_script(run: PlannedRun, rd: Path, matrix: Matrix, executor: str, log: Path | None = None) -> str:
     """`plan --script`: the exact job.sh the sweep would write into `rd`. `log` (SLURM): its output
     elsewhere than RUN_DIR/logs, for a script to submit by hand (`plan --write-scripts`)."""
-    from echobench.executors import make_executor
-
     return make_executor(executor, matrix).job_script(run, rd, matrix, time_limit(matrix, executor, run), log)
 
 

@@ -12,7 +12,9 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
@@ -323,7 +325,7 @@ class Record(BaseModel):
     def start(cls, cfg: RunConfig, device: torch.device) -> Record:
         """The record of a run that starts on device: status error until the run's figures fill it
         (bench.summarize), so a run that dies at any point still has a complete record."""
-        from echobench.hardware import env_info, precision_name  # imports torch: only where a run starts
+        from echobench.hardware import env_info, precision_name  # lazy: imports torch; only where a run starts
 
         source = "flag" if cfg.peak_tflops else None
         resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
@@ -335,9 +337,6 @@ class Record(BaseModel):
     def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:
         """The record of a run that died before writing one (timeout, cancel, node failure, a crash
         before the benchmark started): its settings, no figures, and why."""
-        import socket
-        from datetime import datetime, timezone
-
         env = Env(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), hostname=socket.gethostname(),
                   recorded_by="echobench sweep (the job left no record of its own)")
         return cls.of_settings(cfg, status=status, error=error, precision=cfg.precision, peak_tflops=cfg.peak_tflops,
@@ -608,7 +607,7 @@ def over_repeats(values) -> dict | None:
 
 def records_frame(records: list[Record]):
     """One row per record (Record.to_row): its single-valued fields and env's."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas takes seconds to import; only the tables need it
 
     return pd.DataFrame([r.to_row() for r in records], columns=Record.columns())
 

@@ -28,6 +28,7 @@ def worker_failure(rank: int, failure) -> dict:
 def main(argv: list[str]) -> None:
     report, torchrun_args = Path(argv[0]), argv[1:]
     ignore_stack_signal()  # SLURM's USR1 before the time limit reaches the agent too: it must not end it
+    # lazy, after the line above: torch takes seconds to import, and a USR1 in them would end the agent
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 

@@ -17,9 +17,11 @@ from collections import Counter
 from datetime import datetime, timezone
 from importlib import resources
 
+import jinja2
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
+from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from echobench.report.data import ReportInput, flagged, scale_order
@@ -633,9 +635,6 @@ def failed_rows(data: ReportInput) -> list[dict]:
 
 def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, reference_path: str | None = None) -> str:
     """The page; `reference` (tables.read_reference) marks published MFU beside the measured."""
-    import jinja2
-    from plotly.offline import get_plotlyjs
-
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     template = env.from_string(resources.files("echobench.report").joinpath("dashboard.html.j2").read_text())
     if not data.records:

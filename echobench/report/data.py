@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from echobench.config import configuration
+from echobench.predict import PredictError, against
 from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
 
@@ -147,8 +148,6 @@ def with_predictions(data: ReportInput, profiles: list, margin: float) -> Report
     below_prediction where the run reached less than (1 - margin) of its predicted throughput
     (measured step > predicted step / (1 - margin)). Runs the model cannot price stay empty; why is
     added to data.problems."""
-    from echobench.predict import PredictError, against
-
     frame = data.frame.copy()
     by_id = {r.run_id: r for r in data.records}
     for index, row in frame.iterrows():
