@@ -25,11 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from echobench import flops as flops_model
+from echobench.backends import build_training
 from echobench.breakdown import DATA_WAIT, rank_breakdown, write_breakdown
 from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig
+from echobench.data import LATENT_DIM, build_tokenizer, collate, make_loader
 from echobench.data.buckets import parse_buckets
 from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
@@ -153,8 +156,6 @@ def warm_buckets(setup, cfg: RunConfig, frames_list: list[int], tokenizer, devic
     that no shape meets its first kernels (or, compiled, its compile) in the measured steps, which
     take the buckets in data order. Every rank warms the same shapes in the same order (collectives
     match)."""
-    from echobench.data import LATENT_DIM, collate
-
     model_cfg = cfg.model_config()
     for frames in frames_list:
         dummy = {"latent": np.zeros((frames, LATENT_DIM), np.float16), "text": "[S1] warm",
@@ -229,9 +230,6 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     trace export and breakdown after it have their own bound (profile_limit_s), which stops
     profiling, never the run: the measured figures stand and the breakdown says why it is missing.
     """
-    from echobench.backends import build_training
-    from echobench.data import build_tokenizer, make_loader
-
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     setup = build_training(cfg, info, dtype)
@@ -380,8 +378,6 @@ def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict)
     time breakdown, from the profiler's events, in profiled["breakdown"]."""
     if not cfg.profile:
         return None
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     active, warmup = PROFILED_STEPS, PROFILER_WARMUP
     wait = cfg.warmup_steps + cfg.steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])

@@ -300,7 +300,7 @@ def transport_check(nccl_log: str, fabric: str | None, device: str, nnodes: int)
 
 def collective(args) -> int:
     import torch  # lazy: as in check_gpus
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: as in check_gpus
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = Path(os.environ["ECHOBENCH_CHECK_OUT"]) / f"rank-{rank}.json"

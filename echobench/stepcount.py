@@ -476,7 +476,7 @@ def graph_figures(nodes) -> Figures:
     """Figures of inductor's scheduler nodes after fusion: a fused node is one generated kernel; an
     extern node is a library call, GEMM, attention or another (a fallback kernel) by its python
     kernel name (none: a view of a multi-output, no kernel)."""
-    from torch._inductor.scheduler import NopKernelSchedulerNode  # start-up: inductor imports in seconds
+    from torch._inductor.scheduler import NopKernelSchedulerNode  # lazy: inductor takes seconds to import
 
     out = Figures()
     for node in nodes:
@@ -503,11 +503,11 @@ def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, ful
                      prefer_cudnn: bool) -> dict[str, Figures]:
     """Compiles fn(*args, **kwargs) with inductor for the CPU on FakeTensors, forward and backward,
     without running it: {"forward": Figures, "backward": Figures} summed over its graphs."""
-    import torch._functorch.config as functorch_config  # start-up: inductor imports in seconds
-    import torch._inductor.config as inductor_config
-    from torch._inductor import metrics
-    from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner, inductor_metrics_log
+    import torch._functorch.config as functorch_config  # lazy: inductor takes seconds to import
+    import torch._inductor.config as inductor_config  # lazy: as above
+    from torch._inductor import metrics  # lazy: as above
+    from torch._inductor.async_compile import AsyncCompile  # lazy: as above
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner, inductor_metrics_log  # lazy: as above
 
     figures = {"forward": Figures(), "backward": Figures()}
 

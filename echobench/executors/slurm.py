@@ -31,7 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from echobench.executors import JobState, calibrated, comm_calibrated, comm_command, comm_size, sweep_cache
+from echobench.console import esc
+from echobench.executors import (ACTIVE, JobState, SubmitLater, calibrated, comm_calibrated, comm_command, comm_size,
+                                 read_job_state, sweep_cache)
 from echobench.fabric import fabric_env, left_to_hook
 from echobench.launch import source_root
 from echobench.matrix import PORT_SPREAD, parse_time
@@ -486,9 +488,6 @@ class SlurmExecutor:
         """One calibration job on a compute node (the login node's device says nothing about the
         nodes'), which the runs without a peak then wait for; none when hardware.device names a
         device with a datasheet peak, or when the sweep has calibrated already."""
-        from echobench.console import esc
-        from echobench.executors import SubmitLater
-
         if calibrated(sweep_dir):
             return
         if device_name := matrix.spec.hardware.device:
@@ -513,9 +512,6 @@ class SlurmExecutor:
         any; every run then waits for it (afterany: whatever becomes of it). An earlier sweep's that is
         still queued or running is waited for instead. A refused submission is said and the runs go on.
         Returns the job's log, which the sweep names should no profile come of it."""
-        from echobench.console import esc
-        from echobench.executors import ACTIVE, SubmitLater
-
         if comm_calibrated(sweep_dir):
             return None
         if previous and (job := self.states({previous: sweep_dir}).get(previous)) and job.state in ACTIVE:
@@ -547,8 +543,6 @@ class SlurmExecutor:
         (and for an sbatch that timed out with no job of that name in the queue), SlurmError for one
         that is the job's own. After a timeout the next call looks in squeue before submitting again.
         `after`: the jobs it waits for (None: none)."""
-        from echobench.executors import SubmitLater
-
         name = self.job_name(script)
         if name in self.unsure:
             if job_id := self.queued(name, script):
@@ -601,10 +595,6 @@ class SlurmExecutor:
     def queued(self, name: str, script: Path) -> str | None:
         """The job an sbatch that timed out may have queued: its own job-state file, else squeue by
         the job's name (this user's jobs). Raises SubmitLater when squeue does not answer either."""
-        import os
-
-        from echobench.executors import SubmitLater
-
         try:
             words = (script.parent / "job-state").read_text().split()
             if len(words) >= 2 and words[0] in ("running", "exited") and words[1].isdigit():
@@ -679,8 +669,6 @@ class SlurmExecutor:
         one sacct for all where accounting exists, then one squeue for the jobs sacct did not know.
         A job neither answered about is left out (no news: asked again at the next poll); it is
         `gone` only when both answered and neither knows it."""
-        from echobench.executors import read_job_state
-
         out: dict[str, JobState] = {}
         ask = []
         for job_id, run_dir in jobs.items():
