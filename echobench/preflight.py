@@ -29,7 +29,7 @@ from echobench.atomic import write_json_atomic
 from echobench.console import esc, log
 from echobench.estimate import startup_parts
 from echobench.executors import ACTIVE, PREFLIGHT_FILE, explaining_lines, job_states, transport_label
-from echobench.executors.slurm import preflight_log, render_preflight_script
+from echobench.executors.slurm_script import preflight_log, render_preflight_script
 from echobench.launch import with_source_path
 from echobench.matrix import Matrix, PlannedRun, gpu_run
 from echobench.nodecheck import MARK, RUN_PATH, backend_imports
