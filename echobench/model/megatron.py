@@ -313,7 +313,8 @@ def tp_block_layers(config: TransformerConfig, te: bool, tp_group, traced: bool 
     otherwise, on every call: a graph break where compiled); the layer spec picks TransformerEngine
     kernels or megatron-core's local layers."""
     if te:
-        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear  # lazy: TE is optional
+        from megatron.core.extensions.transformer_engine import (  # lazy: TE is optional
+            TEColumnParallelLinear, TENorm, TERowParallelLinear)
 
         column, row, norm, core = TEColumnParallelLinear, TERowParallelLinear, TENorm, TECoreAttention
     else:

@@ -48,7 +48,7 @@ def build_text_encoder(cfg: TextEncoderConfig, checkpoint: str | None = None) ->
     Throughput does not depend on the weights' values, so benchmarks need no download.
     """
     if cfg.family == "t5":
-        from transformers import T5EncoderModel  # lazy: transformers takes seconds to import; only building the encoder needs it
+        from transformers import T5EncoderModel  # lazy: transformers takes seconds; only building needs it
 
         if checkpoint:
             return T5EncoderModel.from_pretrained(checkpoint, local_files_only=True)
