@@ -11,7 +11,8 @@ from echobench.bench_profile import profiled_steps
 from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig
 from echobench.data.format import FRAME_RATE
-from echobench.results import Record, padding_figures, peak_mem_figures, peak_mem_gib, step_figures, window_figures
+from echobench.results import Record
+from echobench.run_figures import padding_figures, peak_mem_figures, peak_mem_gib, step_figures, window_figures
 
 
 def allocator_count(ranks: list[dict], key: str) -> int | None:

@@ -682,8 +682,8 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
 
 def padded_record(run_id, padded_flops, hardware_flops, **extra) -> Record:
     """A profiled record (profiled(): GEMM + attention 60% of the step, no calibration) with set counts of
-    padded and hardware FLOPs and set padded shares of the streams' tokens (results.padding_figures)."""
-    from echobench.results import padding_figures
+    padded and hardware FLOPs and set padded shares of the streams' tokens (run_figures.padding_figures)."""
+    from echobench.run_figures import padding_figures
 
     return record(run_id, breakdown=profiled(), measured_hardware_flops=hardware_flops, **extra,
                   **padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
