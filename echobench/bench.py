@@ -1,4 +1,5 @@
-"""The measured training loop: the one place that owns timing, FLOPs and the result record.
+"""The measured training loop: the one place that owns timing and FLOPs (echobench.bench_record turns
+the ranks' figures into the result record).
 
 Timing (README, "How MFU is computed"): warm-up steps (compile happens there) are excluded; on GPU each step is
 timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
@@ -27,18 +28,20 @@ import numpy as np
 import torch
 
 from echobench import flops as flops_model
-from echobench.breakdown import DATA_WAIT, rank_breakdown, write_breakdown
-from echobench.breakdown import summary as breakdown_summary
+from echobench.atomic import write_json_atomic
+from echobench.backends import build_training
+from echobench.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiling_stopped,
+                                     trace_path)
+from echobench.bench_record import summarize
+from echobench.breakdown import DATA_WAIT, write_breakdown
 from echobench.config import RunConfig
+from echobench.data import LATENT_DIM, build_tokenizer, collate, make_loader
 from echobench.data.buckets import parse_buckets
-from echobench.data.format import FRAME_RATE
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
 from echobench.kernels import compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices, size_recompile_limit
 from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.atomic import write_json_atomic
-from echobench.results import (Record, padding_figures, peak_mem_figures, peak_mem_gib, step_figures,
-                               window_figures)
+from echobench.results import Record
 
 GIB = 1024**3
 
@@ -153,8 +156,6 @@ def warm_buckets(setup, cfg: RunConfig, frames_list: list[int], tokenizer, devic
     that no shape meets its first kernels (or, compiled, its compile) in the measured steps, which
     take the buckets in data order. Every rank warms the same shapes in the same order (collectives
     match)."""
-    from echobench.data import LATENT_DIM, collate
-
     model_cfg = cfg.model_config()
     for frames in frames_list:
         dummy = {"latent": np.zeros((frames, LATENT_DIM), np.float16), "text": "[S1] warm",
@@ -229,9 +230,6 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     trace export and breakdown after it have their own bound (profile_limit_s), which stops
     profiling, never the run: the measured figures stand and the breakdown says why it is missing.
     """
-    from echobench.backends import build_training
-    from echobench.data import build_tokenizer, make_loader
-
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     setup = build_training(cfg, info, dtype)
@@ -358,169 +356,6 @@ def global_frame_count(batches: list, dp_group):
     if dp_group is None:
         return frames, None
     return frames, torch.distributed.all_reduce(frames, group=dp_group, async_op=True)
-
-
-PROFILER_WARMUP, PROFILED_STEPS = 1, 3
-
-
-def trace_path(out_dir: Path, rank: int) -> Path:
-    return Path(out_dir) / f"trace-rank{rank}.json"
-
-
-def profiled_steps(cfg: RunConfig) -> list[int]:
-    """Steps traced by --profile (0 = the first step): extra steps after the measured ones,
-    so the profiler's overhead never reaches the timings."""
-    first = cfg.warmup_steps + cfg.steps + PROFILER_WARMUP
-    return list(range(first, first + PROFILED_STEPS))
-
-
-def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict):
-    """With --profile, a torch.profiler that traces a few steps after the measured ones on every
-    rank, writes a chrome trace (OUT/trace-rankN.json) next to the result and puts this rank's
-    time breakdown, from the profiler's events, in profiled["breakdown"]."""
-    if not cfg.profile:
-        return None
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    active, warmup = PROFILED_STEPS, PROFILER_WARMUP
-    wait = cfg.warmup_steps + cfg.steps
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
-    path = trace_path(out_dir, info.rank)
-
-    def ready(p):
-        profiled["phase"] = "the trace export"
-        p.export_chrome_trace(str(path))
-        profiled["trace"] = str(path)  # complete: kept even if the bound stops the breakdown
-        profiled["phase"] = "the breakdown"
-        profiled["breakdown"] = rank_breakdown(p, info.rank)
-
-    prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                   on_trace_ready=ready)
-    prof.start()
-    return prof
-
-
-def profiling_stopped(profiled: dict, exc: BaseException, path: Path, rank: int) -> None:
-    """Profiling met its bound (ProfileTimeout): a trace whose export did not complete is removed,
-    and this rank's breakdown entry says where profiling stopped (unless it was computed by then)."""
-    if profiled.get("trace") is None:
-        Path(path).unlink(missing_ok=True)
-    if not profiled.get("breakdown"):
-        where = profiled.get("phase", "the profiled steps")
-        profiled["breakdown"] = {"rank": rank, "error": f"{exc} during {where}; the measured figures stand "
-                                                        "(a larger profile_limit_s gives the profiler more time)"}
-
-
-def discard_profiler(prof) -> None:
-    """Stops the profiler without exporting or breaking down again: after a completed profile it
-    has nothing left to do; after a failure or a stop by the bound, what it holds is dropped."""
-    prof.on_trace_ready = None
-    try:
-        prof.stop()
-    except Exception:  # noqa: BLE001 - stopped mid-transition (its bound fired in step()): nothing to keep
-        pass
-
-
-def allocator_count(ranks: list[dict], key: str) -> int | None:
-    """A CUDA allocator counter summed over ranks; None where no rank has it (CPU)."""
-    counts = [r["memory"][key] for r in ranks if r["memory"].get(key) is not None]
-    return sum(counts) if counts else None
-
-
-def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
-    """Fills the record's figures from every rank's measurements.
-
-    Throughput is over the whole measured window (stalls included, as a training run pays them):
-    samples / total measured time, and MFU = model FLOPs of the measured samples /
-    (total time x world size x peak). The median and p10 / p90 step are kept beside it.
-    """
-    n = min(len(r["step_times_s"]) for r in ranks)
-    # Each step counts at its slowest rank.
-    slowest = [max(r["step_times_s"][i] for r in ranks) for i in range(n)]
-    steps = step_figures(slowest)
-    # Tensor-parallel peers process the same samples: count data-parallel replicas only.
-    dp_ranks = ranks[:: cfg.tp]
-    samples = sum(r["samples"] for r in dp_ranks)
-    flops = sum(r["model_flops"] for r in dp_ranks)
-    hw_flops = sum(r["hardware_flops"] for r in dp_ranks)
-    tokens = {s: [sum(r["tokens"][s][i] for r in dp_ranks) for i in (0, 1)] for s in dp_ranks[0]["tokens"]}
-    slowest_rank = max(ranks, key=lambda r: r["median_step_time_s"])
-    record.update(
-        status="ok",
-        error="",
-        step_times_s=slowest,
-        **steps,
-        measured_samples=samples,
-        measured_model_flops=flops,
-        measured_hardware_flops=hw_flops,
-        **window_figures(measured_time_s=steps["measured_time_s"], samples=samples, model_flops=flops,
-                         hardware_flops=hw_flops,
-                         audio_seconds=sum(r["audio_frames"] for r in dp_ranks) / FRAME_RATE,
-                         world_size=cfg.world_size, peak_tflops=record.peak_tflops,
-                         ceiling_tflops=record.ceiling_tflops, peak_fp8_tflops=record.peak_fp8_tflops),
-        **padding_figures(padded_flops=sum(r["padded_flops"] for r in dp_ranks), hardware_flops=hw_flops,
-                          tokens=tokens),
-        # batching=bucket: measured steps per bucket (audio frames); every rank pads a step alike
-        bucket_steps=(dict(sorted(Counter(ranks[0]["padded_audio_frames"]).items()))
-                      if cfg.batching == "bucket" else None),
-        num_alloc_retries=allocator_count(ranks, "num_alloc_retries"),
-        num_ooms=allocator_count(ranks, "num_ooms"),
-        **peak_mem_figures([r["memory"] for r in ranks]),
-        data_wait_frac=max(r["data_wait_frac"] for r in ranks),
-        data_wait_clock=ranks[0]["data_wait_clock"],  # what data_wait_frac measures (README)
-        slowest_rank=slowest_rank["rank"],
-        # The step's loss over the global batch: each rank's loss is its error sum over the global
-        # frame count x dp (run_loop), so their mean over data-parallel ranks is the global loss.
-        losses=[statistics.fmean(r["losses"][i] for r in dp_ranks) for i in range(len(ranks[0]["losses"]))],
-        skipped_samples=sum(r["skipped_samples"] for r in dp_ranks),
-        backend=ranks[0]["backend_info"],
-        te=bool(ranks[0]["backend_info"].get("te", False)),
-        grad_accum=cfg.grad_accum,
-        **attention_figures(dp_ranks),
-        **compile_figures(ranks[0]),
-        per_rank=[
-            {
-                "rank": r["rank"],
-                "hostname": r["hostname"],
-                "median_step_time_s": r["median_step_time_s"],
-                "data_wait_frac": r["data_wait_frac"],
-                "peak_mem_gib": peak_mem_gib(r["memory"]),
-                "memory": r["memory"],
-                "losses": r["losses"],
-            }
-            for r in ranks
-        ],
-    )
-    if cfg.profile:
-        # Only the traces that were written (profiling stopped by its bound may leave a rank without one).
-        record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")], profiled_steps=profiled_steps(cfg),
-                      breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
-    return record
-
-
-def attention_figures(dp_ranks: list[dict]) -> dict:
-    """The record's attention: per part, how many measured micro-batches took each path (no mask,
-    flex, dense mask), over the data-parallel ranks; the SDPA kernels torch chose at the run's
-    shapes (rank 0's: every rank has the same shapes)."""
-    paths: dict[str, Counter] = {}
-    for r in dp_ranks:
-        for part, counts in r.get("attention_paths", {}).items():
-            paths.setdefault(part, Counter()).update(counts)
-    return {"attention_paths": {part: dict(counts) for part, counts in paths.items()} or None,
-            "sdpa_backends": dp_ranks[0].get("sdpa_backends")}
-
-
-def compile_figures(rank: dict) -> dict:
-    """What compile produced (kernels.compile_counts, rank 0's): graphs and graph breaks. A run set
-    to compile whose compile produced no graph is not labelled compiled."""
-    counts = rank.get("compile_counts")
-    if counts is None:
-        return {"compile": False}
-    out = {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
-           "compile_break_reasons": counts["break_reasons"], "compile": counts["graphs"] > 0}
-    if not counts["graphs"]:
-        out["compile_note"] = "compile was asked for but produced no graph: the run ran eager"
-    return out
 
 
 class RunTimeout(BaseException):

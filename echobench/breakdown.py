@@ -28,10 +28,13 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from echobench.results import Record
+from rich.table import Table
+from rich.text import Text
+
+from echobench.atomic import write_json_atomic
+from echobench.console import esc
+from echobench.results import RECORD_FILE, Record, find_record_files, peak_notes
 
 CATEGORIES = ("gemm", "attention", "optimizer", "other_compute", "memcpy", "communication", "data_wait", "idle")
 # Highest first: an interval where several are active goes to the first; idle is what is left.
@@ -346,8 +349,6 @@ def summary(ranks: list[dict]) -> dict:
 
 
 def write_breakdown(out_dir: Path, record: Record, ranks: list[dict]) -> Path:
-    from echobench.atomic import write_json_atomic
-
     path = Path(out_dir) / BREAKDOWN_FILE
     write_json_atomic(path, {
         "schema_version": BREAKDOWN_SCHEMA, "run_id": record.run_id, "rule": RULE,
@@ -371,8 +372,6 @@ def read_breakdown(run_dir: Path) -> dict:
 
 def read_profiled_run(run_dir: Path) -> tuple[Record, dict]:
     """A profiled run's record and breakdown; else ValueError, one line saying what is missing and what to do."""
-    from echobench.results import RECORD_FILE, Record, find_record_files
-
     if run_dir.name == RECORD_FILE and run_dir.is_file():  # the record itself: its run's directory
         run_dir = run_dir.parent
     if not run_dir.exists():
@@ -461,12 +460,6 @@ def padding_text(record: Record) -> str:
 def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
     """`echobench explain`: the busiest rank's parts of the step, every rank's summary, and the MFU
     waterfall, as rich renderables for the terminal (outside text wrapped in Text: printed verbatim)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from echobench.console import esc
-    from echobench.results import peak_notes
-
     run_id = record.run_id
     rank = next(r for r in bd["ranks"] if r.get("rank") == bd["busiest_rank"])
     step_s = rank["step_time_s"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -27,6 +29,22 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from echobench.backends import build_training
+from echobench.bench import resolve_dtype, train_step
+from echobench.config import RunConfig
+from echobench.data import build_tokenizer, make_loader
+from echobench.distributed import dist_info, exit_process, shutdown
+from echobench.flops import speaker_patches
+from echobench.hwprofile import bus_factor
+from echobench.model.dit import EchoDiT
+from echobench.model.echo import diffusion_draws
+from echobench.model.speaker import SpeakerEncoder
+from echobench.model.text_encoder import TextEncoder
 
 # c10d op (torch.ops.c10d.NAME) -> (collective, which argument holds the message: nccl-tests' size)
 _C10D = {
@@ -101,11 +119,7 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def _group_size(value) -> int | None:
-    import torch.distributed as dist
-
     if isinstance(value, str):  # a functional collective's group name
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
         return _resolve_process_group(value).size()
     try:
         return dist.ProcessGroup.unbox(value).size()
@@ -142,11 +156,9 @@ def count_collectives() -> Iterator[CollectiveLog]:
     engine's (the mode is part of the thread-local state autograd carries): yields the log, filled
     as they happen. Checked on gloo (CPU) for DDP's reducer, FSDP2, megatron-core's TP layers and
     DTensor's functional collectives (tests/test_comm.py)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     log = CollectiveLog()
 
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: DTensor takes a second or more to import
 
     class _Counting(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -175,11 +187,6 @@ def count_step(cfg, info, warmup_steps: int = 2) -> CollectiveLog:
     weights in its first forward and rebuilds its buckets in its second: neither is a step's
     traffic), then one step under count_collectives(). The data and draws are those of a run
     (bench.run_loop's loader and diffusion_draws)."""
-    from echobench.backends import build_training
-    from echobench.bench import resolve_dtype, train_step
-    from echobench.data import build_tokenizer, make_loader
-    from echobench.model.echo import diffusion_draws
-
     dtype = resolve_dtype(cfg.precision, info.device)
     setup = build_training(cfg, info, dtype)
     model_cfg = cfg.model_config()
@@ -209,13 +216,6 @@ def count_step(cfg, info, warmup_steps: int = 2) -> CollectiveLog:
 
 def _step_worker(rank: int, world: int, store: str, settings: list[dict], out_dir: str, warmup_steps: int) -> None:
     """One rank of step_collectives: a gloo group through a file store (no port to race for)."""
-    import warnings
-
-    import torch.distributed as dist
-
-    from echobench.config import RunConfig
-    from echobench.distributed import dist_info, exit_process, shutdown
-
     warnings.filterwarnings("ignore")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -232,10 +232,6 @@ def step_collectives(cfgs: Sequence, warmup_steps: int = 2) -> list[list[Collect
     """Counts one real step of each of `cfgs` (RunConfigs of one world size, device cpu) on that
     many local gloo processes, one after another in the same processes. Returns, per config, every
     rank's log (rank order)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
     worlds = {c.world_size for c in cfgs}
     if len(worlds) != 1:
         raise ValueError(f"step_collectives: the configs have world sizes {sorted(worlds)}; give one")
@@ -286,8 +282,6 @@ class Traffic:
 
     @property
     def bus_bytes(self) -> float:
-        from echobench.hwprofile import bus_factor
-
         return bus_factor(self.op, self.group_size) * self.nbytes
 
 
@@ -316,15 +310,10 @@ def param_units(model_cfg) -> tuple[ParamUnit, ...]:
     built on the meta device (no memory, no weights): the speaker encoder, the DiT, the text
     projection, and the text encoder only when it trains (a frozen one has no gradients and is left
     out of sharding; building it needs transformers). Registration order, as EchoTTS's."""
-    from echobench.model.dit import EchoDiT
-    from echobench.model.speaker import SpeakerEncoder
-
     enc = model_cfg.text_encoder
     units, root = [], [(model_cfg.width, enc.hidden), (model_cfg.width,)]  # text_proj weight, bias
     with torch.device("meta"):
         if not model_cfg.frozen_encoder:
-            from echobench.model.text_encoder import TextEncoder
-
             text = TextEncoder(enc, None, frozen=False)
             units.append(ParamUnit("text_encoder", "text encoder",
                                    tuple(tuple(p.shape) for p in text.parameters() if p.requires_grad)))
@@ -460,8 +449,6 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     if cfg.sequence_parallel_on(device):
         raise ValueError("tp_bytes: sequence parallelism (GPU only) is not derived here: no counted step to hold "
                          "its all-gathers and reduce-scatters against")
-    from echobench.flops import speaker_patches
-
     m = cfg.model_config()
     tp, dp, b = cfg.tp, cfg.dp, cfg.micro_batch
     dtype, size = _dtype_bytes(cfg, device)
@@ -497,8 +484,6 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
 
 @lru_cache(maxsize=32)
 def _dit_block_names(model_cfg) -> tuple[str, ...]:
-    from echobench.model.dit import EchoDiT
-
     with torch.device("meta"):
         block = EchoDiT(model_cfg).blocks[0]
     return tuple(name for name, _ in block.named_parameters())

@@ -16,6 +16,8 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 from echobench.backends import BACKENDS
 from echobench.model.config import ENCODER_ALIASES, PRESETS, TEXT_ENCODERS, get_preset
 
@@ -121,7 +123,7 @@ class RunConfig:
             raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
                              "samples are all full-length")
         if self.buckets is not None:
-            from echobench.data.buckets import parse_buckets
+            from echobench.data.buckets import parse_buckets  # lazy: echobench.data's __init__ imports torch
 
             parse_buckets(self.buckets, self.audio_frames)
             if self.batching != "bucket":
@@ -225,8 +227,6 @@ def allowed_text(key: str) -> str:
 
 @functools.cache
 def _adapter(key: str):
-    from pydantic import TypeAdapter
-
     return TypeAdapter(HINTS[key])
 
 
@@ -234,8 +234,6 @@ def check_value(key: str, value):
     """`value`, checked against the field `key`: its type, choices and lower bound. Raises
     ValueError with one line, `key=value is not valid: allowed ...`, the same whether the value came
     from a flag, a --config file or a matrix file. Returns the value as the field's type."""
-    from pydantic import ValidationError
-
     if key not in FIELDS:
         raise ValueError(f"unknown run key {key!r}: allowed {', '.join(FIELDS)}")
     allowed = choices(key)

@@ -13,7 +13,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from rich.live import Live
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from echobench.results import configuration_key, over_repeats, peak_notes
 
 NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
 WAITING = "waiting"  # a run's files are written but the scheduler has not taken its job yet (a submit limit): retried
@@ -50,8 +55,6 @@ class Progress:
     live: object = None
 
     def table(self, rows: list[tuple[str, str, str]]):
-        from rich.table import Table
-
         table = Table(title="sweep: " + state_counts(state for _, state, _ in rows))
         for col in ("run", "state", "detail"):
             table.add_column(col, overflow="fold")
@@ -61,8 +64,6 @@ class Progress:
 
     def __enter__(self):
         if getattr(self.console, "is_terminal", False):
-            from rich.live import Live
-
             self.live = Live(console=self.console, refresh_per_second=2, transient=False).__enter__()
         return self
 
@@ -81,11 +82,6 @@ def fmt(value, spec: str = ".3g") -> str:
 
 def record_report(record) -> list:
     """A successful run's record as `echobench run` prints it: one table, then the peak's notes."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from echobench.results import peak_notes
-
     table = Table(title=esc(record.run_id), show_header=False)
     rows = [
         ("device", record.env.device_name),
@@ -132,11 +128,6 @@ def attention_text(record) -> str:
 
 def repeats_report(records: list, out) -> list:
     """`run --repeats N`: one row per repeat, the median over the ok ones, where the records went."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from echobench.results import configuration_key, over_repeats
-
     table = Table(title=esc(f"{len(records)} repeats of {configuration_key(records[0])}"))
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")

@@ -84,7 +84,7 @@ def shutdown(abort: bool = False) -> None:
     _group_ended = True
     if abort:
         try:  # a private API (torch 2.13 has it, for gloo and NCCL): destroy where it is missing
-            from torch.distributed.distributed_c10d import _abort_process_group
+            from torch.distributed.distributed_c10d import _abort_process_group  # here: may be missing (except)
 
             _abort_process_group()
             return

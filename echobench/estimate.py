@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from echobench.flops import hardware_flops, model_flops
 from echobench.matrix import Matrix, PlannedRun, parse_time
 from echobench.peaks import table_peak
 
@@ -60,8 +61,6 @@ def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | N
 def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None) -> float | None:
     """The start-up allowance (startup_parts) plus all steps at the matrix's assumed MFU of `peak`
     (default: planned_peak); None without a peak."""
-    from echobench.flops import hardware_flops, model_flops
-
     peak = planned_peak(run, matrix)[0] if peak is None else peak
     if peak is None:
         return None

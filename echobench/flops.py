@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from rich.table import Table
+from rich.text import Text
+
 from echobench.model.config import EchoConfig
 
 PARTS = (
@@ -277,9 +280,6 @@ def flops_report(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_f
 
 def flops_table(report: dict, cfg) -> list:
     """`echobench flops`: the report's parameters and FLOPs by part, and the totals, as rich renderables."""
-    from rich.table import Table
-    from rich.text import Text
-
     params, total = report["params"], report["model_flops_per_sample"]
     table = Table(title=f"Echo TTS {cfg.scale}: {cfg.audio_frames} audio frames, {cfg.text_tokens} text tokens, "
                         f"{cfg.speaker_frames} speaker frames")

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from echobench.atomic import write_json_atomic
+from echobench.config import FIELDS, RunConfig
+from echobench.flops import speaker_patches
 from echobench.peaks import peak_precision_of, table_peak
 
 class UnknownPeakError(RuntimeError):
@@ -87,8 +89,6 @@ def gemm_shapes(cfg, micro_batch: int, audio_frames: int, text_tokens: int, spea
     x text_tokens for the text keys / values, x speaker patches for the speaker ones, micro_batch
     for the AdaLN (one conditioning vector per sample). Shapes met twice are timed once, under
     both names."""
-    from echobench.flops import speaker_patches
-
     d, ds, hidden, rank = cfg.width, cfg.speaker_width, cfg.mlp, cfg.adaln_rank
     latent, text = micro_batch * audio_frames, micro_batch * text_tokens
     speaker = micro_batch * speaker_patches(cfg, speaker_frames)
@@ -223,8 +223,6 @@ def calibrate(device: torch.device, dtype: torch.dtype | None = None, size: int 
     square's), best_shape (its name), shapes (every shape: m, n, k, name, iters, tflops_median,
     tflops_max, tflops_min, in the order listed), wall_s, and what they came from.
     """
-    from echobench.config import FIELDS, RunConfig
-
     start = time.perf_counter()
     gpu = device.type == "cuda"
     dtype = dtype or default_dtype(device)

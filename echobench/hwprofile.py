@@ -30,7 +30,11 @@ import math
 from pathlib import Path
 from typing import Literal, Optional
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from echobench.atomic import write_text_atomic
+from echobench.yamltext import yaml_problem
 
 PROFILE_SCHEMA_VERSION = 1
 Op = Literal["all_reduce", "all_gather", "reduce_scatter"]
@@ -248,10 +252,6 @@ def memory_gbps(profile: HardwareProfile, op: str = "add") -> float:
 def load_profile(path: Path | str) -> HardwareProfile:
     """A profile from its YAML file; ProfileError (one line, naming the file) when it is not one
     this echobench reads: unreadable, not YAML, another schema_version, or invalid fields."""
-    import yaml
-
-    from echobench.yamltext import yaml_problem
-
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -282,10 +282,6 @@ def _one_line(exc: ValidationError) -> str:
 
 def save_profile(profile: HardwareProfile, path: Path | str) -> Path:
     """Writes the profile as YAML (atomically); returns the path."""
-    import yaml
-
-    from echobench.atomic import write_text_atomic
-
     path = Path(path)
     write_text_atomic(path, yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120))
     return path
@@ -294,7 +290,7 @@ def save_profile(profile: HardwareProfile, path: Path | str) -> Path:
 def calibrated_profile_path(device: str, dtype: str) -> Path:
     """Where `echobench calibrate --comm` keeps this machine's profile: echobench's cache
     (ECHOBENCH_CACHE), profiles/DEVICE-DTYPE.yaml."""
-    from echobench.hardware import _slug, cache_dir
+    from echobench.hardware import _slug, cache_dir  # lazy: imports torch; predict reads profiles without it
 
     return cache_dir() / "profiles" / f"{_slug(device)}-{dtype}.yaml"
 

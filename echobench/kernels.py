@@ -63,7 +63,7 @@ def compile_graphs(buckets: list[int] | None) -> int:
 def size_recompile_limit(graphs: int) -> None:
     """Raises dynamo's per-code-object recompile limit (8 by default) to what the run's shapes need,
     so that a run with several buckets never ends in FailOnRecompileLimitHit."""
-    import torch._dynamo
+    import torch._dynamo  # lazy: dynamo takes seconds to import; only a compiled run needs it
 
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, graphs)
@@ -72,7 +72,7 @@ def size_recompile_limit(graphs: int) -> None:
 
 def compile_counts() -> dict:
     """What dynamo compiled in this process so far: graphs, graph breaks and their reasons."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # lazy: dynamo takes seconds to import; only a compiled run needs it
 
     breaks = counters["graph_break"]
     return {"graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(breaks.values())),

@@ -23,6 +23,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from echobench.config import RunConfig
 from echobench.fabric import launch_env
 from echobench.results import RECORD_FILE, Record
@@ -198,10 +200,10 @@ def numa_binding_args(binding: str) -> list[str]:
     if shutil.which("numactl") is None:
         raise ValueError(f"slurm.numa_binding={binding} needs the numactl command on the nodes (in the image), and "
                          f"{socket.gethostname()} has none: install numactl, or drop slurm.numa_binding")
-    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import get_args_parser  # lazy: torch, not needed by the launcher's other paths
 
     if "--numa-binding" not in get_args_parser()._option_string_actions:
-        import torch
+        import torch  # lazy: as above
 
         print(f"echobench: slurm.numa_binding={binding} ignored: torch {torch.__version__}'s torchrun has no "
               f"--numa-binding (newer releases have it)", file=sys.stderr)
@@ -253,7 +255,7 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
 
 def nccl_version() -> tuple[int, ...] | None:
     """The NCCL torch loads on this node (None without a GPU build)."""
-    import torch  # the launcher's torch: only where a fabric needs the NCCL version
+    import torch  # lazy: the launcher's torch, only where a fabric needs the NCCL version
 
     try:
         return tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else None
@@ -303,8 +305,6 @@ def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, no
     read the resolved settings from a YAML file.
 
     Returns (the run's record, torchrun's exit code); the record is None on nodes other than 0."""
-    import yaml
-
     out_dir.mkdir(parents=True, exist_ok=True)
     if node_rank == 0:
         clear_previous(out_dir)
@@ -351,7 +351,7 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnod
     path = out_dir / RECORD_FILE
     if path.exists() and path.stat().st_mtime >= started - 1:
         return Record.load(path)
-    from echobench.distributed import pick_device
+    from echobench.distributed import pick_device  # lazy: imports torch; only a run rank 0 did not record needs it
 
     lost = wait_for_node_notes(out_dir, nnodes) if nnodes > 1 else []
     record = Record.start(cfg, pick_device(cfg.device))

@@ -25,8 +25,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from echobench import backends
 from echobench.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
 from echobench.fabric import hca_problem
+from echobench.memory import device_memory_gib, estimate_memory
 from echobench.peaks import table_peak
 from echobench.yamltext import yaml_problem
 
@@ -395,8 +397,6 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
         spec = MatrixFile.model_validate(data)
     except ValidationError as exc:
         raise MatrixError(_format_pydantic(path, exc)) from None
-    from echobench.memory import device_memory_gib
-
     try:
         device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
     except ValueError as exc:
@@ -480,8 +480,6 @@ def layout_problem(cfg: RunConfig, executor: str) -> str | None:
     """Why a run cannot be run here: the executor's reasons, then the backend's (parallelism_problem)."""
     if executor == "local" and cfg.nodes > 1:
         return f"the local executor runs on this one machine: nodes={cfg.nodes} needs --executor slurm"
-    from echobench import backends
-
     return backends.parallelism_problem(cfg)
 
 
@@ -551,8 +549,6 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
             plan.runs.append(PlannedRun(rid, repeat, settings, limit))
     if executor == "slurm":
         check_fabric_named(matrix, plan.runs)
-    from echobench.memory import device_memory_gib, estimate_memory
-
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
     for run in plan.runs:
         run.memory = estimate_memory(run.cfg)

@@ -19,6 +19,7 @@ which.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
@@ -97,7 +98,7 @@ def check_imports(modules: list[str]) -> Check:
 def check_gpus(expect: bool, count: int, device: str | None) -> Check:
     """torch is a CUDA build that sees `count` GPUs, named like hardware.device, whose architecture the
     build has kernels for."""
-    import torch  # after check_imports: a missing torch is said there
+    import torch  # lazy: after check_imports, which says a missing torch in a line
 
     build = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
     if not expect:
@@ -150,7 +151,7 @@ def check_compile(wanted: bool, device: str) -> Check:
     Python.h), inductor's C++ on a CPU."""
     if not wanted:
         return Check("compile", None, "no run compiles")
-    import torch
+    import torch  # lazy: as in check_gpus
 
     dev = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
     try:
@@ -240,7 +241,7 @@ def same_device(names: list[str], device: str) -> bool:
 def collective_checks(spec: dict, args) -> list[Check]:
     """torchrun with this node's processes (NCCL's INFO lines to files here), every rank all-reducing
     across the nodes; then what the ranks of this node saw, and the network NCCL chose."""
-    import torch
+    import torch  # lazy: as in check_gpus
 
     device = "cuda" if spec["device"] != "cpu" and torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="echobench-preflight-") as tmp:
@@ -298,8 +299,8 @@ def transport_check(nccl_log: str, fabric: str | None, device: str, nnodes: int)
 # ---- collective: a torchrun worker ----
 
 def collective(args) -> int:
-    import torch
-    import torch.distributed as dist
+    import torch  # lazy: as in check_gpus
+    import torch.distributed as dist  # lazy: as in check_gpus
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = Path(os.environ["ECHOBENCH_CHECK_OUT"]) / f"rank-{rank}.json"
@@ -308,8 +309,6 @@ def collective(args) -> int:
     try:
         if gpu:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        import datetime
-
         dist.init_process_group(note["backend"], timeout=datetime.timedelta(seconds=120))
         x = torch.ones(args.bytes // 4, device="cuda" if gpu else "cpu")
         dist.all_reduce(x)  # warm-up: NCCL connects here

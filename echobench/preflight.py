@@ -29,6 +29,8 @@ from echobench.atomic import write_json_atomic
 from echobench.console import esc, log
 from echobench.estimate import startup_parts
 from echobench.executors import ACTIVE, PREFLIGHT_FILE, explaining_lines, job_states, transport_label
+from echobench.executors.slurm_script import preflight_log, render_preflight_script
+from echobench.launch import with_source_path
 from echobench.matrix import Matrix, PlannedRun, gpu_run
 from echobench.nodecheck import MARK, RUN_PATH, backend_imports
 
@@ -215,8 +217,6 @@ def run_preflight(matrix: Matrix, runs: list[PlannedRun], executor, sweep_dir: P
 
 
 def on_slurm(matrix: Matrix, spec: dict, executor, sweep_dir: Path, console, on_job) -> Preflight:
-    from echobench.executors.slurm import preflight_log, render_preflight_script
-
     script = sweep_dir / "preflight.sh"
     script.write_text(render_preflight_script(sweep_dir, matrix.spec.slurm, spec, limit_s(matrix)))
     job = executor.sbatch(script, "the preflight job")  # SubmitLater / SlurmError: the caller says it
@@ -252,8 +252,6 @@ def wait_for(executor, job: str, sweep_dir: Path, console) -> str:
 
 def here(matrix: Matrix, spec: dict, sweep_dir: Path, console) -> Preflight:
     """The local executor's preflight: the node check on this machine, with the matrix's env."""
-    from echobench.launch import with_source_path
-
     out = sweep_dir / "logs" / "preflight-local.out"
     log(console, f"preflight: checking the runs' environment on this machine (log {esc(out)})")
     cmd = [sys.executable, "-m", "echobench.nodecheck", "node", "--spec", json.dumps(spec), "--nnodes", "1",

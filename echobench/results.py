@@ -12,7 +12,9 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig, configuration_id, run_id
 from echobench.peaks import peak_precision_of, table_peak
+from echobench.run_figures import max_of, peak_mem_figures, step_figures, window_figures
 
 if TYPE_CHECKING:
     import torch
@@ -36,95 +39,13 @@ RECORD_FILE = "result.json"
 PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
 
 
-def window_figures(*, measured_time_s: float, samples: int, model_flops: int, hardware_flops: int,
-                   audio_seconds: float, world_size: int, peak_tflops: float, ceiling_tflops: float | None = None,
-                   peak_fp8_tflops: float | None = None) -> dict:
-    """Throughput and MFU over the whole measured window: the one place of this convention.
-
-    measured_time_s is the sum of the measured steps, each at its slowest rank; samples and
-    FLOPs are those of the measured steps (data-parallel replicas, real lengths).
-    """
-    tflops_per_gpu = model_flops / measured_time_s / world_size / 1e12
-    return {
-        "samples_per_s": samples / measured_time_s,
-        "audio_seconds_per_s": audio_seconds / measured_time_s,
-        "model_flops_per_sample": model_flops / samples,
-        "hardware_flops_per_sample": hardware_flops / samples,
-        "tflops_per_gpu": tflops_per_gpu,
-        "mfu": model_flops / (measured_time_s * world_size * peak_tflops * 1e12),
-        "hfu": hardware_flops / (measured_time_s * world_size * peak_tflops * 1e12),
-        "mfu_vs_ceiling": tflops_per_gpu / ceiling_tflops if ceiling_tflops else None,
-        "mfu_fp8_peak": tflops_per_gpu / peak_fp8_tflops if peak_fp8_tflops else None,
-    }
-
-
-def padding_figures(*, padded_flops: int, hardware_flops: int, tokens: dict[str, list[int]]) -> dict:
-    """What the padding cost over the measured window (README, "How MFU is computed"), from the counts
-    of bench.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
-    lengths (flops.padded_flops); padded_flops_frac = (padded - hardware FLOPs) / padded FLOPs, the
-    share of the matmul FLOPs executed that went to padded tokens; per stream, padded_frac_<stream>
-    = (computed - real tokens) / computed tokens, speaker tokens being patches."""
-    return {
-        "measured_padded_flops": padded_flops,
-        "padded_flops_frac": (padded_flops - hardware_flops) / padded_flops if padded_flops else None,
-        **{f"padded_frac_{stream}": (computed - real) / computed if computed else None
-           for stream, (real, computed) in tokens.items()},
-    }
-
-
-def step_figures(step_times_s: list[float]) -> dict:
-    """Median, p10 / p90 and mean of the measured steps, and how far the mean sits above the median."""
-    n = len(step_times_s)
-    median = statistics.median(step_times_s)
-    mean = sum(step_times_s) / n
-    return {
-        "step_time_s": median,
-        "step_time_p10_s": percentile(step_times_s, 0.1),
-        "step_time_p90_s": percentile(step_times_s, 0.9),
-        "step_time_mean_s": mean,
-        "step_time_mean_vs_median": mean / median - 1,
-        "measured_steps": n,
-        "measured_time_s": sum(step_times_s),
-    }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def peak_mem_gib(memory: dict) -> float:
-    """A rank's peak memory from its memory stats (bench.memory_stats): reserved on GPU (the
-    caching allocator's peak, its cache included: what the device had to give), RSS on CPU."""
-    return memory.get("peak_reserved_gib", memory.get("peak_rss_gib", 0.0))
-
-
-def _max_of(memories: list[dict], key: str) -> float | None:
-    values = [m[key] for m in memories if m.get(key) is not None]
-    return max(values) if values else None
-
-
-def peak_mem_figures(memories: list[dict]) -> dict:
-    """The record's memory figures from the ranks' memory stats (bench.memory_stats), each the max
-    over ranks: peak_mem_gib (peak_mem_gib above), and on GPU the allocator's peaks apart,
-    peak_mem_allocated_gib (live tensors) and peak_mem_reserved_gib (with its cache); None on CPU."""
-    return {"peak_mem_gib": max(peak_mem_gib(m) for m in memories),
-            "peak_mem_allocated_gib": _max_of(memories, "peak_allocated_gib"),
-            "peak_mem_reserved_gib": _max_of(memories, "peak_reserved_gib")}
-
-
 def peak_mem_for_estimate(record: Record) -> float | None:
     """The measured peak that the plan's memory estimate (echobench.memory) is compared with: the
     allocated peak where the record has one (GPU; from its ranks' memory stats in a record written
     before peak_mem_allocated_gib), which leaves out the allocator's cache, else peak_mem_gib."""
     if record.peak_mem_allocated_gib is not None:
         return record.peak_mem_allocated_gib
-    allocated = _max_of([r.memory for r in record.per_rank], "peak_allocated_gib")
+    allocated = max_of([r.memory for r in record.per_rank], "peak_allocated_gib")
     return allocated if allocated is not None else record.peak_mem_gib
 
 
@@ -323,7 +244,7 @@ class Record(BaseModel):
     def start(cls, cfg: RunConfig, device: torch.device) -> Record:
         """The record of a run that starts on device: status error until the run's figures fill it
         (bench.summarize), so a run that dies at any point still has a complete record."""
-        from echobench.hardware import env_info, precision_name  # imports torch: only where a run starts
+        from echobench.hardware import env_info, precision_name  # lazy: imports torch; only where a run starts
 
         source = "flag" if cfg.peak_tflops else None
         resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
@@ -335,9 +256,6 @@ class Record(BaseModel):
     def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:
         """The record of a run that died before writing one (timeout, cancel, node failure, a crash
         before the benchmark started): its settings, no figures, and why."""
-        import socket
-        from datetime import datetime, timezone
-
         env = Env(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), hostname=socket.gethostname(),
                   recorded_by="echobench sweep (the job left no record of its own)")
         return cls.of_settings(cfg, status=status, error=error, precision=cfg.precision, peak_tflops=cfg.peak_tflops,
@@ -608,7 +526,7 @@ def over_repeats(values) -> dict | None:
 
 def records_frame(records: list[Record]):
     """One row per record (Record.to_row): its single-valued fields and env's."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas takes seconds to import; only the tables need it
 
     return pd.DataFrame([r.to_row() for r in records], columns=Record.columns())
 

@@ -45,7 +45,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 import re
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager
@@ -56,8 +55,6 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from echobench import flops as flops_model
 from echobench.backends import torchtitan
@@ -66,6 +63,7 @@ from echobench.data import build_tokenizer, collate, make_source
 from echobench.hwprofile import HardwareProfile, memory_gbps
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.peaks import table_peak
+from echobench.stepcount_ops import Tally, gpu_attention, op_tally, tensors
 
 PARTS = ("dit_blocks", "speaker_blocks", "text_encoder", "top")
 PHASES = ("forward", "backward", "optimizer")
@@ -73,147 +71,6 @@ KINDS = ("gemm", "attention", "memory", "view")
 # Where a module's ops belong, by its name in EchoTTS (a checkpoint wrapper's inner module too).
 PART_ROOTS = {"dit_blocks": r"dit\.blocks\.\d+", "speaker_blocks": r"speaker_encoder\.blocks\.\d+",
               "text_encoder": r"text_encoder"}
-
-aten = torch.ops.aten
-GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm}
-# ATen attention op -> the GPU kernel it is; backward ops are counted at 2x their forward's FLOPs.
-ATTENTION_OPS = {
-    aten._scaled_dot_product_flash_attention: ("flash", False),
-    aten._scaled_dot_product_flash_attention_backward: ("flash", True),
-    aten._scaled_dot_product_efficient_attention: ("efficient", False),
-    aten._scaled_dot_product_efficient_attention_backward: ("efficient", True),
-    aten._scaled_dot_product_cudnn_attention: ("cudnn", False),
-    aten._scaled_dot_product_cudnn_attention_backward: ("cudnn", True),
-    # Only reached if an attention call escapes gpu_attention(): the record then names the CPU kernel.
-    aten._scaled_dot_product_flash_attention_for_cpu: ("cpu-flash", False),
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: ("cpu-flash", True),
-}
-# Ops that launch no kernel beyond the views (op.is_view): allocation, metadata, an alias.
-NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
-             aten._unsafe_view, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset,
-             aten.is_same_size, aten.set_, aten.resize_}
-WRITE_ONLY = {aten.copy_, aten.fill_, aten.zero_, aten.normal_, aten.uniform_}  # overwrite self unread
-LOOKUPS = {aten.embedding, aten.index_select, aten.index, aten.gather}  # read the rows they gather
-
-# multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): elements per chunk (one block), and per
-# launch at most 320 chunks and, by the number of tensor lists (depth), this many tensors.
-CHUNK, MAX_BLOCKS, MAX_TENSORS = 65536, 320, (110, 64, 48, 36, 30)
-
-
-@dataclass
-class Tally:
-    ops: int = 0  # ATen ops dispatched, views included
-    kernels: int = 0  # GPU kernels they launch
-    bytes: int = 0  # read + written by those kernels
-    flops: int = 0  # GEMM and attention
-
-    def add(self, other: "Tally", times: int = 1) -> None:
-        self.ops += other.ops * times
-        self.kernels += other.kernels * times
-        self.bytes += other.bytes * times
-        self.flops += other.flops * times
-
-
-# ---- the GPU's attention ----
-
-def attention_kernel(masked: bool, prefer_cudnn: bool) -> str:
-    """The kernel torch's SDPA picks on sm90 for bidirectional bf16 attention of head_dim <= 256:
-    cuDNN first where torch prefers it (cuDNN newer than 9.15), else FlashAttention-2, which takes
-    no mask, then the memory-efficient kernel."""
-    return "cudnn" if prefer_cudnn else "efficient" if masked else "flash"
-
-
-def gpu_attention(prefer_cudnn: bool = False):
-    """F.scaled_dot_product_attention as torch runs it on an sm90 GPU, the kernel's ATen op called
-    directly (aten/src/ATen/native/transformers/attention.cpp of recent torch: a boolean mask becomes
-    a bias of the query's dtype, where(mask, 0, -inf); the memory-efficient kernel takes it padded to
-    8-aligned strides and expanded, as a view, to (B, H, Tq, Tk); cuDNN takes it as it is)."""
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if dropout_p or is_causal:
-            raise NotImplementedError("stepcount emulates bidirectional attention without dropout only")
-        kernel = attention_kernel(attn_mask is not None, prefer_cudnn)
-        if enable_gqa and kernel == "efficient":
-            raise NotImplementedError("the memory-efficient kernel takes no grouped-query attention")
-        logsumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        bias = attn_mask
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            bias = torch.where(attn_mask, 0.0, torch.scalar_tensor(-math.inf, dtype=query.dtype,
-                                                                      device=query.device))
-        if kernel == "flash":
-            return aten._scaled_dot_product_flash_attention(query, key, value, scale=scale)[0]
-        if kernel == "cudnn":
-            return aten._scaled_dot_product_cudnn_attention(query, key, value, bias, logsumexp, scale=scale)[0]
-        if bias is not None:
-            if any(s % 8 for s in bias.stride()[:-1]) or bias.stride(-1) != 1:
-                bias = F.pad(bias, (0, 8 - bias.shape[-1] % 8))[..., : bias.shape[-1]]
-            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-        return aten._scaled_dot_product_efficient_attention(query, key, value, bias, logsumexp, scale=scale)[0]
-
-    return sdpa
-
-
-# ---- one op: kind, kernels, FLOPs, bytes ----
-
-def read_bytes(t: torch.Tensor) -> int:
-    """The distinct elements of t (a stride-0, broadcast dimension holds one), in bytes."""
-    return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0) * t.element_size()
-
-
-def tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
-
-
-def multi_tensor_launches(numels: list[int], depth: int) -> int:
-    """Kernel launches of multi_tensor_apply over tensors of these sizes with `depth` tensor lists."""
-    launches, in_launch, blocks = 0, 0, 0
-    sizes = [n for n in numels if n]
-    for i, n in enumerate(sizes):
-        in_launch += 1
-        chunks = -(-n // CHUNK)
-        for c in range(chunks):
-            blocks += 1
-            last_chunk = c == chunks - 1
-            if (in_launch == MAX_TENSORS[depth - 1] and last_chunk) or blocks == MAX_BLOCKS or \
-                    (last_chunk and i == len(sizes) - 1):
-                launches, blocks = launches + 1, 0
-                in_launch = 0 if last_chunk else 1
-    return launches
-
-
-def op_tally(func, args, kwargs, out) -> tuple[str, str | None, Tally]:
-    """(kind, attention kernel or None, tally) of one dispatched op."""
-    packet = func._overloadpacket
-    if func.is_view or packet in NO_KERNEL or func.namespace in ("prim", "profiler"):
-        return "view", None, Tally(ops=1)
-    inputs, outputs = tensors((args, kwargs)), tensors(out)
-    written = outputs
-    if not func._schema.returns:  # in place on lists (foreach, fused AdamW): the mutated arguments
-        mutated = [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        # fused AdamW writes its gradients back only when a grad scale unscales them
-        mutated = [m for m in mutated if not (packet in (aten._fused_adamw_, aten._fused_adam_) and m == "grads")]
-        named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
-        written = tensors([named.get(m) for m in mutated])
-    if packet in WRITE_ONLY:
-        inputs = inputs[1:]
-    elif packet.__name__.endswith("_like") or packet in (aten.new_zeros, aten.new_ones, aten.new_full):
-        inputs = []  # a factory reads its argument's shape, not its data
-    elif packet in LOOKUPS:
-        inputs = [t for t in inputs if not t.is_floating_point()] + outputs  # indices, and the gathered rows
-    nbytes = sum(map(read_bytes, inputs)) + sum(t.numel() * t.element_size() for t in written)
-    if packet in GEMM_OPS:
-        return "gemm", None, Tally(1, 1, nbytes, flop_registry[packet](*args, **kwargs, out_val=out))
-    if packet in ATTENTION_OPS:
-        kernel, backward = ATTENTION_OPS[packet]
-        q, k, v = args[1:4] if backward else args[:3]
-        return "attention", kernel, Tally(1, 1, nbytes, (2 if backward else 1) * sdpa_flop_count(q.shape, k.shape,
-                                                                                                 v.shape))
-    kernels = 1
-    if func.namespace == "aten" and packet.__name__.startswith(("_foreach_", "_fused_")):
-        lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
-        depth = 4 if packet in (aten._fused_adamw_, aten._fused_adam_) else len(lists)
-        kernels = multi_tensor_launches([t.numel() for t in lists[0]], min(depth, 5))
-    return "memory", None, Tally(1, kernels, nbytes)
 
 
 # ---- the counter ----
@@ -476,7 +333,7 @@ def graph_figures(nodes) -> Figures:
     """Figures of inductor's scheduler nodes after fusion: a fused node is one generated kernel; an
     extern node is a library call, GEMM, attention or another (a fallback kernel) by its python
     kernel name (none: a view of a multi-output, no kernel)."""
-    from torch._inductor.scheduler import NopKernelSchedulerNode  # start-up: inductor imports in seconds
+    from torch._inductor.scheduler import NopKernelSchedulerNode  # lazy: inductor takes seconds to import
 
     out = Figures()
     for node in nodes:
@@ -503,11 +360,11 @@ def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, ful
                      prefer_cudnn: bool) -> dict[str, Figures]:
     """Compiles fn(*args, **kwargs) with inductor for the CPU on FakeTensors, forward and backward,
     without running it: {"forward": Figures, "backward": Figures} summed over its graphs."""
-    import torch._functorch.config as functorch_config  # start-up: inductor imports in seconds
-    import torch._inductor.config as inductor_config
-    from torch._inductor import metrics
-    from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner, inductor_metrics_log
+    import torch._functorch.config as functorch_config  # lazy: inductor takes seconds to import
+    import torch._inductor.config as inductor_config  # lazy: as above
+    from torch._inductor import metrics  # lazy: as above
+    from torch._inductor.async_compile import AsyncCompile  # lazy: as above
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner, inductor_metrics_log  # lazy: as above
 
     figures = {"forward": Figures(), "backward": Figures()}
 

@@ -28,40 +28,31 @@ they end; a refusal that passes with time (a submit limit, a busy controller) le
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import yaml
-from pydantic import BaseModel, ValidationError
-
 from echobench.atomic import write_json_atomic
-from echobench.config import RunConfig
-from echobench.console import NOT_STARTED, WAITING, Progress, esc, log, state_counts, state_markup
+from echobench.console import WAITING, Progress, esc, log, state_counts, state_markup
 from echobench.estimate import time_limit_s
-from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, SubmitLater, archive_attempt,
-                                 SWEEP_FILE, comm_calibrated, current_record, finish_without_record, job_states,
-                                 make_executor, sweep_transport, write_run_files)
-from echobench.launch import lost_node_record
+from echobench.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, comm_calibrated,
+                                 finish_without_record, make_executor, write_run_files)
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.preflight import passed_before, run_preflight
-from echobench.results import Record, export_table, load_records, records_frame, validation_text
+from echobench.sweep_state import (MAX_POLL_S, RunEntry, SweepState, detached, look, now_iso, record_state, run_dir,
+                                   run_state, settle, skipped_entry, waiting)
+from echobench.sweep_status import cancel_sweep, table_of
 
-RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
-MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
+# What `echobench sweep / status / cancel` (cli) reach through this module, kept where they were before
+# the state and the status moved out:
+from echobench.executors import SWEEP_FILE  # noqa: F401
+from echobench.sweep_state import CorruptSweepState  # noqa: F401
+from echobench.sweep_status import export_status, status  # noqa: F401
+
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
 NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (sysexits' EX_TEMPFAIL: try again later)
-NEVER_GRACE_S = 120.0  # a pending reason that says a job can never start must hold this long to end it
-TEARDOWN_S = 75.0  # a job still running this long after its launcher's failure record hangs (srun --wait=60)
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def one_device(runs: list[PlannedRun]) -> str:
@@ -70,205 +61,7 @@ def one_device(runs: list[PlannedRun]) -> str:
     return devices.pop() if len(devices) == 1 else "auto"
 
 
-def run_dir(sweep_dir: Path, rid: str) -> Path:
-    """SWEEP/RUN_ID, refusing any id that could point elsewhere."""
-    if not re.fullmatch(RUN_ID_RE, rid) or rid in (".", ".."):
-        raise ValueError(f"run id {rid!r} is not a safe directory name")
-    path = sweep_dir / rid
-    if path.resolve().parent != sweep_dir.resolve():
-        raise ValueError(f"run id {rid!r} leaves the sweep directory")
-    return path
-
-
-# ---- the sweep directory's state: sweep.json ----
-
-class RunEntry(BaseModel):
-    """One run in sweep.json: the job that runs (or ran) it, and whether its record is final."""
-
-    executor: str = "local"
-    attempt: int = 0  # 1 for the first submission; each --retry-failed adds one
-    submitted: str | None = None
-    # pending | running | waiting (files written, not taken yet: a submit limit, a busy scheduler) | the record's status
-    state: str = "pending"
-    job_id: str | None = None  # None: the submission was refused (settled: the record says why), or waiting
-    settled: bool = False  # the record is final: the scheduler is not asked again
-    detail: str = ""  # the scheduler's words at the last look
-    finished: str | None = None
-    blocked_since: float | None = None  # time.time() since when its pending reason says it can never start
-
-
-class CorruptSweepState(ValueError):
-    """SWEEP/sweep.json is there but cannot be read, parsed or validated. No command saves over it
-    (it may hold the job ids of jobs still running: a fresh state would submit their runs again)."""
-
-    def __init__(self, path: Path, why: str):
-        super().__init__(f"{path}: unreadable sweep state ({' '.join(why.split())}): move it aside to start the "
-                         f"sweep's bookkeeping afresh (runs with records are kept; check squeue for jobs it listed)")
-
-
-class SweepState(BaseModel):
-    """SWEEP/sweep.json. Every field has a default, so files of earlier versions load; a missing one
-    loads empty; one there but unreadable raises CorruptSweepState."""
-
-    matrix: str | None = None
-    updated: str | None = None
-    planned: list[str] = []  # every run a `sweep` of this directory was asked to do, in order
-    runs: dict[str, RunEntry] = {}
-    calibration_job: str | None = None  # slurm: the sweep's calibration job (`echobench cancel` ends it too)
-    comm_calibration_job: str | None = None  # slurm: hardware.calibrate_comm's job (likewise)
-    preflight_job: str | None = None  # slurm: the last preflight job (likewise)
-
-    def plan(self, run_ids: list[str]) -> None:
-        """Adds a sweep's selection to the planned runs (a later --only keeps the earlier ones)."""
-        self.planned += [rid for rid in run_ids if rid not in self.planned]
-
-    @classmethod
-    def load(cls, sweep_dir: Path) -> SweepState:
-        """The state in SWEEP/sweep.json; empty where there is none; CorruptSweepState where it is
-        there but unreadable (truncated, not JSON, not a sweep state)."""
-        path = sweep_dir / SWEEP_FILE
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return cls()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CorruptSweepState(path, getattr(exc, "strerror", None) or str(exc)) from None
-        try:
-            return cls.model_validate(json.loads(text))
-        except ValidationError as exc:
-            raise CorruptSweepState(path, validation_text(exc)) from None
-        except ValueError as exc:  # json's JSONDecodeError
-            raise CorruptSweepState(path, f"not JSON: {exc}") from None
-
-    def save(self, sweep_dir: Path) -> None:
-        write_json_atomic(sweep_dir / SWEEP_FILE, self.model_dump())
-
-
-def skipped_entry(settings: dict, reason: str, cfg: RunConfig | None = None) -> dict:
-    """One entry of SWEEP/skipped.json: the run's settings, its id when it has one, and why."""
-    from echobench.config import run_id
-
-    return {"run_id": run_id(cfg) if cfg else None, "reason": reason,
-            "settings": cfg.to_dict() if cfg else dict(settings)}
-
-
-def record_state(rd: Path) -> tuple[str, Record | None, str]:
-    """(state, record, error) from a run's current record: its status; "new" without one; "corrupt",
-    with an error naming the file, when it is there but unreadable (a failure, never "new")."""
-    try:
-        record = current_record(rd)
-    except CorruptRecord as exc:
-        return "corrupt", None, f"corrupt record: {exc}"
-    return (record.status, record, record.error) if record else ("new", None, "")
-
-
-def waiting(entry: RunEntry | None) -> bool:
-    """Whether the run's attempt has its files but no job yet (the executor could not take it: a
-    submit limit, a busy scheduler): not settled, submitted again later."""
-    return entry is not None and not entry.job_id and not entry.settled
-
-
-def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
-         sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
-    """One look at the executor for every job not settled (run id -> (entry, run directory)):
-    run id -> the job's state, None where the scheduler did not answer about it (no news). A job
-    pending on a dependency says which of the sweep's jobs it waits for."""
-    tracked = {rid: (e, rd) for rid, (e, rd) in entries.items() if e.job_id and not e.settled}
-    states = job_states(executor, {e.job_id: rd for e, rd in tracked.values()})
-    for job in states.values():
-        if job.reason == "Dependency" and sweep_state is not None and (what := waits_for(sweep_state)):
-            job.detail += f": waits for {what}"
-    return {rid: states.get(e.job_id) for rid, (e, _) in tracked.items()}
-
-
-def waits_for(state: SweepState) -> str:
-    """The sweep's jobs its runs may wait for (SLURM dependencies): its calibrations."""
-    return " and ".join(f"the {what} job {job}" for what, job in (("calibration", state.calibration_job),
-                                                                 ("comm calibration", state.comm_calibration_job)) if job)
-
-
-def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState | None) -> str:
-    """A tracked job's state now (`job`: the executor's answer at this look, from `look`; None: no
-    news, the state stays); once it is over, its record exists (written here if need be)."""
-    if entry.settled:
-        return record_state(rd)[0]
-    if job is None:
-        return entry.state
-    entry.detail = job.detail
-    if job.state in ACTIVE:
-        if (ended := ended_early(cfg, rd, entry, executor, job)) is not None:
-            return ended
-        entry.state = job.state
-        return job.state
-    # exited or gone without a record of its own: an error; else the scheduler's verdict
-    # (timeout, cancelled, node_fail, oom, error).
-    status, why = {"exited": ("error", f"{entry.job_id}: {job.detail} without writing a record"),
-                   "gone": ("error", job.detail)}.get(job.state, (job.state, job.detail))
-    record = finish_without_record(cfg, rd, status, why)
-    entry.settled, entry.state, entry.finished = True, record.status, now_iso()
-    return record.status
-
-
-def ended_early(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState) -> str | None:
-    """The status of a run whose job the scheduler still calls pending or running but which is over
-    all the same, its job cancelled; None while it is not. Pending: for NEVER_GRACE_S on a reason that
-    says it can never start (a transient one passes), recorded `error` naming the limit and the fix.
-    Running: a node went down (its launcher's record, or, when node 0 was the one, the ranks' files
-    say so: at once, not at the scheduler's node timeout), or its launcher wrote a failure record
-    TEARDOWN_S ago (srun's --wait is over: something hangs)."""
-    if job.state == "pending":
-        if not job.never:
-            entry.blocked_since = None
-            return None
-        entry.blocked_since = entry.blocked_since or time.time()
-        held = time.time() - entry.blocked_since
-        if held < NEVER_GRACE_S:
-            return None
-        why = (f"SLURM job {entry.job_id} can never start as it is: {job.detail} for {held:.0f} s: {job.never}; "
-               f"cancelled (fix it, then `echobench sweep --retry-failed` reruns it)")
-        record = finish_without_record(cfg, rd, "error", why)
-    else:
-        try:
-            own = current_record(rd)
-        except CorruptRecord:
-            return None
-        record = own or lost_node_record(cfg, rd)
-        if record is None or record.status == "ok" or (
-                own is not None and own.status != "node_fail" and time.time() - own.path.stat().st_mtime < TEARDOWN_S):
-            return None
-        if own is None:  # node 0 went down with the launcher that would have written it
-            record.env.nccl_transport = sweep_transport(rd.parent)
-            record.save(rd)
-    if (cancel := getattr(executor, "cancel", None)) is not None:
-        try:
-            cancel([entry.job_id])
-        except Exception:  # noqa: BLE001 - the record stands; the scheduler ends the job in its own time
-            pass
-    entry.settled, entry.state, entry.finished = True, record.status, now_iso()
-    return record.status
-
-
-def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Executor,
-              job: JobState | None) -> tuple[str, Record | None, str]:
-    """(state, record, error): new | waiting | pending | running | a record status, with the run's
-    current record as record_state reads it (once: `status --wait` asks again at every poll).
-    `job`: the job's state at this look (`look`)."""
-    if waiting(entry):
-        return WAITING, None, entry.detail
-    if entry is None or not entry.job_id or entry.settled:
-        return record_state(rd)
-    state = settle(cfg, rd, entry, executor, job)
-    _, record, error = record_state(rd)
-    return state, record, error
-
-
 # ---- the sweep ----
-
-def detached(executor: Executor) -> bool:
-    """Whether the executor's jobs run without this process (a scheduler queues them): --no-wait
-    is possible, jobs are handed over before the wait, Ctrl-C leaves them running (detach_message)."""
-    return bool(executor.detach_message())
-
 
 @dataclass
 class SweepOptions:
@@ -610,12 +403,6 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     return 0 if all(statuses.get(r.id) == "ok" for r in runs) else 1
 
 
-def table_of(run_dirs: list[Path], out_dir: Path) -> tuple[list[dict], list[Path], list[str]]:
-    """The runs' current records -> OUT/results.csv and .parquet: (records, paths, unreadable ones)."""
-    records, problems = load_records([d / "result.json" for d in run_dirs if (d / "result.json").exists()])
-    return records, export_table(records_frame(records), out_dir) if records else [], problems
-
-
 def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
     """One table of the runs' current records -> SWEEP/results.csv and .parquet."""
     records, paths, problems = table_of(run_dirs, sweep_dir)
@@ -626,162 +413,3 @@ def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:
     return {r.run_id: r.status for r in records}
 
 
-# ---- status ----
-
-def is_sweep(d: Path) -> bool:
-    return (d / SWEEP_FILE).exists() or any(d.glob("*/run.yaml"))
-
-
-def status_row(rid: str, state: str, record: Record | None, error: str = "", entry: RunEntry | None = None) -> dict:
-    """One row of `echobench status`."""
-    error = error or (entry.detail if entry and state in ACTIVE else "")
-    return {"run_id": rid, "state": state, "job_id": entry and entry.job_id, "attempt": entry and entry.attempt,
-            **{k: getattr(record, k, None) for k in ("step_time_s", "samples_per_s", "mfu", "peak_mem_gib")},
-            "error": error}
-
-
-def refresh_status(sweep_dir: Path) -> list[dict]:
-    """Every run directory of a sweep (those with a run.yaml; in sweep.json order first), its state
-    refreshed from the scheduler (one look per executor for all the jobs); jobs that are over are
-    settled."""
-    sweep_dir = sweep_dir.resolve()
-    state = SweepState.load(sweep_dir)
-    ids = list(dict.fromkeys(state.planned + list(state.runs)))
-    ids += sorted(p.parent.name for p in sweep_dir.glob("*/run.yaml") if p.parent.name not in ids)
-    rows: dict[str, dict] = {}
-    readable: dict[str, tuple[RunConfig, Path, RunEntry | None]] = {}
-    for rid in ids:
-        if rid not in state.runs and not (sweep_dir / rid / "run.yaml").exists():
-            rows[rid] = status_row(rid, NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
-            continue
-        try:
-            rd = run_dir(sweep_dir, rid)
-            readable[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, state.runs.get(rid)
-        except (OSError, ValueError, TypeError, yaml.YAMLError):
-            rows[rid] = {"run_id": rid, "state": "unreadable",
-                         "error": f"{sweep_dir / rid / 'run.yaml'} is missing or invalid"}
-    executors: dict[str, Executor] = {}
-    looks: dict[str, JobState | None] = {}
-    for name in {entry.executor for _, _, entry in readable.values() if entry}:
-        executors[name] = make_executor(name)
-        looks.update(look(executors[name], {rid: (entry, rd) for rid, (_, rd, entry) in readable.items()
-                                            if entry and entry.executor == name}, state))
-    for rid, (cfg, rd, entry) in readable.items():
-        name = entry.executor if entry else "local"
-        st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)), looks.get(rid))
-        rows[rid] = status_row(rid, st, record, error, entry)
-    if state.runs:
-        state.save(sweep_dir)
-    return [rows[rid] for rid in ids]
-
-
-def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[list[dict], list[str]]:
-    """`echobench status`: (rows, unreadable records). A sweep's runs are refreshed from the
-    scheduler (with `wait`, until none is pending or running: poll_s doubling up to MAX_POLL_S
-    while no state changes); a directory of records that is not a sweep gives one row per record."""
-    if not is_sweep(runs_dir):
-        records, problems = load_records([runs_dir])
-        return [status_row(r.run_id, r.status, r, r.error or "") for r in records], problems
-    rows = refresh_status(runs_dir)
-    interval = poll_s
-    while wait and any(r["state"] in ACTIVE for r in rows):
-        time.sleep(interval)
-        before, rows = [r["state"] for r in rows], refresh_status(runs_dir)
-        interval = poll_s if [r["state"] for r in rows] != before else min(interval * 2, max(poll_s, MAX_POLL_S))
-    return rows, []
-
-
-# ---- cancel ----
-
-def active_calibrations(executor: Executor, state: SweepState, sweep_dir: Path) -> list[str]:
-    """The sweep's own jobs before its runs (preflight, GEMM and comm calibrations) still queued or
-    running, in one look."""
-    jobs = [j for j in (state.preflight_job, state.calibration_job, state.comm_calibration_job) if j]
-    looks = job_states(executor, {j: sweep_dir for j in jobs})
-    return [j for j in jobs if (st := looks.get(j)) is not None and st.state in ACTIVE]
-
-
-def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait_s: float = 120.0,
-                 poll_s: float = 1.0) -> int:
-    """`echobench cancel DIR` (and Ctrl-C's yes): one scancel of every job of the sweep not yet
-    over (its calibration job too), then each one's record as the sweep writes it once the
-    scheduler says it ended: cancelled (a run that finished first keeps its own record). A job
-    the scheduler still calls active after wait_s is recorded cancelled all the same. Runs
-    waiting to be submitted stay so (nothing runs them until the next `sweep`). Idempotent:
-    jobs already over are left as they are. Returns the exit code: 0, or 1 when scancel failed."""
-    sweep_dir = sweep_dir.resolve()
-    state = state if state is not None else SweepState.load(sweep_dir)
-
-    def entries() -> dict[str, tuple[RunConfig, Path, RunEntry]]:
-        out = {}
-        for rid, e in state.runs.items():
-            if e.job_id and not e.settled:
-                try:
-                    rd = run_dir(sweep_dir, rid)
-                    out[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, e
-                except (OSError, ValueError, TypeError, yaml.YAMLError):
-                    log(console, f"{esc(rid)}: [red]{esc(sweep_dir / rid / 'run.yaml')} is missing or invalid[/]: "
-                                 f"job {esc(e.job_id)} left as it is")
-        return out
-
-    def settle_all(live: dict, executor: Executor, why: str | None = None) -> dict:
-        """Settles what is over (or, with `why`, everything: recorded cancelled); returns the rest."""
-        looks = look(executor, {rid: (e, rd) for rid, (_, rd, e) in live.items()})
-        rest = {}
-        for rid, (cfg, rd, e) in live.items():
-            st = settle(cfg, rd, e, executor, looks.get(rid))
-            if st in ACTIVE and why is not None:
-                record = finish_without_record(cfg, rd, "cancelled", why.format(job=e.job_id, detail=e.detail))
-                e.settled, e.state, e.finished, st = True, record.status, now_iso(), record.status
-            if st in ACTIVE:
-                rest[rid] = (cfg, rd, e)
-            else:
-                log(console, f"{esc(rid)}: {state_markup(st)} (job {esc(e.job_id)})")
-        state.save(sweep_dir)
-        return rest
-
-    code = 0
-    all_live = entries()
-    for name in sorted({e.executor for _, _, e in all_live.values()}):
-        live = {rid: v for rid, v in all_live.items() if v[2].executor == name}
-        executor = make_executor(name)
-        if not detached(executor) or not hasattr(executor, "cancel"):
-            log(console, f"{len(live)} {esc(name)} jobs run under their `echobench sweep` process: Ctrl-C there "
-                         f"stops them")
-            continue
-        live = settle_all(live, executor)  # jobs over already keep the verdict they ended with
-        ids = [e.job_id for _, _, e in live.values()]
-        if name == "slurm":
-            ids += active_calibrations(executor, state, sweep_dir)
-        if not ids:
-            continue
-        try:
-            executor.cancel(ids)
-        except Exception as exc:  # noqa: BLE001 - scancel's own words, one line
-            log(console, f"[red]not cancelled[/]: {esc(exc)}")
-            code = 1
-            continue
-        log(console, f"cancelled {len(ids)} {esc(name)} job(s): {esc(' '.join(ids))}")
-        deadline = time.monotonic() + wait_s
-        while live and time.monotonic() < deadline:
-            time.sleep(poll_s)
-            live = settle_all(live, executor)
-        if live:
-            settle_all(live, executor, why=f"cancelled by `echobench cancel` (job {{job}}; after {wait_s:.0f} s the "
-                                           f"scheduler still said: {{detail}})")
-    waiting_runs = [rid for rid, e in state.runs.items() if waiting(e)]
-    if waiting_runs:
-        log(console, f"{len(waiting_runs)} runs never submitted (waiting) stay so: the next `echobench sweep` "
-                     f"submits them")
-    if not all_live and code == 0:
-        log(console, "nothing to cancel: no job of this sweep is queued or running")
-    state.save(sweep_dir)
-    return code
-
-
-def export_status(runs_dir: Path, rows: list[dict]) -> tuple[list[Path], list[str]]:
-    """`status --export`: the rows' records -> DIR/results.csv and .parquet. Returns the paths and
-    the unreadable records of a sweep (`status` names those of a plain directory already)."""
-    if not is_sweep(runs_dir):
-        return export_table(records_frame(load_records([runs_dir])[0]), runs_dir), []
-    return table_of([runs_dir.resolve() / r["run_id"] for r in rows], runs_dir.resolve())[1:]

@@ -28,8 +28,8 @@ def worker_failure(rank: int, failure) -> dict:
 def main(argv: list[str]) -> None:
     report, torchrun_args = Path(argv[0]), argv[1:]
     ignore_stack_signal()  # SLURM's USR1 before the time limit reaches the agent too: it must not end it
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: after the USR1 guard
+    from torch.distributed.run import main as torchrun  # lazy: torch takes seconds, USR1 must not end them
 
     note = {"host": socket.gethostname(), "ended": "ok", "failures": []}
     try:

@@ -28,7 +28,7 @@ from echobench.bench import resolve_dtype  # noqa: E402
 from echobench.config import RunConfig  # noqa: E402
 from echobench.data import build_tokenizer, make_loader  # noqa: E402
 from echobench.model.echo import EchoTTS, diffusion_draws  # noqa: E402
-from echobench.results import step_figures  # noqa: E402
+from echobench.run_figures import step_figures  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from echobench import bench
+from echobench import bench, bench_profile
 from echobench.breakdown import read_profiled_run
 from echobench.config import RunConfig
 
@@ -41,7 +41,7 @@ def test_a_time_limit_reached_while_profiling_keeps_the_measured_figures(warm, t
 
     A run that reached its limit before the breakdown began (the machine so busy that start-up and
     the measured steps outran it) says nothing either way: it is run again with twice the limit."""
-    real = bench.rank_breakdown
+    real = bench_profile.rank_breakdown
     for attempt, limit in enumerate((2.0, 4.0, 8.0, 16.0)):
         out = tmp_path / str(attempt)
         started, entered = time.monotonic(), []
@@ -51,7 +51,7 @@ def test_a_time_limit_reached_while_profiling_keeps_the_measured_figures(warm, t
             time.sleep(max(0.0, started + 2 * limit - time.monotonic()))
             return real(prof, rank)
 
-        monkeypatch.setattr(bench, "rank_breakdown", slow_breakdown)
+        monkeypatch.setattr(bench_profile, "rank_breakdown", slow_breakdown)
         cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, profile=True, time_limit_s=limit)
         r = bench.run_benchmark(cfg, out)
         if entered:
@@ -72,7 +72,7 @@ def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(warm, tmp_path, 
         time.sleep(60)
         raise AssertionError("the profile bound did not stop the breakdown")
 
-    monkeypatch.setattr(bench, "rank_breakdown", stuck_breakdown)
+    monkeypatch.setattr(bench_profile, "rank_breakdown", stuck_breakdown)
     cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, profile=True, profile_limit_s=1.0)
     r = bench.run_benchmark(cfg, tmp_path)
     assert_measured(r, 2)

@@ -179,8 +179,8 @@ def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
 
 
 def padding(padded_flops, hardware_flops):
-    """The record's padding figures for set counts (results.padding_figures; the streams' shares set too)."""
-    from echobench.results import padding_figures
+    """The record's padding figures for set counts (run_figures.padding_figures; the streams' shares set too)."""
+    from echobench.run_figures import padding_figures
 
     return padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
                            tokens={"latent": [60, 100], "text": [30, 40], "speaker": [9, 10]})

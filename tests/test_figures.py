@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from echobench.bench import summarize
+from echobench.bench_record import summarize
 from echobench.config import RunConfig
 from echobench.hardware import resolve_peak
 from echobench.peaks import table_peak

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 from echobench import backends
 from echobench.config import RunConfig, config_id, run_id
-from echobench.executors.slurm import LAUNCH_BODY, render_script
+from echobench.executors.slurm_script import LAUNCH_BODY, render_script
 from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
 from echobench.memory import device_memory_gib, estimate_memory
 from echobench.sweep import run_dir
@@ -392,7 +392,7 @@ def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli,
 
 
 def test_the_calibration_job_script(tmp_path):
-    from echobench.executors.slurm import render_calibration_script
+    from echobench.executors.slurm_script import render_calibration_script
     from echobench.matrix import ContainerSettings
 
     m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "

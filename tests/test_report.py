@@ -335,7 +335,7 @@ def coinciding(root: Path) -> list[Record]:
 
 
 def test_dodge_keeps_configurations_apart_and_near_their_gpu_count(tmp_path):
-    from echobench.report.dashboard import DODGE_SPREAD, DODGE_STEP, Figures, dodge, gpu_axis
+    from echobench.report.figures import DODGE_SPREAD, DODGE_STEP, Figures, dodge, gpu_axis
 
     octaves = [math.log2(dodge(i, 4, [4, 8, 16])) for i in range(4)]
     assert octaves == sorted(octaves) and sum(octaves) == pytest.approx(0)  # ordered, centred on the count
@@ -422,7 +422,7 @@ def test_coinciding_configurations_all_show_in_chromium(tmp_path, cli):
 
 
 def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
-    from echobench.report.dashboard import Figures
+    from echobench.report.figures import Figures
 
     long_, short = two_sweeps(tmp_path)
     data = load_report_input([long_, short])
@@ -682,8 +682,8 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
 
 def padded_record(run_id, padded_flops, hardware_flops, **extra) -> Record:
     """A profiled record (profiled(): GEMM + attention 60% of the step, no calibration) with set counts of
-    padded and hardware FLOPs and set padded shares of the streams' tokens (results.padding_figures)."""
-    from echobench.results import padding_figures
+    padded and hardware FLOPs and set padded shares of the streams' tokens (run_figures.padding_figures)."""
+    from echobench.run_figures import padding_figures
 
     return record(run_id, breakdown=profiled(), measured_hardware_flops=hardware_flops, **extra,
                   **padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,

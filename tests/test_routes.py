@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from echobench.estimate import COMPILE_S, LOCAL_IMAGE_S, PULL_S, SETUP_LINE_S, STARTUP_S, startup_parts
-from echobench.executors.slurm import (render_calibration_script, render_preflight_script, render_script,
-                                       stack_signal_lead_s)
+from echobench.executors.slurm_script import (render_calibration_script, render_preflight_script, render_script,
+                                              stack_signal_lead_s)
 from echobench.fabric import FABRICS, fabric_env, launch_env
 from echobench.matrix import MatrixError, expand, parse_matrix
 from echobench.preflight import preflight_spec

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from echobench.executors.slurm import render_script
+from echobench.executors.slurm_script import render_script
 from echobench.fabric import FABRICS
 from echobench.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
 
@@ -358,7 +358,7 @@ def test_the_rendezvous_host_survives_a_long_node_list_under_pipefail(tmp_path):
     long list's scontrol to die of SIGPIPE, and under pipefail the job with it (exit 141)."""
     import subprocess
 
-    from echobench.executors.slurm import NODE_LAUNCH_ENV
+    from echobench.executors.slurm_script import NODE_LAUNCH_ENV
 
     line = NODE_LAUNCH_ENV.splitlines()[0]
     assert line.startswith("MASTER_ADDR=$(scontrol show hostnames")

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from conftest import run_cli
 from echobench import sweep as sw
+from echobench import sweep_state, sweep_status
 from echobench.executors import JobState, SubmitLater
 from echobench.executors.slurm import Seen, SlurmError, SlurmExecutor
 from echobench.matrix import expand, load_matrix
@@ -138,9 +139,11 @@ def fake_sweep(tmp_path, monkeypatch, scheduler, n_runs, wait=True, clock=None):
     matrix = load_matrix(matrix_path)
     runs = expand(matrix, "slurm").runs
     assert len(runs) == n_runs
-    monkeypatch.setattr(sw, "make_executor", lambda name, matrix=None: scheduler)
+    for module in (sw, sweep_status):  # the sweep's loop, and `status` after it
+        monkeypatch.setattr(module, "make_executor", lambda name, matrix=None: scheduler)
     clock = clock or FakeClock()
-    monkeypatch.setattr(sw, "time", clock)
+    for module in (sw, sweep_state, sweep_status):
+        monkeypatch.setattr(module, "time", clock)
     console = Console(record=True, width=200, file=io.StringIO())
     out = tmp_path / "sweep"
     code = sw.run_sweep(matrix, runs, sw.SweepOptions(executor="slurm", out=out, wait=wait, preflight=False), console)
@@ -187,7 +190,7 @@ def test_no_wait_with_runs_left_to_submit_says_so_and_exits_75_then_the_same_swe
     entries = json.loads((out / "sweep.json").read_text())["runs"]
     assert sorted(e["state"] for e in entries.values()) == ["pending", "pending", "waiting"]
     assert not statuses(out)  # no run became an error
-    rows = sw.refresh_status(out)
+    rows = sweep_status.refresh_status(out)
     assert sorted(r["state"] for r in rows) == ["not started", "not started", "running", "running", "waiting"]
     assert "QOSMaxSubmitJobPerUserLimit" in next(r["error"] for r in rows if r["state"] == "waiting")
     # The same sweep, waiting this time: the 2 queued jobs are tracked again, the other 3 submitted as they end.
@@ -223,7 +226,7 @@ def test_a_job_that_can_never_start_ends_as_an_error_naming_the_limit_and_frees_
                   if (d / "result.json").exists() and json.loads((d / "result.json").read_text())["status"] == "error"]
     assert blocked["error"].startswith("SLURM job 101 can never start as it is: PENDING (QOSMaxNodePerJobLimit) for ")
     assert "more than the QOS or account allows one job (sacctmgr show qos" in blocked["error"]
-    assert "--retry-failed" in blocked["error"] and sum(clock.sleeps) >= sw.NEVER_GRACE_S
+    assert "--retry-failed" in blocked["error"] and sum(clock.sleeps) >= sweep_state.NEVER_GRACE_S
 
 
 def test_status_shows_the_pending_reason_and_what_a_dependency_waits_for(tmp_path):
@@ -233,8 +236,8 @@ def test_status_shows_the_pending_reason_and_what_a_dependency_waits_for(tmp_pat
         def states(self, jobs):
             return {j: SlurmExecutor.job_state(j, Seen("PENDING", "", "Dependency")) for j in jobs}
 
-    entry = sw.RunEntry(executor="slurm", job_id="12")
-    looks = sw.look(Pending(), {"r": (entry, tmp_path)}, sw.SweepState(calibration_job="7"))
+    entry = sweep_state.RunEntry(executor="slurm", job_id="12")
+    looks = sweep_state.look(Pending(), {"r": (entry, tmp_path)}, sweep_state.SweepState(calibration_job="7"))
     assert looks["r"].detail == "PENDING (Dependency): waits for the calibration job 7"
     assert SlurmExecutor.job_state("5", Seen("RUNNING", "", "None")).detail == "RUNNING"  # no literal None
     ended = SlurmExecutor.job_state("5", Seen("CANCELLED", "exit 0:15", "None"))

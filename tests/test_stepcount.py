@@ -7,6 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from echobench import stepcount as sc
+from echobench import stepcount_ops
 from echobench.backends.torchtitan import build_model
 from echobench.config import RunConfig
 from echobench.flops import hardware_flops, model_flops, param_counts
@@ -83,7 +84,7 @@ def test_the_optimizer_moves_what_fused_adamw_and_clipping_move_over_the_trainab
 def test_parts_sum_to_the_whole(counts):
     count = counts[2]
     assert {(phase, part) for phase, part, _ in count.tallies} <= set(count.rows())
-    whole, by_rows = count.total(), sc.Tally()
+    whole, by_rows = count.total(), stepcount_ops.Tally()
     for phase, part in count.rows():
         by_rows.add(count.total(phase, part))
     assert by_rows == whole and whole.kernels > 0
@@ -102,7 +103,7 @@ def test_a_view_counts_no_kernel_and_no_bytes_and_an_add_its_operands():
     assert {key[2] for key in views.tallies} == {"view"}
     assert sum(t.bytes + t.kernels for t in views.tallies.values()) == 0
     add = counted(lambda x: x + x[0].expand(4, 8))  # reads 32 + the 8 distinct elements broadcast, writes 32
-    assert add.tallies["forward", "top", "memory", None] == sc.Tally(ops=1, kernels=1, bytes=(32 + 8 + 32) * 4)
+    assert add.tallies["forward", "top", "memory", None] == stepcount_ops.Tally(ops=1, kernels=1, bytes=(32 + 8 + 32) * 4)
 
 
 def attention_calls(mask: bool, prefer_cudnn: bool = False) -> sc.StepCounter:
@@ -110,7 +111,7 @@ def attention_calls(mask: bool, prefer_cudnn: bool = False) -> sc.StepCounter:
         q = torch.empty(2, 4, 10, 16, dtype=torch.bfloat16, requires_grad=True)
         k = torch.empty(2, 4, 20, 16, dtype=torch.bfloat16, requires_grad=True)
         keep = torch.ones(2, 1, 1, 20, dtype=torch.bool) if mask else None
-        sc.gpu_attention(prefer_cudnn)(q, k, k, attn_mask=keep).sum().backward()
+        stepcount_ops.gpu_attention(prefer_cudnn)(q, k, k, attn_mask=keep).sum().backward()
     return counted(run)
 
 
@@ -120,7 +121,7 @@ def test_attention_runs_the_kernel_a_gpu_picks_with_flops_as_the_flop_model_coun
     calls = attention_calls(mask, prefer_cudnn)
     assert set(calls.attention) == {kernel}
     forward = 2 * 2 * 10 * 20 * 16 * 4 * 2  # q.k and p.v, per head and sample; backward twice that
-    assert calls.attention[kernel] == sc.Tally(ops=2, kernels=2, bytes=calls.attention[kernel].bytes,
+    assert calls.attention[kernel] == stepcount_ops.Tally(ops=2, kernels=2, bytes=calls.attention[kernel].bytes,
                                                flops=3 * forward)
     assert calls.tallies["backward", "top", "attention", None].flops == 2 * forward
 
@@ -132,9 +133,9 @@ def test_the_efficient_kernels_bias_is_padded_to_aligned_strides_not_expanded_in
 
 
 def test_multi_tensor_apply_launches():
-    assert sc.multi_tensor_launches([1] * 100, depth=4) == 3  # 36 tensors per launch with 4 lists
-    assert sc.multi_tensor_launches([sc.CHUNK * sc.MAX_BLOCKS + 1], depth=1) == 2  # 320 chunks per launch
-    assert sc.multi_tensor_launches([0, 5], depth=1) == 1
+    assert stepcount_ops.multi_tensor_launches([1] * 100, depth=4) == 3  # 36 tensors per launch with 4 lists
+    assert stepcount_ops.multi_tensor_launches([stepcount_ops.CHUNK * stepcount_ops.MAX_BLOCKS + 1], depth=1) == 2  # 320 chunks per launch
+    assert stepcount_ops.multi_tensor_launches([0, 5], depth=1) == 1
 
 
 def test_inductor_nodes_are_kernels_or_extern_calls_by_kind():

@@ -11,12 +11,12 @@ import pytest
 from rich.console import Console
 
 from conftest import FIXTURES
-from echobench import sweep as sw
+from echobench import sweep_status
 
-from echobench.executors import Executor
+from echobench.executors import SWEEP_FILE, Executor
 from echobench.executors.local import LocalExecutor
 from echobench.executors.slurm import SlurmExecutor
-from echobench.sweep import SWEEP_FILE, CorruptSweepState, RunEntry, SweepState
+from echobench.sweep_state import CorruptSweepState, RunEntry, SweepState
 
 # sweep.json as sweeps wrote it before it was typed: a settled run, a job still pending, a refused
 # submission (no job id), and an entry with none of the optional keys.
@@ -80,9 +80,9 @@ def test_status_and_cancel_stop_at_an_unreadable_sweep_json_and_keep_it(tmp_path
     sweep, kept = corrupt_sweep(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # no scancel / sacct is ever called
     with pytest.raises(CorruptSweepState, match="unreadable sweep state"):
-        sw.cancel_sweep(sweep, Console(file=io.StringIO()), wait_s=0)
+        sweep_status.cancel_sweep(sweep, Console(file=io.StringIO()), wait_s=0)
     with pytest.raises(CorruptSweepState, match="unreadable sweep state"):
-        sw.status(sweep)
+        sweep_status.status(sweep)
     assert (sweep / SWEEP_FILE).read_bytes() == kept
 
 

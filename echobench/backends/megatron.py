@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 from contextlib import nullcontext
 from dataclasses import replace
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,7 @@ def resolve_te(mode: str) -> bool:
     if mode == "off":
         return False
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401 - lazy: TE is optional; this probes for it
     except Exception as exc:  # noqa: BLE001 - any import failure means no TE (it raises more than ImportError)
         if mode == "on":
             raise RuntimeError(f"--te on: transformer_engine does not import ({type(exc).__name__}: {exc})") from exc
@@ -119,8 +120,6 @@ def init_model_parallel(tp: int, seed: int, device: torch.device) -> None:
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for key, dist_names in (("megatron_core", ("megatron-core", "megatron_core")),
                             ("transformer_engine", ("transformer-engine", "transformer_engine"))):

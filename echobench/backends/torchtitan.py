@@ -12,10 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed._composable.replicate import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from echobench import flops as flops_model
 from echobench.backends import TrainSetup
@@ -98,10 +104,6 @@ def linear_inputs(model_cfg, audio_frames: int, text_tokens: int,
     """(name, input shape, in, out) of every trainable linear outside the text encoder, for ONE
     sample at this run's padded lengths (static: the loader pads to them), from a forward on the
     meta device. Every input's leading dim is the batch: a micro-batch of B has B times the rows."""
-    from types import SimpleNamespace
-
-    from echobench.model.echo import EchoTTS
-
     with torch.device("meta"):
         model = EchoTTS(model_cfg)
         batch = SimpleNamespace(  # what the model's forward reads of a data.Batch
@@ -175,7 +177,7 @@ def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, co
     """torchao's float8 training on the planned linears. Under FSDP2 the weights are all-gathered
     in float8 (half the bytes of bf16), as torchtitan does. Eager float8 runs its amax, scale and
     cast ops as separate kernels around every GEMM: the record says so (compile fuses them)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # lazy: torchao is optional
 
     if plan.problem:
         raise ValueError(plan.problem)
@@ -206,14 +208,10 @@ _SAVE_OPS = {
 
 
 def _selective_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context():
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
     return create_selective_checkpoint_contexts(_selective_policy)
 
 
@@ -240,8 +238,6 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
     block, the selective policy) or layer-level selective (every second block of each stack, whole)."""
     if mode == "none":
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
     if mode not in RECOMPUTE:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
     kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
@@ -293,7 +289,7 @@ def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, 
     each block's gathered weights after its forward, except the last block's, which backward
     needs at once (as torchtitan does); the root keeps its own.
     """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # lazy: seconds to import
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     ignored = frozen_params(model)
@@ -313,18 +309,12 @@ def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, 
 def apply_ddp(model: EchoTTS, mesh, reduce_dtype: torch.dtype) -> None:
     """DDP: gradients written straight into the reduction buckets (gradient_as_bucket_view: no copy
     per step, no second copy of the gradients in memory); bf16 reduction by DDP's compression hook."""
-    from torch.distributed._composable.replicate import replicate
-
     replicate(model, device_mesh=mesh, bucket_cap_mb=100, gradient_as_bucket_view=True)
     if reduce_dtype == torch.bfloat16:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-
         model.register_comm_hook(None, bf16_compress_hook)
 
 
 def build_mesh(cfg, device: torch.device):
-    from torch.distributed.device_mesh import init_device_mesh
-
     if cfg.parallelism == "hsdp":
         return init_device_mesh(device.type, (cfg.nodes, cfg.gpus_per_node), mesh_dim_names=("dp_replicate", "dp_shard"))
     return init_device_mesh(device.type, (cfg.world_size,), mesh_dim_names=("dp",))
@@ -336,7 +326,7 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float,
     fused optimizer over plain parameters the gradients are not scaled here: the optimizer's kernel
     divides each one by its grad_scale as it reads it (the hook AMP's unscaling uses), which saves
     clipping's own pass over every gradient (a read and a write of 4 bytes per parameter)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: seconds to import (FSDP runs have it already)
 
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)

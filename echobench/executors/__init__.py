@@ -27,6 +27,7 @@ import yaml
 
 from echobench.atomic import write_json_atomic
 from echobench.estimate import time_limit
+from echobench.launch import rank_failures
 from echobench.matrix import Matrix, PlannedRun
 from echobench.results import PLAN_FILE, RECORD_FILE, Record
 
@@ -103,10 +104,10 @@ def job_states(executor: Executor, jobs: dict[str, Path]) -> dict[str, JobState]
 
 def make_executor(name: str, matrix: Matrix | None = None) -> Executor:
     if name == "slurm":
-        from echobench.executors.slurm import SlurmExecutor
+        from echobench.executors.slurm import SlurmExecutor  # lazy: slurm imports this package, its home
 
         return SlurmExecutor(matrix.spec.slurm.max_submitted if matrix is not None else None)
-    from echobench.executors.local import LocalExecutor
+    from echobench.executors.local import LocalExecutor  # lazy: as slurm above
 
     # The matrix's env applies to local runs too (as process environment: no shell involved).
     return LocalExecutor(dict(matrix.spec.slurm.env) if matrix is not None else {})
@@ -283,8 +284,6 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
         (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
     if own is not None and (own.status == "ok" or status == "error"):
         return own
-    from echobench.launch import rank_failures
-
     tail = log_tail(run_dir)
     record = Record.without_run(cfg, status, why, log_tail=tail)
     record.env.nccl_transport = sweep_transport(run_dir.parent)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from echobench.console import esc
+from echobench.estimate import time_limit_s
 from echobench.executors import JobState, calibrated, comm_calibrated, comm_command, comm_size, sweep_cache
 from echobench.launch import source_root, with_source_path
 
@@ -120,8 +121,6 @@ def calibrate_comm_here(sweep_dir: Path, matrix, runs, device: str, env: dict, l
     SWEEP/profile.yaml and SWEEP/cache, its output in SWEEP/calibrate-comm.log. A failure, a time-limit
     kill included, is said in one line and the runs go on; Ctrl-C stops it and goes on up (the sweep
     is interrupted before any run, as during the GEMM calibration)."""
-    from echobench.estimate import time_limit_s
-
     if comm_calibrated(sweep_dir):
         return
     nproc, limit, out = comm_size(runs)[1], time_limit_s(matrix, "local"), sweep_dir / "calibrate-comm.log"

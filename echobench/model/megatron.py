@@ -39,7 +39,9 @@ from megatron.core.tensor_parallel import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
+    set_tensor_model_parallel_attributes,
 )
+from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -171,8 +173,7 @@ class TECoreAttention(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        from megatron.core.extensions.transformer_engine import TEDotProductAttention  # TE: optional
-        from megatron.core.transformer.enums import AttnMaskType
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention  # lazy: TE is optional
 
         self.mask_type = AttnMaskType.padding
         self.attn = TEDotProductAttention(config, layer_number=1, attn_mask_type=self.mask_type,
@@ -188,8 +189,6 @@ class TECoreAttention(nn.Module):
     def forward(self, q, k, v, packed: PackedKeys | None):
         b, h, tq, d = q.shape
         if packed is None:  # no padded key: TE's attention without a mask
-            from megatron.core.transformer.enums import AttnMaskType
-
             q, k, v = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, v))
             out = self.attn(q, k, v, attention_mask=None, attn_mask_type=AttnMaskType.no_mask)
         else:
@@ -314,7 +313,8 @@ def tp_block_layers(config: TransformerConfig, te: bool, tp_group, traced: bool 
     otherwise, on every call: a graph break where compiled); the layer spec picks TransformerEngine
     kernels or megatron-core's local layers."""
     if te:
-        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
+        from megatron.core.extensions.transformer_engine import (  # lazy: TE is optional
+            TEColumnParallelLinear, TENorm, TERowParallelLinear)
 
         column, row, norm, core = TEColumnParallelLinear, TERowParallelLinear, TENorm, TECoreAttention
     else:
@@ -428,8 +428,6 @@ def mark_tp_parameters(model: TPEchoDiT) -> None:
     megatron-core sets the first only when it initialises the weights itself, and these weights
     are loaded from the plain model instead; the gradient norm relies on them.
     """
-    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
-
     for name, param in model.named_parameters():
         dim = next((d for suffix, (_, _, d) in TPStateDictAdapter.SHARDED.items() if name.endswith(suffix)), None)
         if dim is not None and not getattr(param, "tensor_model_parallel", False):

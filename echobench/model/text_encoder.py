@@ -13,7 +13,7 @@ from echobench.model.config import TextEncoderConfig
 
 
 def t5gemma2_text_config(cfg: TextEncoderConfig):
-    from transformers.models.t5gemma2.configuration_t5gemma2 import T5Gemma2TextConfig
+    from transformers.models.t5gemma2.configuration_t5gemma2 import T5Gemma2TextConfig  # lazy: see build_text_encoder
 
     config = T5Gemma2TextConfig(
         vocab_size=cfg.vocab,
@@ -33,7 +33,7 @@ def t5gemma2_text_config(cfg: TextEncoderConfig):
 
 
 def t5_config(cfg: TextEncoderConfig):
-    from transformers import T5Config
+    from transformers import T5Config  # lazy: see build_text_encoder
 
     return T5Config(
         vocab_size=cfg.vocab, d_model=cfg.hidden, d_ff=cfg.mlp, num_layers=cfg.layers, num_heads=cfg.heads,
@@ -48,12 +48,12 @@ def build_text_encoder(cfg: TextEncoderConfig, checkpoint: str | None = None) ->
     Throughput does not depend on the weights' values, so benchmarks need no download.
     """
     if cfg.family == "t5":
-        from transformers import T5EncoderModel
+        from transformers import T5EncoderModel  # lazy: transformers takes seconds; only building needs it
 
         if checkpoint:
             return T5EncoderModel.from_pretrained(checkpoint, local_files_only=True)
         return T5EncoderModel(t5_config(cfg))
-    from transformers.models.t5gemma2.modeling_t5gemma2 import T5Gemma2TextEncoder
+    from transformers.models.t5gemma2.modeling_t5gemma2 import T5Gemma2TextEncoder  # lazy: as above
 
     if checkpoint:
         model = T5Gemma2TextEncoder.from_pretrained(checkpoint, local_files_only=True)

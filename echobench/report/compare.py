@@ -17,6 +17,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from rich.table import Table
+from rich.text import Text
+
+from echobench.console import esc, fmt
 from echobench.results import Record, configuration_key, over_repeats
 
 MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
@@ -84,7 +88,7 @@ def _status(records: list[Record]) -> str:
 
 def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
     """p-value of 'new steps are no slower than old' (one-sided Mann-Whitney U)."""
-    from scipy.stats import mannwhitneyu  # only `compare` needs scipy
+    from scipy.stats import mannwhitneyu  # lazy: scipy is optional; only `compare` needs it
 
     return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
 
@@ -151,11 +155,6 @@ def compare_records(old: list[Record], new: list[Record], threshold_pct: float, 
 def comparison_report(result: Comparison, title: str) -> list:
     """`echobench compare`: the table of paired configurations, then one line per reason, the
     unpaired ones and the verdict, as rich renderables (outside text wrapped in Text: verbatim)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from echobench.console import esc, fmt
-
     def pct(v):
         return "-" if v is None else f"{v:+.1f}%"
 

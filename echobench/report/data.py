@@ -16,8 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 from echobench.config import configuration
+from echobench.executors import SWEEP_FILE
+from echobench.predict import PredictError, against
 from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
+from echobench.sweep_state import CorruptSweepState, SweepState
 
 # Labels: framework and parallelism always name a configuration (echobench.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
@@ -61,8 +64,6 @@ def successful(frame: pd.DataFrame) -> pd.DataFrame:
 def sweep_matrix_names(paths) -> tuple[dict[Path, str], list[str]]:
     """(sweep directory -> matrix name, from the `sweep.json` state file a sweep keeps at its root;
     the unreadable state files: their runs are reported from their records alone, without a matrix)."""
-    from echobench.sweep import SWEEP_FILE, CorruptSweepState, SweepState
-
     names, problems = {}, []
     for p in map(Path, paths):
         for state_file in sorted(p.rglob(SWEEP_FILE)) if p.is_dir() else []:
@@ -147,8 +148,6 @@ def with_predictions(data: ReportInput, profiles: list, margin: float) -> Report
     below_prediction where the run reached less than (1 - margin) of its predicted throughput
     (measured step > predicted step / (1 - margin)). Runs the model cannot price stay empty; why is
     added to data.problems."""
-    from echobench.predict import PredictError, against
-
     frame = data.frame.copy()
     by_id = {r.run_id: r for r in data.records}
     for index, row in frame.iterrows():
