@@ -45,12 +45,6 @@ from echobench.sweep_state import (MAX_POLL_S, RunEntry, SweepState, detached, l
                                    run_state, settle, skipped_entry, waiting)
 from echobench.sweep_status import cancel_sweep, table_of
 
-# What `echobench sweep / status / cancel` (cli) reach through this module, kept where they were before
-# the state and the status moved out:
-from echobench.executors import SWEEP_FILE  # noqa: F401
-from echobench.sweep_state import CorruptSweepState  # noqa: F401
-from echobench.sweep_status import export_status, status  # noqa: F401
-
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
 NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (sysexits' EX_TEMPFAIL: try again later)
 

@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import yaml
+from rich.table import Table
 
 from echobench.config import RunConfig
-from echobench.console import NOT_STARTED, esc, log, state_markup
+from echobench.console import NOT_STARTED, esc, fmt, log, state_markup
 from echobench.executors import (ACTIVE, SWEEP_FILE, Executor, JobState, finish_without_record, job_states,
                                  make_executor)
 from echobench.results import Record, export_table, load_records, records_frame
@@ -89,6 +90,19 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[lis
 
 
 # ---- cancel ----
+
+def status_table(title: str, rows: list[dict]) -> Table:
+    """`echobench status`'s table: one row per run (its error goes under the table, not in it)."""
+    table = Table(title=esc(title))
+    table.add_column("run id", overflow="fold")  # folds only where the terminal is narrower than the ids
+    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
+                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
+                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"))
+    return table
+
 
 def active_calibrations(executor: Executor, state: SweepState, sweep_dir: Path) -> list[str]:
     """The sweep's own jobs before its runs (preflight, GEMM and comm calibrations) still queued or

@@ -172,6 +172,7 @@ def test_ctrl_c_during_the_calibration_says_what_was_interrupted(tmp_path, monke
     from rich.console import Console
 
     from echobench import sweep as sw
+    from echobench import sweep_status
     from echobench.executors import local
     from echobench.matrix import expand, load_matrix
 
@@ -188,5 +189,5 @@ def test_ctrl_c_during_the_calibration_says_what_was_interrupted(tmp_path, monke
     assert code == 130
     assert ("interrupted (Ctrl-C) while calibrating, before any run was submitted: finished results are kept; "
             "2 of 2 runs not started") in text, text
-    rows, _ = sw.status(tmp_path / "sweep")
+    rows, _ = sweep_status.status(tmp_path / "sweep")
     assert [r["state"] for r in rows] == ["not started", "not started"]

@@ -11,10 +11,9 @@ from typing import Callable, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from echobench.cli.common import MAX_RUNS_HELP, app, console, err_console, fail, load_plan, writable_dir
-from echobench.console import esc, fmt, state_counts, state_markup
+from echobench.console import esc, state_counts
 from echobench.matrix import MatrixError
 
 
@@ -110,16 +109,18 @@ def cancel(
 ):
     """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
-    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+    from echobench import sweep_status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.executors import SWEEP_FILE  # lazy: start-up time of `echobench --help`
+    from echobench.sweep_state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
     if not sweep_dir.is_dir():
         fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
-    if not (sweep_dir / sw.SWEEP_FILE).is_file():
-        fail(f"{sweep_dir}: no {sw.SWEEP_FILE} here: not a sweep directory")
+    if not (sweep_dir / SWEEP_FILE).is_file():
+        fail(f"{sweep_dir}: no {SWEEP_FILE} here: not a sweep directory")
     writable_dir(sweep_dir, f"cancel in {sweep_dir}")
     try:
-        code = sw.cancel_sweep(sweep_dir, console)
-    except sw.CorruptSweepState as exc:
+        code = sws.cancel_sweep(sweep_dir, console)
+    except CorruptSweepState as exc:
         fail(str(exc))
     raise typer.Exit(code)
 
@@ -133,33 +134,26 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error."""
-    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
+    from echobench import sweep_status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.sweep_state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
     try:
-        rows, problems = sw.status(runs_dir, wait, poll)
-    except sw.CorruptSweepState as exc:
+        rows, problems = sws.status(runs_dir, wait, poll)
+    except CorruptSweepState as exc:
         fail(str(exc))
     paths = []
     if export:
         writable_dir(runs_dir, f"--export into {runs_dir}")
-        paths, unreadable = sw.export_status(runs_dir, rows)
+        paths, unreadable = sws.export_status(runs_dir, rows)
         problems += unreadable
     for p in problems:
         err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
-    table = Table(title=esc(f"{runs_dir}: {len(rows)} runs"))
-    table.add_column("run id", overflow="fold")  # folds only where the terminal is narrower than the ids
-    for col in ("state", "job", "step time s", "samples/s", "MFU", "mem GiB"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(esc(r["run_id"]), state_markup(r["state"]), esc(r.get("job_id") or "-"),
-                      fmt(r.get("step_time_s"), ".4f"), fmt(r.get("samples_per_s"), ".3g"),
-                      "-" if r.get("mfu") is None else f"{r['mfu']:.2%}", fmt(r.get("peak_mem_gib"), ".2f"))
-    console.print(table)
+    console.print(sws.status_table(f"{runs_dir}: {len(rows)} runs", rows))
     # Errors under the table, one line each (in a table column they fold into a few characters per
     # line): cut at a terminal's width, whole in a log or pipe. In full: --json, or RUN/result.json.
     if errors := [r for r in rows if r.get("error")]:
