@@ -223,5 +223,11 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(f"{item.nodeid}: xdist_group {sorted(explicit)} but shares a fixture with group {name}")
         else:
             item.add_marker(pytest.mark.xdist_group(name))
+        if getattr(config.option, "loadgroup", False) and not hasattr(item, "_nodeid"):
+            # pytest-xdist (3.8) puts the group in the test's id as item._nodeid = "ID@GROUP", which
+            # pytest 9 no longer reads (its id is item._id): without this no group would hold.
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{name}")
     first = {item.module.__name__ for item in items if "slurm" in item.keywords and getattr(item, "module", None)}
     items.sort(key=lambda item: 0 if getattr(getattr(item, "module", None), "__name__", None) in first else 1)
