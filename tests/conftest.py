@@ -176,7 +176,8 @@ def shared_fixtures(item) -> set[str]:
     scope): a test that shares one with another runs in the same pytest-xdist worker, so that the
     fixture (a sweep, a compile, a launched run) is made once, not once per worker."""
     names = set()
-    for defs in getattr(item, "_fixtureinfo").name2fixturedefs.values():
+    info = getattr(item, "_fixtureinfo", None)  # none on items other than test functions
+    for defs in (info.name2fixturedefs.values() if info else ()):
         for fd in defs:
             try:
                 source = Path(inspect.getsourcefile(fd.func)).resolve()
