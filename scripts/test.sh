@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set up .venv, then run the whole suite. Extra arguments go to pytest.
+# In ECHOBENCH_TEST_WORKERS (default 3) pytest-xdist workers, even on 2 cores: much of the suite waits
+# (SLURM jobs, subprocesses starting torch) rather than computes. Tests sharing a fixture or the
+# cluster are kept together (tests/conftest.py); `-n 0` as an argument runs it in one process.
 # pytest's exit code 5 ("no tests collected") is a failure here like any other non-zero code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,4 +10,4 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . "${ECHOBENCH_VENV:-.venv}/bin/activate"
 export PYTHONUNBUFFERED=1
-python -m pytest "$@"
+python -m pytest -n "${ECHOBENCH_TEST_WORKERS:-3}" --dist loadgroup "$@"

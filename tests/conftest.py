@@ -1,8 +1,12 @@
+import contextlib
+import fcntl
+import inspect
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -118,7 +122,10 @@ def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
     """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,
     else one per user kept across test sessions, so a rerun finds the graphs compiled (a cold
     compile of the block kinds takes a minute or more on a CPU)."""
-    path = INDUCTOR_CACHE_SET or str(tmp_path_factory.getbasetemp().parent / "inductor")
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: a worker's own (popen-gwN) inside the session's
+        base = base.parent
+    path = INDUCTOR_CACHE_SET or str(base.parent / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", path)
     return Path(path)
 
@@ -136,3 +143,86 @@ def smoke_sweep(tmp_path_factory):
     t0 = time.time()
     proc = run_cli("sweep", ROOT / "matrices" / "smoke.yaml", "--out", sweep, tmp_path=root, timeout=1200)
     return sweep, proc, time.time() - t0
+
+
+# ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----
+
+# Machine-wide, as the local SLURM cluster is: every pytest worker, and any other pytest here, opens it.
+CLUSTER_LOCK = Path(tempfile.gettempdir()) / "echobench-slurm-cluster.lock"
+
+
+@contextlib.contextmanager
+def cluster_lock(exclusive: bool = False):
+    """The local SLURM cluster, shared by the `slurm` tests that run at once (they submit their own
+    jobs, which the nodes' CPUs hold side by side), or the whole of it for one marked
+    `cluster_exclusive` (it kills a node, and with it any other test's job there)."""
+    with open(CLUSTER_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield  # closing the file releases it
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A `slurm` test holds the cluster (cluster_lock) through its setup, call and teardown, module
+    fixtures set up or torn down with it included."""
+    if "slurm" not in item.keywords:
+        return (yield)
+    with cluster_lock(exclusive="cluster_exclusive" in item.keywords):
+        return (yield)
+
+
+def shared_fixtures(item) -> set[str]:
+    """The fixtures of this suite that ITEM uses and that outlive a test (module, class or session
+    scope): a test that shares one with another runs in the same pytest-xdist worker, so that the
+    fixture (a sweep, a compile, a launched run) is made once, not once per worker."""
+    names = set()
+    info = getattr(item, "_fixtureinfo", None)  # none on items other than test functions
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for fd in defs:
+            try:
+                source = Path(inspect.getsourcefile(fd.func)).resolve()
+            except TypeError:  # a builtin
+                continue
+            if fd.scope != "function" and source.is_relative_to(ROOT / "tests"):
+                names.add(f"{fd.scope}:{fd.baseid}:{fd.argname}" if fd.scope != "session" else f"session:{fd.argname}")
+    return names
+
+
+def explicit_groups(item) -> set[str]:
+    return {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns the xdist_group marks into groups
+def pytest_collection_modifyitems(config, items):
+    """For pytest-xdist's --dist loadgroup: tests that share a fixture that outlives a test, or an
+    xdist_group mark, make one group (one worker runs it, in collection order); the rest are spread
+    one by one. Modules with `slurm` tests go first: most of their time is waiting for the cluster,
+    which then overlaps the CPU-bound tests instead of trailing them."""
+    parent = {}
+
+    def find(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    def union(a, b):
+        a, b = find(a), find(b)
+        if a != b:  # an explicit group's name names the whole
+            parent[b if a.startswith("group:") else a] = a if a.startswith("group:") else b
+
+    keys = {}
+    for item in items:
+        keys[item.nodeid] = own = sorted(shared_fixtures(item) | {f"group:{g}" for g in explicit_groups(item)})
+        for key in own:
+            union(own[0], key)
+    for item in items:
+        if not keys[item.nodeid]:
+            continue
+        name = find(keys[item.nodeid][0]).removeprefix("group:")
+        if explicit := explicit_groups(item):  # pytest-xdist names the group after every mark
+            if explicit != {name}:
+                raise pytest.UsageError(f"{item.nodeid}: xdist_group {sorted(explicit)} but shares a fixture with group {name}")
+        else:
+            item.add_marker(pytest.mark.xdist_group(name))
+    first = {item.module.__name__ for item in items if "slurm" in item.keywords and getattr(item, "module", None)}
+    items.sort(key=lambda item: 0 if getattr(getattr(item, "module", None), "__name__", None) in first else 1)

@@ -16,7 +16,9 @@ from conftest import ROOT, run_cli
 from test_slurm import cluster  # noqa: F401 - 2 or more nodes that answer
 from test_slurm_submit import wait_for
 
-pytestmark = pytest.mark.slurm
+# It kills a node: the cluster to itself (cluster_lock), in the worker of tests/test_slurm.py, whose
+# sweep holds the cluster for minutes (elsewhere this test's worker would idle that long).
+pytestmark = [pytest.mark.slurm, pytest.mark.cluster_exclusive, pytest.mark.xdist_group("slurm-sweep")]
 
 TINY = {"scale": "tiny", "steps": 100000, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}

@@ -3,6 +3,9 @@ nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on 
 SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused requeue); then
 resumption; a sweep without a peak; a two-node sweep that measures its own hardware profile first.
 
+The module's sweep is submitted first and settled last: the tests that need only the cluster run
+while its slow run waits for its time limit (four minutes).
+
 Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
 cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
 """
@@ -17,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_env, run_cli
+from conftest import ROOT, cli_env, cluster_lock, run_cli
 
-pytestmark = pytest.mark.slurm
+# With tests/test_node_failure.py, whose node kill must not meet this module's sweep: in one worker.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
 
 TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
@@ -100,39 +104,142 @@ node1:100:120 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket
 
 
 @pytest.fixture(scope="module")
-def sweep(cluster, tmp_path_factory):
+def submitted(cluster, tmp_path_factory):
     """Submits the matrix (its preflight first, on 2 nodes, fabric tcp), scancels one run once it
-    runs, waits for every run to settle."""
-    base = tmp_path_factory.mktemp("slurm")
-    matrix = base / "slurm-ci.yaml"
-    (base / "nccl.log").write_text(NCCL_SOCKET_LOG)
-    slurm = {**MATRIX["slurm"], "fabric": "tcp", "env": {**MATRIX["slurm"]["env"], "ECHOBENCH_TEST_NCCL_LOG": str(base / "nccl.log")}}
-    matrix.write_text(json.dumps({**MATRIX, "slurm": slurm}))
-    out = base / "sweep"
-    t0 = time.time()
-    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    preflight = proc.stdout
-    submitted = runs(out)
-    cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
-    job = submitted[cancel_id]["job_id"]
-    deadline = time.time() + 300
-    while squeue_state(job) != "RUNNING" and time.time() < deadline:
-        time.sleep(1)
-    time.sleep(3)
-    # Jobs are submitted with --no-requeue: a requeue (as after a node failure) is refused, so it
-    # can neither rerun the job under its id nor truncate its log.
-    requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue
-    assert squeue_state(job) == "RUNNING"
-    subprocess.run(["scancel", job], check=True)
+    runs; the rest still run. The module holds the cluster (cluster_lock) until they have settled:
+    no test of another worker kills a node under them."""
+    with cluster_lock():
+        base = tmp_path_factory.mktemp("slurm")
+        matrix = base / "slurm-ci.yaml"
+        (base / "nccl.log").write_text(NCCL_SOCKET_LOG)
+        slurm = {**MATRIX["slurm"], "fabric": "tcp", "env": {**MATRIX["slurm"]["env"], "ECHOBENCH_TEST_NCCL_LOG": str(base / "nccl.log")}}
+        matrix.write_text(json.dumps({**MATRIX, "slurm": slurm}))
+        out = base / "sweep"
+        t0 = time.time()
+        proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        preflight = proc.stdout
+        submitted = runs(out)
+        cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
+        job = submitted[cancel_id]["job_id"]
+        deadline = time.time() + 300
+        while squeue_state(job) != "RUNNING" and time.time() < deadline:
+            time.sleep(1)
+        time.sleep(3)
+        # Jobs are submitted with --no-requeue: a requeue (as after a node failure) is refused, so it
+        # can neither rerun the job under its id nor truncate its log.
+        requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue
+        assert squeue_state(job) == "RUNNING"
+        subprocess.run(["scancel", job], check=True)
+        yield {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "t0": t0, "nodes": cluster,
+               "preflight": preflight}
+
+
+@pytest.fixture(scope="module")
+def sweep(submitted):
+    """The submitted sweep once every run has settled."""
+    out, base = submitted["dir"], submitted["base"]
     proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
-    wall = time.time() - t0
+    wall = time.time() - submitted["t0"]
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "wall_s": wall, "nodes": cluster,
-            "preflight": preflight}
+    return {**submitted, "wall_s": wall}
 
+
+# ---- while the module's sweep runs (`submitted`: these start once it is submitted) ----
+
+def test_scripts_run_sh_works_by_hand(submitted):
+    """`sbatch --nodes=1 scripts/run.sh RUN.yaml OUT`: the same launch, no sweep involved."""
+    base = submitted["base"]
+    run_yaml = base / "by-hand.yaml"
+    run_yaml.write_text(json.dumps({**TINY, "peak_tflops": 0.5}))
+    out = base / "by-hand"
+    env = {**cli_env(), "PYTHON": sys.executable}
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={base}/by-hand-%j.out",
+                           str(ROOT / "scripts" / "run.sh"), str(run_yaml), str(out)],
+                          capture_output=True, text=True, env=env, cwd=base)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    deadline = time.time() + 300
+    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
+        time.sleep(2)
+    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text(errors="replace")
+    assert json.loads((out / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(submitted):
+    """Its run directory and run.yaml do not exist yet: the script writes them (its log goes beside
+    the scripts, a directory that exists)."""
+    base = submitted["base"]
+    matrix = base / "by-hand-plan.yaml"
+    matrix.write_text(json.dumps({**MATRIX, "name": "by-hand-plan", "include": [{"seed": 7}]}))
+    scripts, target = base / "scripts", base / "by-hand-sweep"
+    proc = run_cli("plan", matrix, "--write-scripts", scripts, "--out", target, tmp_path=base)
+    assert proc.returncode == 0 and not target.exists(), proc.stdout + proc.stderr
+    (script,) = scripts.glob("*.sh")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=base, check=True,
+                         env=cli_env()).stdout.strip()
+    deadline = time.time() + 300
+    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
+        time.sleep(2)
+    log = (scripts / "logs" / f"{script.stem}-{job}.out").read_text(errors="replace")
+    assert squeue_state(job) == "COMPLETED", log[-3000:]
+    assert json.loads((target / script.stem / "result.json").read_text())["status"] == "ok"
+    assert (target / script.stem / "run.yaml").exists()
+
+
+@pytest.mark.usefixtures("submitted")
+def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_path):
+    """The CI cluster's nodes are CPUs: no datasheet peak. The sweep submits one calibration job
+    into SWEEP/cache; the runs wait for it and report MFU against it."""
+    matrix = tmp_path / "no-peak.yaml"
+    matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
+                                  "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "calibrating once on a compute node" in proc.stdout
+    (calibration,) = (out / "cache" / "calibration").glob("*.json")
+    for rid in runs(out):
+        r = record(out, rid)
+        assert r["status"] == "ok" and r["peak_source"].startswith("calibrated"), r["error"]
+        assert r["peak_tflops"] == json.loads(calibration.read_text())["tflops"]
+    assert list((out / "logs").glob("calibrate-*.out"))
+
+
+@pytest.mark.usefixtures("submitted")
+def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(cluster, tmp_path):
+    """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
+    SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
+    SWEEP` then prices the runs with it."""
+    from echobench.hwprofile import load_profile
+
+    matrix = tmp_path / "comm.yaml"
+    matrix.write_text(json.dumps({
+        **{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")}, "name": "comm",
+        "hardware": {"peak_tflops": 0.5, "calibrate_comm": True,
+                     "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
+        "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
+    job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]
+    log = (out / "logs" / f"calibrate-comm-{job}.out").read_text(errors="replace")
+    profile = load_profile(out / "profile.yaml")
+    assert profile.measured and "inter" in profile.links and "2 node(s)" in profile.note, log[-3000:]
+    assert {p.group_size for fit in profile.links["inter"].values() for p in fit.points} == {2}  # one rank per node
+    for rid in runs(out):
+        assert record(out, rid)["status"] == "ok", record(out, rid)["error"]
+    proc = run_cli("predict", "--against", out, "--json", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {c["profile"] for c in json.loads(proc.stdout)} == {f"{profile.name} ({out.resolve() / 'profile.yaml'})"}
+
+
+# ---- once it has settled ----
 
 def test_the_sweep_runs_its_preflight_first_and_its_transport_reaches_every_record(sweep):
     said = " ".join(sweep["preflight"].split())
@@ -219,46 +326,6 @@ def test_failure_timeout_and_cancel_become_record_statuses(sweep):
     assert sorted(table["run_id"]) == sorted(sweep["submitted"])
 
 
-def test_scripts_run_sh_works_by_hand(sweep):
-    """`sbatch --nodes=1 scripts/run.sh RUN.yaml OUT`: the same launch, no sweep involved."""
-    base = sweep["base"]
-    run_yaml = base / "by-hand.yaml"
-    run_yaml.write_text(json.dumps({**TINY, "peak_tflops": 0.5}))
-    out = base / "by-hand"
-    env = {**cli_env(), "PYTHON": sys.executable}
-    proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={base}/by-hand-%j.out",
-                           str(ROOT / "scripts" / "run.sh"), str(run_yaml), str(out)],
-                          capture_output=True, text=True, env=env, cwd=base)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip()
-    deadline = time.time() + 300
-    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
-        time.sleep(2)
-    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text(errors="replace")
-    assert json.loads((out / "result.json").read_text())["status"] == "ok"
-
-
-def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(sweep):
-    """Its run directory and run.yaml do not exist yet: the script writes them (its log goes beside
-    the scripts, a directory that exists)."""
-    base = sweep["base"]
-    matrix = base / "by-hand-plan.yaml"
-    matrix.write_text(json.dumps({**MATRIX, "name": "by-hand-plan", "include": [{"seed": 7}]}))
-    scripts, target = base / "scripts", base / "by-hand-sweep"
-    proc = run_cli("plan", matrix, "--write-scripts", scripts, "--out", target, tmp_path=base)
-    assert proc.returncode == 0 and not target.exists(), proc.stdout + proc.stderr
-    (script,) = scripts.glob("*.sh")
-    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=base, check=True,
-                         env=cli_env()).stdout.strip()
-    deadline = time.time() + 300
-    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
-        time.sleep(2)
-    log = (scripts / "logs" / f"{script.stem}-{job}.out").read_text(errors="replace")
-    assert squeue_state(job) == "COMPLETED", log[-3000:]
-    assert json.loads((target / script.stem / "result.json").read_text())["status"] == "ok"
-    assert (target / script.stem / "run.yaml").exists()
-
-
 def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_failed(sweep):
     out, matrix, base = sweep["dir"], sweep["matrix"], sweep["base"]
     before = runs(out)
@@ -284,51 +351,3 @@ def record_status(out: Path, rid: str, entry: dict) -> str:
     if (out / rid / "attempts" / "1" / "result.json").exists():
         return json.loads((out / rid / "attempts" / "1" / "result.json").read_text())["status"]
     return record(out, rid)["status"]
-
-
-def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_path):
-    """The CI cluster's nodes are CPUs: no datasheet peak. The sweep submits one calibration job
-    into SWEEP/cache; the runs wait for it and report MFU against it."""
-    matrix = tmp_path / "no-peak.yaml"
-    matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
-                                  "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
-    out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
-                   timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "calibrating once on a compute node" in proc.stdout
-    (calibration,) = (out / "cache" / "calibration").glob("*.json")
-    for rid in runs(out):
-        r = record(out, rid)
-        assert r["status"] == "ok" and r["peak_source"].startswith("calibrated"), r["error"]
-        assert r["peak_tflops"] == json.loads(calibration.read_text())["tflops"]
-    assert list((out / "logs").glob("calibrate-*.out"))
-
-
-def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(cluster, tmp_path):
-    """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
-    SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
-    SWEEP` then prices the runs with it."""
-    from echobench.hwprofile import load_profile
-
-    matrix = tmp_path / "comm.yaml"
-    matrix.write_text(json.dumps({
-        **{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")}, "name": "comm",
-        "hardware": {"peak_tflops": 0.5, "calibrate_comm": True,
-                     "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
-        "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
-    out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
-                   timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
-    job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]
-    log = (out / "logs" / f"calibrate-comm-{job}.out").read_text(errors="replace")
-    profile = load_profile(out / "profile.yaml")
-    assert profile.measured and "inter" in profile.links and "2 node(s)" in profile.note, log[-3000:]
-    assert {p.group_size for fit in profile.links["inter"].values() for p in fit.points} == {2}  # one rank per node
-    for rid in runs(out):
-        assert record(out, rid)["status"] == "ok", record(out, rid)["error"]
-    proc = run_cli("predict", "--against", out, "--json", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert {c["profile"] for c in json.loads(proc.stdout)} == {f"{profile.name} ({out.resolve() / 'profile.yaml'})"}
