@@ -9,6 +9,7 @@ Network is off: every host name resolves to nothing, so a page that needs a CDN 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -197,8 +198,6 @@ def layout_problems(browser: "Chromium") -> tuple[int, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m echobench.report.browser",
                                      description="Screenshot a page in headless Chromium; check its plots' layout.")
     parser.add_argument("page", type=Path)
