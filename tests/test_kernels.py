@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from echobench.bench import compile_figures
+from echobench.bench_record import compile_figures
 from echobench.kernels import SDPA_BACKENDS, pin_sdpa_backend, sdpa_choices
 from echobench.model.config import PRESETS
 
