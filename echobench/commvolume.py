@@ -24,7 +24,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -269,7 +269,8 @@ FP32 = 4
 class Traffic:
     """One kind of collective of a training step: `calls` calls of `op` over a `group` of
     `group_size` ranks, `nbytes` in all (nccl-tests' message size, summed over the calls), in
-    `dtype`; `link`: "inter" when the group spans nodes, else "intra"."""
+    `dtype`; `link`: "inter" when the group spans nodes, else "intra"; `per_node`: how many of the
+    group's ranks share one node (a cross-node group's ranks on a node share its NICs)."""
 
     op: str
     group: str  # dp, dp_shard, dp_replicate, tp
@@ -279,6 +280,7 @@ class Traffic:
     dtype: str
     link: str
     what: str
+    per_node: int = 1
 
     @property
     def bus_bytes(self) -> float:
@@ -351,9 +353,9 @@ def _link(spans_nodes: bool) -> str:
     return "inter" if spans_nodes else "intra"
 
 
-def _frame_count(group: str, size: int, spans_nodes: bool) -> Traffic:
+def _frame_count(group: str, size: int, spans_nodes: bool, per_node: int) -> Traffic:
     return Traffic("all_reduce", group, size, 1, FRAME_COUNT_BYTES, "int64", _link(spans_nodes),
-                   "frame count of the loss (bench.global_frame_count)")
+                   "frame count of the loss (bench.global_frame_count)", per_node)
 
 
 def ddp_bytes(cfg) -> list[Traffic]:
@@ -369,8 +371,8 @@ def ddp_bytes(cfg) -> list[Traffic]:
     reduce_dtype, reduce_size = _reduce_dtype(cfg)
     grads = sum(sizes) * reduce_size // FP32  # the buckets hold float32 gradients; bf16 compresses them
     return [Traffic("all_reduce", "dp", n, ddp_buckets(sizes, *TORCHTITAN_DDP_BUCKET_BYTES), grads, reduce_dtype,
-                    _link(spans), "gradient buckets"),
-            _frame_count("dp", n, spans)]
+                    _link(spans), "gradient buckets", cfg.gpus_per_node),
+            _frame_count("dp", n, spans, cfg.gpus_per_node)]
 
 
 def _reduce_dtype(cfg) -> tuple[str, int]:
@@ -415,16 +417,16 @@ def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
                            sum(gathers(u) * u.shard_numel(shard) for u in mine) * shard * size, dtype,
                            _link(shard_spans), f"parameters of each {kind}"
                            + (", forward and backward" if any(gathers(u) == 2 for u in mine) else
-                              " (once: kept from forward to backward)")))
+                              " (once: kept from forward to backward)"), cfg.gpus_per_node))
         out.append(Traffic("reduce_scatter", "dp_shard", shard, len(mine), padded * reduce_size, reduce_dtype,
-                           _link(shard_spans), f"gradients of each {kind}"))
-        if hsdp and cfg.nodes > 1:
+                           _link(shard_spans), f"gradients of each {kind}", cfg.gpus_per_node))
+        if hsdp and cfg.nodes > 1:  # one rank of each node: the replicas of a shard
             out.append(Traffic("all_reduce", "dp_replicate", cfg.nodes, len(mine), padded // shard * reduce_size,
-                               reduce_dtype, "inter", f"gradient shards of each {kind} across the replicas"))
+                               reduce_dtype, "inter", f"gradient shards of each {kind} across the replicas", 1))
     tensors = sum(len(u.shapes) for u in units)
     out.append(Traffic("all_reduce", "dp_shard", shard, 1, tensors * FP32, "float32", _link(shard_spans),
-                       "gradient norm: one float32 per trainable parameter"))
-    out.append(_frame_count("dp", cfg.world_size, cfg.nodes > 1))
+                       "gradient norm: one float32 per trainable parameter", cfg.gpus_per_node))
+    out.append(_frame_count("dp", cfg.world_size, cfg.nodes > 1, cfg.gpus_per_node))
     return out
 
 
@@ -457,7 +459,7 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     out = []
     if tp > 1:
         forward = 2 if cfg.ac == "none" else 4  # recomputed in backward under AC
-        out += [
+        out += [replace(t, per_node=tp) for t in (  # a TP group is within one node
             Traffic("all_reduce", "tp", tp, forward * m.layers, forward * m.layers * latent, dtype, "intra",
                     "row-parallel outputs (attention out, MLP down)" + ("" if cfg.ac == "none" else
                                                                         ", forward and recomputed")),
@@ -469,16 +471,16 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
             Traffic("all_reduce", "tp", tp, 1, m.layers * 2 * m.head_dim * FP32, "float32", "intra",
                     "partial gradients of the per-head QK-norms"),
             Traffic("all_reduce", "tp", tp, 1, FP32, "float32", "intra", "squared gradient norm"),
-        ]
+        )]
     grad_dtype, grad_bytes = _reduce_dtype(cfg)  # megatron's buffers hold the gradients in it
     units = param_units(m)
     shares = [math.prod(s) * grad_bytes // (tp if u.kind == "dit block" and name in TP_SHARDED else 1)
               for u in reversed(units) for name, s in reversed(list(zip(_block_names(m, u), u.shapes)))]
-    spans = cfg.nodes > 1
+    spans, per_node = cfg.nodes > 1, max(1, cfg.gpus_per_node // tp)  # one rank of each TP group per node
     out.append(Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *megatron_ddp_bucket_bytes(cfg)),
-                       sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)"))
+                       sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)", per_node))
     if dp > 1:
-        out.append(_frame_count("dp", dp, spans))
+        out.append(_frame_count("dp", dp, spans, per_node))
     return out
 
 

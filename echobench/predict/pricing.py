@@ -146,11 +146,9 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
         out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
-    m = cfg.model_config()
     for a in att:
-        head_dim = m.speaker_width // m.speaker_heads if a.part == "speaker_encoder" else m.head_dim
         out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
-            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, head_dim) * 1e12)
+            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim) * 1e12)
     gbps = rates.memory_gbps() * 1e9
     fwd, bwd = elementwise_bytes(cfg, eb)
     out["elementwise_forward"] = fwd / gbps

@@ -62,6 +62,8 @@ class AttentionWork:
     seq_k: int
     flops: int
     calls: int
+    head_dim: int
+    causal: bool = False  # a causal kernel skips about half the scores (flops counts them all)
 
 
 def _linear(out: list, part: str, rows: int, n: int, k: int, count: int = 1, input_grad: bool = True,
@@ -102,10 +104,10 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
     _linear(mm, "dit_mlp", latent, 2 * m.mlp // tp, d, L, recompute=full)  # gate + up
     _linear(mm, "dit_mlp", latent, d, m.mlp // tp, L, recompute=full)  # down (row-parallel)
     fwd = 4 * b * la * keys * d * L // tp
-    att.append(AttentionWork("dit_attention", "forward", la, keys, fwd, L))
-    att.append(AttentionWork("dit_attention", "backward", la, keys, 2 * fwd, L))
+    att.append(AttentionWork("dit_attention", "forward", la, keys, fwd, L, m.head_dim))
+    att.append(AttentionWork("dit_attention", "backward", la, keys, 2 * fwd, L, m.head_dim))
     if full:
-        att.append(AttentionWork("dit_attention", "recompute", la, keys, fwd, L))
+        att.append(AttentionWork("dit_attention", "recompute", la, keys, fwd, L, m.head_dim))
     _linear(mm, "dit_conditioning", b, m.adaln_rank, d, L, recompute=full)  # adaln down
     _linear(mm, "dit_conditioning", b, 6 * d, m.adaln_rank, L, recompute=full)  # adaln up
     _linear(mm, "dit_conditioning", b, m.adaln_rank, d)  # final adaln
@@ -122,10 +124,10 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
     _linear(mm, "speaker_encoder", spk, 2 * m.speaker_mlp, ds, S, recompute=full)  # gate + up
     _linear(mm, "speaker_encoder", spk, ds, m.speaker_mlp, S)
     fwd = 4 * b * p * p * ds * S
-    att.append(AttentionWork("speaker_encoder", "forward", p, p, fwd, S))
-    att.append(AttentionWork("speaker_encoder", "backward", p, p, 2 * fwd, S))
+    att.append(AttentionWork("speaker_encoder", "forward", p, p, fwd, S, ds // m.speaker_heads))
+    att.append(AttentionWork("speaker_encoder", "backward", p, p, 2 * fwd, S, ds // m.speaker_heads))
     if full:
-        att.append(AttentionWork("speaker_encoder", "recompute", p, p, fwd, S))
+        att.append(AttentionWork("speaker_encoder", "recompute", p, p, fwd, S, ds // m.speaker_heads))
     enc, trains = m.text_encoder, not m.frozen_encoder
     _linear(mm, "text_projection", text, d, enc.hidden, input_grad=trains)
     q_dim, kv_dim, E = enc.heads * enc.head_dim, enc.kv_heads * enc.head_dim, enc.layers
@@ -133,9 +135,9 @@ def step_work(model_cfg, framework: str, tp: int, micro_batch: int, audio_frames
                         (enc.mlp, enc.hidden, (2 if enc.gated_mlp else 1) * E), (enc.hidden, enc.mlp, E)):
         _linear(mm, "text_encoder", text, n, k, count, backward=trains)
     fwd = 4 * b * lt * lt * q_dim * E
-    att.append(AttentionWork("text_encoder", "forward", lt, lt, fwd, E))
+    att.append(AttentionWork("text_encoder", "forward", lt, lt, fwd, E, enc.head_dim))
     if trains:
-        att.append(AttentionWork("text_encoder", "backward", lt, lt, 2 * fwd, E))
+        att.append(AttentionWork("text_encoder", "backward", lt, lt, 2 * fwd, E, enc.head_dim))
     return tuple(mm), tuple(att)
 
 
