@@ -60,11 +60,17 @@ def _traffic(cfg_key: tuple, device: str):
 
 
 def collectives(cfg: RunConfig, rates: Rates) -> list[Collective]:
-    """commvolume.step_bytes of the run (groups of one rank left out), priced and placed (echobench.predict's
-    docstring)."""
+    """commvolume.step_bytes of an Echo run, priced and placed (place)."""
     key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("repeat", "seed", "steps", "warmup_steps")))
+    return place(_traffic(key, "cpu" if is_cpu(rates.profile) else "cuda"), rates, _bucket_caps(cfg))
+
+
+def place(traffic, rates: Rates, bucket_caps: tuple[int, int]) -> list[Collective]:
+    """A step's collectives (commvolume.Traffic, groups of one rank left out), whatever model they
+    are of, priced and placed (echobench.predict's docstring); `bucket_caps`: DDP's first and further
+    bucket caps in bytes."""
     out = []
-    for t in _traffic(key, "cpu" if is_cpu(rates.profile) else "cuda"):
+    for t in traffic:
         if t.group_size <= 1 or t.nbytes <= 0:
             continue
         one = rates.collective_seconds(t.op, t.nbytes / t.calls, t.group_size, t.link)
@@ -77,7 +83,7 @@ def collectives(cfg: RunConfig, rates: Rates) -> list[Collective]:
         elif t.op == "all_gather":  # each block's, prefetched: in forward (the root's goes first) and in backward
             parts = [(t.calls // 2, "forward", 0.0), (t.calls - t.calls // 2, "backward", one)]
         elif t.op == "all_reduce" and t.group == "dp":  # DDP's buckets: the last one waits for the backward's end
-            last = _last_bucket(t.nbytes, t.calls, *_bucket_caps(cfg))
+            last = _last_bucket(t.nbytes, t.calls, *bucket_caps)
             parts = [(t.calls, "backward", rates.collective_seconds(t.op, last, t.group_size, t.link))]
         else:  # FSDP2's reduce-scatters, HSDP's replica all-reduce: the last unit's waits
             parts = [(t.calls, "backward", one)]

@@ -45,7 +45,10 @@ class Rates:
             self._gemm[key] = bounded(point.tflops, point.tflops_max, point.tflops_min, self.bound)
         return self._gemm[key]
 
-    def attention_tflops(self, seq_q: int, seq_k: int, head_dim: int) -> float:
+    def attention_tflops(self, seq_q: int, seq_k: int, head_dim: int, causal: bool = False,
+                         kernel: str | None = None) -> float:
+        """Attention's rate (flops.py's FLOPs, every score counted, per second) at this shape, causal
+        or not, of `kernel` (None: whichever the profile has)."""
         key = (seq_q, seq_k, head_dim)
         if key not in self._attention:
             if self.profile.attention:
@@ -139,23 +142,36 @@ def run_peak(cfg: RunConfig, profile: HardwareProfile) -> tuple[float, str]:
 
 
 def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
-    """The device's seconds of one step by phase and kind (no communication): GEMMs and attention at
-    the profile's rates, element-wise and optimizer bytes at its memory bandwidth."""
+    """The device's seconds of one step of an Echo run by phase and kind (no communication): its
+    work (work.run_work) priced by work_seconds."""
     mm, att = run_work(cfg)
+    return work_seconds(mm, att, elementwise_bytes(cfg, eb), rank_params(cfg), rates, attention_kernel(cfg))
+
+
+def attention_kernel(cfg: RunConfig) -> str | None:
+    """The attention kernel the run uses, as the profiles' attention points name it (None: any)."""
+    return None
+
+
+def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
+                 kernel: str | None = None) -> dict[str, float]:
+    """The device's seconds of one step's work by phase and kind (no communication), whatever model
+    it is of: GEMMs and attention at the profile's rates (attention of `kernel`), the element-wise
+    bytes (forward, backward) at its memory bandwidth, the optimizer's bytes of `params` parameters."""
     factor = rates.compute_factor
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
         out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
     for a in att:
         out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
-            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim) * 1e12)
+            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, kernel) * 1e12)
     gbps = rates.memory_gbps() * 1e9
-    fwd, bwd = elementwise_bytes(cfg, eb)
+    fwd, bwd = elementwise
     out["elementwise_forward"] = fwd / gbps
     out["elementwise_backward"] = bwd / gbps
     out = {key: seconds * factor for key, seconds in out.items()}
     adamw = ADAMW_BYTES["foreach" if is_cpu(rates.profile) else "fused"]
-    out["optimizer"] = rank_params(cfg) * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
+    out["optimizer"] = params * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
     return out
 
 
