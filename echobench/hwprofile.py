@@ -12,7 +12,10 @@ A profile holds, for one device and compute dtype:
   dispatch, autograd, hooks, kernel launch), where measured;
 - links: per link class ("intra" within a node, "inter" across nodes) and per collective
   (all_reduce, all_gather, reduce_scatter) an alpha-beta fit, latency alpha_s and bus bandwidth
-  bus_gbps, with the raw points it was fitted to; collective_seconds() is its time;
+  bus_gbps, with the raw points it was fitted to and the kind of group it was taken on (group_size,
+  per_node); link_kinds: fits of further kinds (calibrate fits one-rank-per-node groups apart);
+  topology: the node's NICs and whether its NVLink is switched or pairwise; collective_cost() is a
+  call's time on a group of any size and kind (the collective cost model below);
 - where and when: versions, date, host, and `measured` (False for the shipped profiles in
   profiles/, gathered from datasheets and public measurements, not measured by echobench).
 
