@@ -13,10 +13,12 @@ ncclTopoTuneModel, ncclTopoGetAlgoTime):
   llMaxBw; LL128 0.92; tree 0.92, LL 1/3.8, LL128 120/128 across nodes, 7/9 within one); a ring
   moves the nccl-tests bus bytes, a tree twice the message (algorithm bandwidth = busBw x 0.5).
 
-Left out, so slightly optimistic where they bite: per-channel caps (perChMax*: they need the
-channel count), the tree's per-size correction table, the ring's 1.4x latency plateau for large
-multi-node all-reduces, NVLS / CollNet / PAT (NVLink SHARP, in-network reduction, PAT's
-one-rank-per-node all-gathers).
+ncclTopoGetAlgoTime's refinements are in: the tree's per-size bandwidth correction
+(treeCorrectionFactor) and the ring's 1.4x latency plateau for multi-node Simple all-reduces of at
+least 64 bytes per channel and rank (the channel count: RING_CHANNELS, assumed). Left out, so
+slightly optimistic where they bite: per-channel bandwidth caps (perChMax*), NVLS / CollNet / PAT
+(NVLink SHARP, in-network reduction, PAT's one-rank-per-node all-gathers), and the pipelining of
+several calls in one group (each call pays its latency).
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ HOP_LATENCY_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
 NET_OVERHEAD_US = 1.0
 # llMaxBws (GB/s): one node, Hopper: 141; across nodes (Intel and other CPUs): 39 on 2 nodes, 20.4 beyond
 LL_MAX_GBPS = {1: 141.0, 2: 39.0, 3: 20.4}
+# treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 256 MiB (tree all-reduce bandwidth)
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+RING_PLATEAU = 1.4  # the ring's Simple latency factor for multi-node all-reduce (compute capability >= 8.0)
+RING_CHANNELS = 32  # assumed: the channels a multi-node ring runs on (NCCL takes 16-32 on 8-NIC nodes; MAXCHANNELS 64)
 
 
 @dataclass(frozen=True)
@@ -91,11 +101,17 @@ def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bu
     """The algorithm and protocol NCCL's tuner would take for a message of `nbytes` (bus_bytes:
     nccl-tests' bus bytes of it on `ranks` ranks), each priced latency + bytes / bandwidth."""
     best = None
+    log_size = _log2i(int(nbytes) >> 6) if nbytes >= 64 else -1
+    plateau = op == "all_reduce" and nodes > 1 and nbytes / (RING_CHANNELS * ranks) >= 64
     for algorithm in algorithms(op):
         moved = bus_bytes if algorithm == "ring" else 2 * nbytes  # a tree: algorithm bandwidth = bus x 0.5
         for protocol in PROTOCOLS:
             gbps = protocol_gbps(algorithm, protocol, bus_gbps, nodes)
             lat = latency_us(op, algorithm, protocol, ranks, nodes) * 1e-6
+            if algorithm == "tree" and 0 <= log_size < 23:
+                gbps *= TREE_CORRECTION[protocol][log_size]
+            if algorithm == "ring" and protocol == "Simple" and plateau:
+                lat *= RING_PLATEAU
             seconds = lat + moved / (gbps * 1e9)
             if best is None or seconds < best.seconds:
                 best = Choice(algorithm, protocol, lat, bus_bytes / (moved / gbps) if moved else gbps, seconds)
