@@ -232,7 +232,7 @@ def collective_seconds(profile: HardwareProfile, op: str, nbytes: float, group_s
 
 def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size: int, link: str,
                     per_node: int | None = None) -> CollectiveCost:
-    """One call priced from the fit of the group's kind (link_fits: the one whose ranks per node
+    """One call priced from the fit of the group's kind (pick_fit: the one whose ranks per node
     are nearest), its bus bandwidth scaled to the links this group can use (link_share), its
     latency grown with the group as NCCL's tuner grows it (nccltuning): the fit's alpha is NCCL's
     least latency at the group it was taken on plus a fixed part (launch, the framework's call)
