@@ -237,9 +237,9 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
     latency grown with the group as NCCL's tuner grows it (nccltuning): the fit's alpha is NCCL's
     least latency at the group it was taken on plus a fixed part (launch, the framework's call)
     that stays; the hop latency is NCCL's at this group, of the cheapest algorithm and protocol
-    for this message (ring, or tree for all-reduce; LL, LL128, Simple). A gloo profile (NCCL's
-    tuner is not gloo's), or a fit that records no group size, is priced as fitted: alpha +
-    bus bytes / bandwidth."""
+    for this message (ring; for all-reduce tree, and NVLink SHARP within an NVSwitch node; LL,
+    LL128, Simple). A gloo profile (NCCL's tuner is not gloo's), or a fit that records no group
+    size, is priced as fitted: alpha + bus bytes / bandwidth."""
     n = max(2, group_size)
     nodes, ppn = group_layout(profile, link, n, per_node)
     fit = pick_fit(profile, op, link, ppn)
@@ -249,8 +249,9 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
     if size0 is None or not nccl_priced(profile):
         return CollectiveCost(fit.alpha_s + bus_bytes / (gbps * 1e9), fit.alpha_s, gbps, "alpha-beta", "", fit)
     nodes0, _ = group_layout(profile, link, size0, ppn0)
-    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0))
-    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes)
+    nvls = link == "intra" and profile.topology is not None and profile.topology.nvlink == "switch"
+    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls))
+    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls)
     return CollectiveCost(fixed + choice.seconds, fixed + choice.latency_s, choice.bus_gbps, choice.algorithm,
                           choice.protocol, fit)
 

@@ -15,10 +15,11 @@ ncclTopoTuneModel, ncclTopoGetAlgoTime):
 
 ncclTopoGetAlgoTime's refinements are in: the tree's per-size bandwidth correction
 (treeCorrectionFactor) and the ring's 1.4x latency plateau for multi-node Simple all-reduces of at
-least 64 bytes per channel and rank (the channel count: RING_CHANNELS, assumed). Left out, so
-slightly optimistic where they bite: per-channel bandwidth caps (perChMax*), NVLS / CollNet / PAT
-(NVLink SHARP, in-network reduction, PAT's one-rank-per-node all-gathers), and the pipelining of
-several calls in one group (each call pays its latency).
+least 64 bytes per channel and rank (the channel count: RING_CHANNELS, assumed). NVLink SHARP
+(NVLS) all-reduce within one NVSwitch node: latency hwLat NVLINK NVLS (25 us, no base), at the
+link's bus bandwidth. Left out, so slightly optimistic where they bite: per-channel bandwidth caps
+(perChMax*), NVLS across nodes (NVLS tree), CollNet, PAT (one-rank-per-node all-gathers), and the
+pipelining of several calls in one group (each call pays its latency).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ TUNING_SOURCE = ("NCCL's tuner: github.com/NVIDIA/nccl/blob/5067397c2676d5aed500
 PROTOCOLS = ("LL", "LL128", "Simple")
 # baseLatencies (us)
 BASE_LATENCY_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
-                   "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}}
+                   "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}, "nvls": {"Simple": 0.0}}
 # hwLatencies (us per step), NVLINK and NET rows
 HOP_LATENCY_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
-                             "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}},
+                             "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}, "nvls": {"Simple": 25.0}},
                   "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
                           "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}}}
 # getNetOverhead: 1.0 us on Intel and non-x86 (Grace) hosts (AMD: 2.0), x3 under Simple; the
@@ -67,15 +68,24 @@ def _log2i(n: int) -> int:
     return max(0, n.bit_length() - 1)
 
 
-def algorithms(op: str) -> tuple[str, ...]:
-    """The algorithms modelled for `op`: ring, and tree for all-reduce."""
-    return ("ring", "tree") if op == "all_reduce" else ("ring",)
+def algorithms(op: str, nvls: bool = False) -> tuple[str, ...]:
+    """The algorithms modelled for `op`: ring, and for all-reduce tree and (`nvls`: within one
+    NVSwitch node) NVLink SHARP."""
+    if op != "all_reduce":
+        return ("ring",)
+    return ("ring", "tree", "nvls") if nvls else ("ring", "tree")
+
+
+def protocols(algorithm: str) -> tuple[str, ...]:
+    return ("Simple",) if algorithm == "nvls" else PROTOCOLS
 
 
 def latency_us(op: str, algorithm: str, protocol: str, ranks: int, nodes: int) -> float:
     """NCCL's latency (us) of one call of `op` on `ranks` ranks over `nodes` nodes."""
     ppn = max(1, ranks // nodes)
     intra = HOP_LATENCY_US["nvlink"][algorithm][protocol]
+    if algorithm == "nvls":  # one node: NCCL's latency is the NVLink hop alone (no base)
+        return intra
     inter = HOP_LATENCY_US["net"]["tree" if ppn == 1 else algorithm][protocol]
     base = BASE_LATENCY_US[algorithm][protocol]
     if algorithm == "tree":
@@ -91,21 +101,25 @@ def protocol_gbps(algorithm: str, protocol: str, bus_gbps: float, nodes: int) ->
     """The bus bandwidth a protocol reaches of the link's `bus_gbps` (Simple's, what nccl-tests
     measure at large messages)."""
     cap = LL_MAX_GBPS[min(nodes, 3)]
+    if algorithm == "nvls":  # assumed: the link's fit is NVLS's own (the HGX profiles' intra all-reduce)
+        return bus_gbps
     if algorithm == "ring":
         return {"LL": min(cap, bus_gbps * 0.5), "LL128": bus_gbps * 0.92, "Simple": bus_gbps}[protocol]
     tree = bus_gbps * 0.92
     return {"LL": min(tree / 3.8, cap), "LL128": tree * (7 / 9 if nodes == 1 else 120 / 128), "Simple": tree}[protocol]
 
 
-def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bus_bytes: float) -> Choice:
+def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bus_bytes: float,
+             nvls: bool = False) -> Choice:
     """The algorithm and protocol NCCL's tuner would take for a message of `nbytes` (bus_bytes:
-    nccl-tests' bus bytes of it on `ranks` ranks), each priced latency + bytes / bandwidth."""
+    nccl-tests' bus bytes of it on `ranks` ranks), each priced latency + bytes / bandwidth; `nvls`:
+    NVLink SHARP is there (one NVSwitch node)."""
     best = None
     log_size = _log2i(int(nbytes) >> 6) if nbytes >= 64 else -1
     plateau = op == "all_reduce" and nodes > 1 and nbytes / (RING_CHANNELS * ranks) >= 64
-    for algorithm in algorithms(op):
-        moved = bus_bytes if algorithm == "ring" else 2 * nbytes  # a tree: algorithm bandwidth = bus x 0.5
-        for protocol in PROTOCOLS:
+    for algorithm in algorithms(op, nvls):
+        moved = 2 * nbytes if algorithm == "tree" else bus_bytes  # a tree: algorithm bandwidth = bus x 0.5
+        for protocol in protocols(algorithm):
             gbps = protocol_gbps(algorithm, protocol, bus_gbps, nodes)
             lat = latency_us(op, algorithm, protocol, ranks, nodes) * 1e-6
             if algorithm == "tree" and 0 <= log_size < 23:
@@ -118,6 +132,6 @@ def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bu
     return best
 
 
-def least_latency_s(op: str, ranks: int, nodes: int) -> float:
+def least_latency_s(op: str, ranks: int, nodes: int, nvls: bool = False) -> float:
     """NCCL's smallest latency of a call (a message of no bytes takes its cheapest algorithm and protocol)."""
-    return min(latency_us(op, a, p, ranks, nodes) for a in algorithms(op) for p in PROTOCOLS) * 1e-6
+    return min(latency_us(op, a, p, ranks, nodes) for a in algorithms(op, nvls) for p in protocols(a)) * 1e-6
