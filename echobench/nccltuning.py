@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TUNING_SOURCE = ("NCCL's tuner: github.com/NVIDIA/nccl/blob/5067397c2676d5aed50042fc39e5c8ee96eb0027/"
-                 "src/graph/tuning.cc (ncclTunerConstantsDefaults, ncclTopoTuneModel)")
 PROTOCOLS = ("LL", "LL128", "Simple")
 # baseLatencies (us)
 BASE_LATENCY_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
