@@ -8,7 +8,8 @@ memory and a time budget), on the world and its sub-groups (plan_groups: intra-n
 4, ... ranks of node 0; inter-node groups of one rank per node; the whole world when it spans
 nodes). Each point is the mean of back-to-back calls after a warm-up, timed on the host around
 device synchronisations, the slowest rank's (a collective ends when its last rank does), median of
-REPEATS. Per link class and op, fit_alpha_beta fits time = alpha + bus_bytes / bus_bandwidth.
+REPEATS. Per link class, op and kind of group (ranks per node: one-rank-per-node groups apart from
+the world's), fit_links fits time = alpha + bus_bytes / bus_bandwidth (fit_alpha_beta).
 
 Compute, on every rank at once (training runs them at once: shared memory bandwidth, power) and
 reported for the slowest rank: every GEMM shape of the runs' steps (gemm_work: the shapes
@@ -33,7 +34,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -41,12 +41,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from echobench.backends import build_training, parallelism_problem
 from echobench.backends.torchtitan import build_optimizer
 from echobench.bench import train_step
+from echobench.commfit import fit_alpha_beta, fit_links  # noqa: F401 - re-exported: callers fit from here
 from echobench.commvolume import param_units
 from echobench.config import RunConfig
 from echobench.data import build_tokenizer, make_loader
 from echobench.flops import param_counts, speaker_patches
 from echobench.hardware import GemmShape, time_gemm
-from echobench.hwprofile import OPS, AttentionPoint, CommPoint, GemmPoint, HostPoint, MemoryPoint, bus_factor
+from echobench.hwprofile import (
+    OPS,
+    AttentionPoint,
+    CommPoint,
+    GemmPoint,
+    HostPoint,
+    MemoryPoint,
+)
 from echobench.model.components import attention
 from echobench.model.echo import diffusion_draws
 from echobench.predict import ADAMW_BYTES, rank_params, step_work
@@ -57,43 +65,13 @@ TARGET_S = 0.02  # each repeat's back-to-back calls take about this long (at lea
 MIN_ITERS, MAX_ITERS = 2, 50
 
 
-# ---- the alpha-beta fit ----
-
-def fit_alpha_beta(points: Sequence[CommPoint], op: str) -> tuple[float, float, float]:
-    """(alpha_s, bus_gbps, rel_rms) of time = alpha + bus_bytes / (bus_gbps * 1e9) over `points`,
-    bus_bytes = hwprofile.bus_factor(op, group_size) * nbytes.
-
-    Least squares of the RELATIVE residuals ((fit - t) / t): plain least squares would let the
-    milliseconds of the largest messages decide alpha, the microseconds of the small ones being
-    noise to it; relative residuals weigh both ends, so alpha comes from the small messages and the
-    bandwidth from the large. A negative alpha (noise) is refitted as zero; a non-positive slope
-    (time did not grow with size over the measured range) gives the fastest bus rate seen.
-    rel_rms: the root mean square of the relative residuals."""
-    if not points:
-        raise ValueError("fit_alpha_beta: no points")
-    x = [bus_factor(op, p.group_size) * p.nbytes for p in points]
-    t = [p.seconds for p in points]
-    alpha, beta = 0.0, 0.0
-    if len(set(x)) >= 2:
-        a = np.array([[1 / ti, xi / ti] for xi, ti in zip(x, t)])
-        (alpha, beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
-        alpha, beta = float(alpha), float(beta)
-    if beta <= 0:  # no growth with size: the fastest bus rate seen, then the latency that fits with it
-        beta = min(ti / xi for xi, ti in zip(x, t))
-        alpha = sum((1 - beta * xi / ti) / ti for xi, ti in zip(x, t)) / sum(1 / ti ** 2 for ti in t)
-    if alpha < 0:  # latency below the noise: bandwidth alone
-        r = [xi / ti for xi, ti in zip(x, t)]
-        alpha, beta = 0.0, sum(r) / sum(ri * ri for ri in r)  # argmin of sum((beta x / t - 1)^2)
-    rms = math.sqrt(sum(((alpha + beta * xi) / ti - 1) ** 2 for xi, ti in zip(x, t)) / len(t))
-    return alpha, 1 / beta / 1e9, rms
-
-
 # ---- groups ----
 
 @dataclass(frozen=True)
 class GroupPlan:
     ranks: tuple[int, ...]
     link: str  # intra: one node; inter: spans nodes
+    per_node: int = 1  # the group's ranks on one node (its kind: one per node, or every rank of the nodes)
 
 
 def _sizes_up_to(n: int) -> list[int]:
@@ -114,11 +92,11 @@ def plan_groups(node_of: Sequence[int]) -> list[GroupPlan]:
     nodes = sorted(set(node_of))
     by_node = {n: [r for r, k in enumerate(node_of) if k == n] for n in nodes}
     first = by_node[nodes[0]]
-    plans = [GroupPlan(tuple(first[:g]), "intra") for g in _sizes_up_to(len(first))]
+    plans = [GroupPlan(tuple(first[:g]), "intra", g) for g in _sizes_up_to(len(first))]
     leaders = [by_node[n][0] for n in nodes]
-    plans += [GroupPlan(tuple(leaders[:g]), "inter") for g in _sizes_up_to(len(leaders))]
+    plans += [GroupPlan(tuple(leaders[:g]), "inter", 1) for g in _sizes_up_to(len(leaders))]
     if len(nodes) > 1 and len(node_of) > len(nodes):
-        plans.append(GroupPlan(tuple(range(len(node_of))), "inter"))
+        plans.append(GroupPlan(tuple(range(len(node_of))), "inter", max(len(r) for r in by_node.values())))
     return list(dict.fromkeys(plans))
 
 
@@ -221,22 +199,23 @@ def message_sizes(max_bytes: int, min_bytes: int = MIN_BYTES) -> list[int]:
 
 
 def measure_collectives(plans: Sequence[GroupPlan], device: torch.device, max_bytes: int,
-                        budget_s: float) -> dict[tuple[str, str], list[CommPoint]]:
-    """Points per (link, op): every group of `plans` (all ranks call this; each sub-group is made
+                        budget_s: float) -> dict[tuple[str, str, int], list[CommPoint]]:
+    """Points per (link, op, ranks per node): every group of `plans` (all ranks call this; each sub-group is made
     on every rank, as new_group requires), each op, sizes ascending. Each (group, op) gets an equal
     share of what is left of budget_s; a sweep stops once its share is spent on any rank (all ranks
     stop together)."""
     rank = dist.get_rank()
     groups = [(p, dist.new_group(list(p.ranks)) if len(p.ranks) < dist.get_world_size() else None) for p in plans]
     sizes = message_sizes(max_bytes)
-    points: dict[tuple[str, str], list[CommPoint]] = {}
+    points: dict[tuple[str, str, int], list[CommPoint]] = {}
     start, pairs = time.perf_counter(), [(g, op) for g in groups for op in OPS]
     for i, ((plan, group), op) in enumerate(pairs):
         share = (budget_s - (time.perf_counter() - start)) / (len(pairs) - i)
         began = time.perf_counter()
         for size in sizes:
             if rank in plan.ranks:
-                points.setdefault((plan.link, op), []).append(time_collective(op, size, group, device))
+                point = time_collective(op, size, group, device).model_copy(update={"per_node": plan.per_node})
+                points.setdefault((plan.link, op, plan.per_node), []).append(point)
             # Each rank's own clock says whether to go on; any rank that says stop stops them all.
             if agree(float(time.perf_counter() - began > share), device) > 0:
                 break

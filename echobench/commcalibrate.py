@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from echobench import commbench as cb
+from echobench.commfit import fit_links
 from echobench.config import FIELDS, RunConfig
 from echobench.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
 from echobench.hardware import default_dtype, device_name, git_commit, now_iso
@@ -130,6 +131,7 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     rank = dist.get_rank() if grouped else 0
     started = time.perf_counter()
     links: dict[str, dict[str, AlphaBeta]] = {}
+    link_kinds: dict[str, dict[str, list[AlphaBeta]]] = {}
     hosts = [socket.gethostname()]
     backend = dist.get_backend() if dist.is_initialized() else None
     # The optimizer first, in the allocator's state of a fresh process, as training meets it: on a CPU
@@ -148,20 +150,14 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
         gathered = [None] * world
         dist.all_gather_object(gathered, points)
         if rank == 0:
-            merged: dict[tuple[str, str], list[CommPoint]] = {}
+            merged: dict[tuple[str, str, int], list[CommPoint]] = {}
             for r, mine in enumerate(gathered):  # a group's points from its lowest rank (all members agree)
                 for key, pts in mine.items():
                     for p in pts:
                         if not any(q.group_size == p.group_size and q.nbytes == p.nbytes for q in merged.get(key, [])):
                             merged.setdefault(key, []).append(p)
-            for (link, op), pts in sorted(merged.items()):
-                alpha, gbps, rms = cb.fit_alpha_beta(pts, op)
-                groups = sorted({p.group_size for p in pts})
-                links.setdefault(link, {})[op] = AlphaBeta(
-                    alpha_s=alpha, bus_gbps=gbps, rel_rms=rms, points=sorted(pts, key=lambda p: (p.group_size, p.nbytes)),
-                    source=f"measured: echobench calibrate --comm ({backend}, float32 messages {pts[0].nbytes} B .. "
-                           f"{max(p.nbytes for p in pts)} B, groups of {', '.join(map(str, groups))} ranks); "
-                           f"fit: commbench.fit_alpha_beta (least squares of relative residuals)")
+            links, link_kinds = fit_links(merged, f"measured: echobench calibrate --comm ({backend}",
+                                          nccl=backend == "nccl")
         node_count = len(set(node_of))
     else:
         node_count = 1
@@ -213,7 +209,7 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
               f"({', '.join(dict.fromkeys(hosts))}), shapes of {shapes_note(runs)}; "
               f"{time.perf_counter() - started:.1f} s"),
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
-        gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links,
+        gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links, link_kinds=link_kinds,
         link_notes={"intra": "ranks on one node", "inter": "ranks on different nodes"} if links else {},
         versions={"torch": torch.__version__, "echobench": git_commit(), "cuda": torch.version.cuda, "nccl": nccl},
         date=now_iso(), host=socket.gethostname())

@@ -12,7 +12,10 @@ A profile holds, for one device and compute dtype:
   dispatch, autograd, hooks, kernel launch), where measured;
 - links: per link class ("intra" within a node, "inter" across nodes) and per collective
   (all_reduce, all_gather, reduce_scatter) an alpha-beta fit, latency alpha_s and bus bandwidth
-  bus_gbps, with the raw points it was fitted to; collective_seconds() is its time;
+  bus_gbps, with the raw points it was fitted to and the kind of group it was taken on (group_size,
+  per_node); link_kinds: fits of further kinds (calibrate fits one-rank-per-node groups apart);
+  topology: the node's NICs and whether its NVLink is switched or pairwise; collective_cost() is a
+  call's time on a group of any size and kind (the collective cost model below);
 - where and when: versions, date, host, and `measured` (False for the shipped profiles in
   profiles/, gathered from datasheets and public measurements, not measured by echobench).
 
@@ -27,12 +30,14 @@ Loading refuses a file of another schema_version with one line naming it and the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from echobench import nccltuning as nt
 from echobench.atomic import write_text_atomic
 from echobench.yamltext import yaml_problem
 
@@ -123,7 +128,8 @@ class HostPoint(_Strict):
 
 
 class CommPoint(_Strict):
-    """One timed collective: a message of nbytes (nccl-tests' size) over group_size ranks."""
+    """One timed collective: a message of nbytes (nccl-tests' size) over group_size ranks, per_node
+    of them on each node (None: not recorded, a profile of before per_node)."""
 
     nbytes: int = Field(gt=0)
     group_size: int = Field(ge=2)
@@ -131,16 +137,34 @@ class CommPoint(_Strict):
     seconds_min: Optional[float] = None
     seconds_max: Optional[float] = None
     iters: Optional[int] = None
+    per_node: Optional[int] = Field(None, ge=1)
 
 
 class AlphaBeta(_Strict):
-    """time = alpha_s + bus_bytes / (bus_gbps * 1e9), fitted to `points` (or taken from `source`)."""
+    """time = alpha_s + bus_bytes / (bus_gbps * 1e9), fitted to `points` (or taken from `source`),
+    on groups of `group_size` ranks, `per_node` of them on each node (the kind of group: calibrate
+    fits one rank per node apart from every rank of the nodes). None: not recorded (then the
+    points' largest group, and for an inter-node fit the node's every rank)."""
 
     alpha_s: float = Field(ge=0)
     bus_gbps: float = Field(gt=0)
     rel_rms: Optional[float] = None  # root mean square of the fit's relative residuals over the points
     source: str
+    group_size: Optional[int] = Field(None, ge=2)
+    per_node: Optional[int] = Field(None, ge=1)
     points: list[CommPoint] = []
+
+
+class Topology(_Strict):
+    """How a node's GPUs reach each other and the network, for pricing a group by the links it can
+    use: `nics_per_node` network interfaces NCCL drives (one per GPU on HGX H100/H200 and GH200 quad
+    nodes); `nvlink` "switch" (NVSwitch: any group of a node's GPUs gets each GPU's whole NVLink
+    bandwidth) or "direct" (GPUs wired pairwise, each pair its own links: a group of k of a node's
+    g GPUs uses k - 1 of each GPU's g - 1 peers' links)."""
+
+    nics_per_node: Optional[int] = Field(None, ge=1)
+    nvlink: Literal["switch", "direct"] = "switch"
+    source: str
 
 
 class HardwareProfile(_Strict):
@@ -157,6 +181,8 @@ class HardwareProfile(_Strict):
     memory: list[MemoryPoint] = []
     host_steps: list[HostPoint] = []  # the host's cost per op of a step, per layout (calibrate --comm)
     links: dict[Link, dict[Op, AlphaBeta]] = {}
+    link_kinds: dict[Link, dict[Op, list[AlphaBeta]]] = {}  # fits of further kinds of group (ranks per node)
+    topology: Optional[Topology] = None  # NICs per node, NVLink switch or pairwise (None: price as measured)
     link_notes: dict[Link, str] = {}  # what each link class is (NVLink via NVSwitch, Slingshot-11, ...)
     versions: dict[str, Optional[str]] = {}  # torch, echobench git commit, nccl, cuda
     date: str
@@ -176,15 +202,125 @@ def bus_factor(op: str, group_size: int) -> float:
     return 2 * share if op == "all_reduce" else share
 
 
-def collective_seconds(profile: HardwareProfile, op: str, nbytes: float, group_size: int, link: str) -> float:
-    """The alpha-beta time of one `op` of a message of `nbytes` (nccl-tests' size: the all-reduce
-    buffer, the all-gather output, the reduce-scatter input) over `group_size` ranks on `link`:
-    alpha_s + bus_factor(op, n) * nbytes / (bus_gbps * 1e9); 0 for a group of one rank or no bytes.
-    A KeyError names a link class or collective the profile lacks."""
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One call priced: `seconds` = alpha_s + bus bytes / (bus_gbps * 1e9), alpha_s the latency at
+    this group (the fit's fixed part + NCCL's hop latency of the algorithm taken), bus_gbps the bus
+    bandwidth the message moved at (the fit's, scaled to the links the group can use, of the
+    protocol taken); `algorithm` ring / tree as NCCL's tuner picks, or "alpha-beta" (the fit as
+    measured: a gloo profile, or a fit that does not say at which group size it was taken);
+    `fit` the fit priced from."""
+
+    seconds: float
+    alpha_s: float
+    bus_gbps: float
+    algorithm: str
+    protocol: str
+    fit: AlphaBeta
+
+
+def collective_seconds(profile: HardwareProfile, op: str, nbytes: float, group_size: int, link: str,
+                       per_node: int | None = None) -> float:
+    """The time of one `op` of a message of `nbytes` (nccl-tests' size: the all-reduce buffer, the
+    all-gather output, the reduce-scatter input) over `group_size` ranks on `link`, `per_node` of
+    them on each node (None: the node's every rank): collective_cost's seconds; 0 for a group of
+    one rank or no bytes. A KeyError names a link class or collective the profile lacks."""
     if group_size <= 1 or nbytes <= 0:
         return 0.0
-    fit = link_fit(profile, op, link)
-    return fit.alpha_s + bus_factor(op, group_size) * nbytes / (fit.bus_gbps * 1e9)
+    return collective_cost(profile, op, nbytes, group_size, link, per_node).seconds
+
+
+def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size: int, link: str,
+                    per_node: int | None = None) -> CollectiveCost:
+    """One call priced from the fit of the group's kind (pick_fit: the one whose ranks per node
+    are nearest), its bus bandwidth scaled to the links this group can use (link_share), its
+    latency grown with the group as NCCL's tuner grows it (nccltuning): the fit's alpha is NCCL's
+    least latency at the group it was taken on plus a fixed part (launch, the framework's call)
+    that stays; the hop latency is NCCL's at this group, of the cheapest algorithm and protocol
+    for this message (ring; for all-reduce tree, and NVLink SHARP within an NVSwitch node; LL,
+    LL128, Simple). A gloo profile (NCCL's tuner is not gloo's), or a fit that records no group
+    size, is priced as fitted: alpha + bus bytes / bandwidth."""
+    n = max(2, group_size)
+    nodes, ppn = group_layout(profile, link, n, per_node)
+    fit = pick_fit(profile, op, link, ppn)
+    size0, ppn0 = fit_layout(profile, fit, link)
+    gbps = fit.bus_gbps * link_share(profile, link, n, ppn) / link_share(profile, link, size0 or n, ppn0)
+    bus_bytes = bus_factor(op, n) * nbytes
+    if size0 is None or not nccl_priced(profile):
+        return CollectiveCost(fit.alpha_s + bus_bytes / (gbps * 1e9), fit.alpha_s, gbps, "alpha-beta", "", fit)
+    nodes0, _ = group_layout(profile, link, size0, ppn0)
+    nvls = link == "intra" and profile.topology is not None and profile.topology.nvlink == "switch"
+    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls))
+    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls)
+    return CollectiveCost(fixed + choice.seconds, fixed + choice.latency_s, choice.bus_gbps, choice.algorithm,
+                          choice.protocol, fit)
+
+
+def nccl_priced(profile: HardwareProfile) -> bool:
+    """Whether NCCL's tuner model prices the profile's collectives: an NCCL profile, or one that does
+    not name its backend and is not of a CPU."""
+    return profile.backend == "nccl" or (profile.backend is None and not profile.device.upper().startswith("CPU"))
+
+
+def group_layout(profile: HardwareProfile, link: str, group_size: int, per_node: int | None) -> tuple[int, int]:
+    """(nodes, ranks per node) of a group: within a node all of it; across nodes `per_node` ranks
+    on each (None: the node's every rank, gpus_per_node, as far as the group holds them), at
+    least 2 nodes."""
+    if link == "intra":
+        return 1, group_size
+    ppn = per_node or min(group_size // 2, profile.gpus_per_node or 1) or 1
+    return max(2, -(-group_size // ppn)), ppn
+
+
+def fit_layout(profile: HardwareProfile, fit: AlphaBeta, link: str) -> tuple[int | None, int]:
+    """(group size, ranks per node) of the groups a fit was taken on: its own fields, else its
+    points' largest group and their ranks per node, else (None: no size recorded) the node's every
+    rank."""
+    size = fit.group_size or max((p.group_size for p in fit.points), default=None)
+    if link == "intra":
+        return size, size or profile.gpus_per_node or 1
+    recorded = {p.per_node for p in fit.points if p.per_node}
+    ppn = fit.per_node or (max(recorded) if recorded else None)
+    if ppn is None:
+        ppn = min(profile.gpus_per_node or 1, (size or 2) // 2) or 1
+    return size, ppn
+
+
+def link_fits(profile: HardwareProfile, op: str, link: str) -> list[AlphaBeta]:
+    """The profile's fits of `op` on `link`: links' own, then link_kinds' (other kinds of group)."""
+    return [link_fit(profile, op, link), *profile.link_kinds.get(link, {}).get(op, [])]
+
+
+def pick_fit(profile: HardwareProfile, op: str, link: str, per_node: int) -> AlphaBeta:
+    """The fit of the group's kind: among link_fits, the one taken at ranks per node nearest to
+    `per_node` (in ratio; ties: the first, links' own). Within a node there is one kind."""
+    fits = link_fits(profile, op, link)
+    if link == "intra" or len(fits) == 1:
+        return fits[0]
+    return min(fits, key=lambda f: abs(math.log(fit_layout(profile, f, link)[1] / per_node)))
+
+
+def link_share(profile: HardwareProfile, link: str, group_size: int, per_node: int) -> float:
+    """The share of the link class's bandwidth one group of this kind gets (1: all of it), from the
+    profile's topology (none: 1, priced as measured).
+    Across nodes: every rank of a node runs a group like this one at once (a data-parallel group
+    per TP rank, a replica group per shard rank), so the node's gpus_per_node / per_node groups
+    share its NICs: a group gets at most per_node / gpus_per_node of the node's network, and no
+    more NICs than it has ranks on the node (NCCL's rings of one GPU run through that GPU's own
+    NIC, rail-aligned; PXN reaches another GPU's NIC over NVLink, but that NIC carries its own
+    GPU's group): min(per_node, nics, nics x per_node / gpus_per_node) / nics.
+    Within a node: NVSwitch gives any group each GPU's whole NVLink bandwidth; pairwise-wired
+    GPUs (topology.nvlink direct) give a group of k of the node's g GPUs (k - 1) / (g - 1) of it."""
+    top, gpn = profile.topology, profile.gpus_per_node
+    if link == "intra":
+        if top is None or top.nvlink == "switch" or not gpn or gpn < 2:
+            return 1.0
+        return (min(group_size, gpn) - 1) / (gpn - 1)
+    if top is None or not gpn:
+        return 1.0
+    share = min(per_node, gpn) / gpn
+    nics = top.nics_per_node
+    return min(share, min(per_node, nics) / nics) if nics else share
 
 
 def link_fit(profile: HardwareProfile, op: str, link: str) -> AlphaBeta:

@@ -13,8 +13,13 @@ Per rank and step (README, "Predicting a run"):
     step    = device + host on a CPU (the host runs the kernels itself), max(device, host) on a GPU
               (the host queues kernels ahead of the device)
 
-Communication: each collective of commvolume.step_bytes priced with hwprofile.collective_seconds,
-then placed: DDP's bucketed gradient all-reduce overlaps backward but its last bucket; FSDP2's
+Communication: each collective of commvolume.step_bytes priced with hwprofile.collective_cost: the
+profile's fit of the group's kind (its ranks per node, Traffic.per_node), its bus bandwidth scaled to
+the links the group can use (a cross-node group's share of its node's NICs, the profile's
+topology.nics_per_node; a pair of pairwise-wired GPUs its own NVLink links), its latency the fit's
+fixed part + NCCL's tuner latency at the group's size (ring: 2(n-1) or n-1 hops over NVLink and the
+network; tree for all-reduce: 2 log2(nodes) network hops; the cheapest algorithm and protocol per
+call, echobench.nccltuning); then placed: DDP's bucketed gradient all-reduce overlaps backward but its last bucket; FSDP2's
 all-gathers are prefetched (the first exposed), its reduce-scatters overlap backward (the last
 exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlaps forward; TP's
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable

@@ -1,5 +1,6 @@
 """How a step's collectives are priced and placed: commvolume.step_bytes of the run, each priced
-at the profile's link fit (Rates.collective_seconds) and placed where it can hide (Collective:
+by its group's size and kind (Rates.collective_cost: the fit of the group's ranks per node, the
+links it can use, NCCL's latency at its size) and placed where it can hide (Collective:
 forward, backward or on the critical path, with its unhideable floor); exposed, the part compute
 cannot cover; link_bytes and hide_gbps, the traffic per link class and the bandwidth that hides it.
 The placement rules are in echobench.predict's docstring."""
@@ -29,11 +30,13 @@ class Collective:
     calls: int
     nbytes: int
     bus_bytes: float
-    alpha_s: float  # the fit's latency per call
-    bus_gbps: float  # the fit's bus bandwidth
+    alpha_s: float  # the latency per call at this group (the fit's fixed part + NCCL's hops)
+    bus_gbps: float  # the bus bandwidth it moves at (the fit's, scaled to the links the group can use)
     seconds: float
     overlaps: str  # forward, backward, none
     floor_s: float
+    per_node: int = 1  # the group's ranks on one node
+    algorithm: str = "alpha-beta"  # ring / tree as NCCL's tuner picks (hwprofile.CollectiveCost)
 
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
@@ -73,7 +76,8 @@ def place(traffic, rates: Rates, bucket_caps: tuple[int, int]) -> list[Collectiv
     for t in traffic:
         if t.group_size <= 1 or t.nbytes <= 0:
             continue
-        one = rates.collective_seconds(t.op, t.nbytes / t.calls, t.group_size, t.link)
+        cost = rates.collective_cost(t.op, t.nbytes / t.calls, t.group_size, t.link, t.per_node)
+        one = cost.seconds
         if t.group == "tp" or (t.op == "all_reduce" and t.group == "dp_shard"):
             parts = [(t.calls, "none", t.calls * one)]  # TP activations, the gradient norm: on the critical path
         elif t.dtype == "int64":
@@ -84,15 +88,14 @@ def place(traffic, rates: Rates, bucket_caps: tuple[int, int]) -> list[Collectiv
             parts = [(t.calls // 2, "forward", 0.0), (t.calls - t.calls // 2, "backward", one)]
         elif t.op == "all_reduce" and t.group == "dp":  # DDP's buckets: the last one waits for the backward's end
             last = _last_bucket(t.nbytes, t.calls, *bucket_caps)
-            parts = [(t.calls, "backward", rates.collective_seconds(t.op, last, t.group_size, t.link))]
+            parts = [(t.calls, "backward", rates.collective_seconds(t.op, last, t.group_size, t.link, t.per_node))]
         else:  # FSDP2's reduce-scatters, HSDP's replica all-reduce: the last unit's waits
             parts = [(t.calls, "backward", one)]
-        fit = rates.profile.links[t.link][t.op]
         for calls, overlaps, floor in parts:
             nbytes = t.nbytes * calls // t.calls
             out.append(Collective(t.what, t.op, t.group, t.group_size, t.link, calls, nbytes,
-                                  bus_factor(t.op, t.group_size) * nbytes, fit.alpha_s, fit.bus_gbps, calls * one,
-                                  overlaps, min(floor, calls * one)))
+                                  bus_factor(t.op, t.group_size) * nbytes, cost.alpha_s, cost.bus_gbps, calls * one,
+                                  overlaps, min(floor, calls * one), t.per_node, cost.algorithm))
     return out
 
 

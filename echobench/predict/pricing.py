@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from echobench.config import RunConfig, run_id
-from echobench.hwprofile import HardwareProfile, attention_tflops, bus_factor, gemm_point, link_fit
+from echobench.hwprofile import CollectiveCost, HardwareProfile, attention_tflops, collective_cost, gemm_point
 from echobench.peaks import table_peak
 from echobench.predict.errors import PredictError
 from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, elementwise_bytes, rank_params, run_work
@@ -71,20 +71,29 @@ class Rates:
         point = max(same, key=lambda p: p.nbytes or 0)
         return bounded(point.gbps, point.gbps_max, point.gbps_min, self.bound)
 
-    def collective_seconds(self, op: str, nbytes: float, group_size: int, link: str) -> float:
+    def collective_seconds(self, op: str, nbytes: float, group_size: int, link: str,
+                           per_node: int | None = None) -> float:
+        """One call's seconds at this bound (collective_cost's)."""
         if group_size <= 1 or nbytes <= 0:
             return 0.0
+        return self.collective_cost(op, nbytes, group_size, link, per_node).seconds
+
+    def collective_cost(self, op: str, nbytes: float, group_size: int, link: str,
+                        per_node: int | None = None) -> CollectiveCost:
+        """One call of `op` over `group_size` ranks on `link`, `per_node` of them on each node (None:
+        the node's every rank), priced by hwprofile.collective_cost (the fit of the group's kind,
+        the links it can use, NCCL's latency at its size), its seconds at this bound (the fit's
+        rel_rms either way)."""
         try:
-            fit = link_fit(self.profile, op, link)
+            cost = collective_cost(self.profile, op, nbytes, group_size, link, per_node)
         except KeyError as exc:
             have = ", ".join(self.profile.links) or "none"
             fix = ("calibrate across nodes: `echobench calibrate --comm` under torchrun on 2 or more nodes "
                    "(README, Hardware profiles), or give a profile of profiles/ that has an inter link"
                    if link == "inter" else "calibrate on this node: `echobench calibrate --comm --nproc N`")
             raise PredictError(f"{exc.args[0]}; link classes it has: {have}: {fix}") from None
-        seconds = fit.alpha_s + bus_factor(op, group_size) * nbytes / (fit.bus_gbps * 1e9)
-        rms = fit.rel_rms or 0.0
-        return seconds * {"mid": 1.0, "low": max(0.0, 1 - rms), "high": 1 + rms}[self.bound]
+        rms = cost.fit.rel_rms or 0.0
+        return replace(cost, seconds=cost.seconds * {"mid": 1.0, "low": max(0.0, 1 - rms), "high": 1 + rms}[self.bound])
 
 
 def bounded(mid: float, best: float | None, worst: float | None, bound: str) -> float:
