@@ -5,7 +5,6 @@ host cost per op where they have no measured figure. Nothing here times anything
 
 from __future__ import annotations
 
-
 import pytest
 
 from echobench import predict as pr
