@@ -223,10 +223,16 @@ def link_fit(profile: HardwareProfile, op: str, link: str) -> AlphaBeta:
 # 128x256, 256x128 and 128x128 tiles (a 128x256 tile is ml-engineering's Hopper example of wave
 # quantization, sources in gemm_efficiency). Each is taken at the same per-SM rate (assumed).
 GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
-SPLIT_K_MIN = 1024  # a split-K slice keeps at least this much of k (assumed): split-K never cuts k finer
+SPLIT_K_MIN = 512  # a split-K slice keeps at least this much of k (assumed): split-K never cuts k finer
 SHAPE_NEAR = math.log(1.1)  # a point within 10% of a shape in every dimension (log distance) stands for it
-
-
+# FITTED (gemm_model_tflops): the rate scale, the k each tile's prologue and epilogue cost, and a fixed
+# time per GEMM, fitted (least mean |log error|, grid search) to every second row, in sorted (m, n, k)
+# order, of the bf16 b = 1 rows of at least 2^31 FLOPs (1024^3 and up: training's GEMMs are larger) of
+# OpenXLA's measured H100 (sm_90) matmul table (github.com/tensorflow/tensorflow, third_party/xla/xla/
+# service/gpu/model/matmul_interpolator_data.h at 372d578bb861cc5804e56d37d93aec931a59762c; m, n, k
+# 256 .. 4096); on the other 36 rows, not used to fit: mean |log error| 5.9%, max 18%; on the smaller
+# GEMMs (launch-bound, outside the fit) 31% (tests/test_compute_pricing.py holds them).
+GEMM_FIT = {"tflops": 900.0, "k0": 30.0, "t0_s": 7.5e-6}
 def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     return math.sqrt(sum(math.log(x / y) ** 2 for x, y in zip(a, b)))
 
@@ -251,7 +257,7 @@ def gemm_efficiency(m: int, n: int, k: int, sm_count: int) -> float:
     wave quantization", 132 SMs on H100 / H200, a 128 x 256 tile). A shape of fewer tiles than
     SMs may split k (split-K) into as many slices as fill the SMs, each at least SPLIT_K_MIN long.
     The best of GEMM_TILES (the library picks its kernel per shape). 1.0: every SM busy on useful
-    work for the whole GEMM; the per-SM rate itself is the profile's (gemm_tflops)."""
+    work for the whole GEMM (gemm_model_tflops adds the k-loop's and the launch's fixed costs)."""
     best = 0.0
     for tm, tn in GEMM_TILES:
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
@@ -261,19 +267,28 @@ def gemm_efficiency(m: int, n: int, k: int, sm_count: int) -> float:
     return min(best, 1.0)
 
 
+def gemm_model_tflops(m: int, n: int, k: int, sm_count: int) -> float:
+    """The shape model's TFLOP/s of an (m, n, k) GEMM: time = 2mnk / (GEMM_FIT rate x
+    gemm_efficiency) x (1 + k0 / k) + t0, the k-loop's fixed cost per tile and a fixed cost per GEMM
+    (launch and tail) on top of tile and wave quantization; its constants are fitted (GEMM_FIT)."""
+    flops = 2 * m * n * k
+    busy = flops / (GEMM_FIT["tflops"] * 1e12 * gemm_efficiency(m, n, k, sm_count)) * (1 + GEMM_FIT["k0"] / k)
+    return flops / (busy + GEMM_FIT["t0_s"]) / 1e12
+
+
 def gemm_rate(profile: HardwareProfile, m: int, n: int, k: int) -> tuple[GemmPoint, float]:
     """The point whose figures price an (m, n, k) GEMM and the factor on them. A point within
     SHAPE_NEAR of the shape (a calibration measures the run's own shapes), or a profile without
     sm_count: gemm_point's, factor 1. Else (a shipped profile's one best-shape point): the best
-    point, scaled by the shape's gemm_efficiency over the best shape's, at most 1 (the best
-    shape's rate is the most the device was seen to reach). The model holds no small-k cost (each
-    tile's prologue and epilogue): a shape with k of a few hundred is priced fast."""
+    point, scaled by the shape's gemm_model_tflops over the best shape's, at most 1 (the best
+    shape's rate is the most the device was seen to reach). Not modelled: operands whose k or n is
+    not a multiple of 8 elements (16 bytes), which cuBLAS serves with slower kernels."""
     point = gemm_point(profile, m, n, k)
     if profile.sm_count is None or _log_distance((point.m, point.n, point.k), (m, n, k)) <= SHAPE_NEAR:
         return point, 1.0
     best = max(profile.gemm, key=lambda p: p.tflops)
-    shape = gemm_efficiency(m, n, k, profile.sm_count)
-    return best, min(1.0, shape / gemm_efficiency(best.m, best.n, best.k, profile.sm_count))
+    shape = gemm_model_tflops(m, n, k, profile.sm_count)
+    return best, min(1.0, shape / gemm_model_tflops(best.m, best.n, best.k, profile.sm_count))
 
 
 def gemm_tflops(profile: HardwareProfile, m: int, n: int, k: int) -> float:
