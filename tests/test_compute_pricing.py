@@ -234,7 +234,8 @@ def test_the_assumed_host_cost_prices_the_host_where_no_host_step_was_measured()
     run = cfg(compile=False)
     pred = pr.predict(run, p)
     assert pred.host_s == pytest.approx(sum(pr.host_ops(pr.priced(run, p.device)).values()) * p.host_op.seconds)
-    assert any("assumed" in n and "per op" in n for n in pred.notes)
+    assert any("host_op" in n and "per op" in n for n in pred.notes)
+    assert "attention priced as the flash2 kernel the run takes (pricing.attention_kernel)" in pred.notes
     assert pred.step_time_s == pytest.approx(max(pred.device_s, pred.host_s))  # a GPU: the longer of the two
     bare = p.model_copy(update={"host_op": None})
     assert pr.predict(run, bare).host_s == 0.0

@@ -22,8 +22,9 @@ collectives and the gradient-norm all-reduce are on the critical path. Exposed =
 part + max(0, the rest - the compute of the phase it overlaps).
 
 GEMM rates: a measured shape within 10% of the GEMM's stands for it (a calibration measures the
-run's own); else, where the profile gives its sm_count, the best point's rate x the shape's tile and
-wave quantization efficiency over the SMs / the best shape's, at most 1 (hwprofile.gemm_rate).
+run's own); else, where the profile gives its sm_count, the best point's rate x the shape model's
+rate / the best shape's, at most 1 (hwprofile.gemm_rate: tile and wave quantization over the SMs, a
+k-loop cost per tile and a launch cost per GEMM, constants fitted to OpenXLA's measured H100 table).
 Attention: the points of the kernel the run takes (pricing.attention_kernel; a CPU: the profile's
 own), at its causality, every score counted; hwprofile.attention_points' fallback order where the
 profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of

@@ -179,14 +179,17 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
     if host_point(cfg, profile) is None:
-        notes.append(f"no host point in the profile: host at {profile.host_op.seconds * 1e6:.0f} us per op, assumed "
-                     f"({profile.host_op.source})" if profile.host_op else
+        notes.append(f"no host point in the profile: host at its host_op, {profile.host_op.seconds * 1e6:.3g} us per "
+                     "op (its source says how it is assumed)" if profile.host_op else
                      "no host point in the profile: host overhead not modelled")
     kernel = None if is_cpu(profile) else attention_kernel(cfg)
+    if kernel and any(p.kernel for p in profile.attention):
+        notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel)")
     notes += attention_notes(run_work(cfg)[1], Rates(profile), kernel)
     if profile.sm_count and profile.gemm:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "
-                     f"{profile.sm_count} SMs where no measured shape is near (hwprofile.gemm_rate)")
+                     f"{profile.sm_count} SMs and the fitted k-loop and launch costs where no measured shape is near "
+                     "(hwprofile.gemm_rate)")
     if cfg.precision == "fp8":
         notes.append("fp8: GEMMs at the profile's rate (float8 GEMMs are not modelled apart)")
     if cfg.data != "synthetic":
