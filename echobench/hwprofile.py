@@ -329,7 +329,8 @@ def attention_points(profile: HardwareProfile, head_dim: int | None, causal: boo
         exact = k == kernel and c == causal
         why = None if exact or (kernel is None and k is None and c == causal) else \
             (f"{k or 'unlabelled'} {'causal' if c else 'non-causal'} points"
-             + (f" x{factor:g}" if factor != 1 else ""))
+             + (f" x{factor:g}" if factor != 1 else "")
+             + ("" if k else " (a calibration's: the kernel SDPA chose there)"))
         return same, factor, why
     return [], 1.0, f"profile {profile.name!r} has no attention points"
 
