@@ -231,7 +231,8 @@ SHAPE_NEAR = math.log(1.1)  # a point within 10% of a shape in every dimension (
 # OpenXLA's measured H100 (sm_90) matmul table (github.com/tensorflow/tensorflow, third_party/xla/xla/
 # service/gpu/model/matmul_interpolator_data.h at 372d578bb861cc5804e56d37d93aec931a59762c; m, n, k
 # 256 .. 4096); on the other 36 rows, not used to fit: mean |log error| 5.9%, max 18%; on the smaller
-# GEMMs (launch-bound, outside the fit) 31% (tests/test_compute_pricing.py holds them).
+# GEMMs (launch-bound, outside the fit) 31% (tests/test_compute_pricing.py holds them; scripts/fit_gemm_model.py
+# reproduces the fit).
 GEMM_FIT = {"tflops": 900.0, "k0": 30.0, "t0_s": 7.5e-6}
 def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     return math.sqrt(sum(math.log(x / y) ** 2 for x, y in zip(a, b)))

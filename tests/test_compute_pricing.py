@@ -6,6 +6,7 @@ host cost per op where they have no measured figure. Nothing here times anything
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -91,6 +92,30 @@ def test_a_kernel_the_profile_lacks_falls_back_in_order_and_says_so():
     assert attention_points(calibrated, 128, False, None)[2] is None  # a calibration's own path, asked for none
     with pytest.raises(ValueError, match="unknown attention kernel"):
         attention_points(only, 128, False, "flash9")
+
+
+def test_every_published_attention_point_is_its_cited_figures_in_echobenchs_count():
+    """Each H100 point re-derived from the TFLOP/s its source quotes: flash-attention's benchmarks count
+    backward as 2.5x the forward and half the scores of a causal run (fa-bench-flops); echobench counts
+    every score and backward 2x. Separate forward / backward figures: 3 / (1/fwd + 2.5/bwd) (x2 causal, the
+    causal backward from the non-causal one x the forward's causal ratio); a forward + backward figure
+    (3.5x the forward): x 3/3.5 (x2 causal)."""
+    separate = re.compile(r"forward (\d+) \(Fig\. 5c\) and backward (\d+) \(Fig\. 6b\)")
+    points = shipped("h100-hgx-ib").attention
+    assert sum(a.source.startswith("fa3-paper:") and a.causal for a in points) == 12  # flash3, cudnn x 6 lengths
+    for a in points:
+        if a.source.startswith("fa2-h100:"):
+            figure = float(re.search(r"forward \+ backward (\d+) TFLOP/s", a.source).group(1))
+            assert a.tflops == pytest.approx(figure * 3 / 3.5 * (2 if a.causal else 1), abs=0.06), a.name
+        elif a.source.startswith("fa3-paper:") and not a.causal:
+            fwd, bwd = map(float, separate.search(a.source).groups())
+            assert a.tflops == pytest.approx(3 / (1 / fwd + 2.5 / bwd), abs=0.06), a.name
+        elif a.source.startswith("fa3-paper:"):
+            fwd = float(re.search(r"causal forward (\d+) TFLOP/s", a.source).group(1))
+            bwd, plain = map(float, re.search(r"non-causal backward (\d+) .* ratio (\d+)/(\d+)", a.source).group(1, 3))
+            assert a.tflops == pytest.approx(2 * 3 / (1 / fwd + 2.5 / (bwd * fwd / plain)), abs=0.06), a.name
+        else:
+            assert a.source.startswith("assumed:") and a.kernel in ("efficient", "flex"), a.name
 
 
 @pytest.mark.parametrize("settings, kernel", [
