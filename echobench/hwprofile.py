@@ -312,7 +312,8 @@ def attention_points(profile: HardwareProfile, head_dim: int | None, causal: boo
     causal run from non-causal points (a causal kernel computes about half the scores echobench
     counts) and x0.5 the other way (assumed: a causal kernel's own rate is 0.6-0.97x the
     non-causal one, fa3-paper); then FALLBACK_KERNELS' in order, the same way. Points of this
-    head_dim where there are any, else of the nearest head_dim. ([], 1, why) when there are none."""
+    head_dim where there are any, else of the nearest head_dim (said too). ([], 1, why) when there
+    are none."""
     if kernel is not None and kernel not in ATTENTION_KERNELS:
         raise ValueError(f"unknown attention kernel {kernel!r}: one of {', '.join(ATTENTION_KERNELS)}")
     order = [kernel, None] if kernel else [None]
@@ -323,13 +324,15 @@ def attention_points(profile: HardwareProfile, head_dim: int | None, causal: boo
         same = [p for p in profile.attention if p.kernel == k and p.causal == c]
         if not same:
             continue
+        near = head_dim
         if head_dim is not None:
             near = min({p.head_dim for p in same}, key=lambda d: abs(math.log(d / head_dim)))
             same = [p for p in same if p.head_dim == near]
         factor = 1.0 if c == causal else (2.0 if causal else 0.5)
-        exact = k == kernel and c == causal
-        why = None if exact or (kernel is None and k is None and c == causal) else \
+        exact = (k == kernel or (kernel is None and k is None)) and c == causal and near == head_dim
+        why = None if exact else \
             (f"{k or 'unlabelled'} {'causal' if c else 'non-causal'} points"
+             + (f" at head_dim {near}" if near != head_dim else "")
              + (f" x{factor:g}" if factor != 1 else "")
              + ("" if k else " (a calibration's: the kernel SDPA chose there)"))
         return same, factor, why

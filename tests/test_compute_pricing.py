@@ -88,6 +88,7 @@ def test_a_kernel_the_profile_lacks_falls_back_in_order_and_says_so():
     points, factor, why = attention_points(only, 128, True, "flash2")  # causal from non-causal: x2, said
     assert factor == 2 and "x2" in why
     assert attention_points(only, 128, False, "flash2")[2] is None  # its own points: no note
+    assert "at head_dim 128" in attention_points(only, 256, False, "flash2")[2]  # another head_dim's: said
     calibrated = only.model_copy(update={"attention": [a.model_copy(update={"kernel": None}) for a in only.attention]})
     assert attention_points(calibrated, 128, False, None)[2] is None  # a calibration's own path, asked for none
     with pytest.raises(ValueError, match="unknown attention kernel"):
