@@ -234,6 +234,8 @@ SHAPE_NEAR = math.log(1.1)  # a point within 10% of a shape in every dimension (
 # GEMMs (launch-bound, outside the fit) 31% (tests/test_compute_pricing.py holds them; scripts/fit_gemm_model.py
 # reproduces the fit).
 GEMM_FIT = {"tflops": 900.0, "k0": 30.0, "t0_s": 7.5e-6}
+
+
 def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
     return math.sqrt(sum(math.log(x / y) ** 2 for x, y in zip(a, b)))
 

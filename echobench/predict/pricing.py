@@ -43,7 +43,7 @@ class Rates:
 
     def gemm_tflops(self, m: int, n: int, k: int) -> float:
         """The rate of an (m, n, k) GEMM: its point's figures (hwprofile.gemm_rate: the measured
-        shape, or the best shape's scaled by tile and wave quantization) at this bound."""
+        shape, or the best shape's scaled by the GEMM shape model) at this bound."""
         key = (m, n, k)
         if key not in self._gemm:
             try:
