@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from echobench.hwprofile import gemm_efficiency  # noqa: E402 - after the path
-from test_compute_pricing import XLA_H100  # noqa: E402 - the published rows live beside the test that holds them
+from echobench.hwprofile import gemm_efficiency  # after the path: run as a script from any directory
+from test_compute_pricing import XLA_H100  # the published rows live beside the test that holds them
 
 SMS = 132  # H100 SXM
 

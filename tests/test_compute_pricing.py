@@ -14,6 +14,7 @@ from echobench import predict as pr
 from echobench.config import RunConfig
 from echobench.hwprofile import (
     ATTENTION_KERNELS,
+    GEMM_FIT,
     AttentionPoint,
     GemmPoint,
     HardwareProfile,
@@ -22,7 +23,6 @@ from echobench.hwprofile import (
     attention_points,
     attention_tflops,
     find_profile,
-    GEMM_FIT,
     gemm_efficiency,
     gemm_model_tflops,
     gemm_rate,
