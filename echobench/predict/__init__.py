@@ -5,11 +5,12 @@ Per rank and step (README, "Predicting a run"):
 
     device  = forward + backward + optimizer + exposed communication
     forward = sum over the step's GEMMs of 2 m n k / gemm_tflops(m, n, k)        (flops.py's matmuls,
-              + attention FLOPs / attention_tflops(seq_q, seq_k)                at the run's rows,
+              + attention FLOPs / attention_tflops(seq_q, seq_k, kernel)        at the run's rows,
               + element-wise bytes / memory_gbps                                TP-split per rank)
     backward: the same for the input- and weight-gradient GEMMs (and AC's recompute)
     optimizer = AdamW + gradient-clipping bytes of this rank's parameters / memory_gbps
-    host    = dispatched ATen ops of the step x the host's cost per op (the profile's host point)
+    host    = dispatched ATen ops of the step x the host's cost per op (the profile's host point,
+              else its assumed host_op)
     step    = device + host on a CPU (the host runs the kernels itself), max(device, host) on a GPU
               (the host queues kernels ahead of the device)
 
@@ -24,6 +25,15 @@ all-gathers are prefetched (the first exposed), its reduce-scatters overlap back
 exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlaps forward; TP's
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
 part + max(0, the rest - the compute of the phase it overlaps).
+
+GEMM rates: a measured shape within 10% of the GEMM's stands for it (a calibration measures the
+run's own); else, where the profile gives its sm_count, the best point's rate x the shape model's
+rate / the best shape's, at most 1 (hwprofile.gemm_rate: tile and wave quantization over the SMs, a
+k-loop cost per tile and a launch cost per GEMM, constants fitted to OpenXLA's measured H100 table).
+Attention: the points of the kernel the run takes (pricing.attention_kernel; a CPU: the profile's
+own), at its causality, every score counted; hwprofile.attention_points' fallback order where the
+profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of
+the datasheet, the H200's measured ratio).
 
 Element-wise bytes (eager): 6.0 x forward and 9.5 x backward the bytes of what autograd saves per
 sample (memory.activation_elements_per_sample, x micro-batch x the compute dtype's size): the ratio

@@ -18,6 +18,8 @@ from echobench.predict.errors import PredictError
 from echobench.predict.pricing import (
     BOUNDS,
     Rates,
+    attention_kernel,
+    attention_notes,
     bounded,
     compute_bytes,
     device_seconds,
@@ -29,7 +31,7 @@ from echobench.predict.pricing import (
     run_peak,
 )
 from echobench.predict.profiles import choose_profile
-from echobench.predict.work import host_ops
+from echobench.predict.work import host_ops, run_work
 
 
 @dataclass
@@ -80,11 +82,12 @@ class Prediction:
 def host_per_op(cfg: RunConfig, rates: Rates) -> float:
     """The host's seconds per dispatched op in the run's layout: its host point's step less what the
     model puts on the device for that step (its compute and exposed communication), over its ops. On
-    a GPU the tiny step's device work hides behind its host: the step over its ops. 0 without a
-    host point: the host is then assumed never to hold the device up."""
+    a GPU the tiny step's device work hides behind its host: the step over its ops. Without a host
+    point: the profile's host_op cost (assumed, its source says so), else 0 (the host is then
+    assumed never to hold the device up)."""
     point = host_point(cfg, rates.profile)
     if point is None:
-        return 0.0
+        return rates.profile.host_op.seconds if rates.profile.host_op else 0.0
     step = bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
     if not is_cpu(rates.profile):
         return step / point.ops
@@ -176,9 +179,17 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
     if host_point(cfg, profile) is None:
-        notes.append("no host point in the profile: host overhead not modelled")
-    if not profile.attention:
-        notes.append("no attention points in the profile: attention at its score GEMM's rate")
+        notes.append(f"no host point in the profile: host at its host_op, {profile.host_op.seconds * 1e6:.3g} us per "
+                     "op (its source says how it is assumed)" if profile.host_op else
+                     "no host point in the profile: host overhead not modelled")
+    kernel = None if is_cpu(profile) else attention_kernel(cfg)
+    if kernel and any(p.kernel for p in profile.attention):
+        notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel)")
+    notes += attention_notes(run_work(cfg)[1], Rates(profile), kernel)
+    if profile.sm_count and profile.gemm:
+        notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "
+                     f"{profile.sm_count} SMs and the fitted k-loop and launch costs where no measured shape is near "
+                     "(hwprofile.gemm_rate)")
     if cfg.precision == "fp8":
         notes.append("fp8: GEMMs at the profile's rate (float8 GEMMs are not modelled apart)")
     if cfg.data != "synthetic":

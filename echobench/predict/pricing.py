@@ -8,7 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from echobench.config import RunConfig, run_id
-from echobench.hwprofile import CollectiveCost, HardwareProfile, attention_tflops, collective_cost, gemm_point
+from echobench.hwprofile import (
+    CollectiveCost,
+    HardwareProfile,
+    attention_points,
+    collective_cost,
+    gemm_rate,
+    interpolate_attention,
+)
 from echobench.peaks import table_peak
 from echobench.predict.errors import PredictError
 from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, elementwise_bytes, rank_params, run_work
@@ -35,28 +42,34 @@ class Rates:
         return self._factor
 
     def gemm_tflops(self, m: int, n: int, k: int) -> float:
+        """The rate of an (m, n, k) GEMM: its point's figures (hwprofile.gemm_rate: the measured
+        shape, or the best shape's scaled by the GEMM shape model) at this bound."""
         key = (m, n, k)
         if key not in self._gemm:
             try:
-                point = gemm_point(self.profile, m, n, k)
+                point, f = gemm_rate(self.profile, m, n, k)
             except KeyError as exc:
                 raise PredictError(f"{exc.args[0]}: measure them with `echobench calibrate --comm` or add `gemm` "
                                    "entries") from None
-            self._gemm[key] = bounded(point.tflops, point.tflops_max, point.tflops_min, self.bound)
+            self._gemm[key] = bounded(point.tflops * f, point.tflops_max and point.tflops_max * f,
+                                      point.tflops_min and point.tflops_min * f, self.bound)
         return self._gemm[key]
 
     def attention_tflops(self, seq_q: int, seq_k: int, head_dim: int, causal: bool = False,
                          kernel: str | None = None) -> float:
         """Attention's rate (flops.py's FLOPs, every score counted, per second) at this shape, causal
-        or not, of `kernel` (None: whichever the profile has)."""
-        key = (seq_q, seq_k, head_dim)
+        or not, of `kernel` (None: whichever the profile has): hwprofile.attention_points' points
+        (their spread gives the bounds); a profile without attention points: the rate of the score
+        GEMM (seq_q x seq_k x head_dim)."""
+        key = (seq_q, seq_k, head_dim, causal, kernel)
         if key not in self._attention:
-            if self.profile.attention:
-                mid = attention_tflops(self.profile, seq_q, seq_k, head_dim)
-                spread = [(p.tflops_max or p.tflops) / p.tflops for p in self.profile.attention]
-                low = [(p.tflops_min or p.tflops) / p.tflops for p in self.profile.attention]
+            points, factor, _ = attention_points(self.profile, head_dim, causal, kernel)
+            if points:
+                mid = factor * interpolate_attention(points, seq_q, seq_k)
+                spread = [(p.tflops_max or p.tflops) / p.tflops for p in points]
+                low = [(p.tflops_min or p.tflops) / p.tflops for p in points]
                 self._attention[key] = bounded(mid, mid * max(spread), mid * min(low), self.bound)
-            else:  # no attention points: the rate of its score GEMM (seq_q x seq_k x head_dim)
+            else:
                 self._attention[key] = self.gemm_tflops(seq_q, seq_k, head_dim)
         return self._attention[key]
 
@@ -152,14 +165,44 @@ def run_peak(cfg: RunConfig, profile: HardwareProfile) -> tuple[float, str]:
 
 def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step of an Echo run by phase and kind (no communication): its
-    work (work.run_work) priced by work_seconds."""
+    work (work.run_work) priced by work_seconds, attention at the kernel the run takes
+    (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels)."""
     mm, att = run_work(cfg)
-    return work_seconds(mm, att, elementwise_bytes(cfg, eb), rank_params(cfg), rates, attention_kernel(cfg))
+    kernel = None if is_cpu(rates.profile) else attention_kernel(cfg)
+    return work_seconds(mm, att, elementwise_bytes(cfg, eb), rank_params(cfg), rates, kernel)
 
 
 def attention_kernel(cfg: RunConfig) -> str | None:
-    """The attention kernel the run uses, as the profiles' attention points name it (None: any)."""
-    return None
+    """The attention kernel an Echo run takes on a GPU, as the profiles' attention points name it
+    (hwprofile.ATTENTION_KERNELS), from its settings (model.echo.attention_paths,
+    model.components.attention): a batch with padded keys (data from shards, whose samples are
+    shorter than the maxima) attends over a key mask: key_masking flex (auto on a GPU) runs
+    FlexAttention, dense a masked SDPA, which torch serves with the memory-efficient kernel (cuDNN
+    where sdpa_backend pins it; FlashAttention takes no mask). A batch without padding (synthetic
+    data: every sample at the maxima) calls SDPA with no mask: its pinned backend, or torch's
+    choice (auto), FlashAttention first in its priority (huggingface/transformers#48163: "picks its
+    backend by a fixed priority that puts FlashAttention first"; cuDNN-first on H100 was reverted,
+    pytorch/pytorch#128539). SDPA's flash backend is FlashAttention-2. A synthetic step whose batch
+    drops conditioning (CFG) attends masked too: priced as the unmasked path."""
+    if cfg.data != "synthetic":
+        if cfg.key_masking in ("flex", "auto"):
+            return "flex"
+        return {"cudnn": "cudnn", "math": "math"}.get(cfg.sdpa_backend, "efficient")
+    return {"flash": "flash2", "auto": "flash2"}.get(cfg.sdpa_backend, cfg.sdpa_backend)
+
+
+def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
+    """A note per distinct attention of the work (head_dim, causality) whose kernel's points the
+    profile lacks (hwprofile.attention_points' fallback), naming what priced it instead."""
+    notes = []
+    for head_dim, causal in sorted({(a.head_dim, a.causal) for a in att}):
+        points, _, why = attention_points(rates.profile, head_dim, causal, kernel)
+        if why is None:
+            continue
+        wanted = f"{kernel or 'attention'} {'causal' if causal else 'non-causal'} head_dim {head_dim}"
+        notes.append(f"no {wanted} points in the profile: priced at its {why}" if points else
+                     f"no attention points in the profile: {wanted} at its score GEMM's rate")
+    return notes
 
 
 def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
