@@ -228,17 +228,29 @@ def run_layout(run: Mapping, hardware: Mapping, where: str = "run", hw_where: st
 
 # ---- counting ----
 
-def card_params(card: ModelCard, seq: int) -> int:
-    """Every trainable parameter: per layer QKV, output projection, MLP (with biases where `bias`),
-    two norms (LayerNorm weight and bias, RMSNorm weight); the embedding (and an untied head), a
-    learned position table of `seq` rows, the final norm. llm-foundry's MPT rows' NumParams equal it."""
+def layer_params(card: ModelCard) -> int:
+    """One block's parameters: QKV, output projection, MLP (with biases where `bias`), two norms
+    (LayerNorm weight and bias, RMSNorm or bias-free LayerNorm a weight)."""
     d, f, b = card.hidden, card.ffn, int(card.bias)
-    norm = (2 if card.norm == "layernorm" and card.bias else 1) * d
     qkv = d * (d + 2 * card.kv_width) + b * (d + 2 * card.kv_width)
     mlp = (3 * d * f + b * (2 * f + d)) if card.activation == "swiglu" else (2 * d * f + b * (f + d))
-    layer = qkv + d * d + b * d + mlp + 2 * norm
-    embed = card.vocab * d * (1 if card.tied_embeddings else 2)
-    return card.layers * layer + embed + (seq * d if card.positions == "learned" else 0) + norm
+    return qkv + d * d + b * d + mlp + 2 * norm_params(card)
+
+
+def norm_params(card: ModelCard) -> int:
+    return (2 if card.norm == "layernorm" and card.bias else 1) * card.hidden
+
+
+def root_params(card: ModelCard, seq: int) -> int:
+    """What is not in a block: the embedding (and an untied head), a learned position table of `seq`
+    rows, the final norm (FSDP's root unit)."""
+    embed = card.vocab * card.hidden * (1 if card.tied_embeddings else 2)
+    return embed + (seq * card.hidden if card.positions == "learned" else 0) + norm_params(card)
+
+
+def card_params(card: ModelCard, seq: int) -> int:
+    """Every trainable parameter: the blocks' and the root's. llm-foundry's MPT rows' NumParams equal it."""
+    return card.layers * layer_params(card) + root_params(card, seq)
 
 
 def tp_split_params(card: ModelCard) -> int:

@@ -31,7 +31,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from echobench.predict.card import PRECISION_BYTES, Layout, ModelCard, card_params, tp_split_params
+from echobench.predict.card import (
+    PRECISION_BYTES,
+    Layout,
+    ModelCard,
+    card_params,
+    layer_params,
+    root_params,
+    tp_split_params,
+)
 from echobench.predict.communication import Collective, place
 from echobench.predict.pricing import Rates
 
@@ -68,10 +76,7 @@ def _fsdp(card: ModelCard, layout: Layout) -> StepTraffic:
     e, dtype = layout.compute_bytes, DTYPES[layout.precision]
     r, rdtype = PRECISION_BYTES[layout.grad_reduce_dtype], DTYPES[layout.grad_reduce_dtype]
     total = card_params(card, layout.seq)
-    root = card.vocab * card.hidden * (1 if card.tied_embeddings else 2) + \
-        (layout.seq * card.hidden if card.positions == "learned" else 0)
-    root += total - root - card.layers * ((total - root) // card.layers)  # the final norm
-    block = (total - root) // card.layers
+    root, block = root_params(card, layout.seq), layer_params(card)
     L, twice = card.layers, layout.sharding == "full_shard"
     per_micro = [
         _traffic("all_gather", "dp_shard", shard, (2 if twice else 1) * L, (2 if twice else 1) * L * block * e,
