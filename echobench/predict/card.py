@@ -124,6 +124,7 @@ class Layout:
     precision: str = "bf16"
     grad_reduce_dtype: str = "fp32"
     framework: str = ""
+    attention_kernel: str | None = None  # as the profile's attention points name it (None: whichever it has)
 
     def __post_init__(self) -> None:
         if self.pp > 1:
@@ -191,7 +192,8 @@ def _take(d: Mapping, cls, where: str, rename: Mapping[str, str] | None = None, 
             continue
         value, kind = d[key], str(f.type)
         ok = {"int": isinstance(value, int) and not isinstance(value, bool), "bool": isinstance(value, bool),
-              "str": isinstance(value, str), "int | None": isinstance(value, int) and not isinstance(value, bool)}
+              "str": isinstance(value, str), "int | None": isinstance(value, int) and not isinstance(value, bool),
+              "str | None": isinstance(value, str)}
         if kind in ok and not ok[kind]:
             raise PredictError(f"{where}.{key}: {value!r} is not {'an int' if 'int' in kind else 'a ' + kind}")
         out[f.name] = value

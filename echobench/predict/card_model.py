@@ -74,14 +74,14 @@ def peak_of(profile: HardwareProfile) -> tuple[float, str]:
                        "no GEMM points: add `gemm` entries")
 
 
-def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile, kernel: str | None = None,
+def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
                  row_flops_per_token: float | None = None, row_peak_tflops: float | None = None) -> CardPrediction:
-    """The predicted step of `card` trained as `layout` on `profile` (the module docstring);
-    `kernel`: the attention kernel as the profile's attention points name it (None: any);
+    """The predicted step of `card` trained as `layout` on `profile` (the module docstring), its
+    attention priced as layout.attention_kernel (None: whichever the profile has);
     `row_flops_per_token` and `row_peak_tflops`: a published row's own MFU convention."""
     rates = Rates(profile, "mid")
     work = card_work(card, layout)
-    dev = work_seconds(work.matmuls, work.attention, work.elementwise, work.params, rates, kernel)
+    dev = work_seconds(work.matmuls, work.attention, work.elementwise, work.params, rates, layout.attention_kernel)
     fwd = dev["gemm_forward"] + dev["attention_forward"] + dev["elementwise_forward"]
     bwd = dev["gemm_backward"] + dev["attention_backward"] + dev["elementwise_backward"]
     acc = layout.grad_accum
@@ -100,6 +100,8 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile, kern
     notes = [n for n in (host_note,) if n]
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
+    if layout.attention_kernel is None:
+        notes.append("attention kernel not stated: priced at whichever the profile has")
     if not profile.attention:
         notes.append("no attention points in the profile: attention at its score GEMM's rate")
     notes.append("element-wise bytes counted per op of a pre-norm decoder (card.ELEMENTWISE_READS_WRITES); "
