@@ -16,7 +16,15 @@ import yaml
 
 from conftest import ROOT
 from echobench.predict import PredictError
-from echobench.predict.card import Layout, card_params, card_work, model_card, rank_params, run_layout
+from echobench.predict.card import (
+    Layout,
+    card_params,
+    card_work,
+    load_card_file,
+    model_card,
+    rank_params,
+    run_layout,
+)
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.validate import load_rows, published_step, validate, validate_row, validation_summary
 
@@ -213,3 +221,16 @@ def test_load_rows_names_a_row_without_an_id(tmp_path):
     path = write_rows(tmp_path, [{"model": {}}])
     with pytest.raises(PredictError, match="row 1 is not a mapping with a string `id`"):
         load_rows(path)
+
+
+def test_a_small_card_file_reads_as_a_rows_card(tmp_path):
+    """A card file (model, run, hardware; no published figures) gives the card and layout its row gives."""
+    row = BY_ID["mlm-gpt-16b-192gpu"]
+    path = tmp_path / "card.yaml"
+    path.write_text(yaml.safe_dump({k: row[k] for k in ("model", "run", "hardware")}))
+    card, layout, profile = load_card_file(path)
+    assert (card, layout) == card_of(row["id"]) and profile == "h100-hgx-ib"
+    path.write_text(yaml.safe_dump({"model": row["model"], "run": {**row["run"], "layout": "pipeline"},
+                                    "hardware": row["hardware"]}))
+    with pytest.raises(PredictError, match="unknown layout 'pipeline'"):
+        load_card_file(path)

@@ -66,7 +66,7 @@ The package, by what each file is (every name callers use is re-exported here):
 """
 
 from echobench.config import run_id  # callers reach it as predict.run_id
-from echobench.predict.card import Layout, ModelCard, card_params, card_work, model_card, run_layout
+from echobench.predict.card import Layout, ModelCard, card_params, card_work, load_card_file, model_card, run_layout
 from echobench.predict.card_model import CardPrediction, predict_card
 from echobench.predict.card_traffic import StepTraffic, card_traffic, place_card
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
@@ -124,7 +124,7 @@ from echobench.predict.work import (
     step_work,
 )
 
-__all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES",
+__all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES", "load_card_file",
            "CardPrediction", "Layout", "ModelCard", "StepTraffic", "ValidationRow", "card_params", "card_traffic",
            "card_work", "load_rows", "model_card", "place_card", "predict_card", "run_layout", "validate",
            "validation_summary", "validation_table",

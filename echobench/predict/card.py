@@ -25,9 +25,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import yaml
 
 from echobench.predict.errors import PredictError
 from echobench.predict.work import AttentionWork, Matmul
+from echobench.yamltext import yaml_problem
 
 ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rotary", "alibi", "none")
@@ -226,6 +230,24 @@ def run_layout(run: Mapping, hardware: Mapping, where: str = "run", hw_where: st
             raise PredictError(f"{hw_where} lacks an integer {key!r}: add it")
     merged = {**run, "gpus": hardware["gpus"], "gpus_per_node": hardware["gpus_per_node"], "layout": layout}
     return Layout(**_take(merged, Layout, where))
+
+
+def load_card_file(path: Path | str) -> tuple[ModelCard, Layout, str]:
+    """A small YAML card file, laid out as a published row without `published`: `model`, `run`,
+    `hardware` (with `profile`, a shipped name or a file) -> the card, its layout and the profile."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PredictError(f"{path}: cannot read the model card ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise PredictError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    if not isinstance(data, Mapping) or not all(isinstance(data.get(k), Mapping) for k in ("model", "run", "hardware")):
+        raise PredictError(f"{path}: a model card is a mapping with `model`, `run` and `hardware` mappings")
+    if not isinstance(data["hardware"].get("profile"), str):
+        raise PredictError(f"{path}: hardware lacks `profile`: name a shipped profile or a profile file")
+    return (model_card(data["model"], f"{path}: model"),
+            run_layout(data["run"], data["hardware"], f"{path}: run", f"{path}: hardware"), data["hardware"]["profile"])
 
 
 # ---- counting ----
