@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from echobench.hwprofile import find_profile, load_profile
 from echobench.predict import PredictError
 from echobench.predict.card import (
     Layout,
@@ -25,6 +26,7 @@ from echobench.predict.card import (
     rank_params,
     run_layout,
 )
+from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.validate import load_rows, published_step, validate, validate_row, validation_summary
 
@@ -234,3 +236,30 @@ def test_a_small_card_file_reads_as_a_rows_card(tmp_path):
                                     "hardware": row["hardware"]}))
     with pytest.raises(PredictError, match="unknown layout 'pipeline'"):
         load_card_file(path)
+
+
+def test_hsdp_reduces_the_shards_across_nodes_and_ddp_all_reduces_every_gradient_once_a_step():
+    card, layout = card_of("lf-mpt-7b-128gpu")
+    n = card_params(card, layout.seq)
+    hsdp = card_traffic(card, replace(layout, layout="hsdp"))
+    (rep,) = by(hsdp.per_micro, "all_reduce")
+    assert (rep.group, rep.group_size, rep.per_node, rep.link) == ("dp_replicate", 16, 1, "inter")
+    assert rep.nbytes == n * 4 // 8  # each rank's fp32 gradient shard of a node's 8
+    assert all(t.link == "intra" for t in hsdp.per_micro if t.group == "dp_shard")
+    ddp = card_traffic(card, replace(layout, layout="ddp"))
+    assert not ddp.per_micro and [(t.op, t.nbytes, t.group_size) for t in ddp.per_step] == [("all_reduce", n * 4, 128)]
+
+
+def test_grad_accumulation_repeats_a_micro_batchs_compute_and_fsdps_collectives_but_not_the_step_ones():
+    """Whatever the profile's rates: two micro-batches cost twice one in GEMMs, attention, element-wise
+    work and FSDP's collectives; the optimizer and the gradient norm run once."""
+    prof = load_profile(find_profile("h100-hgx-ib"))
+    card, two = card_of("lf-mpt-7b-8gpu-s1024")
+    one = replace(two, grad_accum=1, global_batch=two.global_batch // 2)
+    p2, p1 = predict_card(card, two, prof), predict_card(card, one, prof)
+    for part in ("gemm", "attention", "elementwise"):
+        assert p2.parts[part] == pytest.approx(2 * p1.parts[part], rel=1e-12)
+    assert p2.parts["optimizer"] == p1.parts["optimizer"]
+    once = sum(c.seconds for c in p1.collectives if "gradient norm" in c.what)
+    assert once > 0 and 2 * p1.communication_s - p2.communication_s == pytest.approx(once, rel=1e-9)
+    assert p2.step_time_s == max(p2.device_s, p2.host_s) and 0 <= p2.parts["communication"] <= p2.communication_s
