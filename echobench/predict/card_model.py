@@ -21,11 +21,6 @@ from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import Rates, work_seconds
 
-# The names under which a profile may carry an assumed host cost per dispatched op (seconds), on the
-# profile itself or its `compute` section; read defensively (profiles without one: host 0, a note).
-HOST_PER_OP_ATTRIBUTES = ("host_per_op_s", "host_s_per_op", "host_op_s")
-
-
 @dataclass
 class CardPrediction:
     """One card's predicted step on one profile: time, parts (seconds), MFU, and what it assumes."""
@@ -49,17 +44,18 @@ class CardPrediction:
 
 
 def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
-    """The host's seconds per dispatched op on this profile and a note where there is none: an
-    attribute of HOST_PER_OP_ATTRIBUTES (on the profile or its compute section), else its shortest
-    GPU host step over its ops (as model.host_per_op takes it on a GPU), else 0."""
-    for holder in (profile, getattr(profile, "compute", None)):
-        for name in HOST_PER_OP_ATTRIBUTES:
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, (int, float)) and value > 0:
-                return float(value), None
+    """The host's seconds per dispatched op on this profile and a note on where it comes from: its
+    shortest GPU host step over its ops (measured, as model.host_per_op takes it on a GPU), else the
+    profile's assumed `host_op.seconds` (read defensively: profiles of this branch may not have the
+    field), else 0."""
     steps = sorted(profile.host_steps, key=lambda p: p.micro_batch * p.audio_frames)
     if steps and not profile.device.upper().startswith("CPU"):
         return steps[0].step_s / steps[0].ops, None
+    host_op = getattr(profile, "host_op", None)
+    seconds = getattr(host_op, "seconds", None)
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        return float(seconds), (f"host at {seconds * 1e6:.0f} us per op, assumed ({getattr(host_op, 'source', '')}); "
+                                "host ops per layer assumed (an Echo DiT block's count)")
     return 0.0, f"profile {profile.name} has no host cost per op: host overhead not modelled (0)"
 
 
@@ -104,8 +100,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
         notes.append("attention kernel not stated: priced at whichever the profile has")
     if not profile.attention:
         notes.append("no attention points in the profile: attention at its score GEMM's rate")
-    notes.append("element-wise bytes counted per op of a pre-norm decoder (card.ELEMENTWISE_READS_WRITES); "
-                 "host ops per layer assumed (an Echo DiT block's count)")
+    notes.append("element-wise bytes counted per op of a pre-norm decoder (card.ELEMENTWISE_READS_WRITES)")
     if layout.tp_comm_overlap and layout.tp > 1:
         notes.append("--tp-comm-overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
     parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
