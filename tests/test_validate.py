@@ -12,12 +12,18 @@ import re
 from dataclasses import replace
 
 import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 import yaml
 
 from conftest import ROOT
+from echobench.commbench import count_ops
 from echobench.hwprofile import find_profile, load_profile
 from echobench.predict import PredictError
 from echobench.predict.card import (
+    HOST_OPS_FIXED,
+    HOST_OPS_PER_LAYER,
     Layout,
     card_params,
     card_work,
@@ -263,3 +269,48 @@ def test_grad_accumulation_repeats_a_micro_batchs_compute_and_fsdps_collectives_
     once = sum(c.seconds for c in p1.collectives if "gradient norm" in c.what)
     assert once > 0 and 2 * p1.communication_s - p2.communication_s == pytest.approx(once, rel=1e-9)
     assert p2.step_time_s == max(p2.device_s, p2.host_s) and 0 <= p2.parts["communication"] <= p2.communication_s
+
+
+def test_the_host_ops_of_a_card_are_those_counted_on_an_eager_decoder():
+    """card.HOST_OPS_*: a plain pre-norm GPT block and tied-embedding decoder, written here apart from
+    card.py, one step of 1 and 2 layers counted on the CPU; the per-layer and fixed ops are their
+    difference and remainder."""
+    class Block(nn.Module):
+        def __init__(self, d=64, h=4, f=256):
+            super().__init__()
+            self.h, self.n1, self.n2 = h, nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.o, self.up, self.down = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Linear(d, f), nn.Linear(f, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.h, d // self.h).transpose(1, 3).unbind(2)
+            x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
+            return x + self.down(F.gelu(self.up(self.n2(x))))
+
+    def counted(layers: int) -> dict[str, int]:
+        torch.manual_seed(0)
+        wte, wpe, norm = nn.Embedding(100, 64), nn.Embedding(32, 64), nn.LayerNorm(64)
+        blocks = nn.ModuleList(Block() for _ in range(layers))
+        params = [*wte.parameters(), *wpe.parameters(), *norm.parameters(), *blocks.parameters()]
+        opt = torch.optim.AdamW(params, foreach=True)
+        idx, target = torch.randint(0, 100, (2, 32)), torch.randint(0, 100, (2, 32))
+        out = {}
+        for _ in range(2):  # the second step: the optimizer's state exists
+            with count_ops() as c:
+                x = wte(idx) + wpe(torch.arange(32))
+                for block in blocks:
+                    x = block(x)
+                loss = F.cross_entropy(F.linear(norm(x), wte.weight).view(-1, 100), target.view(-1))
+            out["forward"] = c.total
+            with count_ops() as c:
+                loss.backward()
+            out["backward"] = c.total
+            with count_ops() as c:
+                opt.step()
+                opt.zero_grad()
+            out["optimizer"] = c.total
+        return out
+
+    one, two = counted(1), counted(2)
+    assert {k: two[k] - one[k] for k in one} == HOST_OPS_PER_LAYER
+    assert {k: 2 * one[k] - two[k] for k in one} == HOST_OPS_FIXED

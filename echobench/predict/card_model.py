@@ -5,7 +5,7 @@ Echo's prediction goes through; only the list of work differs.
     device = forward + backward + optimizer + exposed communication
     exposed = (grad_accum - 1) x exposed(a micro-batch's collectives, a micro-batch's compute)
               + exposed(the last micro-batch's and the once-a-step collectives, a micro-batch's compute)
-    host   = the host's ops (card.HOST_OPS_*, assumed) x the profile's cost per op (0 where it has none)
+    host   = the host's ops (card.HOST_OPS_*, counted) x the profile's cost per op (0 where it has none)
     step   = max(device, host)   (a GPU's host queues kernels ahead of the device)
 """
 
@@ -55,7 +55,7 @@ def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
     seconds = getattr(host_op, "seconds", None)
     if isinstance(seconds, (int, float)) and seconds > 0:
         return float(seconds), (f"host at {seconds * 1e6:.0f} us per op, assumed ({getattr(host_op, 'source', '')}); "
-                                "host ops per layer assumed (an Echo DiT block's count)")
+                                "host ops counted on an eager CPU decoder (card.HOST_OPS_*)")
     return 0.0, f"profile {profile.name} has no host cost per op: host overhead not modelled (0)"
 
 
