@@ -21,6 +21,7 @@ from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import Rates, work_seconds
 
+
 @dataclass
 class CardPrediction:
     """One card's predicted step on one profile: time, parts (seconds), MFU, and what it assumes."""
