@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import yaml
+from rich.console import Console
 
 from conftest import ROOT
 from echobench.commbench import count_ops
@@ -34,7 +35,15 @@ from echobench.predict.card import (
 )
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
-from echobench.predict.validate import load_rows, published_step, validate, validate_row, validation_summary
+from echobench.predict.tables import validation_table
+from echobench.predict.validate import (
+    ValidationRow,
+    load_rows,
+    published_step,
+    validate,
+    validate_row,
+    validation_summary,
+)
 
 ROWS = yaml.safe_load((ROOT / "validation" / "published-runs.yaml").read_text())
 BY_ID = {r["id"]: r for r in ROWS}
@@ -314,3 +323,37 @@ def test_the_host_ops_of_a_card_are_those_counted_on_an_eager_decoder():
     one, two = counted(1), counted(2)
     assert {k: two[k] - one[k] for k in one} == HOST_OPS_PER_LAYER
     assert {k: 2 * one[k] - two[k] for k in one} == HOST_OPS_FIXED
+
+
+def test_megatron_tp_without_sequence_parallelism_all_reduces_and_full_ac_repeats_the_forwards():
+    card, layout = card_of("mlm-gpt-7.1b-96gpu")
+    plain = replace(layout, sequence_parallel=False, tp_comm_overlap=False)
+    act = layout.micro_batch * layout.seq * card.hidden * 2
+    ars = {t.what.split(":")[0]: t for t in card_traffic(card, plain).per_micro if t.nbytes % act == 0}
+    assert (ars["forward"].calls, ars["backward"].calls) == (2 * card.layers + 1, 2 * card.layers + 1)
+    full = {t.what.split(":")[0]: t for t in card_traffic(card, replace(plain, ac="full")).per_micro
+            if t.nbytes % act == 0}
+    assert full["forward"].calls - 1 == 2 * (ars["forward"].calls - 1) and full["backward"] == ars["backward"]
+
+
+def test_element_wise_bytes_follow_the_ops_of_a_pre_norm_block_and_sequence_parallelism_splits_the_norms():
+    """Per token, forward: two norms (2d), two residual adds (3d), GELU (2f) a layer; embedding (2d),
+    learned positions (3d), final norm (2d), cross-entropy over the vocabulary (2V). Backward: 3d, 3d,
+    3f a layer; 3d, 1d, 3d, 2V. At two bytes an element."""
+    card, layout = card_of("lf-mpt-7b-8gpu")
+    L, d, f, V = card.layers, card.hidden, card.ffn, card.vocab
+    tokens = layout.micro_batch * layout.seq * layout.grad_accum
+    fwd, bwd = card_work(card, layout).elementwise
+    assert fwd == 2 * tokens * (L * (2 * 2 * d + 2 * 3 * d + 2 * f) + 2 * d + 3 * d + 2 * d + 2 * V)
+    assert bwd == 2 * tokens * (L * (2 * 3 * d + 2 * 3 * d + 3 * f) + 3 * d + d + 3 * d + 2 * V)
+    mlm, tp = card_of("mlm-gpt-16b-192gpu")
+    with_sp, without = card_work(mlm, tp).elementwise[0], card_work(mlm, replace(tp, sequence_parallel=False)).elementwise[0]
+    whole = tp.micro_batch * tp.seq * tp.grad_accum * 2 * (mlm.layers * 10 * mlm.hidden + 7 * mlm.hidden)
+    assert without - with_sp == pytest.approx(whole * (1 - 1 / tp.tp), rel=1e-12)
+
+
+def test_the_validation_table_prints_outside_text_verbatim():
+    console = Console(record=True, width=200)
+    console.print(validation_table([ValidationRow("[bold]x[/]", "repo", 8, "[red]fsdp", refused="why")], "[t]"))
+    text = console.export_text()
+    assert "[bold]x[/]" in text and "[red]fsdp" in text and "[t]" in text
