@@ -182,14 +182,14 @@ def check_card_fits_layout(card: ModelCard, layout: Layout) -> None:
             raise PredictError(f"run: tp {layout.tp} does not divide the model's {name} {value}: give a tp that does")
 
 
-def _take(d: Mapping, cls, where: str, rename: Mapping[str, str] | None = None, **fixed) -> dict:
+def _take(d: Mapping, cls, where: str, **fixed) -> dict:
     """The fields of dataclass `cls` from mapping `d` (required ones present, types checked): one-line
-    errors naming `where` and the key."""
+    errors naming `where` and the key; `fixed`: fields given, not read."""
     out = dict(fixed)
     for f in fields(cls):
         if f.name in out:
             continue
-        key = (rename or {}).get(f.name, f.name)
+        key = f.name
         if key not in d or d[key] is None:
             if f.default is MISSING:  # required
                 raise PredictError(f"{where} lacks {key!r}: add it")
