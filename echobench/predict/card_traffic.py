@@ -22,8 +22,8 @@ card's frameworks overlap differently).
 - Megatron-LM DP, once per step (forward_backward_no_pipelining runs all micro-batches but the last
   under no_sync: megatron/core/pipeline_parallel/schedules.py): the distributed optimizer's gradient
   reduce-scatter (fp32: --accumulate-allreduce-grads-in-fp32) and parameter all-gather (compute
-  dtype) over buckets of max(40M, 1M x dp) parameters (r0.8.0's DistributedDataParallelConfig
-  default), else DDP's all-reduce of the gradients.
+  dtype) over buckets of max(40M, 1M x dp) parameters (training.py's default bucket_size with
+  overlap_grad_reduce; one bucket without), else DDP's all-reduce of the gradients.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def _traffic(*args, **kwargs):
 
 
 def megatron_bucket_params(layout: Layout) -> int:
-    """Megatron-core r0.8.0's DDP bucket: max(40M, 1M x dp) parameters (with overlap_grad_reduce)."""
+    """Megatron's DDP bucket with overlap_grad_reduce: max(40M, 1M x dp) parameters (megatron/training/
+    training.py's default for DistributedDataParallelConfig.bucket_size; without overlap, one bucket)."""
     return max(40_000_000, 1_000_000 * layout.dp)
 
 
@@ -136,7 +137,7 @@ def _megatron(card: ModelCard, layout: Layout) -> StepTraffic:
     r, rdtype = PRECISION_BYTES[layout.grad_reduce_dtype], DTYPES[layout.grad_reduce_dtype]
     link = "inter" if layout.nodes > 1 else "intra"
     per_node = max(1, min(layout.dp, layout.gpus_per_node // layout.tp))
-    bucket = megatron_bucket_params(layout)
+    bucket = megatron_bucket_params(layout) if layout.overlap_grad_reduce else math.ceil(mine)  # else one bucket
     calls = max(1, math.ceil(mine / bucket))
     if layout.distributed_optimizer:
         step = [_traffic("reduce_scatter", "dp", layout.dp, calls, int(mine * r), rdtype, link,
