@@ -36,7 +36,8 @@ OPTIONS = {
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
-    "predict": ["--against", "--json", "--nodes", "--profile", "paths"],
+    "predict": ["--against", "--json", "--nodes", "--profile", "paths",
+                "--validate"],  # added since: published runs (issue 34)
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
     "plan": ["--executor", "--json", "--max-runs", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],

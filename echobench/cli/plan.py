@@ -96,21 +96,33 @@ PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; re
 
 @app.command("predict")
 def predict_command(
-    paths: list[Path] = typer.Argument(..., metavar="MATRIX | RUN_DIRS...", help="A matrix YAML file; with "
-                                       "--against, sweep or run directories (or result.json files)."),
+    paths: Optional[list[Path]] = typer.Argument(None, metavar="MATRIX | RUN_DIRS...", help="A matrix YAML file; "
+                                                 "with --against, sweep or run directories (or result.json files)."),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP),
     nodes: Optional[str] = typer.Option(None, "--nodes", help="Every configuration at these node counts (1 .. "
                                         "1024, e.g. 1,4,16) instead of the matrix's."),
     against: bool = typer.Option(False, "--against", help="Predict measured runs and hold each against its "
                                  "record: step time, MFU and, for --profile runs, the parts of the step."),
-    as_json: bool = typer.Option(False, "--json", help="A list with one object per run."),
+    validate: Optional[Path] = typer.Option(None, "--validate", metavar="FILE", help="Hold the model against "
+                                            "published training runs (e.g. validation/published-runs.yaml): "
+                                            "predicted vs published step time per row, mean and max |error|."),
+    as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows and "
+                                 "summary)."),
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (README,
-    Predicting a run); with --against, predicted vs measured."""
+    Predicting a run); with --against, predicted vs measured; with --validate, predicted vs published."""
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
 
     started = clock.perf_counter()
+    paths = paths or []
+    if validate is not None:
+        if paths or against or nodes is not None or profile:
+            fail("--validate FILE takes no MATRIX, --against, --nodes or --profile: each row names its shipped profile", 1)
+        _validate(pr, validate, as_json)
+        return
+    if not paths:
+        fail("predict needs a MATRIX (or run directories with --against, or --validate FILE)")
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
     if against:
@@ -187,3 +199,33 @@ def predict_command(
                   f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
     if none_predicted:
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
+
+
+def _validate(pr, path: Path, as_json: bool) -> None:
+    """`predict --validate FILE`: each published row predicted, the table (or --json), mean and max
+    |error|; exit 0 when it ran (the aim is reported, not enforced), 1 on bad input."""
+    try:
+        results = pr.validate(pr.load_rows(path))
+    except pr.PredictError as exc:
+        fail(str(exc), 1)
+    summary = pr.validation_summary(results)
+    if as_json:
+        from echobench.predict.validate import as_json as to_json  # lazy with the rest of predict
+
+        print(json.dumps(to_json(results), indent=2, default=str))
+        return
+    wide = Console(width=None if sys.stdout.isatty() else 170)
+    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED vs published"))
+    for r in results:
+        if r.refused is not None:
+            console.print(f"refused: {esc(r.id)}: {esc(r.refused)}", highlight=False, soft_wrap=True)
+    for note in sorted({n for r in results for n in r.notes}):
+        console.print(f"note: {esc(note)}", highlight=False, soft_wrap=True)
+    if summary["priced"]:
+        aim = summary["aim"]
+        console.print(f"step time: mean |error| {summary['mean_abs_error']:.1%}, max {summary['max_abs_error']:.1%} "
+                      f"({esc(summary['worst_row'])}) over {summary['priced']} rows priced, {summary['refused']} refused; "
+                      f"aim: mean <= {aim['mean_abs_error']:.0%}, max <= {aim['max_abs_error']:.0%} over >= {aim['rows']} "
+                      f"rows: {'met' if summary['aim_met'] else 'not met'}", highlight=False)
+    else:
+        console.print(f"no row of {esc(path)} could be priced (why: above)", highlight=False)

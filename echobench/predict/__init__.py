@@ -70,11 +70,20 @@ The package, by what each file is (every name callers use is re-exported here):
                       choose_profile; profile_lines, no_profile_message, other_device_lines
     measured.py       a prediction held against a measured record: against -> Comparison, summary,
                       predicted_shares / measured_shares
-    tables.py         rich tables: prediction_table, comparison_table
+    card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
+                      published row), card_work (its GEMMs, attention, element-wise bytes, parameters per rank)
+    card_traffic.py   a card step's collectives as commvolume.Traffic (card_traffic) and their placement (place_card)
+    card_model.py     a card's predicted step: predict_card -> CardPrediction (work_seconds, place, exposed)
+    validate.py       `predict --validate`: published rows (load_rows) predicted (validate -> ValidationRow),
+                      validation_summary
+    tables.py         rich tables: prediction_table, comparison_table, validation_table
     errors.py         PredictError
 """
 
 from echobench.config import run_id  # callers reach it as predict.run_id
+from echobench.predict.card import Layout, ModelCard, card_params, card_work, load_card_file, model_card, run_layout
+from echobench.predict.card_model import CardPrediction, predict_card
+from echobench.predict.card_traffic import StepTraffic, card_traffic, place_card
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
 from echobench.predict.errors import PredictError
 from echobench.predict.measured import (
@@ -112,7 +121,8 @@ from echobench.predict.profiles import (
     profile_lines,
     profile_processes,
 )
-from echobench.predict.tables import comparison_table, prediction_table
+from echobench.predict.tables import comparison_table, prediction_table, validation_table
+from echobench.predict.validate import ValidationRow, load_rows, validate, validation_summary
 from echobench.predict.work import (
     AC_BACKWARD_OPS,
     ADAMW_BYTES,
@@ -129,7 +139,10 @@ from echobench.predict.work import (
     step_work,
 )
 
-__all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES",
+__all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES", "load_card_file",
+           "CardPrediction", "Layout", "ModelCard", "StepTraffic", "ValidationRow", "card_params", "card_traffic",
+           "card_work", "load_rows", "model_card", "place_card", "predict_card", "run_layout", "validate",
+           "validation_summary", "validation_table",
            "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
            "AgainstRecords", "PredictError", "Prediction", "Rates", "against", "against_records", "at_nodes", "choose_profile", "collectives",
            "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",

@@ -1,5 +1,5 @@
-"""Rich tables of predictions: one row per run of a matrix (prediction_table) and predicted
-against measured runs (comparison_table)."""
+"""Rich tables of predictions: one row per run of a matrix (prediction_table), predicted
+against measured runs (comparison_table) and against published runs (validation_table)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from echobench.console import esc
 from echobench.predict.measured import Comparison
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, ranks
+from echobench.predict.validate import ValidationRow
 
 
 def _pct(x: float | None) -> str:
@@ -66,4 +67,22 @@ def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
         table.add_row(esc(p.run_id), f"{c.measured_step_time_s:.4g}", f"{p.step_time_s:.4g}",
                       f"{p.step_time_low_s:.3g}-{p.step_time_high_s:.3g}", f"{c.error:+.1%}",
                       _pct(c.measured_mfu), _pct(p.mfu), parts)
+    return table
+
+
+def validation_table(results: Sequence[ValidationRow], title: str) -> Table:
+    """`echobench predict --validate`: predicted vs published step time per published row."""
+    table = Table(title=esc(title), caption="error = predicted / published - 1; published step = global batch x seq / "
+                  "(tokens/s per GPU x GPUs), tokens/s derived from TFLOP/s under the row's own FLOP convention where "
+                  "not published (*); MFU under the row's convention; refused rows: why below, not counted")
+    table.add_column("row", no_wrap=True)
+    for col in ("GPUs", "layout", "published s", "predicted s", "error", "MFU pub", "MFU pred"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in results:
+        if r.refused is not None:
+            table.add_row(esc(r.id), str(r.gpus), esc(r.layout), "", "", "[yellow]refused[/]", "", "")
+            continue
+        derived = "" if r.published_from == "tokens/s" else "*"
+        table.add_row(esc(r.id), str(r.gpus), esc(r.layout), f"{r.published_step_s:.4g}{derived}",
+                      f"{r.predicted_step_s:.4g}", f"{r.error:+.1%}", _pct(r.published_mfu), _pct(r.predicted_mfu))
     return table
