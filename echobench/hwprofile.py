@@ -13,6 +13,8 @@ A profile holds, for one device and compute dtype:
 - memory: element-wise memory bandwidth (GB/s of bytes read + written); memory_gbps();
 - host_op: the host's cost per dispatched op where no host step was measured (assumed, with its
   source);
+- in_step: how much longer a GPU's kernels take inside a training step than alone, a factor fitted
+  to published runs (scripts/fit_in_step_factor.py), named as fitted;
 - host_steps: what a tiny training step of each layout costs the host per dispatched op (Python,
   dispatch, autograd, hooks, kernel launch), where measured;
 - links: per link class ("intra" within a node, "inter" across nodes) and per collective
@@ -146,6 +148,17 @@ class HostOpCost(_Strict):
     source: str
 
 
+class InStepFactor(_Strict):
+    """How much longer a GPU's GEMMs, attention and element-wise kernels take inside a training step
+    than the profile's isolated rates say (clocks under a whole step's power draw, NCCL's kernels
+    sharing the SMs, gaps between kernels): a factor FITTED to published training runs, not
+    measured; `fitted_on` names the rows it was fitted to, `source` how (and its error on the others)."""
+
+    factor: float = Field(ge=1 / 3, le=3)
+    fitted_on: list[str] = []
+    source: str
+
+
 class CommPoint(_Strict):
     """One timed collective: a message of nbytes (nccl-tests' size) over group_size ranks, per_node
     of them on each node (None: not recorded, a profile of before per_node)."""
@@ -201,6 +214,7 @@ class HardwareProfile(_Strict):
     memory: list[MemoryPoint] = []
     host_steps: list[HostPoint] = []  # the host's cost per op of a step, per layout (calibrate --comm)
     host_op: Optional[HostOpCost] = None  # the cost per op where host_steps has no point for the run
+    in_step: Optional[InStepFactor] = None  # a GPU's kernels inside a step vs alone (fitted; None: 1)
     links: dict[Link, dict[Op, AlphaBeta]] = {}
     link_kinds: dict[Link, dict[Op, list[AlphaBeta]]] = {}  # fits of further kinds of group (ranks per node)
     topology: Optional[Topology] = None  # NICs per node, NVLink switch or pairwise (None: price as measured)

@@ -19,7 +19,7 @@ from echobench.predict.card import Layout, ModelCard, card_work, model_flops_per
 from echobench.predict.card_traffic import card_traffic, place_card
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
-from echobench.predict.pricing import Rates, work_seconds
+from echobench.predict.pricing import Rates, in_step_note, work_seconds
 
 
 @dataclass
@@ -97,6 +97,8 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     notes = [n for n in (host_note,) if n]
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
+    if note := in_step_note(profile):
+        notes.append(note)
     if layout.attention_kernel is None:
         notes.append("attention kernel not stated: priced at whichever the profile has")
     if not profile.attention:

@@ -25,6 +25,7 @@ from echobench.predict.pricing import (
     device_seconds,
     device_type,
     host_point,
+    in_step_note,
     is_cpu,
     point_run,
     priced,
@@ -178,6 +179,8 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
     notes = []
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
+    if note := in_step_note(profile):
+        notes.append(note)
     if host_point(cfg, profile) is None:
         notes.append(f"no host point in the profile: host at its host_op, {profile.host_op.seconds * 1e6:.3g} us per "
                      "op (its source says how it is assumed)" if profile.host_op else

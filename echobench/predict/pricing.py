@@ -255,16 +255,25 @@ def point_run(point, profile: HardwareProfile) -> RunConfig:
                      parallelism=point.parallelism, nodes=nodes, gpus_per_node=point.processes // nodes)
 
 
+def in_step_note(profile: HardwareProfile) -> str | None:
+    """The prediction's note on a GPU profile's fitted in_step factor (None without one)."""
+    if is_cpu(profile) or profile.in_step is None:
+        return None
+    return (f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}: the profile's in_step factor, "
+            f"FITTED to {len(profile.in_step.fitted_on)} published runs (its source says how), not measured")
+
+
 def in_situ_factor(rates: Rates) -> float:
     """How much longer a CPU's kernels take inside a training step than timed alone (operands the
     step left elsewhere in the cache, its allocations), from the profile's two single-process host
     steps (calibrate --comm: the shortest one, mostly host, and a reference step, mostly compute):
     each is step = factor x compute + optimizer + cost per op x ops, two equations for the factor
     and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
-    measured as training meets it). 1 on a GPU (its host and device overlap: not fitted), or without
-    both points, or where the points give a factor outside FACTOR_BOUNDS."""
+    measured as training meets it). On a GPU: the profile's `in_step` factor, fitted to published
+    runs (1 without one). On a CPU 1 without both points, or where the points give a factor outside
+    FACTOR_BOUNDS."""
     if not is_cpu(rates.profile):
-        return 1.0
+        return rates.profile.in_step.factor if rates.profile.in_step else 1.0
     single = sorted((p for p in rates.profile.host_steps if p.parallelism == "single"), key=_rows)
     if len(single) < 2 or _rows(single[0]) == _rows(single[-1]):
         return 1.0
