@@ -25,7 +25,7 @@ def test_the_shipped_factor_is_the_fit_and_the_rows_it_was_fitted_on_are_named()
     rows = load_rows(fit.ROWS)
     fit_rows = [r for r in rows if fit.fit_set(r)]
     best = min(fit.GRID, key=lambda k: sum(map(abs, fit.errors(fit_rows, k).values())))
-    for name in ("h100-hgx-ib", "h200-hgx-ib", "gh200-quad-slingshot"):
+    for name in ("h100-hgx-ib", "h200-hgx-ib", "gh200-quad-slingshot", "gh200-quad-ib"):
         shipped = load_profile(find_profile(name)).in_step
         assert shipped is not None and shipped.factor == pytest.approx(best, abs=5e-4), name
         assert shipped.fitted_on == sorted(r["id"] for r in fit_rows) and "FITTED" in shipped.source

@@ -296,7 +296,7 @@ def test_predict_json_has_one_object_per_run_of_the_matrix(cli):
     ids = [r.id for r in expand(load_matrix(path)).runs]
     assert sorted(o["run_id"] for o in out) == sorted(ids)
     for o in out:
-        assert o["step_time_s"] > 0 and 0 < o["mfu"] < 1 and o["profile"] == "gh200-quad-slingshot"
+        assert o["step_time_s"] > 0 and 0 < o["mfu"] < 1 and o["profile"] == "gh200-quad-ib"  # fabric: infiniband
         assert o["step_time_low_s"] <= o["step_time_s"] <= o["step_time_high_s"] and o["rank"] >= 1
     # at node counts the matrix does not have: every configuration at each (single stays on one node)
     many = json.loads(cli("predict", path, "--json", "--nodes", "1,64,1024", check=True).stdout)

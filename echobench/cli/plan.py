@@ -79,7 +79,8 @@ def plan(
         return
     from echobench.predict import profile_for_device  # lazy: start-up time of `echobench --help`
 
-    profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(matrix.spec.hardware.device)]))
+    profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(
+        matrix.spec.hardware.device, fabric=matrix.spec.slurm.fabric)]))
     if as_json:
         print(json.dumps(pl.plan_summary(the_plan, executor, profiles), indent=2, default=str))
         return
@@ -169,7 +170,7 @@ def predict_command(
         fail(str(exc))
     if not profiles:
         device = matrix.spec.hardware.device or pr.machine_device(cfgs)
-        found = pr.profile_for_device(device)
+        found = pr.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
         if found is None:
             fail(pr.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
                                        "machine's)"))

@@ -57,12 +57,15 @@ def load_profiles(names: Sequence[str]) -> list[HardwareProfile]:
         raise PredictError(str(exc)) from None
 
 
-def profile_for_device(device: str | None, near: str | None = None) -> HardwareProfile | None:
+def profile_for_device(device: str | None, near: str | None = None,
+                       fabric: str | None = None) -> HardwareProfile | None:
     """The profile to use for a device name without --profile: the one the sweep that `near` (a
     record's file) lies in measured for that device (hardware.calibrate_comm: SWEEP/profile.yaml,
     named after its file); else the shipped profile of the same datasheet row (peaks.PEAK_TFLOPS
-    names: a whole word of both names); else, for this machine's own device, the profile `calibrate
-    --comm` left in echobench's cache; None without any. PredictError when the sweep's cannot be read."""
+    names: a whole word of both names; of several, the first whose inter link is the matrix's
+    `fabric`, slurm.fabric: gh200-quad-ib for infiniband, gh200-quad-slingshot for slingshot); else,
+    for this machine's own device, the profile `calibrate --comm` left in echobench's cache; None
+    without any. PredictError when the sweep's cannot be read."""
     if not device:
         return None
     if near is not None and (path := measured_profile(near)) is not None:
@@ -73,10 +76,9 @@ def profile_for_device(device: str | None, near: str | None = None) -> HardwareP
         if profile.device == device:  # another device (a sweep over mixed nodes): the lookups below
             return profile.model_copy(update={"name": f"{profile.name} ({path})"})
     row = next((pattern for pattern, _, _ in PEAK_PATTERNS if pattern.search(device)), None)
-    for path in shipped_profiles().values():
-        profile = load_profile(path)
-        if row is not None and row.search(profile.device):
-            return profile
+    same = [p for p in map(load_profile, shipped_profiles().values()) if row is not None and row.search(p.device)]
+    if same:
+        return next((p for p in same if fabric and fabric.lower() in p.link_notes.get("inter", "").lower()), same[0])
     for dtype in ("float32", "bfloat16"):
         path = calibrated_profile_path(device, dtype)
         if path.is_file():
