@@ -35,12 +35,13 @@ own), at its causality, every score counted; hwprofile.attention_points' fallbac
 profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of
 the datasheet, the H200's measured ratio).
 
-Element-wise bytes (eager): 6.0 x forward and 9.5 x backward the bytes of what autograd saves per
+Element-wise bytes (eager): 3.3 x forward and 5.22 x backward the bytes of what autograd saves per
 sample (memory.activation_elements_per_sample, x micro-batch x the compute dtype's size): the ratio
 of the bytes read + written by every non-matmul ATen op of a real tiny step to that estimate,
-counted (5.4 .. 7.2 forward, 9.4 .. 14 backward over micro-batches 1-4 and lengths 50-400; a test
-holds it). Compiled blocks (inductor fuses each element-wise chain into one kernel): 2 x / 3 x,
-assumed. AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read,
+counted (6.0 / 9.5 against the estimate before issue 34, whose count made the estimate 1.82x larger
+on those steps: 3.0 .. 4.0 forward, 5.2 .. 7.7 backward over micro-batches 1-4 and lengths 50-400; a
+test holds it). Compiled blocks (inductor fuses each element-wise chain into one kernel): 1.1 x /
+1.65 x, assumed (2 x / 3 x before, scaled alike). AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read,
 p, m, v written), at the profile's measured AdamW rate (memory op "adamw") where it has one, else
 at its add bandwidth; clipping 8 (counted) at the add bandwidth.
 
