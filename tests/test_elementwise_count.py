@@ -139,3 +139,24 @@ def test_compiled_runs_and_failed_counts_keep_the_ratios_with_a_note(monkeypatch
 def test_a_cpu_profile_keeps_the_ratios():
     cfg = tiny()
     assert ew.echo_elementwise(cfg, 4, True) == (elementwise_bytes(cfg, 4), "ratios")
+
+
+@pytest.mark.slow
+def test_the_compiled_count_extrapolates_per_layer_too(monkeypatch):
+    """ECHOBENCH_COUNT_COMPILED=1: inductor's kernels of each compiled unit times its calls, so the
+    compiled count is as linear in the layers as the eager one."""
+    cfg = tiny()
+    m = cfg.model_config()
+    with mock.patch.object(stepcount, "count_step", wraps=stepcount.count_step) as counted:
+        depth1, depth2 = ew.count_at_depth(cfg, True, 1), ew.count_at_depth(cfg, True, 2)
+        assert all(call.kwargs["compiled"] for call in counted.call_args_list)
+    whole = stepcount.count_step(cfg, compiled=True)
+    assert ew.extrapolate(cfg, depth1, depth2) == (whole.total("forward", kind="memory").bytes,
+                                                   whole.total("backward", kind="memory").bytes)
+    assert (m.layers, m.speaker_layers, m.text_encoder.layers) != (1, 1, 1)
+    monkeypatch.setenv(ew.COMPILED_ENV, "1")  # the opt-in prices these counts (not counted again here)
+    monkeypatch.setattr(ew, "count_at_depth", lambda run, compiled, depth: (depth1, depth2)[depth - 1] if compiled
+                        else pytest.fail("counted eager"))
+    run = pr.priced(tiny(compile="auto"), gpu_profile().device)
+    fwd, bwd = ew.echo_elementwise(run, 2, False)[0]
+    assert (fwd, bwd) == ew.extrapolate(cfg, depth1, depth2)

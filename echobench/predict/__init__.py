@@ -44,7 +44,9 @@ memory and under the echobench cache; TP splits them as memory.estimate_memory. 
 of what autograd saves per step (memory.activation_elements_per_sample x micro-batch x the compute
 dtype's size): autocast keeps the residual stream, norms and activations in fp32 and casts every
 matmul's operands. Compiled runs: 2 x / 3 x those bytes, assumed (inductor fuses each element-wise
-chain; ECHOBENCH_COUNT_COMPILED=1 counts inductor's kernels instead, about a minute per count). A CPU
+chain), because counting inductor's kernels takes 40 .. 90 s per reduced count (two per configuration,
+2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts them instead (800M / 3B / 8B at micro-batch 8: 2.77 /
+3.24 / 3.70 x forward and 3.88 / 4.31 / 4.88 x backward, so the assumed ratios under-count). A CPU
 profile, and a count that fails (no torch, fp8), keep the fixed eager ratios 6.0 x forward and 9.5 x
 backward, counted on real fp32 tiny CPU steps (5.4 .. 7.2 forward, 9.4 .. 14 backward; the CPU's
 in-situ factor was fitted with them). The prediction's notes say which.

@@ -34,9 +34,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("stepcount.py", "stepcount_ops.py", "model/config.py", "model/components.py", "model/dit.py",
            "model/echo.py", "model/speaker.py", "model/text_encoder.py", "backends/torchtitan.py",
            "predict/elementwise.py")
-# Compiled runs: stepcount's inductor proxy takes about a minute per reduced-depth count (8B, 2 CPU
-# cores: its compile of each unit does not shrink with depth), two counts per configuration: opt in
-# with ECHOBENCH_COUNT_COMPILED=1; else compiled runs keep work.ELEMENTWISE's assumed ratios.
+# Compiled runs: stepcount's inductor proxy takes 40 .. 90 s per reduced-depth count (800M .. 8B on 2
+# CPU cores, measured: its compile of each unit does not shrink with depth), two counts per
+# configuration, so a matrix's first predict takes minutes and the tests' many tiny runs would too: opt
+# in with ECHOBENCH_COUNT_COMPILED=1; else compiled runs keep work.ELEMENTWISE's assumed ratios.
 COMPILED_ENV = "ECHOBENCH_COUNT_COMPILED"
 _FAILED: dict[str, Exception] = {}  # count keys whose count failed, and why
 
