@@ -35,14 +35,23 @@ own), at its causality, every score counted; hwprofile.attention_points' fallbac
 profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of
 the datasheet, the H200's measured ratio).
 
-Element-wise bytes (eager): 3.3 x forward and 5.22 x backward the bytes of what autograd saves per
-sample (memory.activation_elements_per_sample, x micro-batch x the compute dtype's size): the ratio
-of the bytes read + written by every non-matmul ATen op of a real tiny step to that estimate,
-counted (6.0 / 9.5 against the estimate before issue 34, whose count made the estimate 1.82x larger
-on those steps: 3.0 .. 4.0 forward, 5.2 .. 7.7 backward over micro-batches 1-4 and lengths 50-400; a
-test holds it). Compiled blocks (inductor fuses each element-wise chain into one kernel): 1.1 x /
-1.65 x, assumed (2 x / 3 x before, scaled alike). AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read,
-p, m, v written), at the profile's measured AdamW rate (memory op "adamw") where it has one, else
+Element-wise bytes: on a GPU profile counted (elementwise.py): echobench.stepcount's bytes read +
+written by every memory-bound op of one step of the run's configuration (its width, lengths,
+micro-batch, precision, AC and attention path; the optimizer and clipping apart), counted at 1 and 2
+layers per stack and extrapolated per layer, which equals a full count (a test holds it), cached in
+memory and under the echobench cache; TP splits them as memory.estimate_memory. An eager bf16
+800M / 3B / 8B step at micro-batch 8 counts 5.0 .. 5.3 x forward and 9.6 .. 10.2 x backward the bytes
+of what autograd saves per step (memory.activation_elements_per_sample x micro-batch x the compute
+dtype's size). Compiled runs: work.ELEMENTWISE's 1.1 x / 1.65 x those bytes, assumed (inductor fuses
+each element-wise chain), because counting inductor's kernels takes 40 .. 90 s per reduced count (two
+per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts them instead (about 1.4 .. 1.9 x
+forward and 2.0 .. 2.5 x backward for 800M .. 8B: the assumed ratios under-count). A CPU profile, and a
+count that fails (no torch, fp8), keep the fixed eager ratios 3.3 x forward and 5.22 x backward,
+counted on real fp32 tiny CPU steps (the CPU's in-situ factor was fitted with the bytes they give;
+6.0 / 9.5 against the smaller activation estimate before issue 34). The prediction's notes say which.
+
+AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read, p, m, v
+written), at the profile's measured AdamW rate (memory op "adamw") where it has one, else
 at its add bandwidth; clipping 8 (counted) at the add bandwidth.
 
 Host ops per step: HOST_OPS, counted on real tiny steps of each layout (per DiT, speaker and text
@@ -58,8 +67,10 @@ collectives are derived).
 The package, by what each file is (every name callers use is re-exported here):
 
     work.py           what a step of Echo runs on a rank: its GEMMs and attentions (step_work), its
-                      element-wise and optimizer bytes, the parameters a rank updates, the host's ATen
-                      ops (host_ops)
+                      element-wise bytes at the fixed ratios and optimizer bytes, the parameters a rank
+                      updates, the host's ATen ops (host_ops)
+    elementwise.py    an Echo step's element-wise bytes counted (stepcount at reduced depth,
+                      extrapolated per layer, cached): counted_bytes, echo_elementwise
     pricing.py        that work priced on a profile: Rates (GEMM, attention, memory and collective
                       figures at one bound), device_seconds, the CPU's in-situ factor, the host point,
                       run_peak, priced (the run as the profile's device runs it)

@@ -24,6 +24,7 @@ from echobench.predict.pricing import (
     compute_bytes,
     device_seconds,
     device_type,
+    elementwise_note,
     host_point,
     in_step_note,
     is_cpu,
@@ -180,6 +181,8 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
     if note := in_step_note(profile):
+        notes.append(note)
+    if note := elementwise_note(cfg, profile):
         notes.append(note)
     if host_point(cfg, profile) is None:
         notes.append(f"no host point in the profile: host at its host_op, {profile.host_op.seconds * 1e6:.3g} us per "

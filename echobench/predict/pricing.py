@@ -17,8 +17,9 @@ from echobench.hwprofile import (
     interpolate_attention,
 )
 from echobench.peaks import table_peak
+from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
-from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, elementwise_bytes, rank_params, run_work
+from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, rank_params, run_work
 
 BOUNDS = ("mid", "low", "high")  # the point figures; the calibration's best; its worst
 
@@ -166,10 +167,20 @@ def run_peak(cfg: RunConfig, profile: HardwareProfile) -> tuple[float, str]:
 def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step of an Echo run by phase and kind (no communication): its
     work (work.run_work) priced by work_seconds, attention at the kernel the run takes
-    (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels)."""
+    (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels), the
+    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's)."""
     mm, att = run_work(cfg)
-    kernel = None if is_cpu(rates.profile) else attention_kernel(cfg)
-    return work_seconds(mm, att, elementwise_bytes(cfg, eb), rank_params(cfg), rates, kernel)
+    cpu = is_cpu(rates.profile)
+    kernel = None if cpu else attention_kernel(cfg)
+    return work_seconds(mm, att, echo_elementwise(cfg, eb, cpu)[0], rank_params(cfg), rates, kernel)
+
+
+def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
+    """The prediction's note on how its element-wise bytes were had (None on a CPU profile: the ratios
+    of the package's docstring)."""
+    if is_cpu(profile):
+        return None
+    return echo_elementwise(cfg, compute_bytes(cfg, profile), False)[1]
 
 
 def attention_kernel(cfg: RunConfig) -> str | None:

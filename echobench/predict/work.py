@@ -181,12 +181,22 @@ def rank_params(cfg: RunConfig) -> float:
     return params / state_shards(cfg)
 
 
+def tp_share(cfg: RunConfig) -> float:
+    """The share of a replica's element-wise bytes one TP rank moves: as memory.estimate_memory, norms
+    and residuals stay whole (a quarter, assumed), the rest splits."""
+    return 0.25 + 0.75 / cfg.tp if cfg.tp > 1 else 1.0
+
+
+def ratios_saved(cfg: RunConfig, eb: int) -> float:
+    """The bytes of what autograd saves per step of one replica (at `eb` bytes per element)."""
+    return activation_elements_per_sample(cfg)[0] * cfg.micro_batch * eb
+
+
 def elementwise_bytes(cfg: RunConfig, eb: int) -> tuple[float, float]:
     """The bytes one rank's element-wise ops read and write per step, forward and backward (AC
-    re-runs the forward's in backward): ELEMENTWISE x the bytes of what autograd saves (at `eb` bytes
-    per element, the compute dtype's)."""
-    saved = activation_elements_per_sample(cfg)[0] * cfg.micro_batch * eb
-    if cfg.tp > 1:
-        saved *= 0.25 + 0.75 / cfg.tp  # as memory.estimate_memory: norms and residuals stay whole
+    re-runs the forward's in backward), at the ratios: ELEMENTWISE x the bytes of what autograd saves
+    (at `eb` bytes per element, the compute dtype's). predict's GPU profiles count them instead
+    (predict.elementwise); these stand on CPU profiles, for compiled runs and where counting fails."""
+    saved = ratios_saved(cfg, eb) * tp_share(cfg)
     fwd, bwd = ELEMENTWISE["compiled" if cfg.compile else "eager"]
     return fwd * saved, (bwd + (fwd if cfg.ac != "none" else 0)) * saved
