@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from echobench import nccltuning as nt
 from echobench.atomic import write_text_atomic
-from echobench.yamltext import yaml_problem
+from echobench.yamltext import read_yaml
 
 PROFILE_SCHEMA_VERSION = 1
 Op = Literal["all_reduce", "all_gather", "reduce_scatter"]
@@ -532,12 +532,7 @@ def load_profile(path: Path | str) -> HardwareProfile:
     """A profile from its YAML file; ProfileError (one line, naming the file) when it is not one
     this echobench reads: unreadable, not YAML, another schema_version, or invalid fields."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read the hardware profile ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    data = read_yaml(path, "hardware profile", ProfileError)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: not a hardware profile (expected a mapping)")
     version = data.get("schema_version")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 
 
@@ -16,3 +18,17 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
         where = getattr(exc, "context_mark", None)
         text += f" ({context}" + (f" that starts at line {where.line + 1})" if where and where.line != mark.line else ")")
     return text
+
+
+def read_yaml(path: Path, what: str, error: type[Exception], missing: str = "") -> object:
+    """The YAML document in `path`, else `error` in one line naming the file: not there (with
+    `missing`, the fix, where given), unreadable (as `what`) or not valid YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise error(f"{path}: no such file: {missing}" if missing else
+                    f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {yaml_problem(exc)}") from None

@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-import yaml
 
 from echobench.predict.errors import PredictError
 from echobench.predict.work import AttentionWork, Matmul
-from echobench.yamltext import yaml_problem
+from echobench.yamltext import read_yaml
 
 ACTIVATIONS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rotary", "alibi", "none")
@@ -236,12 +235,7 @@ def load_card_file(path: Path | str) -> tuple[ModelCard, Layout, str]:
     """A small YAML card file, laid out as a published row without `published`: `model`, `run`,
     `hardware` (with `profile`, a shipped name or a file) -> the card, its layout and the profile."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PredictError(f"{path}: cannot read the model card ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise PredictError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    data = read_yaml(path, "model card", PredictError)
     if not isinstance(data, Mapping) or not all(isinstance(data.get(k), Mapping) for k in ("model", "run", "hardware")):
         raise PredictError(f"{path}: a model card is a mapping with `model`, `run` and `hardware` mappings")
     if not isinstance(data["hardware"].get("profile"), str):

@@ -14,13 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
 
 from echobench.hwprofile import HardwareProfile, ProfileError, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
 from echobench.predict.card_model import predict_card
 from echobench.predict.errors import PredictError
-from echobench.yamltext import yaml_problem
+from echobench.yamltext import read_yaml
 
 # The keys a row must have to be priced (a row lacking one is bad input, named with its row).
 REQUIRED = {"hardware": ("profile", "gpus", "gpus_per_node"),
@@ -71,15 +70,8 @@ def load_rows(path: Path | str) -> list[dict]:
     """The rows of a published-runs YAML file; PredictError (one line) for a missing or unreadable
     file, bad YAML, a file that is not a list of rows, or a row lacking a key predict reads."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PredictError(f"{path}: no such file: give the published runs file, e.g. "
-                           "validation/published-runs.yaml") from None
-    except OSError as exc:
-        raise PredictError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise PredictError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    data = read_yaml(path, "published runs file", PredictError,
+                     missing="give the published runs file, e.g. validation/published-runs.yaml")
     if not isinstance(data, list) or not data:
         raise PredictError(f"{path}: expected a non-empty list of rows (each with id, hardware, model, run, published)")
     for i, row in enumerate(data):
