@@ -88,6 +88,7 @@ def main() -> int:
     fit_errs = errors(fit_rows, best)
     others = {i: e for i, e in errors(rows, best).items() if i not in fit_errs}
     fitted, held = summary(list(fit_errs.values())), summary(list(others.values()))
+    print(f"k = 1, no factor: all {summary(list(errors(rows, 1.0).values()))}")
     print(f"k = {best:.3f} (fitted on {fitted})\nheld out: {held}")
     for i, e in {**fit_errs, **others}.items():
         print(f"  {'fit ' if i in fit_errs else 'held'}  {i:<24} {e:+.1%}")
