@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from unittest import mock
 
+from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig
 from echobench.predict.work import ELEMENTWISE, elementwise_bytes, ratios_saved, tp_share
 
@@ -120,10 +121,7 @@ def _counted(key: str) -> tuple[dict, dict]:
     fields.pop("sources")
     cfg = RunConfig(**fields)
     depth1, depth2 = count_at_depth(cfg, compiled, 1), count_at_depth(cfg, compiled, 2)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "depth1": depth1, "depth2": depth2}, indent=1))
-    tmp.replace(path)
+    write_json_atomic(path, {"key": key, "depth1": depth1, "depth2": depth2})
     return depth1, depth2
 
 
