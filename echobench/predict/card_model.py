@@ -14,12 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from echobench.hwprofile import HardwareProfile
-from echobench.peaks import table_peak
 from echobench.predict.card import Layout, ModelCard, card_work, model_flops_per_token
 from echobench.predict.card_traffic import card_traffic, place_card
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
-from echobench.predict.pricing import Rates, in_step_note, work_seconds
+from echobench.predict.pricing import Rates, in_step_note, is_cpu, profile_peak, work_seconds
 
 
 @dataclass
@@ -47,26 +46,22 @@ class CardPrediction:
 def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
     """The host's seconds per dispatched op on this profile and a note on where it comes from: its
     shortest GPU host step over its ops (measured, as model.host_per_op takes it on a GPU), else the
-    profile's assumed `host_op.seconds` (read defensively: profiles of this branch may not have the
-    field), else 0."""
+    profile's assumed `host_op`, else 0."""
     steps = sorted(profile.host_steps, key=lambda p: p.micro_batch * p.audio_frames)
-    if steps and not profile.device.upper().startswith("CPU"):
+    if steps and not is_cpu(profile):
         return steps[0].step_s / steps[0].ops, None
-    host_op = getattr(profile, "host_op", None)
-    seconds = getattr(host_op, "seconds", None)
-    if isinstance(seconds, (int, float)) and seconds > 0:
-        return float(seconds), (f"host at {seconds * 1e6:.0f} us per op, assumed ({getattr(host_op, 'source', '')}); "
-                                "host ops counted on an eager CPU decoder (card.HOST_OPS_*)")
+    if profile.host_op is not None:
+        return profile.host_op.seconds, (f"host at {profile.host_op.seconds * 1e6:.0f} us per op, assumed "
+                                         f"({profile.host_op.source}); host ops counted on an eager CPU decoder "
+                                         "(card.HOST_OPS_*)")
     return 0.0, f"profile {profile.name} has no host cost per op: host overhead not modelled (0)"
 
 
 def peak_of(profile: HardwareProfile) -> tuple[float, str]:
-    """echobench's MFU denominator for a card: the datasheet peak of the profile's device, else its
-    best GEMM rate."""
-    if hit := table_peak(profile.device):
+    """echobench's MFU denominator for a card: pricing.profile_peak (the datasheet peak of the
+    profile's device, else its best GEMM rate)."""
+    if hit := profile_peak(profile):
         return hit
-    if profile.gemm:
-        return max(p.tflops for p in profile.gemm), f"calibrated GEMM (profile {profile.name})"
     raise PredictError(f"no peak for profile {profile.name!r}: its device is not in the datasheet table and it has "
                        "no GEMM points: add `gemm` entries")
 

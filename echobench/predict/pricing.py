@@ -150,16 +150,24 @@ def compute_bytes(cfg: RunConfig, profile: HardwareProfile) -> int:
     return 4 if cfg.precision == "fp32" else 2
 
 
+def profile_peak(profile: HardwareProfile) -> tuple[float, str] | None:
+    """The datasheet entry of the profile's device, else the profile's best GEMM rate (calibrated);
+    None without either."""
+    if hit := table_peak(profile.device):
+        return hit
+    if profile.gemm:
+        return max(p.tflops for p in profile.gemm), f"calibrated:{profile.dtype} GEMM (profile {profile.name})"
+    return None
+
+
 def run_peak(cfg: RunConfig, profile: HardwareProfile) -> tuple[float, str]:
     """The MFU denominator as the run would take it (hardware.resolve_peak's order): the run's
     peak_tflops (a flag, or the matrix's hardware.peak_tflops), else the datasheet entry of the
     profile's device, else the profile's best GEMM rate (calibrated)."""
     if cfg.peak_tflops is not None:
         return cfg.peak_tflops, "flag"
-    if hit := table_peak(profile.device):
+    if hit := profile_peak(profile):
         return hit
-    if profile.gemm:
-        return max(p.tflops for p in profile.gemm), f"calibrated:{profile.dtype} GEMM (profile {profile.name})"
     raise PredictError(f"no peak for {run_id(cfg)}: set peak_tflops (hardware.peak_tflops in the matrix) or give "
                        f"a profile with GEMM points")
 
