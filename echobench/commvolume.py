@@ -281,6 +281,9 @@ class Traffic:
     link: str
     what: str
     per_node: int = 1
+    # Once per optimizer step (the gradients' reductions and norms: gradient accumulation syncs on
+    # the last micro-batch only), not once per micro-batch (activations, gathers, the frame count).
+    once: bool = False
 
     @property
     def bus_bytes(self) -> float:
@@ -371,7 +374,7 @@ def ddp_bytes(cfg) -> list[Traffic]:
     reduce_dtype, reduce_size = _reduce_dtype(cfg)
     grads = sum(sizes) * reduce_size // FP32  # the buckets hold float32 gradients; bf16 compresses them
     return [Traffic("all_reduce", "dp", n, ddp_buckets(sizes, *TORCHTITAN_DDP_BUCKET_BYTES), grads, reduce_dtype,
-                    _link(spans), "gradient buckets", cfg.gpus_per_node),
+                    _link(spans), "gradient buckets", cfg.gpus_per_node, once=True),
             _frame_count("dp", n, spans, cfg.gpus_per_node)]
 
 
@@ -419,13 +422,13 @@ def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
                            + (", forward and backward" if any(gathers(u) == 2 for u in mine) else
                               " (once: kept from forward to backward)"), cfg.gpus_per_node))
         out.append(Traffic("reduce_scatter", "dp_shard", shard, len(mine), padded * reduce_size, reduce_dtype,
-                           _link(shard_spans), f"gradients of each {kind}", cfg.gpus_per_node))
+                           _link(shard_spans), f"gradients of each {kind}", cfg.gpus_per_node, once=True))
         if hsdp and cfg.nodes > 1:  # one rank of each node: the replicas of a shard
             out.append(Traffic("all_reduce", "dp_replicate", cfg.nodes, len(mine), padded // shard * reduce_size,
-                               reduce_dtype, "inter", f"gradient shards of each {kind} across the replicas", 1))
+                               reduce_dtype, "inter", f"gradient shards of each {kind} across the replicas", 1, once=True))
     tensors = sum(len(u.shapes) for u in units)
     out.append(Traffic("all_reduce", "dp_shard", shard, 1, tensors * FP32, "float32", _link(shard_spans),
-                       "gradient norm: one float32 per trainable parameter", cfg.gpus_per_node))
+                       "gradient norm: one float32 per trainable parameter", cfg.gpus_per_node, once=True))
     out.append(_frame_count("dp", cfg.world_size, cfg.nodes > 1, cfg.gpus_per_node))
     return out
 
@@ -469,8 +472,8 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
             Traffic("all_reduce", "tp", tp, m.layers, m.layers * speaker, dtype, "intra",
                     "speaker k/v input gradients"),
             Traffic("all_reduce", "tp", tp, 1, m.layers * 2 * m.head_dim * FP32, "float32", "intra",
-                    "partial gradients of the per-head QK-norms"),
-            Traffic("all_reduce", "tp", tp, 1, FP32, "float32", "intra", "squared gradient norm"),
+                    "partial gradients of the per-head QK-norms", once=True),
+            Traffic("all_reduce", "tp", tp, 1, FP32, "float32", "intra", "squared gradient norm", once=True),
         )]
     grad_dtype, grad_bytes = _reduce_dtype(cfg)  # megatron's buffers hold the gradients in it
     units = param_units(m)
@@ -478,7 +481,8 @@ def tp_bytes(cfg, device: str | None = None) -> list[Traffic]:
               for u in reversed(units) for name, s in reversed(list(zip(_block_names(m, u), u.shapes)))]
     spans, per_node = cfg.nodes > 1, max(1, cfg.gpus_per_node // tp)  # one rank of each TP group per node
     out.append(Traffic("all_reduce", "dp", dp, ddp_buckets(shares, *megatron_ddp_bucket_bytes(cfg)),
-                       sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)", per_node))
+                       sum(shares), grad_dtype, _link(spans), "gradient buckets (this rank's TP shard)", per_node,
+                       once=True))
     if dp > 1:
         out.append(_frame_count("dp", dp, spans, per_node))
     return out

@@ -316,13 +316,14 @@ def _loc(parts) -> str:
     return ".".join(str(p) for p in parts) or "(top level)"
 
 
-def _format_pydantic(path: Path, exc: ValidationError) -> str:
-    """Every problem pydantic found, on one line after the file's name."""
+def _format_pydantic(path: Path, exc: ValidationError, top: type[BaseModel] | None = None) -> str:
+    """Every problem pydantic found, on one line after the file's name (`top`: the file's model,
+    MatrixFile unless given)."""
     problems = []
     for err in exc.errors():
         loc = _loc(err["loc"])
         if err["type"] == "extra_forbidden":
-            model = MatrixFile
+            model = top or MatrixFile
             for part in err["loc"][:-1]:
                 model = model.model_fields[part].annotation if isinstance(part, str) else model
             allowed = ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else ""

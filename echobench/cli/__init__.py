@@ -16,6 +16,7 @@ from echobench.cli import run  # noqa: F401,E402
 from echobench.cli import calibrate  # noqa: F401,E402
 from echobench.cli import report  # noqa: F401,E402
 from echobench.cli import plan  # noqa: F401,E402
+from echobench.cli import tune  # noqa: F401,E402
 from echobench.cli import sweep  # noqa: F401,E402
 from echobench.cli import data  # noqa: F401,E402
 # isort: on

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from echobench.config import RunConfig
@@ -37,6 +37,7 @@ class Collective:
     floor_s: float
     per_node: int = 1  # the group's ranks on one node
     algorithm: str = "alpha-beta"  # ring / tree as NCCL's tuner picks (hwprofile.CollectiveCost)
+    once: bool = False  # once per optimizer step (commvolume.Traffic.once), not per micro-batch
 
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
@@ -95,7 +96,7 @@ def place(traffic, rates: Rates, bucket_caps: tuple[int, int]) -> list[Collectiv
             nbytes = t.nbytes * calls // t.calls
             out.append(Collective(t.what, t.op, t.group, t.group_size, t.link, calls, nbytes,
                                   bus_factor(t.op, t.group_size) * nbytes, cost.alpha_s, cost.bus_gbps, calls * one,
-                                  overlaps, min(floor, calls * one), t.per_node, cost.algorithm))
+                                  overlaps, min(floor, calls * one), t.per_node, cost.algorithm, t.once))
     return out
 
 
@@ -108,6 +109,26 @@ def exposed(comm: Sequence[Collective], windows: dict[str, float]) -> dict[str, 
         floors = sum(c.floor_s for c in mine)
         out[phase] = floors + max(0.0, sum(c.seconds for c in mine) - floors - windows[phase])
     return out
+
+
+def accumulated(comm: Sequence[Collective], micro_batches: int) -> list[Collective]:
+    """A step of `micro_batches` micro-batches: the collectives of each micro-batch that many times
+    (activations, FSDP2's gathers, the frame count), those once per step (Collective.once: the
+    gradients' reductions, the norms) once."""
+    n = micro_batches
+    return [c if c.once or n == 1 else replace(c, calls=c.calls * n, nbytes=c.nbytes * n, bus_bytes=c.bus_bytes * n,
+                                                seconds=c.seconds * n, floor_s=c.floor_s * n) for c in comm]
+
+
+def exposed_accumulated(comm: Sequence[Collective], windows: dict[str, float], micro_batches: int) -> dict[str, float]:
+    """exposed() of a step of `micro_batches` micro-batches (`comm` and `windows` of one): each
+    micro-batch's collectives against its own phases, that many times; the once-per-step ones against
+    the last micro-batch's (gradient accumulation syncs the gradients in the last backward only)."""
+    if micro_batches == 1:
+        return exposed(comm, windows)
+    every = exposed([c for c in comm if not c.once], windows)
+    last = exposed([c for c in comm if c.once], windows)
+    return {k: micro_batches * every[k] + last[k] for k in every}
 
 
 def link_bytes(comm: Sequence[Collective]) -> dict[str, dict[str, float]]:

@@ -13,7 +13,8 @@ from echobench.flops import hardware_flops, model_flops
 from echobench.hwprofile import HardwareProfile
 from echobench.matrix import layout_problem
 from echobench.memory import device_memory_gib, estimate_memory
-from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
+from echobench.predict.communication import (Collective, accumulated, collectives, exposed_accumulated, hide_gbps,
+                                             link_bytes)
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import (
     BOUNDS,
@@ -98,17 +99,21 @@ def host_per_op(cfg: RunConfig, rates: Rates) -> float:
 
 def _device(cfg: RunConfig, rates: Rates) -> dict:
     """One step's device side at one bound: seconds by kind, the phases, communication and its
-    exposed part."""
-    dev = device_seconds(cfg, rates, compute_bytes(cfg, rates.profile))
+    exposed part. grad_accum micro-batches: each one's compute and collectives that many times, the
+    gradients' reductions and the optimizer once (communication.exposed_accumulated)."""
+    n, one = cfg.grad_accum, replace(cfg, grad_accum=1)
+    dev = device_seconds(one, rates, compute_bytes(one, rates.profile))
     fwd = dev["gemm_forward"] + dev["attention_forward"] + dev["elementwise_forward"]
     bwd = dev["gemm_backward"] + dev["attention_backward"] + dev["elementwise_backward"]
-    comm = collectives(cfg, rates)
+    comm = collectives(one, rates)
     # On a CPU the collectives hide behind nothing: gloo's threads need the cores the ranks compute
     # on (profiled DDP, FSDP2 and TP=2 steps on 2 cores overlap under 2% of their communication).
-    hidden = exposed(comm, {"forward": 0.0, "backward": 0.0} if is_cpu(rates.profile) else {"forward": fwd, "backward": bwd})
+    windows = {"forward": 0.0, "backward": 0.0} if is_cpu(rates.profile) else {"forward": fwd, "backward": bwd}
+    hidden = exposed_accumulated(comm, windows, n)
     exposed_s = sum(hidden.values())
-    return {"dev": dev, "forward": fwd, "backward": bwd, "comm": comm, "exposed": hidden, "exposed_s": exposed_s,
-            "device": fwd + bwd + dev["optimizer"] + exposed_s}
+    return {"dev": {k: v if k == "optimizer" else n * v for k, v in dev.items()}, "forward": n * fwd,
+            "backward": n * bwd, "comm": accumulated(comm, n), "exposed": hidden, "exposed_s": exposed_s,
+            "device": n * (fwd + bwd) + dev["optimizer"] + exposed_s}
 
 
 def _device_step(cfg: RunConfig, rates: Rates) -> float:
@@ -116,10 +121,12 @@ def _device_step(cfg: RunConfig, rates: Rates) -> float:
 
 
 def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
-    """One step's figures at one bound: the device side, the host, the step."""
+    """One step's figures at one bound: the device side, the host (each micro-batch's forward and
+    backward ops, the optimizer's once), the step."""
     out = _device(cfg, rates)
-    ops = host_ops(cfg)
-    host = sum(ops.values()) * host_per_op(cfg, rates)
+    one = replace(cfg, grad_accum=1)
+    ops = {k: v if k == "optimizer" else cfg.grad_accum * v for k, v in host_ops(one).items()}
+    host = sum(ops.values()) * host_per_op(one, rates)
     step = out["device"] + host if is_cpu(rates.profile) else max(out["device"], host)
     return {**out, "ops": ops, "host": host, "step": step}
 
@@ -132,8 +139,6 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
-    if cfg.grad_accum > 1:
-        raise PredictError(f"{run_id(given)}: gradient accumulation is not modelled: predict it with grad_accum: 1")
     mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)

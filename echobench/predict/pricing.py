@@ -275,11 +275,14 @@ def point_run(point, profile: HardwareProfile) -> RunConfig:
 
 
 def in_step_note(profile: HardwareProfile) -> str | None:
-    """The prediction's note on a GPU profile's fitted in_step factor (None without one)."""
-    if is_cpu(profile) or profile.in_step is None:
+    """The prediction's note on a profile's fitted in_step factor (None without one): fitted to
+    published runs (the shipped GPU profiles) or by `echobench tune` to its measured runs."""
+    if profile.in_step is None:
         return None
-    return (f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}: the profile's in_step factor, "
-            f"FITTED to {len(profile.in_step.fitted_on)} published runs (its source says how), not measured")
+    return (f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
+            + (" (on the in-situ factor of the host points)" if is_cpu(profile) else "")
+            + f": the profile's in_step factor, FITTED to {len(profile.in_step.fitted_on)} runs (its source says "
+              "how), not measured")
 
 
 def in_situ_factor(rates: Rates) -> float:
@@ -290,9 +293,13 @@ def in_situ_factor(rates: Rates) -> float:
     and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
     measured as training meets it). On a GPU: the profile's `in_step` factor, fitted to published
     runs (1 without one). On a CPU 1 without both points, or where the points give a factor outside
-    FACTOR_BOUNDS."""
-    if not is_cpu(rates.profile):
-        return rates.profile.in_step.factor if rates.profile.in_step else 1.0
+    FACTOR_BOUNDS; times the profile's in_step where `echobench tune` fitted one."""
+    fitted = rates.profile.in_step.factor if rates.profile.in_step else 1.0
+    return fitted * _host_points_factor(rates) if is_cpu(rates.profile) else fitted
+
+
+def _host_points_factor(rates: Rates) -> float:
+    """A CPU's in-situ factor from its two single-process host points (in_situ_factor)."""
     single = sorted((p for p in rates.profile.host_steps if p.parallelism == "single"), key=_rows)
     if len(single) < 2 or _rows(single[0]) == _rows(single[-1]):
         return 1.0

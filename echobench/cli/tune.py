@@ -1,0 +1,113 @@
+"""`echobench tune`: the best configuration of a scale on a node count, ranked by the performance
+model and proven by measurement (echobench.tune)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
+from echobench.console import esc, log
+from echobench.matrix import ExecutorName
+
+
+@app.command()
+def tune(
+    tune_file: Path = typer.Argument(..., metavar="TUNE_FILE", help="A tune file (README, Tuning a run): the scale(s), "
+                                     "node counts, GPUs per node, axes to fix or widen, and the matrix sections the "
+                                     "measuring sweep takes."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default runs/tune-NAME): tune.json, "
+                                       "report.md, winners/, the measuring sweep; the same --out resumes."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local or slurm (default: the tune file's)."),
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME|FILE", help="The hardware profile to rank "
+                                          "on (default: the device's shipped profile, else the one `calibrate --comm` "
+                                          "measured on this machine)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Candidates measured per scale and node count besides "
+                                        "each layout family's best (default: the file's top_k, else 3)."),
+    budget: Optional[float] = typer.Option(None, "--budget-gpu-hours", help="Stop measuring once this many device-hours "
+                                           "are spent (default: the file's budget_gpu_hours, else none)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Prune and rank only: write tune.json and report.md, measure "
+                                 "nothing."),
+    preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: the sweep's preflight job first."),
+):
+    """Search layouts, micro-batch, accumulation, checkpointing, compile, resharding and fp8; prune by
+    memory and rules; rank by predicted samples/s; measure the top K and each family's best;
+    recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
+    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
+    from echobench.config import RunConfig
+    from echobench.tune.loop import run_tune, sweep_measure
+    from echobench.tune.output import ranking_table, write_outputs
+    from echobench.tune.space import TuneError, build_problem, load_tune_file
+
+    if executor not in (None, *typing.get_args(ExecutorName)):
+        fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
+    try:
+        spec = load_tune_file(tune_file)
+    except TuneError as exc:
+        fail(str(exc))
+    updates = {k: v for k, v in (("top_k", top_k), ("budget_gpu_hours", budget), ("executor", executor))
+               if v is not None}
+    if top_k is not None and not 1 <= top_k <= 20:
+        fail(f"--top-k {top_k}: between 1 and 20")
+    if budget is not None and budget <= 0:
+        fail(f"--budget-gpu-hours {budget:g}: must be > 0")
+    spec = spec.model_copy(update=updates)
+    if spec.executor == "local" and any(n > 1 for n in spec.nodes):
+        fail(f"{tune_file}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
+             "--executor slurm")
+    tune_dir = writable_dir((out or Path("runs") / f"tune-{spec.name}").resolve())
+    profiles = load_profiles_or_fail([profile] if profile else [])
+    if profiles:
+        prof = profiles[0]
+    else:
+        try:
+            cfg = RunConfig.from_dict({**spec.defaults, "scale": spec.scale[0]})
+        except (TypeError, ValueError) as exc:
+            fail(f"{tune_file}: defaults: {exc}")
+        device = spec.hardware.get("device") or pr.machine_device([cfg])
+        prof = pr.profile_for_device(device, fabric=spec.slurm.get("fabric"))
+        if prof is None:
+            fail(pr.no_profile_message(f"tune file {tune_file} (device {device!r}: its hardware.device, else this "
+                                       "machine's)") + "; or give --profile")
+    try:
+        problems = [build_problem(spec, scale, nodes, prof) for scale in spec.scale for nodes in spec.nodes]
+    except TuneError as exc:
+        fail(str(exc), 1)
+    log(console, f"{esc(spec.name)}: ranked on {esc(prof.name)}: " + "; ".join(
+        f"{esc(p.key)} {len(p.ranked)} candidates, {len(p.pruned)} pruned" for p in problems))
+    if dry_run:
+        def measure(_):
+            return {}
+        info = None
+        spec = spec.model_copy(update={"max_rounds": 1})
+    else:
+        measure, info = sweep_measure(spec, tune_dir, console, executor=spec.executor, preflight=preflight)
+    try:
+        result = run_tune(spec, problems, prof, measure, tune_dir, info, lambda s: log(console, esc(s)),
+                          spec.executor)
+    except TuneError as exc:
+        fail(str(exc), 1)
+    if dry_run:
+        result.rounds.clear()
+        result.stops = {p.key: "--dry-run: nothing measured" for p in problems}
+    doc = write_outputs(spec, tune_file, result, tune_dir)
+    for p in problems:
+        console.print(ranking_table(p, result))
+    for p in doc["problems"]:
+        if p["winner"]:
+            console.print(f"{esc(p['key'])}: measured winner [bold]{esc(p['winner'])}[/] "
+                          f"({esc(p['stop'])}) -> {esc(p['files']['config'])}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"{esc(p['key'])}: no measured winner ({esc(p['stop'])}); predicted: "
+                          f"{esc(p['predicted_winner'])}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {esc(tune_dir / 'tune.json')}, {esc(tune_dir / 'report.md')}; dashboard: echobench report "
+                  f"{esc(tune_dir)}", highlight=False, soft_wrap=True)
+    if result.interrupted:
+        err_console.print(f"interrupted: nothing measured is lost; the same command resumes (--out {esc(tune_dir)})",
+                          highlight=False)
+        raise typer.Exit(130)
+    if not dry_run and not any(p["winner"] for p in doc["problems"]):
+        raise typer.Exit(1)

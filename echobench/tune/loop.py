@@ -1,0 +1,305 @@
+"""`echobench tune`'s loop: measure the picks of every scale and node count as one sweep (the
+existing executors, preflight included), hold the predictions against the measured records,
+recalibrate the profile where the residuals share a bias, re-rank, and measure again until the
+measured winner is the predicted one, nothing predicted above it is left unmeasured, the rounds or
+the device-hour budget run out.
+
+    TUNE/measure.yaml      the matrix of every candidate picked so far (an include per run)
+    TUNE/sweep/            its sweep (echobench.sweep): run directories, records, results.csv
+    TUNE/profile-tuned.yaml  the profile recalibrated from the residuals (beside the shipped one)
+    TUNE/tune.json         candidates, pruned and why, predictions, picks per round, measured, winners
+    TUNE/report.md         the report (echobench.tune.output)
+    TUNE/winners/          per scale and node count: the winner as a `run --config` file and a one-run matrix
+
+An interrupted tune resumes: the same command re-derives the same candidates and picks, and the
+sweep runs only what has no record yet (ok runs never run twice).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from echobench.config import RunConfig
+from echobench.hwprofile import HardwareProfile, InStepFactor, save_profile
+from echobench.matrix import expand, parse_matrix
+from echobench.predict import predict
+from echobench.predict.pricing import Rates, in_situ_factor
+from echobench.sweep import SweepOptions, run_sweep
+from echobench.sweep_state import now_iso, record_state, run_dir
+from echobench.tune.space import Candidate, Problem, TuneError, TuneFile, picks, tied
+
+FIT_BOUNDS = (1 / 3, 3.0)  # InStepFactor's
+
+
+@dataclass
+class Measured:
+    """A measured candidate: its record's status and figures."""
+
+    run_id: str
+    status: str
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    peak_mem_gib: float | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and bool(self.samples_per_s)
+
+
+@dataclass
+class Round:
+    number: int
+    profile: str
+    run_ids: list[str]
+    wall_s: float = 0.0
+    device_hours: float = 0.0
+    exit_code: int = 0
+
+
+@dataclass
+class TuneResult:
+    problems: list[Problem]
+    shipped: HardwareProfile
+    profile: HardwareProfile  # the one the final ranking is on (the shipped one, or the recalibrated)
+    measured: dict[str, Measured]
+    rounds: list[Round] = field(default_factory=list)
+    stops: dict[str, str] = field(default_factory=dict)  # problem key -> why its measuring stopped
+    shipped_predictions: dict[str, float] = field(default_factory=dict)  # run id -> samples/s on the shipped profile
+    fit_note: str | None = None
+    interrupted: bool = False
+
+    @property
+    def device_hours(self) -> float:
+        return sum(r.device_hours for r in self.rounds)
+
+
+MeasureFn = Callable[[Sequence[Candidate]], dict[str, Measured]]
+
+
+# ---- measuring through a sweep ----
+
+def measure_matrix_text(spec: TuneFile, candidates: Sequence[Candidate]) -> str:
+    """A matrix of the picked candidates (an include each) with the tune file's sections: what the
+    sweep runs, and what a user can sweep again."""
+    doc = {"name": f"{spec.name}-measure", "executor": spec.executor, **{k: v for k, v in
+           (("slurm", spec.slurm), ("local", spec.local), ("hardware", spec.hardware)) if v},
+           "defaults": spec.defaults, "include": [dict(c.settings) for c in candidates]}
+    return (f"# Written by `echobench tune` ({spec.name}): the candidates it measures, one include each.\n"
+            + yaml.safe_dump(doc, sort_keys=False))
+
+
+def sweep_measure(spec: TuneFile, tune_dir: Path, console, executor: str | None = None, preflight: bool = True,
+                  poll_s: float | None = None) -> tuple[MeasureFn, dict]:
+    """A measure function that runs the candidates picked so far as one sweep in TUNE/sweep (ok
+    runs never again) and reads their records; `info` collects each call's wall time and exit code."""
+    picked: dict[str, Candidate] = {}
+    info: dict = {}
+
+    def measure(candidates: Sequence[Candidate]) -> dict[str, Measured]:
+        picked.update({c.run_id: c for c in candidates})
+        path = tune_dir / "measure.yaml"
+        text = measure_matrix_text(spec, list(picked.values()))
+        path.write_text(text)
+        matrix = parse_matrix(text, path)
+        plan = expand(matrix, executor)
+        ids = {r.id for r in plan.runs}
+        if missing := [rid for rid in picked if rid not in ids]:  # the tune and the sweep disagree on a run
+            raise TuneError(f"{path}: the sweep would not run {', '.join(missing)} "
+                            f"({'; '.join(s.reason for s in plan.skipped) or 'a different run id'})")
+        opts = SweepOptions(executor or spec.executor, tune_dir / "sweep", wait=True, preflight=preflight,
+                            poll_s=poll_s)
+        started = time.monotonic()
+        info["exit_code"] = run_sweep(matrix, plan.runs, opts, console)
+        info["wall_s"] = time.monotonic() - started
+        return read_measured(tune_dir / "sweep", [c.run_id for c in candidates])
+
+    return measure, info
+
+
+def read_measured(sweep_dir: Path, run_ids: Sequence[str]) -> dict[str, Measured]:
+    """The records of these runs in the sweep (those with none are left out)."""
+    out = {}
+    for rid in run_ids:
+        state, record, error = record_state(run_dir(sweep_dir, rid))
+        if record is None and state == "new":
+            continue
+        out[rid] = Measured(rid, state, record.samples_per_s if record else None,
+                            record.step_time_s if record else None, record.mfu if record else None,
+                            record.peak_mem_gib if record else None, error)
+    return out
+
+
+# ---- holding predictions against measurements ----
+
+def kendall_tau(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """Kendall's tau-b between the predicted and measured samples/s of the measured candidates
+    (None under two, or where either side is constant)."""
+    if len(predicted) < 2:
+        return None
+    from scipy.stats import kendalltau  # lazy: scipy's import time, for this function alone
+
+    tau = kendalltau(predicted, measured).statistic
+    return None if tau is None or math.isnan(tau) else float(tau)
+
+
+def residuals(problems: Sequence[Problem], measured: dict[str, Measured]) -> dict[str, float]:
+    """Per measured candidate: measured / predicted samples/s - 1 on the current predictions."""
+    out = {}
+    for p in problems:
+        for c in p.ranked:
+            m = measured.get(c.run_id)
+            if m is not None and m.ok:
+                out[c.run_id] = m.samples_per_s / c.prediction.samples_per_s - 1
+    return out
+
+
+def consistent_bias(res: dict[str, float], threshold: float) -> bool:
+    """Every residual beyond the threshold on the same side: the model is off by a common factor."""
+    values = list(res.values())
+    return len(values) >= 2 and (all(r > threshold for r in values) or all(r < -threshold for r in values))
+
+
+def _factor(profile: HardwareProfile) -> float:
+    """The factor the profile now puts on a step's compute: in_step on a GPU; on a CPU the in-situ
+    factor of its host points times any in_step a tune fitted."""
+    return in_situ_factor(Rates(profile))
+
+
+def fit_profile(profile: HardwareProfile, cfgs: dict[str, RunConfig], measured: dict[str, Measured],
+                tune_dir: Path) -> tuple[HardwareProfile, str]:
+    """The profile with its in_step factor refitted to the measured runs: the multiplier m on the
+    compute factor that minimises the squared log error of the predicted samples/s (golden-section
+    search over FIT_BOUNDS), named FITTED with the runs it was fitted to."""
+    runs = [(cfgs[rid], m.samples_per_s) for rid, m in measured.items() if m.ok and rid in cfgs]
+    base = profile.in_step.factor if profile.in_step else 1.0
+
+    def with_factor(m: float) -> HardwareProfile:
+        factor = min(max(base * m, FIT_BOUNDS[0]), FIT_BOUNDS[1])
+        return profile.model_copy(update={"in_step": InStepFactor(factor=factor, fitted_on=[], source="trial")})
+
+    def loss(m: float) -> float:
+        prof = with_factor(m)
+        return sum(math.log(predict(cfg, prof).samples_per_s / sps) ** 2 for cfg, sps in runs)
+
+    lo, hi = math.log(FIT_BOUNDS[0] / base), math.log(FIT_BOUNDS[1] / base)
+    golden = (math.sqrt(5) - 1) / 2
+    a, b = lo + (1 - golden) * (hi - lo), lo + golden * (hi - lo)
+    fa, fb = loss(math.exp(a)), loss(math.exp(b))
+    for _ in range(40):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - golden) * (hi - lo)
+            fa = loss(math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + golden * (hi - lo)
+            fb = loss(math.exp(b))
+    m = math.exp((lo + hi) / 2)
+    factor = min(max(base * m, FIT_BOUNDS[0]), FIT_BOUNDS[1])
+    rms = math.sqrt(loss(m) / len(runs))
+    source = (f"FITTED by echobench tune on {now_iso()} to {len(runs)} measured runs in {tune_dir} (their samples/s: "
+              f"rms log error {rms:.1%}); the compute factor was {_factor(profile):.3g} in {profile.name}")
+    fitted = profile.model_copy(update={
+        "name": f"{profile.name}-tuned", "in_step": InStepFactor(factor=factor, fitted_on=[rid for rid in measured
+                                                                                         if rid in cfgs], source=source),
+        "note": f"{profile.name} recalibrated by echobench tune: in_step {factor:.3g} FITTED to its measured runs"})
+    save_profile(fitted, tune_dir / "profile-tuned.yaml")
+    return fitted, (f"residuals shared a bias: {profile.name}'s compute factor refitted, x{m:.3g} "
+                    f"(in_step {factor:.3g}, FITTED to {len(runs)} runs) -> {tune_dir / 'profile-tuned.yaml'}")
+
+
+def rerank(problems: Sequence[Problem], profile: HardwareProfile) -> None:
+    for p in problems:
+        for c in p.candidates:
+            if c.prediction is not None:
+                c.prediction = predict(c.cfg, profile)
+
+
+# ---- the loop ----
+
+def measured_winner(problem: Problem, measured: dict[str, Measured]) -> Candidate | None:
+    ok = [c for c in problem.ranked if (m := measured.get(c.run_id)) is not None and m.ok]
+    return max(ok, key=lambda c: measured[c.run_id].samples_per_s, default=None)
+
+
+def next_picks(problem: Problem, measured: dict[str, Measured], top_k: int) -> list[Candidate]:
+    """After a round: the unmeasured candidates the current ranking puts above the measured winner
+    (all of them unmeasured where nothing ran ok), ties with a measured one left out, at most K."""
+    winner = measured_winner(problem, measured)
+    ranked = problem.ranked
+    above = ranked[:ranked.index(winner)] if winner is not None else ranked
+    out: list[Candidate] = []
+    done = [c for c in ranked if c.run_id in measured]
+    for c in above:
+        if len(out) == top_k:
+            break
+        if c.run_id not in measured and not any(tied(c, d) for d in done + out):
+            out.append(c)
+    return out
+
+
+def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, measure: MeasureFn,
+             tune_dir: Path, info: dict | None = None, log: Callable[[str], None] = lambda s: None,
+             executor: str | None = None) -> TuneResult:
+    """Measure, hold, recalibrate, re-rank (the module's docstring) until every problem stops."""
+    result = TuneResult(problems, profile, profile, {})
+    result.shipped_predictions = {c.run_id: c.prediction.samples_per_s for p in problems for c in p.ranked}
+    cfgs = {c.run_id: c.cfg for p in problems for c in p.ranked}
+    slurm = (executor or spec.executor) == "slurm"
+    fitted_once = False
+    for number in range(1, spec.max_rounds + 1):
+        todo: list[Candidate] = []
+        for p in problems:
+            if p.key in result.stops:
+                continue
+            chosen = picks(p.ranked, spec.top_k) if number == 1 else next_picks(p, result.measured, spec.top_k)
+            chosen = [c for c in chosen if c.run_id not in result.measured]
+            if not chosen:
+                result.stops[p.key] = "every candidate predicted above the measured winner is measured"
+                continue
+            todo += chosen
+        if not todo:
+            break
+        if spec.budget_gpu_hours is not None and result.device_hours >= spec.budget_gpu_hours:
+            for p in problems:
+                result.stops.setdefault(p.key, f"budget spent: {result.device_hours:.3g} of "
+                                               f"{spec.budget_gpu_hours:g} device-hours")
+            break
+        log(f"round {number}: measuring {len(todo)} candidates on {result.profile.name}'s ranking")
+        rnd = Round(number, result.profile.name, [c.run_id for c in todo])
+        try:
+            got = measure(todo)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.rounds.append(rnd)
+            return result
+        if info:
+            rnd.wall_s, rnd.exit_code = info.get("wall_s", 0.0), info.get("exit_code", 0)
+        worlds = [c.cfg.world_size for c in todo]
+        rnd.device_hours = rnd.wall_s * (sum(worlds) if slurm else max(worlds)) / 3600
+        result.rounds.append(rnd)
+        result.measured.update(got)
+        if rnd.exit_code == 130:
+            result.interrupted = True
+            return result
+        res = residuals(problems, result.measured)
+        if not fitted_once and consistent_bias(res, spec.bias):
+            result.profile, result.fit_note = fit_profile(profile, cfgs, result.measured, tune_dir)
+            fitted_once = True
+            rerank(problems, result.profile)
+            log(result.fit_note)
+        for p in problems:
+            winner = measured_winner(p, result.measured)
+            if p.key not in result.stops and winner is not None and p.ranked[0].run_id == winner.run_id:
+                result.stops[p.key] = "the measured winner is the predicted winner"
+    for p in problems:
+        result.stops.setdefault(p.key, f"{spec.max_rounds} rounds measured (max_rounds)")
+    return result

@@ -1,0 +1,213 @@
+"""`echobench tune` (echobench.tune): the search space pruned by memory and by the backends' rules,
+ranked by the performance model, the picks (top K and each layout family's best), the loop that
+measures, recalibrates and stops (on measurements given by the test: deterministic), and bad input.
+The real runs through the local executor are tests/test_tune_runs.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from echobench import predict as pr
+from echobench.hwprofile import InStepFactor, load_profile
+from echobench.memory import estimate_memory
+from echobench.tune.loop import Measured, fit_profile, residuals, run_tune
+from echobench.tune.output import write_outputs
+from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks
+from test_predict import cfg as predict_cfg
+from test_predict import profile
+
+
+def spec(**fields) -> TuneFile:
+    base = dict(name="t", scale="800M", nodes=[1], gpus_per_node=8, executor="slurm", hardware={"memory_gib": 141},
+                defaults={"device": "cuda", "audio_frames": 300, "text_tokens": 64, "speaker_frames": 200,
+                          "peak_tflops": 1000.0},
+                search={"compile": [True]})
+    return TuneFile.model_validate({**base, **fields})
+
+
+GPU = profile(gpus_per_node=8)
+
+
+# ---- pruning ----
+
+def test_memory_prunes_exactly_what_the_estimate_with_its_margin_does_not_fit():
+    s = spec(hardware={"memory_gib": 30}, memory_margin=0.2)
+    problem = build_problem(s, "800M", 1, GPU)
+    by_memory = [c for c in problem.pruned if c.pruned.startswith("memory")]
+    assert by_memory and problem.ranked
+    for c in by_memory:
+        assert estimate_memory(c.cfg).total_gib * 1.2 > 30
+    for c in problem.ranked:
+        assert estimate_memory(c.cfg).total_gib * 1.2 <= 30
+    # a bigger device keeps more of the same space
+    assert len(build_problem(spec(hardware={"memory_gib": 60}, memory_margin=0.2), "800M", 1, GPU).ranked) > \
+        len(problem.ranked)
+
+
+def test_rules_prune_tp_over_heads_and_hsdp_on_one_node():
+    problem = build_problem(spec(), "800M", 1, GPU)  # 800M has 10 heads
+    reasons = {c.cfg.parallelism: c.pruned for c in problem.pruned if c.cfg is not None}
+    assert "does not divide the 10 attention heads" in reasons["tp4"] and "tp8" in reasons
+    assert {c.cfg.parallelism for c in problem.ranked} == {"ddp", "fsdp2", "tp2"}
+    s = spec(search={"compile": [True], "layout": ["hsdp", "fsdp2"]})
+    assert any("hsdp" in c.pruned and "nodes >= 2" in c.pruned for c in build_problem(s, "800M", 1, GPU).pruned)
+
+
+def test_a_held_global_batch_sets_accumulation_and_prunes_what_cannot_make_it():
+    problem = build_problem(spec(global_batch=64), "800M", 1, GPU)
+    assert {c.cfg.global_batch for c in problem.ranked} == {64}
+    assert {c.cfg.grad_accum for c in problem.ranked} >= {1, 2, 4}
+    # micro-batch 16 and 32 on 8 data-parallel ranks overshoot 64: pruned as batch
+    assert any(c.pruned.startswith("batch") and c.cfg.micro_batch == 16 and c.cfg.dp == 8 for c in problem.pruned)
+
+
+# ---- ranking and picks ----
+
+def test_the_ranking_is_the_models_samples_per_second_of_the_whole_job():
+    problem = build_problem(spec(), "800M", 1, GPU)
+    rates = [c.prediction.samples_per_s for c in problem.ranked]
+    assert all(a >= b * (1 - 1e-12) for a, b in zip(rates, rates[1:]))
+    for c in problem.ranked[:5]:
+        assert c.prediction.samples_per_s == pytest.approx(pr.predict(c.cfg, GPU).samples_per_s)
+        assert c.prediction.samples_per_s == pytest.approx(c.cfg.global_batch / c.prediction.step_time_s)
+
+
+def test_picks_are_the_top_k_and_the_best_of_every_family_not_among_them():
+    ranked = build_problem(spec(), "800M", 1, GPU).ranked
+    chosen = picks(ranked, 2)
+    assert chosen[:2] == ranked[:2]
+    families = {c.family for c in ranked}
+    assert {c.family for c in chosen} == families
+    for c in chosen[2:]:  # each the best-ranked of its family
+        assert c is next(d for d in ranked if d.family == c.family)
+        assert c.family not in {d.family for d in ranked[:2]}
+
+
+# ---- the loop, on measurements the test sets ----
+
+def fake_measure(truth):
+    """A measure function whose samples/s are truth(candidate), recording what it was asked."""
+    asked = []
+
+    def measure(candidates):
+        asked.append([c.run_id for c in candidates])
+        return {c.run_id: Measured(c.run_id, "ok", truth(c), 1.0) for c in candidates}
+
+    return measure, asked
+
+
+def test_a_mis_ranked_profile_still_finds_the_measured_winner_through_the_family_pick(tmp_path):
+    """The profile ranks every DDP candidate below the top K; the truth makes DDP 3x faster than
+    predicted. The family pick measures DDP's best in round 1, and it wins."""
+    s = spec(top_k=2, max_rounds=2)
+    problem = build_problem(s, "800M", 1, GPU)
+    ddp_best = next(c for c in problem.ranked if c.family == "ddp")
+    assert ddp_best not in problem.ranked[:2]  # the top K alone would never measure it
+    measure, asked = fake_measure(lambda c: c.prediction.samples_per_s * (3 if c.family == "ddp" else 1))
+    result = run_tune(s, [problem], GPU, measure, tmp_path)
+    assert ddp_best.run_id in asked[0]
+    doc = write_outputs(s, tmp_path / "t.yaml", result, tmp_path)
+    measured = {c["run_id"]: c["measured"]["samples_per_s"] for c in doc["problems"][0]["candidates"] if c["measured"]}
+    assert doc["problems"][0]["winner"] == max(measured, key=measured.get)
+    assert doc["problems"][0]["winner"].startswith("800M-torchtitan-ddp")
+
+
+def test_a_shared_bias_recalibrates_the_profile_and_the_ranking_agrees(tmp_path):
+    """Measured runs all at half the predicted samples/s: the compute factor is refitted (FITTED,
+    kept beside the shipped profile), the residuals shrink, and the tune stops on agreement."""
+    s = spec(top_k=2, max_rounds=3)
+    problem = build_problem(s, "800M", 1, GPU)
+    truth = {c.run_id: c.prediction.samples_per_s * 0.5 for c in problem.ranked}
+    measure, _ = fake_measure(lambda c: truth[c.run_id])
+    before = dict(residuals([problem], {}))
+    assert not before
+    result = run_tune(s, [problem], GPU, measure, tmp_path)
+    fitted = load_profile(tmp_path / "profile-tuned.yaml")
+    assert fitted.in_step.factor > 1 and "FITTED" in fitted.in_step.source and fitted.name.endswith("-tuned")
+    shipped_err = [math.log(truth[rid] / pr.predict(problem_cfg(problem, rid), GPU).samples_per_s) ** 2
+                   for rid in result.measured]
+    fitted_err = [math.log(truth[rid] / pr.predict(problem_cfg(problem, rid), fitted).samples_per_s) ** 2
+                  for rid in result.measured]
+    assert sum(fitted_err) < 0.2 * sum(shipped_err)
+    assert result.stops[problem.key] == "the measured winner is the predicted winner"
+
+
+def problem_cfg(problem, rid):
+    return next(c.cfg for c in problem.ranked if c.run_id == rid)
+
+
+def test_the_budget_stops_measuring(tmp_path):
+    s = spec(top_k=1, max_rounds=3, budget_gpu_hours=0.001)
+    problem = build_problem(s, "800M", 1, GPU)
+    measure, asked = fake_measure(lambda c: c.prediction.samples_per_s * (2 if c.family == "megatron-tp" else 1))
+    info = {"wall_s": 3600.0, "exit_code": 0}  # the first round holds 8 GPUs for an hour
+    result = run_tune(s, [problem], GPU, measure, tmp_path, info)
+    assert len(asked) == 1 and "budget spent" in result.stops[problem.key]
+
+
+def test_fit_profile_recovers_the_compute_factor_the_runs_were_made_with(tmp_path):
+    """Runs 'measured' as the model predicts them with in_step 1.3: the fit finds 1.3."""
+    truth = GPU.model_copy(update={"in_step": InStepFactor(factor=1.3, source="set")})
+    cfgs = {pr.run_id(c): c for c in (predict_cfg(), predict_cfg(parallelism="fsdp2", micro_batch=2))}
+    measured = {rid: Measured(rid, "ok", pr.predict(c, truth).samples_per_s) for rid, c in cfgs.items()}
+    fitted, note = fit_profile(GPU, cfgs, measured, tmp_path)
+    assert fitted.in_step.factor == pytest.approx(1.3, rel=0.01)
+    assert "FITTED" in note and load_profile(tmp_path / "profile-tuned.yaml").in_step.factor == fitted.in_step.factor
+
+
+# ---- bad input ----
+
+def test_a_scale_that_fits_nowhere_names_the_smallest_node_count_that_would():
+    s = spec(scale="8B", gpus_per_node=1, hardware={"memory_gib": 80})
+    with pytest.raises(TuneError) as err:
+        build_problem(s, "8B", 1, GPU)
+    message = str(err.value)
+    assert "\n" not in message and "fits nowhere" in message
+    n = int(message.split("smallest node count where a candidate fits is ")[1].split(" ")[0])
+    assert build_problem(s, "8B", n, GPU).ranked  # it does fit there
+    if n > 2:
+        with pytest.raises(TuneError):
+            build_problem(s, "8B", n // 2, GPU)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: t\nscale: 9B\n", "unknown scale 9B"),
+    ("name: t\nscale: tiny\nsearch: {colour: [red]}\n", "search.colour: not a searched axis"),
+    ("name: t\nscale: tiny\nsearch: {ac: [sometimes]}\n", "search.ac"),
+    ("name: t\nscale: tiny\ndefaults: {micro_batch: 4}\n", "defaults.micro_batch: the tune sets it"),
+    ("name: t\nscale: tiny\nnodes: [2]\n", "the local executor runs on this one machine"),
+    ("name: t\nscale: tiny\nglobal_batch: 8\nsearch: {grad_accum: [2]}\n", "global batch sets it"),
+    ("name: t\nscale: tiny\nbogus: 1\n", "unknown key 'bogus'"),
+])
+def test_bad_tune_files_are_one_line(tmp_path, text, expected):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(TuneError) as err:
+        load_tune_file(path)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_shipped_cpu_tune_file_loads_and_ranks(tmp_path):
+    from conftest import ROOT
+
+    s = load_tune_file(ROOT / "tunes" / "cpu-tiny.yaml")
+    cpu = profile(device="CPU synthetic", gpus_per_node=2)
+    problem = build_problem(s, "tiny", 1, cpu)
+    assert {c.family for c in problem.ranked} == {"ddp", "fsdp2", "megatron-tp"}
+    assert all(c.cfg.device == "cpu" and c.cfg.compile is False for c in problem.ranked)
+    assert yaml.safe_load((ROOT / "tunes" / "cpu-tiny.yaml").read_text())["name"] == "cpu-tiny"
+
+
+def test_grad_accumulation_repeats_each_micro_batch_and_syncs_once():
+    """On a CPU profile (nothing hides): two micro-batches cost one more micro-batch's compute and
+    its per-micro-batch collectives, not another optimizer step or gradient reduction."""
+    cpu = profile(device="CPU synthetic")
+    one = predict_cfg(device="cpu", precision="fp32", parallelism="fsdp2", peak_tflops=1.0)
+    p1, p2 = pr.predict(one, cpu), pr.predict(one.__class__(**{**one.to_dict(), "grad_accum": 2}), cpu)
+    every = sum(c.seconds for c in p1.collectives if not c.once)
+    assert p2.device_s == pytest.approx(p1.device_s + p1.forward_s + p1.backward_s + every)
+    assert p2.samples_per_s > p1.samples_per_s  # the sync and the optimizer are spread over twice the samples
+    assert {c.what for c in p1.collectives if c.once} >= {"gradient norm: one float32 per trainable parameter"}
