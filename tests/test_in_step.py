@@ -50,11 +50,13 @@ def test_the_factor_scales_a_gpu_steps_kernels_and_not_its_optimizer_or_collecti
 
 
 def test_a_cpu_profile_keeps_its_own_in_situ_factor():
-    """in_step is a GPU's; a CPU profile's factor comes from its two host steps (or is 1)."""
+    """A CPU profile's factor comes from its two host steps (or is 1), times an in_step only where
+    `echobench tune` fitted one; a GPU's is its in_step."""
     from echobench.predict import Rates
 
     base = load_profile(find_profile("h100-hgx-ib"))
     cpu = base.model_copy(update={"device": "CPU test", "in_step": InStepFactor(factor=2.0, source="test"),
                                   "host_steps": []})
-    assert Rates(cpu).compute_factor == 1.0
+    assert Rates(cpu).compute_factor == 2.0  # 1 from no host steps, x the fitted 2
+    assert Rates(cpu.model_copy(update={"in_step": None})).compute_factor == 1.0
     assert Rates(base).compute_factor == base.in_step.factor

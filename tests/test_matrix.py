@@ -5,6 +5,7 @@ import re
 import subprocess
 
 import pytest
+import yaml
 
 from conftest import ROOT
 from echobench import backends
@@ -414,13 +415,26 @@ def test_the_calibration_job_script(tmp_path):
     assert any(line.startswith("IN_CONTAINER=(apptainer exec --nv --bind ") and line.endswith(" img.sif)") for line in lines)
 
 
-def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans():
+def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans(tmp_path):
+    """... and every tune file it shows (top-level `scale:`) loads and ranks on its device's profile."""
+    from echobench.predict import profile_for_device
+    from echobench.tune.space import build_problem, load_tune_file
+
     blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert blocks
+    tunes = 0
     for text in blocks:
+        if "scale" in yaml.safe_load(text):
+            (tmp_path / "tune.yaml").write_text(text)
+            spec = load_tune_file(tmp_path / "tune.yaml")
+            profile = profile_for_device(spec.hardware["device"], fabric=spec.slurm.get("fabric"))
+            assert all(build_problem(spec, spec.scale[0], n, profile).ranked for n in spec.nodes), text
+            tunes += 1
+            continue
         matrix = parse_matrix(text, "README.md")
         plan = expand(matrix)
         assert matrix.spec.executor == "slurm" and plan.runs and not plan.skipped, text
+    assert tunes and tunes < len(blocks)
 
 
 def test_a_matrix_with_two_problems_is_still_one_line():

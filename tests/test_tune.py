@@ -211,3 +211,23 @@ def test_grad_accumulation_repeats_each_micro_batch_and_syncs_once():
     assert p2.device_s == pytest.approx(p1.device_s + p1.forward_s + p1.backward_s + every)
     assert p2.samples_per_s > p1.samples_per_s  # the sync and the optimizer are spread over twice the samples
     assert {c.what for c in p1.collectives if c.once} >= {"gradient norm: one float32 per trainable parameter"}
+
+
+def test_an_interrupted_tune_keeps_what_it_measured_and_says_how_to_resume(tmp_path):
+    """The sweep interrupted (exit 130) in round 1: the tune stops there, its outputs say so, and
+    what was measured stays in them; a second tune asks for the same picks (the sweep then runs only
+    those without a record: tests/test_tune_runs.py)."""
+    s = spec(top_k=2)
+    problem = build_problem(s, "800M", 1, GPU)
+    first = picks(problem.ranked, 2)
+    measure, asked = fake_measure(lambda c: c.prediction.samples_per_s)
+
+    def interrupted(candidates):
+        return {rid: m for rid, m in measure(candidates[:1]).items()}  # one run ended before Ctrl-C
+
+    result = run_tune(s, [problem], GPU, interrupted, tmp_path, {"wall_s": 1.0, "exit_code": 130})
+    assert result.interrupted and len(result.rounds) == 1 and set(result.measured) == {first[0].run_id}
+    doc = write_outputs(s, tmp_path / "t.yaml", result, tmp_path)
+    assert doc["interrupted"] and "resumes" in (tmp_path / "report.md").read_text()
+    again = run_tune(s, [build_problem(s, "800M", 1, GPU)], GPU, measure, tmp_path)
+    assert asked[-1] == [c.run_id for c in first] and not again.interrupted
