@@ -39,6 +39,7 @@ def tune(
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
     from echobench.config import RunConfig
     from echobench.tune.loop import run_tune, sweep_measure
+    from echobench.tune.cards import card_entry, card_problems, card_table
     from echobench.tune.output import ranking_table, write_outputs
     from echobench.tune.space import TuneError, build_problem, load_tune_file
 
@@ -55,13 +56,15 @@ def tune(
     if budget is not None and budget <= 0:
         fail(f"--budget-gpu-hours {budget:g}: must be > 0")
     spec = spec.model_copy(update=updates)
-    if spec.executor == "local" and any(n > 1 for n in spec.nodes):
+    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
         fail(f"{tune_file}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
              "--executor slurm")
     tune_dir = writable_dir((out or Path("runs") / f"tune-{spec.name}").resolve())
     profiles = load_profiles_or_fail([profile] if profile else [])
     if profiles:
         prof = profiles[0]
+    elif not spec.scale:
+        prof = None  # a card alone: its file names its profile
     else:
         try:
             cfg = RunConfig.from_dict({**spec.defaults, "scale": spec.scale[0]})
@@ -74,10 +77,11 @@ def tune(
                                        "machine's)") + "; or give --profile")
     try:
         problems = [build_problem(spec, scale, nodes, prof) for scale in spec.scale for nodes in spec.nodes]
+        cards = card_problems(spec, prof)  # the tune's profile; a card alone: its file's
     except TuneError as exc:
         fail(str(exc), 1)
-    log(console, f"{esc(spec.name)}: ranked on {esc(prof.name)}: " + "; ".join(
-        f"{esc(p.key)} {len(p.ranked)} candidates, {len(p.pruned)} pruned" for p in problems))
+    log(console, f"{esc(spec.name)}: " + "; ".join(
+        f"{esc(p.key)} {len(p.ranked)} candidates, {len(p.pruned)} pruned" for p in [*problems, *cards]))
     if dry_run:
         def measure(_):
             return {}
@@ -86,16 +90,18 @@ def tune(
     else:
         measure, info = sweep_measure(spec, tune_dir, console, executor=spec.executor, preflight=preflight)
     try:
-        result = run_tune(spec, problems, prof, measure, tune_dir, info, lambda s: log(console, esc(s)),
-                          spec.executor)
+        result = run_tune(spec, problems, prof or cards[0].profile, measure, tune_dir, info,
+                          lambda s: log(console, esc(s)), spec.executor)
     except TuneError as exc:
         fail(str(exc), 1)
     if dry_run:
         result.rounds.clear()
         result.stops = {p.key: "--dry-run: nothing measured" for p in problems}
-    doc = write_outputs(spec, tune_file, result, tune_dir)
+    doc = write_outputs(spec, tune_file, result, tune_dir, [card_entry(p) for p in cards])
     for p in problems:
         console.print(ranking_table(p, result))
+    for p in cards:
+        console.print(card_table(p))
     for p in doc["problems"]:
         if p["winner"]:
             console.print(f"{esc(p['key'])}: measured winner [bold]{esc(p['winner'])}[/] "
@@ -109,5 +115,5 @@ def tune(
         err_console.print(f"interrupted: nothing measured is lost; the same command resumes (--out {esc(tune_dir)})",
                           highlight=False)
         raise typer.Exit(130)
-    if not dry_run and not any(p["winner"] for p in doc["problems"]):
+    if not dry_run and problems and not any(p["winner"] for p in doc["problems"]):
         raise typer.Exit(1)

@@ -5,6 +5,7 @@ one-run matrix (TUNE/winners/). The dashboard's tune section reads tune.json (ec
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -98,15 +99,18 @@ def problem_entry(spec: TuneFile, problem: Problem, result: TuneResult, tune_dir
             "pruned": [{"run_id": c.run_id, "settings": c.settings, "reason": c.pruned} for c in problem.pruned]}
 
 
-def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir: Path) -> dict:
-    """tune.json, the winners' files and report.md; returns tune.json's content."""
+def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir: Path,
+                  cards: Sequence[dict] = ()) -> dict:
+    """tune.json, the winners' files and report.md; returns tune.json's content. `cards`: the model
+    card problems, ranked only (echobench.tune.cards.card_entry)."""
     doc = {"schema": SCHEMA, "name": spec.name, "tune_file": str(tune_file), "date": now_iso(),
            "executor": spec.executor, "top_k": spec.top_k, "budget_gpu_hours": spec.budget_gpu_hours,
            "device_hours": result.device_hours, "interrupted": result.interrupted,
            "profile": {"shipped": result.shipped.name, "final": result.profile.name, "fit_note": result.fit_note,
                        "fitted_file": str(tune_dir / "profile-tuned.yaml") if result.fit_note else None},
            "rounds": [vars(r) for r in result.rounds],
-           "problems": [problem_entry(spec, p, result, tune_dir) for p in result.problems]}
+           "problems": [problem_entry(spec, p, result, tune_dir) for p in result.problems],
+           "cards": list(cards)}
     write_json_atomic(tune_dir / TUNE_FILE, doc)
     (tune_dir / "report.md").write_text(report_markdown(doc))
     return doc
@@ -142,7 +146,7 @@ def report_markdown(doc: dict) -> str:
              + (f" of a budget of {doc['budget_gpu_hours']:g}" if doc["budget_gpu_hours"] else "") + ".", ""]
     if doc["interrupted"]:
         lines += ["**Interrupted**: the same `echobench tune` resumes (measured runs are kept).", ""]
-    for p in doc["problems"]:
+    for p in doc["problems"]:  # Echo: measured
         win = next((c for c in p["candidates"] if c["run_id"] == p["winner"]), None)
         lines += [f"## {p['scale']} on {p['nodes']} node(s) x {p['gpus_per_node']}", ""]
         if win:
@@ -169,6 +173,19 @@ def report_markdown(doc: dict) -> str:
         lines += ["", f"{len(p['candidates'])} candidates ranked, {sum(p['pruned_counts'].values())} pruned "
                       f"(device memory {_num(p['capacity_gib'], '.1f')} GiB: {p['capacity_source']})"
                       + (":" if p["pruned"] else "."), ""]
+        for reason, n in Counter(x["reason"] for x in p["pruned"]).most_common():
+            lines.append(f"- {n} x {reason}")
+        lines.append("")
+    for p in doc["cards"]:
+        lines += [f"## Model card {p['card']} on {p['nodes']} node(s) x {p['gpus_per_node']} (predicted, not measured)", "",
+                  f"{p['stop']}. Predicted winner: {p['predicted_winner']}. {len(p['candidates'])} layouts ranked, "
+                  f"{len(p['pruned'])} pruned (device memory {_num(p['capacity_gib'], '.1f')} GiB).", "",
+                  "| rank | layout | family | grad_accum | memory GiB | predicted samples/s | tokens/s | MFU |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in p["candidates"][:15]:
+            lines.append(f"| {c['rank']} | {c['run_id']} | {c['family']} | {c['grad_accum']} | {c['memory_gib']:.1f} | "
+                         f"{c['samples_per_s']:.4g} | {c['tokens_per_s']:.4g} | {c['mfu']:.1%} |")
+        lines.append("")
         for reason, n in Counter(x["reason"] for x in p["pruned"]).most_common():
             lines.append(f"- {n} x {reason}")
         lines.append("")

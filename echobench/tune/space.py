@@ -52,7 +52,8 @@ class TuneFile(Strict):
     local: dict[str, Any] = {}
     hardware: dict[str, Any] = {}
     defaults: dict[str, Any] = {}
-    scale: list[str]  # presets, each tuned on its own
+    scale: list[str] = []  # presets, each tuned on its own
+    card: Path | None = None  # a model card file (predict.load_card_file): ranked, not measured
     nodes: list[int] = [1]  # node counts, each tuned on its own
     gpus_per_node: int = Field(1, ge=1)  # GPUs per node (CPU processes on a CPU machine)
     global_batch: int | None = Field(None, ge=1)  # held fixed: grad_accum = global_batch / (micro_batch x dp)
@@ -71,10 +72,8 @@ class TuneFile(Strict):
     @field_validator("scale")
     @classmethod
     def _presets(cls, v):
-        bad = [s for s in v if s not in PRESETS]
-        if not v or bad:
-            raise ValueError(f"unknown scale {', '.join(map(str, bad))}: one or more of {', '.join(PRESETS)}"
-                             if bad else f"give one or more of {', '.join(PRESETS)}")
+        if bad := [s for s in v if s not in PRESETS]:
+            raise ValueError(f"unknown scale {', '.join(map(str, bad))}: one or more of {', '.join(PRESETS)}")
         return v
 
     @field_validator("nodes")
@@ -96,6 +95,14 @@ def load_tune_file(path: Path) -> TuneFile:
         MatrixFile.model_validate({k: data[k] for k in ("name", "executor", "slurm", "local", "hardware") if k in data})
     except ValidationError as exc:
         raise TuneError(_format_pydantic(path, exc, TuneFile)) from None
+    if not spec.scale and spec.card is None:
+        raise TuneError(f"{path}: give scale (one or more of {', '.join(PRESETS)}) or card (a model card file)")
+    if spec.card is not None:
+        spec = spec.model_copy(update={"card": path.parent / spec.card})
+        if not spec.card.is_file():
+            raise TuneError(f"{path}: card: no such file {spec.card}")
+        if bad := sorted(set(spec.search) - {"micro_batch", "ac"}) if not spec.scale else []:
+            raise TuneError(f"{path}: search.{bad[0]}: a card's tune searches micro_batch and ac (its layouts are its own)")
     for key, value in spec.defaults.items():
         if key in OWN_KEYS:
             raise TuneError(f"{path}: defaults.{key}: the tune sets it on every candidate: fix it with "
@@ -119,7 +126,7 @@ def load_tune_file(path: Path) -> TuneFile:
     if spec.global_batch is not None and "grad_accum" in spec.search:
         raise TuneError(f"{path}: search.grad_accum with global_batch: the global batch sets it (global_batch / "
                         "(micro_batch x data-parallel ranks)): drop one")
-    if spec.executor == "local" and any(n > 1 for n in spec.nodes):
+    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
         raise TuneError(f"{path}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
                         "executor: slurm")
     return spec

@@ -1,0 +1,71 @@
+"""A model card's memory per GPU under a layout (card_memory_gib): what `echobench tune` prunes
+cards by. Not counted (echobench trains Echo, not the cards): the training state from what each
+framework keeps, the activations from Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models" (MLSys 2023, arXiv:2205.05198), section 4.
+
+State, bytes per parameter the rank holds (bf16 mixed precision, AdamW):
+- DDP, FSDP, HSDP (PyTorch AMP / FSDP mixed precision): float32 parameters 4, gradients 4, Adam's m
+  and v 8 = 16, on the rank's shard (card.rank_params); FSDP also holds two layers gathered in bf16
+  (the one running and the one prefetched), shard_grad_op every layer from forward to backward;
+- Megatron: bf16 parameters 2, float32 main gradients 4 (its grad buffer), float32 main parameters
+  4 and Adam 8 = 18 per parameter of the TP shard; the distributed optimizer shards the last 12
+  over the data-parallel group.
+
+Activations per layer and micro-batch of s tokens (the paper's 16-bit counts, its dropout masks
+kept: an upper bound where dropout is off): attention 11 s h (the 5 a s^2 of the scores dropped:
+FlashAttention-style kernels keep none), two norms 4 s h, the MLP 2 s h + 4 s f + s h (GeLU: the
+paper's 19 s h at f = 4h) or 3 s h + 6 s f (SwiGLU: gate and up outputs both kept). Tensor
+parallelism splits all but 10 s h of it by t; with sequence parallelism all of it. Selective AC
+(Megatron's: the core attention re-run) saves what the scores' 5 a s^2 would be, none here; full AC
+keeps each layer's input, 2 s h (split by t with sequence parallelism), plus one layer's whole
+activations while it is re-run. The logits and cross entropy: 4 s V / t (float32), after the paper's
+section 4.3. Pipeline parallelism is not modelled (Layout refuses it).
+"""
+
+from __future__ import annotations
+
+from echobench.predict.card import Layout, ModelCard, card_params, layer_params, rank_params, tp_split_params
+
+GIB = 2**30
+
+
+def state_bytes(card: ModelCard, layout: Layout) -> float:
+    """Parameters, gradients, optimizer state and gathered weights one rank holds."""
+    if layout.layout == "megatron":
+        n = card_params(card, layout.seq)
+        split = tp_split_params(card)
+        shard = n - split + split / layout.tp
+        main = 12 * shard / (layout.dp if layout.distributed_optimizer else 1)
+        return 6 * shard + main
+    held = rank_params(card, layout)
+    gathered = 0.0
+    if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
+        gathered = 2 * (card.layers if layout.sharding == "shard_grad_op" else 2) * layer_params(card)
+    return 16 * held + gathered
+
+
+def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
+    """One layer's saved activations for one micro-batch, on one rank (no AC)."""
+    s, h, f, t = layout.micro_batch * layout.seq, card.hidden, card.ffn, layout.tp
+    mlp = 3 * h + 6 * f if card.activation == "swiglu" else 3 * h + 4 * f
+    per_token = 11 * h + 4 * h + mlp
+    if layout.sp:
+        return s * per_token / t
+    return s * (10 * h + (per_token - 10 * h) / t)
+
+
+def activation_bytes(card: ModelCard, layout: Layout) -> float:
+    """Every layer's saved activations for one micro-batch (as AC leaves them), and the logits."""
+    s, t = layout.micro_batch * layout.seq, layout.tp
+    one = layer_activation_bytes(card, layout)
+    if layout.ac == "full":
+        kept = 2 * s * card.hidden / (t if layout.sp else 1)
+        layers = card.layers * kept + one
+    else:
+        layers = card.layers * one
+    return layers + 4 * s * card.vocab / t
+
+
+def card_memory_gib(card: ModelCard, layout: Layout) -> float:
+    """One GPU's memory for `card` trained as `layout` (the module docstring), in GiB."""
+    return (state_bytes(card, layout) + activation_bytes(card, layout)) / GIB
