@@ -25,6 +25,7 @@ from echobench.report.figures import Figures, numeric
 from echobench.report.plotting import figure_html, panel
 from echobench.report.tables import fmt_number
 from echobench.report.time_breakdown import time_section
+from echobench.report.tune_section import tune_section
 
 FLOP_CONVENTION = (
     "Model FLOPs of one training sample: every matmul of the trainable parts (DiT, speaker encoder, "
@@ -335,7 +336,7 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
         problems=data.problems, notes=page_notes(data), best=best, sections=sections,
         reference=reference_path if reference is not None else None,
         unplotted=unplotted_published(reference, figs.configs),
-        failed=failed_rows(data), skipped=data.skipped,
+        tune=tune_section(data.tunes), failed=failed_rows(data), skipped=data.skipped,
         run_headers=[(h, kind) for _, h, kind in run_columns(data)], runs=run_rows(data.frame, scales, run_columns(data)),
         margin=f"{(data.margin or 0) * 100:g}",
         plotlyjs=get_plotlyjs(),

@@ -2,7 +2,8 @@
 
 Only files on disk are read: `result.json` records through `echobench.results.load_records`
 (typed records: newest per run id, corrupt ones reported), the `plan.json` a sweep writes beside
-each (its memory estimate), the sweep's `sweep.json` (its matrix name) and `skipped.json` files.
+each (its memory estimate), the sweep's `sweep.json` (its matrix name) and `skipped.json` files,
+and the `tune.json` of a tune directory (echobench tune) given as a path or at a path's top level.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from echobench.predict import PredictError, against
 from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
 from echobench.sweep_state import CorruptSweepState, SweepState
+from echobench.tune.output import TUNE_FILE
 
 # Labels: framework and parallelism always name a configuration (echobench.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
@@ -41,6 +43,7 @@ class ReportInput:
     problems: list[str] = field(default_factory=list)
     predicted_by: list[str] = field(default_factory=list)  # the profiles' names, once predictions are in
     margin: float | None = None  # runs this far below their prediction are flagged (a fraction)
+    tunes: list[TuneDoc] = field(default_factory=list)  # the tune.json files among the paths (load_tunes)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -82,8 +85,10 @@ def load_report_input(paths) -> ReportInput:
     records, problems = load_records(paths)
     skipped, skip_problems = load_skipped(paths)
     sweeps, sweep_problems = sweep_matrix_names(paths)
+    tunes, tune_problems = load_tunes(paths)
     frame = report_frame(records, sweeps)
-    return ReportInput(paths, records, frame, skipped, problems + skip_problems + sweep_problems)
+    return ReportInput(paths, records, frame, skipped, problems + skip_problems + sweep_problems + tune_problems,
+                       tunes=tunes)
 
 
 # ---- the frame: records_frame plus what the report needs ----
@@ -305,3 +310,76 @@ def load_skipped(paths) -> tuple[list[dict], list[str]]:
                 seen.add(key)
                 entries.append(row)
     return entries, problems
+
+
+# ---- a tune's tune.json (echobench.tune.output.write_outputs) ----
+
+# The searched settings a tune candidate's row shows: (key, column header).
+TUNE_SETTINGS = (("micro_batch", "mb"), ("grad_accum", "accum"), ("ac", "ac"), ("compile", "compile"),
+                 ("reshard_after_forward", "reshard"), ("precision", "precision"))
+
+
+@dataclass
+class TuneDoc:
+    path: Path
+    doc: dict  # tune.json as written
+    header: dict  # what the dashboard shows of the whole tune (tune_header)
+    problems: list[dict]  # per scale and node count, what the dashboard shows (tune_problem)
+
+
+def tune_files(paths) -> list[Path]:
+    """The tune.json of each path that is one, or is a tune directory, or holds tune directories at
+    its top level (a tune's sweep records lie deeper: the records' own search finds those)."""
+    found = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found += [p] if p.name == TUNE_FILE else []
+        elif p.is_dir():
+            found += [f for f in [p / TUNE_FILE, *sorted(p.glob(f"*/{TUNE_FILE}"))] if f.is_file()]
+    return list({f.resolve(): f for f in found}.values())  # a tune given twice is shown once
+
+
+def tune_candidate(c: dict) -> dict:
+    """One ranked candidate, its figures as numbers (a wrong type raises here, on load, not while
+    drawing); measured_ok as echobench.tune.loop.Measured.ok has it."""
+    p, m = c["predicted"], c["measured"]
+    ok = m is not None and m["status"] == "ok" and bool(m["samples_per_s"])
+    return {"rank": int(c["rank"]), "run_id": str(c["run_id"]), "family": str(c["family"]),
+            "settings": {k: c["settings"].get(k) for k, _ in TUNE_SETTINGS},
+            "layout": f"{c['settings'].get('framework')} {c['settings'].get('parallelism')}",
+            "predicted": float(p["samples_per_s"]), "low": float(p["samples_per_s_low"]),
+            "high": float(p["samples_per_s_high"]), "measured": m is not None, "measured_ok": ok,
+            "status": None if m is None else str(m["status"]),
+            "samples_per_s": float(m["samples_per_s"]) if ok else None,
+            "error": "" if m is None else str(m.get("error") or ""),
+            "residual": None if c.get("residual") is None else float(c["residual"]), "round": c.get("round")}
+
+
+def tune_problem(p: dict) -> dict:
+    tau = p["kendall_tau"]
+    return {"key": str(p["key"]), "scale": str(p["scale"]), "nodes": p["nodes"], "gpus_per_node": p["gpus_per_node"],
+            "winner": p["winner"], "predicted_winner": p["predicted_winner"], "stop": p.get("stop"),
+            "tau": {"shipped": tau.get("shipped"), "final": tau.get("final"), "runs": tau.get("runs")},
+            "pruned_counts": {str(k): int(n) for k, n in p["pruned_counts"].items()},
+            "candidates": sorted(map(tune_candidate, p["candidates"]), key=lambda c: c["rank"])}
+
+
+def tune_header(doc: dict) -> dict:
+    profile = doc["profile"]
+    hours = doc.get("device_hours")
+    return {"name": str(doc.get("name")), "date": str(doc.get("date")), "tune_file": str(doc.get("tune_file")),
+            "executor": str(doc.get("executor")), "device_hours": None if hours is None else float(hours),
+            "interrupted": bool(doc.get("interrupted")), "shipped": str(profile["shipped"]),
+            "final": str(profile["final"]), "fit_note": profile.get("fit_note")}
+
+
+def load_tunes(paths) -> tuple[list[TuneDoc], list[str]]:
+    """The tune.json files among paths; an unreadable or malformed one is a line of the problems."""
+    tunes, problems = [], []
+    for path in tune_files(paths):
+        try:
+            doc = json.loads(path.read_text())
+            tunes.append(TuneDoc(path, doc, tune_header(doc), [tune_problem(p) for p in doc["problems"]]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"{path}: unreadable tune file ({type(exc).__name__}: {exc})")
+    return tunes, problems
