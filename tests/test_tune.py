@@ -231,3 +231,69 @@ def test_an_interrupted_tune_keeps_what_it_measured_and_says_how_to_resume(tmp_p
     assert doc["interrupted"] and "resumes" in (tmp_path / "report.md").read_text()
     again = run_tune(s, [build_problem(s, "800M", 1, GPU)], GPU, measure, tmp_path)
     assert asked[-1] == [c.run_id for c in first] and not again.interrupted
+
+
+def test_a_resumed_tune_keeps_counting_its_budget(tmp_path):
+    """The device-hours an earlier tune in the directory charged its runs stay charged when a second
+    tune finds them measured (its own round then takes seconds), so the budget still stops it."""
+    s = spec(top_k=1, max_rounds=3, budget_gpu_hours=1.0)
+    problem = build_problem(s, "800M", 1, GPU)
+    measure, _ = fake_measure(lambda c: c.prediction.samples_per_s * (2 if c.family == "megatron-tp" else 1))
+    first = run_tune(s, [problem], GPU, measure, tmp_path, {"wall_s": 600.0, "exit_code": 0})
+    write_outputs(s, tmp_path / "t.yaml", first, tmp_path)
+    assert first.device_hours == pytest.approx(sum(r.device_hours for r in first.rounds))
+    assert first.device_hours > 1.0
+    from echobench.tune.output import prior_charges
+
+    again = run_tune(s, [build_problem(s, "800M", 1, GPU)], GPU, measure, tmp_path, {"wall_s": 1.0, "exit_code": 0},
+                     prior_charges=prior_charges(tmp_path))
+    assert again.device_hours >= first.device_hours
+    assert "budget spent" in again.stops[problem.key]
+
+
+# ---- model cards: ranked, not measured ----
+
+def published_rows():
+    from conftest import ROOT
+    from echobench.predict.card import model_card, run_layout
+    from echobench.predict.validate import load_rows
+
+    for row in load_rows(ROOT / "validation" / "published-runs.yaml"):
+        if row["run"].get("pp", 1) == 1:
+            yield row["id"], model_card(row["model"]), run_layout(row["run"], row["hardware"])
+
+
+def test_the_card_memory_estimate_fits_every_published_run_and_not_four_times_its_micro_batch():
+    """Every run published as trained on 80 GB H100s fits the estimate; llm-foundry's 8-GPU runs
+    without AC (their micro-batch raised to what fits) would not fit at 4x it: the estimate is
+    neither vacuous nor too large."""
+    from dataclasses import replace
+
+    from echobench.predict.card_memory import card_memory_gib
+
+    rows = list(published_rows())
+    assert len(rows) >= 20
+    for rid, card, layout in rows:
+        assert card_memory_gib(card, layout) <= 80e9 / 2**30, rid
+        if rid.startswith("lf-") and layout.gpus == 8 and layout.ac == "none":
+            bigger = replace(layout, micro_batch=4 * layout.micro_batch, global_batch=4 * layout.global_batch)
+            assert card_memory_gib(card, bigger) > 80e9 / 2**30, rid
+
+
+def test_a_card_tune_ranks_the_published_layout_of_its_run_near_the_top():
+    """tunes/card-1b-tune.yaml: llm-foundry's MPT-1B on 8 H100s, its global batch held; the layout it
+    published (FSDP full_shard, micro-batch 14, no AC) is among the model's top 3."""
+    from conftest import ROOT
+    from echobench.tune.cards import card_entry, card_problems
+
+    s = load_tune_file(ROOT / "tunes" / "card-1b-tune.yaml")
+    problems = card_problems(s, None)
+    assert [p.key for p in problems] == ["card-1b@1x8", "card-1b@2x8"]
+    one = problems[0]
+    assert one.profile.name == "h100-hgx-ib"  # the card file's
+    top = [c.run_id for c in one.ranked[:3]]
+    assert "fsdp-full_shard-n1x8-mb14-ga1-acnone" in top, top
+    assert all(c.layout.global_batch == 112 for c in one.ranked)
+    entry = card_entry(problems[1])
+    assert entry["measured"] is False and entry["pruned"]  # mb 14 cannot make 112 on 16 ranks
+    assert all(p["reason"].startswith(("batch", "memory", "rule")) for p in entry["pruned"])

@@ -40,7 +40,7 @@ def tune(
     from echobench.config import RunConfig
     from echobench.tune.loop import run_tune, sweep_measure
     from echobench.tune.cards import card_entry, card_problems, card_table
-    from echobench.tune.output import ranking_table, write_outputs
+    from echobench.tune.output import prior_charges, ranking_table, write_outputs
     from echobench.tune.space import TuneError, build_problem, load_tune_file
 
     if executor not in (None, *typing.get_args(ExecutorName)):
@@ -91,7 +91,7 @@ def tune(
         measure, info = sweep_measure(spec, tune_dir, console, executor=spec.executor, preflight=preflight)
     try:
         result = run_tune(spec, problems, prof or cards[0].profile, measure, tune_dir, info,
-                          lambda s: log(console, esc(s)), spec.executor)
+                          lambda s: log(console, esc(s)), spec.executor, prior_charges(tune_dir))
     except TuneError as exc:
         fail(str(exc), 1)
     if dry_run:

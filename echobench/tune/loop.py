@@ -75,10 +75,13 @@ class TuneResult:
     shipped_predictions: dict[str, float] = field(default_factory=dict)  # run id -> samples/s on the shipped profile
     fit_note: str | None = None
     interrupted: bool = False
+    # run id -> the device-hours charged to it: its round's share, or what an earlier (interrupted)
+    # tune in the same directory charged it, so that a resumed tune keeps counting its budget
+    charges: dict[str, float] = field(default_factory=dict)
 
     @property
     def device_hours(self) -> float:
-        return sum(r.device_hours for r in self.rounds)
+        return sum(self.charges.values())
 
 
 MeasureFn = Callable[[Sequence[Candidate]], dict[str, Measured]]
@@ -248,8 +251,10 @@ def next_picks(problem: Problem, measured: dict[str, Measured], top_k: int) -> l
 
 def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, measure: MeasureFn,
              tune_dir: Path, info: dict | None = None, log: Callable[[str], None] = lambda s: None,
-             executor: str | None = None) -> TuneResult:
-    """Measure, hold, recalibrate, re-rank (the module's docstring) until every problem stops."""
+             executor: str | None = None, prior_charges: dict[str, float] | None = None) -> TuneResult:
+    """Measure, hold, recalibrate, re-rank (the module's docstring) until every problem stops.
+    `prior_charges`: the device-hours an earlier tune in this directory charged its runs."""
+    prior = prior_charges or {}
     result = TuneResult(problems, profile, profile, {})
     result.shipped_predictions = {c.run_id: c.prediction.samples_per_s for p in problems for c in p.ranked}
     cfgs = {c.run_id: c.cfg for p in problems for c in p.ranked}
@@ -285,6 +290,11 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
             rnd.wall_s, rnd.exit_code = info.get("wall_s", 0.0), info.get("exit_code", 0)
         worlds = [c.cfg.world_size for c in todo]
         rnd.device_hours = rnd.wall_s * (sum(worlds) if slurm else max(worlds)) / 3600
+        # The round's time goes to the runs it measured that an earlier tune here had not (those keep
+        # their charge); a round that measured nothing new keeps its time under its own name.
+        new = [rid for rid in got if rid not in prior] or [f"(round {number}: nothing new measured)"]
+        result.charges.update({rid: prior[rid] for rid in got if rid in prior})
+        result.charges.update({rid: rnd.device_hours / len(new) for rid in new})
         result.rounds.append(rnd)
         result.measured.update(got)
         if rnd.exit_code == 130:

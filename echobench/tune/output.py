@@ -4,6 +4,7 @@ one-run matrix (TUNE/winners/). The dashboard's tune section reads tune.json (ec
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,6 +100,16 @@ def problem_entry(spec: TuneFile, problem: Problem, result: TuneResult, tune_dir
             "pruned": [{"run_id": c.run_id, "settings": c.settings, "reason": c.pruned} for c in problem.pruned]}
 
 
+def prior_charges(tune_dir: Path) -> dict[str, float]:
+    """The device-hours an earlier tune in this directory charged its runs (none where there was no
+    readable tune.json)."""
+    try:
+        charges = json.loads((tune_dir / TUNE_FILE).read_text()).get("charges", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: float(v) for k, v in charges.items() if isinstance(v, (int, float))} if isinstance(charges, dict) else {}
+
+
 def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir: Path,
                   cards: Sequence[dict] = ()) -> dict:
     """tune.json, the winners' files and report.md; returns tune.json's content. `cards`: the model
@@ -108,7 +119,7 @@ def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir:
            "device_hours": result.device_hours, "interrupted": result.interrupted,
            "profile": {"shipped": result.shipped.name, "final": result.profile.name, "fit_note": result.fit_note,
                        "fitted_file": str(tune_dir / "profile-tuned.yaml") if result.fit_note else None},
-           "rounds": [vars(r) for r in result.rounds],
+           "rounds": [vars(r) for r in result.rounds], "charges": result.charges,
            "problems": [problem_entry(spec, p, result, tune_dir) for p in result.problems],
            "cards": list(cards)}
     write_json_atomic(tune_dir / TUNE_FILE, doc)
