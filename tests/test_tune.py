@@ -13,7 +13,7 @@ import yaml
 from echobench import predict as pr
 from echobench.hwprofile import InStepFactor, load_profile
 from echobench.memory import estimate_memory
-from echobench.tune.loop import Measured, fit_profile, residuals, run_tune
+from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
 from echobench.tune.output import write_outputs
 from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks
 from test_predict import cfg as predict_cfg
@@ -148,14 +148,21 @@ def test_the_budget_stops_measuring(tmp_path):
     assert len(asked) == 1 and "budget spent" in result.stops[problem.key]
 
 
-def test_fit_profile_recovers_the_compute_factor_the_runs_were_made_with(tmp_path):
-    """Runs 'measured' as the model predicts them with in_step 1.3: the fit finds 1.3."""
-    truth = GPU.model_copy(update={"in_step": InStepFactor(factor=1.3, source="set")})
-    cfgs = {pr.run_id(c): c for c in (predict_cfg(), predict_cfg(parallelism="fsdp2", micro_batch=2))}
+def test_fit_profile_recovers_the_factors_the_runs_were_made_with(tmp_path):
+    """Runs 'measured' as the model predicts them with compute x 1.3 and collectives at a quarter of
+    the bandwidth: the fit finds both, and says so (FITTED) in the profile it keeps."""
+    truth = scaled(GPU, 1.3, 0.25)
+    cfgs = {pr.run_id(c): c for c in (predict_cfg(), predict_cfg(parallelism="fsdp2", micro_batch=2),
+                                      predict_cfg(framework="megatron", parallelism="tp2", micro_batch=1),
+                                      predict_cfg(micro_batch=16))}
     measured = {rid: Measured(rid, "ok", pr.predict(c, truth).samples_per_s) for rid, c in cfgs.items()}
     fitted, note = fit_profile(GPU, cfgs, measured, tmp_path)
-    assert fitted.in_step.factor == pytest.approx(1.3, rel=0.01)
-    assert "FITTED" in note and load_profile(tmp_path / "profile-tuned.yaml").in_step.factor == fitted.in_step.factor
+    assert fitted.in_step.factor == pytest.approx(1.3, rel=0.02)
+    assert fitted.links["intra"]["all_reduce"].bus_gbps == pytest.approx(0.25 * GPU.links["intra"]["all_reduce"].bus_gbps,
+                                                                         rel=0.05)
+    kept = load_profile(tmp_path / "profile-tuned.yaml")
+    assert kept.in_step.factor == fitted.in_step.factor and "FITTED" in kept.in_step.source and "FITTED" in note
+    assert sorted(kept.in_step.fitted_on) == sorted(cfgs)
 
 
 # ---- bad input ----

@@ -91,7 +91,8 @@ def tune(
         measure, info = sweep_measure(spec, tune_dir, console, executor=spec.executor, preflight=preflight)
     try:
         result = run_tune(spec, problems, prof or cards[0].profile, measure, tune_dir, info,
-                          lambda s: log(console, esc(s)), spec.executor, prior_charges(tune_dir))
+                          (lambda s: None) if dry_run else lambda s: log(console, esc(s)), spec.executor,
+                          prior_charges(tune_dir))
     except TuneError as exc:
         fail(str(exc), 1)
     if dry_run:

@@ -24,7 +24,9 @@ call, echobench.nccltuning); then placed: DDP's bucketed gradient all-reduce ove
 all-gathers are prefetched (the first exposed), its reduce-scatters overlap backward (the last
 exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlaps forward; TP's
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
-part + max(0, the rest - the compute of the phase it overlaps).
+part + max(0, the rest - the compute of the phase it overlaps). Gradient accumulation: each
+micro-batch's compute, host ops and collectives grad_accum times, the once-per-step collectives
+(the gradients' reductions and norms, commvolume.Traffic.once) and the optimizer once.
 
 GEMM rates: a measured shape within 10% of the GEMM's stands for it (a calibration measures the
 run's own); else, where the profile gives its sm_count, the best point's rate x the shape model's

@@ -170,53 +170,75 @@ def consistent_bias(res: dict[str, float], threshold: float) -> bool:
     return len(values) >= 2 and (all(r > threshold for r in values) or all(r < -threshold for r in values))
 
 
+def misranked(problems: Sequence[Problem], measured: dict[str, Measured]) -> bool:
+    """Whether, among what was measured, some problem's measured winner is not its predicted best."""
+    for p in problems:
+        ok = [c for c in p.ranked if (m := measured.get(c.run_id)) is not None and m.ok]
+        if len(ok) >= 2 and measured_winner(p, measured) is not ok[0]:
+            return True
+    return False
+
+
 def _factor(profile: HardwareProfile) -> float:
     """The factor the profile now puts on a step's compute: in_step on a GPU; on a CPU the in-situ
     factor of its host points times any in_step a tune fitted."""
     return in_situ_factor(Rates(profile))
 
 
+def scaled(profile: HardwareProfile, compute: float, bandwidth: float, source: str = "trial") -> HardwareProfile:
+    """The profile with its compute factor (in_step) x `compute` and every collective fit's bus
+    bandwidth x `bandwidth`."""
+    base = profile.in_step.factor if profile.in_step else 1.0
+    factor = min(max(base * compute, FIT_BOUNDS[0]), FIT_BOUNDS[1])
+
+    def fit(ab):
+        return ab if bandwidth == 1 else ab.model_copy(update={
+            "bus_gbps": ab.bus_gbps * bandwidth, "source": f"{ab.source}; bus bandwidth x {bandwidth:.3g} {source}"})
+
+    return profile.model_copy(update={
+        "in_step": InStepFactor(factor=factor, fitted_on=[], source=source) if compute != 1 or profile.in_step else None,
+        "links": {link: {op: fit(ab) for op, ab in ops.items()} for link, ops in profile.links.items()},
+        "link_kinds": {link: {op: [fit(ab) for ab in fits] for op, fits in ops.items()}
+                       for link, ops in profile.link_kinds.items()}})
+
+
 def fit_profile(profile: HardwareProfile, cfgs: dict[str, RunConfig], measured: dict[str, Measured],
                 tune_dir: Path) -> tuple[HardwareProfile, str]:
-    """The profile with its in_step factor refitted to the measured runs: the multiplier m on the
-    compute factor that minimises the squared log error of the predicted samples/s (golden-section
-    search over FIT_BOUNDS), named FITTED with the runs it was fitted to."""
+    """The profile recalibrated to the measured runs: a multiplier on its compute factor (in_step)
+    and one on its collectives' bus bandwidth, those that minimise the squared log error of the
+    predicted samples/s (Nelder-Mead over both logs; the bandwidth held at 1 where no measured run
+    communicates), saved FITTED beside the shipped profile as TUNE/profile-tuned.yaml."""
     runs = [(cfgs[rid], m.samples_per_s) for rid, m in measured.items() if m.ok and rid in cfgs]
     base = profile.in_step.factor if profile.in_step else 1.0
 
-    def with_factor(m: float) -> HardwareProfile:
-        factor = min(max(base * m, FIT_BOUNDS[0]), FIT_BOUNDS[1])
-        return profile.model_copy(update={"in_step": InStepFactor(factor=factor, fitted_on=[], source="trial")})
-
-    def loss(m: float) -> float:
-        prof = with_factor(m)
+    def loss(log_m: float, log_k: float) -> float:
+        prof = scaled(profile, math.exp(log_m), math.exp(log_k))
         return sum(math.log(predict(cfg, prof).samples_per_s / sps) ** 2 for cfg, sps in runs)
 
-    lo, hi = math.log(FIT_BOUNDS[0] / base), math.log(FIT_BOUNDS[1] / base)
-    golden = (math.sqrt(5) - 1) / 2
-    a, b = lo + (1 - golden) * (hi - lo), lo + golden * (hi - lo)
-    fa, fb = loss(math.exp(a)), loss(math.exp(b))
-    for _ in range(40):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = lo + (1 - golden) * (hi - lo)
-            fa = loss(math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + golden * (hi - lo)
-            fb = loss(math.exp(b))
-    m = math.exp((lo + hi) / 2)
-    factor = min(max(base * m, FIT_BOUNDS[0]), FIT_BOUNDS[1])
-    rms = math.sqrt(loss(m) / len(runs))
-    source = (f"FITTED by echobench tune on {now_iso()} to {len(runs)} measured runs in {tune_dir} (their samples/s: "
-              f"rms log error {rms:.1%}); the compute factor was {_factor(profile):.3g} in {profile.name}")
-    fitted = profile.model_copy(update={
-        "name": f"{profile.name}-tuned", "in_step": InStepFactor(factor=factor, fitted_on=[rid for rid in measured
-                                                                                         if rid in cfgs], source=source),
-        "note": f"{profile.name} recalibrated by echobench tune: in_step {factor:.3g} FITTED to its measured runs"})
+    from scipy.optimize import minimize, minimize_scalar  # lazy: scipy's import time, for the fit alone
+
+    m_range = (math.log(FIT_BOUNDS[0] / base), math.log(FIT_BOUNDS[1] / base))
+    k_range = (math.log(1e-3), math.log(1e3))
+    if loss(0.0, k_range[0]) != loss(0.0, k_range[1]):  # some measured run communicates
+        log_m, log_k = minimize(lambda x: loss(*x), [0.0, 0.0], method="Nelder-Mead", bounds=[m_range, k_range],
+                                options={"xatol": 1e-4, "fatol": 1e-12, "maxiter": 400}).x
+    else:
+        log_m, log_k = minimize_scalar(lambda x: loss(x, 0.0), bounds=m_range, method="bounded").x, 0.0
+    m, k = math.exp(log_m), math.exp(log_k)
+    rms = math.sqrt(loss(log_m, log_k) / len(runs))
+    before = math.sqrt(loss(0.0, 0.0) / len(runs))
+    ids = [rid for rid in measured if rid in cfgs]
+    source = (f"FITTED by echobench tune on {now_iso()} to {len(runs)} measured runs in {tune_dir}: compute x {m:.3g}, "
+              f"collective bandwidth x {k:.3g} (rms log error of their samples/s {before:.1%} -> {rms:.1%}); "
+              f"{profile.name}'s compute factor was {_factor(profile):.3g}")
+    fitted = scaled(profile, m, k, "FITTED by echobench tune").model_copy(update={
+        "name": f"{profile.name}-tuned", "note": f"{profile.name} recalibrated by echobench tune: {source}"})
+    fitted = fitted.model_copy(update={"in_step": fitted.in_step.model_copy(update={"fitted_on": ids, "source": source})
+                                       if fitted.in_step else None})
     save_profile(fitted, tune_dir / "profile-tuned.yaml")
-    return fitted, (f"residuals shared a bias: {profile.name}'s compute factor refitted, x{m:.3g} "
-                    f"(in_step {factor:.3g}, FITTED to {len(runs)} runs) -> {tune_dir / 'profile-tuned.yaml'}")
+    return fitted, (f"{profile.name} recalibrated to {len(runs)} measured runs: compute x {m:.3g}, collective "
+                    f"bandwidth x {k:.3g}, FITTED (rms log error {before:.1%} -> {rms:.1%}) -> "
+                    f"{tune_dir / 'profile-tuned.yaml'}")
 
 
 def rerank(problems: Sequence[Problem], profile: HardwareProfile) -> None:
@@ -259,7 +281,6 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
     result.shipped_predictions = {c.run_id: c.prediction.samples_per_s for p in problems for c in p.ranked}
     cfgs = {c.run_id: c.cfg for p in problems for c in p.ranked}
     slurm = (executor or spec.executor) == "slurm"
-    fitted_once = False
     for number in range(1, spec.max_rounds + 1):
         todo: list[Candidate] = []
         for p in problems:
@@ -300,10 +321,10 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
         if rnd.exit_code == 130:
             result.interrupted = True
             return result
-        res = residuals(problems, result.measured)
-        if not fitted_once and consistent_bias(res, spec.bias):
+        # The model is off: by a common factor, or in the order of what it measured. Refitted from
+        # the shipped profile to every run measured so far.
+        if consistent_bias(residuals(problems, result.measured), spec.bias) or misranked(problems, result.measured):
             result.profile, result.fit_note = fit_profile(profile, cfgs, result.measured, tune_dir)
-            fitted_once = True
             rerank(problems, result.profile)
             log(result.fit_note)
         for p in problems:

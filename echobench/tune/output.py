@@ -189,7 +189,8 @@ def report_markdown(doc: dict) -> str:
         lines.append("")
     for p in doc["cards"]:
         lines += [f"## Model card {p['card']} on {p['nodes']} node(s) x {p['gpus_per_node']} (predicted, not measured)", "",
-                  f"{p['stop']}. Predicted winner: {p['predicted_winner']}. {len(p['candidates'])} layouts ranked, "
+                  f"Ranked on {p['profile']}, not measured (echobench trains Echo, not model cards). Predicted "
+                  f"winner: {p['predicted_winner']}. {len(p['candidates'])} layouts ranked, "
                   f"{len(p['pruned'])} pruned (device memory {_num(p['capacity_gib'], '.1f')} GiB).", "",
                   "| rank | layout | family | grad_accum | memory GiB | predicted samples/s | tokens/s | MFU |",
                   "|---|---|---|---|---|---|---|---|"]
