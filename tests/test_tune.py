@@ -304,3 +304,44 @@ def test_a_card_tune_ranks_the_published_layout_of_its_run_near_the_top():
     entry = card_entry(problems[1])
     assert entry["measured"] is False and entry["pruned"]  # mb 14 cannot make 112 on 16 ranks
     assert all(p["reason"].startswith(("batch", "memory", "rule")) for p in entry["pruned"])
+
+
+def test_a_card_that_fits_nowhere_names_the_smallest_node_count_that_would(tmp_path):
+    from conftest import ROOT
+    from echobench.tune.cards import card_problems
+
+    card = yaml.safe_load((ROOT / "tunes" / "card-1b.yaml").read_text())
+    card["model"].update(layers=96, hidden=8192, ffn=32768, heads=64, kv_heads=64)  # ~77B parameters
+    card["run"].update(global_batch=256, micro_batch=1, grad_accum=32)
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(card))
+    (tmp_path / "tune.yaml").write_text("name: big\ncard: big.yaml\ngpus_per_node: 8\nsearch: {micro_batch: [1]}\n")
+    s = load_tune_file(tmp_path / "tune.yaml")
+    with pytest.raises(TuneError) as err:
+        card_problems(s, None)
+    message = str(err.value)
+    assert "\n" not in message and "no layout fits" in message
+    n = int(message.split("the smallest node count where a layout fits is ")[1].split(":")[0])
+    assert card_problems(s.model_copy(update={"nodes": [n]}), None)[0].ranked
+
+
+def test_candidates_the_measurements_cannot_tell_from_the_winner_are_named_as_ties(tmp_path):
+    """Step times per sample: a candidate whose steps overlap the winner's ties with it; one clearly
+    slower does not (one-sided Mann-Whitney U)."""
+    s = spec(top_k=2, max_rounds=1)
+    problem = build_problem(s, "800M", 1, GPU)
+    chosen = picks(problem.ranked, 2)
+    steps = {chosen[0].run_id: [1.00, 1.02, 0.99, 1.01, 1.00, 1.03],  # the winner
+             chosen[1].run_id: [1.01, 0.99, 1.02, 1.00, 1.04, 1.00]}  # overlaps it
+
+    def measure(candidates):
+        out = {}
+        for c in candidates:
+            times = [t * c.cfg.global_batch for t in steps.get(c.run_id, [3.0, 3.1, 2.9, 3.0, 3.05, 2.95])]
+            out[c.run_id] = Measured(c.run_id, "ok", c.cfg.global_batch * len(times) / sum(times), step_times_s=times)
+        return out
+
+    result = run_tune(s, [problem], GPU, measure, tmp_path)
+    doc = write_outputs(s, tmp_path / "t.yaml", result, tmp_path)["problems"][0]
+    assert doc["winner"] == chosen[0].run_id
+    assert [t["run_id"] for t in doc["ties"]] == [chosen[1].run_id]
+    assert "Within measurement noise" in (tmp_path / "report.md").read_text()

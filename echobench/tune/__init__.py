@@ -9,3 +9,5 @@ model and proven by measurement (README, "Tuning a run").
     output.py  TUNE/tune.json, report.md and the winners' run config and one-run matrix; the console table
     cards.py   a model card's layouts ranked (not measured: echobench trains Echo)
 """
+
+TUNE_FILE = "tune.json"  # TUNE/tune.json (output.py writes it, the dashboard reads it)

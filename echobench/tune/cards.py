@@ -128,9 +128,23 @@ def card_problem(spec: TuneFile, name: str, card: ModelCard, base: Layout, nodes
             raise TuneError(f"{name}: {exc}") from None
     if not problem.ranked:
         raise TuneError(f"{name} on {nodes} node(s) x {spec.gpus_per_node}: no layout fits "
-                        f"({problem.pruned[0].pruned if problem.pruned else 'no candidates'}): more nodes, or a "
-                        "smaller micro_batch (search: {micro_batch: [...]})")
+                        f"({problem.pruned[0].pruned if problem.pruned else 'no candidates'})"
+                        + _where_it_fits(spec, name, card, base, nodes, profile))
     return problem
+
+
+def _where_it_fits(spec: TuneFile, name: str, card: ModelCard, base: Layout, nodes: int,
+                   profile: HardwareProfile) -> str:
+    """The smallest node count (doubling, up to 1024) at which some layout of the card fits."""
+    n = nodes * 2
+    while n <= 1024:
+        try:
+            card_problem(spec, name, card, base, n, profile)
+        except TuneError:
+            n *= 2
+            continue
+        return f": the smallest node count where a layout fits is {n}: tune at nodes: [{n}]"
+    return ": no node count up to 1024 fits it"
 
 
 def card_problems(spec: TuneFile, profile: HardwareProfile | None) -> list[CardProblem]:

@@ -48,6 +48,7 @@ class Measured:
     mfu: float | None = None
     peak_mem_gib: float | None = None
     error: str = ""
+    step_times_s: list[float] | None = None  # each measured step (the noise the winner is judged with)
 
     @property
     def ok(self) -> bool:
@@ -136,7 +137,7 @@ def read_measured(sweep_dir: Path, run_ids: Sequence[str]) -> dict[str, Measured
             continue
         out[rid] = Measured(rid, state, record.samples_per_s if record else None,
                             record.step_time_s if record else None, record.mfu if record else None,
-                            record.peak_mem_gib if record else None, error)
+                            record.peak_mem_gib if record else None, error, record.step_times_s if record else None)
     return out
 
 

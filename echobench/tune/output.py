@@ -15,10 +15,11 @@ from rich.table import Table
 from echobench.atomic import write_json_atomic
 from echobench.console import esc
 from echobench.sweep_state import now_iso
+from echobench.report.compare import slower_p_value
+from echobench.tune import TUNE_FILE
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
 from echobench.tune.space import Candidate, Problem, TuneFile
 
-TUNE_FILE = "tune.json"
 SCHEMA = 1
 
 
@@ -85,6 +86,26 @@ def taus(problem: Problem, result: TuneResult) -> dict[str, float | None]:
             "final": kendall_tau([c.prediction.samples_per_s for c in ok], measured), "runs": len(ok)}
 
 
+NOISE_ALPHA = 0.05  # a measured candidate not slower than the winner at this level ties with it
+
+
+def ties(problem: Problem, result: TuneResult, winner: Candidate | None) -> list[dict]:
+    """The measured candidates the measurements cannot tell from the winner: their step times per
+    sample are not significantly slower than the winner's (one-sided Mann-Whitney U, p >= NOISE_ALPHA)."""
+    if winner is None or not (best := result.measured[winner.run_id]).step_times_s:
+        return []
+    out = []
+    for c in problem.ranked:
+        m = result.measured.get(c.run_id)
+        if c is winner or m is None or not m.ok or not m.step_times_s:
+            continue
+        p = slower_p_value([t / winner.cfg.global_batch for t in best.step_times_s],
+                           [t / c.cfg.global_batch for t in m.step_times_s])
+        if p >= NOISE_ALPHA:
+            out.append({"run_id": c.run_id, "p": p})
+    return out
+
+
 def problem_entry(spec: TuneFile, problem: Problem, result: TuneResult, tune_dir: Path) -> dict:
     winner = measured_winner(problem, result.measured)
     ranked = problem.ranked
@@ -93,7 +114,7 @@ def problem_entry(spec: TuneFile, problem: Problem, result: TuneResult, tune_dir
             "gpus_per_node": problem.gpus_per_node, "capacity_gib": problem.capacity_gib,
             "capacity_source": problem.capacity_source, "stop": result.stops.get(problem.key),
             "winner": winner.run_id if winner else None, "predicted_winner": ranked[0].run_id,
-            "kendall_tau": taus(problem, result),
+            "kendall_tau": taus(problem, result), "ties": ties(problem, result, winner),
             "files": write_winner(spec, problem, winner, tune_dir) if winner else {},
             "candidates": [candidate_entry(c, i + 1, result) for i, c in enumerate(ranked)],
             "pruned_counts": dict(reasons),
@@ -167,6 +188,10 @@ def report_markdown(doc: dict) -> str:
                       f"{p['files']['matrix']} (`echobench sweep`).", ""]
         else:
             lines += ["**No measured winner**: no picked candidate ran ok.", ""]
+        if p["ties"]:
+            lines += ["Within measurement noise of the winner (its step times per sample not significantly faster: "
+                      f"one-sided Mann-Whitney U, p >= {NOISE_ALPHA}): "
+                      + ", ".join(f"{t['run_id']} (p = {t['p']:.2f})" for t in p["ties"]) + ".", ""]
         tau = p["kendall_tau"]
         lines += [f"Predicted winner: {p['predicted_winner']}. Stopped: {p['stop']}. Kendall's tau of predicted vs "
                   f"measured samples/s over {tau['runs']} measured runs: {_num(tau['shipped'], '.2f')} on the shipped "
