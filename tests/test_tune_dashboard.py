@@ -141,3 +141,26 @@ def test_tune_section_in_chromium(tmp_path):
         assert checked == 1 and problems == [], problems
         shot = page.screenshot(ARTIFACTS / "dashboard-tune.png", selector="#tune")
     assert shot.stat().st_size > 10_000
+
+
+def test_the_tune_section_names_the_ties_with_the_winner(tmp_path):
+    (tmp_path / "tune").mkdir()
+    doc = {"schema": 1, "name": "t", "tune_file": "t.yaml", "date": "d", "executor": "local", "device_hours": 0.1,
+           "interrupted": False, "profile": {"shipped": "p", "final": "p", "fit_note": None},
+           "problems": [{"key": "tiny@1x2", "scale": "tiny", "nodes": 1, "gpus_per_node": 2, "winner": "a",
+                         "predicted_winner": "a", "stop": "s", "kendall_tau": {"shipped": 1.0, "final": 1.0, "runs": 2},
+                         "pruned_counts": {}, "ties": [{"run_id": "b<i>", "p": 0.5}],
+                         "candidates": [cand("a", 1, 10.0, 11.0), cand("b<i>", 2, 9.0, 10.9)]}]}
+    (tmp_path / "tune" / TUNE_FILE).write_text(json.dumps(doc))
+    page = render_dashboard(load_report_input([tmp_path / "tune"]))
+    assert "Within measurement noise of the winner" in page and "b&lt;i&gt; (p = 0.50)" in page
+
+
+def cand(rid, rank, predicted, measured):
+    settings = {"framework": "torchtitan", "parallelism": "ddp", "micro_batch": 2, "grad_accum": 1, "ac": "none",
+                "compile": False, "reshard_after_forward": True, "precision": "fp32"}
+    return {"run_id": rid, "family": "ddp", "rank": rank, "settings": settings,
+            "predicted": {"samples_per_s": predicted, "samples_per_s_low": predicted / 2,
+                          "samples_per_s_high": predicted * 2},
+            "measured": {"status": "ok", "samples_per_s": measured, "error": ""}, "residual": measured / predicted - 1,
+            "round": 1}

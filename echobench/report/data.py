@@ -361,6 +361,7 @@ def tune_problem(p: dict) -> dict:
             "winner": p["winner"], "predicted_winner": p["predicted_winner"], "stop": p.get("stop"),
             "tau": {"shipped": tau.get("shipped"), "final": tau.get("final"), "runs": tau.get("runs")},
             "pruned_counts": {str(k): int(n) for k, n in p["pruned_counts"].items()},
+            "ties": [(str(t["run_id"]), float(t["p"])) for t in p.get("ties", [])],
             "candidates": sorted(map(tune_candidate, p["candidates"]), key=lambda c: c["rank"])}
 
 
