@@ -345,3 +345,12 @@ def test_candidates_the_measurements_cannot_tell_from_the_winner_are_named_as_ti
     assert doc["winner"] == chosen[0].run_id
     assert [t["run_id"] for t in doc["ties"]] == [chosen[1].run_id]
     assert "Within measurement noise" in (tmp_path / "report.md").read_text()
+
+
+def test_a_slurm_tune_whose_runs_may_share_nodes_is_warned():
+    from echobench.tune.space import sharing_warning
+
+    assert "slurm.exclusive" in sharing_warning(spec())
+    assert sharing_warning(spec(slurm={"exclusive": True})) is None
+    assert sharing_warning(spec(slurm={"max_submitted": 1})) is None
+    assert sharing_warning(spec(executor="local")) is None

@@ -37,11 +37,11 @@ def tune(
     memory and rules; rank by predicted samples/s; measure the top K and each family's best;
     recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
-    from echobench.config import RunConfig
-    from echobench.tune.loop import run_tune, sweep_measure
-    from echobench.tune.cards import card_entry, card_problems, card_table
-    from echobench.tune.output import prior_charges, ranking_table, write_outputs
-    from echobench.tune.space import TuneError, build_problem, load_tune_file
+    from echobench.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
+    from echobench.tune.cards import card_entry, card_problems, card_table  # lazy: as predict
+    from echobench.tune.loop import run_tune, sweep_measure  # lazy: as predict (torch, the sweep)
+    from echobench.tune.output import prior_charges, ranking_table, write_outputs  # lazy: as predict
+    from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning  # lazy: as predict
 
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
@@ -59,6 +59,8 @@ def tune(
     if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
         fail(f"{tune_file}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
              "--executor slurm")
+    if warning := sharing_warning(spec):
+        err_console.print(f"[yellow]warning:[/] {esc(warning)}", highlight=False, soft_wrap=True)
     tune_dir = writable_dir((out or Path("runs") / f"tune-{spec.name}").resolve())
     profiles = load_profiles_or_fail([profile] if profile else [])
     if profiles:

@@ -310,8 +310,11 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
             return result
         if info:
             rnd.wall_s, rnd.exit_code = info.get("wall_s", 0.0), info.get("exit_code", 0)
-        worlds = [c.cfg.world_size for c in todo]
-        rnd.device_hours = rnd.wall_s * (sum(worlds) if slurm else max(worlds)) / 3600
+        # Devices held: on SLURM every run at once (at most slurm.max_submitted of them), an upper
+        # bound; the local executor runs one at a time.
+        worlds = sorted((c.cfg.world_size for c in todo), reverse=True)
+        at_once = (spec.slurm.get("max_submitted") or len(worlds)) if slurm else 1
+        rnd.device_hours = rnd.wall_s * sum(worlds[:at_once]) / 3600
         # The round's time goes to the runs it measured that an earlier tune here had not (those keep
         # their charge); a round that measured nothing new keeps its time under its own name.
         new = [rid for rid in got if rid not in prior] or [f"(round {number}: nothing new measured)"]

@@ -132,6 +132,16 @@ def load_tune_file(path: Path) -> TuneFile:
     return spec
 
 
+def sharing_warning(spec: TuneFile) -> str | None:
+    """A tune compares runs: on SLURM, runs that share a node slow each other and the comparison
+    measures the sharing. None where each run has its nodes to itself or runs alone."""
+    if spec.executor != "slurm" or spec.slurm.get("exclusive") or spec.slurm.get("max_submitted") == 1:
+        return None
+    return ("slurm.exclusive is not true: the measured runs may share nodes and slow each other, and the tune would "
+            "compare the sharing: set slurm.exclusive: true (or slurm.max_submitted: 1 where the nodes share one "
+            "machine, as a test cluster's do)")
+
+
 # ---- the search space ----
 
 def framework_of(layout: str) -> str:
