@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from echobench import predict as pr
-from echobench.hwprofile import InStepFactor, load_profile
+from echobench.hwprofile import load_profile
 from echobench.memory import estimate_memory
 from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
 from echobench.tune.output import write_outputs

@@ -127,8 +127,8 @@ def _lines(problem: dict, header: dict) -> list[str]:
         if win and win["measured_ok"] else "No measured winner: no measured candidate ran ok.",
         f"Predicted winner: {problem['predicted_winner']}"
         + (" (the measured winner)." if problem["predicted_winner"] == problem["winner"] else "."),
-        *([f"Within measurement noise of the winner (one-sided Mann-Whitney U on step times per sample, "
-           f"p >= 0.05): " + ", ".join(f"{rid} (p = {pv:.2f})" for rid, pv in problem["ties"]) + "."]
+        *(["Within measurement noise of the winner (one-sided Mann-Whitney U on step times per sample, "
+           "p >= 0.05): " + ", ".join(f"{rid} (p = {pv:.2f})" for rid, pv in problem["ties"]) + "."]
           if problem["ties"] else []),
         f"Stopped: {problem['stop'] or '- (not recorded)'}.",
         f"Kendall's tau of predicted vs measured samples/s over {tau['runs']} measured run(s): "
