@@ -354,3 +354,17 @@ def test_a_slurm_tune_whose_runs_may_share_nodes_is_warned():
     assert sharing_warning(spec(slurm={"exclusive": True})) is None
     assert sharing_warning(spec(slurm={"max_submitted": 1})) is None
     assert sharing_warning(spec(executor="local")) is None
+
+
+def test_the_h200_tune_file_ranks_on_the_shipped_h200_profile():
+    """tunes/h200-800m.yaml (for a lent GPU): single-GPU layouts of both families, fp8 beside bf16,
+    pruned by the H200's 141 GB and the fp8 shape rule, the rest ranked."""
+    from conftest import ROOT
+
+    s = load_tune_file(ROOT / "tunes" / "h200-800m.yaml")
+    h200 = pr.load_profiles(["h200-hgx-ib"])[0]
+    problem = build_problem(s, "800M", 1, h200)
+    assert {c.family for c in problem.ranked} == {"single", "megatron-tp"}
+    assert {c.cfg.precision for c in problem.ranked} == {"bf16", "fp8"}
+    assert all(c.cfg.device == "cuda" and c.cfg.compile is True for c in problem.ranked)
+    assert problem.capacity_gib == pytest.approx(141, abs=2)
