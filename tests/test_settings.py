@@ -48,6 +48,8 @@ OPTIONS = {
     "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
     "data index": ["--rebuild", "data"],
+    "tune": ["--budget-gpu-hours", "--dry-run", "--executor", "--no-preflight", "--out", "--preflight", "--profile",
+             "--top-k", "tune_file"],  # added since: issue 36
 }
 # ... and the defaults of run's and flops' options then (compile and sequence_parallel: None, the
 # flag not given, leaves the setting at auto).
