@@ -368,3 +368,14 @@ def test_the_h200_tune_file_ranks_on_the_shipped_h200_profile():
     assert {c.cfg.precision for c in problem.ranked} == {"bf16", "fp8"}
     assert all(c.cfg.device == "cuda" and c.cfg.compile is True for c in problem.ranked)
     assert problem.capacity_gib == pytest.approx(141, abs=2)
+
+
+def test_every_shipped_tune_file_loads():
+    """tunes/: each tune file (a `name` at the top; the others are the model cards they name) loads."""
+    from conftest import ROOT
+
+    files = [f for f in sorted((ROOT / "tunes").glob("*.yaml")) if "name" in yaml.safe_load(f.read_text())]
+    assert len(files) >= 4
+    for f in files:
+        s = load_tune_file(f)
+        assert s.scale or s.card is not None, f
