@@ -95,7 +95,8 @@ The package, by what each file is (every name callers use is re-exported here):
 """
 
 from echobench.config import run_id  # callers reach it as predict.run_id
-from echobench.predict.card import Layout, ModelCard, card_params, card_work, load_card_file, model_card, run_layout
+from echobench.predict.card import Layout, ModelCard, card_params, load_card_file, model_card, run_layout
+from echobench.predict.card_work import card_work
 from echobench.predict.card_model import CardPrediction, predict_card
 from echobench.predict.card_traffic import StepTraffic, card_traffic, place_card
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
@@ -135,7 +136,8 @@ from echobench.predict.profiles import (
     profile_lines,
     profile_processes,
 )
-from echobench.predict.tables import comparison_table, prediction_table, validation_table
+from echobench.devicerates import InStepFit, committed_fit
+from echobench.predict.tables import comparison_table, crossval_table, prediction_table, validation_table
 from echobench.predict.validate import ValidationRow, load_rows, validate, validation_summary
 from echobench.predict.work import (
     AC_BACKWARD_OPS,
@@ -156,7 +158,7 @@ from echobench.predict.work import (
 __all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES", "load_card_file",
            "CardPrediction", "Layout", "ModelCard", "StepTraffic", "ValidationRow", "card_params", "card_traffic",
            "card_work", "load_rows", "model_card", "place_card", "predict_card", "run_layout", "validate",
-           "validation_summary", "validation_table",
+           "validation_summary", "validation_table", "crossval_table", "InStepFit", "committed_fit",
            "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
            "AgainstRecords", "PredictError", "Prediction", "Rates", "against", "against_records", "at_nodes", "choose_profile", "collectives",
            "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",

@@ -8,7 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from echobench.config import RunConfig, run_id
-from echobench.devicerates import attention_points, gemm_rate, interpolate_attention
+from echobench.devicerates import (
+    InStepFit,
+    attention_points,
+    gemm_rate,
+    interpolate_attention,
+    kernel_gap,
+    sustained_clock,
+)
 from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
 from echobench.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
@@ -25,6 +32,7 @@ class Rates:
 
     profile: HardwareProfile
     bound: str = "mid"
+    terms: InStepFit | None = None  # the fitted in-step clock to price with (None: the committed fit)
     _gemm: dict = field(default_factory=dict)
     _attention: dict = field(default_factory=dict)
     _factor: float | None = None  # in_situ_factor's, once computed (1.0 while it is being fitted)
@@ -36,16 +44,26 @@ class Rates:
             self._factor = in_situ_factor(self)
         return self._factor
 
-    def gemm_tflops(self, m: int, n: int, k: int) -> float:
-        """The rate of an (m, n, k) GEMM: its point's figures (devicerates.gemm_rate: the measured
-        shape, or the best shape's scaled by the GEMM shape model) at this bound."""
-        key = (m, n, k)
+    @property
+    def clock(self) -> float:
+        """The sustained clock ratio at this bound (devicerates.sustained_clock: its range's fast end
+        at low, its slow end at high)."""
+        c = sustained_clock(self.profile, self.terms)
+        lo, hi = c.range
+        return {"mid": c.value, "low": hi, "high": lo}[self.bound]
+
+    def gemm_tflops(self, m: int, n: int, k: int, precision: str = "bf16") -> float:
+        """The rate of an (m, n, k) GEMM at `precision` (bf16, or fp8 at the device's float8 rate):
+        its point's figures (devicerates.gemm_rate: the measured shape, or the best shape's scaled by
+        the GEMM shape model) x the sustained clock, at this bound."""
+        key = (m, n, k, precision)
         if key not in self._gemm:
             try:
-                point, f = gemm_rate(self.profile, m, n, k)
+                point, f = gemm_rate(self.profile, m, n, k, precision)
             except KeyError as exc:
                 raise PredictError(f"{exc.args[0]}: measure them with `echobench calibrate --comm` or add `gemm` "
-                                   "entries") from None
+                                   "entries" + (" of dtype float8_e4m3fn" if precision == "fp8" else "")) from None
+            f *= self.clock
             self._gemm[key] = bounded(point.tflops * f, point.tflops_max and point.tflops_max * f,
                                       point.tflops_min and point.tflops_min * f, self.bound)
         return self._gemm[key]
@@ -60,7 +78,7 @@ class Rates:
         if key not in self._attention:
             points, factor, _ = attention_points(self.profile, head_dim, causal, kernel)
             if points:
-                mid = factor * interpolate_attention(points, seq_q, seq_k)
+                mid = factor * self.clock * interpolate_attention(points, seq_q, seq_k)
                 spread = [(p.tflops_max or p.tflops) / p.tflops for p in points]
                 low = [(p.tflops_min or p.tflops) / p.tflops for p in points]
                 self._attention[key] = bounded(mid, mid * max(spread), mid * min(low), self.bound)
@@ -69,8 +87,9 @@ class Rates:
         return self._attention[key]
 
     def memory_gbps(self, op: str = "add") -> float:
-        """The bandwidth of `op` (add: element-wise work; adamw: the optimizer's step), at the largest
-        tensors measured; a profile without that op: its add (else its datasheet) figure."""
+        """The bandwidth of `op` (add: eager element-wise work; triton: compiled; adamw: the
+        optimizer's step), at the largest tensors measured; a profile without that op: its add (else
+        its datasheet) figure (devicerates.memory_bandwidth's rule)."""
         if not self.profile.memory:
             raise PredictError(f"profile {self.profile.name!r} has no memory bandwidth: measure one with "
                                f"`echobench calibrate --comm` or add a `memory` entry")
@@ -219,22 +238,27 @@ def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
 
 
 def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
-                 kernel: str | None = None) -> dict[str, float]:
+                 kernel: str | None = None, compiled: bool = False, kernels: tuple[float, float] = (0, 0)) -> dict[str, float]:
     """The device's seconds of one step's work by phase and kind (no communication), whatever model
-    it is of: GEMMs and attention at the profile's rates (attention of `kernel`), the element-wise
-    bytes (forward, backward) at its memory bandwidth, the optimizer's bytes of `params` parameters."""
+    it is of: GEMMs at the profile's rate of their precision and attention of `kernel`, the
+    element-wise bytes (forward, backward) at its memory bandwidth (`compiled`: Triton's kernels),
+    the optimizer's bytes of `params` parameters, and the device's idle gap (devicerates.kernel_gap)
+    after each of `kernels` launches (forward, backward: `gap_forward`, `gap_backward`)."""
     factor = rates.compute_factor
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
-        out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
+        out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += \
+            w.flops / (rates.gemm_tflops(w.m, w.n, w.k, w.precision) * 1e12)
     for a in att:
         out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
             a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, kernel) * 1e12)
-    gbps = rates.memory_gbps() * 1e9
+    gbps = rates.memory_gbps("triton" if compiled else "add") * 1e9
     fwd, bwd = elementwise
     out["elementwise_forward"] = fwd / gbps
     out["elementwise_backward"] = bwd / gbps
     out = {key: seconds * factor for key, seconds in out.items()}
+    gap = 0.0 if is_cpu(rates.profile) else kernel_gap(rates.profile).value
+    out["gap_forward"], out["gap_backward"] = gap * kernels[0], gap * kernels[1]
     adamw = ADAMW_BYTES["foreach" if is_cpu(rates.profile) else "fused"]
     out["optimizer"] = params * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
     return out

@@ -48,6 +48,7 @@ class Matmul:
     n: int
     k: int
     count: int = 1
+    precision: str = "bf16"  # the GEMM's operands: bf16 (the compute dtype) or fp8 (float8, at the device's float8 rate)
 
     @property
     def flops(self) -> int:
