@@ -22,6 +22,7 @@ from echobench.predict.card_work import card_work, model_flops_per_token
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import framework, resolved
+from echobench.predict.intervals import interval
 from echobench.predict.pipeline import bubble_fraction, pipeline_seconds
 from echobench.predict.pricing import Rates, attention_notes, in_step_note, is_cpu, profile_peak, work_seconds
 
@@ -31,6 +32,8 @@ class CardPrediction:
     """One card's predicted step on one profile: time, parts (seconds), MFU and HFU, and what it assumes."""
 
     step_time_s: float
+    step_time_low_s: float  # the cross-validated interval (intervals.interval)
+    step_time_high_s: float
     device_s: float
     host_s: float
     parts: dict[str, float]  # gemm, attention, elementwise, gaps, optimizer, communication (exposed), bubble, host
@@ -136,8 +139,9 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     mfu_row = None
     if row_flops_per_token is not None and row_peak_tflops:
         mfu_row = row_flops_per_token * tokens / (step * layout.gpus * row_peak_tflops * 1e12)
+    low, high = interval(step)
     return CardPrediction(
-        step_time_s=step, device_s=device, host_s=host, parts=parts,
+        step_time_s=step, step_time_low_s=low, step_time_high_s=high, device_s=device, host_s=host, parts=parts,
         communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once) + p2p_all,
         tokens_per_step=tokens, model_flops_per_token=flops,
         mfu=flops * tokens / (step * layout.gpus * peak * 1e12), hfu=hardware * tokens / (step * layout.gpus * peak * 1e12),

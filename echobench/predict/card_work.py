@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from echobench.predict.card import Layout, ModelCard, check_card_fits_layout, rank_params
 from echobench.predict.frameworks import Framework
 from echobench.predict.recompute import POLICIES, recomputed_linears
-from echobench.predict.work import AttentionWork, Matmul
+from echobench.predict.work import FP8_BYTES, AttentionWork, Matmul
 
 # Element-wise work per token and layer, in elements read + written of the compute dtype (d: hidden,
 # f: ffn, q/kv: the query / key widths), each op counted from what it reads and writes (bias adds
@@ -52,13 +52,6 @@ ELEMENTWISE_READS_WRITES = {"norm": (2, 3), "residual": (3, 3), "gelu": (2, 3), 
 # sequence parallelism the hidden one.
 ELEMENTWISE_EAGER = {"mpt": ((20.14, 4.01, 0.0), (46.42, 8.04, 0.0)),
                      "llama": ((116.06, 10.2, 8.79), (246.12, 18.55, 10.21))}
-# Float8 bytes per element (TransformerEngine's cast-transpose and torchao's dynamic scaling): a
-# linear's input and its output gradient are each read in bf16 and written in float8 twice (the
-# tensor and its transpose, the layouts the forward and the two backward GEMMs take): 2 + 1 + 1; a
-# weight likewise once per micro-batch; an amax reduction (current / tensorwise scaling: computed
-# before the cast; delayed: from the cast itself) reads the tensor again: + 2. Compiled (torchao
-# under torch.compile): the cast fuses into the kernel that makes the tensor, the amax does not.
-FP8_BYTES = {"cast": 4, "amax": 2, "compiled_cast": 2}
 # ATen ops a rank's host dispatches, counted (tests/test_validate.py holds them): an eager pre-norm GPT
 # block (LayerNorm, fused QKV linear with bias, causal SDPA, output projection, LayerNorm, GELU MLP,
 # two residual adds) and its tied-embedding decoder, one step on the CPU under commbench.count_ops,

@@ -12,9 +12,8 @@ compute-bound kernels scale with 1 / c, the rest does not), a and b from the row
 clocks: the fit is a grid search on that surrogate, the errors reported are the model's own at the
 fitted clock.
 
-Intervals: the LOSO log-residuals' RESIDUAL_QUANTILES give how far a prediction lands from a
-published run the model was not fitted on; interval(step) is the range that would have held
-the published figure that often (never zero width)."""
+Intervals: the LOSO log-residuals' RESIDUAL_QUANTILES (intervals.py) give how far a prediction
+lands from a published run the model was not fitted on; write_fit commits them with the fit."""
 
 from __future__ import annotations
 
@@ -29,11 +28,11 @@ from echobench.hwprofile import HardwareProfile
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import central_step, error_summary, published_step, validate
 from echobench.predict.card import model_card, run_layout
+from echobench.predict.intervals import RESIDUAL_QUANTILES
 
 CLOCK_BOUNDS = (0.60, 1.00)  # a family's in-step clock: no lower than 0.6 of its isolated GEMM loop's, no higher
 CLOCK_STEP = 0.005
 PROBE = 0.7  # the second clock each row is priced at for the surrogate
-RESIDUAL_QUANTILES = (0.1, 0.9)  # the interval: the 10th to 90th percentile of the LOSO log-residuals
 
 
 @dataclass
@@ -128,20 +127,3 @@ def write_fit(result: dict, path: Path = FIT_FILE) -> Path:
             "loso": result["loso"], "in_sample": result["in_sample"]}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
-
-
-def interval(step: float, quantiles: Sequence[float] | None = None) -> tuple[float, float]:
-    """The range the true step lies in as often as the LOSO residuals say (RESIDUAL_QUANTILES):
-    step / exp(q_high) .. step / exp(q_low), the committed quantiles where none are given."""
-    if quantiles is None:
-        quantiles = committed_quantiles()
-    lo, hi = quantiles
-    return step / math.exp(hi), step / math.exp(lo)
-
-
-def committed_quantiles(path: Path = FIT_FILE) -> tuple[float, float]:
-    """The committed fit's residual quantiles ((-0.15, 0.15) where no fit is committed: assumed)."""
-    if not path.is_file():
-        return (-0.15, 0.15)
-    lo, hi = json.loads(path.read_text())["residual_quantiles"]
-    return (min(lo, -0.01), max(hi, 0.01))  # never zero width

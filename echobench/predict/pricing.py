@@ -11,6 +11,7 @@ from echobench.config import RunConfig, run_id
 from echobench.devicerates import (
     InStepFit,
     attention_points,
+    in_step_clock,
     gemm_rate,
     interpolate_attention,
     kernel_gap,
@@ -20,7 +21,7 @@ from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
 from echobench.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
-from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, rank_params, run_work
+from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, float8_work, rank_params, run_work
 
 BOUNDS = ("mid", "low", "high")  # the point figures; the calibration's best; its worst
 
@@ -189,11 +190,17 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step of an Echo run by phase and kind (no communication): its
     work (work.run_work) priced by work_seconds, attention at the kernel the run takes
     (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels), the
-    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's)."""
+    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's);
+    precision fp8 on a GPU: the float8 linears' GEMMs at the device's float8 rate and their casts'
+    bytes (work.float8_work)."""
     mm, att = run_work(cfg)
     cpu = is_cpu(rates.profile)
     kernel = None if cpu else attention_kernel(cfg)
-    return work_seconds(mm, att, echo_elementwise(cfg, eb, cpu)[0], rank_params(cfg), rates, kernel)
+    (fwd, bwd), _ = echo_elementwise(cfg, eb, cpu)
+    if cfg.precision == "fp8" and not cpu:  # float8 GEMMs at the device's float8 rate, and their casts
+        mm, (cf, cb) = float8_work(mm, cfg.compile is True)
+        fwd, bwd = fwd + cf, bwd + cb
+    return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True)
 
 
 def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
@@ -293,14 +300,19 @@ def point_run(point, profile: HardwareProfile) -> RunConfig:
 
 
 def in_step_note(profile: HardwareProfile) -> str | None:
-    """The prediction's note on a profile's fitted in_step factor (None without one): fitted to
-    published runs (the shipped GPU profiles) or by `echobench tune` to its measured runs."""
-    if profile.in_step is None:
-        return None
-    return (f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
-            + (" (on the in-situ factor of the host points)" if is_cpu(profile) else "")
-            + f": the profile's in_step factor, FITTED to {len(profile.in_step.fitted_on)} runs (its source says "
-              "how), not measured")
+    """The prediction's note on what is fitted in its compute (None: nothing): the GPU family's
+    in-step clock fitted to published runs (devicerates.in_step_clock), and an in_step factor
+    `echobench tune` fitted to the runs it measured."""
+    notes = []
+    clock = in_step_clock(profile)
+    if clock.value != 1:
+        notes.append(f"GEMM and attention at {clock.value:.3g} x the isolated kernels' rate: {clock.source}")
+    if profile.in_step is not None:
+        notes.append(f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
+                     + (" (on the in-situ factor of the host points)" if is_cpu(profile) else "")
+                     + f": the profile's in_step factor, FITTED by `echobench tune` to {len(profile.in_step.fitted_on)} "
+                       "measured runs (its source says how)")
+    return "; ".join(notes) or None
 
 
 def in_situ_factor(rates: Rates) -> float:
@@ -309,9 +321,10 @@ def in_situ_factor(rates: Rates) -> float:
     steps (calibrate --comm: the shortest one, mostly host, and a reference step, mostly compute):
     each is step = factor x compute + optimizer + cost per op x ops, two equations for the factor
     and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
-    measured as training meets it). On a GPU: the profile's `in_step` factor, fitted to published
-    runs (1 without one). On a CPU 1 without both points, or where the points give a factor outside
-    FACTOR_BOUNDS; times the profile's in_step where `echobench tune` fitted one."""
+    measured as training meets it). On a GPU: the profile's `in_step` factor where `echobench tune`
+    fitted one to its measured runs (1 without one: the fitted in-step clock is Rates.clock's). On a
+    CPU 1 without both points, or where the points give a factor outside FACTOR_BOUNDS; times the
+    profile's in_step where `echobench tune` fitted one."""
     fitted = rates.profile.in_step.factor if rates.profile.in_step else 1.0
     return fitted * _host_points_factor(rates) if is_cpu(rates.profile) else fitted
 
