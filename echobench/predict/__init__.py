@@ -114,7 +114,6 @@ from echobench.predict.measured import (
 from echobench.predict.model import Prediction, at_nodes, host_per_op, parse_nodes, predict, predict_runs, ranks
 from echobench.predict.pricing import (
     BOUNDS,
-    FACTOR_BOUNDS,
     Rates,
     compute_bytes,
     device_seconds,
@@ -159,7 +158,7 @@ __all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDO
            "CardPrediction", "Layout", "ModelCard", "StepTraffic", "ValidationRow", "card_params", "card_traffic",
            "card_work", "load_rows", "model_card", "place_card", "predict_card", "run_layout", "validate",
            "validation_summary", "validation_table", "crossval_table", "InStepFit", "committed_fit",
-           "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
+           "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "HOST_OPS", "Matmul",
            "AgainstRecords", "PredictError", "Prediction", "Rates", "against", "against_records", "at_nodes", "choose_profile", "collectives",
            "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",
            "hide_gbps", "host_ops", "host_per_op", "host_point", "in_situ_factor", "is_cpu", "is_cpu_name",
