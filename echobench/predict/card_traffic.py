@@ -35,7 +35,6 @@ import math
 from dataclasses import dataclass, replace
 
 from echobench.predict.card import (
-    PRECISION_BYTES,
     REDUCE_BYTES,
     Layout,
     ModelCard,

@@ -133,14 +133,15 @@ def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
 
 
 def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
-            model_flops_per_sample: float | None = None) -> Prediction:
+            model_flops_per_sample: float | None = None, terms=None) -> Prediction:
     """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak`
     overrides the run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full
-    lengths (a record's measured figure, over its real lengths)."""
+    lengths (a record's measured figure, over its real lengths); `terms` the fitted in-step clock
+    (devicerates.InStepFit; None: the committed one)."""
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
-    mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
+    mid, low, high = (_evaluate(cfg, Rates(profile, b, terms)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
     mflops = model_flops_per_sample if model_flops_per_sample is not None else f.total
