@@ -62,6 +62,10 @@ class RunConfig:
         "auto", "How attention skips the padded keys of a batch that has some (a batch without padding attends with "
         "no mask): flex, a FlexAttention block mask (auto on a GPU); dense, a boolean mask to SDPA (auto on a CPU, "
         "where torch has no FlexAttention backward).")
+    cfg_drop: Literal["mask", "null"] = setting(
+        "mask", "How classifier-free guidance drops a sample's text and speaker conditioning (10% of samples): mask, "
+        "their keys masked out of the DiT's attention, as the reference Echo TTS does (a micro-batch with a dropped "
+        "sample attends over a key mask); null, the streams replaced by zeros and attended (no mask).")
     sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
         "auto", "Pins the SDPA kernel (auto: torch's choice; the record says which it chose).")
     reshard_after_forward: bool = setting(True, "fsdp2 / hsdp: free each block's gathered weights after its forward "
@@ -291,7 +295,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask"}
 
 
 def config_id(cfg: RunConfig) -> str:

@@ -140,6 +140,21 @@ def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_fr
     return FlopBreakdown(parts, audio_frames, text_tokens, speaker_frames)
 
 
+ATTENTIONS = ("dit", "speaker_encoder", "text_encoder")
+
+
+def attention_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int) -> dict[str, int]:
+    """Per attention, the FLOPs of one sample's scores and weighted values at these lengths, every key
+    counted, forward and backward as model_flops counts them (backward 2x; a frozen text encoder's
+    forward only): the DiT's joint attention, the speaker encoder's, the text encoder's."""
+    P = speaker_patches(cfg, speaker_frames)
+    enc = cfg.text_encoder
+    return {"dit": 3 * cfg.layers * 4 * audio_frames * (audio_frames + text_tokens + P) * cfg.width,
+            "speaker_encoder": 3 * cfg.speaker_layers * 4 * P * P * cfg.speaker_width,
+            "text_encoder": (1 if cfg.frozen_encoder else 3) * enc.layers * 4 * text_tokens * text_tokens
+            * enc.heads * enc.head_dim}
+
+
 # ac: selective where the blocks run eager: every second block of each stack checkpointed whole
 # (backends.torchtitan.ac_mode); a mode of the run, not a setting.
 LAYER_SELECTIVE = "selective-layer"

@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, two_launchers
+from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
 from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
@@ -208,15 +209,19 @@ def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     assert recorded_at - failed_at < 600, f"record {recorded_at - failed_at:.0f} s after the failure"
 
 
-def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_cache):
+def test_compiled_tiny_run_compiles_nothing_inside_the_measured_window(tmp_path, inductor_cache):
     """--compile: a run in this process (as `echobench run` without --nproc), so that dynamo's own
-    counters show each block kind was captured as a graph, not only that the flag was set."""
+    counters show each block kind was captured as a graph, not only that the flag was set. Its seed
+    makes the first masked micro-batch (a sample drops its conditioning) the first measured one:
+    warm-up ran both of the DiT's paths before, so nothing compiles inside the window, and the window
+    was measured once."""
     from torch._dynamo.utils import counters
 
     from echobench.bench import run_benchmark
 
-    cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=2,
-                    warmup_steps=1, micro_batch=2, compile=True, device="cpu")
+    seed = first_masked_after_warmup(1, 2, PRESETS["tiny"].cfg_dropout)
+    cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=3,
+                    warmup_steps=1, micro_batch=2, compile=True, device="cpu", seed=seed)
     torch._dynamo.reset()
     counters.clear()
     try:
@@ -225,13 +230,24 @@ def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_ca
     finally:
         torch._dynamo.reset()
     assert r.status == "ok", r.error
+    assert r.compiles_in_window == 0 and r.window_restarts == [] and r.compiles["dynamo"] == graphs
+    assert r.warmup_variants == ["50 frames: dit none, speaker_encoder none, text_encoder none",
+                                 "50 frames: dit dense, speaker_encoder none, text_encoder none"]
+    # the measured micro-batches' paths are the draws': masked where a sample dropped its conditioning
+    masked = [not diffusion_draws(seed, range(s * 2, s * 2 + 2), 1, 1, PRESETS["tiny"].cfg_dropout,
+                                  torch.device("cpu")).keep.all() for s in (1, 2, 3)]
+    assert masked[0] and r.attention_paths["dit"] == {p: n for p, n in (("dense", sum(masked)),
+                                                                        ("none", 3 - sum(masked))) if n}
+    shares = r.attention_flop_shares
+    assert sum(v for part in shares.values() for v in part.values()) == pytest.approx(1, rel=1e-12)
+    if "none" in shares["dit"]:  # every micro-batch has the same shapes: the DiT's shares split as its counts
+        assert shares["dit"]["dense"] / shares["dit"]["none"] == pytest.approx(sum(masked) / (3 - sum(masked)))
     assert r.compile is True and r.mfu > 0
     # One graph per block kind (text-encoder layer, speaker-encoder block, DiT block: the blocks
     # of a kind share it; more would mean a recompile per block) and per top-level function
-    # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for each
-    # attention path its steps took (no mask, dense mask), and not one graph break.
-    dit_paths = len(r.attention_paths["dit"])
-    assert graphs == 3 + 4 + dit_paths - 1, dict(counters["stats"])
+    # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for its
+    # masked path, and not one graph break.
+    assert graphs == 3 + 4 + 1, dict(counters["stats"])
     assert r.compile_graphs == graphs and r.compile_graph_breaks == 0
 
 

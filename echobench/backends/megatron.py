@@ -411,6 +411,7 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
             "the coefficient applied by the fused AdamW (grad_scale)" if inner.optimizer.defaults.get("fused")
             else "the main gradients scaled in place"),
         "key_masking": key_masking,
+        "cfg_drop": cfg.cfg_drop,
         "ac": cfg.ac,
         "ac_mode": ac,
         "recompute": RECOMPUTE[ac],

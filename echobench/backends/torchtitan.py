@@ -68,7 +68,7 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device))
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop)
     if cfg.frozen_encoder:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
@@ -373,6 +373,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     reduce_dtype = REDUCE_DTYPES[cfg.grad_reduce_dtype]
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
             "text_encoder": text_encoder_layout(cfg, dtype), "key_masking": model.key_masking,
+            "cfg_drop": model.cfg_drop,
             "ac": cfg.ac, "ac_mode": ac, "recompute": RECOMPUTE[ac], "compile": compiled}
     if cfg.precision == "fp8":
         info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device),
