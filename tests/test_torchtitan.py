@@ -466,3 +466,43 @@ def test_clipping_through_the_fused_optimizer_s_grad_scale_equals_clipping_the_g
 
     for a, b in zip(updated(True), updated(False)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_selective_checkpointing_saves_flex_attention(ac, monkeypatch):
+    """Op-level selective AC saves FlexAttention's output: a masked micro-batch's backward runs no
+    attention forward again (full AC does: the test sees a recompute where there is one). FlexAttention
+    has no CPU backward in torch: its device check is lifted here, so that its dense reference (the
+    computation itself, counted) runs forward and backward on the CPU."""
+    import importlib
+
+    import torch.nn.attention.flex_attention as flex_api
+
+    flex_hop = importlib.import_module("torch._higher_order_ops.flex_attention")  # the module, not its HOP
+
+    monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
+    calls = {"n": 0}
+    math_attention = flex_hop.math_attention
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return math_attention(*args, **kwargs)
+
+    monkeypatch.setattr(flex_hop, "math_attention", counted)
+
+    def backward_attention_forwards(mode):
+        torch.manual_seed(0)
+        model = EchoTTS(PRESETS["tiny"], key_masking="flex")
+        apply_ac(model, mode)
+        batch = tiny_batch("cpu", la=16, lt=8, ls=8)
+        batch.padding = SimpleNamespace(latent=False, text=True, speaker=False)  # the DiT attends over a block mask
+        batch.text_mask[0, 5:] = False
+        loss = model(batch, draws=diffusion_draws(0, [0, 1], 16, 128, 0.0, torch.device("cpu")))
+        forward = calls["n"]
+        loss.backward()
+        return calls["n"] - forward, forward
+
+    plain, forwards = backward_attention_forwards("none")
+    assert forwards == PRESETS["tiny"].layers  # one FlexAttention call per DiT block
+    recomputed = backward_attention_forwards(ac)[0] - plain
+    assert recomputed == (0 if ac == "selective" else PRESETS["tiny"].layers)

@@ -192,9 +192,13 @@ def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, co
     return info
 
 
-# Selective AC: keep the outputs of matmuls and attention, recompute everything else (norms,
-# RoPE, activations, gates). No matmul is re-run, so recompute adds no FLOPs (flops.recompute_flops).
+# Selective AC: keep the outputs of matmuls and attention (SDPA's kernels and FlexAttention, a
+# higher-order op that SAC's policy sees whole), recompute everything else (norms, RoPE,
+# activations, gates). No matmul or attention is re-run, so recompute adds no FLOPs
+# (flops.recompute_flops); without FlexAttention here, every masked micro-batch re-ran its
+# attention forward in backward.
 _SAVE_OPS = {
+    torch.ops.higher_order.flex_attention,
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
