@@ -313,7 +313,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
                                                                 batch.text_ids.shape[1]), cfg.speaker_frames)
             micro_batches.append((batch.to(info.device), draws))
         maybe_inject_failure(cfg, step, info.rank)
-        losses.append(train_step(setup, micro_batches, device_type, dp_size).detach())
+        loss = train_step(setup, micro_batches, device_type, dp_size)
+        if not traced:  # the record's losses: warm-up and measured steps, not the profiled ones
+            losses.append(loss.detach())
         step += 1
         if window is not None:
             window.step_done(watch.total)

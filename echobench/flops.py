@@ -158,6 +158,10 @@ def attention_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speake
 # ac: selective where the blocks run eager: every second block of each stack checkpointed whole
 # (backends.torchtitan.ac_mode); a mode of the run, not a setting.
 LAYER_SELECTIVE = "selective-layer"
+# ac: selective (op-level) where the DiT blocks' linears and core attention are TransformerEngine's
+# (megatron with te, compiled): TE's GEMMs and fused attention are not ATen ops, so the selective
+# policy cannot save their outputs and backward re-runs them (backends.megatron).
+TE_SELECTIVE = "selective-te"
 
 
 def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
@@ -169,13 +173,17 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     block's is, since its output is saved for the AdaLN gate's gradient.
     selective-layer: the same for every second block of each stack (floor(n / 2) of n).
     selective: matmul and attention outputs are saved, element-wise ops recomputed: no
-    extra matmul FLOPs. none: nothing.
+    extra matmul FLOPs. selective-te: the same, but the DiT blocks' TransformerEngine linears and
+    core attention are re-run (their attention and MLP forward; the AdaLN's plain linears saved).
+    none: nothing.
     """
     if ac in ("none", "selective"):
         return 0
-    if ac not in ("full", LAYER_SELECTIVE):
+    if ac not in ("full", LAYER_SELECTIVE, TE_SELECTIVE):
         raise ValueError(f"unknown activation checkpointing mode {ac!r}: none, selective or full")
     p = flops.parts
+    if ac == TE_SELECTIVE:
+        return p["dit_attention"].forward + p["dit_mlp"].forward
     dit_blocks = p["dit_attention"].forward + p["dit_mlp"].forward
     dit_blocks += cfg.layers * _linear(1, cfg.width, cfg.adaln_rank) + cfg.layers * _linear(1, cfg.adaln_rank, 6 * cfg.width)
     patch_embed = _linear(speaker_patches(cfg, flops.speaker_frames), cfg.latent_dim * cfg.speaker_patch,

@@ -442,7 +442,7 @@ def migrate(record: dict, where: str = "record") -> dict:
                          f"{SCHEMA_VERSION}): a newer echobench wrote it, or it is not a result record")
     while version < SCHEMA_VERSION:
         MIGRATIONS[version](record)
-        record["migrated_from"] = record.get("migrated_from", version)
+        record["migrated_from"] = record.get("migrated_from") or version
         version += 1
         record["schema_version"] = version
     return record

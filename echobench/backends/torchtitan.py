@@ -225,6 +225,9 @@ RECOMPUTE = {
     "full": "every DiT and speaker-encoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
     "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward, fused by the "
                  "compiler; matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+    flops_model.TE_SELECTIVE: "element-wise ops of every block and the DiT blocks' TransformerEngine linears and "
+                              "core attention re-run in backward (TE's kernels are not ATen ops the selective "
+                              "policy can save); the other matmul outputs saved",
     flops_model.LAYER_SELECTIVE: "every second DiT and speaker-encoder block re-run in backward (layer-level "
                                  "selective, torchtitan's default; eager, where re-running element-wise kernels "
                                  "one by one would cost more than it saves)",
@@ -244,7 +247,7 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
         return
     if mode not in RECOMPUTE:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
-    kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
+    kwargs = {"context_fn": _selective_context} if mode in ("selective", flops_model.TE_SELECTIVE) else {}
     for container, i in blocks(model):
         if mode != flops_model.LAYER_SELECTIVE or i % 2 == 1:
             container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
