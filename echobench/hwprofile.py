@@ -4,17 +4,17 @@ its source.
 
 A profile holds, for one device and compute dtype:
 - gemm: the GEMM rate (TFLOP/s) at shapes (m, n, k), nn.Linear's x @ W^T of m rows, k input and
-  n output features; gemm_tflops() looks a shape up;
-- sm_count: the device's SMs, where given: gemm_tflops() then models a shape no point stands for
-  (tile and wave quantization, gemm_efficiency) from the best measured or published rate;
+  n output features (`dtype` float8_e4m3fn: a float8 GEMM's); sm_count: the device's SMs, where
+  given (the shape model prices a shape no point stands for from the best point);
 - attention: the attention rate (TFLOP/s, forward + backward, FLOPs under echobench.flops'
   convention) at sequence lengths, per kernel (ATTENTION_KERNELS) and causality;
-  attention_tflops() looks lengths up, attention_points() says which points stand for a kernel;
-- memory: element-wise memory bandwidth (GB/s of bytes read + written); memory_gbps();
+- memory: element-wise memory bandwidth (GB/s of bytes read + written): add, copy, adamw, datasheet;
+- clock: the clock the device sustains in a long training step as a ratio to its GEMM points',
+  where it differs (another power limit), with its plausible range and source;
+- kernel_gap: the device's idle time per kernel launched back to back (source);
 - host_op: the host's cost per dispatched op where no host step was measured (assumed, with its
   source);
-- in_step: how much longer a GPU's kernels take inside a training step than alone, a factor fitted
-  to published runs (scripts/fit_in_step_factor.py), named as fitted;
+- in_step: a factor `echobench tune` fits to the runs it measured (the shipped profiles have none);
 - host_steps: what a tiny training step of each layout costs the host per dispatched op (Python,
   dispatch, autograd, hooks, kernel launch), where measured;
 - links: per link class ("intra" within a node, "inter" across nodes) and per collective
@@ -30,6 +30,9 @@ Collective sizes follow nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANC
 of `nbytes` is the all-reduce buffer, the all-gather OUTPUT and the reduce-scatter INPUT; its bus
 bytes are 2(n-1)/n x nbytes for all-reduce and (n-1)/n x nbytes for all-gather and reduce-scatter
 on n ranks, so that one bus bandwidth describes a link whatever n.
+
+echobench.devicerates turns a profile's compute figures into rates (gemm, attention,
+memory_bandwidth, kernel_gap, ...), each with its source.
 
 Loading refuses a file of another schema_version with one line naming it and the fix.
 """
@@ -56,9 +59,10 @@ LINKS: tuple[str, ...] = ("intra", "inter")
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"  # the shipped profiles (a source checkout)
 # Attention kernels as profiles name them: FlashAttention-2 (torch SDPA's flash backend), -3, cuDNN's
 # fused attention, SDPA's memory-efficient kernel (xformers' cutlass kernels), FlexAttention
-# (compiled, Triton), and SDPA's math path (matmul + softmax + matmul).
-AttentionKernel = Literal["flash2", "flash3", "cudnn", "efficient", "flex", "math"]
-ATTENTION_KERNELS: tuple[str, ...] = ("flash2", "flash3", "cudnn", "efficient", "flex", "math")
+# (compiled, Triton), SDPA's math path (matmul + softmax + matmul), and FlashAttention's Triton port
+# (flash_attn_triton.py; llm-foundry's attn_impl triton).
+AttentionKernel = Literal["flash2", "flash3", "cudnn", "efficient", "flex", "math", "triton"]
+ATTENTION_KERNELS: tuple[str, ...] = ("flash2", "flash3", "cudnn", "efficient", "flex", "math", "triton")
 
 
 class ProfileError(ValueError):
@@ -81,6 +85,7 @@ class GemmPoint(_Strict):
     iters: Optional[int] = None  # timed matmuls (measured points)
     name: str = ""
     source: str
+    dtype: Optional[str] = None  # the operands' dtype where not the profile's (float8_e4m3fn: a float8 GEMM)
 
 
 class AttentionPoint(_Strict):
@@ -149,13 +154,31 @@ class HostOpCost(_Strict):
 
 
 class InStepFactor(_Strict):
-    """How much longer a GPU's GEMMs, attention and element-wise kernels take inside a training step
-    than the profile's isolated rates say (clocks under a whole step's power draw, NCCL's kernels
-    sharing the SMs, gaps between kernels): a factor FITTED to published training runs, not
-    measured; `fitted_on` names the rows it was fitted to, `source` how (and its error on the others)."""
+    """A factor on a step's GEMM, attention and element-wise time that `echobench tune` FITS to the
+    runs it measured (their shared bias); `fitted_on` names those runs, `source` how. The shipped
+    profiles carry none: their rates are physical terms (echobench.devicerates)."""
 
     factor: float = Field(ge=1 / 3, le=3)
     fitted_on: list[str] = []
+    source: str
+
+
+class SustainedClock(_Strict):
+    """The clock a device sustains in a long training step under its power limit, as a ratio to the
+    clock its GEMM points were measured at (1: the same); `low` / `high`: the plausible range where
+    it is not measured (a power limit other than the points' device's), `source` says which."""
+
+    ratio: float = Field(gt=0.3, le=1.2)
+    low: Optional[float] = Field(None, gt=0.3, le=1.2)
+    high: Optional[float] = Field(None, gt=0.3, le=1.2)
+    source: str
+
+
+class KernelGap(_Strict):
+    """The device's idle time between two kernels launched back to back on one stream (the
+    front end fetching and setting up the next launch), where the host keeps ahead: `source`."""
+
+    seconds: float = Field(ge=0, le=1e-4)
     source: str
 
 
@@ -214,7 +237,9 @@ class HardwareProfile(_Strict):
     memory: list[MemoryPoint] = []
     host_steps: list[HostPoint] = []  # the host's cost per op of a step, per layout (calibrate --comm)
     host_op: Optional[HostOpCost] = None  # the cost per op where host_steps has no point for the run
-    in_step: Optional[InStepFactor] = None  # a GPU's kernels inside a step vs alone (fitted; None: 1)
+    in_step: Optional[InStepFactor] = None  # a factor `echobench tune` fitted to measured runs (None: 1)
+    clock: Optional[SustainedClock] = None  # the sustained clock vs the GEMM points' (None: the same)
+    kernel_gap: Optional[KernelGap] = None  # idle device time per kernel launch (None: 0)
     links: dict[Link, dict[Op, AlphaBeta]] = {}
     link_kinds: dict[Link, dict[Op, list[AlphaBeta]]] = {}  # fits of further kinds of group (ranks per node)
     topology: Optional[Topology] = None  # NICs per node, NVLink switch or pairwise (None: price as measured)
@@ -366,156 +391,7 @@ def link_fit(profile: HardwareProfile, op: str, link: str) -> AlphaBeta:
         raise KeyError(f"profile {profile.name!r} has no {link} {op} fit (it has {have})") from None
 
 
-# ---- compute lookups ----
-
-# Output tiles (rows x columns of C per thread block) the GEMM shape model lets cuBLAS choose from
-# on Hopper: CUTLASS's sm90 warp-specialized kernels and cuBLAS's sm90 kernels are built on
-# 128x256, 256x128 and 128x128 tiles (a 128x256 tile is ml-engineering's Hopper example of wave
-# quantization, sources in gemm_efficiency). Each is taken at the same per-SM rate (assumed).
-GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
-SPLIT_K_MIN = 512  # a split-K slice keeps at least this much of k (assumed): split-K never cuts k finer
-SHAPE_NEAR = math.log(1.1)  # a point within 10% of a shape in every dimension (log distance) stands for it
-# FITTED (gemm_model_tflops): the rate scale, the k each tile's prologue and epilogue cost, and a fixed
-# time per GEMM, fitted (least mean |log error|, grid search) to every second row, in sorted (m, n, k)
-# order, of the bf16 b = 1 rows of at least 2^31 FLOPs (1024^3 and up: training's GEMMs are larger) of
-# OpenXLA's measured H100 (sm_90) matmul table (github.com/tensorflow/tensorflow, third_party/xla/xla/
-# service/gpu/model/matmul_interpolator_data.h at 372d578bb861cc5804e56d37d93aec931a59762c; m, n, k
-# 256 .. 4096); on the other 36 rows, not used to fit: mean |log error| 5.9%, max 18%; on the smaller
-# GEMMs (launch-bound, outside the fit) 31% (tests/test_compute_pricing.py holds them; scripts/fit_gemm_model.py
-# reproduces the fit).
-GEMM_FIT = {"tflops": 900.0, "k0": 30.0, "t0_s": 7.5e-6}
-
-
-def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    return math.sqrt(sum(math.log(x / y) ** 2 for x, y in zip(a, b)))
-
-
-def gemm_point(profile: HardwareProfile, m: int, n: int, k: int) -> GemmPoint:
-    """The measured shape that stands for (m, n, k): the same shape if measured, else the nearest in
-    log space (Euclidean distance of (log m, log n, log k)). Nearest, not interpolated: GEMM rates
-    jump with tile and wave quantisation, so a blend of two unrelated shapes is no better a guess
-    than the closest one, and the profile's points are the model's own shapes (calibrate times
-    every linear of the run, forward and backward) where it was calibrated for the run."""
-    if not profile.gemm:
-        raise KeyError(f"profile {profile.name!r} has no GEMM points")
-    return min(profile.gemm, key=lambda p: _log_distance((p.m, p.n, p.k), (m, n, k)))
-
-
-def gemm_efficiency(m: int, n: int, k: int, sm_count: int) -> float:
-    """The share of the device's tensor-core time an (m, n, k) GEMM's useful work fills, under
-    tile and wave quantization: C = ceil(m/Tm) ceil(n/Tn) output tiles (padded to whole tiles)
-    run in ceil(C/S) waves of S = sm_count thread blocks, a wave costing the same full or not
-    (NVIDIA's "Matrix Multiplication Background" user guide, docs.nvidia.com/deeplearning/
-    performance/dl-performance-matrix-multiplication; ml-engineering training/performance "Tile and
-    wave quantization", 132 SMs on H100 / H200, a 128 x 256 tile). A shape of fewer tiles than
-    SMs may split k (split-K) into as many slices as fill the SMs, each at least SPLIT_K_MIN long.
-    The best of GEMM_TILES (the library picks its kernel per shape). 1.0: every SM busy on useful
-    work for the whole GEMM (gemm_model_tflops adds the k-loop's and the launch's fixed costs)."""
-    best = 0.0
-    for tm, tn in GEMM_TILES:
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
-        split = max(1, min(sm_count // tiles, k // SPLIT_K_MIN)) if tiles < sm_count else 1
-        waves = math.ceil(tiles * split / sm_count)
-        best = max(best, m * n * split / (waves * sm_count * tm * tn))
-    return min(best, 1.0)
-
-
-def gemm_model_tflops(m: int, n: int, k: int, sm_count: int) -> float:
-    """The shape model's TFLOP/s of an (m, n, k) GEMM: time = 2mnk / (GEMM_FIT rate x
-    gemm_efficiency) x (1 + k0 / k) + t0, the k-loop's fixed cost per tile and a fixed cost per GEMM
-    (launch and tail) on top of tile and wave quantization; its constants are fitted (GEMM_FIT)."""
-    flops = 2 * m * n * k
-    busy = flops / (GEMM_FIT["tflops"] * 1e12 * gemm_efficiency(m, n, k, sm_count)) * (1 + GEMM_FIT["k0"] / k)
-    return flops / (busy + GEMM_FIT["t0_s"]) / 1e12
-
-
-def gemm_rate(profile: HardwareProfile, m: int, n: int, k: int) -> tuple[GemmPoint, float]:
-    """The point whose figures price an (m, n, k) GEMM and the factor on them. A point within
-    SHAPE_NEAR of the shape (a calibration measures the run's own shapes), or a profile without
-    sm_count: gemm_point's, factor 1. Else (a shipped profile's one best-shape point): the best
-    point, scaled by the shape's gemm_model_tflops over the best shape's, at most 1 (the best
-    shape's rate is the most the device was seen to reach). Not modelled: operands whose k or n is
-    not a multiple of 8 elements (16 bytes), which cuBLAS serves with slower kernels."""
-    point = gemm_point(profile, m, n, k)
-    if profile.sm_count is None or _log_distance((point.m, point.n, point.k), (m, n, k)) <= SHAPE_NEAR:
-        return point, 1.0
-    best = max(profile.gemm, key=lambda p: p.tflops)
-    shape = gemm_model_tflops(m, n, k, profile.sm_count)
-    return best, min(1.0, shape / gemm_model_tflops(best.m, best.n, best.k, profile.sm_count))
-
-
-def gemm_tflops(profile: HardwareProfile, m: int, n: int, k: int) -> float:
-    """TFLOP/s of an (m, n, k) GEMM (gemm_rate)."""
-    point, factor = gemm_rate(profile, m, n, k)
-    return point.tflops * factor
-
-
-# Which other kernel's points stand for a kernel the profile lacks, in this order: FlashAttention-2
-# first (SDPA's default on Hopper), then cuDNN, FA3, FlexAttention, the memory-efficient kernel, math.
-FALLBACK_KERNELS: tuple[str, ...] = ("flash2", "cudnn", "flash3", "flex", "efficient", "math")
-
-
-def attention_points(profile: HardwareProfile, head_dim: int | None, causal: bool = False,
-                     kernel: str | None = None) -> tuple[list[AttentionPoint], float, str | None]:
-    """The attention points that stand for `kernel` at this causality, the factor on their rates,
-    and what stood in (None: the kernel's own points, or unlabelled ones where no kernel was asked).
-    Order: the kernel's points at this causality; unlabelled points (a calibration's measurement
-    of the run's own path); the kernel's, then unlabelled, points of the other causality, x2 for a
-    causal run from non-causal points (a causal kernel computes about half the scores echobench
-    counts) and x0.5 the other way (assumed: a causal kernel's own rate is 0.6-0.97x the
-    non-causal one, fa3-paper); then FALLBACK_KERNELS' in order, the same way. Points of this
-    head_dim where there are any, else of the nearest head_dim (said too). ([], 1, why) when there
-    are none."""
-    if kernel is not None and kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}: one of {', '.join(ATTENTION_KERNELS)}")
-    order = [kernel, None] if kernel else [None]
-    order += [k for k in FALLBACK_KERNELS if k not in order]
-    tries = [(k, causal) for k in order[:2]] + [(k, not causal) for k in order[:2]]
-    tries += [(k, c) for k in order[2:] for c in (causal, not causal)]
-    for k, c in tries:
-        same = [p for p in profile.attention if p.kernel == k and p.causal == c]
-        if not same:
-            continue
-        near = head_dim
-        if head_dim is not None:
-            near = min({p.head_dim for p in same}, key=lambda d: abs(math.log(d / head_dim)))
-            same = [p for p in same if p.head_dim == near]
-        factor = 1.0 if c == causal else (2.0 if causal else 0.5)
-        exact = (k == kernel or (kernel is None and k is None)) and c == causal and near == head_dim
-        why = None if exact else \
-            (f"{k or 'unlabelled'} {'causal' if c else 'non-causal'} points"
-             + (f" at head_dim {near}" if near != head_dim else "")
-             + (f" x{factor:g}" if factor != 1 else "")
-             + ("" if k else " (a calibration's: the kernel SDPA chose there)"))
-        return same, factor, why
-    return [], 1.0, f"profile {profile.name!r} has no attention points"
-
-
-def attention_tflops(profile: HardwareProfile, seq_q: int, seq_k: int, head_dim: int | None = None,
-                     causal: bool = False, kernel: str | None = None) -> float:
-    """Attention forward + backward TFLOP/s at seq_q queries x seq_k keys, of `kernel` at this
-    causality (attention_points): piecewise linear in log(seq_q * seq_k) (the score matrix's size,
-    which the kernel's efficiency follows) between the points, the nearest point's rate outside
-    their range. Heads and batch of the points are not matched: calibrate measures at the run's own."""
-    points, factor, _ = attention_points(profile, head_dim, causal, kernel)
-    if not points:
-        raise KeyError(f"profile {profile.name!r} has no attention points")
-    return factor * interpolate_attention(points, seq_q, seq_k)
-
-
-def interpolate_attention(points: list[AttentionPoint], seq_q: int, seq_k: int) -> float:
-    """The points' rate at seq_q x seq_k, piecewise linear in log(seq_q * seq_k)."""
-    pts = sorted(((math.log(p.seq_q * p.seq_k), p.tflops) for p in points))
-    x = math.log(seq_q * seq_k)
-    if x <= pts[0][0]:
-        return pts[0][1]
-    if x >= pts[-1][0]:
-        return pts[-1][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    raise AssertionError("unreachable")
-
+# ---- lookups (the GEMM, attention and element-wise rates are echobench.devicerates') ----
 
 def memory_gbps(profile: HardwareProfile, op: str = "add") -> float:
     """Element-wise bandwidth (GB/s) of `op` (default add) at the largest tensors measured; a

@@ -1,4 +1,4 @@
-"""Fits the GEMM shape model's three constants (hwprofile.GEMM_FIT: the rate scale, the k-loop cost per
+"""Fits the GEMM shape model's three constants (devicerates.GEMM_FIT: the rate scale, the k-loop cost per
 tile k0, the fixed cost per GEMM t0) to OpenXLA's measured H100 bf16 matmul table (the XLA_H100 rows in
 tests/test_compute_pricing.py, their source there): a grid search for the least mean |log error| over
 every second row (sorted by (m, n, k)) of the rows of at least 2^31 FLOPs, then the error on the other
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from echobench.hwprofile import gemm_efficiency  # after the path: run as a script from any directory
+from echobench.devicerates import gemm_efficiency  # after the path: run as a script from any directory
 from test_compute_pricing import XLA_H100  # the published rows live beside the test that holds them
 
 SMS = 132  # H100 SXM

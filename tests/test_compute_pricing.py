@@ -12,21 +12,23 @@ import pytest
 
 from echobench import predict as pr
 from echobench.config import RunConfig
+from echobench.devicerates import (
+    GEMM_FIT,
+    attention_points,
+    attention_tflops,
+    gemm_efficiency,
+    gemm_model_tflops,
+    gemm_rate,
+    gemm_tflops,
+)
 from echobench.hwprofile import (
     ATTENTION_KERNELS,
-    GEMM_FIT,
     AttentionPoint,
     GemmPoint,
     HardwareProfile,
     HostOpCost,
     MemoryPoint,
-    attention_points,
-    attention_tflops,
     find_profile,
-    gemm_efficiency,
-    gemm_model_tflops,
-    gemm_rate,
-    gemm_tflops,
     load_profile,
 )
 from echobench.predict.pricing import attention_kernel, device_seconds, run_work
@@ -115,6 +117,10 @@ def test_every_published_attention_point_is_its_cited_figures_in_echobenchs_coun
             fwd = float(re.search(r"causal forward (\d+) TFLOP/s", a.source).group(1))
             bwd, plain = map(float, re.search(r"non-causal backward (\d+) .* ratio (\d+)/(\d+)", a.source).group(1, 3))
             assert a.tflops == pytest.approx(2 * 3 / (1 / fwd + 2.5 / (bwd * fwd / plain)), abs=0.06), a.name
+        elif a.kernel == "triton":  # FA2's point here x the A100 figure's Triton / FA2 ratio it names
+            fa2 = next(b for b in points if b.kernel == "flash2" and (b.seq_q, b.causal) == (a.seq_q, a.causal))
+            ratio = float(re.search(r"on A100 \((0\.\d+)", a.source).group(1))
+            assert a.source.startswith("assumed:") and a.tflops == pytest.approx(fa2.tflops * ratio, rel=2e-3), a.name
         else:
             assert a.source.startswith("assumed:") and a.kernel in ("efficient", "flex"), a.name
 

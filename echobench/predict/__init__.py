@@ -30,10 +30,10 @@ micro-batch's compute, host ops and collectives grad_accum times, the once-per-s
 
 GEMM rates: a measured shape within 10% of the GEMM's stands for it (a calibration measures the
 run's own); else, where the profile gives its sm_count, the best point's rate x the shape model's
-rate / the best shape's, at most 1 (hwprofile.gemm_rate: tile and wave quantization over the SMs, a
+rate / the best shape's, at most 1 (devicerates.gemm_rate: tile and wave quantization over the SMs, a
 k-loop cost per tile and a launch cost per GEMM, constants fitted to OpenXLA's measured H100 table).
 Attention: the points of the kernel the run takes (pricing.attention_kernel; a CPU: the profile's
-own), at its causality, every score counted; hwprofile.attention_points' fallback order where the
+own), at its causality, every score counted; devicerates.attention_points' fallback order where the
 profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of
 the datasheet, the H200's measured ratio).
 

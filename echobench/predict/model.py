@@ -200,7 +200,7 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
     if profile.sm_count and profile.gemm:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "
                      f"{profile.sm_count} SMs and the fitted k-loop and launch costs where no measured shape is near "
-                     "(hwprofile.gemm_rate)")
+                     "(devicerates.gemm_rate)")
     if cfg.precision == "fp8":
         notes.append("fp8: GEMMs at the profile's rate (float8 GEMMs are not modelled apart)")
     if cfg.data != "synthetic":

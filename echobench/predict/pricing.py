@@ -8,14 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from echobench.config import RunConfig, run_id
-from echobench.hwprofile import (
-    CollectiveCost,
-    HardwareProfile,
-    attention_points,
-    collective_cost,
-    gemm_rate,
-    interpolate_attention,
-)
+from echobench.devicerates import attention_points, gemm_rate, interpolate_attention
+from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
 from echobench.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
@@ -43,7 +37,7 @@ class Rates:
         return self._factor
 
     def gemm_tflops(self, m: int, n: int, k: int) -> float:
-        """The rate of an (m, n, k) GEMM: its point's figures (hwprofile.gemm_rate: the measured
+        """The rate of an (m, n, k) GEMM: its point's figures (devicerates.gemm_rate: the measured
         shape, or the best shape's scaled by the GEMM shape model) at this bound."""
         key = (m, n, k)
         if key not in self._gemm:
@@ -59,7 +53,7 @@ class Rates:
     def attention_tflops(self, seq_q: int, seq_k: int, head_dim: int, causal: bool = False,
                          kernel: str | None = None) -> float:
         """Attention's rate (flops.py's FLOPs, every score counted, per second) at this shape, causal
-        or not, of `kernel` (None: whichever the profile has): hwprofile.attention_points' points
+        or not, of `kernel` (None: whichever the profile has): devicerates.attention_points' points
         (their spread gives the bounds); a profile without attention points: the rate of the score
         GEMM (seq_q x seq_k x head_dim)."""
         key = (seq_q, seq_k, head_dim, causal, kernel)
@@ -212,7 +206,7 @@ def attention_kernel(cfg: RunConfig) -> str | None:
 
 def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
     """A note per distinct attention of the work (head_dim, causality) whose kernel's points the
-    profile lacks (hwprofile.attention_points' fallback), naming what priced it instead."""
+    profile lacks (devicerates.attention_points' fallback), naming what priced it instead."""
     notes = []
     for head_dim, causal in sorted({(a.head_dim, a.causal) for a in att}):
         points, _, why = attention_points(rates.profile, head_dim, causal, kernel)

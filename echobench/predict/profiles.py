@@ -13,12 +13,12 @@ from echobench.executors import measured_profile
 from echobench.hwprofile import (
     HardwareProfile,
     ProfileError,
-    _log_distance,
     calibrated_profile_path,
     find_profile,
     load_profile,
     shipped_profiles,
 )
+from echobench.devicerates import _log_distance
 from echobench.peaks import PEAK_PATTERNS
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import Rates

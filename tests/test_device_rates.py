@@ -1,0 +1,58 @@
+"""echobench.devicerates: each device rate a plain function of a profile, with its source; the
+GEMM model's shape and clock terms and the float8 rate behave as the physics says."""
+
+import pytest
+
+from echobench import devicerates as dr
+from echobench.hwprofile import GemmPoint, KernelGap, SustainedClock, find_profile, load_profile
+
+
+def shipped(name: str):
+    return load_profile(find_profile(name))
+
+
+def test_a_gemm_at_the_best_points_shape_is_that_point_and_a_one_wave_shape_is_slower():
+    h100 = shipped("h100-hgx-ib")
+    best = max(dr.gemm_points(h100), key=lambda p: p.tflops)
+    at_best = dr.gemm(h100, best.m, best.n, best.k)
+    assert at_best.value == best.tflops and best.source in at_best.source
+    small = dr.gemm(h100, 256, 256, 4096)  # 2 to 4 output tiles on 132 SMs: split-K cannot fill them
+    assert small.value < 0.5 * at_best.value and "shape model" in small.source
+
+
+def test_float8_gemms_run_at_the_devices_float8_rate_and_a_device_without_one_says_so():
+    h100 = shipped("h100-hgx-ib")
+    bf16, fp8 = dr.gemm(h100, 8192, 8192, 8192), dr.gemm(h100, 8192, 8192, 8192, "fp8")
+    assert 1.4 * bf16.value < fp8.value <= dr.peak(h100, "fp8").value and "float8" in fp8.source
+    a100 = shipped("a100-sxm-80gb")
+    with pytest.raises(KeyError, match="fp8"):
+        dr.gemm(a100, 8192, 8192, 8192, "fp8")
+
+
+def test_the_sustained_clock_scales_gemm_and_attention_and_its_range_gives_the_bounds():
+    h100 = shipped("h100-hgx-ib")
+    slow = h100.model_copy(update={"clock": SustainedClock(ratio=0.9, low=0.8, high=1.0, source="test: 500 W")})
+    for f in (lambda p: dr.gemm(p, 4096, 4096, 4096), lambda p: dr.attention(p, 4096, 4096, 128, True, "flash2")):
+        full, throttled = f(h100), f(slow)
+        assert throttled.value == pytest.approx(0.9 * full.value) and "500 W" in throttled.source
+        assert throttled.range == pytest.approx((0.8 * full.value, full.value))
+    assert dr.sustained_clock(h100).value == 1.0  # its points are the device's own sustained figures
+
+
+def test_memory_bound_work_eager_and_compiled_and_the_kernel_gap_name_their_sources():
+    h200 = shipped("h200-hgx-ib")
+    eager, compiled = dr.memory_bandwidth(h200), dr.memory_bandwidth(h200, compiled=True)
+    assert eager.value == 4150.0 and "BabelStream Add" in eager.source
+    assert compiled.value == eager.value and "Triton" in compiled.source and compiled.assumed
+    gap = dr.kernel_gap(h200)
+    assert 0 < gap.value < 1e-5 and gap.assumed
+    none = h200.model_copy(update={"kernel_gap": None})
+    assert dr.kernel_gap(none).value == 0.0
+    one = h200.model_copy(update={"kernel_gap": KernelGap(seconds=2e-6, source="measured: test")})
+    assert dr.kernel_gap(one).value == 2e-6 and not dr.kernel_gap(one).assumed
+
+
+def test_a_calibrated_cpu_profile_has_its_peak_from_its_own_gemm():
+    cpu = shipped("h100-hgx-ib").model_copy(update={"device": "CPU test", "dtype": "float32", "gemm": [
+        GemmPoint(m=64, n=64, k=64, tflops=0.2, source="measured: test")]})
+    assert dr.peak(cpu).value == 0.2 and "calibrated" in dr.peak(cpu).source
