@@ -67,7 +67,8 @@ class RunConfig:
         "their keys masked out of the DiT's attention, as the reference Echo TTS does (a micro-batch with a dropped "
         "sample attends over a key mask); null, the streams replaced by zeros and attended (no mask).")
     sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
-        "auto", "Pins the SDPA kernel (auto: torch's choice; the record says which it chose).")
+        "auto", "Pins the SDPA kernel (auto: torch's choice; the record says what torch predicts, "
+        "sdpa_backends_predicted, and on a GPU which kernels ran, attention_kernels).")
     reshard_after_forward: bool = setting(True, "fsdp2 / hsdp: free each block's gathered weights after its forward "
                                           "(gathered again in backward); false keeps them, trading memory for one "
                                           "all-gather per block.", flag="--reshard-after-forward/--no-reshard-after-forward")
