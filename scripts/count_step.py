@@ -121,7 +121,8 @@ def main() -> int:
     else:
         configs = []
         for spec in args.config or ["800M:none", "3B:none", "3B:full"]:
-            scale, ac, precision = (spec.split(":") + ["none", "bf16"])[:3]
+            parts = spec.split(":")
+            scale, ac, precision = parts[0], (parts[1:2] or ["none"])[0], (parts[2:3] or ["bf16"])[0]
             cfg = RunConfig(scale=scale, ac=ac, micro_batch=args.micro_batch, audio_frames=args.audio_frames,
                             text_tokens=args.text_tokens, speaker_frames=args.speaker_frames, precision=precision)
             counts, seconds = {}, {}
