@@ -49,6 +49,9 @@ class RunConfig:
     audio_frames: int = setting(750, "Max audio latent frames (25 per second).", min=1)
     text_tokens: int = setting(256, "Max text tokens.", min=1)
     speaker_frames: int = setting(750, "Max speaker reference frames.", min=1)
+    float8_recipe: Literal["tensorwise", "rowwise"] = setting(
+        "tensorwise", "precision fp8: torchao's scaling, tensorwise (one scale per tensor) or rowwise (one per row of "
+        "each GEMM operand, torchtitan's more accurate recipe).")
     compile: bool | Literal["auto"] = setting(
         "auto", "torch.compile each block, the text encoder's layers and the rest of the forward (auto: on a GPU, "
         "not on a CPU); the record says what compiled.", flag="--compile/--no-compile")
@@ -296,7 +299,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask"}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise"}
 
 
 def config_id(cfg: RunConfig) -> str:

@@ -239,7 +239,8 @@ def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype, compile
     model = torchtitan.build_model(cfg, torch.device("meta"), dtype)
     model.key_masking = "flex" if cfg.key_masking == "auto" else cfg.key_masking
     if cfg.precision == "fp8":  # torchao's float8 linears as on an sm90 GPU: real float8 GEMMs (_scaled_mm)
-        torchtitan.apply_float8(model, torchtitan.float8_plan(cfg), emulate=False, fsdp=False, compiled=compiled)
+        torchtitan.apply_float8(model, torchtitan.float8_plan(cfg), emulate=False, fsdp=False, compiled=compiled,
+                                recipe=cfg.float8_recipe)
     fakes: dict[int, torch.Tensor] = {}  # a tensor two modules share stays shared
 
     def fake(t):

@@ -342,19 +342,27 @@ def test_float8_plan_admits_only_shapes_whose_gemms_run(scale):
     assert admitted == [8, 16]  # 750 frames need micro_batch % 8 == 0 (188 speaker patches: % 4)
 
 
-def test_converted_800m_trains_on_meta_with_real_float8_gemms():
-    """The whole 800M model at micro-batch 8, converted as the backend converts it, runs forward and
-    backward with real float8 GEMMs under CUDA's shape checks (meta device); and every linear sees
-    8x the rows of one sample, as the plan assumes."""
-    cfg = RunConfig(scale="800M", micro_batch=8, precision="fp8")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_converted_800m_trains_on_meta_with_real_float8_gemms(recipe):
+    """The whole 800M model at micro-batch 8, converted as the backend converts it (each recipe: one
+    scale per tensor, or per row of each operand), runs forward and backward with real float8 GEMMs
+    under CUDA's shape checks (meta device); and every linear sees 8x the rows of one sample, as the
+    plan assumes."""
+    from torchao.float8.config import ScalingGranularity
+
+    cfg = RunConfig(scale="800M", micro_batch=8, precision="fp8", float8_recipe=recipe)
     with torch.device("meta"):
         model = EchoTTS(cfg.model_config())
     per_sample = {name: shape for name, shape, _, _ in linear_inputs(cfg.model_config(), 750, 256, 750)}
-    info = apply_float8(model, float8_plan(cfg), emulate=False, fsdp=False, compiled=True)
+    info = apply_float8(model, float8_plan(cfg), emulate=False, fsdp=True, compiled=True, recipe=recipe)
     # per DiT block: q+k+v+gate, text k+v, speaker k+v, out, gate+up, down; per speaker block: q+k+v,
     # out, gate+up, down; the text and patch projections. The latent in / out (K or N 128) stay bf16.
     m = cfg.model_config()
-    assert info["float8"] == "tensorwise" and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
+    assert info["float8"] == recipe and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
+    assert info["float8_all_gather"] == (recipe == "tensorwise")  # torchao gathers rowwise weights in bf16
+    granularity = {ScalingGranularity.TENSORWISE: "tensorwise", ScalingGranularity.AXISWISE: "rowwise"}
+    assert {granularity[mod.config.cast_config_input.scaling_granularity]
+            for mod in model.modules() if type(mod).__name__ == "Float8Linear"} == {recipe}
     assert "K or N of 128 (the latent's channels)" in float8_plan(cfg).skipped["dit.in_proj"]
     seen = {}
     for name, module in model.named_modules():

@@ -10,7 +10,7 @@ one (--train-encoder) is sharded as one more FSDP unit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Callable
@@ -173,18 +173,22 @@ def float8_emulated(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
 
 
-def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, compiled: bool) -> dict:
-    """torchao's float8 training on the planned linears. Under FSDP2 the weights are all-gathered
-    in float8 (half the bytes of bf16), as torchtitan does. Eager float8 runs its amax, scale and
-    cast ops as separate kernels around every GEMM: the record says so (compile fuses them)."""
+def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, compiled: bool,
+                 recipe: str = "tensorwise") -> dict:
+    """torchao's float8 training on the planned linears, with its scaling recipe (tensorwise: one
+    scale per tensor; rowwise: one per row of each operand, torchtitan's more accurate recipe).
+    Under FSDP2 tensorwise weights are all-gathered in float8 (half the bytes of bf16), as torchtitan
+    does (torchao all-gathers rowwise ones in bf16). Eager float8 runs its amax, scale and cast ops as
+    separate kernels around every GEMM: the record says so (compile fuses them)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # lazy: torchao is optional
 
     if plan.problem:
         raise ValueError(plan.problem)
-    config = Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp and not emulate)
+    config = replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate,
+                     enable_fsdp_float8_all_gather=fsdp and not emulate and recipe == "tensorwise")
     convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in plan.convert)
     converted = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
-    info = {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
+    info = {"float8": "emulated" if emulate else recipe, "float8_recipe": recipe, "float8_linears": len(converted),
             "float8_skipped": plan.skipped, "float8_all_gather": config.enable_fsdp_float8_all_gather}
     if not compiled:
         info["float8_note"] = ("eager float8: amax, scale and cast run as separate kernels around every GEMM; "
@@ -384,7 +388,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
             "ac": cfg.ac, "ac_mode": ac, "recompute": RECOMPUTE[ac], "compile": compiled}
     if cfg.precision == "fp8":
         info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device),
-                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled))
+                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled, recipe=cfg.float8_recipe))
     apply_ac(model, ac)
     if compiled:
         apply_compile(model)
