@@ -62,7 +62,8 @@ from echobench.config import RunConfig
 from echobench.data import build_tokenizer, collate, make_source
 from echobench.model import components
 from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.stepcount_ops import (Tally, attention_shape, gemm_shape, gpu_attention, gpu_flex_attention,
+from echobench.stepcount_ops import (Tally, attention_shape, gemm_precision, gemm_shape, gpu_attention,
+                                     gpu_flex_attention,
                                      op_tally, tensors)
 
 PARTS = ("dit_blocks", "speaker_blocks", "text_encoder", "top")
@@ -118,8 +119,7 @@ class StepCounter(TorchDispatchMode):
             self.attention[kernel].add(tally)
             self.attention_calls[(kernel, *attention_shape(func, args))].add(tally)
         elif kind == "gemm":
-            precision = "fp8" if func._overloadpacket is torch.ops.aten._scaled_mm else "bf16"
-            self.gemms[(phase, *gemm_shape(func, args), precision)].add(tally)
+            self.gemms[(phase, *gemm_shape(func, args), gemm_precision(func, args))].add(tally)
         return out
 
     def where(self) -> tuple[str, str, str | None]:

@@ -139,6 +139,17 @@ def gpu_flex_attention(query, key, value, block_mask=None, **kwargs):
     return torch.ops.echobench_stepcount.flex_attention(query, key, value)[0]
 
 
+FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
+
+
+def gemm_precision(func, args) -> str:
+    """fp8 for a float8 GEMM: torch._scaled_mm, or a GEMM of torchao's float8 tensors (their
+    __torch_dispatch__ runs _scaled_mm below the counting mode, which sees the mm on them), else bf16."""
+    if func._overloadpacket is aten._scaled_mm:
+        return "fp8"
+    return "fp8" if any(getattr(t, "_data", t).dtype in FLOAT8 for t in tensors(args)) else "bf16"
+
+
 def gemm_shape(func, args) -> tuple[int, int, int]:
     """(m, n, k) of a GEMM op's call; a batched one's batch folded into m (its GEMMs fill the SMs together)."""
     packet = func._overloadpacket

@@ -80,7 +80,7 @@ def rates_lines(projection: dict) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", help="SCALE:AC[:PRECISION] (repeatable; default 800M:none, "
-                                                          "3B:none, 3B:full; precision bf16 or fp8)")
+                                                          "3B:none, 3B:full; precision bf16, fp8 or fp8-rowwise)")
     parser.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (default)")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--audio-frames", type=int, default=750)
@@ -123,8 +123,10 @@ def main() -> int:
         for spec in args.config or ["800M:none", "3B:none", "3B:full"]:
             parts = spec.split(":")
             scale, ac, precision = parts[0], (parts[1:2] or ["none"])[0], (parts[2:3] or ["bf16"])[0]
+            precision, _, recipe = precision.partition("-")  # fp8-rowwise: torchao's rowwise recipe
             cfg = RunConfig(scale=scale, ac=ac, micro_batch=args.micro_batch, audio_frames=args.audio_frames,
-                            text_tokens=args.text_tokens, speaker_frames=args.speaker_frames, precision=precision)
+                            text_tokens=args.text_tokens, speaker_frames=args.speaker_frames, precision=precision,
+                            float8_recipe=recipe or "tensorwise")
             counts, seconds = {}, {}
             for mode in modes:
                 for masked in (False, True):
@@ -134,7 +136,8 @@ def main() -> int:
                                                         masked=masked)
                     seconds[name] = time.perf_counter() - start
             title = (f"{scale}, ac {cfg.ac}, micro-batch {cfg.micro_batch}, {cfg.audio_frames} / {cfg.text_tokens} / "
-                     f"{cfg.speaker_frames} frames, {cfg.precision}")
+                     f"{cfg.speaker_frames} frames, {cfg.precision}"
+                     + (f" {cfg.float8_recipe}" if cfg.precision == "fp8" else ""))
             configs.append((title, cfg.to_dict(), counts, seconds))
     for title, settings, counts, seconds in configs:
         cfg = RunConfig(**settings)
