@@ -232,3 +232,17 @@ def test_a_stored_count_prices_as_the_count(counts, masked_count):
     back = [sc.StepCount.from_dict(json.loads(json.dumps(c.as_dict()))) for c in (counts[2], masked_count)]
     assert project([(back[0], 0.8), (back[1], 0.2)], profile) == project([(counts[2], 0.8), (masked_count, 0.2)],
                                                                           profile)
+
+
+def test_a_float8_run_s_converted_linears_count_as_float8_gemms():
+    """torchao's float8 linears run their GEMMs below the counting mode (_scaled_mm inside the float8
+    tensors' dispatch): each converted linear's forward is one float8 GEMM, its shapes multiples of
+    16; the linears the plan leaves in bf16 stay bf16."""
+    from echobench.backends.torchtitan import float8_plan
+
+    cfg = RunConfig(scale="tiny", micro_batch=2, precision="fp8", audio_frames=48, text_tokens=16, speaker_frames=32)
+    count = sc.count_step(cfg)
+    fp8 = {key: t for key, t in count.gemms.items() if key[4] == "fp8"}
+    assert sum(t.ops for (phase, *_), t in fp8.items() if phase == "forward") == len(float8_plan(cfg).convert)
+    assert all(m % 16 == 0 and n % 16 == 0 and k % 16 == 0 for _, m, n, k, _ in fp8)
+    assert any(key[4] == "bf16" for key in count.gemms)  # AdaLN, timestep MLP, latent in / out
