@@ -1,9 +1,10 @@
 """The measured training loop: the one place that owns timing and FLOPs (echobench.bench_record turns
 the ranks' figures into the result record).
 
-Timing (README, "How MFU is computed"): warm-up steps (compile happens there) are excluded; on GPU each step is
-timed by CUDA events on the compute stream (no host sync inside the loop), on CPU by the host
-clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
+Timing (README, "How MFU is computed"): warm-up (every micro-batch variant the window can meet, then the
+warm-up steps: compile happens there) is excluded, and a measured window in which torch compiled
+anything is measured again; on GPU each step is timed by CUDA events on the compute stream (no host
+sync inside the loop), on CPU by the host clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
 are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
 lengths (count_measured).
@@ -20,26 +21,28 @@ import time
 import traceback
 from collections import Counter
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from echobench import flops as flops_model
 from echobench.atomic import write_json_atomic
 from echobench.backends import build_training
-from echobench.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiling_stopped,
-                                     trace_path)
+from echobench.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
+                                     profiling_stopped, trace_path)
 from echobench.bench_record import summarize
+from echobench.bench_warmup import profile_variants, variant_label, warm_variants, warmup_variants
 from echobench.breakdown import DATA_WAIT, write_breakdown
 from echobench.config import RunConfig
-from echobench.data import LATENT_DIM, build_tokenizer, collate, make_loader
+from echobench.data import build_tokenizer, make_loader
 from echobench.data.buckets import parse_buckets
+from echobench.data.dataset import Padding
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
-from echobench.kernels import compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices, size_recompile_limit
+from echobench.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
+                               size_recompile_limit)
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.results import Record
 
@@ -150,27 +153,6 @@ def train_step(setup, micro_batches: list, device_type: str, dp_size: int) -> to
     return total
 
 
-def warm_buckets(setup, cfg: RunConfig, frames_list: list[int], tokenizer, device, generator) -> None:
-    """batching=bucket: one forward and backward at each bucket's shape before the warm-up steps,
-    on zero batches, then the gradients dropped (no optimizer step: the weights do not move), so
-    that no shape meets its first kernels (or, compiled, its compile) in the measured steps, which
-    take the buckets in data order. Every rank warms the same shapes in the same order (collectives
-    match)."""
-    model_cfg = cfg.model_config()
-    for frames in frames_list:
-        dummy = {"latent": np.zeros((frames, LATENT_DIM), np.float16), "text": "[S1] warm",
-                 "ref": np.zeros((cfg.speaker_frames, LATENT_DIM), np.float16), "pad_frames": frames, "index": -1}
-        batch = collate([dummy] * cfg.micro_batch, tokenizer, cfg.audio_frames, cfg.text_tokens,
-                        cfg.speaker_frames).to(device)
-        draws = diffusion_draws(cfg.seed, [-1] * cfg.micro_batch, frames, model_cfg.latent_dim,
-                                model_cfg.cfg_dropout, device, generator)
-        with torch.autocast(device.type, dtype=setup.autocast_dtype or torch.float32,
-                            enabled=setup.autocast_dtype is not None):
-            err = setup.model(batch, draws=draws, reduction="sum")
-        (err / loss_frames(batch)).backward()
-        setup.optimizer.zero_grad(set_to_none=True)
-
-
 @lru_cache(maxsize=4096)
 def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
     f = flops_model.model_flops(model_cfg, la, lt, ls)
@@ -223,15 +205,72 @@ def count_measured(model_cfg, ac: str, lengths, padded, real_keys_only: bool = F
     return {**counts, "tokens": tokens}
 
 
-def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
-    """Builds the training setup and runs warm-up + measured steps. Returns this rank's figures.
+def attention_flops_by_path(model_cfg, paths: list[dict], padded: list[tuple]) -> dict[str, dict[str, int]]:
+    """Per attention and path, the attention FLOPs of the measured micro-batches that took it (each at
+    the shape it was padded to: what its kernel was given, every key counted): the record's shares
+    (bench_record.attention_figures)."""
+    out: dict[str, Counter] = {}
+    for took, shape in zip(paths, padded, strict=True):
+        per_sample = _attention_flops(model_cfg, *shape)
+        for part, path in took.items():
+            out.setdefault(part, Counter())[path] += per_sample[part]
+    return {part: dict(c) for part, c in out.items()}
 
-    The run's time limit (run_benchmark) ends with the last measured step; --profile's steps,
+
+@lru_cache(maxsize=256)
+def _attention_flops(model_cfg, la: int, lt: int, ls: int) -> dict[str, int]:
+    return flops_model.attention_flops(model_cfg, la, lt, ls)
+
+
+# A measured window in which torch compiled something (on any rank) is measured again, up to this many
+# windows in all; the last one's figures are the record's, and a compile in it makes the run an error.
+MAX_WINDOWS = 3
+
+
+@dataclass
+class Window:
+    """One measured window: its step boundaries and data waits (StepTimer); per measured micro-batch
+    its real lengths, the shape it was padded to and the attention path of each part; per step the
+    compiles seen so far in the window (CompileWatch)."""
+
+    timer: StepTimer
+    compiles_at_start: int
+    lengths: list = field(default_factory=list)
+    padded: list = field(default_factory=list)
+    paths: list = field(default_factory=list)
+    compiles: list = field(default_factory=list)
+
+    def take(self, before, batch, took: dict, speaker_frames: int) -> None:
+        """A measured micro-batch, taken from the loader since `before` (a timer stamp)."""
+        self.timer.waits.append((before, self.timer.stamp()))
+        self.lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+        self.padded.append((batch.latent.shape[1], batch.text_ids.shape[1], speaker_frames))
+        self.paths.append(took)
+
+    def step_done(self, compiles_total: int) -> None:
+        self.timer.mark()
+        self.compiles.append(compiles_total - self.compiles_at_start)
+
+    def compile_steps(self) -> dict[int, int]:
+        """{step of the window: compiles in it} for the steps in which torch compiled."""
+        before = [0, *self.compiles]
+        return {i: n - before[i] for i, n in enumerate(self.compiles) if n > before[i]}
+
+
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
+    """Builds the training setup, warms every micro-batch variant the window can meet
+    (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
+    (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
+    on the host after each step; the ranks compare after the window, outside it). Returns this
+    rank's figures.
+
+    The run's time limit (run_benchmark) ends with the last measured window; --profile's steps,
     trace export and breakdown after it have their own bound (profile_limit_s), which stops
     profiling, never the run: the measured figures stand and the breakdown says why it is missing.
     """
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
+    watch = CompileWatch().start()  # before the backend compiles anything
     setup = build_training(cfg, info, dtype)
     echo = getattr(setup.model, "module", setup.model)  # the EchoTTS inside a DDP wrapper
     model_cfg = cfg.model_config()
@@ -244,84 +283,96 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
         buckets=parse_buckets(cfg.buckets) if cfg.buckets else None, num_workers=cfg.loader_workers,
     )
-    if setup.info.get("compile"):
-        size_recompile_limit(compile_graphs(loader.bucket_frames))
+    # Eager runs compile too (FlexAttention's kernel, megatron's fused SwiGLU): a graph per shape.
+    size_recompile_limit(compile_graphs(loader.bucket_frames))
+    variants = warmup_variants(cfg, loader.bucket_frames, tokenizer)
     # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
     # are a function of (seed, global sample index): the same samples get the same draws whatever
     # the number of ranks (diffusion_draws).
     generator = torch.Generator(device=info.device)
     setup.model.train()
     device_type = info.device.type
-    timer = StepTimer(info.device)
-    if loader.bucket_frames:
-        warm_buckets(setup, cfg, loader.bucket_frames, tokenizer, info.device, generator)
-    # per measured micro-batch: real lengths, the shape padded to; the attention each part took
-    lengths, padded, losses = [], [], []
-    paths = {}
-    measured_end = cfg.warmup_steps + cfg.steps
-    total = measured_end + (PROFILER_WARMUP + PROFILED_STEPS if cfg.profile else 0)
-    profiled: dict = {}
-    profiler = make_profiler(cfg, info, out_dir, profiled)
+    losses, profiled, restarts = [], {}, []
+    step = 0
+    profiler = None
+
+    def run_step(window: Window | None = None, traced: bool = False) -> None:
+        nonlocal step
+        if cfg.gc_every and step and step % cfg.gc_every == 0:
+            gc.collect(1)
+        micro_batches = []
+        for _ in range(cfg.grad_accum):
+            before = window.timer.stamp() if window else None
+            # The breakdown's data wait: only in the profiled steps, so that the timed steps stay bare.
+            with torch.profiler.record_function(DATA_WAIT) if traced else nullcontext():
+                batch = next(loader)
+            sample_ids = batch.index.tolist()  # still on the host: no device sync
+            draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
+                                    model_cfg.cfg_dropout, info.device, generator)
+            if window is not None:
+                window.take(before, batch, echo.attention_paths(batch.padding, not draws.keep.all(),
+                                                                batch.text_ids.shape[1]), cfg.speaker_frames)
+            micro_batches.append((batch.to(info.device), draws))
+        maybe_inject_failure(cfg, step, info.rank)
+        loss = train_step(setup, micro_batches, device_type, dp_size)
+        if not traced:  # the record's losses: warm-up and measured steps, not the profiled ones
+            losses.append(loss.detach())
+        step += 1
+        if window is not None:
+            window.step_done(watch.total)
+
     if cfg.gc_every:  # collect at fixed steps only (torchtitan's way): no pause at a random step
         gc.disable()
         gc.collect()
     try:
-        try:
-            for step in range(total):
-                if step == cfg.warmup_steps:
-                    if device_type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(info.device)
-                    timer.mark()  # start of the first measured step
-                if cfg.gc_every and step and step % cfg.gc_every == 0:
-                    gc.collect(1)
-                measured = cfg.warmup_steps <= step < measured_end
-                micro_batches = []
-                for _ in range(cfg.grad_accum):
-                    before = timer.stamp() if measured else None
-                    # The breakdown's data wait: only in the profiled steps (after the measured ones),
-                    # so that the timed steps stay bare.
-                    with torch.profiler.record_function(DATA_WAIT) if profiler is not None and step >= measured_end \
-                            else nullcontext():
-                        batch = next(loader)
-                    sample_ids = batch.index.tolist()  # still on the host: no device sync
-                    draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
-                                            model_cfg.cfg_dropout, info.device, generator)
-                    if measured:
-                        timer.waits.append((before, timer.stamp()))
-                        lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
-                        padded.append((batch.latent.shape[1], batch.text_ids.shape[1], cfg.speaker_frames))
-                        took = echo.attention_paths(batch.padding, not draws.keep.all(), batch.text_ids.shape[1])
-                        for part, path in took.items():
-                            paths.setdefault(part, Counter())[path] += 1
-                    micro_batches.append((batch.to(info.device), draws))
-                maybe_inject_failure(cfg, step, info.rank)
-                loss = train_step(setup, micro_batches, device_type, dp_size)
-                if step < measured_end:
-                    losses.append(loss.detach())
-                if measured:
-                    timer.mark()
-                    if step == measured_end - 1:  # measured: the run's limit ends, profiling's bound starts
-                        stop_time_limit()
-                        if profiler is not None:
-                            profiled["phase"] = "the profiled steps"
-                            start_profile_limit(cfg.profile_limit_s)
-                if profiler is not None:
+        warm_variants(setup, cfg, variants, tokenizer, info.device, generator)
+        for _ in range(cfg.warmup_steps):
+            run_step()
+        for attempt in range(MAX_WINDOWS):
+            if device_type == "cuda":
+                torch.cuda.reset_peak_memory_stats(info.device)
+            window = Window(StepTimer(info.device), watch.total)
+            window.timer.mark()  # start of the first measured step
+            for _ in range(cfg.steps):
+                run_step(window)
+            # After the window (its host sync is outside it): did any rank compile in it?
+            compiled = all_gather_object(window.compile_steps(), info)
+            if not any(compiled):
+                break
+            restarts.append({"window": attempt + 1, "first_step": step - cfg.steps,
+                             "compiles": [{"rank": rank, "step": i, "count": n} for rank, steps in enumerate(compiled)
+                                          for i, n in steps.items()]})
+            if attempt + 1 < MAX_WINDOWS:
+                run_step()  # the gather drained the device's queue: one step refills it before the next window
+        stop_time_limit()
+        step_times, waits = window.timer.durations(), window.timer.wait_durations()
+        kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
+                   if device_type == "cuda" else None)
+        if cfg.profile:
+            profiler = make_profiler(cfg, info, out_dir, profiled)
+            profiled["steps"] = profiled_steps(step)
+            start_profile_limit(cfg.profile_limit_s)
+            try:
+                for _ in range(PROFILER_WARMUP + PROFILED_STEPS):
+                    run_step(traced=True)
                     profiler.step()
-            stop_time_limit()
-        except ProfileTimeout as exc:
-            stop_time_limit()
-            profiling_stopped(profiled, exc, trace_path(out_dir, info.rank), info.rank)
-        step_times, waits = timer.durations(), timer.wait_durations()
+                stop_time_limit()
+            except ProfileTimeout as exc:
+                stop_time_limit()
+                profiling_stopped(profiled, exc, trace_path(out_dir, info.rank), info.rank)
     finally:
         loader.close()
         gc.enable()
+        watch.stop()
         if profiler is not None:
             discard_profiler(profiler)
 
-    counts = count_measured(model_cfg, setup.info.get("ac_mode", cfg.ac), lengths, padded,
+    counts = count_measured(model_cfg, setup.info.get("ac_mode", cfg.ac), window.lengths, window.padded,
                             skips_padded_keys(setup.info))
-    sdpa = sdpa_choices(model_cfg, cfg.micro_batch, max(shape[0] for shape in padded), cfg.text_tokens,
-                        cfg.speaker_frames, info.device, setup.autocast_dtype or dtype, tp=cfg.tp)
+    paths: dict[str, Counter] = {}
+    for took in window.paths:
+        for part, path in took.items():
+            paths.setdefault(part, Counter())[path] += 1
     return {
         "rank": info.rank,
         "hostname": os.uname().nodename,
@@ -329,16 +380,28 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         "median_step_time_s": statistics.median(step_times),
         "data_wait_s": waits,
         "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
-        "data_wait_clock": timer.clock,
+        "data_wait_clock": window.timer.clock,
         **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
-        "padded_audio_frames": [shape[0] for shape in padded],  # per measured step: its bucket (batching=bucket)
+        "padded_audio_frames": [shape[0] for shape in window.padded],  # per measured micro-batch: its bucket
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "skipped_samples": getattr(loader, "skipped", 0),
         "memory": memory_stats(info.device),
         "backend_info": setup.info,
-        "attention_paths": {part: dict(counts) for part, counts in paths.items()},
-        "sdpa_backends": sdpa,
-        "compile_counts": compile_counts() if setup.info.get("compile") else None,
+        "attention_paths": {part: dict(c) for part, c in paths.items()},
+        "attention_flops": attention_flops_by_path(model_cfg, window.paths, window.padded),
+        "attention_kernels": kernels,
+        "sdpa_backends_predicted": sdpa_choices(model_cfg, cfg.micro_batch, max(shape[0] for shape in window.padded),
+                                                cfg.text_tokens, cfg.speaker_frames, info.device,
+                                                setup.autocast_dtype or dtype, tp=cfg.tp,
+                                                paths={p for took in window.paths for p in took.items()},
+                                                te=bool(setup.info.get("te"))),
+        "compile_counts": compile_counts(),
+        "compiles": dict(watch.events),
+        "compiles_in_window": sum(window.compile_steps().values()),
+        "window_restarts": restarts,
+        "warmup_variants": [variant_label(v, echo.attention_paths(Padding(v.latent, v.text, v.speaker), v.dropped,
+                                                                  cfg.text_tokens)) for v in variants],
+        "profiled_steps": profiled.get("steps"),
         # The chrome trace, when its export completed (profiling stopped by its bound may leave none).
         "trace": profiled.get("trace"),
         # A profiled rank whose trace never completed says so (summary and explain read every rank's entry).

@@ -18,21 +18,21 @@ def trace_path(out_dir: Path, rank: int) -> Path:
     return Path(out_dir) / f"trace-rank{rank}.json"
 
 
-def profiled_steps(cfg: RunConfig) -> list[int]:
-    """Steps traced by --profile (0 = the first step): extra steps after the measured ones,
-    so the profiler's overhead never reaches the timings."""
-    first = cfg.warmup_steps + cfg.steps + PROFILER_WARMUP
-    return list(range(first, first + PROFILED_STEPS))
+def profiled_steps(first: int) -> list[int]:
+    """Steps traced by --profile (0 = the run's first step) when profiling starts at step `first`,
+    after the measured window, so the profiler's overhead never reaches the timings: its warm-up
+    step, then the traced ones."""
+    return list(range(first + PROFILER_WARMUP, first + PROFILER_WARMUP + PROFILED_STEPS))
 
 
 def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict):
-    """With --profile, a torch.profiler that traces a few steps after the measured ones on every
-    rank, writes a chrome trace (OUT/trace-rankN.json) next to the result and puts this rank's
-    time breakdown, from the profiler's events, in profiled["breakdown"]."""
+    """With --profile, a torch.profiler started now, once the measured window is over: a warm-up
+    step, then PROFILED_STEPS traced steps on every rank; it writes a chrome trace (OUT/trace-rankN.json)
+    next to the result and puts this rank's time breakdown, from the profiler's events, in
+    profiled["breakdown"]."""
     if not cfg.profile:
         return None
-    active, warmup = PROFILED_STEPS, PROFILER_WARMUP
-    wait = cfg.warmup_steps + cfg.steps
+    active, warmup, wait = PROFILED_STEPS, PROFILER_WARMUP, 0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
     path = trace_path(out_dir, info.rank)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from echobench.bench_profile import profiled_steps
 from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig
 from echobench.data.format import FRAME_RATE
@@ -71,7 +70,8 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         te=bool(ranks[0]["backend_info"].get("te", False)),
         grad_accum=cfg.grad_accum,
         **attention_figures(dp_ranks),
-        **compile_figures(ranks[0]),
+        **compile_figures(ranks[0], bool(ranks[0]["backend_info"].get("compile"))),
+        **window_compile_figures(ranks),
         per_rank=[
             {
                 "rank": r["rank"],
@@ -87,31 +87,68 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
     )
     if cfg.profile:
         # Only the traces that were written (profiling stopped by its bound may leave a rank without one).
-        record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")], profiled_steps=profiled_steps(cfg),
-                      breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
+        record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")],
+                      profiled_steps=ranks[0]["profiled_steps"], breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
+    if record.compiles_in_window:
+        record.update(status="error", error=compiled_in_window_error(record))
     return record
+
+
+def window_compile_figures(ranks: list[dict]) -> dict:
+    """Whether torch compiled inside the measured window: the compiles of the window the figures come
+    from, summed over ranks (0 in an ok run), the windows measured again because torch compiled in
+    them (bench.MAX_WINDOWS), the micro-batch variants warm-up ran (bench_warmup), and every compile
+    of the run by what triggered it (kernels.CompileWatch), rank 0's."""
+    return {"compiles_in_window": sum(r["compiles_in_window"] for r in ranks),
+            "window_restarts": ranks[0]["window_restarts"], "warmup_variants": ranks[0]["warmup_variants"],
+            "compiles": ranks[0]["compiles"]}
+
+
+def compiled_in_window_error(record: Record) -> str:
+    """The one line of a run in whose every measured window torch compiled."""
+    return (f"torch compiled {record.compiles_in_window} time(s) inside the measured window, and in each of the "
+            f"{len(record.window_restarts or []) or 1} window(s) measured: the step times include compiling; warm-up "
+            f"ran {len(record.warmup_variants or [])} micro-batch variant(s) ({'; '.join(record.warmup_variants or [])}) "
+            "and the window met another: report it with this record (window_restarts says where)")
 
 
 def attention_figures(dp_ranks: list[dict]) -> dict:
     """The record's attention: per part, how many measured micro-batches took each path (no mask,
-    flex, dense mask), over the data-parallel ranks; the SDPA kernels torch chose at the run's
-    shapes (rank 0's: every rank has the same shapes)."""
+    flex, dense) and each path's share of the window's attention FLOPs, over the data-parallel ranks;
+    the attention kernels each warm-up variant ran (a profiled pass on a GPU, rank 0's; None on a
+    CPU) and the SDPA kernels torch would choose at the run's shapes (predicted, rank 0's: every
+    rank has the same shapes)."""
     paths: dict[str, Counter] = {}
+    flops: dict[tuple[str, str], int] = Counter()
     for r in dp_ranks:
         for part, counts in r.get("attention_paths", {}).items():
             paths.setdefault(part, Counter()).update(counts)
+        for part, by_path in r.get("attention_flops", {}).items():
+            for path, n in by_path.items():
+                flops[part, path] += n
+    whole = sum(flops.values())
+    shares = {}
+    for (part, path), n in flops.items():
+        shares.setdefault(part, {})[path] = n / whole
     return {"attention_paths": {part: dict(counts) for part, counts in paths.items()} or None,
-            "sdpa_backends": dp_ranks[0].get("sdpa_backends")}
+            "attention_flop_shares": shares or None, "attention_kernels": dp_ranks[0].get("attention_kernels"),
+            "sdpa_backends_predicted": dp_ranks[0].get("sdpa_backends_predicted")}
 
 
-def compile_figures(rank: dict) -> dict:
-    """What compile produced (kernels.compile_counts, rank 0's): graphs and graph breaks. A run set
-    to compile whose compile produced no graph is not labelled compiled."""
+def compile_figures(rank: dict, compiled: bool) -> dict:
+    """What compile produced (kernels.compile_counts, rank 0's): graphs and graph breaks. `compiled`:
+    whether the backend compiled the model (its info). A run set to compile whose compile produced
+    no graph is not labelled compiled; an eager run in which torch compiled kernels of its own
+    (FlexAttention's, megatron-core's fused SwiGLU) says so."""
     counts = rank.get("compile_counts")
     if counts is None:
         return {"compile": False}
     out = {"compile_graphs": counts["graphs"], "compile_graph_breaks": counts["graph_breaks"],
-           "compile_break_reasons": counts["break_reasons"], "compile": counts["graphs"] > 0}
-    if not counts["graphs"]:
+           "compile_break_reasons": counts["break_reasons"], "compile": compiled and counts["graphs"] > 0}
+    if compiled and not counts["graphs"]:
         out["compile_note"] = "compile was asked for but produced no graph: the run ran eager"
+    elif not compiled and counts["graphs"]:
+        out["compile_note"] = (f"eager, but torch compiled {counts['graphs']} graph(s) of its own kernels "
+                               "(FlexAttention's, megatron-core's fused SwiGLU), all in warm-up unless "
+                               "compiles_in_window says otherwise")
     return out

@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from echobench.atomic import write_json_atomic
-from echobench.console import esc
+from echobench.console import attention_text, esc
 from echobench.results import RECORD_FILE, Record, find_record_files, peak_notes
 
 CATEGORIES = ("gemm", "attention", "optimizer", "other_compute", "memcpy", "communication", "data_wait", "idle")
@@ -498,7 +498,10 @@ def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
         out.append(per)
     measured = record.step_time_mean_s or record.step_time_s
     out.append(Text(f"measured step (mean over the window, unprofiled): {measured * 1e3:.3f} ms; the profiled steps "
-                    f"took {step_s / measured - 1:+.1%} (profiler overhead and noise). Rule: {RULE}."))
+                    f"took {step_s / measured - 1:+.1%} (profiler overhead, noise, and their own attention paths). "
+                    f"Rule: {RULE}."))
+    out.append(Text(f"attention paths of the measured window (micro-batches, share of attention FLOPs): "
+                    f"{attention_text(record)}"))
     if steps:
         w = Table(title=esc(f"MFU waterfall: {run_id} (percentage points of the {record.peak_tflops:.4g} "
                             f"TFLOP/s peak)"))

@@ -49,6 +49,9 @@ class RunConfig:
     audio_frames: int = setting(750, "Max audio latent frames (25 per second).", min=1)
     text_tokens: int = setting(256, "Max text tokens.", min=1)
     speaker_frames: int = setting(750, "Max speaker reference frames.", min=1)
+    float8_recipe: Literal["tensorwise", "rowwise"] = setting(
+        "tensorwise", "precision fp8: torchao's scaling, tensorwise (one scale per tensor) or rowwise (one per row of "
+        "each GEMM operand, torchtitan's more accurate recipe).")
     compile: bool | Literal["auto"] = setting(
         "auto", "torch.compile each block, the text encoder's layers and the rest of the forward (auto: on a GPU, "
         "not on a CPU); the record says what compiled.", flag="--compile/--no-compile")
@@ -62,8 +65,13 @@ class RunConfig:
         "auto", "How attention skips the padded keys of a batch that has some (a batch without padding attends with "
         "no mask): flex, a FlexAttention block mask (auto on a GPU); dense, a boolean mask to SDPA (auto on a CPU, "
         "where torch has no FlexAttention backward).")
+    cfg_drop: Literal["mask", "null"] = setting(
+        "mask", "How classifier-free guidance drops a sample's text and speaker conditioning (10% of samples): mask, "
+        "their keys masked out of the DiT's attention, as the reference Echo TTS does (a micro-batch with a dropped "
+        "sample attends over a key mask); null, the streams replaced by zeros and attended (no mask).")
     sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
-        "auto", "Pins the SDPA kernel (auto: torch's choice; the record says which it chose).")
+        "auto", "Pins the SDPA kernel (auto: torch's choice; the record says what torch predicts, "
+        "sdpa_backends_predicted, and on a GPU which kernels ran, attention_kernels).")
     reshard_after_forward: bool = setting(True, "fsdp2 / hsdp: free each block's gathered weights after its forward "
                                           "(gathered again in backward); false keeps them, trading memory for one "
                                           "all-gather per block.", flag="--reshard-after-forward/--no-reshard-after-forward")
@@ -291,7 +299,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise"}
 
 
 def config_id(cfg: RunConfig) -> str:

@@ -119,11 +119,15 @@ def compile_text(record) -> str:
 
 
 def attention_text(record) -> str:
-    """Per attention, the paths its measured micro-batches took; the DiT's SDPA kernel at its shapes."""
-    paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" for path, n in counts.items())
+    """Per attention, the paths its measured micro-batches took and their share of the attention FLOPs;
+    the DiT's unmasked SDPA kernel, as a profiled pass saw it on a GPU, else torch's predicted choice."""
+    shares = record.attention_flop_shares or {}
+    paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" + (f" ({shares[part][path]:.0%} of FLOPs)"
+                                                             if path in shares.get(part, {}) else "")
+                                            for path, n in counts.items())
                       for part, counts in (record.attention_paths or {}).items())
-    kernel = (record.sdpa_backends or {}).get("dit")
-    return paths + (f" (SDPA: {kernel})" if kernel else "") if paths else "-"
+    predicted = (record.sdpa_backends_predicted or {}).get("dit")
+    return paths + (f" (DiT SDPA, predicted: {predicted})" if predicted else "") if paths else "-"
 
 
 def repeats_report(records: list, out) -> list:

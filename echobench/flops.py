@@ -140,9 +140,28 @@ def model_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_fr
     return FlopBreakdown(parts, audio_frames, text_tokens, speaker_frames)
 
 
+ATTENTIONS = ("dit", "speaker_encoder", "text_encoder")
+
+
+def attention_flops(cfg: EchoConfig, audio_frames: int, text_tokens: int, speaker_frames: int) -> dict[str, int]:
+    """Per attention, the FLOPs of one sample's scores and weighted values at these lengths, every key
+    counted, forward and backward as model_flops counts them (backward 2x; a frozen text encoder's
+    forward only): the DiT's joint attention, the speaker encoder's, the text encoder's."""
+    P = speaker_patches(cfg, speaker_frames)
+    enc = cfg.text_encoder
+    return {"dit": 3 * cfg.layers * 4 * audio_frames * (audio_frames + text_tokens + P) * cfg.width,
+            "speaker_encoder": 3 * cfg.speaker_layers * 4 * P * P * cfg.speaker_width,
+            "text_encoder": (1 if cfg.frozen_encoder else 3) * enc.layers * 4 * text_tokens * text_tokens
+            * enc.heads * enc.head_dim}
+
+
 # ac: selective where the blocks run eager: every second block of each stack checkpointed whole
 # (backends.torchtitan.ac_mode); a mode of the run, not a setting.
 LAYER_SELECTIVE = "selective-layer"
+# ac: selective (op-level) where the DiT blocks' linears and core attention are TransformerEngine's
+# (megatron with te, compiled): TE's GEMMs and fused attention are not ATen ops, so the selective
+# policy cannot save their outputs and backward re-runs them (backends.megatron).
+TE_SELECTIVE = "selective-te"
 
 
 def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
@@ -154,13 +173,17 @@ def recompute_flops(cfg: EchoConfig, flops: FlopBreakdown, ac: str) -> int:
     block's is, since its output is saved for the AdaLN gate's gradient.
     selective-layer: the same for every second block of each stack (floor(n / 2) of n).
     selective: matmul and attention outputs are saved, element-wise ops recomputed: no
-    extra matmul FLOPs. none: nothing.
+    extra matmul FLOPs. selective-te: the same, but the DiT blocks' TransformerEngine linears and
+    core attention are re-run (their attention and MLP forward; the AdaLN's plain linears saved).
+    none: nothing.
     """
     if ac in ("none", "selective"):
         return 0
-    if ac not in ("full", LAYER_SELECTIVE):
+    if ac not in ("full", LAYER_SELECTIVE, TE_SELECTIVE):
         raise ValueError(f"unknown activation checkpointing mode {ac!r}: none, selective or full")
     p = flops.parts
+    if ac == TE_SELECTIVE:
+        return p["dit_attention"].forward + p["dit_mlp"].forward
     dit_blocks = p["dit_attention"].forward + p["dit_mlp"].forward
     dit_blocks += cfg.layers * _linear(1, cfg.width, cfg.adaln_rank) + cfg.layers * _linear(1, cfg.adaln_rank, 6 * cfg.width)
     patch_embed = _linear(speaker_patches(cfg, flops.speaker_frames), cfg.latent_dim * cfg.speaker_patch,

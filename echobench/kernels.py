@@ -1,11 +1,15 @@
-"""Which kernels a run's attention and compile produced: the SDPA backend pinned or chosen, the
-dynamo graphs compiled and the graph breaks, and the recompile limit sized to the run's shapes.
+"""Which kernels a run's attention and compile produced: the SDPA backend pinned or predicted, the
+attention kernels a profiled micro-batch ran, the dynamo graphs compiled and the graph breaks, what
+compiled when (CompileWatch), and the recompile limit sized to the run's shapes.
 
 Read by the benchmark loop (echobench.bench) for the record; the model and the backends decide
 what runs, this module only pins, asks and counts.
 """
 
 from __future__ import annotations
+
+import re
+from collections import Counter
 
 import torch
 from torch.nn.attention import SDPBackend
@@ -30,14 +34,18 @@ def pin_sdpa_backend(name: str) -> None:
 
 
 def sdpa_choices(model_cfg, micro_batch: int, audio_frames: int, text_tokens: int, speaker_frames: int,
-                 device: torch.device, dtype: torch.dtype, tp: int = 1) -> dict[str, str]:
-    """The SDPA backend torch picks at this run's attention shapes (torch._fused_sdp_choice, under
-    the flags pin_sdpa_backend set): the DiT's joint attention without a mask and with a dense key
-    mask, and the speaker encoder's. On a CPU the names are the CPU kernels'. `tp` splits the DiT's
-    heads as megatron's TP does."""
+                 device: torch.device, dtype: torch.dtype, tp: int = 1, paths=None, te: bool = False) -> dict[str, str]:
+    """The SDPA backend torch would pick (torch._fused_sdp_choice under the flags pin_sdpa_backend set)
+    for each attention path a run met that goes through SDPA: `paths`, its (attention, path) pairs
+    (None: the DiT's and speaker encoder's unmasked and dense-masked paths). A prediction, asked of
+    torch at the run's shapes, not the kernels that ran (bench_warmup.profile_variants profiles those
+    on a GPU); none for FlexAttention paths or TransformerEngine's attention (te: the DiT's). On a CPU
+    the names are the CPU kernels'. `tp` splits the DiT's heads as megatron's TP does."""
     b, dit_heads = micro_batch, model_cfg.heads // tp
-    keys = audio_frames + text_tokens + speaker_patches(model_cfg, speaker_frames)
     p = speaker_patches(model_cfg, speaker_frames)
+    keys = audio_frames + text_tokens + p
+    enc = model_cfg.text_encoder
+    paths = set(paths) if paths is not None else {(a, m) for a in ("dit", "speaker_encoder") for m in ("none", "dense")}
 
     def choice(heads, q_len, k_len, head_dim, masked) -> str:
         q = torch.zeros(b, heads, q_len, head_dim, device=device, dtype=dtype)
@@ -45,10 +53,15 @@ def sdpa_choices(model_cfg, micro_batch: int, audio_frames: int, text_tokens: in
         mask = torch.ones(b, 1, 1, k_len, device=device, dtype=torch.bool) if masked else None
         return SDPBackend(torch._fused_sdp_choice(q, k, k, attn_mask=mask)).name
 
-    return {"dit": choice(dit_heads, audio_frames, keys, model_cfg.head_dim, False),
-            "dit_dense_mask": choice(dit_heads, audio_frames, keys, model_cfg.head_dim, True),
-            "speaker_encoder": choice(model_cfg.speaker_heads, p, p, model_cfg.speaker_width // model_cfg.speaker_heads,
-                                      False)}
+    shapes = {"dit": (dit_heads, audio_frames, keys, model_cfg.head_dim),
+              "speaker_encoder": (model_cfg.speaker_heads, p, p, model_cfg.speaker_width // model_cfg.speaker_heads),
+              "text_encoder": (enc.heads, text_tokens, text_tokens, enc.head_dim)}
+    out = {}
+    for attention, path in sorted(paths):
+        if path not in ("none", "dense") or (te and attention == "dit"):
+            continue
+        out[attention + ("_dense_mask" if path == "dense" else "")] = choice(*shapes[attention], path == "dense")
+    return out
 
 
 def compile_graphs(buckets: list[int] | None) -> int:
@@ -77,3 +90,47 @@ def compile_counts() -> dict:
     breaks = counters["graph_break"]
     return {"graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(breaks.values())),
             "break_reasons": [reason.splitlines()[0][:200] for reason, _ in breaks.most_common(5)]}
+
+
+class CompileWatch:
+    """Counts, from start(), every compile torch runs in this process, by what triggered it: dynamo
+    tracing a frame (a first compile or a recompile), AOT autograd compiling a backward graph on its
+    first backward (lazy_backward), inductor recording a CUDA graph (cudagraph_recording); each
+    reported by torch._dynamo's compile callbacks as it starts. Compiles torch runs on its own in an
+    eager run count too (FlexAttention's kernel, megatron-core's fused SwiGLU). Read on the host
+    (`total`): the measured loop reads it after every step without a device sync."""
+
+    def __init__(self):
+        self.events: Counter = Counter()
+
+    def start(self) -> "CompileWatch":
+        import torch._dynamo  # lazy: dynamo takes seconds to import; every run needs it here
+
+        torch._dynamo.callback_handler.register_start_callback(self._started)
+        return self
+
+    def stop(self) -> None:
+        import torch._dynamo  # lazy (start)
+
+        if self._started in torch._dynamo.callback_handler.start_callbacks:
+            torch._dynamo.callback_handler.remove_start_callback(self._started)
+
+    def _started(self, args) -> None:
+        self.events[args.callback_trigger.name.lower()] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.events.values())
+
+
+# Kernel names of the attention kernels torch, cuDNN, TransformerEngine and inductor launch: SDPA's
+# FlashAttention-2 (flash_fwd / flash_bwd), memory-efficient (fmha_cutlass, cutlassF / cutlassB),
+# cuDNN (cudnn_generated_fort_native_sdpa, sm90_flash / fmha kernels), TE's fused attention, and
+# inductor's FlexAttention templates (triton_tem_fused_...flex_attention / flex_decoding).
+ATTENTION_KERNEL = re.compile(r"flash|fmha|cutlass[fb]|attention|attn|sdpa|flex", re.IGNORECASE)
+
+
+def attention_kernels(kernel_names) -> dict[str, int]:
+    """The attention kernels among a profiled stretch's device kernels (their names, one per launch),
+    with their launch counts, names shortened to 120 characters."""
+    return dict(Counter(name[:120] for name in kernel_names if ATTENTION_KERNEL.search(name)).most_common())

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
 #    Figures added since (peak_mem_allocated_gib, the padding figures) default to None, which reads
 #    as unknown in an older record: no new version, nothing to migrate.
-SCHEMA_VERSION = 2
+# 3: sdpa_backends renamed sdpa_backends_predicted (torch's choice at the run's shapes, asked after the
+#    run: not a kernel seen running; attention_kernels holds those); compiles inside the measured window
+#    counted (compiles_in_window: unknown, None, in an older record).
+SCHEMA_VERSION = 3
 Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted"]  # preempted: SLURM PREEMPTED
 RECORD_FILE = "result.json"
 PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
@@ -139,9 +142,20 @@ class Record(BaseModel):
     ac: str
     grad_accum: int = 1  # micro-batches per optimizer step; global_batch counts them all
     # per attention (dit, speaker_encoder, text_encoder): measured micro-batches per path (none: no
-    # mask; flex; dense); the SDPA kernel torch chose at the run's shapes (kernels.sdpa_choices)
+    # mask; flex; dense) and each path's share of the window's attention FLOPs (bench_record.attention_figures);
+    # on a GPU, the attention kernels each warm-up variant ran (a profiled pass: their names and launches);
+    # the SDPA kernels torch would choose at the run's shapes (kernels.sdpa_choices: predicted)
     attention_paths: dict[str, dict[str, int]] | None = None
-    sdpa_backends: dict[str, str] | None = None
+    attention_flop_shares: dict[str, dict[str, float]] | None = None
+    attention_kernels: dict[str, dict[str, int]] | None = None
+    sdpa_backends_predicted: dict[str, str] | None = None
+    # compiles (kernels.CompileWatch): inside the measured window the figures come from (0: none; a
+    # run with any is an error), the windows measured again because torch compiled in them, the
+    # micro-batch variants warm-up ran (bench_warmup), every compile of the run by its trigger
+    compiles_in_window: int | None = None
+    window_restarts: list[dict[str, Any]] | None = None
+    warmup_variants: list[str] | None = None
+    compiles: dict[str, int] | None = None
     te: bool | None = None  # whether TransformerEngine kernels ran (the backend's info)
     encoder_model: str | None = None
     frozen_encoder: bool | None = None
@@ -412,7 +426,12 @@ def _from_v1(record: dict) -> None:
         peak_fp8_tflops=record.get("peak_fp8_tflops")))
 
 
-MIGRATIONS = {1: _from_v1}  # version -> the function that brings a record to the next version
+def _from_v2(record: dict) -> None:
+    """Version 2 -> 3: sdpa_backends was torch's choice asked at the run's shapes, not a kernel seen running."""
+    record["sdpa_backends_predicted"] = record.pop("sdpa_backends", None)
+
+
+MIGRATIONS = {1: _from_v1, 2: _from_v2}  # version -> the function that brings a record to the next version
 
 
 def migrate(record: dict, where: str = "record") -> dict:
@@ -423,7 +442,7 @@ def migrate(record: dict, where: str = "record") -> dict:
                          f"{SCHEMA_VERSION}): a newer echobench wrote it, or it is not a result record")
     while version < SCHEMA_VERSION:
         MIGRATIONS[version](record)
-        record["migrated_from"] = record.get("migrated_from", version)
+        record["migrated_from"] = record.get("migrated_from") or version
         version += 1
         record["schema_version"] = version
     return record

@@ -60,10 +60,11 @@ from echobench import flops as flops_model
 from echobench.backends import torchtitan
 from echobench.config import RunConfig
 from echobench.data import build_tokenizer, collate, make_source
-from echobench.hwprofile import HardwareProfile, memory_gbps
+from echobench.model import components
 from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.peaks import table_peak
-from echobench.stepcount_ops import Tally, gpu_attention, op_tally, tensors
+from echobench.stepcount_ops import (Tally, attention_shape, gemm_precision, gemm_shape, gpu_attention,
+                                     gpu_flex_attention,
+                                     op_tally, tensors)
 
 PARTS = ("dit_blocks", "speaker_blocks", "text_encoder", "top")
 PHASES = ("forward", "backward", "optimizer")
@@ -101,6 +102,8 @@ class StepCounter(TorchDispatchMode):
         super().__init__()
         self.tallies: dict[tuple, Tally] = defaultdict(Tally)
         self.attention: dict[str, Tally] = defaultdict(Tally)
+        self.gemms: dict[tuple, Tally] = defaultdict(Tally)  # (phase, m, n, k, precision): each shape, priced apart
+        self.attention_calls: dict[tuple, Tally] = defaultdict(Tally)  # (kernel, queries, keys, head_dim)
         self.parts: list[str] = []
         self.units: list[str] = []
         self.labels: dict = {}  # autograd node -> (part, unit)
@@ -114,6 +117,9 @@ class StepCounter(TorchDispatchMode):
         self.tallies[phase, part, kind, unit].add(tally)
         if kernel:
             self.attention[kernel].add(tally)
+            self.attention_calls[(kernel, *attention_shape(func, args))].add(tally)
+        elif kind == "gemm":
+            self.gemms[(phase, *gemm_shape(func, args), gemm_precision(func, args))].add(tally)
         return out
 
     def where(self) -> tuple[str, str, str | None]:
@@ -232,6 +238,9 @@ def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype, compile
     buffers on the CPU, activation checkpointing applied as the backend applies it (ac_mode)."""
     model = torchtitan.build_model(cfg, torch.device("meta"), dtype)
     model.key_masking = "flex" if cfg.key_masking == "auto" else cfg.key_masking
+    if cfg.precision == "fp8":  # torchao's float8 linears as on an sm90 GPU: real float8 GEMMs (_scaled_mm)
+        torchtitan.apply_float8(model, torchtitan.float8_plan(cfg), emulate=False, fsdp=False, compiled=compiled,
+                                recipe=cfg.float8_recipe)
     fakes: dict[int, torch.Tensor] = {}  # a tensor two modules share stays shared
 
     def fake(t):
@@ -250,9 +259,10 @@ def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype, compile
     return model
 
 
-def fake_batch(cfg: RunConfig, mode: FakeTensorMode):
-    """The synthetic full-length batch and diffusion draws of the run's first step, as the loader and
-    the loop make them (on the CPU: small), then FakeTensors."""
+def fake_batch(cfg: RunConfig, mode: FakeTensorMode, masked: bool = False):
+    """The synthetic full-length batch of the run's first step and its diffusion draws, as the loader
+    and the loop make them (on the CPU: small), then FakeTensors: every sample keeping its
+    conditioning, or (masked) dropping it, the micro-batch whose DiT attends over a key mask."""
     model_cfg = cfg.model_config()
     source = make_source("synthetic", micro_batch=cfg.micro_batch, seed=cfg.seed, audio_frames=cfg.audio_frames,
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames)
@@ -260,7 +270,7 @@ def fake_batch(cfg: RunConfig, mode: FakeTensorMode):
     batch = collate(samples, build_tokenizer(model_cfg.text_encoder.vocab), cfg.audio_frames, cfg.text_tokens,
                     cfg.speaker_frames)
     draws = diffusion_draws(cfg.seed, batch.index.tolist(), batch.latent.shape[1], model_cfg.latent_dim,
-                            model_cfg.cfg_dropout, torch.device("cpu"))
+                            1.0 if masked else 0.0, torch.device("cpu"))
 
     def fake(obj):
         return dataclasses.replace(obj, **{f.name: mode.from_tensor(getattr(obj, f.name))
@@ -271,14 +281,13 @@ def fake_batch(cfg: RunConfig, mode: FakeTensorMode):
 
 
 def compute_dtype(cfg: RunConfig) -> torch.dtype | None:
-    """The autocast dtype of a GPU run of this precision (None: fp32, no autocast)."""
-    if cfg.precision == "fp8":
-        raise ValueError("stepcount counts bf16 and fp32 runs; fp8's float8 linears are not emulated")
+    """The autocast dtype of a GPU run of this precision (None: fp32, no autocast); fp8 runs autocast
+    to bf16 around their float8 linears."""
     return None if cfg.precision == "fp32" else torch.bfloat16
 
 
 def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compiled: bool,
-             prefer_cudnn: bool) -> dict[str, Unit]:
+             prefer_cudnn: bool, masked: bool = False) -> dict[str, Unit]:
     """One step of micro-batch cfg.micro_batch under `counter`, as bench.train_step runs it on a GPU:
     the forward under autocast, the loss over the batch's frames, backward, clipping (the backend's
     clip_grad_norm_, its coefficient handed to the fused optimizer) and fused AdamW (the backend's
@@ -290,7 +299,7 @@ def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compile
     if compiled:
         with record_compiles(counter, model, units):
             torchtitan.apply_compile(model)
-    batch, draws = fake_batch(cfg, mode)
+    batch, draws = fake_batch(cfg, mode, masked)
     params = model.trainable_parameters()
     with mode:
         optimizer = torchtitan.build_optimizer(params, torch.device("cuda"))
@@ -300,7 +309,8 @@ def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compile
         optimizer.zero_grad(set_to_none=True)
     handles = counter.hook_parts(model)
     try:
-        with mode, counter, mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(prefer_cudnn)):
+        with mode, counter, mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(prefer_cudnn)), \
+                mock.patch.object(components, "flex_attention", gpu_flex_attention):
             frames = loss_frames(batch)
             with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
                 err = model(batch, draws=draws, reduction="sum")
@@ -407,6 +417,7 @@ def inductor_figures(fn, args, kwargs, grad: bool, cast: torch.dtype | None, ful
         stack.enter_context(mock.patch.object(AsyncCompile, "cpp", never_built))  # the C++ is never built
         stack.enter_context(mock.patch.object(AsyncCompile, "cpp_pybinding", never_built))
         stack.enter_context(mock.patch.object(F, "scaled_dot_product_attention", gpu_attention(prefer_cudnn)))
+        stack.enter_context(mock.patch.object(components, "flex_attention", gpu_flex_attention))
         stack.enter_context(mode)
         stack.enter_context(torch.set_grad_enabled(grad))
         stack.enter_context(torch.autocast("cpu", dtype=cast or torch.float32, enabled=cast is not None))
@@ -427,6 +438,8 @@ class StepCount:
     tallies: dict[tuple[str, str, str], Tally]
     attention: dict[str, Tally]  # by GPU kernel
     units: list[dict] = field(default_factory=list)  # compiled: what inductor made of each unit
+    gemms: dict[tuple[str, int, int, int, str], Tally] = field(default_factory=dict)  # (phase, m, n, k, precision)
+    attention_calls: dict[tuple[str, int, int, int], Tally] = field(default_factory=dict)  # (kernel, q, k, head_dim)
 
     def total(self, phase: str | None = None, part: str | None = None, kind: str | None = None) -> Tally:
         out = Tally()
@@ -439,23 +452,40 @@ class StepCount:
         """(phase, part) of the table: forward and backward by part, then the optimizer."""
         return [(ph, pa) for ph in PHASES[:2] for pa in PARTS] + [("optimizer", "optimizer")]
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepCount":
+        """The count as_dict wrote (a committed report's JSON), to be priced again."""
+        tallies = {(row["phase"], row["part"], kind): Tally(**row[kind]) for row in data["rows"] for kind in KINDS}
+        figures = ("ops", "kernels", "bytes", "flops")
+        return cls(data["settings"], tallies, {k: Tally(**v) for k, v in data["attention"].items()}, data["units"],
+                   {(g["phase"], g["m"], g["n"], g["k"], g["precision"]): Tally(*(g[f] for f in figures))
+                    for g in data["gemms"]},
+                   {(a["kernel"], a["queries"], a["keys"], a["head_dim"]): Tally(*(a[f] for f in figures))
+                    for a in data["attention_calls"]})
+
     def as_dict(self) -> dict:
         return {"settings": self.settings,
                 "rows": [{"phase": ph, "part": pa, **{k: dataclasses.asdict(self.total(ph, pa, k)) for k in KINDS}}
                          for ph, pa in self.rows()],
                 "attention": {k: dataclasses.asdict(v) for k, v in self.attention.items()},
+                "gemms": [{"phase": ph, "m": m, "n": n, "k": k, "precision": pr, **dataclasses.asdict(t)}
+                          for (ph, m, n, k, pr), t in self.gemms.items()],
+                "attention_calls": [{"kernel": ker, "queries": q, "keys": kv, "head_dim": d, **dataclasses.asdict(t)}
+                                    for (ker, q, kv, d), t in self.attention_calls.items()],
                 "units": self.units}
 
 
-def count_step(cfg: RunConfig, compiled: bool = False, prefer_cudnn: bool = False) -> StepCount:
+def count_step(cfg: RunConfig, compiled: bool = False, prefer_cudnn: bool = False, masked: bool = False) -> StepCount:
     """One training step of `cfg` (micro_batch, lengths, precision, ac), counted on FakeTensors.
 
     compiled: what the backend compiles is counted from inductor's CPU code instead (module
     docstring): memory-bound kernels and bytes of each compiled unit are its generated kernels
     (and any fallback kernels) times its calls; GEMM and attention stay as counted.
-    prefer_cudnn: attention as torch runs it where it prefers cuDNN (gpu_attention)."""
+    prefer_cudnn: attention as torch runs it where it prefers cuDNN (gpu_attention).
+    masked: the micro-batch drops its samples' conditioning (cfg_drop mask): the DiT attends over a
+    key mask, FlexAttention's (key_masking auto on a GPU) or SDPA's dense mask."""
     counter, mode = StepCounter(), FakeTensorMode()
-    units = run_step(cfg, counter, mode, compiled, prefer_cudnn)
+    units = run_step(cfg, counter, mode, compiled, prefer_cudnn, masked)
     tallies: dict[tuple, Tally] = defaultdict(Tally)
     for (phase, part, kind, unit), t in counter.tallies.items():
         if not (unit and kind == "memory"):
@@ -486,66 +516,7 @@ def count_step(cfg: RunConfig, compiled: bool = False, prefer_cudnn: bool = Fals
     model_flops = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
     settings = {"scale": cfg.scale, "micro_batch": cfg.micro_batch, "audio_frames": cfg.audio_frames,
                 "text_tokens": cfg.text_tokens, "speaker_frames": cfg.speaker_frames, "precision": cfg.precision,
-                "ac": cfg.ac, "compiled": compiled, "prefer_cudnn": prefer_cudnn,
-                "model_flops_per_sample": model_flops.total}
-    return StepCount(settings, dict(tallies), dict(counter.attention), described)
-
-
-# ---- the projection onto one H200 ----
-
-@dataclass(frozen=True)
-class Rate:
-    tflops: float  # forward + backward, FLOPs under echobench.flops' convention (backward 2x forward)
-    source: str
-    assumed: bool = False
-
-
-# Attention, bidirectional, head_dim 128, bf16. FlashAttention's benchmark counts backward as 2.5x the
-# forward (fwd + bwd = 3.5x): its published rates are x 3 / 3.5 here.
-ATTENTION_RATES = {
-    "flash": Rate(round(294 * 3 / 3.5, 1),
-                  "FlashAttention-2 README, 'Performance / H100' (assets/flash2_h100_fwd_bwd_benchmark.png): "
-                  "294 TFLOP/s forward + backward on H100 SXM5, head_dim 128, no causal mask, sequence 1k, "
-                  "batch x seqlen 16k (benchmarks/benchmark_flash_attention.py counts backward 2.5x), "
-                  "github.com/Dao-AILab/flash-attention; the H200 has the H100's SMs and clocks"),
-    "cudnn": Rate(round(1.7 * 294 * 3 / 3.5, 1),
-                  "1.7x the FlashAttention-2 figure: the low end of the 1.7-2.3x training-shape speedup of "
-                  "cuDNN over SDPA's FlashAttention-2 on Hopper that transformers PR 48163 reports "
-                  "(github.com/huggingface/transformers/pull/48163); no direct H100 fwd+bwd figure found",
-                  assumed=True),
-    "efficient": Rate(180.0, "assumed: no published H100/H200 forward + backward figure of torch's memory-efficient "
-                             "(xformers CUTLASS) kernel found; 180 TFLOP/s as issue 32 estimates", assumed=True),
-    "flex": Rate(round(0.85 * 294 * 3 / 3.5, 1), "assumed: 85% of the FlashAttention-2 figure (no published "
-                                                 "H100 forward + backward FlexAttention figure found)", assumed=True),
-    "cpu-flash": Rate(round(294 * 3 / 3.5, 1), "assumed: an attention call that escaped the GPU emulation, priced "
-                                               "as FlashAttention-2", assumed=True),
-}
-
-
-def project(count: StepCount, profile: HardwareProfile, peak_tflops: float | None = None,
-            grad_accum: int = 1) -> dict:
-    """Step time on one device of `profile`: GEMM FLOPs at its best GEMM rate (one rate: per-shape
-    GEMM efficiency is issue 34's), attention FLOPs at ATTENTION_RATES of the kernel that runs,
-    memory-bound and optimizer bytes at its achievable copy bandwidth; nothing overlaps, the host
-    keeps up. grad_accum micro-batches per optimizer step repeat the forward and backward.
-    MFU = model FLOPs (echobench.flops, x micro-batch x grad_accum) / (step time x peak); the peak:
-    given, else the profile device's dense bf16 datasheet peak."""
-    gemm = max(profile.gemm, key=lambda p: p.tflops)
-    gbps = memory_gbps(profile, "copy")
-    peak, peak_source = (peak_tflops, "given") if peak_tflops else table_peak(profile.device) or (None, None)
-    if peak is None:
-        raise ValueError(f"no datasheet peak for {profile.device!r}: give peak_tflops")
-    fb = ("forward", "backward")
-    gemm_s = grad_accum * sum(count.total(ph, kind="gemm").flops for ph in fb) / (gemm.tflops * 1e12)
-    attention_s = {k: grad_accum * t.flops / (ATTENTION_RATES[k].tflops * 1e12) for k, t in count.attention.items()}
-    memory_s = grad_accum * sum(count.total(ph, kind="memory").bytes for ph in fb) / (gbps * 1e9)
-    optimizer_s = count.total("optimizer").bytes / (gbps * 1e9)
-    step_s = gemm_s + sum(attention_s.values()) + memory_s + optimizer_s
-    model_flops = count.settings["model_flops_per_sample"]
-    samples = count.settings["micro_batch"] * grad_accum
-    return {"gemm_ms": gemm_s * 1e3, "attention_ms": {k: v * 1e3 for k, v in attention_s.items()},
-            "memory_ms": memory_s * 1e3, "optimizer_ms": optimizer_s * 1e3, "step_ms": step_s * 1e3,
-            "model_tflop": model_flops * samples / 1e12, "mfu": model_flops * samples / (step_s * peak * 1e12),
-            "peak_tflops": peak, "peak_source": peak_source,
-            "rates": {"gemm_tflops": gemm.tflops, "gemm_source": gemm.source, "memory_gbps": gbps,
-                      "attention": {k: dataclasses.asdict(ATTENTION_RATES[k]) for k in count.attention}}}
+                "ac": cfg.ac, "compiled": compiled, "prefer_cudnn": prefer_cudnn, "masked": masked,
+                "key_masking": cfg.key_masking, "model_flops_per_sample": model_flops.total}
+    return StepCount(settings, dict(tallies), dict(counter.attention), described, dict(counter.gemms),
+                     dict(counter.attention_calls))

@@ -27,6 +27,8 @@ ATTENTION_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: ("cpu-flash", False),
     aten._scaled_dot_product_flash_attention_for_cpu_backward: ("cpu-flash", True),
 }
+# FlexAttention as a GPU runs it (gpu_flex_attention): one fused kernel forward, one backward.
+FLEX_OPS = {"flex_attention": False, "flex_attention_backward": True}
 # Ops that launch no kernel beyond the views (op.is_view): allocation, metadata, an alias.
 NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
              aten._unsafe_view, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset,
@@ -90,6 +92,77 @@ def gpu_attention(prefer_cudnn: bool = False):
         return aten._scaled_dot_product_efficient_attention(query, key, value, bias, logsumexp, scale=scale)[0]
 
     return sdpa
+
+
+@torch.library.custom_op("echobench_stepcount::flex_attention", mutates_args=())
+def _flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    raise NotImplementedError("stepcount's FlexAttention stands in on FakeTensors only")
+
+
+@_flex_attention.register_fake
+def _(q, k, v):
+    return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("echobench_stepcount::flex_attention_backward", mutates_args=())
+def _flex_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, logsumexp: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    raise NotImplementedError("stepcount's FlexAttention stands in on FakeTensors only")
+
+
+@_flex_attention_backward.register_fake
+def _(grad, q, k, v, out, logsumexp):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _flex_backward(ctx, grad, grad_logsumexp):
+    q, k, v, out, logsumexp = ctx.saved_tensors
+    return torch.ops.echobench_stepcount.flex_attention_backward(grad, q, k, v, out, logsumexp)
+
+
+_flex_attention.register_autograd(_flex_backward, setup_context=_flex_setup)
+ATTENTION_OPS.update({getattr(torch.ops.echobench_stepcount, name): ("flex", backward)
+                      for name, backward in FLEX_OPS.items()})
+
+
+def gpu_flex_attention(query, key, value, block_mask=None, **kwargs):
+    """flex_attention as a GPU runs it compiled (model.components.attention): one fused kernel that
+    reads q, k, v (and the block mask's few indices) and writes the output and its logsumexp, and one
+    backward kernel; every score counted, as echobench.flops counts attention."""
+    if kwargs.get("score_mod") is not None:
+        raise NotImplementedError("stepcount emulates FlexAttention with a block mask only")
+    return torch.ops.echobench_stepcount.flex_attention(query, key, value)[0]
+
+
+FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
+
+
+def gemm_precision(func, args) -> str:
+    """fp8 for a float8 GEMM: torch._scaled_mm, or a GEMM of torchao's float8 tensors (their
+    __torch_dispatch__ runs _scaled_mm below the counting mode, which sees the mm on them), else bf16."""
+    if func._overloadpacket is aten._scaled_mm:
+        return "fp8"
+    return "fp8" if any(getattr(t, "_data", t).dtype in FLOAT8 for t in tensors(args)) else "bf16"
+
+
+def gemm_shape(func, args) -> tuple[int, int, int]:
+    """(m, n, k) of a GEMM op's call; a batched one's batch folded into m (its GEMMs fill the SMs together)."""
+    packet = func._overloadpacket
+    a, b = (args[1], args[2]) if packet in (aten.addmm, aten.baddbmm) else (args[0], args[1])
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return batch * a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+def attention_shape(func, args) -> tuple[int, int, int]:
+    """(queries, keys, head_dim) of an attention op's call (q, k as (B, H, T, D))."""
+    _, backward = ATTENTION_OPS[func._overloadpacket]
+    q, k = args[1:3] if backward else args[:2]
+    return q.shape[-2], k.shape[-2], q.shape[-1]
 
 
 # ---- one op: kind, kernels, FLOPs, bytes ----

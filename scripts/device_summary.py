@@ -202,6 +202,7 @@ def comparisons(lines: list[dict]) -> list[str]:
                    f"{cal['tflops']:.4g} TFLOP/s (min {cal['tflops_min']:.4g}, max {cal['tflops_max']:.4g})"
                    + (f", {cal['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
 
+    out += window_lines(runs)
     probe = next((ln["result"] for ln in lines if ln["kind"] == "probe" and ln.get("result")), None)
     if probe:
         out += probe_lines(probe)
@@ -251,6 +252,25 @@ def comparisons(lines: list[dict]) -> list[str]:
     return out
 
 
+def window_lines(runs: list[dict]) -> list[str]:
+    """Per run: what its measured window ran (the attention paths and their FLOP shares, the attention
+    kernels of each warm-up variant) and whether anything compiled in it."""
+    out = []
+    for x in runs:
+        r = x["record"]
+        shares = r.get("attention_flop_shares") or {}
+        paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" + (f" ({shares[part][path]:.0%})"
+                                                                  if path in shares.get(part, {}) else "")
+                                                 for path, n in counts.items())
+                          for part, counts in (r.get("attention_paths") or {}).items())
+        kernels = "; ".join(f"{variant}: {', '.join(list(names)[:3]) or 'none seen'}"
+                            for variant, names in (r.get("attention_kernels") or {}).items())
+        out.append(f"- {x['name']}: micro-batches per attention path (share of attention FLOPs): {paths or '-'}; "
+                   f"compiles in window {r.get('compiles_in_window')}, windows measured again "
+                   f"{len(r.get('window_restarts') or [])}" + (f"; attention kernels: {kernels}" if kernels else ""))
+    return out
+
+
 def probe_lines(probe: dict) -> list[str]:
     """The kernel probe's results (scripts/kernel_probe.py), a line each; a failed one says why."""
     res, out = probe.get("results", {}), []
@@ -259,18 +279,22 @@ def probe_lines(probe: dict) -> list[str]:
         if "error" in r:
             out.append(f"- probe {name} ({where}): failed: {r['error']}")
         elif name == "sdpa_choice":
-            out.append(f"- SDPA's choice ({where}): DiT no mask {r['dit']}, dense mask {r['dit_dense_mask']}, "
-                       f"speaker {r['speaker_encoder']}")
+            out.append(f"- SDPA's choice, predicted by torch._fused_sdp_choice ({where}): DiT no mask {r['dit']}, "
+                       f"dense mask {r['dit_dense_mask']}, speaker {r['speaker_encoder']}")
         elif name == "attention":
             paths = ", ".join(f"{k} {v['tflops']:.4g} TFLOP/s" if "tflops" in v else f"{k} cannot run"
                               for k, v in r.items() if isinstance(v, dict))
             out.append(f"- DiT attention forward + backward ({where}): {paths}")
         elif name == "dit_block":
-            out.append(f"- one DiT block forward + backward ({where}): eager {r['eager_ms']} ms, compiled "
-                       f"{r['compiled_ms']} ms ({r['speedup']}x; compile {r['compile_s']} s)")
+            for path, row in r.items():
+                if isinstance(row, dict):
+                    out.append(f"- one DiT block forward + backward, attention {path} ({where}): eager "
+                               f"{row['eager_ms']} ms, compiled {row['compiled_ms']} ms ({row['speedup']}x; compile "
+                               f"{row['compile_s']} s)")
         elif name == "adamw":
-            out.append(f"- AdamW step + clipping over {r['params']:,} parameters ({'fused' if r['fused'] else 'foreach'}):"
-                       f" {r['ms']} ms, {r['gb_per_s']} GB/s")
+            out.append(f"- AdamW step + clipping as the runs take it over {r['params']:,} parameters "
+                       f"({'fused, clip through grad_scale' if r['fused'] else 'foreach'}, {r['bytes_per_param']} B "
+                       f"per parameter): {r['ms']} ms, {r['gb_per_s']} GB/s")
     return out
 
 
@@ -336,6 +360,12 @@ def verify_problems(lines: list[dict], expect_skip: bool = False) -> list[str]:
     for t in tests:
         if t.get("outcome") == "failed":
             problems.append(f"{t['name']}: exit {t.get('rc')}, {t.get('counts') or 'no counts'} ({t.get('log')})")
+    for ln in lines:
+        record = ln.get("record") or {}
+        if ln["kind"] == "run" and (record.get("compiles_in_window") or record.get("window_restarts")):
+            problems.append(f"{ln['name']}: torch compiled inside a measured window ({record.get('compiles_in_window')} "
+                            f"in the last, {len(record.get('window_restarts') or [])} window(s) measured again): "
+                            "warm-up missed a variant")
     report = by_name.get("report")
     if report is None or report.get("outcome") != "passed":
         problems.append(f"report: {(report or {}).get('note') or 'did not run or failed'}")

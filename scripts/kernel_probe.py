@@ -125,7 +125,9 @@ def attention_times(cfg, args, device, dtype) -> dict:
 
 def block_times(cfg, args, device, dtype) -> dict:
     """One DiT block forward + backward, fp32 weights under autocast (as the runs), eager then
-    compiled (the compile's own time apart), no key mask."""
+    compiled (the compile's own time apart), per path: no key mask, and the masked path a run takes
+    where a sample drops its conditioning or a stream is padded (key_masking auto: FlexAttention's
+    block mask on a GPU; a dense mask on a CPU, where FlexAttention has no backward)."""
     from echobench.model.components import rope_frequencies
     from echobench.model.dit import DiTBlock
 
@@ -141,47 +143,56 @@ def block_times(cfg, args, device, dtype) -> dict:
     speaker = torch.randn(b, speaker_patches(cfg, args.speaker_frames), cfg.speaker_width, device=device)
     freqs = rope_frequencies(t, cfg.head_dim, device=device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    _, _, _, mask = attention_inputs(cfg, b, t, args.text_tokens, args.speaker_frames, device, dtype, padded=True)
+    masking = "flex" if device.type == "cuda" else "dense"
+    out = {}
+    for path, keys in (("none", None), (masking, key_mask(mask, t, masking))):
+        def step(fn, keys=keys):
+            with autocast:
+                y = fn(x, cond, text, speaker, freqs, keys)
+            y.float().pow(2).mean().backward()
 
-    def step(fn):
-        with autocast:
-            y = fn(x, cond, text, speaker, freqs, None)
-        y.float().pow(2).mean().backward()
-
-    out = {"eager_ms": round(timed(lambda: step(block), device, args.iters, args.warmup) * 1e3, 2)}
-    compiled = torch.compile(block, fullgraph=True, dynamic=False)
-    t0 = time.perf_counter()
-    step(compiled)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    out["compile_s"] = round(time.perf_counter() - t0, 1)
-    out["compiled_ms"] = round(timed(lambda: step(compiled), device, args.iters, args.warmup) * 1e3, 2)
-    out["speedup"] = round(out["eager_ms"] / out["compiled_ms"], 2)
+        row = {"eager_ms": round(timed(lambda: step(block), device, args.iters, args.warmup) * 1e3, 2)}
+        compiled = torch.compile(block, fullgraph=True, dynamic=False)
+        t0 = time.perf_counter()
+        step(compiled)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        row["compile_s"] = round(time.perf_counter() - t0, 1)
+        row["compiled_ms"] = round(timed(lambda: step(compiled), device, args.iters, args.warmup) * 1e3, 2)
+        row["speedup"] = round(row["eager_ms"] / row["compiled_ms"], 2)
+        out[path] = row
     return out
 
 
 def adamw_step(cfg, device) -> dict:
-    """One AdamW step (fused on a GPU, foreach on a CPU, as the runs) over tensors shaped as the
-    model's trainable parameters (fp32), with clipping's norm and scale, and the bytes it moves."""
+    """One optimizer step as the runs take it, over tensors shaped as the model's trainable parameters
+    (fp32): the torchtitan backend's build_optimizer (fused AdamW on a GPU, foreach on a CPU) and its
+    clip_grad_norm_ (the norm, its coefficient handed to the fused kernel's grad_scale: no pass of its
+    own on a GPU), and the bytes it moves per parameter."""
+    from echobench.backends.torchtitan import build_optimizer, clip_grad_norm_
     from echobench.model.echo import EchoTTS
 
     with torch.device("meta"):
         shapes = [p.shape for p in EchoTTS(cfg).trainable_parameters()]
-    params = [torch.randn(s, device=device) * 0.02 for s in shapes]
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, foreach=not fused)
+    opt = build_optimizer(params, device)
+    fused = bool(opt.defaults.get("fused"))
 
     def step():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        torch.nn.utils.clip_grads_with_norm_(params, 1.0, norm, foreach=True)
+        clip_grad_norm_(params, 1.0, opt)
         opt.step()
 
     seconds = timed(step, device, iters=5, warmup=2)
     n = sum(p.numel() for p in params)
-    return {"params": n, "ms": round(seconds * 1e3, 2), "fused": fused,
-            # fused AdamW reads p, g, m, v and writes p, m, v; the clipping reads g twice, writes it once
-            "gb_per_s": round(n * 4 * (7 + 3) / seconds / 1e9, 1)}
+    # fused: AdamW reads p, g, m, v and writes p, m, v (28 bytes), the norm reads g (4); foreach: the
+    # clipping's scale reads and writes g as well (8 more), and AdamW's foreach kernels read and write
+    # their intermediates (counted by stepcount, not here)
+    nbytes = 32 if fused else 40
+    return {"params": n, "ms": round(seconds * 1e3, 2), "fused": fused, "bytes_per_param": nbytes,
+            "gb_per_s": round(n * nbytes / seconds / 1e9, 1)}
 
 
 def main(argv=None) -> int:

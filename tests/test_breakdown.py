@@ -296,6 +296,11 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     text = proc.stdout
     assert "Where the time goes" in text and "MFU waterfall" in text and "per rank" in text
     assert "communication (exposed)" in text and "gloo:all_reduce" in text and "achieved MFU" in text
+    # the attention paths the measured window ran, beside the profiled steps' time
+    flat = " ".join(text.split())
+    assert "attention paths of the measured window" in flat and "dit " in flat
+    assert all(f"{path} {n} ({record['attention_flop_shares']['dit'][path]:.0%} of FLOPs)" in flat
+               for path, n in record["attention_paths"]["dit"].items())
     proc = cli("explain", out, "--json")
     proc_json = proc.stdout
     data = json.loads(proc.stdout)

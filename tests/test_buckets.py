@@ -162,13 +162,14 @@ def test_given_boundaries_are_used_and_a_bad_sample_keeps_its_place(shards, tmp_
     assert [a for a in after if a[0] != victim[0]] == [b for b in before if b[0] != victim[0]]
 
 
-def test_warming_the_buckets_moves_no_weight_and_leaves_no_gradient(shards):
-    """bench.warm_buckets runs each bucket's shape forward and backward before the warm-up steps: the
-    weights, the optimizer state and the gradients are as they were (the run trains as without it)."""
+def test_warming_the_variants_moves_no_weight_and_leaves_no_gradient(shards):
+    """bench_warmup.warm_variants runs each bucket's shape forward and backward, masked and not, before
+    the warm-up steps: the weights, the optimizer state and the gradients are as they were (the run
+    trains as without it)."""
     import torch
 
     from echobench.backends import build_training
-    from echobench.bench import warm_buckets
+    from echobench.bench_warmup import warm_variants, warmup_variants
     from echobench.config import RunConfig
     from echobench.data import build_tokenizer
     from echobench.distributed import DistInfo
@@ -177,8 +178,10 @@ def test_warming_the_buckets_moves_no_weight_and_leaves_no_gradient(shards):
                     text_tokens=16, speaker_frames=8, precision="fp32", device="cpu")
     setup = build_training(cfg, DistInfo(), torch.float32)
     before = {n: p.detach().clone() for n, p in setup.model.named_parameters()}
-    warm_buckets(setup, cfg, [4, 8, 12], build_tokenizer(cfg.model_config().text_encoder.vocab), torch.device("cpu"),
-                 torch.Generator())
+    tokenizer = build_tokenizer(cfg.model_config().text_encoder.vocab)
+    variants = warmup_variants(cfg, [4, 8, 12], tokenizer)
+    assert [v.frames for v in variants] == [4, 4, 8, 8, 12, 12]
+    warm_variants(setup, cfg, variants, tokenizer, torch.device("cpu"), torch.Generator())
     for n, p in setup.model.named_parameters():
         assert torch.equal(p, before[n]), n
         assert p.grad is None, n

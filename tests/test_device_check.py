@@ -143,8 +143,15 @@ def test_verify_names_what_makes_a_pass_unsound(tmp_path):
     device_summary.add_line(records, kind="setup", name="wheels", rc=1, note="7 of 8 carried wheels installed")
     device_summary.add_line(records, kind="pytest", name="pytest-gpu", rc=2, log=log)
     device_summary.add_line(records, kind="report", name="report", rc=0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "result.json").write_text(json.dumps({"status": "ok", "compiles_in_window": 0, "config": {},
+                                                 "window_restarts": [{"window": 1, "first_step": 5}]}))
+    device_summary.add_line(records, kind="run", name="3b-compile-mb8", rc=0, run_dir=run)
     problems = device_summary.verify_problems(device_summary.read_lines(records), expect_skip=True)
-    assert [p.split(":")[0] for p in problems] == ["carried wheels", "pytest-gpu", "no step was skipped for time"]
+    assert [p.split(":")[0] for p in problems] == ["carried wheels", "pytest-gpu", "3b-compile-mb8",
+                                                   "no step was skipped for time"]
+    assert "1 window(s) measured again" in problems[2]
 
 
 @pytest.mark.slow

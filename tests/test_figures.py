@@ -25,7 +25,8 @@ def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, 
             "padded_flops": int(flops_per_sample * samples_per_step * n),  # every sample at the padded lengths
             "tokens": {s: [k * samples_per_step * n] * 2 for s, k in (("latent", 50), ("text", 16), ("speaker", 10))},
             "losses": [1.0] * n, "skipped_samples": 0, "memory": memory or {"peak_rss_gib": 1.0},
-            "backend_info": {}, "trace": None}
+            "backend_info": {}, "trace": None, "compiles_in_window": 0, "window_restarts": [], "warmup_variants": [],
+            "compiles": {}}
 
 
 def summarized(ranks, precision="auto", peak=1.0, **peaks):

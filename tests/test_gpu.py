@@ -191,6 +191,9 @@ def test_a_synthetic_run_attends_without_a_mask_on_flash_attention(tmp_path):
                    "--out", out, gpu=True, timeout=600)
     r = record(out)
     assert proc.returncode == 0, r["error"]
-    assert r["sdpa_backends"]["dit"] in ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+    assert r["sdpa_backends_predicted"]["dit"] in ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+    unmasked = [kernels for variant, kernels in r["attention_kernels"].items() if "dit none" in variant]
+    assert unmasked and any("flash" in k or "cudnn" in k or "fmha" in k for k in unmasked[0]), r["attention_kernels"]
+    assert r["compiles_in_window"] == 0 and not r["window_restarts"]
     assert r["attention_paths"]["speaker_encoder"] == {"none": 3} and r["attention_paths"]["text_encoder"] == {"none": 3}
     assert set(r["attention_paths"]["dit"]) <= {"none", "flex"}  # flex where a sample dropped its conditioning

@@ -32,8 +32,54 @@ def test_a_pinned_sdpa_backend_is_the_one_torch_chooses(sdpa_flags):
 
 
 def test_a_compile_that_produced_no_graph_is_not_labelled_compiled():
-    assert compile_figures({"compile_counts": None}) == {"compile": False}
-    none = compile_figures({"compile_counts": {"graphs": 0, "graph_breaks": 3, "break_reasons": ["x"]}})
+    assert compile_figures({"compile_counts": None}, False) == {"compile": False}
+    none = compile_figures({"compile_counts": {"graphs": 0, "graph_breaks": 3, "break_reasons": ["x"]}}, True)
     assert none["compile"] is False and "produced no graph" in none["compile_note"]
-    some = compile_figures({"compile_counts": {"graphs": 7, "graph_breaks": 0, "break_reasons": []}})
+    some = compile_figures({"compile_counts": {"graphs": 7, "graph_breaks": 0, "break_reasons": []}}, True)
     assert some["compile"] is True and some["compile_graphs"] == 7 and "compile_note" not in some
+    # an eager run in which torch compiled kernels of its own (FlexAttention's) is eager, and says so
+    eager = compile_figures({"compile_counts": {"graphs": 2, "graph_breaks": 0, "break_reasons": []}}, False)
+    assert eager["compile"] is False and eager["compile_graphs"] == 2 and "compiled 2 graph(s)" in eager["compile_note"]
+
+
+def test_predicted_sdpa_kernels_only_for_the_paths_that_go_through_sdpa():
+    """No entry for a FlexAttention path, nor for the DiT under TransformerEngine's attention."""
+    shapes = dict(micro_batch=2, audio_frames=24, text_tokens=8, speaker_frames=16, device=torch.device("cpu"),
+                  dtype=torch.float32)
+    met = {("dit", "none"), ("dit", "flex"), ("speaker_encoder", "none"), ("text_encoder", "dense")}
+    assert set(sdpa_choices(PRESETS["tiny"], **shapes, paths=met)) == {"dit", "speaker_encoder",
+                                                                        "text_encoder_dense_mask"}
+    assert set(sdpa_choices(PRESETS["tiny"], **shapes, paths=met, te=True)) == {"speaker_encoder",
+                                                                                 "text_encoder_dense_mask"}
+
+
+def test_compile_watch_counts_each_compile_as_it_starts():
+    import torch._dynamo
+
+    from echobench.kernels import CompileWatch
+
+    torch._dynamo.reset()
+    watch = CompileWatch().start()
+    try:
+        f = torch.compile(lambda x: (x * 2).sin(), backend="eager", dynamic=False)
+        f(torch.ones(3))
+        f(torch.ones(3))  # cached: no compile
+        assert watch.total == 1 and watch.events == {"dynamo": 1}
+        f(torch.ones(4))  # a new shape: a recompile
+        assert watch.total == 2
+    finally:
+        watch.stop()
+        torch._dynamo.reset()
+    f = torch.compile(lambda x: x.cos(), backend="eager", dynamic=False)
+    f(torch.ones(2))
+    assert watch.total == 2  # stopped: no longer counting
+
+
+def test_attention_kernel_names_are_picked_from_a_profiled_stretch():
+    from echobench.kernels import attention_kernels
+
+    names = ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>(...)", "ampere_bf16_s16816gemm",
+             "triton_tem_fused_flex_attention_0", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>(...)",
+             "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "triton_poi_fused_add_0"]
+    assert attention_kernels(names) == {names[0]: 2, "triton_tem_fused_flex_attention_0": 1,
+                                        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": 1}

@@ -223,6 +223,34 @@ def test_cfg_dropout_removes_conditioning(model):
     assert (c - d).abs().max() > 1e-4
 
 
+def test_null_conditioning_removes_conditioning_without_a_mask():
+    """cfg_drop null: a dropped sample's text and speaker streams are zeros, attended: the prediction
+    is the same whatever its text and reference, and the DiT attends without a key mask where nothing
+    is padded (the masked reference's path is dense, as with cfg_drop mask)."""
+    torch.manual_seed(0)
+    model = EchoTTS(PRESETS["tiny"], cfg_drop="null")
+    for m in model.modules():
+        if type(m).__name__ == "LowRankAdaLN":
+            torch.nn.init.normal_(m.up.weight, std=0.02)
+    keys = []
+    model.dit.register_forward_pre_hook(lambda mod, args: keys.append(args[4]))
+    outputs = []
+    model.dit.register_forward_hook(lambda mod, args, out: outputs.append(out))
+    full = SimpleNamespace(latent=False, text=False, speaker=False)
+    batch = SimpleNamespace(**vars(tiny_batch(b=1)), padding=full)
+    other = tiny_batch(b=1, seed=5)
+    batch2 = SimpleNamespace(**{**vars(batch), "text_ids": other.text_ids, "ref": other.ref})
+    dropped = diffusion_draws(0, [0], 24, 128, 1.0, torch.device("cpu"))
+    with torch.no_grad():
+        model(batch, draws=dropped)
+        model(batch2, draws=dropped)
+    assert torch.allclose(outputs[0], outputs[1]) and keys == [None, None]
+    assert model.attention_paths(full, True, 8)["dit"] == "none"
+    assert EchoTTS(PRESETS["tiny"]).attention_paths(full, True, 8)["dit"] == "dense"
+    with pytest.raises(ValueError, match="unknown cfg_drop 'zero': allowed mask, null"):
+        EchoTTS(PRESETS["tiny"], cfg_drop="zero")
+
+
 def test_text_encoder_is_the_transformers_t5gemma2_tower():
     from transformers.models.t5gemma2.modeling_t5gemma2 import T5Gemma2TextEncoder
 

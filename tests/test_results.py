@@ -79,11 +79,22 @@ def test_records_written_before_the_typed_record_still_load():
     level, te the setting "auto")."""
     ok = Record.load(FIXTURES / "record-v2.json")
     raw = json.loads((FIXTURES / "record-v2.json").read_text())
-    assert ok.status == "ok" and ok.migrated_from is None
+    assert ok.status == "ok" and ok.migrated_from == 2
     assert (ok.mfu, ok.step_times_s, ok.te, ok.data_wait_clock) == (raw["mfu"], raw["step_times_s"], False, "host")
     stub = Record.load(FIXTURES / "record-v2-stub.json")
     assert (stub.status, stub.te, stub.precision, stub.config["device"]) == ("timeout", None, "auto", "cpu")
     assert stub.env.recorded_by.startswith("echobench sweep")
+
+
+def test_a_version_2_record_s_sdpa_backends_become_predicted():
+    """record-v2-sdpa.json: `echobench run --scale tiny --steps 3 --warmup-steps 1 --micro-batch 2
+    --audio-frames 64 --text-tokens 16 --speaker-frames 64 --device cpu --peak-tflops 1` of commit
+    205cd9a: its sdpa_backends were torch's choice asked after the run, not kernels seen running."""
+    raw = json.loads((FIXTURES / "record-v2-sdpa.json").read_text())
+    rec = Record.load(FIXTURES / "record-v2-sdpa.json")
+    assert (rec.schema_version, rec.migrated_from) == (SCHEMA_VERSION, 2)
+    assert rec.sdpa_backends_predicted == raw["sdpa_backends"] and rec.attention_kernels is None
+    assert rec.compiles_in_window is None and rec.mfu == raw["mfu"]  # unknown, not zero
 
 
 def test_a_version_1_record_migrates_on_load(tmp_path):

@@ -1,5 +1,6 @@
 """echobench.stepcount: one training step counted on FakeTensors (tiny preset; nothing is timed)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,8 @@ from echobench import stepcount as sc
 from echobench import stepcount_ops
 from echobench.backends.torchtitan import build_model
 from echobench.config import RunConfig
-from echobench.flops import hardware_flops, model_flops, param_counts
+from echobench.flops import attention_flops, hardware_flops, model_flops, param_counts
+from echobench.model.echo import diffusion_draws, masked_share
 
 LENGTHS = {"audio_frames": 24, "text_tokens": 12, "speaker_frames": 18}  # 18 frames: 5 patches, one partial
 
@@ -156,14 +158,91 @@ def test_inductor_nodes_are_kernels_or_extern_calls_by_kind():
     assert figures.extern == {"gemm": 2, "attention": 2, "memory": 1} and figures.extern_bytes["memory"] == 7
 
 
-def test_the_projection_adds_its_terms_and_divides_model_flops_by_them(counts):
+@pytest.fixture(scope="module")
+def masked_count():
+    return sc.count_step(tiny(2), masked=True)
+
+
+def test_a_masked_micro_batch_attends_through_flex_as_the_flop_model_counts_it(counts, masked_count):
+    """A micro-batch whose samples drop their conditioning runs the DiT's attention as FlexAttention (one
+    kernel forward, one backward per block), every score counted: the DiT's attention FLOPs as
+    flops.attention_flops counts them, the other attentions as before."""
+    cfg, unmasked = tiny(2), counts[2]
+    assert "flex" in masked_count.attention and "flex" not in unmasked.attention
+    dit = attention_flops(cfg.model_config(), **LENGTHS)["dit"] * cfg.micro_batch
+    assert masked_count.attention["flex"].flops == dit and masked_count.attention["flex"].kernels == 2 * 2
+    assert masked_count.total(kind="attention").flops == unmasked.total(kind="attention").flops
+    assert masked_count.settings["masked"] and not unmasked.settings["masked"]
+
+
+def test_the_masked_share_is_the_share_of_micro_batches_the_draws_drop_from():
+    """model.echo.masked_share against diffusion_draws themselves: of 4,000 micro-batches of 8 samples,
+    the share in which some sample drops its conditioning."""
+    dropped = [not diffusion_draws(0, range(s * 8, s * 8 + 8), 1, 1, 0.1, torch.device("cpu")).keep.all()
+               for s in range(4000)]
+    assert sum(dropped) / len(dropped) == pytest.approx(masked_share(8, 0.1), abs=0.02)
+    assert masked_share(8, 0.1, "null") == 0 and masked_share(8, 0.1, padded=True) == 1
+
+
+def synthetic_count(gemms: dict, micro_batch: int = 8) -> sc.StepCount:
+    """A count of only these GEMMs ((phase, m, n, k, precision) -> FLOPs), one kernel each, no bytes."""
+    tallies = {key: stepcount_ops.Tally(1, 1, 0, flops) for key, flops in gemms.items()}
+    rows = {("forward", "dit_blocks", "gemm"): stepcount_ops.Tally(len(gemms), len(gemms), 0, sum(gemms.values()))}
+    settings = {"micro_batch": micro_batch, "model_flops_per_sample": sum(gemms.values()) / micro_batch,
+                "compiled": True}
+    return sc.StepCount(settings, rows, {}, [], tallies, {})
+
+
+def test_each_gemm_is_priced_at_its_shape_s_rate_and_float8_at_float8_s():
     from echobench.hwprofile import find_profile, load_profile
+    from echobench.stepcount_project import project
 
     profile = load_profile(find_profile("h200-hgx-ib"))
-    p = sc.project(counts[2], profile)
-    assert p["step_ms"] == pytest.approx(p["gemm_ms"] + sum(p["attention_ms"].values()) + p["memory_ms"]
-                                         + p["optimizer_ms"])
-    assert p["peak_tflops"] == 989.5 and p["peak_source"] == "datasheet:H200"
-    assert p["mfu"] == pytest.approx(p["model_tflop"] / (p["step_ms"] / 1e3 * 989.5))
-    twice = sc.project(counts[2], profile, grad_accum=2)  # the optimizer runs once per step
-    assert twice["step_ms"] == pytest.approx(2 * p["step_ms"] - p["optimizer_ms"])
+    flops = 2 * 6000 * 2560 * 2560
+    big = project([(synthetic_count({("forward", 6000, 2560, 2560, "bf16"): flops}), 1.0)], profile)
+    skinny = project([(synthetic_count({("forward", 8, 2560, 2560, "bf16"): flops}), 1.0)], profile)
+    fp8 = project([(synthetic_count({("forward", 6000, 2560, 2560, "fp8"): flops}), 1.0)], profile)
+    assert skinny["gemm_ms"] > 10 * big["gemm_ms"]  # 8 rows fill few tiles: far below the best rate
+    assert fp8["gemm_ms"] < 0.75 * big["gemm_ms"]  # the float8 rate, at the same shape
+    best = max(p.tflops for p in profile.gemm if (p.dtype or profile.dtype) == "bfloat16")
+    assert big["gemm_ms"] >= flops / (best * 1e12) * 1e3  # never above the best point's rate
+
+
+def test_a_kernel_costs_the_gap_and_the_shares_must_sum_to_one(counts, masked_count):
+    from echobench.hwprofile import find_profile, load_profile
+    from echobench.stepcount_project import project
+
+    profile = load_profile(find_profile("h200-hgx-ib"))
+    slower = profile.model_copy(update={"kernel_gap": profile.kernel_gap.model_copy(update={"seconds": 1e-5})})
+    base, gapped = (project([(counts[2], 0.5), (masked_count, 0.5)], prof, grad_accum=2) for prof in (profile, slower))
+    kernels = (counts[2].total("forward").kernels + counts[2].total("backward").kernels
+               + masked_count.total("forward").kernels + masked_count.total("backward").kernels) / 2 * 2 \
+        + counts[2].total("optimizer").kernels
+    added = (1e-5 - profile.kernel_gap.seconds) * kernels * 1e3
+    assert gapped["step_ms"] - base["step_ms"] == pytest.approx(added, rel=1e-9)
+    with pytest.raises(ValueError, match="must be >= 0 and sum to 1"):
+        project([(counts[2], 0.5), (masked_count, 0.6)], profile)
+
+
+def test_a_stored_count_prices_as_the_count(counts, masked_count):
+    from echobench.hwprofile import find_profile, load_profile
+    from echobench.stepcount_project import project
+
+    profile = load_profile(find_profile("h200-hgx-ib"))
+    back = [sc.StepCount.from_dict(json.loads(json.dumps(c.as_dict()))) for c in (counts[2], masked_count)]
+    assert project([(back[0], 0.8), (back[1], 0.2)], profile) == project([(counts[2], 0.8), (masked_count, 0.2)],
+                                                                          profile)
+
+
+def test_a_float8_run_s_converted_linears_count_as_float8_gemms():
+    """torchao's float8 linears run their GEMMs below the counting mode (_scaled_mm inside the float8
+    tensors' dispatch): each converted linear's forward is one float8 GEMM, its shapes multiples of
+    16; the linears the plan leaves in bf16 stay bf16."""
+    from echobench.backends.torchtitan import float8_plan
+
+    cfg = RunConfig(scale="tiny", micro_batch=2, precision="fp8", audio_frames=48, text_tokens=16, speaker_frames=32)
+    count = sc.count_step(cfg)
+    fp8 = {key: t for key, t in count.gemms.items() if key[4] == "fp8"}
+    assert sum(t.ops for (phase, *_), t in fp8.items() if phase == "forward") == len(float8_plan(cfg).convert)
+    assert all(m % 16 == 0 and n % 16 == 0 and k % 16 == 0 for _, m, n, k, _ in fp8)
+    assert any(key[4] == "bf16" for key in count.gemms)  # AdaLN, timestep MLP, latent in / out

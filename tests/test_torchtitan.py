@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, two_launchers
+from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
 from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs, validate
 from echobench.config import RunConfig
@@ -208,15 +209,19 @@ def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     assert recorded_at - failed_at < 600, f"record {recorded_at - failed_at:.0f} s after the failure"
 
 
-def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_cache):
+def test_compiled_tiny_run_compiles_nothing_inside_the_measured_window(tmp_path, inductor_cache):
     """--compile: a run in this process (as `echobench run` without --nproc), so that dynamo's own
-    counters show each block kind was captured as a graph, not only that the flag was set."""
+    counters show each block kind was captured as a graph, not only that the flag was set. Its seed
+    makes the first masked micro-batch (a sample drops its conditioning) the first measured one:
+    warm-up ran both of the DiT's paths before, so nothing compiles inside the window, and the window
+    was measured once."""
     from torch._dynamo.utils import counters
 
     from echobench.bench import run_benchmark
 
-    cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=2,
-                    warmup_steps=1, micro_batch=2, compile=True, device="cpu")
+    seed = first_masked_after_warmup(1, 2, PRESETS["tiny"].cfg_dropout)
+    cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=3,
+                    warmup_steps=1, micro_batch=2, compile=True, device="cpu", seed=seed)
     torch._dynamo.reset()
     counters.clear()
     try:
@@ -225,13 +230,24 @@ def test_compiled_tiny_run_completes_through_dynamo_graphs(tmp_path, inductor_ca
     finally:
         torch._dynamo.reset()
     assert r.status == "ok", r.error
+    assert r.compiles_in_window == 0 and r.window_restarts == [] and r.compiles["dynamo"] == graphs
+    assert r.warmup_variants == ["50 frames: dit none, speaker_encoder none, text_encoder none",
+                                 "50 frames: dit dense, speaker_encoder none, text_encoder none"]
+    # the measured micro-batches' paths are the draws': masked where a sample dropped its conditioning
+    masked = [not diffusion_draws(seed, range(s * 2, s * 2 + 2), 1, 1, PRESETS["tiny"].cfg_dropout,
+                                  torch.device("cpu")).keep.all() for s in (1, 2, 3)]
+    assert masked[0] and r.attention_paths["dit"] == {p: n for p, n in (("dense", sum(masked)),
+                                                                        ("none", 3 - sum(masked))) if n}
+    shares = r.attention_flop_shares
+    assert sum(v for part in shares.values() for v in part.values()) == pytest.approx(1, rel=1e-12)
+    if "none" in shares["dit"]:  # every micro-batch has the same shapes: the DiT's shares split as its counts
+        assert shares["dit"]["dense"] / shares["dit"]["none"] == pytest.approx(sum(masked) / (3 - sum(masked)))
     assert r.compile is True and r.mfu > 0
     # One graph per block kind (text-encoder layer, speaker-encoder block, DiT block: the blocks
     # of a kind share it; more would mean a recompile per block) and per top-level function
-    # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for each
-    # attention path its steps took (no mask, dense mask), and not one graph break.
-    dit_paths = len(r.attention_paths["dit"])
-    assert graphs == 3 + 4 + dit_paths - 1, dict(counters["stats"])
+    # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for its
+    # masked path, and not one graph break.
+    assert graphs == 3 + 4 + 1, dict(counters["stats"])
     assert r.compile_graphs == graphs and r.compile_graph_breaks == 0
 
 
@@ -326,19 +342,27 @@ def test_float8_plan_admits_only_shapes_whose_gemms_run(scale):
     assert admitted == [8, 16]  # 750 frames need micro_batch % 8 == 0 (188 speaker patches: % 4)
 
 
-def test_converted_800m_trains_on_meta_with_real_float8_gemms():
-    """The whole 800M model at micro-batch 8, converted as the backend converts it, runs forward and
-    backward with real float8 GEMMs under CUDA's shape checks (meta device); and every linear sees
-    8x the rows of one sample, as the plan assumes."""
-    cfg = RunConfig(scale="800M", micro_batch=8, precision="fp8")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_converted_800m_trains_on_meta_with_real_float8_gemms(recipe):
+    """The whole 800M model at micro-batch 8, converted as the backend converts it (each recipe: one
+    scale per tensor, or per row of each operand), runs forward and backward with real float8 GEMMs
+    under CUDA's shape checks (meta device); and every linear sees 8x the rows of one sample, as the
+    plan assumes."""
+    from torchao.float8.config import ScalingGranularity
+
+    cfg = RunConfig(scale="800M", micro_batch=8, precision="fp8", float8_recipe=recipe)
     with torch.device("meta"):
         model = EchoTTS(cfg.model_config())
     per_sample = {name: shape for name, shape, _, _ in linear_inputs(cfg.model_config(), 750, 256, 750)}
-    info = apply_float8(model, float8_plan(cfg), emulate=False, fsdp=False, compiled=True)
+    info = apply_float8(model, float8_plan(cfg), emulate=False, fsdp=True, compiled=True, recipe=recipe)
     # per DiT block: q+k+v+gate, text k+v, speaker k+v, out, gate+up, down; per speaker block: q+k+v,
     # out, gate+up, down; the text and patch projections. The latent in / out (K or N 128) stay bf16.
     m = cfg.model_config()
-    assert info["float8"] == "tensorwise" and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
+    assert info["float8"] == recipe and info["float8_linears"] == 6 * m.layers + 4 * m.speaker_layers + 2
+    assert info["float8_all_gather"] == (recipe == "tensorwise")  # torchao gathers rowwise weights in bf16
+    granularity = {ScalingGranularity.TENSORWISE: "tensorwise", ScalingGranularity.AXISWISE: "rowwise"}
+    assert {granularity[mod.config.cast_config_input.scaling_granularity]
+            for mod in model.modules() if type(mod).__name__ == "Float8Linear"} == {recipe}
     assert "K or N of 128 (the latent's channels)" in float8_plan(cfg).skipped["dit.in_proj"]
     seen = {}
     for name, module in model.named_modules():
@@ -450,3 +474,43 @@ def test_clipping_through_the_fused_optimizer_s_grad_scale_equals_clipping_the_g
 
     for a, b in zip(updated(True), updated(False)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_selective_checkpointing_saves_flex_attention(ac, monkeypatch):
+    """Op-level selective AC saves FlexAttention's output: a masked micro-batch's backward runs no
+    attention forward again (full AC does: the test sees a recompute where there is one). FlexAttention
+    has no CPU backward in torch: its device check is lifted here, so that its dense reference (the
+    computation itself, counted) runs forward and backward on the CPU."""
+    import importlib
+
+    import torch.nn.attention.flex_attention as flex_api
+
+    flex_hop = importlib.import_module("torch._higher_order_ops.flex_attention")  # the module, not its HOP
+
+    monkeypatch.setattr(flex_api, "_validate_device", lambda *tensors: None)
+    calls = {"n": 0}
+    math_attention = flex_hop.math_attention
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return math_attention(*args, **kwargs)
+
+    monkeypatch.setattr(flex_hop, "math_attention", counted)
+
+    def backward_attention_forwards(mode):
+        torch.manual_seed(0)
+        model = EchoTTS(PRESETS["tiny"], key_masking="flex")
+        apply_ac(model, mode)
+        batch = tiny_batch("cpu", la=16, lt=8, ls=8)
+        batch.padding = SimpleNamespace(latent=False, text=True, speaker=False)  # the DiT attends over a block mask
+        batch.text_mask[0, 5:] = False
+        loss = model(batch, draws=diffusion_draws(0, [0, 1], 16, 128, 0.0, torch.device("cpu")))
+        forward = calls["n"]
+        loss.backward()
+        return calls["n"] - forward, forward
+
+    plain, forwards = backward_attention_forwards("none")
+    assert forwards == PRESETS["tiny"].layers  # one FlexAttention call per DiT block
+    recomputed = backward_attention_forwards(ac)[0] - plain
+    assert recomputed == (0 if ac == "selective" else PRESETS["tiny"].layers)

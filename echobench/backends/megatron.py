@@ -17,8 +17,10 @@ can run (tp_options):
   - TE's key packing once per step (model.megatron.pack_keys).
 Clipping: TP-aware and without a host sync (megatron_clip). Activation recompute (--ac) and
 compile (--compile) wrap the TP DiT blocks and the speaker blocks with the torchtitan backend's
-functions; with megatron-core's local layers each block compiles to one graph. fp8 is refused (it
-would need TE's fp8 layers).
+functions; with megatron-core's local layers each block compiles to one graph, with TE's to several
+(dynamo does not trace TE's modules: each is a graph break; the record's compile_graphs counts what
+compiled), and op-level selective AC re-runs TE's GEMMs and fused attention (flops.TE_SELECTIVE, in
+HFU). fp8 is refused (it would need TE's fp8 layers).
 
 This module imports megatron-core only inside functions: validate() runs before any process
 starts, on machines that may not have it.
@@ -41,6 +43,7 @@ import torch.distributed as dist
 
 from echobench.backends import TrainSetup
 from echobench.backends.torchtitan import ADAMW, RECOMPUTE, ac_mode, apply_ac, apply_compile, build_model
+from echobench.flops import TE_SELECTIVE
 
 DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
                              "torch.cuda parameters): drop --distributed-optimizer on the CPU")
@@ -76,6 +79,10 @@ def validate(cfg) -> str | None:
             return "sequence parallelism needs tp > 1"
         if cfg.audio_frames % tp:
             return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
+        if cfg.batching == "bucket" and cfg.buckets and (odd := [b for b in map(int, cfg.buckets.split(",")) if b % tp]):
+            return (f"sequence parallelism splits each bucket's frames over tp={tp}: buckets "
+                    f"{', '.join(map(str, odd))} are not divisible by it; give boundaries that are (the default "
+                    f"quantile boundaries are multiples of 8)")
     if cfg.distributed_optimizer and cfg.device == "cpu":  # device auto on a CPU machine: build() says so
         return DISTRIBUTED_OPTIMIZER_CPU
     if cfg.grad_reduce_dtype == "bf16" and (cfg.device == "cpu" or cfg.precision == "fp32"):
@@ -133,6 +140,25 @@ def versions() -> dict:
     return out
 
 
+def te_ac_mode(mode: str, te: bool) -> str:
+    """The checkpointing that runs with TE's layers: op-level selective re-runs their GEMMs and fused
+    attention (flops.TE_SELECTIVE, counted in HFU)."""
+    return TE_SELECTIVE if te and mode == "selective" else mode
+
+
+def tp_comm_overlap_problem(cfg, te: bool, gpu: bool, sequence_parallel: bool) -> str | None:
+    """Why TE's TP communication overlap does not run here (None: it runs): it needs TE, a GPU,
+    sequence parallelism with tp > 1, and one activation shape, since its userbuffers are allocated
+    once at micro_batch x audio_frames x width (init_tp_comm_overlap): a bucketed run's batches have
+    several shapes, which the buffers do not hold."""
+    if not (te and gpu and sequence_parallel and cfg.tp > 1):
+        return "off: needs TransformerEngine, sequence parallelism with tp > 1 and a GPU"
+    if cfg.batching != "pad":
+        return ("off: batching bucket gives batches of several shapes; TE's userbuffers hold one "
+                "(micro_batch x audio_frames x width): use batching pad for the overlap")
+    return None
+
+
 def tp_options(cfg, device: torch.device, te: bool, compiled: bool, dtype: torch.dtype):
     """What of Megatron-LM's TP practice this run takes (model.megatron.TPOptions)."""
     from echobench.model.megatron import TPOptions  # imports megatron-core
@@ -151,7 +177,7 @@ def tp_options(cfg, device: torch.device, te: bool, compiled: bool, dtype: torch
         # TE's GEMMs accumulate weight gradients into DDP's fp32 main_grad themselves;
         # megatron-core's local linears would need Apex's fused_weight_gradient_mlp_cuda.
         grad_accum_fusion=te and gpu,
-        tp_comm_overlap=te and gpu and sequence_parallel and cfg.tp > 1,
+        tp_comm_overlap=tp_comm_overlap_problem(cfg, te, gpu, sequence_parallel) is None,
     )
 
 
@@ -312,8 +338,9 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     options = tp_options(cfg, device, te, compiled, dtype)
     if cfg.grad_reduce_dtype == "bf16" and options.params_dtype != torch.bfloat16:
         raise ValueError(GRAD_REDUCE_BF16)
-    overlap_problem = init_tp_comm_overlap(cfg, cfg.model_config()) if options.tp_comm_overlap else None
-    if overlap_problem:
+    overlap_problem = (init_tp_comm_overlap(cfg, cfg.model_config()) if options.tp_comm_overlap else
+                       tp_comm_overlap_problem(cfg, te, device.type == "cuda", options.sequence_parallel))
+    if options.tp_comm_overlap and overlap_problem:
         options = replace(options, tp_comm_overlap=False)
 
     from megatron.core import parallel_state  # optional dependency (module docstring)
@@ -335,7 +362,7 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
         model.to(options.params_dtype)
     # Activation recompute and compile of the blocks, applied from outside as in the torchtitan
     # backend: the TP DiT's blocks and the (replicated) speaker encoder's blocks.
-    ac = ac_mode(cfg.ac, compiled)
+    ac = te_ac_mode(ac_mode(cfg.ac, compiled), te)
     apply_ac(model, ac)
     if compiled:
         # One graph per block with megatron-core's local layers (TracedColumnParallelLinear): the
@@ -390,8 +417,7 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
                          "by inductor in each process, on a GPU only)"),
         "tp_comm_overlap": ("TE userbuffers: TP all-gathers / reduce-scatters overlapped with the GEMMs"
                             if options.tp_comm_overlap else
-                            f"off: {overlap_problem}" if overlap_problem else
-                            "off: needs TransformerEngine, sequence parallelism and a GPU"),
+                            overlap_problem if overlap_problem.startswith("off:") else f"off: {overlap_problem}"),
         "gradient_accumulation_fusion": options.grad_accum_fusion,
         "key_packing": "valid keys packed once per step for TE's attention" if options.te else None,
         "param_dtype": dtype_name(options.params_dtype),
@@ -411,13 +437,15 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
             "the coefficient applied by the fused AdamW (grad_scale)" if inner.optimizer.defaults.get("fused")
             else "the main gradients scaled in place"),
         "key_masking": key_masking,
+        "cfg_drop": cfg.cfg_drop,
         "ac": cfg.ac,
         "ac_mode": ac,
         "recompute": RECOMPUTE[ac],
         "compile": compiled,
         "compiled": (f"torch.compile(fullgraph={not options.te}, dynamic=False) of each TP DiT block, "
-                     "speaker-encoder and text-encoder block and of the top level's functions" if compiled
-                     else "nothing"),
+                     "speaker-encoder and text-encoder block and of the top level's functions"
+                     + (" (TE's modules are not traced: each is a graph break, compile_graphs counts the graphs "
+                        "between them)" if options.te else "") if compiled else "nothing"),
         "sharding": "DiT attention heads and MLP across the TP group",
         "replicated": "text encoder (frozen or not), text projection, speaker encoder; DiT norms, AdaLN, "
                       "timestep embedding, input/output projections",

@@ -10,7 +10,7 @@ one (--train-encoder) is sharded as one more FSDP unit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Callable
@@ -68,7 +68,7 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device))
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop)
     if cfg.frozen_encoder:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
@@ -173,18 +173,22 @@ def float8_emulated(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
 
 
-def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, compiled: bool) -> dict:
-    """torchao's float8 training on the planned linears. Under FSDP2 the weights are all-gathered
-    in float8 (half the bytes of bf16), as torchtitan does. Eager float8 runs its amax, scale and
-    cast ops as separate kernels around every GEMM: the record says so (compile fuses them)."""
+def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, compiled: bool,
+                 recipe: str = "tensorwise") -> dict:
+    """torchao's float8 training on the planned linears, with its scaling recipe (tensorwise: one
+    scale per tensor; rowwise: one per row of each operand, torchtitan's more accurate recipe).
+    Under FSDP2 tensorwise weights are all-gathered in float8 (half the bytes of bf16), as torchtitan
+    does (torchao all-gathers rowwise ones in bf16). Eager float8 runs its amax, scale and cast ops as
+    separate kernels around every GEMM: the record says so (compile fuses them)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # lazy: torchao is optional
 
     if plan.problem:
         raise ValueError(plan.problem)
-    config = Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp and not emulate)
+    config = replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate,
+                     enable_fsdp_float8_all_gather=fsdp and not emulate and recipe == "tensorwise")
     convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in plan.convert)
     converted = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
-    info = {"float8": "emulated" if emulate else "tensorwise", "float8_linears": len(converted),
+    info = {"float8": "emulated" if emulate else recipe, "float8_recipe": recipe, "float8_linears": len(converted),
             "float8_skipped": plan.skipped, "float8_all_gather": config.enable_fsdp_float8_all_gather}
     if not compiled:
         info["float8_note"] = ("eager float8: amax, scale and cast run as separate kernels around every GEMM; "
@@ -192,9 +196,13 @@ def apply_float8(model: EchoTTS, plan: Float8Plan, emulate: bool, fsdp: bool, co
     return info
 
 
-# Selective AC: keep the outputs of matmuls and attention, recompute everything else (norms,
-# RoPE, activations, gates). No matmul is re-run, so recompute adds no FLOPs (flops.recompute_flops).
+# Selective AC: keep the outputs of matmuls and attention (SDPA's kernels and FlexAttention, a
+# higher-order op that SAC's policy sees whole), recompute everything else (norms, RoPE,
+# activations, gates). No matmul or attention is re-run, so recompute adds no FLOPs
+# (flops.recompute_flops); without FlexAttention here, every masked micro-batch re-ran its
+# attention forward in backward.
 _SAVE_OPS = {
+    torch.ops.higher_order.flex_attention,
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
@@ -221,6 +229,9 @@ RECOMPUTE = {
     "full": "every DiT and speaker-encoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
     "selective": "element-wise ops of every DiT and speaker-encoder block re-run in backward, fused by the "
                  "compiler; matmul and attention outputs saved (torch.utils.checkpoint selective policy)",
+    flops_model.TE_SELECTIVE: "element-wise ops of every block and the DiT blocks' TransformerEngine linears and "
+                              "core attention re-run in backward (TE's kernels are not ATen ops the selective "
+                              "policy can save); the other matmul outputs saved",
     flops_model.LAYER_SELECTIVE: "every second DiT and speaker-encoder block re-run in backward (layer-level "
                                  "selective, torchtitan's default; eager, where re-running element-wise kernels "
                                  "one by one would cost more than it saves)",
@@ -240,7 +251,7 @@ def apply_ac(model: EchoTTS, mode: str) -> None:
         return
     if mode not in RECOMPUTE:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
-    kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
+    kwargs = {"context_fn": _selective_context} if mode in ("selective", flops_model.TE_SELECTIVE) else {}
     for container, i in blocks(model):
         if mode != flops_model.LAYER_SELECTIVE or i % 2 == 1:
             container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
@@ -373,10 +384,11 @@ def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
     reduce_dtype = REDUCE_DTYPES[cfg.grad_reduce_dtype]
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
             "text_encoder": text_encoder_layout(cfg, dtype), "key_masking": model.key_masking,
+            "cfg_drop": model.cfg_drop,
             "ac": cfg.ac, "ac_mode": ac, "recompute": RECOMPUTE[ac], "compile": compiled}
     if cfg.precision == "fp8":
         info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device),
-                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled))
+                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled, recipe=cfg.float8_recipe))
     apply_ac(model, ac)
     if compiled:
         apply_compile(model)

@@ -42,6 +42,16 @@ def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_
             "text_encoder": "dense" if text_needs_mask else "none"}
 
 
+def masked_share(micro_batch: int, cfg_dropout: float, cfg_drop: str = "mask", padded: bool = False) -> float:
+    """The expected share of micro-batches whose DiT attends over a key mask: every one where the data
+    pads a stream (shards: samples shorter than the maxima); else, with cfg_drop mask, those in which
+    at least one of micro_batch samples drops its conditioning, each with probability cfg_dropout
+    (1 - 0.9^8 = 57% at micro-batch 8); none with null conditioning."""
+    if padded:
+        return 1.0
+    return 0.0 if cfg_drop == "null" else 1 - (1 - cfg_dropout) ** micro_batch
+
+
 def sample_seed(seed: int, index: int) -> int:
     """A well-mixed 32-bit seed of (run seed, global sample index): splitmix64, folded to 32 bits
     because the CPU generator (mt19937) only uses the low 32 bits of a seed."""
@@ -82,19 +92,33 @@ def loss_frames(batch) -> torch.Tensor:
     return batch.latent_mask.sum() * batch.latent.shape[-1]
 
 
+# How classifier-free guidance drops a sample's text and speaker conditioning (RunConfig.cfg_drop):
+# "mask" leaves the DiT's joint attention no text or speaker key to attend to (their keys masked
+# out), as the reference Echo TTS forms its unconditional prediction (jordandare/echo-tts,
+# inference.py, sample_euler_cfg_independent_guidances: zeroed text and speaker masks, "masks prevent
+# decoder from attending to unconds"); "null" replaces the streams by zeros that are attended: no
+# mask where nothing is padded.
+CFG_DROPS = ("mask", "null")
+
+
 class EchoTTS(nn.Module):
-    def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None, key_masking: str = "dense"):
+    def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None, key_masking: str = "dense",
+                 cfg_drop: str = "mask"):
         super().__init__()
+        if cfg_drop not in CFG_DROPS:
+            raise ValueError(f"unknown cfg_drop {cfg_drop!r}: allowed {', '.join(CFG_DROPS)}")
         self.cfg = cfg
         self.key_masking = key_masking  # how attention skips padded keys (components.key_mask)
+        self.cfg_drop = cfg_drop
         self.text_encoder = TextEncoder(cfg.text_encoder, encoder_checkpoint, frozen=cfg.frozen_encoder)
         self.text_proj = nn.Linear(cfg.text_encoder.hidden, cfg.width)
         self.speaker_encoder = SpeakerEncoder(cfg)
         self.dit = EchoDiT(cfg)
 
     def attention_paths(self, padding, conditioning_dropped: bool, text_tokens: int) -> dict:
-        """What each attention of a step with this padding takes (attention_paths): the record's counts."""
-        return attention_paths(padding, conditioning_dropped, self.key_masking,
+        """What each attention of a step with this padding takes (attention_paths): the record's counts.
+        Dropped conditioning masks keys with cfg_drop mask only."""
+        return attention_paths(padding, conditioning_dropped and self.cfg_drop == "mask", self.key_masking,
                                self.text_encoder.needs_mask(padding.text, text_tokens))
 
     def trainable_parameters(self):
@@ -126,12 +150,18 @@ class EchoTTS(nn.Module):
         text = self.text_proj(self.text_encoder(batch.text_ids, batch.text_mask, padding.text)
                               .to(self.text_proj.weight.dtype))
         speaker, speaker_mask = self.speaker_encoder(batch.ref, batch.ref_mask, padding.speaker, self.key_masking)
+        if self.cfg_drop == "null" and dropped:
+            # Null conditioning: a dropped sample's text and speaker streams are zeros, still attended.
+            held = keep.to(device, non_blocking=True)[:, None, None]
+            text, speaker = text * held.to(text.dtype), speaker * held.to(speaker.dtype)
         keys = None
         if paths["dit"] != "none":
-            # Classifier-free guidance: drop text and speaker conditioning together where keep is
-            # False. A row without audio frames (a stand-in for a skipped sample) keeps them, so
-            # that its attention has keys: torch's SDPA gives zeros for a row that attends to
-            # nothing; other kernels (TE) are not checked for it. It adds nothing to the loss.
+            # Classifier-free guidance (cfg_drop mask): drop text and speaker conditioning together
+            # where keep is False. A row without audio frames (a stand-in for a skipped sample)
+            # keeps them, so that its attention has keys: torch's SDPA gives zeros for a row that
+            # attends to nothing; other kernels (TE) are not checked for it. It adds nothing to the loss.
+            if self.cfg_drop == "null":
+                keep = torch.ones_like(keep)
             keep = (keep.to(device, non_blocking=True) | ~batch.latent_mask.any(1))[:, None]
             keys = key_mask(torch.cat([batch.latent_mask, batch.text_mask & keep, speaker_mask & keep], dim=1),
                             x0.shape[1], self.key_masking)
