@@ -196,3 +196,13 @@ def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zer
     held = [e for e in cv["loso_errors"].values()]
     inside = sum(interval(1 + e)[0] <= 1 <= interval(1 + e)[1] for e in held) / len(held)
     assert 0.7 <= inside <= 0.9
+
+
+def test_the_readmes_accuracy_figures_are_the_committed_runs():
+    """README's leave-one-source-out and in-sample figures are validation/fit.json's (written by
+    `predict --validate --write-fit`), not typed apart from it."""
+    fit = json.loads((ROOT / "validation" / "fit.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text().split())
+    loso = f"leave-one-source-out mean |error| {fit['loso']['mean_abs_error']:.1%}, max {fit['loso']['max_abs_error']:.1%}"
+    inside = f"in-sample (fitted on every row) {fit['in_sample']['mean_abs_error']:.1%} / {fit['in_sample']['max_abs_error']:.1%}"
+    assert loso in text and inside in text
