@@ -225,7 +225,7 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False) -> None:
     if as_json:
         print(json.dumps(to_json(results, cv), indent=2, default=str))
         return
-    wide = Console(width=None if sys.stdout.isatty() else 170)
+    wide = Console(width=None if sys.stdout.isatty() else 240)  # a row per run: twelve columns
     wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED vs published",
                                    cv["loso_errors"]))
     for r in results:
