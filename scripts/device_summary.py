@@ -291,6 +291,9 @@ def probe_lines(probe: dict) -> list[str]:
                     out.append(f"- one DiT block forward + backward, attention {path} ({where}): eager "
                                f"{row['eager_ms']} ms, compiled {row['compiled_ms']} ms ({row['speedup']}x; compile "
                                f"{row['compile_s']} s)")
+        elif name == "memory_bound":
+            out.append(f"- memory-bound kernels at the DiT's activation shape ({where}): "
+                       + ", ".join(f"{k} {v['gb_per_s']} GB/s" for k, v in r.items() if isinstance(v, dict)))
         elif name == "adamw":
             out.append(f"- AdamW step + clipping as the runs take it over {r['params']:,} parameters "
                        f"({'fused, clip through grad_scale' if r['fused'] else 'foreach'}, {r['bytes_per_param']} B "

@@ -2,7 +2,8 @@
 SDPA backend torch picks for the DiT's attention (no mask, a dense key mask) and which can run at
 all, the attention's time per backend (FlexAttention with a key-padding block mask beside them),
 one DiT block forward + backward eager and compiled, and one fused AdamW step over the model's
-parameters. Each result is written to the JSON file as soon as it exists.
+parameters, and the bandwidth of memory-bound kernels eager and as inductor generates them. Each
+result is written to the JSON file as soon as it exists.
 
   python3 scripts/kernel_probe.py --scale 3B --micro-batch 8 --json probe.json
   python3 scripts/kernel_probe.py --scale tiny --micro-batch 2 --device cpu --json probe.json  # the dry pass
@@ -165,6 +166,38 @@ def block_times(cfg, args, device, dtype) -> dict:
     return out
 
 
+def memory_bound(cfg, args, device, dtype) -> dict:
+    """The bandwidth of memory-bound work at the DiT's activation shape (micro_batch x audio_frames x
+    width): an add eager (an ATen kernel, what the profiles' `add` figure is), the same add compiled
+    and an RMSNorm + AdaLN modulation compiled (the Triton kernels inductor generates for the blocks:
+    a row reduction, then a broadcast multiply-add), each in GB/s of the bytes it must move: its
+    inputs read once, its output written once."""
+    from echobench.model.components import RMSNorm, modulate
+
+    g = torch.Generator(device).manual_seed(0)
+    b, t, w = args.micro_batch, args.audio_frames, cfg.width
+    x, y = (torch.randn(b, t, w, device=device, dtype=dtype, generator=g) for _ in range(2))
+    shift, scale = (torch.randn(b, 1, w, device=device, dtype=dtype, generator=g) for _ in range(2))
+    norm = RMSNorm(w).to(device)
+    size = x.numel() * x.element_size()
+
+    def add(a, c):
+        return a + c
+
+    def norm_modulate(a, sh, sc):
+        return modulate(norm(a), sh, sc)
+
+    out = {}
+    for name, fn, inputs, nbytes in (("add eager", add, (x, y), 3 * size),
+                                     ("add compiled", torch.compile(add, dynamic=False), (x, y), 3 * size),
+                                     ("rmsnorm+modulate compiled", torch.compile(norm_modulate, dynamic=False),
+                                      (x, shift, scale), 2 * size)):
+        with torch.no_grad():
+            seconds = timed(lambda fn=fn, inputs=inputs: fn(*inputs), device, args.iters, args.warmup)
+        out[name] = {"us": round(seconds * 1e6, 1), "gb_per_s": round(nbytes / seconds / 1e9, 1)}
+    return out
+
+
 def adamw_step(cfg, device) -> dict:
     """One optimizer step as the runs take it, over tensors shaped as the model's trainable parameters
     (fp32): the torchtitan backend's build_optimizer (fused AdamW on a GPU, foreach on a CPU) and its
@@ -205,7 +238,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--only", default="sdpa,attention,block,adamw")
+    p.add_argument("--only", default="sdpa,attention,block,memory,adamw")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -230,6 +263,8 @@ def main(argv=None) -> int:
         results.measure("attention", lambda: attention_times(cfg, args, device, dtype))
     if "block" in only:
         results.measure("dit_block", lambda: block_times(cfg, args, device, dtype))
+    if "memory" in only:
+        results.measure("memory_bound", lambda: memory_bound(cfg, args, device, dtype))
     if "adamw" in only:
         results.measure("adamw", lambda: adamw_step(cfg, device))
     return 0
