@@ -417,8 +417,8 @@ def measure_adamw(device: torch.device, shapes: Sequence[tuple[int, ...]], budge
 
 # The host step: the tiny preset at the shortest lengths, where the step is (almost) all host cost.
 HOST_RUN = {"scale": "tiny", "micro_batch": 1, "audio_frames": 16, "text_tokens": 8, "speaker_frames": 16}
-# CPU: a reference step beside it, mostly compute, whose time against the compute timed alone gives
-# the kernels' in-situ factor (predict.in_situ_factor).
+# CPU: a reference step beside it, mostly compute: what a step of measured kernels takes, a check on
+# the compute predict prices from the same profile (issue 42 dropped the factor it was fitted into).
 REFERENCE_RUN = {"scale": "tiny", "micro_batch": 8, "audio_frames": 64, "text_tokens": 16, "speaker_frames": 32}
 
 

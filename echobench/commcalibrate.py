@@ -38,6 +38,7 @@ from echobench.matrix import expand, load_matrix
 
 DEFAULT_MAX_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}
 DEFAULT_COMM_BUDGET_S = {"cuda": 120.0, "cpu": 20.0}
+CACHE_BYTES = 2**20  # a CPU's element-wise tensors of a tiny run (0.2 .. 1 MB for tiny at micro-batch 4): in L2
 MEMORY_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}  # per tensor: far beyond the caches
 
 
@@ -168,6 +169,8 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     gemm = cb.measure_gemms(device, dtype, priced, gemm_budget_s, local)
     attn = cb.measure_attention(device, dtype, priced, compute_budget_s * 0.6)
     memory = cb.measure_memory(device, min(MEMORY_BYTES[kind], cb.free_bytes(device) // 8), compute_budget_s * 0.2)
+    if kind == "cpu":  # a small run's element-wise tensors stay in the core's cache: its bandwidth there too
+        memory += cb.measure_memory(device, CACHE_BYTES, compute_budget_s * 0.1)
     memory.append(optimizer)
     host = cb.measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
                         compute_budget_s, local)

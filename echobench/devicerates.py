@@ -4,9 +4,12 @@ its value and where it comes from (Rate). One place for them: `echobench predict
 and `stepcount`'s projection both call these, with or without a run.
 
 - peak(profile, precision): the dense tensor-core peak of the datasheet (TFLOP/s);
-- sustained_clock(profile): the clock the device holds through a long training step under its
-  power limit, as a ratio to the clock its GEMM points were measured at (the profile's `clock`;
-  1 where the points are the device's own, e.g. MAMF's sustained loop);
+- sustained_clock(profile): the clock the device holds through a training step under its power
+  limit, as a ratio to the clock its GEMM points were measured at: the profile's `clock` (another
+  power limit than the points' device: 1 where none) x in_step_clock, the share of an isolated
+  GEMM loop's clock a GPU family holds while the whole step (HBM, NVLink, NCCL and the tensor cores
+  at once) draws on its power budget: FITTED to published runs (validation/fit.json names them;
+  `predict --validate` refits it leaving each source out), no measurement of it published;
 - gemm(profile, m, n, k, precision): an (m, n, k) GEMM's rate: the profile's best point of that
   precision (bf16, or fp8 at the device's float8 rate) scaled by the shape model (tile and wave
   quantization over the SMs, a k-loop cost per tile and a launch cost per GEMM: gemm_model_tflops),
@@ -27,13 +30,20 @@ range where the profile gives one (a measured spread, an assumed clock range).""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from echobench.hwprofile import ATTENTION_KERNELS, AttentionPoint, GemmPoint, HardwareProfile, memory_gbps
 from echobench.peaks import table_peak
 
 PRECISION_DTYPES = {"bf16": ("bfloat16", "float16", "float32"), "fp8": ("float8_e4m3fn", "float8_e5m2", "float8")}
+# GPU families that share an SM design and power behaviour: the in-step clock is fitted per family.
+GPU_FAMILIES = {"hopper": ("GH200", "H200", "H100", "H800"), "ampere": ("A100", "A800")}
+FIT_FILE = Path(__file__).resolve().parent.parent / "validation" / "fit.json"  # a source checkout's committed fit
 
 
 @dataclass(frozen=True)
@@ -64,13 +74,55 @@ def peak(profile: HardwareProfile, precision: str = "bf16") -> Rate:
     raise KeyError(f"profile {profile.name!r}: no {precision} peak (not in the datasheet table, no {precision} GEMM points)")
 
 
-def sustained_clock(profile: HardwareProfile) -> Rate:
-    """The clock the device holds through a training step, as a ratio to its GEMM points' (profile
-    `clock`); 1 where the profile gives none (its points are the device's own, measured sustained)."""
+@dataclass(frozen=True)
+class InStepFit:
+    """The fitted in-step clock per GPU family (in_step_clock), the rows it was fitted on and how."""
+
+    clock: dict = field(default_factory=dict)  # family -> ratio
+    fitted_on: tuple = ()
+    source: str = ""
+
+
+def gpu_family(device: str) -> str | None:
+    """The GPU_FAMILIES entry whose name is a word of the device name (None: a CPU, another GPU)."""
+    for fam, names in GPU_FAMILIES.items():
+        if any(re.search(rf"(?<![A-Za-z0-9]){n}(?![A-Za-z0-9])", device, re.IGNORECASE) for n in names):
+            return fam
+    return None
+
+
+@lru_cache(maxsize=4)
+def committed_fit(path: Path = FIT_FILE) -> InStepFit:
+    """The fit `echobench predict --validate --write-fit` committed (an empty fit where the file is
+    not there: an installed echobench without its validation/)."""
+    if not path.is_file():
+        return InStepFit(source=f"no {path.name}: no in-step clock fitted")
+    data = json.loads(path.read_text())
+    return InStepFit(dict(data["clock"]), tuple(data["fitted_on"]), data["source"])
+
+
+def in_step_clock(profile: HardwareProfile, fit: InStepFit | None = None) -> Rate:
+    """The share of its isolated GEMM loop's clock the profile's GPU family holds in a training step
+    (module docstring): `fit`'s (None: the committed fit's); 1 for a CPU, a GPU of another family,
+    or a profile `echobench calibrate` measured (its points are the machine's own)."""
+    fit = committed_fit() if fit is None else fit
+    fam = gpu_family(profile.device)
+    if profile.measured or fam is None or fam not in fit.clock:
+        return Rate(1.0, "ratio", "no in-step clock (" + ("a measured profile" if profile.measured else
+                                                           f"no fitted {fam or 'family'} clock") + ")")
+    return Rate(fit.clock[fam], "ratio", f"FITTED in-step clock of the {fam} family, {fit.clock[fam]:.3g}: "
+                                         f"{fit.source} ({len(fit.fitted_on)} rows)")
+
+
+def sustained_clock(profile: HardwareProfile, fit: InStepFit | None = None) -> Rate:
+    """The clock the device holds through a training step, as a ratio to its GEMM points': the
+    profile's `clock` (1 without one) x in_step_clock (`fit`; None: the committed one)."""
+    step = in_step_clock(profile, fit)
     c = profile.clock
     if c is None:
-        return Rate(1.0, "ratio", f"profile {profile.name}: no clock term, its GEMM points' clock")
-    return Rate(c.ratio, "ratio", c.source, assumed="assumed" in c.source.lower(), low=c.low, high=c.high)
+        return Rate(step.value, "ratio", step.source, low=step.value, high=step.value)
+    return Rate(c.ratio * step.value, "ratio", f"{c.source}; x {step.source}", assumed="assumed" in c.source.lower(),
+                low=(c.low or c.ratio) * step.value, high=(c.high or c.ratio) * step.value)
 
 
 def gemm_points(profile: HardwareProfile, precision: str = "bf16") -> list[GemmPoint]:
@@ -80,34 +132,35 @@ def gemm_points(profile: HardwareProfile, precision: str = "bf16") -> list[GemmP
     return [p for p in profile.gemm if (p.dtype or profile.dtype) in PRECISION_DTYPES[precision]]
 
 
-def gemm(profile: HardwareProfile, m: int, n: int, k: int, precision: str = "bf16") -> Rate:
+def gemm(profile: HardwareProfile, m: int, n: int, k: int, precision: str = "bf16",
+         fit: InStepFit | None = None) -> Rate:
     """TFLOP/s of an (m, n, k) GEMM at `precision` (gemm_rate's point and shape factor) x the
     sustained clock; KeyError where the profile has no GEMM point of that precision."""
     point, factor = gemm_rate(profile, m, n, k, precision)
-    clock = sustained_clock(profile)
+    clock = sustained_clock(profile, fit)
     lo, hi = clock.range
     shape = "" if factor == 1 else f"; x {factor:.3f}: the shape model (tile and wave quantization over " \
                                    f"{profile.sm_count} SMs) at {m}x{n}x{k} / at the point's shape"
     return Rate(point.tflops * factor * clock.value, "TFLOP/s",
-                f"{point.source}{shape}" + ("" if profile.clock is None else f"; x {clock.value:g} sustained clock ({clock.source})"),
+                f"{point.source}{shape}" + ("" if clock.value == 1 else f"; x {clock.value:.3g} sustained clock ({clock.source})"),
                 assumed=clock.assumed, low=point.tflops * factor * lo, high=point.tflops * factor * hi)
 
 
 def attention(profile: HardwareProfile, seq_q: int, seq_k: int, head_dim: int, causal: bool = False,
-              kernel: str | None = None) -> Rate:
+              kernel: str | None = None, fit: InStepFit | None = None) -> Rate:
     """Forward + backward attention TFLOP/s (echobench's count: every score, backward 2x forward) of
     `kernel` at seq_q x seq_k (attention_points' points, or the fallback it names) x the sustained
     clock; without attention points, the score GEMM's rate (seq_q x seq_k x head_dim)."""
     points, factor, why = attention_points(profile, head_dim, causal, kernel)
-    clock = sustained_clock(profile)
+    clock = sustained_clock(profile, fit)
     if not points:
-        g = gemm(profile, seq_q, seq_k, head_dim)
+        g = gemm(profile, seq_q, seq_k, head_dim, fit=fit)
         return Rate(g.value, "TFLOP/s", f"no attention points: the score GEMM's rate ({g.source})", assumed=True,
                     low=g.low, high=g.high)
     rate = factor * interpolate_attention(points, seq_q, seq_k)
     lo, hi = clock.range
     source = points[0].source + ("" if why is None else f" (standing in: {why})") + \
-        ("" if profile.clock is None else f"; x {clock.value:g} sustained clock ({clock.source})")
+        ("" if clock.value == 1 else f"; x {clock.value:.3g} sustained clock ({clock.source})")
     return Rate(rate * clock.value, "TFLOP/s", source, assumed=why is not None or clock.assumed,
                 low=rate * lo, high=rate * hi)
 

@@ -1,13 +1,14 @@
-"""What each of issue 34's model changes does to a matrix's predictions: the runs predicted with every
-change undone (the profile's fitted in_step factor, its topology, NCCL's tuner, the host cost per op,
-the GEMM shape model, attention points, achievable memory bandwidth; eager where `--eager` names
-runs), then with the changes put back one at a time. Prints a markdown table of MFU (%) per run.
+"""What each of the model's terms does to a matrix's predictions: the runs predicted with every term
+undone (the fitted in-step clock, the kernel gap, the profile's topology, NCCL's tuner, the host cost
+per op, the GEMM shape model, attention points, achievable memory bandwidth; eager where `--eager`
+names runs), then with the terms put back one at a time. Prints a markdown table of MFU (%) per run.
 
     python scripts/predict_ablation.py matrices/gh200-published.yaml --profile gh200-quad-slingshot \\
         --compare gh200-quad-ib --nodes 1,4,16,64 --eager 800M,3B-tp2,8B
 
 Each step is echobench.predict.predict on the same runs with a copy of the profile
-(HardwareProfile.model_copy) that undoes the changes not yet put back.
+(HardwareProfile.model_copy) that undoes the terms not yet put back, and the in-step clock of the
+committed fit or none (devicerates.InStepFit()).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from echobench.devicerates import InStepFit
 from echobench.hwprofile import find_profile, load_profile
 from echobench.matrix import expand, load_matrix
 from echobench.predict import at_nodes, parse_nodes, predict
@@ -27,7 +29,8 @@ UNDO = {
     "host_op": lambda p: {"host_op": None},
     "NCCL tuner latency": lambda p: {"backend": "gloo"},  # fits priced as fitted: alpha + bytes / bandwidth
     "topology": lambda p: {"topology": None},
-    "in_step": lambda p: {"in_step": None},
+    "kernel gap": lambda p: {"kernel_gap": None},
+    "in-step clock": None,  # the committed fit's (undone: no in-step clock)
 }
 
 
@@ -55,22 +58,25 @@ def main() -> None:
     eager = [e for e in args.eager.split(",") if e]
 
     def undone(kept: int):
-        update = {}
-        for fn in list(UNDO.values())[kept:]:
-            update.update(fn(profile))
-        return profile.model_copy(update=update)
+        update, terms = {}, None
+        for name, fn in list(UNDO.items())[kept:]:
+            if fn is None:
+                terms = InStepFit()
+            else:
+                update.update(fn(profile))
+        return profile.model_copy(update=update), terms
 
     columns = [("all undone", undone(0), True), ("+ compile as the matrix says", undone(0), False)]
     columns += [(f"+ {name}", undone(i + 1), False) for i, name in enumerate(UNDO)]
     if args.compare:
-        columns.append((f"now, {args.compare}", load_profile(find_profile(args.compare)), False))
+        columns.append((f"now, {args.compare}", (load_profile(find_profile(args.compare)), None), False))
     print("| run | " + " | ".join(name for name, _, _ in columns) + " |")
     print("| --- |" + " --- |" * len(columns))
     for cfg in runs:
         cells = []
-        for _, prof, base in columns:
+        for _, (prof, terms), base in columns:
             run = replace(cfg, compile=False) if base and eager_run(cfg, eager) else cfg
-            cells.append(f"{predict(run, prof).mfu * 100:.1f}")
+            cells.append(f"{predict(run, prof, terms=terms).mfu * 100:.1f}")
         print(f"| {label(cfg)} | " + " | ".join(cells) + " |")
 
 

@@ -307,7 +307,9 @@ def test_a_sweeps_profile_is_taken_for_its_records_of_the_same_device_only(tmp_p
     save_profile(shipped.model_copy(update={"name": "ours", "measured": True}), sweep / "profile.yaml")
     ours = pr.profile_for_device("NVIDIA H100 80GB HBM3", str(record))
     assert ours.name == f"ours ({sweep.resolve() / 'profile.yaml'})" and ours.measured
-    assert pr.profile_for_device("NVIDIA A100-SXM4-80GB", str(record)) is None  # measured on other hardware
+    # measured on other hardware: not the sweep's; the shipped profile of the records' device, or none
+    assert pr.profile_for_device("NVIDIA A100-SXM4-80GB", str(record)).name == "a100-sxm-80gb"
+    assert pr.profile_for_device("NVIDIA L4", str(record)) is None
     assert measured_profile(tmp_path) is None  # not in a sweep
     (sweep / "profile.yaml").write_text("schema_version: 99\n")
     with pytest.raises(pr.PredictError, match="profile.yaml"):

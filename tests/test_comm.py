@@ -171,7 +171,7 @@ def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
     assert adamw.nbytes == 4 * param_counts(run.model_config()).trainable
     # the host's cost per op of each layout the 2 ranks can form (megatron TP where it imports)
     assert [h.parallelism for h in p.host_steps][:3] == ["single", "ddp", "fsdp2"]
-    # CPU: the reference step beside them (predict.in_situ_factor)
+    # CPU: the reference step beside them (a mostly-compute step, commbench.REFERENCE_RUN)
     reference = p.host_steps[-1]
     assert (reference.parallelism, reference.micro_batch, reference.audio_frames) == \
         ("single", REFERENCE_RUN["micro_batch"], REFERENCE_RUN["audio_frames"])

@@ -14,6 +14,7 @@ from echobench import predict as pr
 from echobench.config import RunConfig
 from echobench.devicerates import (
     GEMM_FIT,
+    InStepFit,
     attention_points,
     attention_tflops,
     gemm_efficiency,
@@ -68,7 +69,7 @@ def test_flash3_is_faster_than_flash2_at_8k_on_h100_and_cudnn_between():
 
 def test_causal_is_priced_at_its_own_points_counted_with_every_score():
     p = shipped("h100-hgx-ib")
-    rates = pr.Rates(p)
+    rates = pr.Rates(p, terms=InStepFit())  # the points as published, no in-step clock
     causal = rates.attention_tflops(8192, 8192, 128, True, "flash2")
     plain = rates.attention_tflops(8192, 8192, 128, False, "flash2")
     # FlashAttention-2 README, H100: 308 TFLOP/s causal fwd+bwd at 8k, flash-attention's count (3.5x the
@@ -142,7 +143,7 @@ def test_an_echo_run_with_sdpa_efficient_is_priced_at_the_efficient_kernels_poin
     _, att = run_work(run)
     expected = sum(a.flops / (attention_tflops(p, a.seq_q, a.seq_k, a.head_dim, a.causal, "efficient") * 1e12)
                    for a in att if a.phase == "forward")
-    assert dev["attention_forward"] == pytest.approx(expected * rates.compute_factor)  # the in_step factor
+    assert dev["attention_forward"] == pytest.approx(expected * rates.compute_factor / rates.clock)  # the in-step clock
     flash = device_seconds(cfg(), pr.Rates(p), 2)
     assert dev["attention_forward"] > 1.5 * flash["attention_forward"]  # the efficient kernel is the slower
 

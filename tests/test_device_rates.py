@@ -6,6 +6,8 @@ import pytest
 from echobench import devicerates as dr
 from echobench.hwprofile import GemmPoint, KernelGap, SustainedClock, find_profile, load_profile
 
+NONE = dr.InStepFit()  # no fitted in-step clock: the profile's own figures
+
 
 def shipped(name: str):
     return load_profile(find_profile(name))
@@ -14,9 +16,9 @@ def shipped(name: str):
 def test_a_gemm_at_the_best_points_shape_is_that_point_and_a_one_wave_shape_is_slower():
     h100 = shipped("h100-hgx-ib")
     best = max(dr.gemm_points(h100), key=lambda p: p.tflops)
-    at_best = dr.gemm(h100, best.m, best.n, best.k)
+    at_best = dr.gemm(h100, best.m, best.n, best.k, fit=NONE)
     assert at_best.value == best.tflops and best.source in at_best.source
-    small = dr.gemm(h100, 256, 256, 4096)  # 2 to 4 output tiles on 132 SMs: split-K cannot fill them
+    small = dr.gemm(h100, 256, 256, 4096, fit=NONE)  # 2 to 4 output tiles on 132 SMs: split-K cannot fill them
     assert small.value < 0.5 * at_best.value and "shape model" in small.source
 
 
@@ -32,11 +34,24 @@ def test_float8_gemms_run_at_the_devices_float8_rate_and_a_device_without_one_sa
 def test_the_sustained_clock_scales_gemm_and_attention_and_its_range_gives_the_bounds():
     h100 = shipped("h100-hgx-ib")
     slow = h100.model_copy(update={"clock": SustainedClock(ratio=0.9, low=0.8, high=1.0, source="test: 500 W")})
-    for f in (lambda p: dr.gemm(p, 4096, 4096, 4096), lambda p: dr.attention(p, 4096, 4096, 128, True, "flash2")):
+    for f in (lambda p: dr.gemm(p, 4096, 4096, 4096, fit=NONE), lambda p: dr.attention(p, 4096, 4096, 128, True, "flash2", NONE)):
         full, throttled = f(h100), f(slow)
         assert throttled.value == pytest.approx(0.9 * full.value) and "500 W" in throttled.source
         assert throttled.range == pytest.approx((0.8 * full.value, full.value))
-    assert dr.sustained_clock(h100).value == 1.0  # its points are the device's own sustained figures
+    assert dr.sustained_clock(h100, NONE).value == 1.0  # its points are the device's own sustained figures
+
+
+def test_the_fitted_in_step_clock_is_its_familys_and_a_measured_profile_takes_none():
+    fit = dr.InStepFit({"hopper": 0.7, "ampere": 0.8}, ("row",), "test fit")
+    for name, want in (("h100-hgx-ib", 0.7), ("h200-hgx-ib", 0.7), ("gh200-quad-ib", 0.7), ("a100-sxm-80gb", 0.8)):
+        p = shipped(name)
+        assert dr.in_step_clock(p, fit).value == want and "FITTED" in dr.in_step_clock(p, fit).source
+        assert dr.gemm(p, 4096, 4096, 4096, fit=fit).value == pytest.approx(want * dr.gemm(p, 4096, 4096, 4096, fit=NONE).value)
+    measured = shipped("h100-hgx-ib").model_copy(update={"measured": True})
+    assert dr.in_step_clock(measured, fit).value == 1.0
+    assert dr.gpu_family("NVIDIA GH200 120GB") == "hopper" and dr.gpu_family("CPU AMD EPYC") is None
+    committed = dr.committed_fit()
+    assert set(committed.clock) == {"hopper", "ampere"} and all(0.6 <= c <= 1 for c in committed.clock.values())
 
 
 def test_memory_bound_work_eager_and_compiled_and_the_kernel_gap_name_their_sources():

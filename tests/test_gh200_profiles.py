@@ -36,7 +36,7 @@ def test_the_ib_profile_is_the_slingshot_one_but_for_its_fabric():
         assert getattr(ib, field) == getattr(ss, field), field
     assert ib.links["intra"] == ss.links["intra"]
     assert (ib.topology.nics_per_node, ib.topology.nvlink) == (ss.topology.nics_per_node, ss.topology.nvlink) == (4, "direct")
-    assert ib.in_step.factor == ss.in_step.factor == shipped("h100-hgx-ib").in_step.factor  # the H100 fit, carried
+    assert ib.in_step is ss.in_step is None and ib.clock == ss.clock  # no fitted factor in a shipped profile
     for op in OPS:
         fit = ib.links["inter"][op]
         assert (fit.group_size, fit.per_node) == (8, 4)  # 2 nodes x the node's every rank (every HCA)

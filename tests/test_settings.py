@@ -37,7 +37,8 @@ OPTIONS = {
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
     "predict": ["--against", "--json", "--nodes", "--profile", "paths",
-                "--validate"],  # added since: published runs (issue 34)
+                "--validate",  # added since: published runs (issue 34)
+                "--write-fit"],  # the committed fit of the published runs (issue 42)
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
     "plan": ["--executor", "--json", "--max-runs", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],

@@ -14,7 +14,7 @@ from echobench import predict as pr
 from echobench.hwprofile import load_profile
 from echobench.memory import estimate_memory
 from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
-from echobench.tune.output import write_outputs
+from echobench.tune.output import interval, write_outputs
 from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks
 from test_predict import cfg as predict_cfg
 from test_predict import profile
@@ -368,6 +368,16 @@ def test_the_h200_tune_file_ranks_on_the_shipped_h200_profile():
     assert {c.cfg.precision for c in problem.ranked} == {"bf16", "fp8"}
     assert all(c.cfg.device == "cuda" and c.cfg.compile is True for c in problem.ranked)
     assert problem.capacity_gib == pytest.approx(141, abs=2)
+    # float8 priced as float8: each fp8 candidate's GEMMs at the H200's float8 rate, its casts on top
+    for c in problem.ranked:
+        if c.cfg.precision == "fp8" and c.family == "single":
+            twin = next(b for b in problem.ranked if b.run_id != c.run_id and b.family == c.family and
+                        b.cfg.precision == "bf16" and (b.cfg.micro_batch, b.cfg.ac) == (c.cfg.micro_batch, c.cfg.ac))
+            assert c.prediction.parts["gemm"] < 0.8 * twin.prediction.parts["gemm"]
+            assert c.prediction.parts["elementwise"] > twin.prediction.parts["elementwise"]
+            assert c.prediction.samples_per_s != pytest.approx(twin.prediction.samples_per_s, rel=0.01)
+    low, high = interval(problem.ranked[0])
+    assert low < problem.ranked[0].prediction.samples_per_s < high  # never a zero-width range
 
 
 def test_every_shipped_tune_file_loads():

@@ -106,7 +106,10 @@ def predict_command(
                                  "record: step time, MFU and, for --profile runs, the parts of the step."),
     validate: Optional[Path] = typer.Option(None, "--validate", metavar="FILE", help="Hold the model against "
                                             "published training runs (e.g. validation/published-runs.yaml): "
-                                            "predicted vs published step time per row, mean and max |error|."),
+                                            "predicted vs published step time per row, leave-one-source-out and "
+                                            "in-sample |error| per source and overall."),
+    write_fit: bool = typer.Option(False, "--write-fit", help="With --validate: write the in-step clocks fitted on "
+                                   "every row and the residual quantiles to validation/fit.json (the committed fit)."),
     as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows and "
                                  "summary)."),
 ):
@@ -120,8 +123,10 @@ def predict_command(
     if validate is not None:
         if paths or against or nodes is not None or profile:
             fail("--validate FILE takes no MATRIX, --against, --nodes or --profile: each row names its shipped profile", 1)
-        _validate(pr, validate, as_json)
+        _validate(pr, validate, as_json, write_fit)
         return
+    if write_fit:
+        fail("--write-fit goes with --validate FILE", 1)
     if not paths:
         fail("predict needs a MATRIX (or run directories with --against, or --validate FILE)")
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
@@ -202,31 +207,37 @@ def predict_command(
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
-def _validate(pr, path: Path, as_json: bool) -> None:
-    """`predict --validate FILE`: each published row predicted, the table (or --json), mean and max
-    |error|; exit 0 when it ran (the aim is reported, not enforced), 1 on bad input."""
+def _validate(pr, path: Path, as_json: bool, write_fit: bool = False) -> None:
+    """`predict --validate FILE`: the rows cross-validated leaving each source out (crossval), each
+    row predicted at the fit on every row, the table (or --json), the errors per source and overall;
+    --write-fit commits the fit. Exit 0 when it ran, 1 on bad input."""
+    from echobench.predict.crossval import crossval, write_fit as write  # lazy with the rest of predict
+    from echobench.predict.validate import as_json as to_json
+
     try:
-        results = pr.validate(pr.load_rows(path))
+        rows = pr.load_rows(path)
+        cv = crossval(rows)
+        results = pr.validate(rows, terms=pr.InStepFit(cv["fit"], (), "fitted on every row"))
     except pr.PredictError as exc:
         fail(str(exc), 1)
-    summary = pr.validation_summary(results)
+    if write_fit:
+        console.print(f"wrote {esc(write(cv))}", highlight=False)
     if as_json:
-        from echobench.predict.validate import as_json as to_json  # lazy with the rest of predict
-
-        print(json.dumps(to_json(results), indent=2, default=str))
+        print(json.dumps(to_json(results, cv), indent=2, default=str))
         return
-    wide = Console(width=None if sys.stdout.isatty() else 170)
-    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED vs published"))
+    wide = Console(width=None if sys.stdout.isatty() else 240)  # a row per run: twelve columns
+    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED vs published",
+                                   cv["loso_errors"]))
     for r in results:
         if r.refused is not None:
             console.print(f"refused: {esc(r.id)}: {esc(r.refused)}", highlight=False, soft_wrap=True)
     for note in sorted({n for r in results for n in r.notes}):
         console.print(f"note: {esc(note)}", highlight=False, soft_wrap=True)
-    if summary["priced"]:
-        aim = summary["aim"]
-        console.print(f"step time: mean |error| {summary['mean_abs_error']:.1%}, max {summary['max_abs_error']:.1%} "
-                      f"({esc(summary['worst_row'])}) over {summary['priced']} rows priced, {summary['refused']} refused; "
-                      f"aim: mean <= {aim['mean_abs_error']:.0%}, max <= {aim['max_abs_error']:.0%} over >= {aim['rows']} "
-                      f"rows: {'met' if summary['aim_met'] else 'not met'}", highlight=False)
-    else:
-        console.print(f"no row of {esc(path)} could be priced (why: above)", highlight=False)
+    wide.print(pr.crossval_table(cv))
+    summary = pr.validation_summary(results)
+    committed = pr.committed_fit().clock
+    console.print(f"in-step clock fitted on every row: {esc(cv['fit'])}; committed (validation/fit.json): "
+                  f"{esc(committed or 'none')}" + ("" if committed == cv["fit"] else ": stale, rerun with --write-fit"),
+                  highlight=False, soft_wrap=True)
+    console.print(f"assumed values: {summary['inside_range']} of the {summary['ranged']} rows with a range hold their "
+                  "published step inside it", highlight=False)

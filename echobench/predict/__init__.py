@@ -28,14 +28,20 @@ part + max(0, the rest - the compute of the phase it overlaps). Gradient accumul
 micro-batch's compute, host ops and collectives grad_accum times, the once-per-step collectives
 (the gradients' reductions and norms, commvolume.Traffic.once) and the optimizer once.
 
-GEMM rates: a measured shape within 10% of the GEMM's stands for it (a calibration measures the
-run's own); else, where the profile gives its sm_count, the best point's rate x the shape model's
-rate / the best shape's, at most 1 (devicerates.gemm_rate: tile and wave quantization over the SMs, a
-k-loop cost per tile and a launch cost per GEMM, constants fitted to OpenXLA's measured H100 table).
-Attention: the points of the kernel the run takes (pricing.attention_kernel; a CPU: the profile's
-own), at its causality, every score counted; devicerates.attention_points' fallback order where the
-profile lacks them, each fallback a note. Memory: the add bandwidth (the shipped GPU profiles: 86% of
-the datasheet, the H200's measured ratio).
+The device's rates are echobench.devicerates' (each with its source). GEMM rates: a measured shape
+within 10% of the GEMM's stands for it (a calibration measures the run's own); else, where the
+profile gives its sm_count, the best point's rate x the shape model's rate / the best shape's, at
+most 1 (devicerates.gemm_rate: tile and wave quantization over the SMs, a k-loop cost per tile and a
+launch cost per GEMM, constants fitted to OpenXLA's measured H100 table); float8 GEMMs (precision
+fp8) at the profile's float8 points (MAMF's) through the same model. Attention: the points of the
+kernel the run takes (pricing.attention_kernel; a CPU: the profile's own), at its causality, every
+score counted; devicerates.attention_points' fallback order where the profile lacks them, each
+fallback a note. GEMMs and attention x the sustained clock (devicerates.sustained_clock): the
+profile's clock (another power limit than its points': 1 where none) x the in-step clock of its GPU
+family, the ONE fitted term (validation/fit.json: fitted to published runs, held out a source at a
+time by crossval.py; 1 on a CPU and on a measured profile). Memory: the add bandwidth at the size of
+the run's tensors (a CPU profile measures a cache-sized point beside the DRAM one; the shipped GPU
+profiles: 86% of the datasheet, the H200's measured ratio).
 
 Element-wise bytes: on a GPU profile counted (elementwise.py): echobench.stepcount's bytes read +
 written by every memory-bound op of one step of the run's configuration (its width, lengths,
@@ -48,9 +54,10 @@ dtype's size). Compiled runs: work.ELEMENTWISE's 1.1 x / 1.65 x those bytes, ass
 each element-wise chain), because counting inductor's kernels takes 40 .. 90 s per reduced count (two
 per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts them instead (about 1.4 .. 1.9 x
 forward and 2.0 .. 2.5 x backward for 800M .. 8B: the assumed ratios under-count). A CPU profile, and a
-count that fails (no torch, fp8), keep the fixed eager ratios 3.3 x forward and 5.22 x backward,
-counted on real fp32 tiny CPU steps (the CPU's in-situ factor was fitted with the bytes they give;
-6.0 / 9.5 against the smaller activation estimate before issue 34). The prediction's notes say which.
+count that fails (no torch), keep the fixed eager ratios 3.3 x forward and 5.22 x backward,
+counted on real fp32 tiny CPU steps (6.0 / 9.5 against the smaller activation estimate before issue
+34). A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
+(work.float8_work). The prediction's notes say which.
 
 AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read, p, m, v
 written), at the profile's measured AdamW rate (memory op "adamw") where it has one, else
@@ -61,10 +68,11 @@ encoder layer, plus a fixed part; a test holds the single-process rows against a
 
 The MFU convention is the record's: model FLOPs / (step time x world x peak), the peak the run's
 (the matrix's peak_tflops, else the datasheet entry of the profile's device, else the profile's
-best GEMM rate). The interval: the model at the calibration's best and worst figures (each GEMM,
-attention and memory point's min / max, the host step's min / max; each collective fit +- its
-rel_rms). Plain functions over RunConfig; no torch import (commvolume's imports it where the
-collectives are derived).
+best GEMM rate). The interval: the wider of the model's cross-validated error (intervals.py: the
+10th to 90th percentile of its leave-one-source-out residuals on published runs, never zero width)
+and the calibration's spread (each GEMM, attention and memory point's min / max, the host step's
+min / max, the clock's range; each collective fit +- its rel_rms). Plain functions over RunConfig; no
+torch import (commvolume's imports it where the collectives are derived).
 
 The package, by what each file is (every name callers use is re-exported here):
 
@@ -74,8 +82,8 @@ The package, by what each file is (every name callers use is re-exported here):
     elementwise.py    an Echo step's element-wise bytes counted (stepcount at reduced depth,
                       extrapolated per layer, cached): counted_bytes, echo_elementwise
     pricing.py        that work priced on a profile: Rates (GEMM, attention, memory and collective
-                      figures at one bound), device_seconds, the CPU's in-situ factor, the host point,
-                      run_peak, priced (the run as the profile's device runs it)
+                      figures at one bound, devicerates' rates x the fitted terms), device_seconds,
+                      the host point, run_peak, priced (the run as the profile's device runs it)
     communication.py  the step's collectives priced and placed (Collective, collectives), exposed,
                       link_bytes, hide_gbps
     model.py          the prediction: predict -> Prediction (host_per_op, the interval, MFU, memory,
@@ -85,17 +93,26 @@ The package, by what each file is (every name callers use is re-exported here):
     measured.py       a prediction held against a measured record: against -> Comparison, summary,
                       predicted_shares / measured_shares
     card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
-                      published row), card_work (its GEMMs, attention, element-wise bytes, parameters per rank)
+                      published row, every key checked), parameters per rank
+    card_work.py      a card step's work on a rank: card_work (GEMMs, attention, element-wise bytes
+                      counted on the framework's eager block or per fused op, float8 casts, host ops)
+    frameworks.py     each framework's defaults at its version (overlap flags, reduce dtype, attention
+                      kernel, eager or fused kernels): framework, resolved
+    recompute.py      activation checkpointing as named recompute policies (what each re-runs)
+    pipeline.py       pipeline parallelism's 1F1B / interleaved schedule: bubble, point-to-point
     card_traffic.py   a card step's collectives as commvolume.Traffic (card_traffic) and their placement (place_card)
     card_model.py     a card's predicted step: predict_card -> CardPrediction (work_seconds, place, exposed)
-    validate.py       `predict --validate`: published rows (load_rows) predicted (validate -> ValidationRow),
-                      validation_summary
+    validate.py       `predict --validate`: published rows (load_rows, a strict schema) predicted over
+                      their assumed values (validate -> ValidationRow), validation_summary
+    crossval.py       the fitted term held out a source at a time: crossval, write_fit
+    intervals.py      the interval of every prediction, from crossval's residuals
     tables.py         rich tables: prediction_table, comparison_table, validation_table
     errors.py         PredictError
 """
 
 from echobench.config import run_id  # callers reach it as predict.run_id
-from echobench.predict.card import Layout, ModelCard, card_params, card_work, load_card_file, model_card, run_layout
+from echobench.predict.card import Layout, ModelCard, card_params, load_card_file, model_card, run_layout
+from echobench.predict.card_work import card_work
 from echobench.predict.card_model import CardPrediction, predict_card
 from echobench.predict.card_traffic import StepTraffic, card_traffic, place_card
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
@@ -113,7 +130,6 @@ from echobench.predict.measured import (
 from echobench.predict.model import Prediction, at_nodes, host_per_op, parse_nodes, predict, predict_runs, ranks
 from echobench.predict.pricing import (
     BOUNDS,
-    FACTOR_BOUNDS,
     Rates,
     compute_bytes,
     device_seconds,
@@ -135,7 +151,8 @@ from echobench.predict.profiles import (
     profile_lines,
     profile_processes,
 )
-from echobench.predict.tables import comparison_table, prediction_table, validation_table
+from echobench.devicerates import InStepFit, committed_fit
+from echobench.predict.tables import comparison_table, crossval_table, prediction_table, validation_table
 from echobench.predict.validate import ValidationRow, load_rows, validate, validation_summary
 from echobench.predict.work import (
     AC_BACKWARD_OPS,
@@ -156,8 +173,8 @@ from echobench.predict.work import (
 __all__ = ["AC_BACKWARD_OPS", "ADAMW_BYTES", "AttentionWork", "BOUNDS", "BREAKDOWN_PARTS", "CLIP_BYTES", "load_card_file",
            "CardPrediction", "Layout", "ModelCard", "StepTraffic", "ValidationRow", "card_params", "card_traffic",
            "card_work", "load_rows", "model_card", "place_card", "predict_card", "run_layout", "validate",
-           "validation_summary", "validation_table",
-           "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "FACTOR_BOUNDS", "HOST_OPS", "Matmul",
+           "validation_summary", "validation_table", "crossval_table", "InStepFit", "committed_fit",
+           "COMPILED_BLOCK_OPS", "Collective", "Comparison", "ELEMENTWISE", "HOST_OPS", "Matmul",
            "AgainstRecords", "PredictError", "Prediction", "Rates", "against", "against_records", "at_nodes", "choose_profile", "collectives",
            "comparison_table", "compute_bytes", "device_seconds", "device_type", "elementwise_bytes", "exposed",
            "hide_gbps", "host_ops", "host_per_op", "host_point", "in_situ_factor", "is_cpu", "is_cpu_name",

@@ -9,7 +9,7 @@ State, bytes per parameter the rank holds (bf16 mixed precision, AdamW):
   (the one running and the one prefetched), shard_grad_op every layer from forward to backward;
 - Megatron: bf16 parameters 2, float32 main gradients 4 (its grad buffer), float32 main parameters
   4 and Adam 8 = 18 per parameter of the TP shard; the distributed optimizer shards the last 12
-  over the data-parallel group.
+  over the data-parallel group (NeMo's distributed_fused_adam, apex's, the gradients' 4 as well).
 
 Activations per layer and micro-batch of s tokens (the paper's 16-bit counts, its dropout masks
 kept: an upper bound where dropout is off): attention 11 s h (the 5 a s^2 of the scores dropped:
@@ -18,35 +18,45 @@ paper's 19 s h at f = 4h) or 3 s h + 6 s f (SwiGLU: gate and up outputs both kep
 parallelism splits all but 10 s h of it by t; with sequence parallelism all of it. Selective AC
 (Megatron's: the core attention re-run) saves what the scores' 5 a s^2 would be, none here; full AC
 keeps each layer's input, 2 s h (split by t with sequence parallelism), plus one layer's whole
-activations while it is re-run. The logits and cross entropy: 4 s V / t (float32), after the paper's
-section 4.3. Pipeline parallelism is not modelled (Layout refuses it).
+activations while it is re-run; the other recompute policies (recompute.py) keep the share of a
+layer's activations POLICY_KEPT says (assumed from what each saves). The logits and cross entropy:
+4 s V / t (float32), after the paper's section 4.3. Context parallelism splits s by cp; pipeline
+parallelism holds a stage's ceil(layers / pp) blocks, each with pipeline.in_flight micro-batches.
 """
 
 from __future__ import annotations
 
-from echobench.predict.card import Layout, ModelCard, card_params, layer_params, rank_params, tp_split_params
+from echobench.predict.card import Layout, ModelCard, _layer_split, layer_params, model_parallel_params, rank_params
+from echobench.predict.pipeline import in_flight
 
 GIB = 2**30
+# The share of a layer's no-AC activations a recompute policy keeps (assumed from what it saves):
+# Megatron's selective and MaxText's minimal keep every GEMM output (the scores are never kept by a
+# FlashAttention-style kernel); torchtitan's op SAC every other matmul's; layer SAC 2 half the
+# layers whole; save_qkv_proj the q, k, v outputs; save_dot_except_mlp all but the MLP's.
+POLICY_KEPT = {"none": 1.0, "selective": 1.0, "maxtext-minimal": 1.0, "selective-op": 0.5, "selective-layer-2": 0.5,
+               "maxtext-save_qkv_proj": 0.25, "maxtext-save_dot_except_mlp": 0.5}
 
 
 def state_bytes(card: ModelCard, layout: Layout) -> float:
     """Parameters, gradients, optimizer state and gathered weights one rank holds."""
     if layout.layout == "megatron":
-        n = card_params(card, layout.seq)
-        split = tp_split_params(card)
-        shard = n - split + split / layout.tp
-        main = 12 * shard / (layout.dp if layout.distributed_optimizer else 1)
-        return 6 * shard + main
+        shard = model_parallel_params(card, layout)
+        ranks = layout.data_parallel * layout.cp if layout.distributed_optimizer else 1
+        if layout.framework == "nemo" and layout.distributed_optimizer:  # apex's distributed fused Adam: grads sharded too
+            return 2 * shard + 16 * shard / ranks
+        return 6 * shard + 12 * shard / ranks
     held = rank_params(card, layout)
     gathered = 0.0
     if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
-        gathered = 2 * (card.layers if layout.sharding == "shard_grad_op" else 2) * layer_params(card)
+        block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
+        gathered = 2 * (-(-card.layers // layout.pp) if layout.sharding == "shard_grad_op" else 2) * block
     return 16 * held + gathered
 
 
 def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
     """One layer's saved activations for one micro-batch, on one rank (no AC)."""
-    s, h, f, t = layout.micro_batch * layout.seq, card.hidden, card.ffn, layout.tp
+    s, h, f, t = layout.tokens, card.hidden, card.ffn, layout.tp
     mlp = 3 * h + 6 * f if card.activation == "swiglu" else 3 * h + 4 * f
     per_token = 11 * h + 4 * h + mlp
     if layout.sp:
@@ -56,14 +66,15 @@ def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
 
 def activation_bytes(card: ModelCard, layout: Layout) -> float:
     """Every layer's saved activations for one micro-batch (as AC leaves them), and the logits."""
-    s, t = layout.micro_batch * layout.seq, layout.tp
+    s, t = layout.tokens, layout.tp
     one = layer_activation_bytes(card, layout)
+    L = -(-card.layers // layout.pp)
     if layout.ac == "full":
         kept = 2 * s * card.hidden / (t if layout.sp else 1)
-        layers = card.layers * kept + one
+        layers = L * kept + one
     else:
-        layers = card.layers * one
-    return layers + 4 * s * card.vocab / t
+        layers = L * one * POLICY_KEPT[layout.ac]
+    return layers * in_flight(layout.pp, layout.vp, layout.grad_accum) + 4 * s * card.vocab / t
 
 
 def card_memory_gib(card: ModelCard, layout: Layout) -> float:

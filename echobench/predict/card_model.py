@@ -1,12 +1,14 @@
 """The predicted step of a model card (predict_card -> CardPrediction): card_work priced by
 pricing.work_seconds and card_traffic placed by communication.place and exposed, the same functions
-Echo's prediction goes through; only the list of work differs.
+Echo's prediction goes through; only the list of work differs. The framework the row names gives
+the defaults it leaves out (frameworks.py).
 
-    device = forward + backward + optimizer + exposed communication
-    exposed = (grad_accum - 1) x exposed(a micro-batch's collectives, a micro-batch's compute)
-              + exposed(the last micro-batch's and the once-a-step collectives, a micro-batch's compute)
-    host   = the host's ops (card.HOST_OPS_*, counted) x the profile's cost per op (0 where it has none)
-    step   = max(device, host)   (a GPU's host queues kernels ahead of the device)
+    micro   = (forward + backward) / micro-batches + exposed(a micro-batch's collectives)
+    compute = micro x micro-batches x (1 + the pipeline bubble (p - 1) / (v m))   (pipeline.py)
+    device  = compute + the once-a-step collectives exposed against the last micro-batch
+              + pipeline point-to-point exposed + optimizer
+    host    = the host's ops (card_work.HOST_OPS_*, counted) x the profile's cost per op (0 where none)
+    step    = max(device, host)   (a GPU's host queues kernels ahead of the device)
 """
 
 from __future__ import annotations
@@ -14,25 +16,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from echobench.hwprofile import HardwareProfile
-from echobench.predict.card import Layout, ModelCard, card_work, model_flops_per_token
-from echobench.predict.card_traffic import card_traffic, place_card
+from echobench.predict.card import Layout, ModelCard
+from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
+from echobench.predict.card_work import card_work, model_flops_per_token
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
-from echobench.predict.pricing import Rates, in_step_note, is_cpu, profile_peak, work_seconds
+from echobench.predict.frameworks import framework, resolved
+from echobench.predict.intervals import interval
+from echobench.predict.pipeline import bubble_fraction, pipeline_seconds
+from echobench.predict.pricing import Rates, attention_notes, in_step_note, is_cpu, profile_peak, work_seconds
 
 
 @dataclass
 class CardPrediction:
-    """One card's predicted step on one profile: time, parts (seconds), MFU, and what it assumes."""
+    """One card's predicted step on one profile: time, parts (seconds), MFU and HFU, and what it assumes."""
 
     step_time_s: float
+    step_time_low_s: float  # the cross-validated interval (intervals.interval)
+    step_time_high_s: float
     device_s: float
     host_s: float
-    parts: dict[str, float]  # gemm, attention, elementwise, optimizer, communication (exposed), host (beyond device)
+    parts: dict[str, float]  # gemm, attention, elementwise, gaps, optimizer, communication (exposed), bubble, host
     communication_s: float  # every collective's time, hidden or not
     tokens_per_step: int
     model_flops_per_token: float  # echobench's convention (every attention score, no recompute)
     mfu: float  # echobench's: model FLOPs / (step x gpus x peak)
+    hfu: float  # hardware FLOPs (re-runs counted) / (step x gpus x peak)
     peak_tflops: float
     peak_source: str
     mfu_row: float | None = None  # under the row's own FLOP convention and peak, where given
@@ -53,7 +62,7 @@ def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
     if profile.host_op is not None:
         return profile.host_op.seconds, (f"host at {profile.host_op.seconds * 1e6:.0f} us per op, assumed "
                                          f"({profile.host_op.source}); host ops counted on an eager CPU decoder "
-                                         "(card.HOST_OPS_*)")
+                                         "(card_work.HOST_OPS_*)")
     return 0.0, f"profile {profile.name} has no host cost per op: host overhead not modelled (0)"
 
 
@@ -67,50 +76,73 @@ def peak_of(profile: HardwareProfile) -> tuple[float, str]:
 
 
 def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
-                 row_flops_per_token: float | None = None, row_peak_tflops: float | None = None) -> CardPrediction:
-    """The predicted step of `card` trained as `layout` on `profile` (the module docstring), its
-    attention priced as layout.attention_kernel (None: whichever the profile has);
-    `row_flops_per_token` and `row_peak_tflops`: a published row's own MFU convention."""
-    rates = Rates(profile, "mid")
-    work = card_work(card, layout)
-    dev = work_seconds(work.matmuls, work.attention, work.elementwise, work.params, rates, layout.attention_kernel)
-    fwd = dev["gemm_forward"] + dev["attention_forward"] + dev["elementwise_forward"]
-    bwd = dev["gemm_backward"] + dev["attention_backward"] + dev["elementwise_backward"]
+                 row_flops_per_token: float | None = None, row_peak_tflops: float | None = None,
+                 rates: Rates | None = None) -> CardPrediction:
+    """The predicted step of `card` trained as `layout` on `profile` (the module docstring);
+    `row_flops_per_token` and `row_peak_tflops`: a published row's own MFU convention; `rates`: the
+    profile's rates to price at (a bound, or fitted terms; default its mid figures)."""
+    rates = rates or Rates(profile, "mid")
+    fw = framework(layout.framework, layout.compile)
+    opts, notes = resolved(layout, fw)
+    work = card_work(card, layout, fw)
+    kf, kb = fw.kernels
+    kernels = (work.kernels * kf / (kf + kb), work.kernels * kb / (kf + kb))
+    dev = work_seconds(work.matmuls, work.attention, work.elementwise, work.params, rates, opts["attention_kernel"],
+                       layout.compile, kernels)
+    fwd = dev["gemm_forward"] + dev["attention_forward"] + dev["elementwise_forward"] + dev["gap_forward"]
+    bwd = dev["gemm_backward"] + dev["attention_backward"] + dev["elementwise_backward"] + dev["gap_backward"]
     acc = layout.grad_accum
-    traffic = card_traffic(card, layout)
-    micro = place_card(traffic.per_micro, rates, layout, traffic.bucket_caps)
-    once = place_card(traffic.per_step, rates, layout, traffic.bucket_caps)
+    traffic = card_traffic(card, layout, opts)
+    micro = place_card(traffic.per_micro, rates, layout, traffic.bucket_caps, opts)
+    once = place_card(traffic.per_step, rates, layout, traffic.bucket_caps, opts)
     windows = {"forward": fwd / acc, "backward": bwd / acc}
-    exposed_s = (acc - 1) * sum(exposed(micro, windows).values()) + sum(exposed(micro + once, windows).values())
-    device = fwd + bwd + dev["optimizer"] + exposed_s
+    per_micro = sum(exposed(micro, windows).values())
+    last = sum(exposed(micro + once, windows).values()) - per_micro  # the once-a-step collectives, against the last
+    micro_s = (fwd + bwd) / acc + per_micro
+    head = [m for m in work.matmuls if m.part == "lm_head"]
+    head_s = sum(work_seconds(head, [], (0, 0), 0, rates).values()) / acc if layout.pp > 1 else 0.0
+    # the slowest (last) stage holds the LM head; a stage's mean holds 1 / pp of it
+    compute = pipeline_seconds(micro_s, layout.pp, layout.vp, acc, micro_s - head_s * (1 - 1 / layout.pp))
+    p2p_all, p2p_one = p2p_seconds(card, layout, rates)
+    p2p = 2 * p2p_one if opts["overlap_p2p_comm"] and layout.vp > 1 else p2p_all
+    device = compute + last + p2p + dev["optimizer"]
     per_op, host_note = profile_host_per_op(profile)
     host = work.host_ops * per_op
     step = max(device, host)
     tokens = layout.global_batch * layout.seq
-    flops = model_flops_per_token(card, layout)
+    flops = model_flops_per_token(card, layout, fw)
+    done = sum(m.flops for m in work.matmuls) + sum(a.flops for a in work.attention)
+    again = sum(m.flops for m in work.matmuls if m.phase == "recompute") + \
+        sum(a.flops for a in work.attention if a.phase == "recompute")
+    hardware = flops * done / (done - again)  # the re-runs on top of the model's FLOPs
     peak, peak_source = peak_of(profile)
-    notes = [n for n in (host_note,) if n]
+    notes += [n for n in (host_note,) if n]
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
     if note := in_step_note(profile):
         notes.append(note)
-    if layout.attention_kernel is None:
-        notes.append("attention kernel not stated: priced at whichever the profile has")
-    if not profile.attention:
-        notes.append("no attention points in the profile: attention at its score GEMM's rate")
-    notes.append("element-wise bytes counted per op of a pre-norm decoder (card.ELEMENTWISE_READS_WRITES)")
-    if layout.tp_comm_overlap and layout.tp > 1:
-        notes.append("--tp-comm-overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
+    notes += attention_notes(work.attention, rates, opts["attention_kernel"])
+    notes.append(f"element-wise bytes counted on {fw.name}'s eager {fw.eager_block} block (card_work.ELEMENTWISE_EAGER)"
+                 if fw.eager_block else "element-wise bytes: each op of a pre-norm decoder read and written once, as "
+                 "fused kernels do (card_work.ELEMENTWISE_READS_WRITES)")
+    if opts["tp_comm_overlap"] and layout.tp > 1:
+        notes.append("TP overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
+    if layout.pp > 1:
+        notes.append(f"pipeline: {layout.pp} stages x {layout.vp} chunks, {acc} micro-batches: bubble "
+                     f"{bubble_fraction(layout.pp, layout.vp, acc):.1%} of the slowest stage's compute")
     parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
              "attention": dev["attention_forward"] + dev["attention_backward"],
              "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
-             "optimizer": dev["optimizer"], "communication": exposed_s, "host": max(0.0, host - device)}
+             "gaps": dev["gap_forward"] + dev["gap_backward"], "optimizer": dev["optimizer"],
+             "communication": per_micro * acc + last + p2p, "bubble": compute - (fwd + bwd + per_micro * acc),
+             "host": max(0.0, host - device)}
     mfu_row = None
     if row_flops_per_token is not None and row_peak_tflops:
         mfu_row = row_flops_per_token * tokens / (step * layout.gpus * row_peak_tflops * 1e12)
+    low, high = interval(step)
     return CardPrediction(
-        step_time_s=step, device_s=device, host_s=host, parts=parts,
-        communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once),
+        step_time_s=step, step_time_low_s=low, step_time_high_s=high, device_s=device, host_s=host, parts=parts,
+        communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once) + p2p_all,
         tokens_per_step=tokens, model_flops_per_token=flops,
-        mfu=flops * tokens / (step * layout.gpus * peak * 1e12), peak_tflops=peak, peak_source=peak_source,
-        mfu_row=mfu_row, collectives=micro + once, notes=notes)
+        mfu=flops * tokens / (step * layout.gpus * peak * 1e12), hfu=hardware * tokens / (step * layout.gpus * peak * 1e12),
+        peak_tflops=peak, peak_source=peak_source, mfu_row=mfu_row, collectives=micro + once, notes=notes)

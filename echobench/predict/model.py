@@ -13,6 +13,7 @@ from echobench.flops import hardware_flops, model_flops
 from echobench.hwprofile import HardwareProfile
 from echobench.matrix import layout_problem
 from echobench.memory import device_memory_gib, estimate_memory
+from echobench.predict.intervals import interval
 from echobench.predict.communication import (Collective, accumulated, collectives, exposed_accumulated, hide_gbps,
                                              link_bytes)
 from echobench.predict.errors import PredictError
@@ -132,14 +133,15 @@ def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
 
 
 def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
-            model_flops_per_sample: float | None = None) -> Prediction:
+            model_flops_per_sample: float | None = None, terms=None) -> Prediction:
     """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak`
     overrides the run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full
-    lengths (a record's measured figure, over its real lengths)."""
+    lengths (a record's measured figure, over its real lengths); `terms` the fitted in-step clock
+    (devicerates.InStepFit; None: the committed one)."""
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
-    mid, low, high = (_evaluate(cfg, Rates(profile, b)) for b in BOUNDS)
+    mid, low, high = (_evaluate(cfg, Rates(profile, b, terms)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
     mflops = model_flops_per_sample if model_flops_per_sample is not None else f.total
@@ -159,9 +161,10 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     mem = estimate_memory(cfg)
     capacity = _capacity(profile)
     world = cfg.world_size
+    near, far = interval(step)  # the cross-validated model error, beside the calibration's spread
     return Prediction(
         run_id=run_id(given), cfg=given, profile=profile.name, profile_device=profile.device, step_time_s=step,
-        step_time_low_s=min(low["step"], step), step_time_high_s=max(high["step"], step), parts=parts,
+        step_time_low_s=min(low["step"], near), step_time_high_s=max(high["step"], far), parts=parts,
         forward_s=mid["forward"], backward_s=mid["backward"], optimizer_s=dev["optimizer"], device_s=mid["device"],
         host_s=mid["host"], host_ops=ops, communication_s=sum(c.seconds for c in mid["comm"]),
         exposed_communication_s=mid["exposed_s"], collectives=mid["comm"], link_bytes=link_bytes(mid["comm"]),
@@ -201,8 +204,9 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "
                      f"{profile.sm_count} SMs and the fitted k-loop and launch costs where no measured shape is near "
                      "(devicerates.gemm_rate)")
-    if cfg.precision == "fp8":
-        notes.append("fp8: GEMMs at the profile's rate (float8 GEMMs are not modelled apart)")
+    if cfg.precision == "fp8" and not is_cpu(profile):
+        notes.append("fp8: the float8 linears' GEMMs (work.FP8_PARTS) at the device's float8 rate, their casts and "
+                     "amax reductions as element-wise bytes (work.FP8_BYTES)")
     if cfg.data != "synthetic":
         notes.append("data from shards: no data wait modelled, lengths taken as the maxima"
                      + (" (batching bucket: every step at the largest bucket's shape)"

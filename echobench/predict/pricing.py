@@ -5,15 +5,25 @@ peak that MFU is taken against (run_peak), and the run as the profile's device w
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 
 from echobench.config import RunConfig, run_id
-from echobench.devicerates import attention_points, gemm_rate, interpolate_attention
+from echobench.devicerates import (
+    InStepFit,
+    attention_points,
+    in_step_clock,
+    gemm_rate,
+    interpolate_attention,
+    kernel_gap,
+    sustained_clock,
+)
 from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
 from echobench.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
-from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, rank_params, run_work
+from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, float8_work, rank_params, run_work
 
 BOUNDS = ("mid", "low", "high")  # the point figures; the calibration's best; its worst
 
@@ -25,6 +35,7 @@ class Rates:
 
     profile: HardwareProfile
     bound: str = "mid"
+    terms: InStepFit | None = None  # the fitted in-step clock to price with (None: the committed fit)
     _gemm: dict = field(default_factory=dict)
     _attention: dict = field(default_factory=dict)
     _factor: float | None = None  # in_situ_factor's, once computed (1.0 while it is being fitted)
@@ -36,16 +47,26 @@ class Rates:
             self._factor = in_situ_factor(self)
         return self._factor
 
-    def gemm_tflops(self, m: int, n: int, k: int) -> float:
-        """The rate of an (m, n, k) GEMM: its point's figures (devicerates.gemm_rate: the measured
-        shape, or the best shape's scaled by the GEMM shape model) at this bound."""
-        key = (m, n, k)
+    @property
+    def clock(self) -> float:
+        """The sustained clock ratio at this bound (devicerates.sustained_clock: its range's fast end
+        at low, its slow end at high)."""
+        c = sustained_clock(self.profile, self.terms)
+        lo, hi = c.range
+        return {"mid": c.value, "low": hi, "high": lo}[self.bound]
+
+    def gemm_tflops(self, m: int, n: int, k: int, precision: str = "bf16") -> float:
+        """The rate of an (m, n, k) GEMM at `precision` (bf16, or fp8 at the device's float8 rate):
+        its point's figures (devicerates.gemm_rate: the measured shape, or the best shape's scaled by
+        the GEMM shape model) x the sustained clock, at this bound."""
+        key = (m, n, k, precision)
         if key not in self._gemm:
             try:
-                point, f = gemm_rate(self.profile, m, n, k)
+                point, f = gemm_rate(self.profile, m, n, k, precision)
             except KeyError as exc:
                 raise PredictError(f"{exc.args[0]}: measure them with `echobench calibrate --comm` or add `gemm` "
-                                   "entries") from None
+                                   "entries" + (" of dtype float8_e4m3fn" if precision == "fp8" else "")) from None
+            f *= self.clock
             self._gemm[key] = bounded(point.tflops * f, point.tflops_max and point.tflops_max * f,
                                       point.tflops_min and point.tflops_min * f, self.bound)
         return self._gemm[key]
@@ -60,7 +81,7 @@ class Rates:
         if key not in self._attention:
             points, factor, _ = attention_points(self.profile, head_dim, causal, kernel)
             if points:
-                mid = factor * interpolate_attention(points, seq_q, seq_k)
+                mid = factor * self.clock * interpolate_attention(points, seq_q, seq_k)
                 spread = [(p.tflops_max or p.tflops) / p.tflops for p in points]
                 low = [(p.tflops_min or p.tflops) / p.tflops for p in points]
                 self._attention[key] = bounded(mid, mid * max(spread), mid * min(low), self.bound)
@@ -68,15 +89,22 @@ class Rates:
                 self._attention[key] = self.gemm_tflops(seq_q, seq_k, head_dim)
         return self._attention[key]
 
-    def memory_gbps(self, op: str = "add") -> float:
-        """The bandwidth of `op` (add: element-wise work; adamw: the optimizer's step), at the largest
-        tensors measured; a profile without that op: its add (else its datasheet) figure."""
+    def memory_gbps(self, op: str = "add", nbytes: float | None = None) -> float:
+        """The bandwidth of `op` (add: eager element-wise work; triton: compiled; adamw: the
+        optimizer's step) over tensors of `nbytes` (None: the largest measured): the point measured
+        nearest that size (a CPU profile has a cache-sized one beside its DRAM one: a small run's
+        tensors stay in the cache); a profile without that op: its add (else its datasheet) figure
+        (devicerates.memory_bandwidth's rule)."""
         if not self.profile.memory:
             raise PredictError(f"profile {self.profile.name!r} has no memory bandwidth: measure one with "
                                f"`echobench calibrate --comm` or add a `memory` entry")
         same = ([p for p in self.profile.memory if p.op == op] or [p for p in self.profile.memory if p.op == "add"]
                 or self.profile.memory)
-        point = max(same, key=lambda p: p.nbytes or 0)
+        sized = [p for p in same if p.nbytes]
+        if nbytes and sized:
+            point = min(sized, key=lambda p: abs(math.log(p.nbytes / nbytes)))
+        else:
+            point = max(same, key=lambda p: p.nbytes or 0)
         return bounded(point.gbps, point.gbps_max, point.gbps_min, self.bound)
 
     def collective_seconds(self, op: str, nbytes: float, group_size: int, link: str,
@@ -170,11 +198,18 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step of an Echo run by phase and kind (no communication): its
     work (work.run_work) priced by work_seconds, attention at the kernel the run takes
     (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels), the
-    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's)."""
+    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's);
+    precision fp8 on a GPU: the float8 linears' GEMMs at the device's float8 rate and their casts'
+    bytes (work.float8_work)."""
     mm, att = run_work(cfg)
     cpu = is_cpu(rates.profile)
     kernel = None if cpu else attention_kernel(cfg)
-    return work_seconds(mm, att, echo_elementwise(cfg, eb, cpu)[0], rank_params(cfg), rates, kernel)
+    (fwd, bwd), _ = echo_elementwise(cfg, eb, cpu)
+    if cfg.precision == "fp8" and not cpu:  # float8 GEMMs at the device's float8 rate, and their casts
+        mm, (cf, cb) = float8_work(mm, cfg.compile is True)
+        fwd, bwd = fwd + cf, bwd + cb
+    tensor = cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb  # an activation of the DiT
+    return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor)
 
 
 def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
@@ -219,22 +254,29 @@ def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
 
 
 def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
-                 kernel: str | None = None) -> dict[str, float]:
+                 kernel: str | None = None, compiled: bool = False, kernels: tuple[float, float] = (0, 0),
+                 tensor_bytes: float | None = None) -> dict[str, float]:
     """The device's seconds of one step's work by phase and kind (no communication), whatever model
-    it is of: GEMMs and attention at the profile's rates (attention of `kernel`), the element-wise
-    bytes (forward, backward) at its memory bandwidth, the optimizer's bytes of `params` parameters."""
+    it is of: GEMMs at the profile's rate of their precision and attention of `kernel`, the
+    element-wise bytes (forward, backward) at its memory bandwidth (`compiled`: Triton's kernels),
+    the optimizer's bytes of `params` parameters, and the device's idle gap (devicerates.kernel_gap)
+    after each of `kernels` launches (forward, backward: `gap_forward`, `gap_backward`);
+    `tensor_bytes`: the size of the element-wise ops' tensors (Rates.memory_gbps' nearest point)."""
     factor = rates.compute_factor
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
-        out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += w.flops / (rates.gemm_tflops(w.m, w.n, w.k) * 1e12)
+        out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += \
+            w.flops / (rates.gemm_tflops(w.m, w.n, w.k, w.precision) * 1e12)
     for a in att:
         out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
             a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, kernel) * 1e12)
-    gbps = rates.memory_gbps() * 1e9
+    gbps = rates.memory_gbps("triton" if compiled else "add", tensor_bytes) * 1e9
     fwd, bwd = elementwise
     out["elementwise_forward"] = fwd / gbps
     out["elementwise_backward"] = bwd / gbps
     out = {key: seconds * factor for key, seconds in out.items()}
+    gap = 0.0 if is_cpu(rates.profile) else kernel_gap(rates.profile).value
+    out["gap_forward"], out["gap_backward"] = gap * kernels[0], gap * kernels[1]
     adamw = ADAMW_BYTES["foreach" if is_cpu(rates.profile) else "fused"]
     out["optimizer"] = params * (adamw / (rates.memory_gbps("adamw") * 1e9) + CLIP_BYTES / gbps)
     return out
@@ -257,9 +299,6 @@ def host_point(cfg: RunConfig, profile: HardwareProfile):
     return next((p for p in points if p.parallelism == "single"), None)
 
 
-FACTOR_BOUNDS = (1 / 3, 3.0)  # an in-situ factor outside these says the points are not what it assumes
-
-
 def point_run(point, profile: HardwareProfile) -> RunConfig:
     """The RunConfig of a host point's steps."""
     nodes = max(1, point.processes // (profile.gpus_per_node or point.processes))
@@ -269,42 +308,25 @@ def point_run(point, profile: HardwareProfile) -> RunConfig:
 
 
 def in_step_note(profile: HardwareProfile) -> str | None:
-    """The prediction's note on a profile's fitted in_step factor (None without one): fitted to
-    published runs (the shipped GPU profiles) or by `echobench tune` to its measured runs."""
-    if profile.in_step is None:
-        return None
-    return (f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
-            + (" (on the in-situ factor of the host points)" if is_cpu(profile) else "")
-            + f": the profile's in_step factor, FITTED to {len(profile.in_step.fitted_on)} runs (its source says "
-              "how), not measured")
+    """The prediction's note on what is fitted in its compute (None: nothing): the GPU family's
+    in-step clock fitted to published runs (devicerates.in_step_clock), and an in_step factor
+    `echobench tune` fitted to the runs it measured."""
+    notes = []
+    clock = in_step_clock(profile)
+    if clock.value != 1:
+        notes.append(f"GEMM and attention at {clock.value:.3g} x the isolated kernels' rate: {clock.source}")
+    if profile.in_step is not None:
+        notes.append(f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
+                     + f": the profile's in_step factor, FITTED by `echobench tune` to {len(profile.in_step.fitted_on)} "
+                       "measured runs (its source says how)")
+    return "; ".join(notes) or None
 
 
 def in_situ_factor(rates: Rates) -> float:
-    """How much longer a CPU's kernels take inside a training step than timed alone (operands the
-    step left elsewhere in the cache, its allocations), from the profile's two single-process host
-    steps (calibrate --comm: the shortest one, mostly host, and a reference step, mostly compute):
-    each is step = factor x compute + optimizer + cost per op x ops, two equations for the factor
-    and the cost per op. Scales the GEMMs, attention and element-wise work (the optimizer is
-    measured as training meets it). On a GPU: the profile's `in_step` factor, fitted to published
-    runs (1 without one). On a CPU 1 without both points, or where the points give a factor outside
-    FACTOR_BOUNDS; times the profile's in_step where `echobench tune` fitted one."""
-    fitted = rates.profile.in_step.factor if rates.profile.in_step else 1.0
-    return fitted * _host_points_factor(rates) if is_cpu(rates.profile) else fitted
-
-
-def _host_points_factor(rates: Rates) -> float:
-    """A CPU's in-situ factor from its two single-process host points (in_situ_factor)."""
-    single = sorted((p for p in rates.profile.host_steps if p.parallelism == "single"), key=_rows)
-    if len(single) < 2 or _rows(single[0]) == _rows(single[-1]):
-        return 1.0
-    sides = []
-    for point in (single[0], single[-1]):
-        run = point_run(point, rates.profile)
-        dev = device_seconds(run, rates, compute_bytes(run, rates.profile))
-        compute = sum(v for k, v in dev.items() if k != "optimizer")
-        step = bounded(point.step_s, point.step_s_min, point.step_s_max, rates.bound)
-        sides.append((compute, step - dev["optimizer"], point.ops))
-    (d1, s1, o1), (d2, s2, o2) = sides
-    det = d2 * o1 - d1 * o2
-    factor = (s2 * o1 - s1 * o2) / det if det > 0 else 1.0
-    return factor if FACTOR_BOUNDS[0] <= factor <= FACTOR_BOUNDS[1] else 1.0
+    """The factor on a step's GEMM, attention and element-wise time beyond the physical rates: the
+    profile's `in_step`, which only `echobench tune` fits (to the runs it measured); 1 otherwise. A
+    CPU's kernels inside a step are priced as measured: the cache-sized element-wise bandwidth for
+    a small run's tensors (Rates.memory_gbps), the host's cost per op from its host points; issue 42
+    removed the factor two host steps fitted (it took the model's error on the reference step for a
+    property of the CPU)."""
+    return rates.profile.in_step.factor if rates.profile.in_step else 1.0

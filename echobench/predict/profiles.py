@@ -62,7 +62,8 @@ def profile_for_device(device: str | None, near: str | None = None,
     """The profile to use for a device name without --profile: the one the sweep that `near` (a
     record's file) lies in measured for that device (hardware.calibrate_comm: SWEEP/profile.yaml,
     named after its file); else the shipped profile of the same datasheet row (peaks.PEAK_TFLOPS
-    names: a whole word of both names; of several, the first whose inter link is the matrix's
+    names: a whole word of both names; of several, the device's own name first, then one at its
+    datasheet's power limit (no `clock`), and the first of those whose inter link is the matrix's
     `fabric`, slurm.fabric: gh200-quad-ib for infiniband, gh200-quad-slingshot for slingshot); else,
     for this machine's own device, the profile `calibrate --comm` left in echobench's cache; None
     without any. PredictError when the sweep's cannot be read."""
@@ -77,6 +78,9 @@ def profile_for_device(device: str | None, near: str | None = None,
             return profile.model_copy(update={"name": f"{profile.name} ({path})"})
     row = next((pattern for pattern, _, _ in PEAK_PATTERNS if pattern.search(device)), None)
     same = [p for p in map(load_profile, shipped_profiles().values()) if row is not None and row.search(p.device)]
+    # the device's own name first, then a device at its datasheet's power (no `clock` term: not a
+    # 500 W H100 standing in for the 700 W SXM)
+    same.sort(key=lambda p: (p.device != device, p.clock is not None))
     if same:
         return next((p for p in same if fabric and fabric.lower() in p.link_notes.get("inter", "").lower()), same[0])
     for dtype in ("float32", "bfloat16"):

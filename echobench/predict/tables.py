@@ -70,19 +70,45 @@ def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
     return table
 
 
-def validation_table(results: Sequence[ValidationRow], title: str) -> Table:
-    """`echobench predict --validate`: predicted vs published step time per published row."""
-    table = Table(title=esc(title), caption="error = predicted / published - 1; published step = global batch x seq / "
-                  "(tokens/s per GPU x GPUs), tokens/s derived from TFLOP/s under the row's own FLOP convention where "
-                  "not published (*); MFU under the row's convention; refused rows: why below, not counted")
+def validation_table(results: Sequence[ValidationRow], title: str, loso: dict[str, float] | None = None) -> Table:
+    """`echobench predict --validate`: predicted vs published step time per published row, the
+    assumed values' range, the error at the fit on every row and left out of the fit (LOSO)."""
+    table = Table(title=esc(title), caption="error = predicted / published - 1 (in-sample: the in-step clock fitted on "
+                  "every row; LOSO: fitted without the row's source); published step = global batch x seq / (tokens/s per "
+                  "GPU x GPUs), from TFLOP/s under the row's own FLOP convention where only that is published (*); range: "
+                  "the row priced over its assumed values (predicted: their middle); refused rows: why below, not counted")
     table.add_column("row", no_wrap=True)
-    for col in ("GPUs", "layout", "published s", "predicted s", "error", "MFU pub", "MFU pred"):
-        table.add_column(col, justify="right", no_wrap=True)
+    for col in ("source", "GPUs", "device", "layout", "published s", "predicted s", "range s", "error", "LOSO",
+                "MFU pub", "MFU pred"):
+        table.add_column(col, justify="left" if col in ("source", "device") else "right", no_wrap=col != "layout")
     for r in results:
         if r.refused is not None:
-            table.add_row(esc(r.id), str(r.gpus), esc(r.layout), "", "", "[yellow]refused[/]", "", "")
+            table.add_row(esc(r.id), esc(r.source), str(r.gpus), "", esc(r.layout), "", "", "", "[yellow]refused[/]", "", "", "")
             continue
-        derived = "" if r.published_from == "tokens/s" else "*"
-        table.add_row(esc(r.id), str(r.gpus), esc(r.layout), f"{r.published_step_s:.4g}{derived}",
-                      f"{r.predicted_step_s:.4g}", f"{r.error:+.1%}", _pct(r.published_mfu), _pct(r.predicted_mfu))
+        derived = "*" if r.published_from.startswith("TFLOP") else ""
+        rng = "-" if r.low_s is None else f"{r.low_s:.3g}-{r.high_s:.3g}"
+        held = (loso or {}).get(r.id)
+        table.add_row(esc(r.id), esc(r.source), str(r.gpus), esc(r.device.removeprefix("NVIDIA ")), esc(r.layout),
+                      f"{r.published_step_s:.4g}{derived}", f"{r.predicted_step_s:.4g}", rng, f"{r.error:+.1%}",
+                      "-" if held is None else f"{held:+.1%}", _pct(r.published_mfu), _pct(r.predicted_mfu))
+    return table
+
+
+def crossval_table(cv: dict) -> Table:
+    """The leave-one-source-out cross-validation (crossval.crossval): per source and overall."""
+    table = Table(title="leave-one-source-out cross-validation (the in-step clock fitted without the source, the "
+                  "source predicted)", caption="|error| mean / max; clock: the in-step clock per GPU family fitted on "
+                  "the other sources")
+    for col in ("source", "rows", "clock fitted without it", "LOSO mean", "LOSO max", "in-sample mean", "in-sample max"):
+        table.add_column(col, justify="left" if col in ("source", "clock fitted without it") else "right")
+
+    def cells(e: dict) -> list[str]:
+        return [_pct(e["mean_abs_error"]), _pct(e["max_abs_error"])]
+
+    for s, v in cv["per_source"].items():
+        clock = " ".join(f"{k} {c:.3g}" for k, c in v["clock_fitted_without_it"].items())
+        table.add_row(esc(s), str(v["rows"]), clock, *cells(v["loso"])[:1], cells(v["loso"])[1],
+                      *cells(v["in_sample"]))
+    table.add_row("all", str(cv["rows"]), " ".join(f"{k} {c:.3g}" for k, c in cv["fit"].items()) + " (every row)",
+                  *cells(cv["loso"]), *cells(cv["in_sample"]))
     return table

@@ -33,6 +33,17 @@ HOST_OPS = {
 # full re-runs the block's forward; selective, eager, every second block's (half of full's per
 # layer; compiled, COMPILED_BLOCK_OPS stand); the forward changes by views only.
 AC_BACKWARD_OPS = {"none": (0, 0), "full": (263, 152), "selective": (132, 76)}
+# Float8 bytes per element (TransformerEngine's cast-transpose and torchao's dynamic scaling): a
+# linear's input and its output gradient are each read in bf16 and written in float8 twice (the
+# tensor and its transpose, the layouts the forward and the two backward GEMMs take): 2 + 1 + 1; a
+# weight likewise once per micro-batch; an amax reduction (current / tensorwise scaling: computed
+# before the cast; delayed: from the cast itself) reads the tensor again: + 2. Compiled (torchao
+# under torch.compile): the cast fuses into the kernel that makes the tensor, the amax does not.
+FP8_BYTES = {"cast": 4, "amax": 2, "compiled_cast": 2}
+# The parts of Echo whose linears torchtitan's float8 conversion turns to Float8Linear
+# (backends/torchtitan.float8_plan: the token-axis linears but the latent in / out projections, and
+# not the text encoder's).
+FP8_PARTS = ("dit_attention", "dit_mlp", "speaker_encoder", "text_projection")
 # A compiled block dispatches its matmuls, attention and about as many fused kernels (assumed):
 # forward / backward ops per DiT and per speaker layer.
 COMPILED_BLOCK_OPS = {"forward": (30, 16), "backward": (58, 30)}
@@ -48,6 +59,7 @@ class Matmul:
     n: int
     k: int
     count: int = 1
+    precision: str = "bf16"  # the GEMM's operands: bf16 (the compute dtype) or fp8 (float8, at the device's float8 rate)
 
     @property
     def flops(self) -> int:
@@ -148,6 +160,23 @@ def run_work(cfg: RunConfig) -> tuple[tuple[Matmul, ...], tuple[AttentionWork, .
     """step_work of a run."""
     return step_work(cfg.model_config(), cfg.framework, cfg.tp, cfg.micro_batch, cfg.audio_frames, cfg.text_tokens,
                      cfg.speaker_frames, cfg.ac)
+
+
+def float8_work(mm, compiled: bool, amax: bool = True) -> tuple[tuple[Matmul, ...], tuple[float, float]]:
+    """A float8 run's GEMMs: those of FP8_PARTS in float8 (the rest as they were), and the bytes
+    their casts move, forward and backward (FP8_BYTES: each forward GEMM's input and weight, each
+    backward's output gradient; amax: dynamic scaling's extra read, torchao's tensorwise)."""
+    per = (FP8_BYTES["compiled_cast"] if compiled else FP8_BYTES["cast"]) + (FP8_BYTES["amax"] if amax else 0)
+    out, fwd, bwd = [], 0.0, 0.0
+    for m in mm:
+        if m.part not in FP8_PARTS:
+            out.append(m)
+            continue
+        out.append(Matmul(m.part, m.phase, m.m, m.n, m.k, m.count, "fp8"))
+        if m.phase == "forward":
+            fwd += per * m.count * (m.m * m.k + m.n * m.k)  # the input and the weight
+            bwd += per * m.count * m.m * m.n  # the output gradient (its transpose written with it)
+    return tuple(out), (fwd, bwd)
 
 
 def host_ops(cfg: RunConfig) -> dict[str, int]:

@@ -50,6 +50,12 @@ class CardCandidate:
     def samples_per_s(self) -> float:
         return self.layout.global_batch / self.prediction.step_time_s
 
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Predicted samples/s over the cross-validated interval of the step (predict.intervals)."""
+        p = self.prediction
+        return self.layout.global_batch / p.step_time_high_s, self.layout.global_batch / p.step_time_low_s
+
 
 @dataclass
 class CardProblem:
@@ -169,10 +175,12 @@ def _beside(card_file: Path, named: str) -> Path | str:
 def card_table(problem: CardProblem, rows: int = 10) -> Table:
     t = Table(title=f"{esc(problem.key)} (model card, predicted, not measured on {esc(problem.profile.name)}): "
               f"{len(problem.ranked)} ranked, {len(problem.pruned)} pruned", title_justify="left")
-    for col in ("rank", "layout", "memory GiB", "pred samples/s", "MFU"):
+    for col in ("rank", "layout", "memory GiB", "pred samples/s [interval]", "MFU"):
         t.add_column(col, justify="left" if col == "layout" else "right")
     for i, c in enumerate(problem.ranked[:rows]):
-        t.add_row(str(i + 1), esc(c.run_id), f"{c.memory_gib:.1f}", f"{c.samples_per_s:.4g}", f"{c.prediction.mfu:.1%}")
+        low, high = c.interval
+        t.add_row(str(i + 1), esc(c.run_id), f"{c.memory_gib:.1f}", f"{c.samples_per_s:.4g} [{low:.4g}, {high:.4g}]",
+                  f"{c.prediction.mfu:.1%}")
     return t
 
 
@@ -184,7 +192,8 @@ def card_entry(problem: CardProblem) -> dict:
             "stop": "a model card is ranked, not measured (echobench trains Echo)",
             "predicted_winner": ranked[0].run_id,
             "candidates": [{"run_id": c.run_id, "family": c.family, "rank": i + 1, "memory_gib": c.memory_gib,
-                            "samples_per_s": c.samples_per_s, "tokens_per_s": c.samples_per_s * c.layout.seq,
+                            "samples_per_s": c.samples_per_s, "samples_per_s_low": c.interval[0],
+                            "samples_per_s_high": c.interval[1], "tokens_per_s": c.samples_per_s * c.layout.seq,
                             "step_time_s": c.prediction.step_time_s, "mfu": c.prediction.mfu,
                             "grad_accum": c.layout.grad_accum} for i, c in enumerate(ranked)],
             "pruned": [{"run_id": c.run_id, "reason": c.pruned} for c in problem.pruned]}

@@ -181,8 +181,7 @@ def misranked(problems: Sequence[Problem], measured: dict[str, Measured]) -> boo
 
 
 def _factor(profile: HardwareProfile) -> float:
-    """The factor the profile now puts on a step's compute: in_step on a GPU; on a CPU the in-situ
-    factor of its host points times any in_step a tune fitted."""
+    """The factor the profile now puts on a step's compute: the in_step a tune fitted (1 without)."""
     return in_situ_factor(Rates(profile))
 
 

@@ -24,7 +24,8 @@ SCHEMA = 1
 
 
 def interval(c: Candidate) -> tuple[float, float]:
-    """The predicted samples/s at the calibration's worst and best figures."""
+    """The predicted samples/s interval: the cross-validated model error (predict.intervals) and the
+    calibration's spread, whichever is wider (Prediction.step_time_low_s / _high_s)."""
     p = c.prediction
     batch = c.cfg.global_batch
     return batch / p.step_time_high_s, batch / p.step_time_low_s

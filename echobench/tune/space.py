@@ -208,7 +208,7 @@ class Problem:
     def ranked(self) -> list[Candidate]:
         """The candidates not pruned, by predicted samples/s of the whole job (ties: less memory)."""
         kept = [c for c in self.candidates if c.prediction is not None]
-        # Ties (the model prices fp8 GEMMs at bf16's rate): the plainer setting first.
+        # Ties (settings the model prices alike): the plainer setting first.
         return sorted(kept, key=lambda c: (-round(c.prediction.samples_per_s, 9), c.prediction.memory_gib,
                                            c.cfg.precision == "fp8", c.cfg.compile is not True,
                                            not c.cfg.reshard_after_forward, c.run_id))

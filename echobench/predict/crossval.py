@@ -1,0 +1,129 @@
+"""The model's one fitted term held out as a reviewer would: leave-one-source-out cross-validation.
+
+The fitted term is the in-step clock per GPU family (devicerates.in_step_clock), bounded to
+CLOCK_BOUNDS. For each source (a row's `source.name`: a framework's table, a paper, a benchmark
+suite), the clock of each family is fitted on every other source's rows and the left-out source's
+rows are predicted with it: their errors are the cross-validated (LOSO) error. The in-sample error
+is the fit on every row, predicted on the same rows.
+
+The fit minimises the mean |log(predicted / published)| over a family's rows, on a grid of
+CLOCK_STEP over CLOCK_BOUNDS. A row's step as a function of the clock c is taken as a + b / c (the
+compute-bound kernels scale with 1 / c, the rest does not), a and b from the row priced at two
+clocks: the fit is a grid search on that surrogate, the errors reported are the model's own at the
+fitted clock.
+
+Intervals: the LOSO log-residuals' RESIDUAL_QUANTILES (intervals.py) give how far a prediction
+lands from a published run the model was not fitted on; write_fit commits them with the fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from echobench.devicerates import FIT_FILE, InStepFit, gpu_family
+from echobench.hwprofile import HardwareProfile
+from echobench.predict.errors import PredictError
+from echobench.predict.validate import central_step, error_summary, published_step, validate
+from echobench.predict.card import model_card, run_layout
+from echobench.predict.intervals import RESIDUAL_QUANTILES
+
+CLOCK_BOUNDS = (0.60, 1.00)  # a family's in-step clock: no lower than 0.6 of its isolated GEMM loop's, no higher
+CLOCK_STEP = 0.005
+PROBE = 0.7  # the second clock each row is priced at for the surrogate
+
+
+@dataclass
+class RowFit:
+    """A row's step as a + b / clock, its published step, source and family."""
+
+    id: str
+    source: str
+    family: str | None
+    a: float
+    b: float
+    published: float
+
+    def step(self, clock: float) -> float:
+        return self.a + self.b / clock
+
+
+def _fit(family_of: str, rows: Sequence[RowFit]) -> float:
+    """The clock of `family_of` minimising mean |log(step / published)| over its rows (1: none)."""
+    mine = [r for r in rows if r.family == family_of]
+    if not mine:
+        return 1.0
+    n = round((CLOCK_BOUNDS[1] - CLOCK_BOUNDS[0]) / CLOCK_STEP)
+    grid = [CLOCK_BOUNDS[0] + i * CLOCK_STEP for i in range(n + 1)]
+    return min(grid, key=lambda c: sum(abs(math.log(r.step(c) / r.published)) for r in mine))
+
+
+def fit(rows: Sequence[RowFit], source: str = "") -> InStepFit:
+    """The in-step clock of every family among `rows` (a family without rows is left out)."""
+    clocks = {fam: round(_fit(fam, rows), 3) for fam in sorted({r.family for r in rows if r.family})}
+    return InStepFit(clocks, tuple(r.id for r in rows), source)
+
+
+def row_fits(rows: Sequence[Mapping], profiles: dict[str, HardwareProfile]) -> list[RowFit]:
+    """Each priced row's surrogate: priced at clock 1 and PROBE for its family (refused rows left out)."""
+    out = []
+    for row in rows:
+        try:
+            s1 = central_step(row, profiles, InStepFit({"hopper": 1.0, "ampere": 1.0}))[0]
+            s2 = central_step(row, profiles, InStepFit({"hopper": PROBE, "ampere": PROBE}))[0]
+            prof = profiles[row["hardware"]["profile"]]
+            card, layout = model_card(row["model"]), run_layout(row["run"], row["hardware"])
+            pub, _ = published_step(row, card, layout)
+        except PredictError:
+            continue
+        b = (s2 - s1) / (1 / PROBE - 1)
+        out.append(RowFit(row["id"], row["source"]["name"], gpu_family(prof.device), s1 - b, b, pub))
+    return out
+
+
+def crossval(rows: Sequence[Mapping]) -> dict:
+    """Leave-one-source-out and in-sample errors, per source and overall, the fits, and the
+    residual quantiles of the intervals."""
+    profiles: dict[str, HardwareProfile] = {}
+    fits = row_fits(rows, profiles)
+    by_id = {r["id"]: r for r in rows}
+    sources = list(dict.fromkeys(f.source for f in fits))
+    loso, folds = {}, {}
+    for s in sources:
+        f = fit([r for r in fits if r.source != s], f"fitted leaving out {s}")
+        folds[s] = f.clock
+        held = validate([by_id[r.id] for r in fits if r.source == s], terms=f)
+        loso.update({v.id: v.error for v in held if v.error is not None})
+    everything = fit(fits, "fitted on every row")
+    inside = {v.id: v.error for v in validate([by_id[r.id] for r in fits], terms=everything) if v.error is not None}
+    per_source = {s: {"rows": sum(f.source == s for f in fits), "clock_fitted_without_it": folds[s],
+                      "loso": error_summary([loso[f.id] for f in fits if f.source == s]),
+                      "in_sample": error_summary([inside[f.id] for f in fits if f.source == s])} for s in sources}
+    residuals = sorted(math.log(1 + e) for e in loso.values())
+    return {"sources": len(sources), "rows": len(fits), "fit": everything.clock, "folds": folds,
+            "loso": error_summary(list(loso.values())), "in_sample": error_summary(list(inside.values())),
+            "per_source": per_source, "residual_quantiles": [quantile(residuals, q) for q in RESIDUAL_QUANTILES],
+            "loso_errors": loso, "in_sample_errors": inside}
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted `xs`, linear between order statistics."""
+    i = q * (len(xs) - 1)
+    lo, hi = math.floor(i), math.ceil(i)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
+def write_fit(result: dict, path: Path = FIT_FILE) -> Path:
+    """The committed fit: the in-step clocks fitted on every row, the rows, the residual quantiles
+    and the LOSO figures they come with (devicerates.committed_fit reads it)."""
+    data = {"clock": result["fit"], "fitted_on": sorted(result["in_sample_errors"]),
+            "source": (f"echobench predict --validate: the in-step clock per GPU family minimising mean |log error| over "
+                       f"{result['rows']} published rows of {result['sources']} sources (validation/published-runs.yaml); "
+                       f"leave-one-source-out mean |error| {result['loso']['mean_abs_error']:.1%}, max "
+                       f"{result['loso']['max_abs_error']:.1%}"),
+            "residual_quantiles": result["residual_quantiles"], "quantiles": list(RESIDUAL_QUANTILES),
+            "loso": result["loso"], "in_sample": result["in_sample"]}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
