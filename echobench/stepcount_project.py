@@ -30,14 +30,15 @@ KERNELS = {"flash": "flash2", "efficient": "efficient", "cudnn": "cudnn", "flex"
 PASSES = ("forward", "backward")
 
 
-def price(count: StepCount, profile: HardwareProfile) -> dict:
-    """Seconds of one counted micro-batch's forward and backward by term, and of the optimizer's step."""
+def price(count: StepCount, profile: HardwareProfile, fit=None) -> dict:
+    """Seconds of one counted micro-batch's forward and backward by term, and of the optimizer's step
+    (`fit`: the in-step clock's fit, devicerates.InStepFit; None: the committed one)."""
     compiled = bool(count.settings.get("compiled"))
-    gemm_s = sum(t.flops / (devicerates.gemm(profile, m, n, k, precision).value * 1e12)
+    gemm_s = sum(t.flops / (devicerates.gemm(profile, m, n, k, precision, fit=fit).value * 1e12)
                  for (phase, m, n, k, precision), t in count.gemms.items() if phase in PASSES)
     attention_s: dict[str, float] = {}
     for (kernel, q, kv, d), t in count.attention_calls.items():
-        rate = devicerates.attention(profile, q, kv, d, kernel=KERNELS[kernel]).value
+        rate = devicerates.attention(profile, q, kv, d, kernel=KERNELS[kernel], fit=fit).value
         attention_s[kernel] = attention_s.get(kernel, 0.0) + t.flops / (rate * 1e12)
     memory = sum(count.total(ph, kind="memory").bytes for ph in PASSES)
     memory_s = memory / (devicerates.memory_bandwidth(profile, compiled).value * 1e9)
@@ -50,7 +51,7 @@ def price(count: StepCount, profile: HardwareProfile) -> dict:
 
 
 def project(variants: list[tuple[StepCount, float]], profile: HardwareProfile, peak_tflops: float | None = None,
-            grad_accum: int = 1) -> dict:
+            grad_accum: int = 1, fit=None) -> dict:
     """Step time and MFU on one device of `profile`: the counted micro-batch variants (unmasked,
     masked) weighted by their shares of the run's micro-batches (summing to 1), grad_accum of them,
     and one optimizer step; by term (ms) with every rate's source."""
@@ -59,7 +60,7 @@ def project(variants: list[tuple[StepCount, float]], profile: HardwareProfile, p
         raise ValueError(f"variant shares {shares} must be >= 0 and sum to 1")
     count = variants[0][0]
     peak = devicerates.peak(profile) if peak_tflops is None else devicerates.Rate(peak_tflops, "TFLOP/s", "given")
-    priced = [(price(c, profile), share) for c, share in variants]
+    priced = [(price(c, profile, fit), share) for c, share in variants]
 
     def mix(key: str) -> float:
         return sum(share * p[key] for p, share in priced)
@@ -80,30 +81,30 @@ def project(variants: list[tuple[StepCount, float]], profile: HardwareProfile, p
             "optimizer_ms": optimizer_s * 1e3, "step_ms": step_s * 1e3, "model_tflop": model_flops / 1e12,
             "mfu": model_flops / (step_s * peak.value * 1e12), "peak_tflops": peak.value, "peak_source": peak.source,
             "masked_share": sum(share for c, share in variants if c.settings.get("masked")),
-            "rates": rate_sources(variants, profile)}
+            "rates": rate_sources(variants, profile, fit)}
 
 
-def rate_sources(variants: list[tuple[StepCount, float]], profile: HardwareProfile) -> dict:
+def rate_sources(variants: list[tuple[StepCount, float]], profile: HardwareProfile, fit=None) -> dict:
     """What each term was priced at, and where that comes from: the GEMM rate of the shape with the
     most FLOPs and the FLOP-weighted mean over every shape, each attention kernel's rate at its
     longest call, the memory-bound bandwidth, the kernel gap, the optimizer's bandwidth, the clock."""
     count = variants[0][0]
     gemms = [(m, n, k, pr, t.flops) for (ph, m, n, k, pr), t in count.gemms.items() if ph in PASSES]
     m, n, k, pr, _ = max(gemms, key=lambda g: g[4])
-    top = devicerates.gemm(profile, m, n, k, pr)
-    seconds = sum(f / devicerates.gemm(profile, a, b, c, p).value for a, b, c, p, f in gemms)
+    top = devicerates.gemm(profile, m, n, k, pr, fit=fit)
+    seconds = sum(f / devicerates.gemm(profile, a, b, c, p, fit=fit).value for a, b, c, p, f in gemms)
     out = {"gemm": {"largest_shape": [m, n, k], "precision": pr, "tflops": top.value, "source": top.source,
                     "flop_weighted_tflops": sum(g[4] for g in gemms) / seconds},
            "attention": {}}
     for c, _ in variants:
         for (kernel, q, kv, d), _t in sorted(c.attention_calls.items(), key=lambda x: -x[0][1] * x[0][2]):
             if kernel not in out["attention"]:
-                r = devicerates.attention(profile, q, kv, d, kernel=KERNELS[kernel])
+                r = devicerates.attention(profile, q, kv, d, kernel=KERNELS[kernel], fit=fit)
                 out["attention"][kernel] = {"at": [q, kv, d], "tflops": r.value, "source": r.source,
                                             "assumed": r.assumed}
     for name, rate in (("memory", devicerates.memory_bandwidth(profile, bool(count.settings.get("compiled")))),
                        ("kernel_gap", devicerates.kernel_gap(profile)),
                        ("optimizer", devicerates.optimizer_bandwidth(profile)),
-                       ("clock", devicerates.sustained_clock(profile))):
+                       ("clock", devicerates.sustained_clock(profile, fit))):
         out[name] = {"value": rate.value, "unit": rate.unit, "source": rate.source, "assumed": rate.assumed}
     return out

@@ -77,6 +77,26 @@ def rates_lines(projection: dict) -> list[str]:
     return out
 
 
+def ablation(counts: dict, share: float, profile, peak, project, fit_type) -> list[tuple[str, dict]]:
+    """The compiled micro-batch priced as the 2026-12-02 projection priced it, then with each honest
+    term added in turn: (what was added, the projection)."""
+    unmasked, masked = counts["compiled"], counts["compiled masked"]
+    no_triton = [m for m in profile.memory if m.op != "triton"]
+    bare = profile.model_copy(update={"sm_count": None, "kernel_gap": None, "memory": no_triton})
+    stages = [("the best GEMM point for every shape, no clock, memory-bound at the add bandwidth, no gaps, "
+               "every micro-batch unmasked (2026-12-02's terms)", bare, fit_type(), 0.0),
+              ("+ each GEMM at its shape (tile and wave quantization)",
+               bare.model_copy(update={"sm_count": profile.sm_count}), fit_type(), 0.0),
+              ("+ the sustained clock (the fitted in-step clock)", bare.model_copy(update={"sm_count": profile.sm_count}),
+               None, 0.0),
+              ("+ compiled memory-bound work at Triton's bandwidth",
+               profile.model_copy(update={"kernel_gap": None}), None, 0.0),
+              ("+ a gap per kernel", profile, None, 0.0),
+              (f"+ the path mix ({share:.0%} of micro-batches masked: FlexAttention)", profile, None, share)]
+    return [(label, project([(unmasked, 1 - sh), (masked, sh)], prof, peak, fit=fit))
+            for label, prof, fit, sh in stages]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", help="SCALE:AC[:PRECISION] (repeatable; default 800M:none, "
@@ -96,12 +116,14 @@ def main() -> int:
                              "micro-batches, null attends without a mask")
     parser.add_argument("--from-json", type=Path, help="price the counts a --json of this script wrote, again "
                                                        "(another profile or accumulation; nothing is counted)")
+    parser.add_argument("--ablate", action="store_true", help="also price each compiled count as the 2026-12-02 "
+                                                                  "projection did, then with each honest term added")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 
     import torch
 
-    from echobench import stepcount, stepcount_project
+    from echobench import devicerates, stepcount, stepcount_project
     from echobench.config import RunConfig
     from echobench.hwprofile import find_profile, load_profile
     from echobench.model.echo import masked_share
@@ -158,7 +180,17 @@ def main() -> int:
                                        f"({profile.name})", projections))
         for line in rates_lines(next(iter(projections.values()))):
             console.print(line, markup=False, highlight=False)
+        steps = []
+        if args.ablate and "compiled" in counts:
+            steps = ablation(counts, share, profile, args.peak, stepcount_project.project, devicerates.InStepFit)
+            table = Table(title=f"{title}: compiled, one micro-batch, each term added")
+            for col in ("term", "step ms", "MFU"):
+                table.add_column(col, justify="left" if col == "term" else "right")
+            for label, p in steps:
+                table.add_row(label, f"{p['step_ms']:.1f}", f"{p['mfu']:.1%}")
+            console.print(table)
         out["configs"].append({"title": title, "cfg": settings, "masked_share": share,
+                               "ablation": [{"term": label, "step_ms": p["step_ms"], "mfu": p["mfu"]} for label, p in steps],
                                **{name: {"count": c.as_dict(), "count_seconds": seconds.get(name)}
                                   for name, c in counts.items()},
                                "projections": projections})
