@@ -118,9 +118,9 @@ def steps(dry: bool) -> list[Step]:
              limit=90, least=40, needs=(f"{n3}-compile-mb{mb}",)),
         run(f"{n3}-fp8-compile-mb{mb}", "--scale", s3, "--compile", "--precision", "fp8", "--micro-batch", str(mb),
             limit=180, least=100),
-        # what reports/step-count-2026-12-03.md projects best: 4 micro-batches per optimizer step
-        run(f"{n3}-fp8-compile-mb{mb}-accum4", "--scale", s3, "--compile", "--precision", "fp8", "--micro-batch",
-            str(mb), "--grad-accum", "4", limit=180, least=100, needs=(f"{n3}-fp8-compile-mb{mb}",)),
+        # what reports/step-count-2026-12-03.md projects best: float8 rowwise, 4 micro-batches per step
+        run(f"{n3}-fp8-rowwise-compile-mb{mb2}-accum4", "--scale", s3, "--compile", "--precision", "fp8",
+            "--float8-recipe", "rowwise", "--micro-batch", str(mb2), "--grad-accum", "4", limit=200, least=110),
         run(f"{n3}-compile-mb{mb}-accum4", "--scale", s3, "--compile", "--micro-batch", str(mb), "--grad-accum", "4",
             limit=150, least=80, needs=(f"{n3}-compile-mb{mb}",)),
         run(f"{n3}-compile-sac-mb{mb}", "--scale", s3, "--compile", "--ac", "selective", "--micro-batch", str(mb),
