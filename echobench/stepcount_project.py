@@ -12,7 +12,7 @@ first GPU record is held against. Every rate comes from echobench.devicerates, t
 - the optimizer: its bytes at devicerates.optimizer_bandwidth, its launches' gaps;
 - the path mix: a micro-batch is unmasked, or masked where a sample drops its conditioning (the
   DiT's attention over a key mask); each is counted and priced, and weighted by the run's expected
-  share of masked micro-batches (model.echo.masked_share).
+  share of masked micro-batches (model.config.masked_share).
 
 Nothing overlaps (one stream); grad_accum micro-batches per optimizer step repeat the forward and
 backward. MFU = model FLOPs (echobench.flops, x micro-batch x grad_accum) / (step time x peak).

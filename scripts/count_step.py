@@ -126,7 +126,7 @@ def main() -> int:
     from echobench import devicerates, stepcount, stepcount_project
     from echobench.config import RunConfig
     from echobench.hwprofile import find_profile, load_profile
-    from echobench.model.echo import masked_share
+    from echobench.model.config import masked_share
 
     console = Console()
     profile = load_profile(find_profile(args.profile))

@@ -551,3 +551,24 @@ def test_a_cpu_steps_compute_is_its_measured_rates_and_small_tensors_take_the_ca
     ew = lambda p: pr.predict(run, p).parts["elementwise"]  # noqa: E731
     assert ew(one) == pytest.approx(4 * ew(two), rel=1e-9)  # tiny's tensors (0.2 MB) stay in the cache
     assert pr.Rates(two).memory_gbps("add", 8 * 750 * 1280 * 4) == 10.0  # 800M's (30 MB) do not
+
+
+def test_the_dits_attention_is_priced_at_the_runs_mix_of_masked_micro_batches():
+    """A synthetic run's micro-batches in which a sample drops its conditioning (cfg_drop mask) attend
+    over a key mask (FlexAttention): their share of the DiT's attention is priced at FlexAttention's
+    rate, slower than FlashAttention-2's; null conditioning attends unmasked throughout."""
+    from echobench.hwprofile import find_profile, load_profile
+    from echobench.model.config import masked_share
+    from echobench.predict.pricing import dit_attention_mix
+
+    profile = load_profile(find_profile("h200-hgx-ib"))
+    runs = {drop: RunConfig(scale="3B", micro_batch=8, device="cuda", compile=True, cfg_drop=drop)
+            for drop in ("mask", "null")}
+    mix = dit_attention_mix(runs["mask"])
+    assert mix == pytest.approx({"flash2": 1 - masked_share(8, 0.1), "flex": masked_share(8, 0.1)})
+    assert dit_attention_mix(runs["null"]) == {"flash2": 1.0}
+    assert dit_attention_mix(replace(runs["mask"], data="/shards")) == {"flex": 1.0}
+    p = {drop: pr.predict(cfg, profile) for drop, cfg in runs.items()}
+    attention = {drop: q.parts["attention"] for drop, q in p.items()}
+    assert attention["mask"] > attention["null"]
+    assert any("57% flex" in n for n in p["mask"].notes) and not any("flex" in n for n in p["null"].notes)

@@ -12,7 +12,8 @@ from echobench import stepcount_ops
 from echobench.backends.torchtitan import build_model
 from echobench.config import RunConfig
 from echobench.flops import attention_flops, hardware_flops, model_flops, param_counts
-from echobench.model.echo import diffusion_draws, masked_share
+from echobench.model.config import masked_share
+from echobench.model.echo import diffusion_draws
 
 LENGTHS = {"audio_frames": 24, "text_tokens": 12, "speaker_frames": 18}  # 18 frames: 5 patches, one partial
 

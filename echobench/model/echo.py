@@ -42,16 +42,6 @@ def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_
             "text_encoder": "dense" if text_needs_mask else "none"}
 
 
-def masked_share(micro_batch: int, cfg_dropout: float, cfg_drop: str = "mask", padded: bool = False) -> float:
-    """The expected share of micro-batches whose DiT attends over a key mask: every one where the data
-    pads a stream (shards: samples shorter than the maxima); else, with cfg_drop mask, those in which
-    at least one of micro_batch samples drops its conditioning, each with probability cfg_dropout
-    (1 - 0.9^8 = 57% at micro-batch 8); none with null conditioning."""
-    if padded:
-        return 1.0
-    return 0.0 if cfg_drop == "null" else 1 - (1 - cfg_dropout) ** micro_batch
-
-
 def sample_seed(seed: int, index: int) -> int:
     """A well-mixed 32-bit seed of (run seed, global sample index): splitmix64, folded to 32 bits
     because the CPU generator (mt19937) only uses the low 32 bits of a seed."""

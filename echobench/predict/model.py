@@ -21,6 +21,7 @@ from echobench.predict.pricing import (
     BOUNDS,
     Rates,
     attention_kernel,
+    dit_attention_mix,
     attention_notes,
     bounded,
     compute_bytes,
@@ -198,7 +199,10 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
                      "no host point in the profile: host overhead not modelled")
     kernel = None if is_cpu(profile) else attention_kernel(cfg)
     if kernel and any(p.kernel for p in profile.attention):
-        notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel)")
+        mix = dit_attention_mix(cfg)
+        dit = "" if list(mix) == [kernel] else "; the DiT's " + ", ".join(f"{share:.0%} {k}" for k, share in mix.items()) \
+            + " (micro-batches in which a sample drops its conditioning attend over a key mask)"
+        notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel){dit}")
     notes += attention_notes(run_work(cfg)[1], Rates(profile), kernel)
     if profile.sm_count and profile.gemm:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "

@@ -20,6 +20,7 @@ from echobench.devicerates import (
     sustained_clock,
 )
 from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
+from echobench.model.config import masked_share
 from echobench.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
@@ -209,7 +210,26 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
         mm, (cf, cb) = float8_work(mm, cfg.compile is True)
         fwd, bwd = fwd + cf, bwd + cb
     tensor = cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb  # an activation of the DiT
-    return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor)
+    mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg)}
+    return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor,
+                        mixes=mixes)
+
+
+def dit_attention_mix(cfg: RunConfig) -> dict[str, float]:
+    """The kernels the DiT's attention takes and each one's share of its micro-batches: synthetic
+    batches attend without a mask (attention_kernel) except where a sample drops its conditioning
+    with cfg_drop mask (model.config.masked_share: 57% of micro-batches at micro-batch 8), which attend
+    over a key mask (FlexAttention with key_masking flex or auto, else a masked SDPA); padded batches
+    (shards) always do."""
+    kernel = attention_kernel(cfg)
+    if cfg.data != "synthetic":
+        return {kernel: 1.0}
+    masked = "flex" if cfg.key_masking in ("flex", "auto") else {"cudnn": "cudnn", "math": "math"}.get(
+        cfg.sdpa_backend, "efficient")
+    share = masked_share(cfg.micro_batch, cfg.model_config().cfg_dropout, cfg.cfg_drop)
+    mix = {kernel: 1 - share}
+    mix[masked] = mix.get(masked, 0.0) + share
+    return {k: v for k, v in mix.items() if v > 0}
 
 
 def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
@@ -230,8 +250,8 @@ def attention_kernel(cfg: RunConfig) -> str | None:
     data: every sample at the maxima) calls SDPA with no mask: its pinned backend, or torch's
     choice (auto), FlashAttention first in its priority (huggingface/transformers#48163: "picks its
     backend by a fixed priority that puts FlashAttention first"; cuDNN-first on H100 was reverted,
-    pytorch/pytorch#128539). SDPA's flash backend is FlashAttention-2. A synthetic step whose batch
-    drops conditioning (CFG) attends masked too: priced as the unmasked path."""
+    pytorch/pytorch#128539). SDPA's flash backend is FlashAttention-2. The DiT's micro-batches whose
+    samples drop their conditioning attend masked: dit_attention_mix prices that share apart."""
     if cfg.data != "synthetic":
         if cfg.key_masking in ("flex", "auto"):
             return "flex"
@@ -255,21 +275,23 @@ def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
 
 def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
                  kernel: str | None = None, compiled: bool = False, kernels: tuple[float, float] = (0, 0),
-                 tensor_bytes: float | None = None) -> dict[str, float]:
+                 tensor_bytes: float | None = None, mixes: dict | None = None) -> dict[str, float]:
     """The device's seconds of one step's work by phase and kind (no communication), whatever model
     it is of: GEMMs at the profile's rate of their precision and attention of `kernel`, the
     element-wise bytes (forward, backward) at its memory bandwidth (`compiled`: Triton's kernels),
     the optimizer's bytes of `params` parameters, and the device's idle gap (devicerates.kernel_gap)
     after each of `kernels` launches (forward, backward: `gap_forward`, `gap_backward`);
-    `tensor_bytes`: the size of the element-wise ops' tensors (Rates.memory_gbps' nearest point)."""
+    `tensor_bytes`: the size of the element-wise ops' tensors (Rates.memory_gbps' nearest point);
+    `mixes`: per attention part, the kernels its calls take and their shares (else all `kernel`)."""
     factor = rates.compute_factor
     out = dict.fromkeys(("gemm_forward", "gemm_backward", "attention_forward", "attention_backward"), 0.0)
     for w in mm:
         out[f"gemm_{'forward' if w.phase == 'forward' else 'backward'}"] += \
             w.flops / (rates.gemm_tflops(w.m, w.n, w.k, w.precision) * 1e12)
     for a in att:
-        out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
-            a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, kernel) * 1e12)
+        for k, share in (mixes or {}).get(a.part, {kernel: 1.0}).items():
+            out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
+                share * a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, k) * 1e12)
     gbps = rates.memory_gbps("triton" if compiled else "add", tensor_bytes) * 1e9
     fwd, bwd = elementwise
     out["elementwise_forward"] = fwd / gbps
