@@ -312,10 +312,13 @@ def test_failure_timeout_and_cancel_become_record_statuses(sweep):
     failed, slow, cancelled = layouts[1], layouts[2], layouts[3]
     assert failed["status"] == "error" and "injected failure at step 2" in failed["error"]
     assert slow["status"] == "timeout" and "TIMEOUT" in slow["error"] and "TIME LIMIT" in slow["log_tail"]
-    # Before the kill, SLURM's USR1: the rank's stacks in the log, its training loop among them.
+    # Before the kill, SLURM's USR1: the rank's stacks in the log, in echobench's own frames. Not
+    # necessarily its training loop: on a loaded machine the signal can come while the rank still
+    # starts up, so the dump asserts only what holds wherever the rank is.
     log = "\n".join(p.read_text(errors="replace") for p in (sweep["dir"] / slow["run_id"] / "logs").glob("slurm-*.out"))
     assert "most recent call first" in log, log[-3000:]
-    assert "in run_loop" in log
+    dump = log[log.index("most recent call first"):]
+    assert re.search(r'File "[^"]*echobench/[^"]*\.py", line \d+ in ', dump), dump[:3000]
     assert cancelled["status"] == "cancelled" and "CANCELLED" in cancelled["error"]
     for r in (slow, cancelled):  # written by the sweep from the scheduler's state: complete records
         assert r["env"]["recorded_by"].startswith("echobench sweep") and r["run_id"] in sweep["submitted"]
