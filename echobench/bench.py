@@ -32,12 +32,12 @@ from echobench.atomic import write_json_atomic
 from echobench.backends import build_training
 from echobench.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
                                      profiling_stopped, trace_path)
-from echobench.bench_record import summarize
+from echobench.bench_record import start_record, summarize
 from echobench.bench_warmup import profile_variants, variant_label, warm_variants, warmup_variants
 from echobench.breakdown import DATA_WAIT, write_breakdown
 from echobench.config import RunConfig
 from echobench.data import build_tokenizer, make_loader
-from echobench.data.buckets import parse_buckets
+from echobench.config import parse_buckets
 from echobench.data.dataset import Padding
 from echobench.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware import default_dtype, resolve_peak
@@ -543,7 +543,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     info = dist_info("cpu" if no_gpu else cfg.device)
     cfg = match_process_group(cfg, info)
-    record = Record.start(cfg, info.device)
+    record = start_record(cfg, info.device)
     start_time_limit(cfg.time_limit_s)
     try:
         if no_gpu:

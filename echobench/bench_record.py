@@ -10,8 +10,20 @@ from collections import Counter
 from echobench.breakdown import summary as breakdown_summary
 from echobench.config import RunConfig
 from echobench.data.format import FRAME_RATE
+from echobench.hardware import env_info, precision_name
+from echobench.peaks import peak_precision_of
 from echobench.results import Record
 from echobench.run_figures import padding_figures, peak_mem_figures, peak_mem_gib, step_figures, window_figures
+
+
+def start_record(cfg: RunConfig, device) -> Record:
+    """The record of a run that starts on device (a torch.device): status error until the run's figures
+    fill it (bench.summarize), so a run that dies at any point still has a complete record."""
+    source = "flag" if cfg.peak_tflops else None
+    resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
+    return Record.of_settings(cfg, resolved, status="error", precision=precision_name(cfg.precision, device),
+                              peak_tflops=cfg.peak_tflops, peak_source=source,
+                              peak_precision=peak_precision_of(source), env=env_info(device))
 
 
 def allocator_count(ranks: list[dict], key: str) -> int | None:

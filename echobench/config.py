@@ -33,6 +33,29 @@ def setting(default, help: str, *, min: int | None = None, flag: str | None = No
     return field(default=default, metadata={"help": help, "min": min, "flag": flag})
 
 
+MAX_BUCKETS = 16  # shapes a run may bucket into (kernels.compile_graphs sizes dynamo's recompile limit to them)
+
+
+def parse_buckets(text: str, max_frames: int | None = None) -> list[int]:
+    """'250,500,750' -> [250, 500, 750]: ascending positive frame counts, none over max_frames
+    (audio_frames, the last bucket: a boundary beyond it would never be used)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"buckets={text!r}: give audio-frame boundaries as ascending integers, e.g. '250,500,750'") from None
+    if not values or any(v < 1 for v in values) or values != sorted(set(values)):
+        raise ValueError(f"buckets={text!r}: give audio-frame boundaries as ascending integers, e.g. '250,500,750'")
+    if max_frames is not None and (over := [v for v in values if v > max_frames]):
+        raise ValueError(f"buckets={text!r}: {', '.join(map(str, over))} {'is' if len(over) == 1 else 'are'} over "
+                         f"audio_frames={max_frames}, the longest audio and always the last bucket: give boundaries "
+                         f"up to {max_frames}, or raise audio_frames")
+    if (shapes := len(set(values) | ({max_frames} if max_frames else set()))) > MAX_BUCKETS:
+        raise ValueError(f"buckets={text!r}: {shapes} shapes, at most {MAX_BUCKETS}: each shape is warmed up (and "
+                         f"compiled) on its own before the measured steps; give fewer boundaries")
+    return values
+
+
+
 @dataclass
 class RunConfig:
     scale: Scale = setting("tiny", "Model preset.")
@@ -131,8 +154,6 @@ class RunConfig:
             raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
                              "samples are all full-length")
         if self.buckets is not None:
-            from echobench.data.buckets import parse_buckets  # lazy: echobench.data's __init__ imports torch
-
             parse_buckets(self.buckets, self.audio_frames)
             if self.batching != "bucket":
                 raise ValueError("buckets is set but batching is pad: set batching=bucket, or drop buckets")

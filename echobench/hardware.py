@@ -21,6 +21,7 @@ import torch
 from echobench.atomic import write_json_atomic
 from echobench.config import FIELDS, RunConfig
 from echobench.flops import speaker_patches
+from echobench.paths import cache_dir
 from echobench.peaks import peak_precision_of, table_peak
 
 class UnknownPeakError(RuntimeError):
@@ -54,10 +55,6 @@ def precision_name(precision: str, device: torch.device) -> str:
 
 
 # ---- calibration: the achievable GEMM rate of this device ----
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ECHOBENCH_CACHE", Path.home() / ".cache" / "echobench"))
-
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()

@@ -440,7 +440,8 @@ def save_profile(profile: HardwareProfile, path: Path | str) -> Path:
 def calibrated_profile_path(device: str, dtype: str) -> Path:
     """Where `echobench calibrate --comm` keeps this machine's profile: echobench's cache
     (ECHOBENCH_CACHE), profiles/DEVICE-DTYPE.yaml."""
-    from echobench.hardware import _slug, cache_dir  # lazy: imports torch; predict reads profiles without it
+    from echobench.hardware import _slug  # lazy: imports torch; predict reads profiles without it
+    from echobench.paths import cache_dir
 
     return cache_dir() / "profiles" / f"{_slug(device)}-{dtype}.yaml"
 

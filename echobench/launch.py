@@ -351,10 +351,11 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnod
     path = out_dir / RECORD_FILE
     if path.exists() and path.stat().st_mtime >= started - 1:
         return Record.load(path)
-    from echobench.distributed import pick_device  # lazy: imports torch; only a run rank 0 did not record needs it
+    from echobench.bench_record import start_record  # lazy: imports torch; only a run rank 0 did not record needs it
+    from echobench.distributed import pick_device
 
     lost = wait_for_node_notes(out_dir, nnodes) if nnodes > 1 else []
-    record = Record.start(cfg, pick_device(cfg.device))
+    record = start_record(cfg, pick_device(cfg.device))
     if failures := rank_failures(out_dir):
         record.fail(failures)
     elif not lost:

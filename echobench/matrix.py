@@ -477,13 +477,6 @@ def _matches(settings: dict, entry: dict) -> bool:
     return True
 
 
-def layout_problem(cfg: RunConfig, executor: str) -> str | None:
-    """Why a run cannot be run here: the executor's reasons, then the backend's (parallelism_problem)."""
-    if executor == "local" and cfg.nodes > 1:
-        return f"the local executor runs on this one machine: nodes={cfg.nodes} needs --executor slurm"
-    return backends.parallelism_problem(cfg)
-
-
 def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
     """Refuses a matrix whose axes and includes give more than max_runs runs (default: the file's
     max_runs), counted from the axis sizes before anything is expanded."""
@@ -537,7 +530,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         except (TypeError, ValueError) as exc:
             plan.skipped.append(SkippedRun(settings, str(exc)))
             continue
-        if problem := layout_problem(cfg, executor):
+        if problem := backends.layout_problem(cfg, executor):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
         if (first := run_id(cfg)) in seen:

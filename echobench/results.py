@@ -17,7 +17,7 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
@@ -25,9 +25,6 @@ from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig, configuration_id, run_id
 from echobench.peaks import peak_precision_of, table_peak
 from echobench.run_figures import max_of, peak_mem_figures, step_figures, window_figures
-
-if TYPE_CHECKING:
-    import torch
 
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
@@ -253,18 +250,6 @@ class Record(BaseModel):
                    encoder_model=cfg.model_config().text_encoder.name, frozen_encoder=cfg.frozen_encoder,
                    steps=cfg.steps, warmup_steps=cfg.warmup_steps, data=cfg.data, seed=cfg.seed, config=config,
                    **fields)
-
-    @classmethod
-    def start(cls, cfg: RunConfig, device: torch.device) -> Record:
-        """The record of a run that starts on device: status error until the run's figures fill it
-        (bench.summarize), so a run that dies at any point still has a complete record."""
-        from echobench.hardware import env_info, precision_name  # lazy: imports torch; only where a run starts
-
-        source = "flag" if cfg.peak_tflops else None
-        resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
-        return cls.of_settings(cfg, resolved, status="error", precision=precision_name(cfg.precision, device),
-                               peak_tflops=cfg.peak_tflops, peak_source=source,
-                               peak_precision=peak_precision_of(source), env=env_info(device))
 
     @classmethod
     def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:
@@ -539,6 +524,13 @@ def over_repeats(values) -> dict | None:
     if not values:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
+    """p-value of 'new steps are no slower than old' (one-sided Mann-Whitney U)."""
+    from scipy.stats import mannwhitneyu  # lazy: scipy is optional; only `compare` needs it
+
+    return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
 
 
 # ---- the table ----

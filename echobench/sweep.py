@@ -36,8 +36,8 @@ from typing import Callable
 from echobench.atomic import write_json_atomic
 from echobench.console import WAITING, Progress, esc, log, state_counts, state_markup
 from echobench.estimate import time_limit_s
-from echobench.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, comm_calibrated,
-                                 finish_without_record, make_executor, write_run_files)
+from echobench.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, finish_without_record, make_executor, write_run_files)
+from echobench.paths import comm_calibrated
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.preflight import passed_before, run_preflight

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ValidationError
 from echobench.atomic import write_json_atomic
 from echobench.config import RunConfig, run_id
 from echobench.console import WAITING
-from echobench.executors import (ACTIVE, SWEEP_FILE, CorruptRecord, Executor, JobState, current_record,
-                                 finish_without_record, job_states, sweep_transport)
+from echobench.executors import (ACTIVE, CorruptRecord, Executor, JobState, current_record, finish_without_record, job_states, sweep_transport)
+from echobench.paths import SWEEP_FILE
 from echobench.launch import lost_node_record
 from echobench.results import Record, validation_text
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"

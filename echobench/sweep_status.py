@@ -11,8 +11,8 @@ from rich.table import Table
 
 from echobench.config import RunConfig
 from echobench.console import NOT_STARTED, esc, fmt, log, state_markup
-from echobench.executors import (ACTIVE, SWEEP_FILE, Executor, JobState, finish_without_record, job_states,
-                                 make_executor)
+from echobench.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
+from echobench.paths import SWEEP_FILE
 from echobench.results import Record, export_table, load_records, records_frame
 from echobench.sweep_state import (MAX_POLL_S, RunEntry, SweepState, detached, look, now_iso, run_dir, run_state, settle,
                                    waiting)

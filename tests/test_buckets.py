@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from echobench.data.buckets import WINDOW_BATCHES, boundaries, bucket_of, parse_buckets, rank_slice, window
+from echobench.data.buckets import WINDOW_BATCHES, boundaries, bucket_of, rank_slice, window
+from echobench.config import parse_buckets
 
 
 def lengths_2_to_20_s(n, seed=0):

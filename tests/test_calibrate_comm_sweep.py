@@ -16,7 +16,8 @@ from rich.console import Console
 from conftest import run_cli
 from echobench import sweep as sw
 from echobench.commbench import attention_shapes
-from echobench.executors import local, measured_profile
+from echobench.executors import local
+from echobench.paths import measured_profile
 from echobench.executors.slurm_script import SRUN_PER_NODE, render_comm_calibration_script
 from echobench.hardware import gemm_shapes
 from echobench.hwprofile import load_profile

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from echobench.bench_record import summarize
+from echobench.bench_record import start_record, summarize
 from echobench.config import RunConfig
 from echobench.hardware import resolve_peak
 from echobench.peaks import table_peak
 from echobench.atomic import write_json_atomic
-from echobench.results import SCHEMA_VERSION, Record, load_records, peak_notes
+from echobench.results import SCHEMA_VERSION, load_records, peak_notes
 
 def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, memory=None):
     """One rank's measurements in the shape run_loop returns them (the numbers chosen here)."""
@@ -33,7 +33,7 @@ def summarized(ranks, precision="auto", peak=1.0, **peaks):
     cfg = RunConfig(scale="tiny", steps=len(ranks[0]["step_times_s"]), warmup_steps=0, micro_batch=2,
                     precision=precision, peak_tflops=peak, gpus_per_node=len(ranks),
                     parallelism="single" if len(ranks) == 1 else "ddp")
-    record = Record.start(cfg, torch.device("cpu")).update(**peaks)
+    record = start_record(cfg, torch.device("cpu")).update(**peaks)
     return summarize(cfg, record, ranks)
 
 

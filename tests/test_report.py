@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT, run_cli
 from echobench.atomic import write_json_atomic
+from echobench.bench_record import start_record
 from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
@@ -264,7 +265,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
 # ---- scaling: two sweeps of the same layouts, of different lengths ----
 
 def written_record(root: Path, step_s: float, **settings) -> Record:
-    """A record made by the record code (Record.start, flops_report, bench.summarize, Record.save)
+    """A record made by the record code (start_record, flops_report, bench.summarize, Record.save)
     for settings as a sweep launches them; only the per-rank measurements are made up: every step
     takes step_s on rank 0 and 1% longer on each further rank."""
     import torch
@@ -276,7 +277,7 @@ def written_record(root: Path, step_s: float, **settings) -> Record:
 
     cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
                        "audio_frames": 100, "text_tokens": 32, "speaker_frames": 80, **settings})
-    record = Record.start(cfg, torch.device("cpu"))
+    record = start_record(cfg, torch.device("cpu"))
     record.flops_breakdown = flops_report(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames,
                                           cfg.ac)
     per_sample = record.flops_breakdown["model_flops_per_sample"]

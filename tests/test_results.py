@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
+from echobench.bench_record import start_record
 from echobench.config import RunConfig
 from echobench.results import (
     SCHEMA_VERSION,
@@ -55,7 +56,7 @@ def test_over_repeats_leaves_out_missing_and_non_finite_values():
 
 def started(**settings) -> Record:
     cfg = RunConfig(scale="tiny", device="cpu", peak_tflops=1.0, steps=3, **settings)
-    return Record.start(cfg, torch.device("cpu"))
+    return start_record(cfg, torch.device("cpu"))
 
 
 def test_a_record_saves_and_loads_to_the_same_record(tmp_path):

@@ -13,7 +13,8 @@ from rich.console import Console
 from conftest import FIXTURES
 from echobench import sweep_status
 
-from echobench.executors import SWEEP_FILE, Executor
+from echobench.executors import Executor
+from echobench.paths import SWEEP_FILE
 from echobench.executors.local import LocalExecutor
 from echobench.executors.slurm import SlurmExecutor
 from echobench.sweep_state import CorruptSweepState, RunEntry, SweepState

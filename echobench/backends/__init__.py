@@ -75,3 +75,10 @@ def parallelism_problem(cfg) -> str | None:
         return backend.validate(cfg)
     except ImportError as exc:  # e.g. fp8's check builds the model, which needs transformers
         return f"the {backend.name} backend is not available here ({exc})"
+
+
+def layout_problem(cfg, executor: str) -> str | None:
+    """Why a run cannot be run here: the executor's reasons, then the backend's (parallelism_problem)."""
+    if executor == "local" and cfg.nodes > 1:
+        return f"the local executor runs on this one machine: nodes={cfg.nodes} needs --executor slurm"
+    return parallelism_problem(cfg)

@@ -110,7 +110,7 @@ def cancel(
     """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
     from echobench import sweep_status as sws  # lazy: start-up time of `echobench --help`
-    from echobench.executors import SWEEP_FILE  # lazy: start-up time of `echobench --help`
+    from echobench.paths import SWEEP_FILE  # lazy: start-up time of `echobench --help`
     from echobench.sweep_state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
     if not sweep_dir.is_dir():

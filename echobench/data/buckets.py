@@ -19,27 +19,7 @@ from typing import Callable
 
 WINDOW_BATCHES = 16  # global batches per window: enough to fill buckets, few enough to keep order local
 DEFAULT_BUCKETS = 4
-MAX_BUCKETS = 16  # shapes a run may bucket into (kernels.compile_graphs sizes dynamo's recompile limit to them)
 ALIGN = 8  # boundaries are multiples of 8 frames (tensor-core and vector friendly shapes)
-
-
-def parse_buckets(text: str, max_frames: int | None = None) -> list[int]:
-    """'250,500,750' -> [250, 500, 750]: ascending positive frame counts, none over max_frames
-    (audio_frames, the last bucket: a boundary beyond it would never be used)."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise ValueError(f"buckets={text!r}: give audio-frame boundaries as ascending integers, e.g. '250,500,750'") from None
-    if not values or any(v < 1 for v in values) or values != sorted(set(values)):
-        raise ValueError(f"buckets={text!r}: give audio-frame boundaries as ascending integers, e.g. '250,500,750'")
-    if max_frames is not None and (over := [v for v in values if v > max_frames]):
-        raise ValueError(f"buckets={text!r}: {', '.join(map(str, over))} {'is' if len(over) == 1 else 'are'} over "
-                         f"audio_frames={max_frames}, the longest audio and always the last bucket: give boundaries "
-                         f"up to {max_frames}, or raise audio_frames")
-    if (shapes := len(set(values) | ({max_frames} if max_frames else set()))) > MAX_BUCKETS:
-        raise ValueError(f"buckets={text!r}: {shapes} shapes, at most {MAX_BUCKETS}: each shape is warmed up (and "
-                         f"compiled) on its own before the measured steps; give fewer boundaries")
-    return values
 
 
 def boundaries(lengths: list[int], max_frames: int, given: list[int] | None = None,

@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from echobench.atomic import write_text_atomic
-from echobench.hardware import cache_dir
+from echobench.paths import cache_dir
 
 from .format import LATENT_DIM, SKIP_HINT, SUFFIXES, DataError, decode_sample, ends_cleanly, sample_key
 

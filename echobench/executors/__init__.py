@@ -29,6 +29,7 @@ from echobench.atomic import write_json_atomic
 from echobench.estimate import time_limit
 from echobench.launch import rank_failures
 from echobench.matrix import Matrix, PlannedRun
+from echobench.paths import sweep_profile
 from echobench.results import PLAN_FILE, RECORD_FILE, Record
 
 ACTIVE = ("pending", "running")
@@ -123,7 +124,6 @@ def calibrated(sweep_dir: Path) -> bool:
     return any((sweep_cache(sweep_dir) / "calibration").glob("*.json"))
 
 
-SWEEP_FILE = "sweep.json"  # a sweep directory's state (echobench.sweep.SweepState)
 PREFLIGHT_FILE = "preflight.json"  # a sweep's last preflight (echobench.preflight.Preflight)
 
 
@@ -139,27 +139,6 @@ def sweep_transport(sweep_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return transport_label(seen.get("transport"), seen.get("job")) if seen.get("passed") else None
-
-
-def sweep_profile(sweep_dir: Path) -> Path:
-    """SWEEP/profile.yaml: the hardware profile the sweep measured (hardware.calibrate_comm)."""
-    return sweep_dir.resolve() / "profile.yaml"
-
-
-def comm_calibrated(sweep_dir: Path) -> bool:
-    """Whether the sweep has its hardware profile already (written whole or not at all: save_profile)."""
-    return sweep_profile(sweep_dir).is_file()
-
-
-def measured_profile(path: Path | str) -> Path | None:
-    """The hardware profile the sweep that `path` lies in measured (hardware.calibrate_comm): the
-    sweep_profile of the nearest directory at or above `path` (a record, a run or sweep directory) with
-    a sweep.json, where there is one; None otherwise."""
-    path = Path(path).resolve()
-    for d in (path, *path.parents):
-        if (d / SWEEP_FILE).is_file():
-            return sweep_profile(d) if comm_calibrated(d) else None
-    return None
 
 
 def comm_size(runs: list[PlannedRun]) -> tuple[int, int]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from echobench.console import esc
 from echobench.estimate import time_limit_s
-from echobench.executors import JobState, calibrated, comm_calibrated, comm_command, comm_size, sweep_cache
+from echobench.executors import JobState, calibrated, comm_command, comm_size, sweep_cache
+from echobench.paths import comm_calibrated
 from echobench.launch import source_root, with_source_path
 
 KILL_GRACE_S = 30

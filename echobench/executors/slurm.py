@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echobench.console import esc
-from echobench.executors import (ACTIVE, JobState, SubmitLater, calibrated, comm_calibrated, comm_size, read_job_state,
-                                 sweep_cache)
+from echobench.executors import ACTIVE, JobState, SubmitLater, calibrated, comm_size, read_job_state, sweep_cache
+from echobench.paths import comm_calibrated
 from echobench.executors.slurm_script import (comm_log, render_calibration_script, render_comm_calibration_script,
                                               render_script, sbatch_path)
 from echobench.peaks import table_peak

@@ -104,7 +104,7 @@ def extrapolate(cfg: RunConfig, depth1: dict, depth2: dict) -> tuple[float, floa
 
 
 def _cache_file(key: str) -> Path:
-    from echobench.hardware import cache_dir  # lazy: echobench.hardware imports torch
+    from echobench.paths import cache_dir  # lazy: echobench.hardware imports torch
 
     return cache_dir() / "elementwise" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 

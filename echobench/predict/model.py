@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from echobench.config import RunConfig, run_id
 from echobench.flops import hardware_flops, model_flops
 from echobench.hwprofile import HardwareProfile
-from echobench.matrix import layout_problem
+from echobench.backends import layout_problem
 from echobench.memory import device_memory_gib, estimate_memory
 from echobench.predict.intervals import interval
 from echobench.predict.communication import (Collective, accumulated, collectives, exposed_accumulated, hide_gbps,
@@ -245,7 +245,7 @@ def ranks(predictions: Sequence[Prediction]) -> dict[str, int]:
 
 def at_nodes(cfgs: Sequence[RunConfig], nodes: Sequence[int]) -> list[RunConfig]:
     """Each distinct configuration of `cfgs` (node count aside) at each of `nodes`, where its layout
-    can run there (matrix.layout_problem on SLURM: single stays on one node, HSDP needs two)."""
+    can run there (backends.layout_problem on SLURM: single stays on one node, HSDP needs two)."""
     out, seen = [], set()
     for cfg in cfgs:
         for n in nodes:

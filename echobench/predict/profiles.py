@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 
 from echobench.config import RunConfig
-from echobench.executors import measured_profile
+from echobench.paths import measured_profile
 from echobench.hwprofile import (
     HardwareProfile,
     ProfileError,

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from echobench.console import esc, fmt
-from echobench.results import Record, configuration_key, over_repeats
+from echobench.results import Record, configuration_key, over_repeats, slower_p_value
 
 MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
 DEFAULT_ALPHA = 0.01
@@ -84,13 +84,6 @@ def _ok(record: Record) -> bool:
 def _status(records: list[Record]) -> str:
     statuses = sorted({r.status for r in records})
     return statuses[0] if len(statuses) == 1 else "/".join(statuses)
-
-
-def slower_p_value(old_steps: list[float], new_steps: list[float]) -> float:
-    """p-value of 'new steps are no slower than old' (one-sided Mann-Whitney U)."""
-    from scipy.stats import mannwhitneyu  # lazy: scipy is optional; only `compare` needs it
-
-    return float(mannwhitneyu(new_steps, old_steps, alternative="greater").pvalue)
 
 
 def first_run_id(records: list[Record]) -> str:

@@ -17,12 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from echobench.config import configuration
-from echobench.executors import SWEEP_FILE
+from echobench.paths import SWEEP_FILE
 from echobench.predict import PredictError, against
 from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
 from echobench.sweep_state import CorruptSweepState, SweepState
-from echobench.tune import TUNE_FILE
+from echobench.paths import TUNE_FILE
 
 # Labels: framework and parallelism always name a configuration (echobench.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,

@@ -10,4 +10,3 @@ model and proven by measurement (README, "Tuning a run").
     cards.py   a model card's layouts ranked (not measured: echobench trains Echo)
 """
 
-TUNE_FILE = "tune.json"  # TUNE/tune.json (output.py writes it, the dashboard reads it)

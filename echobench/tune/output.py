@@ -15,8 +15,8 @@ from rich.table import Table
 from echobench.atomic import write_json_atomic
 from echobench.console import esc
 from echobench.sweep_state import now_iso
-from echobench.report.compare import slower_p_value
-from echobench.tune import TUNE_FILE
+from echobench.results import slower_p_value
+from echobench.paths import TUNE_FILE
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
 from echobench.tune.space import Candidate, Problem, TuneFile
 

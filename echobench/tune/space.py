@@ -23,7 +23,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from echobench.config import RunConfig, check_value, run_id
 from echobench.hwprofile import HardwareProfile
-from echobench.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic, layout_problem
+from echobench.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic
+from echobench.backends import layout_problem
 from echobench.memory import device_memory_gib, estimate_memory
 from echobench.model.config import PRESETS
 from echobench.peaks import table_peak
