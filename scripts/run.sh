@@ -27,11 +27,11 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash d
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"
 set +e
-# First node, before the ranks start (echobench.nodecheck): $PYTHON imports echobench's run path and the run's
+# First node, before the ranks start (echobench.train.nodecheck): $PYTHON imports echobench's run path and the run's
 # backends (IMPORTS), sees a GPU when the job expects them (EXPECT_GPU=1), has a CPU per process and numactl
 # for numa_binding; a wrong environment fails here, in seconds. In a container or uenv the check runs there
 # (ON_FIRST_NODE: an srun with the job's environment options).
-${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -m echobench.nodecheck first \
+${ON_FIRST_NODE[@]+"${ON_FIRST_NODE[@]}"} ${IN_CONTAINER[@]+"${IN_CONTAINER[@]}"} "$PYTHON" -m echobench.train.nodecheck first \
     --expect-gpu "${EXPECT_GPU:-0}" --nproc "$NPROC" --cpus "${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-}}" \
     --imports "${IMPORTS:-}"
 rc=$?

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -164,11 +165,20 @@ def cluster_lock(exclusive: bool = False):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A `slurm` test holds the cluster (cluster_lock) through its setup, call and teardown, module
-    fixtures set up or torn down with it included."""
-    if "slurm" not in item.keywords:
-        return (yield)
-    with cluster_lock(exclusive="cluster_exclusive" in item.keywords):
-        return (yield)
+    fixtures set up or torn down with it included. With ECHOBENCH_TEST_TIMELINE=FILE, each test's
+    worker, start and end go to FILE (tools/suite_timeline.py reads it: which worker ended last, why)."""
+    start = time.time()
+    try:
+        if "slurm" not in item.keywords:
+            return (yield)
+        with cluster_lock(exclusive="cluster_exclusive" in item.keywords):
+            return (yield)
+    finally:
+        if timeline := os.environ.get("ECHOBENCH_TEST_TIMELINE"):
+            line = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
+                    "start": start, "end": time.time()}
+            with open(timeline, "a") as f:  # one short line per write: appends from workers do not interleave
+                f.write(json.dumps(line) + "\n")
 
 
 def shared_fixtures(item) -> set[str]:

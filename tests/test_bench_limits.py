@@ -13,9 +13,10 @@ import time
 import pytest
 import torch
 
-from echobench import bench, bench_profile
-from echobench.breakdown import read_profiled_run
-from echobench.config import RunConfig
+from echobench.train import bench
+from echobench.train import bench_profile
+from echobench.train.breakdown import read_profiled_run
+from echobench.records.config import RunConfig
 
 SHAPES = dict(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, micro_batch=1, peak_tflops=1.0,
               device="cpu")

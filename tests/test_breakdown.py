@@ -12,9 +12,9 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from conftest import run_cli
-from echobench.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
+from echobench.train.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
                                  short_name, summary, waterfall)
-from echobench.results import Record
+from echobench.records.results import Record
 
 # Names as profilers print them (cuBLAS / CUTLASS / cuDNN / flash / NCCL / inductor / ATen).
 KERNELS = [
@@ -180,7 +180,7 @@ def test_waterfall_steps_sum_exactly_from_the_peak_to_the_mfu():
 
 def padding(padded_flops, hardware_flops):
     """The record's padding figures for set counts (run_figures.padding_figures; the streams' shares set too)."""
-    from echobench.run_figures import padding_figures
+    from echobench.records.run_figures import padding_figures
 
     return padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
                            tokens={"latent": [60, 100], "text": [30, 40], "speaker": [9, 10]})
@@ -358,7 +358,7 @@ def test_explain_shows_padding_from_the_record(profiled_runs, cli, tmp_path):
 
 
 def test_padding_text_names_the_buckets_that_ran():
-    from echobench.breakdown import padding_text
+    from echobench.train.breakdown import padding_text
 
     rec = profiled_record({"gemm": 1.0}).update(**padding(3 * 10**15, 2 * 10**15))
     assert "bucket" not in padding_text(rec)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from echobench.data.buckets import WINDOW_BATCHES, boundaries, bucket_of, rank_slice, window
-from echobench.config import parse_buckets
+from echobench.records.config import parse_buckets
 
 
 def lengths_2_to_20_s(n, seed=0):
@@ -124,7 +124,7 @@ def test_collate_pads_a_bucketed_batch_to_its_bucket(shards):
 
 
 def test_bucketing_needs_every_index_and_shards(tmp_path, monkeypatch):
-    from echobench.config import RunConfig
+    from echobench.records.config import RunConfig
     from echobench.data import DataError, LocalTarDataset
     from test_data_index import tiny_shards
 
@@ -170,10 +170,10 @@ def test_warming_the_variants_moves_no_weight_and_leaves_no_gradient(shards):
     import torch
 
     from echobench.backends import build_training
-    from echobench.bench_warmup import warm_variants, warmup_variants
-    from echobench.config import RunConfig
+    from echobench.train.bench_warmup import warm_variants, warmup_variants
+    from echobench.records.config import RunConfig
     from echobench.data import build_tokenizer
-    from echobench.distributed import DistInfo
+    from echobench.train.distributed import DistInfo
 
     cfg = RunConfig(scale="tiny", data=str(shards[0].parent), batching="bucket", micro_batch=2, audio_frames=12,
                     text_tokens=16, speaker_frames=8, precision="fp32", device="cpu")
@@ -223,7 +223,7 @@ def test_bucketing_says_what_to_do_about_each_shard_without_an_index(tmp_path, m
 
 
 def test_a_boundary_over_audio_frames_is_refused_before_anything_runs(tmp_path, cli):
-    from echobench.config import RunConfig
+    from echobench.records.config import RunConfig
 
     with pytest.raises(ValueError, match=r"buckets='32,100,1000': 100, 1000 are over audio_frames=64, the longest audio and "
                                          r"always the last bucket: give boundaries up to 64, or raise audio_frames"):
@@ -247,8 +247,8 @@ def test_nine_buckets_with_checkpointing_compile_without_hitting_dynamo_s_recomp
     import torch
     import torch._dynamo
 
-    from echobench.bench import run_benchmark
-    from echobench.config import RunConfig
+    from echobench.train.bench import run_benchmark
+    from echobench.records.config import RunConfig
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     cfg = RunConfig(scale="tiny", data=str(shards[0].parent), batching="bucket", buckets="2,3,4,5,6,7,8,9",
@@ -265,7 +265,7 @@ def test_nine_buckets_with_checkpointing_compile_without_hitting_dynamo_s_recomp
 
 
 def test_more_bucket_shapes_than_a_run_compiles_are_refused_in_one_line(tmp_path):
-    from echobench.config import RunConfig
+    from echobench.records.config import RunConfig
 
     edges = ",".join(str(8 * k) for k in range(1, 17))  # 16 boundaries + audio_frames: 17 shapes
     with pytest.raises(ValueError, match=r"17 shapes, at most 16: each shape is warmed up \(and compiled\)"):

@@ -14,14 +14,14 @@ import yaml
 from rich.console import Console
 
 from conftest import run_cli
-from echobench import sweep as sw
-from echobench.commbench import attention_shapes
-from echobench.executors import local
-from echobench.paths import measured_profile
-from echobench.executors.slurm_script import SRUN_PER_NODE, render_comm_calibration_script
-from echobench.hardware import gemm_shapes
-from echobench.hwprofile import load_profile
-from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix
+from echobench.sweep import loop as sw
+from echobench.calibrate.commbench import attention_shapes
+from echobench.sweep.executors import local
+from echobench.records.paths import measured_profile
+from echobench.sweep.executors.slurm_script import SRUN_PER_NODE, render_comm_calibration_script
+from echobench.hardware.device import gemm_shapes
+from echobench.hardware.profile import load_profile
+from echobench.sweep.matrix import MatrixError, expand, load_matrix, parse_matrix
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 24, "text_tokens": 8,
         "speaker_frames": 24, "device": "cpu"}
@@ -297,7 +297,7 @@ def test_the_matrix_setting_its_limits_and_what_plan_says(tmp_path, cli):
 
 def test_a_sweeps_profile_is_taken_for_its_records_of_the_same_device_only(tmp_path):
     from echobench import predict as pr
-    from echobench.hwprofile import find_profile, save_profile
+    from echobench.hardware.profile import find_profile, save_profile
 
     shipped = load_profile(find_profile("h100-hgx-ib"))
     sweep = tmp_path / "sweep"

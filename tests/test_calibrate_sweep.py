@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import ROOT, run_cli
-from echobench import hardware
-from echobench.config import RunConfig
-from echobench.flops import speaker_patches
-from echobench.hardware import calibrate, gemm_shapes, load_calibration, resolve_peak
+from echobench.hardware import device as hardware
+from echobench.records.config import RunConfig
+from echobench.model.flops import speaker_patches
+from echobench.hardware.device import calibrate, gemm_shapes, load_calibration, resolve_peak
 
 CPU = torch.device("cpu")
 OLD_KEYS = {"device", "dtype", "size", "iters", "tflops", "tflops_min", "tflops_max", "datasheet_tflops", "torch",
@@ -121,7 +121,7 @@ def test_cli_prints_the_sweep_table_then_the_headline(tmp_path):
 
 
 def _device_summary():
-    spec = importlib.util.spec_from_file_location("device_summary", ROOT / "scripts" / "device_summary.py")
+    spec = importlib.util.spec_from_file_location("device_summary", ROOT / "tools" / "device_summary.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import yaml
 
 from conftest import ROOT
-from echobench.commbench import count_ops
-from echobench.hwprofile import find_profile, load_profile
+from echobench.calibrate.commbench import count_ops
+from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict.card import Layout, card_params, model_card, rank_params, run_layout
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
@@ -224,9 +224,9 @@ def test_element_wise_bytes_of_a_fused_block_follow_its_ops_and_sequence_paralle
 
 
 def test_an_eager_blocks_element_wise_bytes_are_those_counted_on_its_framework_code():
-    """card_work.ELEMENTWISE_EAGER: scripts/count_card_blocks.py counted again (bf16 blocks on the CPU,
+    """card_work.ELEMENTWISE_EAGER: tools/count_card_blocks.py counted again (bf16 blocks on the CPU,
     the GPU's kernels' bytes by stepcount_ops.op_tally)."""
-    spec = importlib.util.spec_from_file_location("count_card_blocks", ROOT / "scripts" / "count_card_blocks.py")
+    spec = importlib.util.spec_from_file_location("count_card_blocks", ROOT / "tools" / "count_card_blocks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for name, block, mha in (("mpt", module.mpt_block, True), ("llama", module.llama_block, False)):

@@ -1,4 +1,4 @@
-"""Collective pricing (hwprofile.collective_cost, echobench.nccltuning, commbench.fit_links): a group
+"""Collective pricing (hwprofile.collective_cost, echobench.hardware.nccltuning, commbench.fit_links): a group
 priced by the links its ranks can use (a one-rank-per-node group by one NIC, a pair of pairwise-wired
 GPUs by its own links), its latency grown with the group as NCCL's tuner grows it (ring hops, tree at
 many nodes), and calibrate's fits kept apart by the kind of group. Figures come from the shipped
@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from echobench import nccltuning as nt
+from echobench.hardware import nccltuning as nt
 from echobench import predict as pr
-from echobench.commfit import fit_links
-from echobench.config import RunConfig
-from echobench.hwprofile import (
+from echobench.hardware.commfit import fit_links
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import (
     OPS,
     AlphaBeta,
     CommPoint,

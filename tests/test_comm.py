@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from conftest import run_cli
-from echobench.commbench import fit_alpha_beta, plan_groups
-from echobench.commvolume import (
+from echobench.calibrate.commbench import fit_alpha_beta, plan_groups
+from echobench.train.commvolume import (
     FRAME_COUNT_BYTES,
     CollectiveCall,
     ddp_bytes,
@@ -27,9 +27,9 @@ from echobench.commvolume import (
     totals,
     tp_bytes,
 )
-from echobench.config import RunConfig
-from echobench.flops import param_counts
-from echobench.hwprofile import (
+from echobench.records.config import RunConfig
+from echobench.model.flops import param_counts
+from echobench.hardware.profile import (
     CommPoint,
     ProfileError,
     bus_factor,
@@ -160,7 +160,7 @@ def test_calibrate_comm_on_two_gloo_processes_writes_a_profile(tmp_path):
         assert all(pt.group_size == 2 and pt.seconds > 0 and 1024 <= pt.nbytes <= 2**20 for pt in fit.points), op
     assert p.gemm and all(g.tflops > 0 for g in p.gemm)
     # every GEMM the model prices for this run's layouts on 2 ranks, measured; AdamW over the model's parameters
-    from echobench.commbench import HOST_RUN, REFERENCE_RUN, gemm_work
+    from echobench.calibrate.commbench import HOST_RUN, REFERENCE_RUN, gemm_work
 
     run = RunConfig(scale="tiny", micro_batch=1, audio_frames=50, text_tokens=16, speaker_frames=40)
     priced = [run, RunConfig(**HOST_RUN), RunConfig(**REFERENCE_RUN)]  # CPU: the host steps' shapes too
@@ -278,7 +278,7 @@ def test_param_units_are_the_models_fsdp_units():
 
 def test_tp_sharded_names_match_the_state_dict_adapter():
     pytest.importorskip("megatron.core")
-    from echobench.commvolume import TP_SHARDED
+    from echobench.train.commvolume import TP_SHARDED
     from echobench.model.megatron import TPStateDictAdapter
 
     assert sorted(TP_SHARDED) == sorted(plain for plain, _, _ in TPStateDictAdapter.SHARDED.values())
@@ -316,7 +316,7 @@ def test_formulas_scale_with_the_layout():
 def test_calibration_times_every_gemm_shape_predict_prices(settings):
     """gemm_work lists every (m, n, k) predict.step_work prices for the run, in its own layout and
     the others of a 2-rank node (torchtitan, megatron TP 1 and 2): each is then a measured point."""
-    from echobench.commbench import gemm_layouts, gemm_work
+    from echobench.calibrate.commbench import gemm_layouts, gemm_work
     from echobench.predict import step_work
 
     run = RunConfig(**settings)
@@ -335,8 +335,8 @@ def test_calibration_times_every_gemm_shape_predict_prices(settings):
 def test_gemm_operands_rotate_through_the_model_weights_working_set():
     """A model whose weights fit in a cache is timed warm (one operand set); a large one through as
     many sets as its weights (at most GEMM_SETS), so its GEMMs do not find their operands cached."""
-    from echobench.commbench import WORKING_SET_CAP, working_set_bytes
-    from echobench.hardware import GEMM_SETS, GemmShape, operand_sets
+    from echobench.calibrate.commbench import WORKING_SET_CAP, working_set_bytes
+    from echobench.hardware.device import GEMM_SETS, GemmShape, operand_sets
     from echobench.predict import rank_params
 
     tiny, big = RunConfig(scale="tiny"), RunConfig(scale="8B")
@@ -351,8 +351,8 @@ def test_gemm_operands_rotate_through_the_model_weights_working_set():
 def test_adamw_is_measured_over_the_models_own_parameters(monkeypatch):
     """The optimizer point steps AdamW over the run's trainable parameter shapes (all of them where
     memory allows, a prefix where not), every step on fresh gradients; its bytes are 4 x numel."""
-    from echobench import commbench
-    from echobench.commvolume import param_units
+    from echobench.calibrate import commbench
+    from echobench.train.commvolume import param_units
 
     run = RunConfig(scale="tiny")
     shapes = [s for u in param_units(run.model_config()) for s in u.shapes]

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from echobench import predict as pr
-from echobench.config import RunConfig
-from echobench.devicerates import (
+from echobench.records.config import RunConfig
+from echobench.hardware.devicerates import (
     GEMM_FIT,
     InStepFit,
     attention_points,
@@ -22,7 +22,7 @@ from echobench.devicerates import (
     gemm_rate,
     gemm_tflops,
 )
-from echobench.hwprofile import (
+from echobench.hardware.profile import (
     ATTENTION_KERNELS,
     AttentionPoint,
     GemmPoint,

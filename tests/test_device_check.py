@@ -1,5 +1,5 @@
-"""The device check (scripts/device_check.py) fits its call, skips what cannot run at once with the
-reason, and leaves a summary after every step; its bookkeeping (scripts/device_summary.py) counts
+"""The device check (tools/device_check.py) fits its call, skips what cannot run at once with the
+reason, and leaves a summary after every step; its bookkeeping (tools/device_summary.py) counts
 honestly and brings every measured file back."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import device_check  # noqa: E402
 import device_summary  # noqa: E402
@@ -162,7 +162,7 @@ def test_the_dry_pass_end_to_end(tmp_path):
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
                CUDA_VISIBLE_DEVICES="")  # the CPU whatever the host, as the suite's other commands
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run(["bash", "tools/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = {ln["name"]: ln for ln in device_summary.read_lines(out / "records.jsonl")}
@@ -185,7 +185,7 @@ def test_no_compiler_means_no_compile_steps(monkeypatch):
 
 
 def test_the_commit_is_recorded_where_git_did_not_travel(monkeypatch):
-    from echobench import hardware
+    from echobench.hardware import device as hardware
 
     monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 128, "", "fatal"))
     monkeypatch.delenv("ECHOBENCH_GIT_COMMIT", raising=False)

@@ -1,10 +1,10 @@
-"""echobench.devicerates: each device rate a plain function of a profile, with its source; the
+"""echobench.hardware.devicerates: each device rate a plain function of a profile, with its source; the
 GEMM model's shape and clock terms and the float8 rate behave as the physics says."""
 
 import pytest
 
-from echobench import devicerates as dr
-from echobench.hwprofile import GemmPoint, KernelGap, SustainedClock, find_profile, load_profile
+from echobench.hardware import devicerates as dr
+from echobench.hardware.profile import GemmPoint, KernelGap, SustainedClock, find_profile, load_profile
 
 NONE = dr.InStepFit()  # no fitted in-step clock: the profile's own figures
 

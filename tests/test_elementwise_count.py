@@ -7,9 +7,9 @@ from unittest import mock
 
 import pytest
 
-from echobench import stepcount
-from echobench.config import RunConfig
-from echobench.hwprofile import find_profile, load_profile
+from echobench.predict import stepcount
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict import elementwise as ew
 from echobench.predict import pricing as pr
 from echobench.predict import predict

@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from echobench.config import RunConfig
-from echobench.flops import model_flops, param_counts
+from echobench.records.config import RunConfig
+from echobench.model.flops import model_flops, param_counts
 from echobench.model.config import TEXT_ENCODERS, get_preset, get_text_encoder
 from echobench.model.echo import EchoTTS
 from test_flops import counted_flops, meta_batch

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from conftest import run_cli
-from echobench.estimate import estimated_seconds, format_time, time_limit, time_limit_s
-from echobench.matrix import expand, parse_matrix, parse_time
+from echobench.sweep.estimate import estimated_seconds, format_time, time_limit, time_limit_s
+from echobench.sweep.matrix import expand, parse_matrix, parse_time
 
 MATRIX = """
 name: t
@@ -73,7 +73,7 @@ def test_job_scripts_and_the_plan_ask_for_the_per_run_limit(tmp_path):
 
 @pytest.mark.parametrize("rule", ['{factor: 0.5}', '{floor: "soon"}', '{factr: 3}'])
 def test_a_bad_rule_is_refused(rule):
-    from echobench.matrix import MatrixError
+    from echobench.sweep.matrix import MatrixError
 
     with pytest.raises(MatrixError, match="time_from_estimate"):
         parse_matrix(f"name: t\nslurm: {{time_from_estimate: {rule}}}\n", "m.yaml")
@@ -83,7 +83,7 @@ def test_a_bad_rule_is_refused(rule):
                                                 ({"device": "cpu", "compile": True}, True), ({"compile": False}, False)])
 def test_compile_auto_gets_the_compile_allowance_unless_the_run_is_on_a_cpu(settings, compiles):
     """compile: auto compiles on a GPU; with device auto the plan cannot tell, so the limit errs long."""
-    from echobench.estimate import COMPILE_S
+    from echobench.sweep.estimate import COMPILE_S
 
     m = parse_matrix(MATRIX % "100", "m.yaml")
     base = next(r for r in expand(m).runs if r.cfg.steps == 10)

@@ -13,10 +13,10 @@ import yaml
 from rich.console import Console
 
 from conftest import ROOT, cli_env, run_cli, two_launchers
-from echobench.atomic import write_json_atomic
-from echobench.config import RunConfig
-from echobench.matrix import expand, parse_matrix
-from echobench.results import Record
+from echobench.records.atomic import write_json_atomic
+from echobench.records.config import RunConfig
+from echobench.sweep.matrix import expand, parse_matrix
+from echobench.records.results import Record
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
@@ -122,7 +122,7 @@ def test_status_in_a_narrow_terminal_cuts_errors_at_its_width(tmp_path):
 
 def test_progress_table_shows_outside_text_verbatim():
     # The sweep's log lines are checked through a real sweep's output (the test above).
-    from echobench import sweep as sw
+    from echobench.sweep import loop as sw
 
     console = Console(record=True, width=300)
     console.print(sw.Progress(console).table([("run-1", "error", MARKUP)]))
@@ -159,8 +159,8 @@ def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
 
 def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, monkeypatch):
     """torchrun prints nothing while it waits for the other nodes: the launcher says where, once."""
-    from echobench import commcalibrate
-    from echobench.launch import torchrun_command
+    from echobench.calibrate import commcalibrate
+    from echobench.train.launch import torchrun_command
 
     cmd = torchrun_command(["--out", "o"], 1, 2, 0, None, 29511, Path("note.json"))
     assert "--master-addr=127.0.0.1" in cmd and "--node-rank=0" in cmd
@@ -175,7 +175,7 @@ def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, 
 
 def test_a_node_other_than_the_first_without_master_addr_is_refused(cli, tmp_path):
     """It would wait at its own 127.0.0.1 for ever: one line, before anything runs or is written."""
-    from echobench.launch import torchrun_command
+    from echobench.train.launch import torchrun_command
 
     with pytest.raises(ValueError, match=r"^--node-rank 1 of --nnodes 2 needs --master-addr: the host name or "
                                          r"address of the first node \(node rank 0\), where the nodes meet$"):
@@ -216,7 +216,7 @@ def test_a_startup_failure_writes_a_record(cli, tmp_path):
 
 
 def node_note(out: Path, node: int, *workers: tuple[int, int, str | None], at: float = 2.0) -> None:
-    """RUN/ranks/node-K.json as echobench.torchrun writes it: (rank, exit code, signal) per worker."""
+    """RUN/ranks/node-K.json as echobench.train.torchrun writes it: (rank, exit code, signal) per worker."""
     write_json_atomic(out / "ranks" / f"node-{node}.json", {"host": f"host{node}", "ended": "workers failed", "at": at,
         "failures": [{"rank": r, "local_rank": 0, "pid": 100 + r, "exit_code": c, "signal": sig} for r, c, sig in workers]})
 
@@ -225,8 +225,8 @@ def test_a_signal_death_outranks_the_earlier_broken_connections_of_its_peers(tmp
     """The survivors fail first ("connection reset" as the dead worker's sockets close); torchrun
     notices the death a moment later. The dead rank is the cause; a worker stopped by SIGTERM (a
     teardown) is not; an OOM anywhere still comes first."""
-    from echobench.launch import rank_failures
-    from echobench.results import originating_failure
+    from echobench.train.launch import rank_failures
+    from echobench.records.results import originating_failure
 
     write_json_atomic(tmp_path / "ranks" / "rank-0.json", {
         "rank": 0, "status": "error", "failed_at": 1.0, "error": "rank 0: RuntimeError: [../gloo/transport/tcp/"
@@ -248,7 +248,7 @@ def test_a_signal_death_outranks_the_earlier_broken_connections_of_its_peers(tmp
 
 def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_path):
     """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is."""
-    from echobench.executors import finish_without_record
+    from echobench.sweep.executors import finish_without_record
 
     node_note(tmp_path, 1, (1, -9, "SIGKILL"))
     record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
@@ -259,7 +259,7 @@ def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_pa
 def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
     """srun stops node 0's launcher when node 1's fails, so no launcher assembles the record: the
     sweep's record names the rank from the file it left."""
-    from echobench.executors import finish_without_record
+    from echobench.sweep.executors import finish_without_record
 
     write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
         "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
@@ -271,7 +271,7 @@ def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
 
 EXIT_PROCESS = """
 import atexit, torch.distributed as dist
-from echobench.distributed import exit_process, shutdown
+from echobench.train.distributed import exit_process, shutdown
 exit_process(5)  # no group yet: returns
 atexit.register(lambda: print("teardown ran"))
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -382,7 +382,7 @@ def test_report_never_takes_an_attempt_for_the_current_record(cli, tmp_path):
 
 
 def test_a_job_that_ends_beside_a_corrupt_record_keeps_it(tmp_path):
-    from echobench.executors import finish_without_record
+    from echobench.sweep.executors import finish_without_record
 
     (tmp_path / "result.json").write_text("{not json")
     record = finish_without_record(RunConfig(), tmp_path, "timeout", "SLURM job 7 ended TIMEOUT")

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from echobench.bench_record import start_record, summarize
-from echobench.config import RunConfig
-from echobench.hardware import resolve_peak
-from echobench.peaks import table_peak
-from echobench.atomic import write_json_atomic
-from echobench.results import SCHEMA_VERSION, load_records, peak_notes
+from echobench.train.bench_record import start_record, summarize
+from echobench.records.config import RunConfig
+from echobench.hardware.device import resolve_peak
+from echobench.records.peaks import table_peak
+from echobench.records.atomic import write_json_atomic
+from echobench.records.results import SCHEMA_VERSION, load_records, peak_notes
 
 def measured_rank(step_times, samples_per_step=2, flops_per_sample=1e9, rank=0, memory=None):
     """One rank's measurements in the shape run_loop returns them (the numbers chosen here)."""

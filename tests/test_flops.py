@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import counted_model_flops
-from echobench.flops import PARTS, hardware_flops, model_flops, param_counts, recompute_flops
+from echobench.model.flops import PARTS, hardware_flops, model_flops, param_counts, recompute_flops
 from echobench.model.config import NOMINAL_PARAMS, PRESETS
 from echobench.model.echo import EchoTTS
 
@@ -158,8 +158,8 @@ def test_padded_flops_are_what_the_padded_batch_costs(ac):
     AC the blocks' recompute too. bench.count_measured counts that for every row, stand-in included."""
     from torch.utils.checkpoint import checkpoint
 
-    from echobench.bench import count_measured
-    from echobench.flops import padded_flops
+    from echobench.train.bench import count_measured
+    from echobench.model.flops import padded_flops
 
     cfg, padded = PRESETS["tiny"], (60, 20, 42)
     batch, lengths = padded_batch(cfg, *padded)
@@ -188,8 +188,8 @@ def test_padded_flops_with_attention_that_skips_padded_keys():
     """TransformerEngine's fused attention (megatron, te) scores the padded latent queries against
     the real keys only: only the DiT's attention scores and values change, forward, backward and
     recompute."""
-    from echobench.bench import count_measured
-    from echobench.flops import padded_flops
+    from echobench.train.bench import count_measured
+    from echobench.model.flops import padded_flops
 
     cfg, padded, real_keys = PRESETS["tiny"], (60, 20, 42), 37 + 5 + 4
     dense, skipping = model_flops(cfg, *padded), model_flops(cfg, *padded, dit_keys=real_keys)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from echobench import predict as pr
-from echobench.config import RunConfig
-from echobench.hwprofile import OPS, collective_cost, load_profile, shipped_profiles
-from echobench.matrix import load_matrix
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import OPS, collective_cost, load_profile, shipped_profiles
+from echobench.sweep.matrix import load_matrix
 from conftest import ROOT
 
 GIB = 2**30

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import record, run_cli
-from echobench.config import RunConfig
+from echobench.records.config import RunConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -34,8 +34,8 @@ SMALL = ["--scale", "tiny", "--audio-frames", "200", "--text-tokens", "64", "--s
 def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
     """bench.run_loop with sync debug mode "error" from the first measured step's start until the
     timer reads its events: any host sync in a measured step (data, draws, training step) raises."""
-    from echobench import bench
-    from echobench.distributed import DistInfo
+    from echobench.train import bench
+    from echobench.train.distributed import DistInfo
 
     mark, durations = bench.StepTimer.mark, bench.StepTimer.durations
 
@@ -87,7 +87,7 @@ def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
     from echobench.backends.torchtitan import (
         apply_compile, apply_fsdp, build_model, build_optimizer, clip_grad_norm_,
     )
-    from echobench.bench import train_step
+    from echobench.train.bench import train_step
     from echobench.data import build_tokenizer, make_loader
     from echobench.model.echo import diffusion_draws
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, cli_env, record, run_cli
-from echobench.matrix import expand, load_matrix, parse_matrix
-from echobench.peaks import table_peak
+from echobench.sweep.matrix import expand, load_matrix, parse_matrix
+from echobench.records.peaks import table_peak
 
 TINY = ["--scale", "tiny", "--steps", "1", "--warmup-steps", "1", "--micro-batch", "1",
         "--audio-frames", "25", "--text-tokens", "8", "--speaker-frames", "25"]

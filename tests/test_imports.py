@@ -1,4 +1,5 @@
-"""The module graph of echobench has no cycle: a fact lives in one module and the arrows between
+"""The module graph of echobench has no cycle, and its packages import only the layers below them
+(echobench.LAYERS). The module graph has no cycle: a fact lives in one module and the arrows between
 modules point one way. Every import counts, a lazy one inside a function included (it is still
 an arrow); a package's own __init__ choosing among its submodules (make_executor) is the one
 exception, since the package is their common home."""
@@ -75,6 +76,49 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle():
 def test_echobench_has_no_import_cycle():
     graph = import_graph()
     # the graph is the real one: the known arrows are in it (a lazy one among them)
-    assert "echobench.results" in graph["echobench.executors"] and "echobench.hardware" in graph["echobench.results"]
+    assert "echobench.records.results" in graph["echobench.sweep.executors"] and "echobench.hardware.device" in graph["echobench.hardware.profile"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def layer_violations(graph: dict[str, set[str]], layers) -> list[str]:
+    """The arrows between echobench's packages that do not point to a lower layer (siblings of one
+    layer must not import each other either)."""
+    level = {package: i for i, line in enumerate(layers) for package in line}
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and not parts[1].startswith("__") else None
+
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if (a := package(module)) and (b := package(target)) and a != b and level[a] >= level[b])
+
+
+def test_the_layer_check_finds_an_upward_and_a_sideways_arrow():
+    layers = (("top",), ("left", "right"), ("bottom",))
+    graph = {"echobench.top.x": {"echobench.bottom.y"}, "echobench.bottom.y": {"echobench.left.z"},
+             "echobench.left.z": {"echobench.right.w", "echobench.bottom.y"}}
+    assert layer_violations(graph, layers) == ["echobench.bottom.y -> echobench.left.z",
+                                               "echobench.left.z -> echobench.right.w"]
+
+
+def test_packages_import_only_the_layers_below_them():
+    from echobench import LAYERS
+
+    entries = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    # every package has its layer, and nothing but packages sits at the top beside __init__ / __main__
+    assert packages == {p for line in LAYERS for p in line}
+    assert entries - packages == {"__init__.py", "__main__.py"}
+    assert layer_violations(import_graph(), LAYERS) == []
+
+
+def test_the_readme_draws_the_layers_of_echobench_init():
+    """README's Layout block is the package docstring's map, line for line (one place says it)."""
+    import echobench
+
+    drawn = [line[4:] for line in echobench.__doc__.splitlines() if line.startswith("    ")]
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```\n", 2)[1]
+    assert block.splitlines() == drawn
+    assert [line.split()[0] for line in drawn] == [p for layer in echobench.LAYERS for p in layer]

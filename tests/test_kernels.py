@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from echobench.bench_record import compile_figures
-from echobench.kernels import SDPA_BACKENDS, pin_sdpa_backend, sdpa_choices
+from echobench.train.bench_record import compile_figures
+from echobench.train.kernels import SDPA_BACKENDS, pin_sdpa_backend, sdpa_choices
 from echobench.model.config import PRESETS
 
 FLAGS = ("flash", "mem_efficient", "cudnn", "math")
@@ -56,7 +56,7 @@ def test_predicted_sdpa_kernels_only_for_the_paths_that_go_through_sdpa():
 def test_compile_watch_counts_each_compile_as_it_starts():
     import torch._dynamo
 
-    from echobench.kernels import CompileWatch
+    from echobench.train.kernels import CompileWatch
 
     torch._dynamo.reset()
     watch = CompileWatch().start()
@@ -76,7 +76,7 @@ def test_compile_watch_counts_each_compile_as_it_starts():
 
 
 def test_attention_kernel_names_are_picked_from_a_profiled_stretch():
-    from echobench.kernels import attention_kernels
+    from echobench.train.kernels import attention_kernels
 
     names = ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>(...)", "ampere_bf16_s16816gemm",
              "triton_tem_fused_flex_attention_0", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>(...)",

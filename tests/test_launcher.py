@@ -13,10 +13,10 @@ import time
 import pytest
 
 from conftest import ROOT, cli_env
-from echobench import launch
-from echobench.config import RunConfig
-from echobench.executors import explaining_lines, short_tail
-from echobench.results import Record
+from echobench.train import launch
+from echobench.records.config import RunConfig
+from echobench.sweep.executors import explaining_lines, short_tail
+from echobench.records.results import Record
 
 
 def test_threads_per_rank_follow_the_jobs_cpus_not_the_nodes(monkeypatch):
@@ -55,7 +55,7 @@ def test_numa_binding_without_numactl_is_refused_naming_the_fix(tmp_path, monkey
 
 STACKS = """
 import sys, time
-from echobench.launch import dump_stacks_on_signal, ignore_stack_signal
+from echobench.train.launch import dump_stacks_on_signal, ignore_stack_signal
 ignore_stack_signal() if sys.argv[1] == "launcher" else dump_stacks_on_signal()
 print("ready", flush=True)
 time.sleep(60)

@@ -9,11 +9,11 @@ import yaml
 
 from conftest import ROOT
 from echobench import backends
-from echobench.config import RunConfig, config_id, run_id
-from echobench.executors.slurm_script import LAUNCH_BODY, render_script
-from echobench.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
-from echobench.memory import device_memory_gib, estimate_memory
-from echobench.sweep import run_dir
+from echobench.records.config import RunConfig, config_id, run_id
+from echobench.sweep.executors.slurm_script import LAUNCH_BODY, render_script
+from echobench.sweep.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
+from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.sweep.loop import run_dir
 
 
 def plan(text, executor=None):
@@ -393,8 +393,8 @@ def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli,
 
 
 def test_the_calibration_job_script(tmp_path):
-    from echobench.executors.slurm_script import render_calibration_script
-    from echobench.matrix import ContainerSettings
+    from echobench.sweep.executors.slurm_script import render_calibration_script
+    from echobench.sweep.matrix import ContainerSettings
 
     m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "
                      "env: {A: b}}\n", "m.yaml")

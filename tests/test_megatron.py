@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import counted_model_flops, one_gloo_rank, run_cli
-from echobench.config import RunConfig
+from echobench.records.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
 
@@ -352,8 +352,8 @@ def test_a_launched_run_prints_its_record_once(tp2_launch):
 
 def test_tp_run_writes_a_record(cli, tmp_path, tp2_run):
     """`echobench run --framework megatron --tp 2 --nproc 2`: a complete record, same figures as torchtitan's."""
-    from echobench.flops import flops_report
-    from echobench.results import Record
+    from echobench.model.flops import flops_report
+    from echobench.records.results import Record
 
     r = tp2_run
     Record.parse(r)  # a complete, valid record
@@ -409,7 +409,7 @@ def test_megatron_makes_no_gloo_groups(monkeypatch):
 
 
 def test_launcher_sets_one_cuda_queue_for_megatron_tp(monkeypatch):
-    from echobench.launch import child_env
+    from echobench.train.launch import child_env
 
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     assert child_env(2, RunConfig(framework="megatron", parallelism="tp2", gpus_per_node=2))[
@@ -452,7 +452,7 @@ def _recompute_worker(rank: int, out_path: str) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from echobench.backends import build_training
-    from echobench.distributed import DistInfo
+    from echobench.train.distributed import DistInfo
 
     one_gloo_rank()
     batch = SimpleNamespace(latent=torch.randn(1, 60, 128), latent_mask=torch.ones(1, 60, dtype=torch.bool),
@@ -475,7 +475,7 @@ def test_megatron_recompute_runs_what_hfu_counts(tmp_path):
     """--ac on megatron recomputes the TP blocks, and exactly the FLOPs that HFU adds."""
     import torch.multiprocessing as mp
 
-    from echobench.flops import hardware_flops, model_flops
+    from echobench.model.flops import hardware_flops, model_flops
 
     out = tmp_path / "flops.json"
     mp.spawn(_recompute_worker, args=(str(out),), nprocs=1, join=True)
@@ -547,9 +547,9 @@ def _compile_worker(rank: int, world: int, store: str, out_path: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     from echobench.backends import build_training
-    from echobench.bench import train_step
-    from echobench.distributed import DistInfo
-    from echobench.kernels import compile_counts
+    from echobench.train.bench import train_step
+    from echobench.train.distributed import DistInfo
+    from echobench.train.kernels import compile_counts
 
     steps = step_batches(2, 1)
     losses = {}
@@ -593,8 +593,8 @@ def _sync_worker(rank: int, world: int, store: str, out_path: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     from echobench.backends import build_training
-    from echobench.bench import train_step
-    from echobench.distributed import DistInfo
+    from echobench.train.bench import train_step
+    from echobench.train.distributed import DistInfo
 
     cfg = RunConfig(framework="megatron", parallelism="tp1", gpus_per_node=2, grad_accum=2, **SHAPES)
     setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32)

@@ -32,10 +32,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from echobench import stepcount
-from echobench.config import RunConfig
-from echobench.memory import activation_elements_per_sample, autocast_weight_bytes, estimate_memory, saved_elements
-from echobench.stepcount_ops import gpu_attention
+from echobench.predict import stepcount
+from echobench.records.config import RunConfig
+from echobench.hardware.memory import activation_elements_per_sample, autocast_weight_bytes, estimate_memory, saved_elements
+from echobench.predict.stepcount_ops import gpu_attention
 
 STATE_SHAPES = dict(scale="tiny", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20,
                     precision="fp32", device="cpu")
@@ -102,8 +102,8 @@ def _state_worker(rank: int, world: int, store: str, out_path: str) -> None:
     from megatron.core import parallel_state
 
     from echobench.backends import build_training
-    from echobench.bench import train_step
-    from echobench.distributed import DistInfo
+    from echobench.train.bench import train_step
+    from echobench.train.distributed import DistInfo
     from test_megatron import step_batches
 
     (micro,) = step_batches(1, 1)

@@ -4,8 +4,8 @@ the plan's memory estimate is compared with. CUDA is not needed: the memory stat
 import pytest
 
 from test_figures import measured_rank, summarized
-from echobench.results import Record, peak_mem_for_estimate
-from echobench.run_figures import peak_mem_figures
+from echobench.records.results import Record, peak_mem_for_estimate
+from echobench.records.run_figures import peak_mem_figures
 
 GPU = {"peak_allocated_gib": 1.0, "peak_reserved_gib": 2.0, "device_total_gib": 80.0, "num_alloc_retries": 0,
        "num_ooms": 0}

@@ -14,10 +14,10 @@ import yaml
 
 from conftest import ROOT
 from echobench import predict as pr
-from echobench.commvolume import step_bytes
-from echobench.config import RunConfig, run_id
-from echobench.flops import hardware_flops, model_flops
-from echobench.hwprofile import (
+from echobench.train.commvolume import step_bytes
+from echobench.records.config import RunConfig, run_id
+from echobench.model.flops import hardware_flops, model_flops
+from echobench.hardware.profile import (
     OPS,
     AlphaBeta,
     AttentionPoint,
@@ -28,10 +28,10 @@ from echobench.hwprofile import (
     collective_seconds,
     save_profile,
 )
-from echobench.matrix import expand, load_matrix
+from echobench.sweep.matrix import expand, load_matrix
 from echobench.predict.intervals import interval
-from echobench.memory import activation_elements_per_sample
-from echobench.results import Env, Record
+from echobench.hardware.memory import activation_elements_per_sample
+from echobench.records.results import Env, Record
 
 GEMM_TFLOPS, ATTENTION_TFLOPS, GBPS = 400.0, 200.0, 2000.0
 
@@ -233,8 +233,8 @@ TINY = dict(scale="tiny", device="cpu", micro_batch=3, audio_frames=150, text_to
 def test_the_host_op_table_matches_a_real_tiny_step(ac):
     import torch
 
-    from echobench.commbench import host_steps
-    from echobench.distributed import DistInfo
+    from echobench.calibrate.commbench import host_steps
+    from echobench.train.distributed import DistInfo
 
     c = RunConfig(**TINY, ac=ac, parallelism="single")
     _, ops = host_steps(c, DistInfo(), torch.float32, 1, 1, 60.0)
@@ -250,7 +250,7 @@ def test_the_elementwise_factors_hold_at_other_shapes():
 
     from echobench.backends import build_training
     from echobench.data import build_tokenizer, make_loader
-    from echobench.distributed import DistInfo
+    from echobench.train.distributed import DistInfo
     from echobench.model.echo import diffusion_draws
 
     def tensors(v):
@@ -332,7 +332,7 @@ def test_a_profile_without_gemm_points_is_a_line_per_run_and_exit_1(cli, tmp_pat
 
 
 def test_a_matrix_without_hardware_device_takes_this_machines_calibrated_profile(cli, tmp_path, monkeypatch):
-    from echobench.hwprofile import calibrated_profile_path
+    from echobench.hardware.profile import calibrated_profile_path
 
     monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))  # the cache the command's env names too
     assert cli("predict", ROOT / "matrices" / "smoke.yaml").returncode == 2  # none measured yet
@@ -499,7 +499,7 @@ def test_dashboard_draws_predicted_markers_and_flags_runs_below_prediction_in_ch
 
 
 def test_the_yaml_of_a_profile_with_host_steps_reads_back(tmp_path):
-    from echobench.hwprofile import HostPoint, load_profile
+    from echobench.hardware.profile import HostPoint, load_profile
 
     prof = profile(host_steps=[HostPoint(scale="tiny", micro_batch=1, audio_frames=16, text_tokens=8, speaker_frames=16,
                                          ops=2200, step_s=0.011, source="set")])
@@ -517,8 +517,8 @@ def test_the_yaml_of_a_profile_with_host_steps_reads_back(tmp_path):
 def _cpu_profile_with_host_steps(factor: float, per_op: float) -> HardwareProfile:
     """A CPU profile with set rates and the two single host steps calibrate --comm measures there,
     their times made of `factor` x their compute at those rates + their optimizer + per_op x ops."""
-    from echobench.commbench import HOST_RUN, REFERENCE_RUN
-    from echobench.hwprofile import HostPoint
+    from echobench.calibrate.commbench import HOST_RUN, REFERENCE_RUN
+    from echobench.hardware.profile import HostPoint
 
     prof = profile(device="CPU SYNTHETIC (2 cores)", gpus_per_node=1)
     prof = prof.model_copy(update={"dtype": "float32"})
@@ -557,7 +557,7 @@ def test_the_dits_attention_is_priced_at_the_runs_mix_of_masked_micro_batches():
     """A synthetic run's micro-batches in which a sample drops its conditioning (cfg_drop mask) attend
     over a key mask (FlexAttention): their share of the DiT's attention is priced at FlexAttention's
     rate, slower than FlashAttention-2's; null conditioning attends unmasked throughout."""
-    from echobench.hwprofile import find_profile, load_profile
+    from echobench.hardware.profile import find_profile, load_profile
     from echobench.model.config import masked_share
     from echobench.predict.pricing import dit_attention_mix
 

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import run_cli
 from test_slurm_submit import cluster  # noqa: F401 - a cluster that answers; this test's jobs scancelled after it
-from echobench import nodecheck
-from echobench.fabric import nccl_transport, transport_problem
-from echobench.matrix import expand, parse_matrix
-from echobench.preflight import parse_checks, preflight_spec, verdict
+from echobench.train import nodecheck
+from echobench.train.fabric import nccl_transport, transport_problem
+from echobench.sweep.matrix import expand, parse_matrix
+from echobench.sweep.preflight import parse_checks, preflight_spec, verdict
 
 # What NCCL 2.2x prints with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET, one rank of a 2-node job each.
 NCCL_IB = """\
@@ -147,7 +147,7 @@ def test_the_verdict_reads_every_nodes_lines_from_the_log():
     assert verdict(spec, parse_checks(failed), "FAILED", failed, "7") == (False, "")
     # A job that died before node 1 said anything: its log's lines that explain it, with a fix where known.
     died = "\n".join([line(0, "imports", True), line(0, "transport", True), "/usr/bin/python3: Error while finding "
-                      "module specification for 'echobench.nodecheck' (ModuleNotFoundError: No module named 'echobench')",
+                      "module specification for 'echobench.train.nodecheck' (ModuleNotFoundError: No module named 'echobench')",
                       "srun: error: node2: task 1: Exited with exit code 1"])
     passed, why = verdict(spec, parse_checks(died), "FAILED (exit 1:0)", died, "7")
     assert not passed and why.startswith("preflight job 7 ended (FAILED (exit 1:0)) before node(s) 1 said their checks")
@@ -235,8 +235,8 @@ def test_sockets_under_the_infiniband_fabric_fail_preflight(tmp_path, cluster):
 
 
 def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs_need_more(tmp_path):
-    from echobench.atomic import write_json_atomic
-    from echobench.preflight import Preflight, matrix_sha, passed_before
+    from echobench.records.atomic import write_json_atomic
+    from echobench.sweep.preflight import Preflight, matrix_sha, passed_before
 
     m = parse_matrix("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\ndefaults: {device: cpu, parallelism: ddp, "
                      "gpus_per_node: 2}\naxes: {nodes: [1, 2]}\n", "m.yaml")

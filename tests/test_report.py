@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT, run_cli
-from echobench.atomic import write_json_atomic
-from echobench.bench_record import start_record
+from echobench.records.atomic import write_json_atomic
+from echobench.train.bench_record import start_record
 from echobench.report import load_report_input, read_reference, render_table
 from echobench.report.browser import layout_problems
 from echobench.report.tables import ReferenceError, publication_table
 from echobench.report.compare import compare_records
-from echobench.results import PLAN_FILE, Env, Record
+from echobench.records.results import PLAN_FILE, Env, Record
 
 ARTIFACTS = ROOT / "test-artifacts"
 XSS = "<script>alert(1)</script>"
@@ -270,9 +270,9 @@ def written_record(root: Path, step_s: float, **settings) -> Record:
     takes step_s on rank 0 and 1% longer on each further rank."""
     import torch
 
-    from echobench.bench import summarize
-    from echobench.config import RunConfig
-    from echobench.flops import flops_report
+    from echobench.train.bench import summarize
+    from echobench.records.config import RunConfig
+    from echobench.model.flops import flops_report
     from test_figures import measured_rank
 
     cfg = RunConfig(**{"scale": "tiny", "device": "cpu", "peak_tflops": 0.05, "micro_batch": 2, "gpus_per_node": 2,
@@ -463,8 +463,8 @@ def test_two_sweeps_of_different_lengths_draw_one_line_per_layout(tmp_path):
 
 
 def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
-    from echobench.config import RunConfig, configuration_id, run_id
-    from echobench.results import configuration_key
+    from echobench.records.config import RunConfig, configuration_id, run_id
+    from echobench.records.results import configuration_key
 
     base = RunConfig(scale="tiny")
     longer = RunConfig(scale="tiny", steps=99, warmup_steps=0, seed=3, repeat=2, profile=True, time_limit_s=9.0,
@@ -684,7 +684,7 @@ def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
 def padded_record(run_id, padded_flops, hardware_flops, **extra) -> Record:
     """A profiled record (profiled(): GEMM + attention 60% of the step, no calibration) with set counts of
     padded and hardware FLOPs and set padded shares of the streams' tokens (run_figures.padding_figures)."""
-    from echobench.run_figures import padding_figures
+    from echobench.records.run_figures import padding_figures
 
     return record(run_id, breakdown=profiled(), measured_hardware_flops=hardware_flops, **extra,
                   **padding_figures(padded_flops=padded_flops, hardware_flops=hardware_flops,
@@ -937,7 +937,7 @@ def test_calibrated_peaks_and_fp8_runs_carry_visible_notes(tmp_path, cli):
 
 
 def test_runs_of_one_configuration_against_different_peaks_are_noted(tmp_path):
-    from echobench.config import RunConfig
+    from echobench.records.config import RunConfig
     from echobench.report.dashboard import page_notes
 
     # two sweeps, each against its own calibration (no peak in the settings): one configuration

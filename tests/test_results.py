@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from echobench.bench_record import start_record
-from echobench.config import RunConfig
-from echobench.results import (
+from echobench.train.bench_record import start_record
+from echobench.records.config import RunConfig
+from echobench.records.results import (
     SCHEMA_VERSION,
     Record,
     load_records,
@@ -45,7 +45,7 @@ def test_the_originating_failure_explains_a_multi_rank_run():
 
 
 def test_over_repeats_leaves_out_missing_and_non_finite_values():
-    from echobench.results import over_repeats
+    from echobench.records.results import over_repeats
 
     assert over_repeats([2.0, None, float("nan"), float("inf"), 4.0, float("-inf")]) == {
         "median": 3.0, "min": 2.0, "max": 4.0, "n": 2}

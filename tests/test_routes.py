@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from echobench.estimate import COMPILE_S, LOCAL_IMAGE_S, PULL_S, SETUP_LINE_S, STARTUP_S, startup_parts
-from echobench.executors.slurm_script import (render_calibration_script, render_preflight_script, render_script,
+from echobench.sweep.estimate import COMPILE_S, LOCAL_IMAGE_S, PULL_S, SETUP_LINE_S, STARTUP_S, startup_parts
+from echobench.sweep.executors.slurm_script import (render_calibration_script, render_preflight_script, render_script,
                                               stack_signal_lead_s)
-from echobench.fabric import FABRICS, fabric_env, launch_env
-from echobench.matrix import MatrixError, expand, parse_matrix
-from echobench.preflight import preflight_spec
+from echobench.train.fabric import FABRICS, fabric_env, launch_env
+from echobench.sweep.matrix import MatrixError, expand, parse_matrix
+from echobench.sweep.preflight import preflight_spec
 
 SWEEP = Path("/tmp/eb-routes")
 
@@ -127,7 +127,7 @@ def test_time_limits_allow_for_the_image_the_setup_lines_and_compile():
     assert startup_parts(matrix({"uenv": {"image": "prgenv-gnu/24.11:v1"}}))["image"] == LOCAL_IMAGE_S
     assert startup_parts(matrix({})) == {"start-up": STARTUP_S}
     # The per-run limit follows: the same run asks for more where the image is pulled.
-    from echobench.estimate import time_limit_s
+    from echobench.sweep.estimate import time_limit_s
 
     rule = {"time": "04:00:00", "time_from_estimate": {"factor": 1, "floor": "00:01:00"}}
     runs = {name: (m, expand(m).runs[0]) for name, m in

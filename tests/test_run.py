@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import record
-from echobench.results import Record, configuration_key
+from echobench.records.results import Record, configuration_key
 
 TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2",
         "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
@@ -145,7 +145,7 @@ def test_time_limit_is_not_swallowed_by_broad_exception_handlers(limit):
     must get through."""
     import time
 
-    from echobench import bench
+    from echobench.train import bench
 
     start, error = {"run": (bench.start_time_limit, bench.RunTimeout),
                     "profile": (bench.start_profile_limit, bench.ProfileTimeout)}[limit]

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from conftest import ROOT
 from echobench.backends import BACKENDS, parallelism_problem
 from echobench.cli import app
-from echobench.config import FIELDS, RunConfig, settings_table
-from echobench.matrix import MatrixError, expand, parse_matrix
+from echobench.records.config import FIELDS, RunConfig, settings_table
+from echobench.sweep.matrix import MatrixError, expand, parse_matrix
 
 # Every command's options (names and secondary names) as they were before the options were
 # generated from RunConfig (captured from main at 5729728): no flag may go missing or change name.
@@ -173,7 +173,7 @@ def test_validation_needs_no_megatron_core():
         "import sys\n"
         "sys.modules['megatron'] = None  # any import of megatron-core now fails\n"
         "from echobench.backends import parallelism_problem\n"
-        "from echobench.config import RunConfig\n"
+        "from echobench.records.config import RunConfig\n"
         "cfg = RunConfig(framework='megatron', parallelism='tp2', gpus_per_node=2)\n"
         "print(parallelism_problem(cfg))\n"
     )

@@ -215,7 +215,7 @@ def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_l
     """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
     SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
     SWEEP` then prices the runs with it."""
-    from echobench.hwprofile import load_profile
+    from echobench.hardware.profile import load_profile
 
     matrix = tmp_path / "comm.yaml"
     matrix.write_text(json.dumps({

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from echobench.executors.slurm_script import render_script
-from echobench.fabric import FABRICS
-from echobench.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
+from echobench.sweep.executors.slurm_script import render_script
+from echobench.train.fabric import FABRICS
+from echobench.sweep.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
 
 
 IMAGE = "docker://nvcr.io#nvidia/pytorch:25.01-py3 $(touch PWNED); `touch PWNED` 'x' \"y\""
@@ -41,7 +41,7 @@ def test_no_fabric_settings_unless_a_profile_is_chosen():
 def test_the_matrix_admits_exactly_the_profiles_there_are():
     from typing import get_args
 
-    from echobench.matrix import SlurmSettings
+    from echobench.sweep.matrix import SlurmSettings
 
     choices = next(a for a in get_args(SlurmSettings.model_fields["fabric"].annotation) if get_args(a))
     assert set(get_args(choices)) == set(FABRICS)  # or None: not chosen
@@ -79,7 +79,7 @@ def test_the_seeds_cluster_is_gh200_on_infiniband_with_its_own_settings_and_slin
 
 def rendered(matrix_path: Path, tmp: Path = Path("/tmp/eb")) -> list[str]:
     """The job script of a shipped matrix's first run, as lines."""
-    from echobench.matrix import load_matrix
+    from echobench.sweep.matrix import load_matrix
 
     m = load_matrix(matrix_path)
     run = expand(m).runs[0]
@@ -275,7 +275,7 @@ def test_no_container_no_srun_args_means_empty_arrays():
                                  {"container": {"image": "a\nb"}}, {"container": {"image": "x", "mounts": ["a,b"]}},
                                  {"container": {"image": "x", "runtime": "docker"}}])
 def test_bad_options_and_containers_are_refused(bad):
-    from echobench.matrix import MatrixError
+    from echobench.sweep.matrix import MatrixError
 
     with pytest.raises(MatrixError):
         parse_matrix(json.dumps({"name": "t", "executor": "slurm", "slurm": bad}), "m.yaml")
@@ -311,7 +311,7 @@ def test_sbatch_options_with_hash_brackets_spaces_and_quotes_reach_slurm_as_writ
 
 
 def test_the_submit_environment_is_clean_inside_an_allocation_and_the_users_own_outside():
-    from echobench.executors.slurm import submit_env
+    from echobench.sweep.executors.slurm import submit_env
 
     env = submit_env({"SLURM_JOB_ID": "1", "SBATCH_PARTITION": "x", "SRUN_CPUS_PER_TASK": "4", "SLURM_CONF": "/etc/s.conf",
                       "PATH": "/bin", "NCCL_DEBUG": "INFO"})
@@ -358,7 +358,7 @@ def test_the_rendezvous_host_survives_a_long_node_list_under_pipefail(tmp_path):
     long list's scontrol to die of SIGPIPE, and under pipefail the job with it (exit 141)."""
     import subprocess
 
-    from echobench.executors.slurm_script import NODE_LAUNCH_ENV
+    from echobench.sweep.executors.slurm_script import NODE_LAUNCH_ENV
 
     line = NODE_LAUNCH_ENV.splitlines()[0]
     assert line.startswith("MASTER_ADDR=$(scontrol show hostnames")

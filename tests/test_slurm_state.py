@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from echobench.config import RunConfig
-from echobench.executors import finish_without_record
-from echobench.executors.slurm import SlurmExecutor
-from echobench.results import Record
+from echobench.records.config import RunConfig
+from echobench.sweep.executors import finish_without_record
+from echobench.sweep.executors.slurm import SlurmExecutor
+from echobench.records.results import Record
 
 
 # What sacct prints (rc 1) on a cluster without accounting: the one failure that switches it off.

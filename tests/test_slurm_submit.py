@@ -23,12 +23,13 @@ import pytest
 from rich.console import Console
 
 from conftest import run_cli
-from echobench import sweep as sw
-from echobench import sweep_state, sweep_status
-from echobench.executors import JobState, SubmitLater
-from echobench.executors.slurm import Seen, SlurmError, SlurmExecutor
-from echobench.matrix import expand, load_matrix
-from echobench.results import Record
+from echobench.sweep import loop as sw
+from echobench.sweep import state as sweep_state
+from echobench.sweep import status as sweep_status
+from echobench.sweep.executors import JobState, SubmitLater
+from echobench.sweep.executors.slurm import Seen, SlurmError, SlurmExecutor
+from echobench.sweep.matrix import expand, load_matrix
+from echobench.records.results import Record
 
 TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}

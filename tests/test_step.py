@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import one_gloo_rank
-from echobench.config import RunConfig
+from echobench.records.config import RunConfig
 
 # Ops whose output the host must read back, or whose shape depends on tensor values.
 HOST_READ_OPS = {"nonzero", "_local_scalar_dense", "masked_select", "equal", "is_nonzero", "unique_dim",
@@ -46,9 +46,9 @@ def measured_step_ops(cfg: RunConfig, steps: int = 2) -> list[str]:
     steps: the draws and the step exactly as bench.run_loop runs them (after the batch arrives)."""
     from echobench.backends import build_training
     from echobench.backends.torchtitan import build_optimizer
-    from echobench.bench import resolve_dtype, train_step
+    from echobench.train.bench import resolve_dtype, train_step
     from echobench.data import build_tokenizer, make_loader
-    from echobench.distributed import DistInfo
+    from echobench.train.distributed import DistInfo
     from echobench.model.echo import diffusion_draws
 
     device = torch.device("cpu")
@@ -119,8 +119,8 @@ def test_data_wait_and_step_time_share_one_clock(monkeypatch, tmp_path):
     before and after taking the batch (1 tick of wait) and at the step's end (3 ticks of step), so
     the fraction is exactly 1/3 whatever the host clock does, if both come from the timer's clock.
     """
-    from echobench import bench
-    from echobench.distributed import DistInfo
+    from echobench.train import bench
+    from echobench.train.distributed import DistInfo
 
     ticks = iter(range(10**6))
     monkeypatch.setattr(bench.StepTimer, "stamp", lambda self: float(next(ticks)))

@@ -1,4 +1,4 @@
-"""echobench.stepcount: one training step counted on FakeTensors (tiny preset; nothing is timed)."""
+"""echobench.predict.stepcount: one training step counted on FakeTensors (tiny preset; nothing is timed)."""
 
 import json
 from types import SimpleNamespace
@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from echobench import stepcount as sc
-from echobench import stepcount_ops
+from echobench.predict import stepcount as sc
+from echobench.predict import stepcount_ops
 from echobench.backends.torchtitan import build_model
-from echobench.config import RunConfig
-from echobench.flops import attention_flops, hardware_flops, model_flops, param_counts
+from echobench.records.config import RunConfig
+from echobench.model.flops import attention_flops, hardware_flops, model_flops, param_counts
 from echobench.model.config import masked_share
 from echobench.model.echo import diffusion_draws
 
@@ -195,8 +195,8 @@ def synthetic_count(gemms: dict, micro_batch: int = 8) -> sc.StepCount:
 
 
 def test_each_gemm_is_priced_at_its_shape_s_rate_and_float8_at_float8_s():
-    from echobench.hwprofile import find_profile, load_profile
-    from echobench.stepcount_project import project
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.predict.stepcount_project import project
 
     profile = load_profile(find_profile("h200-hgx-ib"))
     flops = 2 * 6000 * 2560 * 2560
@@ -210,8 +210,8 @@ def test_each_gemm_is_priced_at_its_shape_s_rate_and_float8_at_float8_s():
 
 
 def test_a_kernel_costs_the_gap_and_the_shares_must_sum_to_one(counts, masked_count):
-    from echobench.hwprofile import find_profile, load_profile
-    from echobench.stepcount_project import project
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.predict.stepcount_project import project
 
     profile = load_profile(find_profile("h200-hgx-ib"))
     slower = profile.model_copy(update={"kernel_gap": profile.kernel_gap.model_copy(update={"seconds": 1e-5})})
@@ -226,8 +226,8 @@ def test_a_kernel_costs_the_gap_and_the_shares_must_sum_to_one(counts, masked_co
 
 
 def test_a_stored_count_prices_as_the_count(counts, masked_count):
-    from echobench.hwprofile import find_profile, load_profile
-    from echobench.stepcount_project import project
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.predict.stepcount_project import project
 
     profile = load_profile(find_profile("h200-hgx-ib"))
     back = [sc.StepCount.from_dict(json.loads(json.dumps(c.as_dict()))) for c in (counts[2], masked_count)]

@@ -171,10 +171,10 @@ def test_ctrl_c_during_the_calibration_says_what_was_interrupted(tmp_path, monke
     saying so and that nothing is lost, exit 130, every planned run `not started`."""
     from rich.console import Console
 
-    from echobench import sweep as sw
-    from echobench import sweep_status
-    from echobench.executors import local
-    from echobench.matrix import expand, load_matrix
+    from echobench.sweep import loop as sw
+    from echobench.sweep import status as sweep_status
+    from echobench.sweep.executors import local
+    from echobench.sweep.matrix import expand, load_matrix
 
     def interrupted(*args, **kw):  # what subprocess.call raises when SIGINT arrives while it waits
         raise KeyboardInterrupt

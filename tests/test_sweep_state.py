@@ -11,13 +11,13 @@ import pytest
 from rich.console import Console
 
 from conftest import FIXTURES
-from echobench import sweep_status
+from echobench.sweep import status as sweep_status
 
-from echobench.executors import Executor
-from echobench.paths import SWEEP_FILE
-from echobench.executors.local import LocalExecutor
-from echobench.executors.slurm import SlurmExecutor
-from echobench.sweep_state import CorruptSweepState, RunEntry, SweepState
+from echobench.sweep.executors import Executor
+from echobench.records.paths import SWEEP_FILE
+from echobench.sweep.executors.local import LocalExecutor
+from echobench.sweep.executors.slurm import SlurmExecutor
+from echobench.sweep.state import CorruptSweepState, RunEntry, SweepState
 
 # sweep.json as sweeps wrote it before it was typed: a settled run, a job still pending, a refused
 # submission (no job id), and an entry with none of the optional keys.

@@ -14,8 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 from conftest import counted_model_flops
 from echobench.backends.megatron import te_ac_mode, tp_comm_overlap_problem, validate
 from echobench.backends.torchtitan import apply_ac
-from echobench.config import RunConfig
-from echobench.flops import TE_SELECTIVE, hardware_flops, model_flops, recompute_flops
+from echobench.records.config import RunConfig
+from echobench.model.flops import TE_SELECTIVE, hardware_flops, model_flops, recompute_flops
 from echobench.model.config import PRESETS
 from echobench.model.echo import EchoTTS
 

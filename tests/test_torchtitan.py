@@ -19,9 +19,9 @@ from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, 
 from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
 from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs, validate
-from echobench.config import RunConfig
+from echobench.records.config import RunConfig
 from echobench.data import SyntheticSource
-from echobench.flops import LAYER_SELECTIVE, hardware_flops, model_flops, recompute_flops
+from echobench.model.flops import LAYER_SELECTIVE, hardware_flops, model_flops, recompute_flops
 from echobench.model.config import PRESETS
 from echobench.model.echo import EchoTTS, diffusion_draws
 
@@ -110,7 +110,7 @@ def test_a_step_syncs_gradients_on_its_last_micro_batch_only():
     """train_step over 3 micro-batches: the backend's gradient sync off, off, on; the step's loss is
     the sum of each micro-batch's error over the step's frames (the whole step's mean)."""
     from echobench.backends import TrainSetup
-    from echobench.bench import train_step
+    from echobench.train.bench import train_step
 
     torch.manual_seed(0)
     model = EchoTTS(PRESETS["tiny"])
@@ -132,8 +132,8 @@ def _bf16_worker(rank: int, world: int, store: str, settings: dict, out_dir: str
     meet through a file store (no port to race for)."""
     import os
 
-    from echobench.bench import run_loop
-    from echobench.distributed import dist_info, shutdown
+    from echobench.train.bench import run_loop
+    from echobench.train.distributed import dist_info, shutdown
     from echobench.model.components import SelfAttention
     from echobench.model.dit import JointAttention
 
@@ -217,7 +217,7 @@ def test_compiled_tiny_run_compiles_nothing_inside_the_measured_window(tmp_path,
     was measured once."""
     from torch._dynamo.utils import counters
 
-    from echobench.bench import run_benchmark
+    from echobench.train.bench import run_benchmark
 
     seed = first_masked_after_warmup(1, 2, PRESETS["tiny"].cfg_dropout)
     cfg = RunConfig(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, peak_tflops=1, steps=3,
@@ -285,7 +285,7 @@ def test_fp8_shape_that_cannot_run_is_refused_before_launch(cli, tmp_path):
 
 
 def test_matrix_lists_fp8_shapes_that_cannot_run_as_skipped():
-    from echobench.matrix import expand, parse_matrix
+    from echobench.sweep.matrix import expand, parse_matrix
 
     p = expand(parse_matrix("name: t\ndefaults: {scale: 800M, precision: fp8}\naxes: {micro_batch: [4, 8]}\n", "m.yaml"))
     assert [r.cfg.micro_batch for r in p.runs] == [8]

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from echobench import predict as pr
-from echobench.hwprofile import load_profile
-from echobench.memory import estimate_memory
+from echobench.hardware.profile import load_profile
+from echobench.hardware.memory import estimate_memory
 from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
 from echobench.tune.output import interval, write_outputs
 from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks

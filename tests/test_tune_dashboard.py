@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from echobench.atomic import write_json_atomic
+from echobench.records.atomic import write_json_atomic
 from echobench.report import load_report_input, render_dashboard
 from echobench.report.browser import layout_problems
 from echobench.report.tune_section import tune_figure
 from echobench.tune.loop import Measured, run_tune
-from echobench.paths import TUNE_FILE
+from echobench.records.paths import TUNE_FILE
 from echobench.tune.output import write_outputs
 from echobench.tune.space import build_problem
 from test_report import ARTIFACTS, XSS, assert_clean, browser_or_skip

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from conftest import record, run_cli
-from echobench.hwprofile import save_profile
-from echobench.matrix import expand, load_matrix
-from echobench.results import load_records
+from echobench.hardware.profile import save_profile
+from echobench.sweep.matrix import expand, load_matrix
+from echobench.records.results import load_records
 from test_predict import profile
 
 TUNE = {

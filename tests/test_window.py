@@ -7,8 +7,8 @@ import functools
 import pytest
 import torch
 
-from echobench.bench_warmup import STREAMS, Variant, variant_micro_batch, warmup_variants
-from echobench.config import RunConfig
+from echobench.train.bench_warmup import STREAMS, Variant, variant_micro_batch, warmup_variants
+from echobench.records.config import RunConfig
 from echobench.data import build_tokenizer
 from echobench.model.config import PRESETS
 from echobench.model.echo import diffusion_draws
@@ -63,7 +63,7 @@ def run_without_warming_variants(tmp_path, monkeypatch, windows: int):
     left out: the DiT's masked graph compiles in the first measured step."""
     import torch._dynamo
 
-    import echobench.bench as bench
+    import echobench.train.bench as bench
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     monkeypatch.setattr(bench, "warmup_variants", lambda cfg, shapes, tok: [])

@@ -5,7 +5,9 @@ function): its name, the layouts it runs, and its module, which holds `validate(
 cannot work, None when it can; no process group, no megatron-core) and `build(cfg, dist_info, dtype)`
 (the TrainSetup). The module is imported only when first used, so the checks that run before any
 process starts need no megatron-core (they do import torch). The benchmark loop
-(echobench.bench) owns timing and metrics.
+(echobench.train.bench) owns timing and metrics.
+
+May import: model.
 """
 
 from __future__ import annotations

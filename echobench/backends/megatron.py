@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from echobench.backends import TrainSetup
 from echobench.backends.torchtitan import ADAMW, RECOMPUTE, ac_mode, apply_ac, apply_compile, build_model
-from echobench.flops import TE_SELECTIVE
+from echobench.model.flops import TE_SELECTIVE
 
 DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
                              "torch.cuda parameters): drop --distributed-optimizer on the CPU")

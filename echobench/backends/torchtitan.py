@@ -23,7 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compr
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from echobench import flops as flops_model
+from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
 from echobench.model.config import LATENT_DIM
 from echobench.model.echo import EchoTTS

@@ -1,5 +1,8 @@
 """The `echobench` command line (typer). Each command is a thin layer over a module: it parses its
-options, calls the module that owns the work, and prints."""
+options, calls the module that owns the work, and prints.
+
+May import: every package (the top layer).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`echobench calibrate`: the achievable GEMM rate of this device (echobench.hardware), or with
---comm a hardware profile of this machine (echobench.commcalibrate)."""
+"""`echobench calibrate`: the achievable GEMM rate of this device (echobench.hardware.device), or with
+--comm a hardware profile of this machine (echobench.calibrate.commcalibrate)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from echobench.cli.common import app, console, fail, settings_options, writable_file
-from echobench.config import check_value
-from echobench.console import esc, fmt
+from echobench.records.config import check_value
+from echobench.records.console import esc, fmt
 
 
 @app.command()
@@ -54,8 +54,8 @@ def calibrate(
     shipped ones)."""
     import torch  # lazy: torch, for the commands that measure
 
-    from echobench.distributed import pick_device  # lazy: torch, for the commands that measure
-    from echobench.launch import rendezvous_problem  # lazy: start-up time of `echobench --help`
+    from echobench.train.distributed import pick_device  # lazy: torch, for the commands that measure
+    from echobench.train.launch import rendezvous_problem  # lazy: start-up time of `echobench --help`
 
     try:
         dev = pick_device(check_value("device", settings.pop("device")))
@@ -78,7 +78,7 @@ def calibrate(
         calibrate_comm(ctx, dev, dtype, dtypes[dtype], (scale, matrix, settings), budget_s, nproc, out, max_bytes,
                        comm_budget_s, (nnodes, node_rank, master_addr, master_port))
         return
-    from echobench.hardware import calibrate as measure  # lazy: torch, for the commands that measure
+    from echobench.hardware.device import calibrate as measure  # lazy: torch, for the commands that measure
 
     budget_s = 15.0 if budget_s is None else budget_s
     try:
@@ -118,8 +118,8 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
                    comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
     """`calibrate --comm`: commcalibrate.calibrate_command (`shapes`: --scale, --matrix and the
     lengths), then the profile where this process shows it."""
-    from echobench import commcalibrate  # lazy: torch, for the commands that measure
-    from echobench.distributed import exit_process  # lazy: torch, for the commands that measure
+    from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
+    from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
 
     scale, matrix, settings = shapes
     if out is not None:
@@ -141,7 +141,7 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
 
 def print_profile(profile, paths) -> None:
     """A hardware profile's fits and rates, and where it was written."""
-    from echobench.hwprofile import memory_gbps  # lazy: start-up time of `echobench --help`
+    from echobench.hardware.profile import memory_gbps  # lazy: start-up time of `echobench --help`
 
     table = Table(title=esc(f"{profile.name}: collective fits (time = alpha + bus bytes / bus bandwidth)"))
     for col in ("link", "collective", "alpha us", "bus GB/s", "points", "groups", "rel rms"):

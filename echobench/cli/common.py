@@ -13,9 +13,9 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
-from echobench.config import FIELDS, allowed_text, auto_switch, base_type, choices
-from echobench.console import esc
-from echobench.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix
+from echobench.records.config import FIELDS, allowed_text, auto_switch, base_type, choices
+from echobench.records.console import esc
+from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -84,7 +84,7 @@ def settings_options(*names: str, **defaults) -> Callable:
     return add
 
 
-# ---- matrices (echobench.matrix): plan, predict, sweep, preflight ----
+# ---- matrices (echobench.sweep.matrix): plan, predict, sweep, preflight ----
 
 MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's max_runs, else {MAX_RUNS})."
 

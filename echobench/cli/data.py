@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from echobench.cli.common import console, data_app, fail, writable_dir
-from echobench.console import esc
+from echobench.records.console import esc
 
 
 @data_app.command("synth")

@@ -1,4 +1,4 @@
-"""`echobench plan` and `echobench predict`: a matrix's runs before any runs (echobench.plan), and
+"""`echobench plan` and `echobench predict`: a matrix's runs before any runs (echobench.sweep.plan), and
 the performance model's predictions (echobench.predict)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from echobench.cli.common import (
     load_profiles_or_fail,
     writable_dir,
 )
-from echobench.console import esc
+from echobench.records.console import esc
 
 
 @app.command()
@@ -41,8 +41,8 @@ def plan(
 ):
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
     predicted step time and MFU."""
-    from echobench import plan as pl  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import run_dir  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import plan as pl  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import run_dir  # lazy: start-up time of `echobench --help`
 
     if write_scripts is not None and script is not None:
         fail("--write-scripts writes every run's script, --script prints one: give one of them")
@@ -132,7 +132,7 @@ def predict_command(
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
     if against:
-        from echobench.results import load_records  # lazy: start-up time of `echobench --help`
+        from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
 
         if nodes is not None:
             fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")

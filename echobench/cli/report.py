@@ -1,5 +1,5 @@
 """`echobench report`, `compare` and `explain`: dashboards, tables and regression gates from stored
-records (echobench.report), and where one run's step time went (echobench.breakdown)."""
+records (echobench.report), and where one run's step time went (echobench.train.breakdown)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
-from echobench.console import esc
+from echobench.records.console import esc
 
 
 @app.command()
@@ -81,7 +81,7 @@ def compare(
     threshold and its step times say the slowdown is significant."""
     from echobench.report import compare_records  # lazy: pandas, start-up time of `echobench --help`
     from echobench.report.compare import comparison_report  # lazy: pandas, start-up time of `echobench --help`
-    from echobench.results import load_records  # lazy: start-up time of `echobench --help`
+    from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
 
     for p in (old, new):
         if not p.exists():
@@ -113,7 +113,7 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
 ):
     """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
-    from echobench.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
+    from echobench.train.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
 
     try:
         record, bd = read_profiled_run(run_dir)

@@ -13,9 +13,9 @@ import yaml
 
 from echobench.backends import parallelism_problem
 from echobench.cli.common import app, console, err_console, fail, settings_options, writable_dir
-from echobench.config import RunConfig, auto_switch
-from echobench.console import esc, record_report, repeats_report
-from echobench.yamltext import yaml_problem
+from echobench.records.config import RunConfig, auto_switch
+from echobench.records.console import esc, record_report, repeats_report
+from echobench.records.yamltext import yaml_problem
 
 
 def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
@@ -58,7 +58,7 @@ def run(
     **params,
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
-    from echobench import launch as ln  # lazy: start-up time of `echobench --help`
+    from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
 
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
         ln.dump_stacks_on_signal()
@@ -87,8 +87,8 @@ def run(
         if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
             raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
-        from echobench.bench import run_benchmark  # lazy: torch and the model, for this command alone
-        from echobench.distributed import exit_process  # lazy: torch, for this command alone
+        from echobench.train.bench import run_benchmark  # lazy: torch and the model, for this command alone
+        from echobench.train.distributed import exit_process  # lazy: torch, for this command alone
 
         record = run_benchmark(cfg, out)
         if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
@@ -105,7 +105,7 @@ def run(
 
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     """`run --repeats N`: N launches one after another, then the median over the ok ones."""
-    from echobench.launch import launch_repeats, under_torchrun  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import launch_repeats, under_torchrun  # lazy: start-up time of `echobench --help`
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
@@ -146,7 +146,7 @@ def print_record(record, out: Path) -> None:
                   scale="8B")
 def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **settings):
     """Parameter and FLOP breakdown of one training sample."""
-    from echobench.flops import flops_report, flops_table  # lazy: start-up time of `echobench --help`
+    from echobench.model.flops import flops_report, flops_table  # lazy: start-up time of `echobench --help`
 
     try:
         cfg = RunConfig(**settings)

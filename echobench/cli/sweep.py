@@ -1,5 +1,5 @@
 """`echobench sweep`, `preflight`, `cancel` and `status`: a matrix's runs through an executor
-(echobench.sweep, echobench.preflight) and the state of a sweep directory."""
+(echobench.sweep.loop, echobench.sweep.preflight) and the state of a sweep directory."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 
 from echobench.cli.common import MAX_RUNS_HELP, app, console, err_console, fail, load_plan, writable_dir
-from echobench.console import esc, state_counts
-from echobench.matrix import MatrixError
+from echobench.records.console import esc, state_counts
+from echobench.sweep.matrix import MatrixError
 
 
 @app.command()
@@ -39,8 +39,8 @@ def sweep(
     run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit): the same
     command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
     terminal; elsewhere they keep running: `echobench cancel DIR`)."""
-    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
-    from echobench.plan import default_out  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     try:
@@ -72,10 +72,10 @@ def preflight_command(
     CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
     network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
     otherwise. A sweep of the same matrix into the same directory then does not check again."""
-    from echobench import sweep as sw  # lazy: start-up time of `echobench --help`
-    from echobench.executors import make_executor  # lazy: start-up time of `echobench --help`
-    from echobench.plan import default_out  # lazy: start-up time of `echobench --help`
-    from echobench.preflight import run_preflight  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.executors import make_executor  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.preflight import run_preflight  # lazy: start-up time of `echobench --help`
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
     try:
@@ -109,9 +109,9 @@ def cancel(
 ):
     """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
-    from echobench import sweep_status as sws  # lazy: start-up time of `echobench --help`
-    from echobench.paths import SWEEP_FILE  # lazy: start-up time of `echobench --help`
-    from echobench.sweep_state import CorruptSweepState  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.records.paths import SWEEP_FILE  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
     if not sweep_dir.is_dir():
         fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
@@ -134,8 +134,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error."""
-    from echobench import sweep_status as sws  # lazy: start-up time of `echobench --help`
-    from echobench.sweep_state import CorruptSweepState  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
-from echobench.console import esc, log
-from echobench.matrix import ExecutorName
+from echobench.records.console import esc, log
+from echobench.sweep.matrix import ExecutorName
 
 
 @app.command()
@@ -37,7 +37,7 @@ def tune(
     memory and rules; rank by predicted samples/s; measure the top K and each family's best;
     recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
-    from echobench.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
+    from echobench.records.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
     from echobench.tune.cards import card_entry, card_problems, card_table  # lazy: as predict
     from echobench.tune.loop import run_tune, sweep_measure  # lazy: as predict (torch, the sweep)
     from echobench.tune.output import prior_charges, ranking_table, write_outputs  # lazy: as predict

@@ -1,4 +1,7 @@
-"""Training data: the tar-shard format, synthetic shards, the tokenizer and the batch loader."""
+"""Training data: the tar-shard format, synthetic shards, the tokenizer and the batch loader.
+
+May import: records.
+"""
 from .dataset import (
     STAND_IN, Batch, BatchLoader, LocalTarDataset, SyntheticSource, collate, make_loader, make_source,
 )

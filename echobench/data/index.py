@@ -29,8 +29,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from echobench.atomic import write_text_atomic
-from echobench.paths import cache_dir
+from echobench.records.atomic import write_text_atomic
+from echobench.records.paths import cache_dir
 
 from .format import LATENT_DIM, SKIP_HINT, SUFFIXES, DataError, decode_sample, ends_cleanly, sample_key
 

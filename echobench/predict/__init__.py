@@ -1,5 +1,5 @@
 """`echobench predict`: a performance model of one training step, from a run's settings and a
-hardware profile (echobench.hwprofile), and its residual against measured records.
+hardware profile (echobench.hardware.profile), and its residual against measured records.
 
 Per rank and step (README, "Predicting a run"):
 
@@ -20,7 +20,7 @@ the links the group can use (a cross-node group's share of its node's NICs, the 
 topology.nics_per_node; a pair of pairwise-wired GPUs its own NVLink links), its latency the fit's
 fixed part + NCCL's tuner latency at the group's size (ring: 2(n-1) or n-1 hops over NVLink and the
 network; tree for all-reduce: 2 log2(nodes) network hops; the cheapest algorithm and protocol per
-call, echobench.nccltuning); then placed: DDP's bucketed gradient all-reduce overlaps backward but its last bucket; FSDP2's
+call, echobench.hardware.nccltuning); then placed: DDP's bucketed gradient all-reduce overlaps backward but its last bucket; FSDP2's
 all-gathers are prefetched (the first exposed), its reduce-scatters overlap backward (the last
 exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlaps forward; TP's
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
@@ -28,7 +28,7 @@ part + max(0, the rest - the compute of the phase it overlaps). Gradient accumul
 micro-batch's compute, host ops and collectives grad_accum times, the once-per-step collectives
 (the gradients' reductions and norms, commvolume.Traffic.once) and the optimizer once.
 
-The device's rates are echobench.devicerates' (each with its source). GEMM rates: a measured shape
+The device's rates are echobench.hardware.devicerates' (each with its source). GEMM rates: a measured shape
 within 10% of the GEMM's stands for it (a calibration measures the run's own); else, where the
 profile gives its sm_count, the best point's rate x the shape model's rate / the best shape's, at
 most 1 (devicerates.gemm_rate: tile and wave quantization over the SMs, a k-loop cost per tile and a
@@ -43,7 +43,7 @@ time by crossval.py; 1 on a CPU and on a measured profile). Memory: the add band
 the run's tensors (a CPU profile measures a cache-sized point beside the DRAM one; the shipped GPU
 profiles: 86% of the datasheet, the H200's measured ratio).
 
-Element-wise bytes: on a GPU profile counted (elementwise.py): echobench.stepcount's bytes read +
+Element-wise bytes: on a GPU profile counted (elementwise.py): echobench.predict.stepcount's bytes read +
 written by every memory-bound op of one step of the run's configuration (its width, lengths,
 micro-batch, precision, AC and attention path; the optimizer and clipping apart), counted at 1 and 2
 layers per stack and extrapolated per layer, which equals a full count (a test holds it), cached in
@@ -108,9 +108,14 @@ The package, by what each file is (every name callers use is re-exported here):
     intervals.py      the interval of every prediction, from crossval's residuals
     tables.py         rich tables: prediction_table, comparison_table, validation_table
     errors.py         PredictError
+    stepcount.py      one step counted, not timed (FakeTensors, a dispatch mode): kernels, FLOPs, bytes by part
+    stepcount_ops.py  one ATen op as a GPU runs it (kind, launches, FLOPs, bytes)
+    stepcount_project.py  a counted step priced on a profile's device (the projection a GPU record meets)
+
+May import: train, hardware, data, records, backends, model.
 """
 
-from echobench.config import run_id  # callers reach it as predict.run_id
+from echobench.records.config import run_id  # callers reach it as predict.run_id
 from echobench.predict.card import Layout, ModelCard, card_params, load_card_file, model_card, run_layout
 from echobench.predict.card_work import card_work
 from echobench.predict.card_model import CardPrediction, predict_card
@@ -151,7 +156,7 @@ from echobench.predict.profiles import (
     profile_lines,
     profile_processes,
 )
-from echobench.devicerates import InStepFit, committed_fit
+from echobench.hardware.devicerates import InStepFit, committed_fit
 from echobench.predict.tables import comparison_table, crossval_table, prediction_table, validation_table
 from echobench.predict.validate import ValidationRow, load_rows, validate, validation_summary
 from echobench.predict.work import (

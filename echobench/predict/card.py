@@ -18,7 +18,7 @@ from pathlib import Path
 
 from echobench.predict.errors import PredictError
 from echobench.predict.recompute import POLICIES
-from echobench.yamltext import read_yaml
+from echobench.records.yamltext import read_yaml
 
 ACTIVATIONS = ("gelu", "swiglu", "relu2")  # relu2: squared ReLU (Nemotron), up and down like GELU
 POSITIONS = ("learned", "rotary", "alibi", "none")

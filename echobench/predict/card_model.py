@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from echobench.hwprofile import HardwareProfile
+from echobench.hardware.profile import HardwareProfile
 from echobench.predict.card import Layout, ModelCard
 from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
 from echobench.predict.card_work import card_work, model_flops_per_token

@@ -62,7 +62,7 @@ class StepTraffic:
 
 
 def _traffic(*args, **kwargs):
-    from echobench.commvolume import Traffic  # imports torch: start-up time of `predict`
+    from echobench.train.commvolume import Traffic  # imports torch: start-up time of `predict`
 
     return Traffic(*args, **kwargs)
 

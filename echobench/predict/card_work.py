@@ -47,7 +47,7 @@ from echobench.predict.work import FP8_BYTES, AttentionWork, Matmul
 ELEMENTWISE_READS_WRITES = {"norm": (2, 3), "residual": (3, 3), "gelu": (2, 3), "swiglu": (3, 5),
                             "rotary": (2, 2), "embedding": (2, 3), "positions": (3, 1), "cross_entropy": (2, 2)}
 # Bytes per token of one eager block's element-wise ops, counted on the framework's own block code
-# (scripts/count_card_blocks.py, bf16; tests/test_card_work.py holds them): forward and backward, as
+# (tools/count_card_blocks.py, bf16; tests/test_card_work.py holds them): forward and backward, as
 # (a, b, c) in bytes = a hidden + b ffn + c kv_width, where TP splits the ffn and kv terms and
 # sequence parallelism the hidden one.
 ELEMENTWISE_EAGER = {"mpt": ((20.14, 4.01, 0.0), (46.42, 8.04, 0.0)),

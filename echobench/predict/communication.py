@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from echobench.config import RunConfig
-from echobench.hwprofile import bus_factor
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import bus_factor
 from echobench.predict.pricing import Rates, is_cpu
 
 
@@ -42,7 +42,7 @@ class Collective:
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
     """The byte caps of DDP's first and further buckets in the run's backend (commvolume's)."""
-    from echobench.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes  # imports torch
+    from echobench.train.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes  # imports torch
 
     return megatron_ddp_bucket_bytes(cfg) if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
 
@@ -58,7 +58,7 @@ def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _traffic(cfg_key: tuple, device: str):
-    from echobench.commvolume import step_bytes  # imports torch: only where collectives are priced
+    from echobench.train.commvolume import step_bytes  # imports torch: only where collectives are priced
 
     return tuple(step_bytes(RunConfig(**dict(cfg_key)), device))
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from echobench.devicerates import FIT_FILE, InStepFit, gpu_family
-from echobench.hwprofile import HardwareProfile
+from echobench.hardware.devicerates import FIT_FILE, InStepFit, gpu_family
+from echobench.hardware.profile import HardwareProfile
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import central_step, error_summary, published_step, validate
 from echobench.predict.card import model_card, run_layout

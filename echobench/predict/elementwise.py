@@ -1,4 +1,4 @@
-"""An Echo step's element-wise (memory-bound) bytes, forward and backward, counted: echobench.stepcount's
+"""An Echo step's element-wise (memory-bound) bytes, forward and backward, counted: echobench.predict.stepcount's
 count of the run's own configuration (width, lengths, micro-batch, precision, AC, attention path),
 every memory-bound ATen op's bytes read + written, the optimizer and clipping left out (stepcount's
 phase "optimizer"; predict prices them apart), AC's recompute in the backward as counted.
@@ -11,7 +11,7 @@ embedding and final norm, the top level (embeddings, projections, DiT input and 
 the same at every depth: the extrapolation equals a full count exactly (tests/test_elementwise_count.py
 holds it; the top level's difference, zero where counted, would go with the DiT's layers).
 
-Results are cached in memory and on disk (echobench.hardware.cache_dir()/elementwise/), keyed by the
+Results are cached in memory and on disk (echobench.hardware.device.cache_dir()/elementwise/), keyed by the
 fields the count depends on and a hash of the sources that make it (stepcount, the model, this file).
 """
 
@@ -25,14 +25,14 @@ from functools import lru_cache
 from pathlib import Path
 from unittest import mock
 
-from echobench.atomic import write_json_atomic
-from echobench.config import RunConfig
+from echobench.records.atomic import write_json_atomic
+from echobench.records.config import RunConfig
 from echobench.predict.work import ELEMENTWISE, elementwise_bytes, ratios_saved, tp_share
 
 PARTS = ("dit_blocks", "speaker_blocks", "text_encoder", "top")
 PHASES = ("forward", "backward")
 _ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("stepcount.py", "stepcount_ops.py", "model/config.py", "model/components.py", "model/dit.py",
+SOURCES = ("predict/stepcount.py", "predict/stepcount_ops.py", "model/config.py", "model/components.py", "model/dit.py",
            "model/echo.py", "model/speaker.py", "model/text_encoder.py", "backends/torchtitan.py",
            "predict/elementwise.py")
 # Compiled runs: stepcount's inductor proxy takes 40 .. 90 s per reduced-depth count (800M .. 8B on 2
@@ -81,7 +81,7 @@ def cache_key(cfg: RunConfig, compiled: bool) -> str:
 
 def count_at_depth(cfg: RunConfig, compiled: bool, depth: int) -> dict[str, int]:
     """stepcount's memory-bound bytes by phase/part of one step of `cfg` with every stack at `depth` layers."""
-    from echobench import stepcount  # lazy: torch; predict does not import torch at start-up
+    from echobench.predict import stepcount  # lazy: torch; predict does not import torch at start-up
 
     m = cfg.model_config()
     reduced = dataclasses.replace(m, layers=depth, speaker_layers=depth,
@@ -104,7 +104,7 @@ def extrapolate(cfg: RunConfig, depth1: dict, depth2: dict) -> tuple[float, floa
 
 
 def _cache_file(key: str) -> Path:
-    from echobench.paths import cache_dir  # lazy: echobench.hardware imports torch
+    from echobench.records.paths import cache_dir  # lazy: echobench.hardware.device imports torch
 
     return cache_dir() / "elementwise" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
@@ -163,7 +163,7 @@ def echo_elementwise(cfg: RunConfig, eb: int, cpu: bool) -> tuple[tuple[float, f
     fwd, bwd = counted.forward * share, counted.backward * share
     saved = ratios_saved(cfg, eb)
     how = "inductor's generated kernels" if cfg.compile else "eager ATen ops"
-    return (fwd, bwd), (f"element-wise bytes COUNTED (echobench.stepcount, {how}, torchtitan's model, the step at 1 "
+    return (fwd, bwd), (f"element-wise bytes COUNTED (echobench.predict.stepcount, {how}, torchtitan's model, the step at 1 "
                         f"and 2 layers per stack extrapolated per layer): {counted.forward / saved:.3g} x forward "
                         f"and {counted.backward / saved:.3g} x backward the bytes autograd saves"
                         + ("; TP splits them as memory.estimate_memory (assumed)" if cfg.tp > 1 else ""))

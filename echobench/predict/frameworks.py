@@ -25,7 +25,7 @@ Sources, per framework (the file and commit each default is read at):
   time), torch.compile per row (training.compile).
 
 Element-wise bytes: where a framework runs eager with its own model code (llm-foundry's MPT,
-torchtitan's Llama), its block's bytes as counted on that code (scripts/count_card_blocks.py:
+torchtitan's Llama), its block's bytes as counted on that code (tools/count_card_blocks.py:
 every ATen op that is not a GEMM or attention, forward and backward, card_work.ELEMENTWISE_EAGER);
 where its kernels are fused (TransformerEngine in Megatron-LM and NeMo, Megatron's fused kernels,
 torch.compile), the per-op count of a pre-norm block (card_work.ELEMENTWISE_READS_WRITES: each op

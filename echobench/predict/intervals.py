@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from echobench.devicerates import FIT_FILE
+from echobench.hardware.devicerates import FIT_FILE
 
 RESIDUAL_QUANTILES = (0.1, 0.9)  # the interval: the 10th to 90th percentile of the LOSO log-residuals
 UNFITTED = (-0.15, 0.15)  # where no fit is committed (an installed echobench without validation/): assumed

@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from echobench.config import RunConfig
-from echobench.hwprofile import HardwareProfile
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import HardwareProfile
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, predict
 from echobench.predict.pricing import is_cpu_name, priced
 from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
 from echobench.predict.work import host_ops, run_work
-from echobench.results import Record, record_settings
+from echobench.records.results import Record, record_settings
 
-# The breakdown's categories (echobench.breakdown) each predicted part is held against.
+# The breakdown's categories (echobench.train.breakdown) each predicted part is held against.
 BREAKDOWN_PARTS = {"gemm": ("gemm",), "attention": ("attention",), "optimizer": ("optimizer",),
                    "communication": ("communication",),
                    "other": ("other_compute", "memcpy", "data_wait", "idle")}

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from echobench.config import RunConfig, run_id
-from echobench.flops import hardware_flops, model_flops
-from echobench.hwprofile import HardwareProfile
+from echobench.records.config import RunConfig, run_id
+from echobench.model.flops import hardware_flops, model_flops
+from echobench.hardware.profile import HardwareProfile
 from echobench.backends import layout_problem
-from echobench.memory import device_memory_gib, estimate_memory
+from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.predict.intervals import interval
 from echobench.predict.communication import (Collective, accumulated, collectives, exposed_accumulated, hide_gbps,
                                              link_bytes)

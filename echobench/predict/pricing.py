@@ -9,8 +9,8 @@ import math
 
 from dataclasses import dataclass, field, replace
 
-from echobench.config import RunConfig, run_id
-from echobench.devicerates import (
+from echobench.records.config import RunConfig, run_id
+from echobench.hardware.devicerates import (
     InStepFit,
     attention_points,
     in_step_clock,
@@ -19,9 +19,9 @@ from echobench.devicerates import (
     kernel_gap,
     sustained_clock,
 )
-from echobench.hwprofile import CollectiveCost, HardwareProfile, collective_cost
+from echobench.hardware.profile import CollectiveCost, HardwareProfile, collective_cost
 from echobench.model.config import masked_share
-from echobench.peaks import table_peak
+from echobench.records.peaks import table_peak
 from echobench.predict.elementwise import echo_elementwise
 from echobench.predict.errors import PredictError
 from echobench.predict.work import ADAMW_BYTES, CLIP_BYTES, float8_work, rank_params, run_work

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from echobench.config import RunConfig
-from echobench.paths import measured_profile
-from echobench.hwprofile import (
+from echobench.records.config import RunConfig
+from echobench.records.paths import measured_profile
+from echobench.hardware.profile import (
     HardwareProfile,
     ProfileError,
     calibrated_profile_path,
@@ -18,8 +18,8 @@ from echobench.hwprofile import (
     load_profile,
     shipped_profiles,
 )
-from echobench.devicerates import _log_distance
-from echobench.peaks import PEAK_PATTERNS
+from echobench.hardware.devicerates import _log_distance
+from echobench.records.peaks import PEAK_PATTERNS
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import Rates
 
@@ -96,7 +96,7 @@ def machine_device(cfgs: Sequence[RunConfig]) -> str:
     profile `calibrate --comm` measured here."""
     import torch  # lazy: seconds to import, and only this function of the module needs it
 
-    from echobench.hardware import device_name  # imports torch
+    from echobench.hardware.device import device_name  # imports torch
 
     gpu = torch.cuda.is_available() and any(c.device != "cpu" for c in cfgs)
     return device_name(torch.device("cuda" if gpu else "cpu"))

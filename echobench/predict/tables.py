@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from echobench.config import RunConfig, run_id
-from echobench.console import esc
+from echobench.records.config import RunConfig, run_id
+from echobench.records.console import esc
 from echobench.predict.measured import Comparison
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, ranks

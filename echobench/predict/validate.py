@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from echobench.hwprofile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
+from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
 from echobench.predict.card_model import predict_card
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import Rates
-from echobench.yamltext import read_yaml
+from echobench.records.yamltext import read_yaml
 
 # The keys a row's sections may have (model and run: card.model_card and card.run_layout check theirs).
 SECTIONS = {"id": None, "source": {"name", "repo", "commit", "path", "line", "table", "text", "config", "figure"},

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from echobench.config import RunConfig
-from echobench.flops import param_counts, speaker_patches
-from echobench.memory import activation_elements_per_sample, state_shards
+from echobench.records.config import RunConfig
+from echobench.model.flops import param_counts, speaker_patches
+from echobench.hardware.memory import activation_elements_per_sample, state_shards
 
 # Element-wise bytes per byte of saved activations (the package's docstring): counted eager; assumed compiled.
 # Counted as (6.0, 9.5) / (2.0, 3.0) against memory.activation_elements_per_sample before issue 34's
@@ -20,7 +20,7 @@ ELEMENTWISE = {"eager": (3.3, 5.22), "compiled": (1.1, 1.65)}
 ADAMW_BYTES = {"foreach": 56, "fused": 28}  # per parameter (float32 p, g, m, v and temporaries)
 CLIP_BYTES = 8  # per parameter: the norm reads each gradient, the scale reads and writes it (counted)
 # ATen ops dispatched per step (views included), counted on real tiny steps on the CPU (one gloo
-# process per rank; scripts/count_host_ops.py): phase -> (fixed, per DiT layer, per speaker layer,
+# process per rank; tools/count_host_ops.py): phase -> (fixed, per DiT layer, per speaker layer,
 # per text-encoder layer). torchtitan single / ddp / fsdp2 (fsdp2 stands for hsdp) and megatron tp2
 # (stands for any TP).
 HOST_OPS = {

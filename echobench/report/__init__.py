@@ -1,4 +1,7 @@
-"""Reports built only from stored result records: the HTML dashboard, publication tables, compare."""
+"""Reports built only from stored result records: the HTML dashboard, publication tables, compare.
+
+May import: sweep, predict, train, hardware, data, records, backends, model.
+"""
 
 from echobench.report.compare import compare_records
 from echobench.report.dashboard import render_dashboard

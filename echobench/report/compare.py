@@ -1,6 +1,6 @@
 """`echobench compare OLD NEW`: pair configurations, report throughput and MFU changes, gate regressions.
 
-Runs pair by configuration at a node count (`echobench.results.configuration_key`: its repeats,
+Runs pair by configuration at a node count (`echobench.records.results.configuration_key`: its repeats,
 and whatever differs only in how long or how often it measured, e.g. steps); each side's figure is
 the median over its successful runs. A paired configuration
 regresses when its samples/s or MFU fell by more than the threshold (percent of the old value)
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from rich.table import Table
 from rich.text import Text
 
-from echobench.console import esc, fmt
-from echobench.results import Record, configuration_key, over_repeats, slower_p_value
+from echobench.records.console import esc, fmt
+from echobench.records.results import Record, configuration_key, over_repeats, slower_p_value
 
 MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
 DEFAULT_ALPHA = 0.01

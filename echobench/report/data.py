@@ -1,6 +1,6 @@
 """What the report is built from: stored result records (and a sweep's skipped list), as one frame.
 
-Only files on disk are read: `result.json` records through `echobench.results.load_records`
+Only files on disk are read: `result.json` records through `echobench.records.results.load_records`
 (typed records: newest per run id, corrupt ones reported), the `plan.json` a sweep writes beside
 each (its memory estimate), the sweep's `sweep.json` (its matrix name) and `skipped.json` files,
 and the `tune.json` of a tune directory (echobench tune) given as a path or at a path's top level.
@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from echobench.config import configuration
-from echobench.paths import SWEEP_FILE
+from echobench.records.config import configuration
+from echobench.records.paths import SWEEP_FILE
 from echobench.predict import PredictError, against
-from echobench.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
+from echobench.records.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
-from echobench.sweep_state import CorruptSweepState, SweepState
-from echobench.paths import TUNE_FILE
+from echobench.sweep.state import CorruptSweepState, SweepState
+from echobench.records.paths import TUNE_FILE
 
-# Labels: framework and parallelism always name a configuration (echobench.config.configuration);
+# Labels: framework and parallelism always name a configuration (echobench.records.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
 # these first, in this order. Scale and nodes are not in labels: figures are per scale, x is GPUs.
 CONFIG_KEYS = ("framework", "parallelism")

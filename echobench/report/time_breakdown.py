@@ -1,7 +1,7 @@
 """The dashboard's "Where the time goes": stacked parts of the step per configuration, and the MFU
 waterfall of a selected run (drawn in the page from the data here, one run at a time).
 
-Reads only the records' `breakdown` summary (written by `--profile` runs; echobench.breakdown).
+Reads only the records' `breakdown` summary (written by `--profile` runs; echobench.train.breakdown).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import json
 import pandas as pd
 import plotly.graph_objects as go
 
-from echobench.breakdown import CATEGORIES, LABELS, waterfall
+from echobench.train.breakdown import CATEGORIES, LABELS, waterfall
 from echobench.report.data import ReportInput
 from echobench.report.plotting import PLOT_CONFIG, esc, figure_html, layout, panel
-from echobench.results import Record
+from echobench.records.results import Record
 
 COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "other_compute": "#ff7f0e",
           "memcpy": "#8c564b", "communication": "#d62728", "data_wait": "#bcbd22", "idle": "#c7c7c7"}

@@ -8,5 +8,7 @@ model and proven by measurement (README, "Tuning a run").
                picks and when to stop; the device-hours charged
     output.py  TUNE/tune.json, report.md and the winners' run config and one-run matrix; the console table
     cards.py   a model card's layouts ranked (not measured: echobench trains Echo)
+
+May import: sweep, predict, train, hardware, data, records, backends, model.
 """
 

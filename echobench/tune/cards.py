@@ -17,8 +17,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from echobench.hwprofile import HardwareProfile
-from echobench.console import esc
+from echobench.hardware.profile import HardwareProfile
+from echobench.records.console import esc
 from echobench.predict import PredictError, load_profiles
 from echobench.predict.card import Layout, ModelCard, load_card_file
 from echobench.predict.card_memory import card_memory_gib

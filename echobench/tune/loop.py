@@ -5,7 +5,7 @@ measured winner is the predicted one, nothing predicted above it is left unmeasu
 the device-hour budget run out.
 
     TUNE/measure.yaml      the matrix of every candidate picked so far (an include per run)
-    TUNE/sweep/            its sweep (echobench.sweep): run directories, records, results.csv
+    TUNE/sweep/            its sweep (echobench.sweep.loop): run directories, records, results.csv
     TUNE/profile-tuned.yaml  the profile recalibrated from the residuals (beside the shipped one)
     TUNE/tune.json         candidates, pruned and why, predictions, picks per round, measured, winners
     TUNE/report.md         the report (echobench.tune.output)
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import yaml
 
-from echobench.config import RunConfig
-from echobench.hwprofile import HardwareProfile, InStepFactor, save_profile
-from echobench.matrix import expand, parse_matrix
+from echobench.records.config import RunConfig
+from echobench.hardware.profile import HardwareProfile, InStepFactor, save_profile
+from echobench.sweep.matrix import expand, parse_matrix
 from echobench.predict import predict
 from echobench.predict.pricing import Rates, in_situ_factor
-from echobench.sweep import SweepOptions, run_sweep
-from echobench.sweep_state import now_iso, record_state, run_dir
+from echobench.sweep.loop import SweepOptions, run_sweep
+from echobench.sweep.state import now_iso, record_state, run_dir
 from echobench.tune.space import Candidate, Problem, TuneError, TuneFile, picks, tied
 
 FIT_BOUNDS = (1 / 3, 3.0)  # InStepFactor's

@@ -12,11 +12,11 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from echobench.atomic import write_json_atomic
-from echobench.console import esc
-from echobench.sweep_state import now_iso
-from echobench.results import slower_p_value
-from echobench.paths import TUNE_FILE
+from echobench.records.atomic import write_json_atomic
+from echobench.records.console import esc
+from echobench.sweep.state import now_iso
+from echobench.records.results import slower_p_value
+from echobench.records.paths import TUNE_FILE
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
 from echobench.tune.space import Candidate, Problem, TuneFile
 

@@ -21,15 +21,15 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from echobench.config import RunConfig, check_value, run_id
-from echobench.hwprofile import HardwareProfile
-from echobench.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic
+from echobench.records.config import RunConfig, check_value, run_id
+from echobench.hardware.profile import HardwareProfile
+from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic
 from echobench.backends import layout_problem
-from echobench.memory import device_memory_gib, estimate_memory
+from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.model.config import PRESETS
-from echobench.peaks import table_peak
+from echobench.records.peaks import table_peak
 from echobench.predict import Prediction, PredictError, is_cpu, predict
-from echobench.yamltext import read_yaml
+from echobench.records.yamltext import read_yaml
 
 # The axes a tune searches (search: in the tune file fixes or widens each); `layout` is a parallelism
 # value: tpN runs on megatron, the others on torchtitan.

@@ -1,0 +1,11 @@
+"""The device and the interconnect, as the performance model and the runs see them.
+
+    device.py       which device, its precision and peak, the GEMM calibration, the env of a record
+    profile.py      a hardware profile (profiles/*.yaml): rates and bandwidths, measured or assumed
+    devicerates.py  achieved rates per device family (the in-step clock fitted on published runs)
+    commfit.py      fitting collective bandwidth and latency to measurements
+    nccltuning.py   NCCL's algorithm and protocol choice, as its tuner makes it
+    memory.py       the per-GPU memory estimate of a run (weights, grads, optimizer, activations)
+
+May import: records, backends, model.
+"""

@@ -1,0 +1,151 @@
+"""What echobench prints through rich: text from outside, run states, log lines, sweep progress,
+and the tables `run` prints.
+
+Text from outside (records, logs, matrices, exceptions, paths): rich reads "[...]" in a printed
+string as markup: a gloo error holding "[/__w/.../pair.cc:537]" is a closing tag with no opening
+one (a MarkupError), "[bold]" would vanish into a style. Every such string goes through `esc`
+before it reaches a rich format string or a table cell.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from echobench.records.results import configuration_key, over_repeats, peak_notes
+
+NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
+WAITING = "waiting"  # a run's files are written but the scheduler has not taken its job yet (a submit limit): retried
+STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", WAITING: "yellow", "queued": "",
+                NOT_STARTED: ""}  # else: red
+
+
+def esc(value: object) -> str:
+    """`value` as text that rich prints verbatim."""
+    return escape(str(value))
+
+
+def state_markup(state: str) -> str:
+    """A run's state (a record status, pending, running, ...) in its color."""
+    color = STATE_COLORS.get(state, "red")
+    return f"[{color}]{esc(state)}[/]" if color else esc(state)
+
+
+def state_counts(states) -> str:
+    """"2 ok, 1 running": how many runs are in each state."""
+    return ", ".join(f"{v} {k}" for k, v in sorted(Counter(states).items()))
+
+
+def log(console, text: str) -> None:
+    """One timestamped line; `text` is rich markup: pass outside strings through esc()."""
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False)
+
+
+@dataclass
+class Progress:
+    """A sweep's live table of runs (on a terminal; elsewhere the log lines say it all)."""
+
+    console: object
+    live: object = None
+
+    def table(self, rows: list[tuple[str, str, str]]):
+        table = Table(title="sweep: " + state_counts(state for _, state, _ in rows))
+        for col in ("run", "state", "detail"):
+            table.add_column(col, overflow="fold")
+        for rid, state, detail in rows:
+            table.add_row(esc(rid), state_markup(state), esc(detail[:80]))
+        return table
+
+    def __enter__(self):
+        if getattr(self.console, "is_terminal", False):
+            self.live = Live(console=self.console, refresh_per_second=2, transient=False).__enter__()
+        return self
+
+    def update(self, rows):
+        if self.live is not None:
+            self.live.update(self.table(rows))
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def record_report(record) -> list:
+    """A successful run's record as `echobench run` prints it: one table, then the peak's notes."""
+    table = Table(title=esc(record.run_id), show_header=False)
+    rows = [
+        ("device", record.env.device_name),
+        ("step time (median, p10-p90)", f"{record.step_time_s:.4f} s ({record.step_time_p10_s:.4f}-{record.step_time_p90_s:.4f})"),
+        ("step time (mean)", f"{record.step_time_mean_s:.4f} s ({record.step_time_mean_vs_median:+.1%} vs median)"),
+        ("measured window", f"{record.measured_steps} steps, {record.measured_time_s:.3f} s, "
+                            f"{record.measured_samples} samples"),
+        ("samples/s (window)", fmt(record.samples_per_s, ".2f")),
+        ("audio seconds/s (window)", fmt(record.audio_seconds_per_s, ".1f")),
+        ("model TFLOP/sample", fmt(record.model_flops_per_sample / 1e12, ".4g")),
+        ("TFLOP/s per device", fmt(record.tflops_per_gpu, ".4g")),
+        ("peak TFLOP/s", f"{record.peak_tflops:.4g} {record.peak_precision} ({record.peak_source})"),
+        ("MFU (window)", f"{record.mfu:.2%}"),
+        *([("MFU vs fp8 peak", "-" if record.mfu_fp8_peak is None else f"{record.mfu_fp8_peak:.2%}")]
+          if record.precision == "fp8" else []),
+        ("HFU (window)", f"{record.hfu:.2%}"),
+        ("MFU vs GEMM ceiling", "-" if record.mfu_vs_ceiling is None else f"{record.mfu_vs_ceiling:.2%}"),
+        ("peak memory", f"{record.peak_mem_gib:.2f} GiB"),
+        ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
+         else f"{record.num_alloc_retries} / {record.num_ooms}"),
+        ("data wait", f"{record.data_wait_frac:.1%}"),
+        ("compile", compile_text(record)),
+        ("attention", attention_text(record)),
+    ]
+    for k, v in rows:
+        table.add_row(k, esc(v))
+    return [table, *(Text(f"note: {note}") for note in peak_notes(record))]
+
+
+def compile_text(record) -> str:
+    """What compile produced, as the run's table says it: eager, or the graphs and graph breaks."""
+    if not record.compile:
+        return record.compile_note or "eager"
+    return f"{record.compile_graphs} graphs, {record.compile_graph_breaks} graph breaks"
+
+
+def attention_text(record) -> str:
+    """Per attention, the paths its measured micro-batches took and their share of the attention FLOPs;
+    the DiT's unmasked SDPA kernel, as a profiled pass saw it on a GPU, else torch's predicted choice."""
+    shares = record.attention_flop_shares or {}
+    paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" + (f" ({shares[part][path]:.0%} of FLOPs)"
+                                                             if path in shares.get(part, {}) else "")
+                                            for path, n in counts.items())
+                      for part, counts in (record.attention_paths or {}).items())
+    predicted = (record.sdpa_backends_predicted or {}).get("dit")
+    return paths + (f" (DiT SDPA, predicted: {predicted})" if predicted else "") if paths else "-"
+
+
+def repeats_report(records: list, out) -> list:
+    """`run --repeats N`: one row per repeat, the median over the ok ones, where the records went."""
+    table = Table(title=esc(f"{len(records)} repeats of {configuration_key(records[0])}"))
+    for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
+        table.add_column(col, justify="left" if col in ("run id", "status") else "right")
+    for k, r in enumerate(records):
+        ok = r.status == "ok"
+        table.add_row(str(k), esc(r.run_id), esc(r.status), fmt(r.samples_per_s, ".4g") if ok else "-",
+                      f"{r.mfu:.2%}" if ok else "-", fmt(r.step_time_s, ".4f") if ok else "-",
+                      f"{r.step_time_mean_vs_median:+.1%}" if ok else "-")
+    out_parts = [table]
+    ok = [r for r in records if r.status == "ok"]
+    if ok:
+        sps, mfu = over_repeats(r.samples_per_s for r in ok), over_repeats(r.mfu for r in ok)
+        out_parts.append(Text(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
+                              f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
+                              f"({mfu['min']:.2%}-{mfu['max']:.2%})"))
+    paths = ", ".join(str(out / f"repeat-{k}" / "result.json") for k in range(len(records)))
+    return out_parts + [Text(f"wrote {paths}")]

@@ -1,0 +1,585 @@
+"""Matrix files: YAML -> validated settings -> the list of runs (and the skipped ones, with why).
+
+A matrix (README, "Sweeps") has `defaults`, `axes` (any RunConfig key; the runs are their
+cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
+matches any of its items) and `include` (extra single runs; an entry may carry its own
+`time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,
+the same settings otherwise). The file is checked with pydantic, and run keys against their
+RunConfig field: an unknown key, a wrong type or a bad value is an error naming the file, the key
+and what is allowed. A combination that cannot run (a layout the framework lacks, TP wider than a
+node, ...) is listed as skipped with its reason, never an error.
+
+Everything that later reaches a shell script (names, SLURM options, env) is validated here;
+the job script quotes it again (echobench.sweep.executors.slurm).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from echobench import backends
+from echobench.records.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
+from echobench.train.fabric import hca_problem
+from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.records.peaks import table_peak
+from echobench.records.yamltext import yaml_problem
+
+ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.sweep.executors.Executor
+MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
+
+
+class MatrixError(ValueError):
+    """A matrix file that cannot be used; the message names the file and the key."""
+
+
+# ---- values that reach a shell script: validated by pattern ----
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SLURM_WORD_RE = r"^[A-Za-z0-9_.,:+-]{1,128}$"  # partition, account, qos
+CONSTRAINT_RE = r"^[A-Za-z0-9_.,:+&|\[\]*()-]{1,256}$"
+TIME_RE = r"^(\d+-)?\d{1,4}(:\d{1,2}){0,2}$"  # SLURM forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+# One long option, --name or --name=value; the value may hold anything but a line break or NUL:
+# it is quoted where it is written (a #SBATCH line, an srun line).
+OPTION_RE = r"^--[A-Za-z][A-Za-z0-9-]*(=[^\n\r\0]*)?$"
+ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MEM_RE = r"^\d+[KMGT]?$"
+
+
+def _check(pattern: str, what: str, value: str) -> str:
+    if not re.fullmatch(pattern, value):
+        raise ValueError(f"{value!r} is not a valid {what}: must match {pattern}")
+    return value
+
+
+def _check_time(value) -> str:
+    return _check(TIME_RE, "time limit (e.g. 00:30:00, 90, 1-00:00:00)", str(value))
+
+
+def parse_time(text: str) -> int:
+    """SLURM time limit -> seconds ('30' is minutes, '1:30' min:sec, '2-12' days-hours, ...)."""
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")]
+        h, m, s = (parts + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+PORT_SPREAD = 2000  # jobs sharing a node take MASTER_PORT = master_port + SLURM_JOB_ID % PORT_SPREAD
+EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
+
+
+def _one_line(what: str, value: str) -> str:
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"{what} must be one line without NUL bytes")
+    return value
+
+
+class ContainerSettings(Strict):
+    """The image every job runs in, with its runtime: pyxis (srun --container-image, an image such
+    as nvcr.io#nvidia/pytorch:25.01-py3 or a squashfs file from `enroot import`; imported once per
+    node and job, then reused by name), apptainer (`apptainer exec --nv IMAGE`, a .sif file or
+    docker://...) or ce, CSCS's Container Engine (srun --environment=IMAGE, where IMAGE is an EDF:
+    a name in ~/.edf or the path of a .toml file, which holds the image, mounts, workdir and hooks).
+    pyxis and apptainer mount the sweep directory, echobench's source and a run's data directory at
+    their own paths; under ce the EDF must mount them. The image must have echobench's dependencies
+    (torch, transformers >= 5, pydantic, typer, ...): preflight checks it."""
+    image: str
+    runtime: Literal["pyxis", "apptainer", "ce"] = "pyxis"
+    mounts: list[str] = []  # SRC[:DST[:FLAGS]] each, e.g. /lustre/data:/data:ro
+    workdir: str | None = None  # the directory ranks start in, inside the image
+    writable: bool = False  # pyxis --container-writable / apptainer --writable-tmpfs
+
+    @field_validator("image", "workdir")
+    @classmethod
+    def _line(cls, v, info):
+        return v if v is None else _one_line(f"container.{info.field_name}", v)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v):
+        for m in v:
+            _one_line("a container mount", m)
+            if "," in m or not m:
+                raise ValueError(f"container mount {m!r}: one SRC[:DST[:FLAGS]] per entry, without commas")
+        return v
+
+    @model_validator(mode="after")
+    def _edf_holds_the_rest(self):
+        if self.runtime == "ce" and (self.mounts or self.workdir or self.writable):
+            raise ValueError("runtime ce: the Container Engine takes mounts, workdir and writable from the EDF "
+                             f"({self.image}): set them there")
+        return self
+
+
+class UenvSettings(Strict):
+    """A uenv (CSCS): every srun of the job gets --uenv=IMAGE (and --view=VIEW), the first-node check
+    and preflight included: the image is mounted in the job's steps, not in its batch shell."""
+    image: str  # e.g. prgenv-gnu/24.11:v1, or a squashfs path
+    view: str | None = None  # e.g. default
+
+    @field_validator("image", "view")
+    @classmethod
+    def _word(cls, v, info):
+        return v if v is None else _check(r"^[A-Za-z0-9_.,:+/@=-]{1,256}$", f"uenv.{info.field_name}", v)
+
+
+class TimeFromEstimate(Strict):
+    """Per-run time limits from the plan's estimate (echobench.sweep.estimate): factor x estimate, at
+    least floor, at most slurm.time (which stays the limit of runs the plan cannot estimate)."""
+    factor: float = Field(3.0, ge=1)
+    floor: str = "00:20:00"  # startup, a cold compile and the first steps are hard to estimate
+
+    @field_validator("floor", mode="before")
+    @classmethod
+    def _floor(cls, v):
+        return _check_time(v)
+
+
+class SlurmSettings(Strict):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time: str = "00:30:00"  # a run's time limit (the most one asks for, with time_from_estimate)
+    time_from_estimate: TimeFromEstimate | None = None  # {factor: 3, floor: "00:20:00"}: per-run limits
+    gpus_per_node: int = Field(1, ge=1, le=64)  # processes per node (GPUs; CPU processes on a CPU cluster)
+    request_gpus: bool = True  # emit --gpus-per-node (false on a CPU-only cluster)
+    cpus_per_task: int | None = Field(None, ge=1)  # CPUs of each node's one task (its launcher and ranks)
+    cpus_per_gpu: int = Field(8, ge=1)  # when GPUs are requested and cpus_per_task is not set (not with exclusive)
+    numa_binding: Literal["node", "socket", "exclusive", "core-complex"] | None = None  # torchrun --numa-binding
+    # NCCL / libfabric profile (echobench.train.fabric); None: not chosen, which multi-node GPU runs refuse
+    fabric: Literal["none", "infiniband", "slingshot", "tcp"] | None = None
+    mem: str | None = None  # per node, e.g. 0 (all) or 200G
+    exclusive: bool = False
+    extra: list[str] = []  # further sbatch options, one per entry: "--reservation=abc" (values quoted)
+    srun_args: list[str] = []  # further options of the srun that starts the ranks: "--mpi=pmix"
+    container: ContainerSettings | None = None
+    uenv: UenvSettings | None = None
+    setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
+    env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
+    master_port: int = Field(29500, ge=1024, le=65535)
+    python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
+    # Jobs of the sweep in the queue at once (pending or running): more are submitted as they end.
+    # None: no cap (a refusal for a submit limit still only delays a run: it is retried).
+    max_submitted: int | None = Field(None, ge=1)
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _word(cls, v, info):
+        return v if v is None else _check(SLURM_WORD_RE, info.field_name, v)
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v):
+        return v if v is None else _check(CONSTRAINT_RE, "constraint", v)
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v):
+        return _check_time(v)
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # `mem: 0` (all of the node's memory) is an integer in YAML
+        return v if v is None else _check(MEM_RE, "memory size (e.g. 0, 200G)", v)
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, v):
+        # The job adds SLURM_JOB_ID % PORT_SPREAD: the range must stay out of Linux's ephemeral ports
+        # (32768-60999 by default), where an outgoing connection may hold the port already.
+        if not (v + PORT_SPREAD <= EPHEMERAL[0] or v > EPHEMERAL[1]):
+            raise ValueError(f"master_port {v}: the job uses {v}..{v + PORT_SPREAD - 1}, which meets the ephemeral "
+                             f"range {EPHEMERAL[0]}-{EPHEMERAL[1]}: use at most {EPHEMERAL[0] - PORT_SPREAD} "
+                             f"(default 29500)")
+        return v
+
+    @field_validator("extra", "srun_args")
+    @classmethod
+    def _options(cls, v, info):
+        what = "sbatch" if info.field_name == "extra" else "srun"
+        return [_check(OPTION_RE, f"{what} option (one --name or --name=value per entry, on one line)", x) for x in v]
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v):
+        for line in v:
+            if "\0" in line:
+                raise ValueError("setup commands cannot contain NUL bytes")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v):
+        out = {}
+        for key, value in v.items():
+            _check(ENV_KEY_RE, "environment variable name", key)
+            value = str(value).lower() if isinstance(value, bool) else str(value)
+            if "\0" in value:
+                raise ValueError(f"env {key}: value cannot contain NUL bytes")
+            out[key] = value
+        return out
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v):
+        if v is not None and ("\0" in v or "\n" in v):
+            raise ValueError("python must be a path on one line")
+        return v
+
+    @model_validator(mode="after")
+    def _environment(self):
+        if self.container is not None and self.uenv is not None:
+            raise ValueError("container and uenv: a job runs in one of them, choose one")
+        if problem := hca_problem(self.env):
+            raise ValueError(f"env: {problem}")
+        return self
+
+
+class LocalSettings(Strict):
+    time: str = "00:30:00"  # per-run time limit on the local executor
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v):
+        return _check_time(v)
+
+
+class CommLimits(Strict):
+    """Bounds of the sweep's `echobench calibrate --comm` (hardware.calibrate_comm): its flags of the
+    same names, with their bounds; None: calibrate's own defaults."""
+    budget_s: float | None = Field(None, ge=0.1)  # seconds of GEMMs
+    comm_budget_s: float | None = Field(None, ge=0.1)  # seconds of collectives
+    max_bytes: int | None = Field(None, ge=1024)  # the largest message
+
+    def flags(self) -> list[str]:
+        """The calibrate flags these set (numbers only: nothing here needs quoting)."""
+        return [word for key, value in self.model_dump().items() if value is not None
+                for word in (f"--{key.replace('_', '-')}", str(value))]
+
+
+class HardwareSettings(Strict):
+    peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; else the run's device table / calibration
+    memory_gib: float | None = Field(None, gt=0)  # per device, for the fit check; else from `device`
+    device: str | None = None  # a device name for the memory table (GH200, H200, H100, ...)
+    assumed_mfu: float = Field(0.4, gt=0, le=1)  # only for the GPU-hours estimate of `plan`
+    # The sweep measures a hardware profile (`calibrate --comm`) once, where its runs run, before them:
+    # SWEEP/profile.yaml, which `predict --against SWEEP` prices its runs with.
+    calibrate_comm: bool = False
+    comm_limits: CommLimits = CommLimits()
+
+
+class MatrixFile(Strict):
+    name: str
+    executor: ExecutorName = "local"
+    slurm: SlurmSettings = SlurmSettings()
+    local: LocalSettings = LocalSettings()
+    hardware: HardwareSettings = HardwareSettings()
+    defaults: dict[str, Any] = {}
+    axes: dict[str, list[Any]] = {}
+    exclude: list[dict[str, Any]] = []
+    include: list[dict[str, Any]] = []
+    repeats: int = Field(1, ge=1, le=100)  # independent launches of every run (repeat = 0 .. N-1)
+    max_runs: int = Field(MAX_RUNS, ge=1)  # refuse a matrix that expands to more runs (a typo'd axis)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return _check(NAME_RE, "matrix name (letters, digits, . _ -)", v)
+
+
+def _loc(parts) -> str:
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def _format_pydantic(path: Path, exc: ValidationError, top: type[BaseModel] | None = None) -> str:
+    """Every problem pydantic found, on one line after the file's name (`top`: the file's model,
+    MatrixFile unless given)."""
+    problems = []
+    for err in exc.errors():
+        loc = _loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            model = top or MatrixFile
+            for part in err["loc"][:-1]:
+                model = model.model_fields[part].annotation if isinstance(part, str) else model
+            allowed = ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else ""
+            problems.append(f"unknown key {loc!r}: allowed {allowed}")
+        elif err["type"] == "missing":
+            problems.append(f"{loc} is required")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return f"{path}: " + "; ".join(problems)
+
+
+def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
+    """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is."""
+    out = {}
+    for key, value in mapping.items():
+        try:
+            if allow_lists and isinstance(value, list):
+                out[key] = [check_value(key, v) for v in value]
+            else:
+                out[key] = check_value(key, value)
+        except ValueError as exc:
+            raise MatrixError(f"{path}: {where}.{key}: {exc}") from None
+    return out
+
+
+@dataclass
+class Matrix:
+    path: Path
+    text: str  # the file as read: the sweep directory keeps a copy
+    spec: MatrixFile
+    defaults: dict
+    axes: dict[str, list]
+    exclude: list[dict]
+    include: list[dict]
+    include_limits: list[str | None]  # per include entry: its time_limit, if any
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: merged (and overridable) as in safe_load
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
+                seen.add(key)
+            except TypeError:  # an unhashable key: safe_load's own error names it
+                break
+        return super().construct_mapping(node, deep)
+
+
+def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
+    path = Path(path)
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except MatrixError as exc:
+        raise MatrixError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    if not isinstance(data, dict):
+        raise MatrixError(f"{path}: expected a mapping with name, axes, defaults, ...")
+    try:
+        spec = MatrixFile.model_validate(data)
+    except ValidationError as exc:
+        raise MatrixError(_format_pydantic(path, exc)) from None
+    try:
+        device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
+    except ValueError as exc:
+        raise MatrixError(f"{path}: hardware.device: {exc}") from None
+    defaults = _check_run_mapping(path, "defaults", spec.defaults, allow_lists=False)
+    axes = {}
+    for key, values in spec.axes.items():
+        if not values:
+            raise MatrixError(f"{path}: axes.{key}: an axis needs at least one value")
+        axes.update(_check_run_mapping(path, "axes", {key: values}, allow_lists=True))
+    exclude = [_check_run_mapping(path, f"exclude[{i}]", e, allow_lists=True) for i, e in enumerate(spec.exclude)]
+    include, include_limits = [], []
+    for i, entry in enumerate(spec.include):
+        entry = dict(entry)
+        limit = entry.pop("time_limit", None)  # a per-run time limit (slurm.time / local.time otherwise)
+        if limit is not None:
+            try:
+                limit = _check_time(limit)
+            except ValueError as exc:
+                raise MatrixError(f"{path}: include[{i}].time_limit: {exc}") from None
+        include.append(_check_run_mapping(path, f"include[{i}]", entry, allow_lists=False))
+        include_limits.append(limit)
+    for i, e in enumerate(exclude):
+        if not e:
+            raise MatrixError(f"{path}: exclude[{i}] is empty: it would exclude every run")
+    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits)
+
+
+def load_matrix(path: Path | str) -> Matrix:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                          f"save the file as UTF-8") from None
+    return parse_matrix(text, path)
+
+
+# ---- expansion ----
+
+@dataclass
+class PlannedRun:
+    id: str
+    cfg: RunConfig
+    settings: dict  # the keys the matrix set (what `--only` and the run.yaml see)
+    time_limit: str | None = None  # this run's own limit (an include's time_limit), else the matrix's
+    memory: Any = None  # echobench.hardware.memory.MemoryEstimate
+    fits: bool | None = None  # None: device memory unknown
+
+
+@dataclass
+class SkippedRun:
+    settings: dict
+    reason: str
+    cfg: RunConfig | None = None  # None when the settings themselves are invalid
+
+
+@dataclass
+class Plan:
+    matrix: Matrix
+    runs: list[PlannedRun] = field(default_factory=list)
+    skipped: list[SkippedRun] = field(default_factory=list)
+    excluded: int = 0
+    duplicates: int = 0
+
+    def by_id(self, rid: str) -> PlannedRun | None:
+        return next((r for r in self.runs if r.id == rid), None)
+
+
+def _matches(settings: dict, entry: dict) -> bool:
+    for key, want in entry.items():
+        values = want if isinstance(want, list) else [want]
+        if settings.get(key) not in values:
+            return False
+    return True
+
+
+def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
+    """Refuses a matrix whose axes and includes give more than max_runs runs (default: the file's
+    max_runs), counted from the axis sizes before anything is expanded."""
+    limit = max_runs or matrix.spec.max_runs
+    sizes = {k: len(v) for k, v in matrix.axes.items()}
+    total = ((math.prod(sizes.values()) if sizes else (0 if matrix.include else 1)) + len(matrix.include)) \
+        * matrix.spec.repeats
+    if total > limit:
+        shape = " x ".join(f"{k} {n}" for k, n in sizes.items())
+        raise MatrixError(f"{matrix.path}: axes: {total:,} runs ({shape}"
+                          + (f", + {len(matrix.include)} included" if matrix.include else "")
+                          + (f", x {matrix.spec.repeats} repeats" if matrix.spec.repeats > 1 else "")
+                          + f") are over the limit of {limit:,}: split the matrix, or raise the limit "
+                            f"(max_runs: N in the file, or --max-runs N)")
+
+
+def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = None) -> Plan:
+    """Every run of the matrix, in file order; invalid combinations become SkippedRun.
+    Raises MatrixError when it would give more than max_runs runs (check_size)."""
+    check_size(matrix, max_runs)
+    spec = matrix.spec
+    executor = executor or spec.executor
+    base = dict(matrix.defaults)
+    if spec.hardware.peak_tflops is not None and "peak_tflops" not in base:
+        base["peak_tflops"] = spec.hardware.peak_tflops
+    # hardware.device naming a GPU (a datasheet row: every row is one) makes the runs' device auto cuda.
+    gpu_named = spec.hardware.device is not None and table_peak(spec.hardware.device) is not None
+    keys = list(matrix.axes)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(matrix.axes[k] for k in keys))]
+    if not keys and matrix.include:
+        combos = []  # no axes: the runs are the includes alone (not also the bare defaults)
+    plan = Plan(matrix)
+    candidates = []
+    for combo in combos:
+        settings = {**base, **combo}
+        if any(_matches(settings, e) for e in matrix.exclude):
+            plan.excluded += 1
+            continue
+        candidates.append((settings, None))
+    candidates += [({**base, **inc}, limit) for inc, limit in zip(matrix.include, matrix.include_limits)]
+    seen = set()
+    for settings, limit in candidates:
+        full = dict(settings)
+        if "gpus_per_node" not in full:
+            # Processes per node come from slurm.gpus_per_node; `single` is one process.
+            full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else spec.slurm.gpus_per_node
+        if full.get("device", "auto") == "auto" and gpu_named:
+            full["device"] = "cuda"  # a matrix for a GPU: without one the run is an error (bench.no_gpu_problem)
+        try:
+            cfg = RunConfig.from_dict(full)
+        except (TypeError, ValueError) as exc:
+            plan.skipped.append(SkippedRun(settings, str(exc)))
+            continue
+        if problem := backends.layout_problem(cfg, executor):
+            plan.skipped.append(SkippedRun(settings, problem, cfg))
+            continue
+        if (first := run_id(cfg)) in seen:
+            plan.duplicates += 1
+            continue
+        for k in range(spec.repeats):
+            repeat = cfg if k == 0 else replace(cfg, repeat=cfg.repeat + k)
+            rid = first if k == 0 else run_id(repeat)
+            seen.add(rid)
+            plan.runs.append(PlannedRun(rid, repeat, settings, limit))
+    if executor == "slurm":
+        check_fabric_named(matrix, plan.runs)
+    capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
+    for run in plan.runs:
+        run.memory = estimate_memory(run.cfg)
+        run.fits = None if capacity is None else run.memory.total_gib <= capacity
+    return plan
+
+
+def gpu_run(run: PlannedRun, slurm: SlurmSettings) -> bool:
+    """Whether a SLURM run of this matrix runs on GPUs (it asks for them and is not a CPU run)."""
+    return slurm.request_gpus and run.cfg.device != "cpu"
+
+
+def check_fabric_named(matrix: Matrix, runs: list[PlannedRun]) -> None:
+    """Multi-node GPU runs need slurm.fabric named: a silent default would run NCCL on whatever it
+    finds, sockets included, and report a low MFU as a result."""
+    slurm = matrix.spec.slurm
+    if slurm.fabric is None and any(r.cfg.nodes > 1 and gpu_run(r, slurm) for r in runs):
+        raise MatrixError(f"{matrix.path}: slurm.fabric: runs on several GPU nodes need their fabric named: "
+                          f"infiniband, slingshot, tcp, or none (NCCL's own choices, e.g. where the cluster's "
+                          f"modules set its variables)")
+
+
+def parse_only(items: list[str]) -> dict[str, list]:
+    """--only KEY=VALUE (repeatable; the same key twice means either value)."""
+    wanted: dict[str, list] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in FIELDS:
+            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIELDS)}")
+        # Text settings stay text ("800M", "on"); others are read as YAML (numbers, true / false).
+        value = text if base_type(key) is str or choices(key) else yaml.safe_load(text) if text else text
+        try:
+            wanted.setdefault(key, []).append(check_value(key, value))
+        except ValueError as exc:
+            raise MatrixError(f"--only {item!r}: {exc}") from None
+    return wanted
+
+
+def select(runs: list[PlannedRun], only: dict[str, list]) -> list[PlannedRun]:
+    return [r for r in runs if all(getattr(r.cfg, k) in vs for k, vs in only.items())]

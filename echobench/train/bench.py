@@ -1,0 +1,586 @@
+"""The measured training loop: the one place that owns timing and FLOPs (echobench.train.bench_record turns
+the ranks' figures into the result record).
+
+Timing (README, "How MFU is computed"): warm-up (every micro-batch variant the window can meet, then the
+warm-up steps: compile happens there) is excluded, and a measured window in which torch compiled
+anything is measured again; on GPU each step is timed by CUDA events on the compute stream (no host
+sync inside the loop), on CPU by the host clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
+time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
+are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
+lengths (count_measured).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import signal
+import statistics
+import time
+import traceback
+from collections import Counter
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from echobench.model import flops as flops_model
+from echobench.records.atomic import write_json_atomic
+from echobench.backends import build_training
+from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
+                                     profiling_stopped, trace_path)
+from echobench.train.bench_record import start_record, summarize
+from echobench.train.bench_warmup import profile_variants, variant_label, warm_variants, warmup_variants
+from echobench.train.breakdown import DATA_WAIT, write_breakdown
+from echobench.records.config import RunConfig
+from echobench.data import build_tokenizer, make_loader
+from echobench.records.config import parse_buckets
+from echobench.data.dataset import Padding
+from echobench.train.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
+from echobench.hardware.device import default_dtype, resolve_peak
+from echobench.train.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
+                               size_recompile_limit)
+from echobench.model.echo import diffusion_draws, loss_frames
+from echobench.records.results import Record
+
+GIB = 1024**3
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+STARTUP_STEP = -1  # fail_at_step -1: fail at start-up, before the process group forms
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        return default_dtype(device)
+    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}[precision]
+
+
+def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
+    if cfg.fail_at_step is None or step != cfg.fail_at_step:
+        return
+    if cfg.fail_rank is not None and cfg.fail_rank != rank:
+        return
+    where = "start-up" if step == STARTUP_STEP else f"step {step}"
+    if cfg.fail_kind == "oom":
+        raise torch.OutOfMemoryError(f"injected out-of-memory at {where} on rank {rank}")
+    if cfg.fail_kind == "sigkill":  # as the kernel's OOM killer or a user's kill -9: no handler runs
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFailure(f"injected failure at {where} on rank {rank}")
+
+
+def memory_stats(device: torch.device) -> dict:
+    if device.type == "cuda":
+        # Allocator retries (cudaMalloc failed, caches flushed, tried again) slow the steps they
+        # hit; counted over the whole run, warm-up included.
+        stats = torch.cuda.memory_stats(device)
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+            "device_total_gib": torch.cuda.get_device_properties(device).total_memory / GIB,
+            "num_alloc_retries": stats.get("num_alloc_retries", 0),
+            "num_ooms": stats.get("num_ooms", 0),
+        }
+    # ru_maxrss is in KiB on Linux: the process's peak resident set.
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+class StepTimer:
+    """Step boundaries and data waits on ONE clock: CUDA events on the compute stream on GPU (no
+    host sync per step), the host clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.clock = "cuda_events" if self.cuda else "host"
+        self.marks: list = []
+        self.waits: list = []  # (stamp before, stamp after) taking a measured step's batch
+
+    def stamp(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def elapsed(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def mark(self) -> None:
+        self.marks.append(self.stamp())
+
+    def durations(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [self.elapsed(a, b) for a, b in zip(self.marks, self.marks[1:])]
+
+    def wait_durations(self) -> list[float]:
+        """On GPU: how long the GPU sat idle while the host waited for the batch (nothing was queued
+        between the two events; zero when the GPU was still busy); on CPU: the host's wait."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [self.elapsed(a, b) for a, b in self.waits]
+
+
+def train_step(setup, micro_batches: list, device_type: str, dp_size: int) -> torch.Tensor:
+    """One optimizer step over its micro-batches, (batch, draws) pairs (grad_accum of them): each
+    forward under autocast and backward, the gradients reduced across replicas in the last backward
+    only; then clip and update. Returns the step's loss, on the device."""
+    frames, reduce_frames = global_frame_count([batch for batch, _ in micro_batches], setup.dp_group)
+    total = None
+    for k, (batch, draws) in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
+        if setup.gradient_sync is not None and len(micro_batches) > 1:
+            setup.gradient_sync(last)
+        with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
+                            enabled=setup.autocast_dtype is not None):
+            err = setup.model(batch, draws=draws, reduction="sum")
+        if reduce_frames is not None and k == 0:
+            reduce_frames.wait()  # on GPU the stream waits, not the host
+        # Every micro-batch over the step's frames: the accumulated gradient is the whole step's mean;
+        # the replicas average their gradients: x dp_size makes that the global batch's mean.
+        loss = err / frames.clamp(min=1) * dp_size
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    setup.clip_grad()
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+@lru_cache(maxsize=4096)
+def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
+    f = flops_model.model_flops(model_cfg, la, lt, ls)
+    return f.total, flops_model.hardware_flops(model_cfg, f, ac)
+
+
+@lru_cache(maxsize=4096)
+def _padded_row_flops(model_cfg, ac: str, padded: tuple[int, int, int], real_keys: int | None) -> int:
+    return flops_model.padded_flops(model_cfg, *padded, ac, real_keys)
+
+
+def skips_padded_keys(backend_info: dict) -> bool:
+    """Whether the DiT's joint attention skips padded keys: TransformerEngine's fused attention
+    (megatron with te) reads the key mask as a count of valid keys per sample (model.megatron
+    .TECoreAttention); torch SDPA scores every key, masked."""
+    return backend_info.get("backend") == "megatron" and bool(backend_info.get("te"))
+
+
+def count_measured(model_cfg, ac: str, lengths, padded, real_keys_only: bool = False) -> dict:
+    """The counts of the measured steps' batches: samples, model and hardware FLOPs on each sample's
+    real lengths, padded FLOPs of every row at the padded lengths (flops.padded_flops), audio frames,
+    and per stream [real tokens, computed tokens] (flops.stream_tokens).
+
+    lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: per
+    step, the lengths every row is padded to (audio frames: audio_frames, or the batch's bucket;
+    text_tokens; speaker_frames). A stand-in for a
+    skipped sample (data.STAND_IN, no audio frames) is no sample: no model FLOPs, no real tokens,
+    but its row is computed, so it counts in the padded FLOPs and the computed tokens.
+    real_keys_only: skips_padded_keys.
+    """
+    tokens = {s: [0, 0] for s in flops_model.STREAMS}
+    counts = {"samples": 0, "model_flops": 0, "hardware_flops": 0, "padded_flops": 0, "audio_frames": 0}
+    for (la, lt, ls), shape in zip(lengths, padded, strict=True):
+        row_tokens = flops_model.stream_tokens(model_cfg, *shape)
+        for a, t, s in zip(la, lt, ls):
+            real = flops_model.stream_tokens(model_cfg, a, t, s)
+            counts["padded_flops"] += _padded_row_flops(model_cfg, ac, shape,
+                                                        sum(real.values()) if real_keys_only else None)
+            for stream, n in row_tokens.items():
+                tokens[stream][1] += n
+            if a == 0:  # a stand-in for a skipped sample (data.STAND_IN): no work to count
+                continue
+            m, h = _sample_flops(model_cfg, ac, a, t, s)
+            counts["model_flops"] += m
+            counts["hardware_flops"] += h
+            counts["samples"] += 1
+            counts["audio_frames"] += a
+            for stream, n in real.items():
+                tokens[stream][0] += n
+    return {**counts, "tokens": tokens}
+
+
+def attention_flops_by_path(model_cfg, paths: list[dict], padded: list[tuple]) -> dict[str, dict[str, int]]:
+    """Per attention and path, the attention FLOPs of the measured micro-batches that took it (each at
+    the shape it was padded to: what its kernel was given, every key counted): the record's shares
+    (bench_record.attention_figures)."""
+    out: dict[str, Counter] = {}
+    for took, shape in zip(paths, padded, strict=True):
+        per_sample = _attention_flops(model_cfg, *shape)
+        for part, path in took.items():
+            out.setdefault(part, Counter())[path] += per_sample[part]
+    return {part: dict(c) for part, c in out.items()}
+
+
+@lru_cache(maxsize=256)
+def _attention_flops(model_cfg, la: int, lt: int, ls: int) -> dict[str, int]:
+    return flops_model.attention_flops(model_cfg, la, lt, ls)
+
+
+# A measured window in which torch compiled something (on any rank) is measured again, up to this many
+# windows in all; the last one's figures are the record's, and a compile in it makes the run an error.
+MAX_WINDOWS = 3
+
+
+@dataclass
+class Window:
+    """One measured window: its step boundaries and data waits (StepTimer); per measured micro-batch
+    its real lengths, the shape it was padded to and the attention path of each part; per step the
+    compiles seen so far in the window (CompileWatch)."""
+
+    timer: StepTimer
+    compiles_at_start: int
+    lengths: list = field(default_factory=list)
+    padded: list = field(default_factory=list)
+    paths: list = field(default_factory=list)
+    compiles: list = field(default_factory=list)
+
+    def take(self, before, batch, took: dict, speaker_frames: int) -> None:
+        """A measured micro-batch, taken from the loader since `before` (a timer stamp)."""
+        self.timer.waits.append((before, self.timer.stamp()))
+        self.lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
+        self.padded.append((batch.latent.shape[1], batch.text_ids.shape[1], speaker_frames))
+        self.paths.append(took)
+
+    def step_done(self, compiles_total: int) -> None:
+        self.timer.mark()
+        self.compiles.append(compiles_total - self.compiles_at_start)
+
+    def compile_steps(self) -> dict[int, int]:
+        """{step of the window: compiles in it} for the steps in which torch compiled."""
+        before = [0, *self.compiles]
+        return {i: n - before[i] for i, n in enumerate(self.compiles) if n > before[i]}
+
+
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
+    """Builds the training setup, warms every micro-batch variant the window can meet
+    (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
+    (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
+    on the host after each step; the ranks compare after the window, outside it). Returns this
+    rank's figures.
+
+    The run's time limit (run_benchmark) ends with the last measured window; --profile's steps,
+    trace export and breakdown after it have their own bound (profile_limit_s), which stops
+    profiling, never the run: the measured figures stand and the breakdown says why it is missing.
+    """
+    dtype = resolve_dtype(cfg.precision, info.device)
+    pin_sdpa_backend(cfg.sdpa_backend)
+    watch = CompileWatch().start()  # before the backend compiles anything
+    setup = build_training(cfg, info, dtype)
+    echo = getattr(setup.model, "module", setup.model)  # the EchoTTS inside a DDP wrapper
+    model_cfg = cfg.model_config()
+    tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
+    # Data-parallel rank: tensor-parallel peers read the same batch.
+    dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
+    loader = make_loader(
+        cfg.data, micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens,
+        speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
+        seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
+        buckets=parse_buckets(cfg.buckets) if cfg.buckets else None, num_workers=cfg.loader_workers,
+    )
+    # Eager runs compile too (FlexAttention's kernel, megatron's fused SwiGLU): a graph per shape.
+    size_recompile_limit(compile_graphs(loader.bucket_frames))
+    variants = warmup_variants(cfg, loader.bucket_frames, tokenizer)
+    # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
+    # are a function of (seed, global sample index): the same samples get the same draws whatever
+    # the number of ranks (diffusion_draws).
+    generator = torch.Generator(device=info.device)
+    setup.model.train()
+    device_type = info.device.type
+    losses, profiled, restarts = [], {}, []
+    step = 0
+    profiler = None
+
+    def run_step(window: Window | None = None, traced: bool = False) -> None:
+        nonlocal step
+        if cfg.gc_every and step and step % cfg.gc_every == 0:
+            gc.collect(1)
+        micro_batches = []
+        for _ in range(cfg.grad_accum):
+            before = window.timer.stamp() if window else None
+            # The breakdown's data wait: only in the profiled steps, so that the timed steps stay bare.
+            with torch.profiler.record_function(DATA_WAIT) if traced else nullcontext():
+                batch = next(loader)
+            sample_ids = batch.index.tolist()  # still on the host: no device sync
+            draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
+                                    model_cfg.cfg_dropout, info.device, generator)
+            if window is not None:
+                window.take(before, batch, echo.attention_paths(batch.padding, not draws.keep.all(),
+                                                                batch.text_ids.shape[1]), cfg.speaker_frames)
+            micro_batches.append((batch.to(info.device), draws))
+        maybe_inject_failure(cfg, step, info.rank)
+        loss = train_step(setup, micro_batches, device_type, dp_size)
+        if not traced:  # the record's losses: warm-up and measured steps, not the profiled ones
+            losses.append(loss.detach())
+        step += 1
+        if window is not None:
+            window.step_done(watch.total)
+
+    if cfg.gc_every:  # collect at fixed steps only (torchtitan's way): no pause at a random step
+        gc.disable()
+        gc.collect()
+    try:
+        warm_variants(setup, cfg, variants, tokenizer, info.device, generator)
+        for _ in range(cfg.warmup_steps):
+            run_step()
+        for attempt in range(MAX_WINDOWS):
+            if device_type == "cuda":
+                torch.cuda.reset_peak_memory_stats(info.device)
+            window = Window(StepTimer(info.device), watch.total)
+            window.timer.mark()  # start of the first measured step
+            for _ in range(cfg.steps):
+                run_step(window)
+            # After the window (its host sync is outside it): did any rank compile in it?
+            compiled = all_gather_object(window.compile_steps(), info)
+            if not any(compiled):
+                break
+            restarts.append({"window": attempt + 1, "first_step": step - cfg.steps,
+                             "compiles": [{"rank": rank, "step": i, "count": n} for rank, steps in enumerate(compiled)
+                                          for i, n in steps.items()]})
+            if attempt + 1 < MAX_WINDOWS:
+                run_step()  # the gather drained the device's queue: one step refills it before the next window
+        stop_time_limit()
+        step_times, waits = window.timer.durations(), window.timer.wait_durations()
+        kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
+                   if device_type == "cuda" else None)
+        if cfg.profile:
+            profiler = make_profiler(cfg, info, out_dir, profiled)
+            profiled["steps"] = profiled_steps(step)
+            start_profile_limit(cfg.profile_limit_s)
+            try:
+                for _ in range(PROFILER_WARMUP + PROFILED_STEPS):
+                    run_step(traced=True)
+                    profiler.step()
+                stop_time_limit()
+            except ProfileTimeout as exc:
+                stop_time_limit()
+                profiling_stopped(profiled, exc, trace_path(out_dir, info.rank), info.rank)
+    finally:
+        loader.close()
+        gc.enable()
+        watch.stop()
+        if profiler is not None:
+            discard_profiler(profiler)
+
+    counts = count_measured(model_cfg, setup.info.get("ac_mode", cfg.ac), window.lengths, window.padded,
+                            skips_padded_keys(setup.info))
+    paths: dict[str, Counter] = {}
+    for took in window.paths:
+        for part, path in took.items():
+            paths.setdefault(part, Counter())[path] += 1
+    return {
+        "rank": info.rank,
+        "hostname": os.uname().nodename,
+        "step_times_s": step_times,
+        "median_step_time_s": statistics.median(step_times),
+        "data_wait_s": waits,
+        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
+        "data_wait_clock": window.timer.clock,
+        **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
+        "padded_audio_frames": [shape[0] for shape in window.padded],  # per measured micro-batch: its bucket
+        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
+        "skipped_samples": getattr(loader, "skipped", 0),
+        "memory": memory_stats(info.device),
+        "backend_info": setup.info,
+        "attention_paths": {part: dict(c) for part, c in paths.items()},
+        "attention_flops": attention_flops_by_path(model_cfg, window.paths, window.padded),
+        "attention_kernels": kernels,
+        "sdpa_backends_predicted": sdpa_choices(model_cfg, cfg.micro_batch, max(shape[0] for shape in window.padded),
+                                                cfg.text_tokens, cfg.speaker_frames, info.device,
+                                                setup.autocast_dtype or dtype, tp=cfg.tp,
+                                                paths={p for took in window.paths for p in took.items()},
+                                                te=bool(setup.info.get("te"))),
+        "compile_counts": compile_counts(),
+        "compiles": dict(watch.events),
+        "compiles_in_window": sum(window.compile_steps().values()),
+        "window_restarts": restarts,
+        "warmup_variants": [variant_label(v, echo.attention_paths(Padding(v.latent, v.text, v.speaker), v.dropped,
+                                                                  cfg.text_tokens)) for v in variants],
+        "profiled_steps": profiled.get("steps"),
+        # The chrome trace, when its export completed (profiling stopped by its bound may leave none).
+        "trace": profiled.get("trace"),
+        # A profiled rank whose trace never completed says so (summary and explain read every rank's entry).
+        "breakdown": profiled.get("breakdown") or ({"rank": info.rank, "error": "the profiler wrote no trace"}
+                                                   if profiler is not None else None),
+    }
+
+
+def global_frame_count(batches: list, dp_group):
+    """The loss's frame count (loss_frames) of a step's micro-batches summed over the data-parallel
+    replicas: started before the forward, which it overlaps; wait() the returned work (None: one
+    replica) before using it. The count stays on the device (no .item()), so the step gains no
+    host sync."""
+    frames = sum(loss_frames(batch) for batch in batches)
+    if dp_group is None:
+        return frames, None
+    return frames, torch.distributed.all_reduce(frames, group=dp_group, async_op=True)
+
+
+class RunTimeout(BaseException):
+    """A BaseException, like KeyboardInterrupt: torch.compile's `except Exception` handlers must not
+    swallow it (a limit reached inside an inductor compile was lost that way)."""
+
+
+class ProfileTimeout(BaseException):
+    """--profile's bound (profile_limit_s) reached: stops profiling, not the run (run_loop). A
+    BaseException for the same reason as RunTimeout."""
+
+
+_armed = None  # the SIGALRM handler of the limit running now (None: none)
+
+
+def _arm(seconds: float | None, kind: type[BaseException], message: str) -> None:
+    """SIGALRM interrupts whatever runs (a compile too) once `seconds` have passed, raising
+    kind(message), and again every 5 s until stop_time_limit(), in case a handler somewhere still
+    swallows it. No limit for None or 0."""
+    global _armed
+    if not seconds:
+        return
+
+    def expire(signum, frame):
+        if _armed is expire:  # a signal already on its way when the limit was stopped: ignored
+            raise kind(message)
+
+    _armed = expire
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 5.0)
+
+
+def start_time_limit(seconds: float | None) -> None:
+    """The run's time limit (time_limit_s): RunTimeout, status timeout."""
+    _arm(seconds, RunTimeout, f"time limit of {seconds or 0:g} s reached")
+
+
+def start_profile_limit(seconds: float | None) -> None:
+    """The profiling bound (profile_limit_s), from the end of the measured steps: ProfileTimeout."""
+    _arm(seconds, ProfileTimeout, f"profiling stopped at its {seconds or 0:g} s bound (profile_limit_s)")
+
+
+def stop_time_limit() -> None:
+    """Stops the limit or bound running (none: nothing to do, another SIGALRM timer is left alone)."""
+    global _armed
+    if _armed is None:
+        return
+    _armed = None
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def failure_kind(exc: BaseException) -> str:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    if isinstance(exc, RunTimeout):
+        return "timeout"
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a scheduler's SIGINT
+        return "cancelled"
+    return "error"
+
+
+def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
+    """The record describes the processes that really ran (e.g. a user's own torchrun)."""
+    if cfg.world_size == info.world_size:
+        return cfg
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return replace(cfg, gpus_per_node=per_node, nodes=max(1, info.world_size // per_node))
+
+
+# A peak per device above this is a GPU's: a peak this large given to a run whose device
+# resolved to the CPU means a CPU-only torch, not a fast CPU. The GPUs this suite measures have
+# dense bf16 peaks of 121 (L4) to 2,500 (GB200) TFLOP/s; a CPU's vector units reach a few to a few
+# tens (a 72-core Grace: about 7 in fp32, bf16 a few times that), and only Xeons with AMX exceed
+# it, on paper: a run on one that gives such a peak says device: cpu, which this check leaves alone.
+CPU_PEAK_TFLOPS_MAX = 50.0
+
+
+class NoGpuError(RuntimeError):
+    """A run that expects a GPU (gpu_expected) on a machine where torch sees none."""
+
+
+def gpu_expected(cfg: RunConfig) -> list[str]:
+    """What in the settings says this run is for a GPU: device cuda (a matrix whose
+    hardware.device names a GPU plans its auto runs so), or with device auto a GPU-class peak."""
+    why = ["device: cuda"] if cfg.device == "cuda" else []
+    if cfg.device == "auto" and cfg.peak_tflops is not None and cfg.peak_tflops > CPU_PEAK_TFLOPS_MAX:
+        why.append(f"a GPU peak of {cfg.peak_tflops:g} TFLOP/s")
+    return why
+
+
+def no_gpu_problem(cfg: RunConfig) -> str | None:
+    """One line, when this run expects a GPU and torch sees none: what expects it, why torch sees
+    none and the fix. None when it expects none or a GPU is there."""
+    expected = gpu_expected(cfg)
+    if not expected or torch.cuda.is_available():
+        return None
+    causes = []
+    if torch.version.cuda is None and torch.version.hip is None:
+        causes.append(f"torch {torch.__version__} is a CPU build")
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        causes.append(f"CUDA_VISIBLE_DEVICES={visible!r}")
+    if not causes:
+        causes.append(f"torch {torch.__version__} (CUDA {torch.version.cuda or torch.version.hip}) finds no usable "
+                      f"GPU (driver? see nvidia-smi)")
+    return (f"this run expects a GPU ({' and '.join(expected)}) but torch sees none: {'; '.join(causes)}; "
+            f"install a CUDA build (scripts/setup.sh) or set device: cpu")
+
+
+def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
+    """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
+
+    A failure is never lost: this rank's status, error and traceback tail go to
+    OUT/ranks/rank-N.json, and rank 0 (or the launcher) turns them into the record.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Before dist_info: device cuda without a GPU would raise there, with no record; on the CPU the
+    # run gets one, with status error and the cause.
+    no_gpu = no_gpu_problem(cfg)
+    # Before CUDA's allocator starts: segments that grow in place instead of fragmenting the cache
+    # (the allocator's retries slow the steps they hit); a value the user set stays.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    info = dist_info("cpu" if no_gpu else cfg.device)
+    cfg = match_process_group(cfg, info)
+    record = start_record(cfg, info.device)
+    start_time_limit(cfg.time_limit_s)
+    try:
+        if no_gpu:
+            raise NoGpuError(no_gpu)
+        maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
+        form_process_group(info, cfg.collective_timeout_s)
+        model_cfg = cfg.model_config()
+        record.flops_breakdown = flops_model.flops_report(
+            model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
+        record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
+                                     cfg.peak_tflops, record.precision))
+        mine = run_loop(cfg, info, out_dir)
+        stop_time_limit()
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
+        stop_time_limit()
+        status = failure_kind(exc)
+        rank_record = {
+            "rank": info.rank,
+            "status": status,
+            "error": f"rank {info.rank}: {type(exc).__name__}: {exc}".splitlines()[0][:500],
+            "traceback_tail": traceback.format_exc()[-4000:],
+            "memory": memory_stats(info.device),
+            "failed_at": time.time(),  # the first failure is the cause; peers fail after it
+        }
+        write_json_atomic(out_dir / "ranks" / f"rank-{info.rank}.json", rank_record)
+        record.fail([rank_record])
+        if info.is_main and not info.enabled:
+            record.save(out_dir)
+        shutdown(abort=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return record
+    ranks = all_gather_object(mine, info)
+    summarize(cfg, record, ranks)  # on every rank: each returns the run's status
+    if info.is_main:
+        if "fractions" in (record.breakdown or {}):
+            write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])
+        record.save(out_dir)
+    shutdown()
+    return record

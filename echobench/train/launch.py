@@ -1,0 +1,366 @@
+"""`echobench run --nproc N`: launch torchrun for this node, then make sure a record exists.
+
+torchrun ends every worker when one fails, so a dead rank never leaves the others hanging.
+The ranks that failed left OUT/ranks/rank-N.json, and each node's torchrun (echobench.train.torchrun)
+OUT/ranks/node-K.json naming the workers that died and how; if rank 0 could not write
+result.json, this process (the launcher, on node 0) assembles it from those files: no failure
+is lost, and a worker killed by a signal is named, not the peers that lost their connection to it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from echobench.records.config import RunConfig
+from echobench.train.fabric import launch_env
+from echobench.records.results import RECORD_FILE, Record
+
+# How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
+# ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
+NODE_NOTE_WAIT_S = 15.0
+# Each node's launcher notes every HEARTBEAT_S that it is alive (OUT/ranks/node-K.alive); one silent for
+# LOST_AFTER_S, without a note of how its torchrun ended, went down with its node (or was killed).
+HEARTBEAT_S = 5.0
+LOST_AFTER_S = 30.0
+# SLURM sends it before the time limit (#SBATCH --signal, echobench.sweep.executors.slurm) to every process
+# of the launch: the workers dump their stacks; the launcher and torchrun's agent, which it would end,
+# ignore it (the job script's `trap '' USR1` before the launcher starts; ignored, it stays so in
+# their children until a worker registers its dump).
+STACK_SIGNAL = signal.SIGUSR1
+LAUNCHED = "ECHOBENCH_LAUNCHED"  # set for the workers of echobench's launcher: it prints the record, they do not
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a torchrun worker. torchrun's own variable, not RANK: pyxis and enroot's
+    hooks set RANK / LOCAL_RANK / WORLD_SIZE in a container's launcher process too."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def dump_stacks_on_signal() -> None:
+    """A worker: every thread's stack to stderr on STACK_SIGNAL (at the signal, even inside a collective).
+    Nothing where stderr is no file (a test's captured output: there is no log to dump into)."""
+    try:
+        faulthandler.register(STACK_SIGNAL, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass
+
+
+def ignore_stack_signal() -> None:
+    """The launcher and torchrun's agent: STACK_SIGNAL would end them (its default action)."""
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def node_note_path(out_dir: Path, node_rank: int) -> Path:
+    return Path(out_dir) / "ranks" / f"node-{node_rank}.json"
+
+
+def rank_failures(out_dir: Path) -> list[dict]:
+    """The failures ranks recorded in OUT/ranks/rank-N.json (unreadable files skipped), and one
+    for each worker that torchrun saw die without leaving its own (killed by a signal, or gone
+    before it could write): its rank, node, host, pid, exit code and signal."""
+    ranks = Path(out_dir) / "ranks"
+    failures = [f for p in sorted(ranks.glob("rank-*.json")) if (f := _read_json(p)) is not None]
+    recorded = {f.get("rank") for f in failures}
+    for path in sorted(ranks.glob("node-*.json")):
+        note = _read_json(path) or {}
+        for worker in note.get("failures", []):
+            if worker.get("rank") in recorded:
+                continue  # its own file says more
+            recorded.add(worker["rank"])
+            failures.append(silent_failure(worker, note, int(path.stem.removeprefix("node-"))))
+    return failures
+
+
+def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
+    """A failure entry, like a rank's own, for a worker that died without writing one."""
+    rank, code, sig = worker["rank"], worker.get("exit_code"), worker.get("signal")
+    how = f"killed by {sig} (exit code {code})" if sig else f"exited with code {code}"
+    return {"rank": rank, "status": "error", "failed_at": note.get("at"), "node_rank": node_rank,
+            "local_rank": worker.get("local_rank"), "hostname": note.get("host"), "pid": worker.get("pid"),
+            "exit_code": code, "signal": sig,
+            "error": f"rank {rank} (node {node_rank}, {note.get('host')}, pid {worker.get('pid')}): {how}, "
+                     f"leaving no error of its own"}
+
+
+def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float | None = None) -> list[int]:
+    """Until every node's torchrun has said how it ended, or timeout_s (NODE_NOTE_WAIT_S); then, for the
+    nodes that did not, until each either says so or is lost (its launcher silent for LOST_AFTER_S).
+    Returns the lost nodes."""
+    deadline = time.monotonic() + (NODE_NOTE_WAIT_S if timeout_s is None else timeout_s)
+    while True:
+        missing = [k for k in range(nnodes) if not node_note_path(out_dir, k).exists()]
+        lost = lost_nodes(out_dir, missing)
+        if not missing or (time.monotonic() >= deadline and (lost == missing or
+                                                             time.monotonic() >= deadline + LOST_AFTER_S)):
+            return lost
+        time.sleep(0.2)
+
+
+def heartbeat_path(out_dir: Path, node_rank: int) -> Path:
+    return Path(out_dir) / "ranks" / f"node-{node_rank}.alive"
+
+
+def start_heartbeat(out_dir: Path, node_rank: int) -> threading.Event:
+    """Notes every HEARTBEAT_S, in OUT/ranks/node-K.alive, that this node's launcher lives (the time by
+    this node's clock, its host and SLURM node name); set the returned event to stop."""
+    stop = threading.Event()
+    path = heartbeat_path(out_dir, node_rank)
+    me = {"host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid()}
+
+    def beat():
+        while True:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({**me, "at": time.time()}))
+            except OSError:
+                pass  # a full or flaky filesystem: the next beat tries again
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    threading.Thread(target=beat, daemon=True, name="echobench-heartbeat").start()
+    return stop
+
+
+def lost_nodes(out_dir: Path, nodes: list[int], now: float | None = None) -> list[int]:
+    """Those of `nodes` whose launcher is silent: no note of how their torchrun ended and no heartbeat
+    for LOST_AFTER_S (the launcher, torchrun and workers of the node are gone at once: the node died)."""
+    now = time.time() if now is None else now
+    return [k for k in nodes if not node_note_path(out_dir, k).exists()
+            and now - float((_read_json(heartbeat_path(out_dir, k)) or {}).get("at", 0.0)) > LOST_AFTER_S]
+
+
+def node_name(out_dir: Path, k: int) -> str:
+    """Node k of a run as its heartbeat named it: "node 1 (gpu-0042)"."""
+    beat = _read_json(heartbeat_path(out_dir, k)) or {}
+    name = beat.get("node") or beat.get("host")
+    return f"node {k}" + (f" ({name})" if name else "")
+
+
+def blame_lost_nodes(record: Record, lost: list[int], nproc: int, out_dir: Path) -> Record:
+    """The run failed because these nodes went down: status node_fail, the first lost node named, and
+    the surviving ranks' errors (a peer's "Connection reset by peer", a collective timeout) said to follow
+    from it. Each rank of a lost node gets a line in per_rank."""
+    peers = f"; the other ranks' errors follow from it (first: {record.error})" if record.error else ""
+    gone = [{"rank": k * nproc + i, "status": "node_fail", "node_rank": k, "local_rank": i,
+             "error": f"lost with {node_name(out_dir, k)}"} for k in lost for i in range(nproc)]
+    return record.update(
+        status="node_fail", cause_rank=gone[0]["rank"],
+        error=f"{', '.join(node_name(out_dir, k) for k in lost)} went down: its launcher, torchrun and workers "
+              f"stopped at once, leaving no word (silent over {LOST_AFTER_S:.0f} s){peers}",
+        failed_ranks=sorted({*(record.failed_ranks or []), *(g["rank"] for g in gone)}),
+        per_rank=[*record.per_rank, *gone])
+
+
+def lost_node_record(cfg: RunConfig, out_dir: Path) -> Record | None:
+    """The record of a multi-node run whose ranks or nodes said they failed and one of whose nodes went
+    silent, where no launcher wrote one (node 0 was the one lost): status node_fail naming the node."""
+    if cfg.nodes < 2 or (out_dir / RECORD_FILE).exists():
+        return None
+    failures = rank_failures(out_dir)
+    if not failures and not any(node_note_path(out_dir, k).exists() for k in range(cfg.nodes)):
+        return None  # nothing says the run failed: a silent node may be a slow one
+    if not (lost := lost_nodes(out_dir, list(range(cfg.nodes)))):
+        return None
+    record = Record.without_run(cfg, "node_fail", "")
+    if failures:
+        record.fail(failures)
+    return blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
+
+
+def clear_previous(out_dir: Path) -> None:
+    """A rerun into the same directory must not report the previous run's result."""
+    (out_dir / RECORD_FILE).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "ranks", ignore_errors=True)
+
+
+def numa_binding_args(binding: str) -> list[str]:
+    """torchrun's --numa-binding (each rank on the CPUs near its GPU), where this torch has it.
+    ValueError without numactl, which it runs (and does not fall back from)."""
+    if shutil.which("numactl") is None:
+        raise ValueError(f"slurm.numa_binding={binding} needs the numactl command on the nodes (in the image), and "
+                         f"{socket.gethostname()} has none: install numactl, or drop slurm.numa_binding")
+    from torch.distributed.run import get_args_parser  # lazy: torch, not needed by the launcher's other paths
+
+    if "--numa-binding" not in get_args_parser()._option_string_actions:
+        import torch  # lazy: as above
+
+        print(f"echobench: slurm.numa_binding={binding} ignored: torch {torch.__version__}'s torchrun has no "
+              f"--numa-binding (newer releases have it)", file=sys.stderr)
+        return []
+    return [f"--numa-binding={binding}"]
+
+
+def rendezvous_problem(nnodes: int, node_rank: int, master_addr: str | None) -> str | None:
+    """Why a launcher of these flags would never meet the other nodes, or None. A node other than
+    the first without --master-addr would wait at its own 127.0.0.1, silently, for ever."""
+    if node_rank < 0:
+        return f"--node-rank {node_rank}: must be 0 or more"
+    if node_rank >= nnodes:
+        return f"--node-rank {node_rank}: must be below --nnodes {nnodes}"
+    if node_rank > 0 and not master_addr:
+        return (f"--node-rank {node_rank} of --nnodes {nnodes} needs --master-addr: the host name or address of the "
+                f"first node (node rank 0), where the nodes meet")
+    return None
+
+
+def rendezvous_note(nnodes: int, node_rank: int, master_addr: str | None, master_port: int) -> str:
+    """What a launcher of several nodes says before it waits for the others: torchrun prints
+    nothing until every node has come."""
+    where = f"{master_addr or '127.0.0.1'}:{master_port}"
+    return f"node {node_rank} of {nnodes}: waiting for the other nodes at {where} (rendezvous; --master-addr names " \
+           f"the first node)"
+
+
+def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
+                     master_addr: str | None, master_port: int, note: Path, command: str = "run") -> list[str]:
+    """torchrun (through echobench.train.torchrun, which writes `note` when it ends) for this node, its
+    workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commcalibrate.launch_node).
+    With several nodes it says on stderr where it is about to wait for the others; ValueError
+    (rendezvous_problem) for flags that would wait for ever."""
+    if problem := rendezvous_problem(nnodes, node_rank, master_addr):
+        raise ValueError(problem)
+    cmd = [sys.executable, "-m", "echobench.train.torchrun", str(note), f"--nproc-per-node={nproc}"]
+    if nnodes == 1 and master_addr is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
+                f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port}"]
+    if nnodes > 1:
+        print(f"echobench: {rendezvous_note(nnodes, node_rank, master_addr, master_port)}", file=sys.stderr, flush=True)
+    if binding := os.environ.get("ECHOBENCH_NUMA_BINDING"):  # slurm.numa_binding, set by the job script
+        cmd += numa_binding_args(binding)
+    return cmd + ["-m", "echobench", command, *run_args]
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL torch loads on this node (None without a GPU build)."""
+    import torch  # lazy: the launcher's torch, only where a fabric needs the NCCL version
+
+    try:
+        return tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+
+
+def source_root() -> Path:
+    """The directory that holds this echobench package (a source checkout, or site-packages)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def with_source_path(env: dict) -> dict:
+    """`env` with source_root() first on PYTHONPATH: works from a source checkout too, the
+    children import this very package."""
+    env["PYTHONPATH"] = str(source_root()) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: what SLURM or taskset gave the job), not
+    every CPU of the node."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
+    env = with_source_path(dict(os.environ))
+    env[LAUNCHED] = "1"
+    # Share the job's cores between the local ranks instead of oversubscribing them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    if fabric := env.get("ECHOBENCH_FABRIC"):  # the job's slurm.fabric: what only the node can decide
+        for key, value in launch_env(fabric, env, nccl_version()).items():
+            env[key] = value
+    if cfg is not None and cfg.framework == "megatron" and cfg.tp > 1:
+        # One hardware queue per device: megatron-core's TP communication then overlaps the GEMMs
+        # it is issued beside (read when the CUDA context starts; the record's env keeps it).
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
+
+
+def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
+           master_addr: str | None = None, master_port: int = 29500) -> tuple[Record | None, int]:
+    """Runs torchrun for this node (one `echobench run` process when nproc is None); the workers
+    read the resolved settings from a YAML file.
+
+    Returns (the run's record, torchrun's exit code); the record is None on nodes other than 0."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if node_rank == 0:
+        clear_previous(out_dir)
+    config_path = out_dir / f"run-node{node_rank}.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    run_args = ["--config", str(config_path), "--out", str(out_dir)]
+    if nproc is None:
+        cmd = [sys.executable, "-m", "echobench", "run", *run_args]
+    else:
+        cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
+                               node_note_path(out_dir, node_rank))
+    env = child_env(nproc or 1, cfg)
+    started = time.time()
+    ignore_stack_signal()
+    beating = start_heartbeat(out_dir, node_rank) if nproc is not None and nnodes > 1 else None
+    try:
+        code = subprocess.call(cmd, env=env)
+    finally:
+        if beating is not None:
+            beating.set()
+    if node_rank != 0:
+        return None, code
+    return finalize(cfg, out_dir, code, started, nnodes if nproc is not None else 0), code
+
+
+def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
+                   node_rank: int = 0, master_addr: str | None = None, master_port: int = 29500) -> tuple[list[Record], int]:
+    """`run --repeats N`: N independent launches (fresh processes each) into OUT/repeat-K, the
+    repeat index counted from cfg.repeat; returns their records (none on nodes other than 0) and
+    the first non-zero torchrun exit code (0 when every launch exited 0)."""
+    records, first_code = [], 0
+    for k in range(repeats):
+        record, code = launch(replace(cfg, repeat=cfg.repeat + k), out_dir / f"repeat-{k}", nproc, nnodes, node_rank,
+                              master_addr, master_port)
+        first_code = first_code or code
+        if record is not None:
+            records.append(record)
+    return records, first_code
+
+
+def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnodes: int = 0) -> Record:
+    """Returns the run's record, writing one from the rank files when rank 0 could not (after
+    waiting for the notes of the `nnodes` nodes' torchrun, which name workers killed by a signal)."""
+    path = out_dir / RECORD_FILE
+    if path.exists() and path.stat().st_mtime >= started - 1:
+        return Record.load(path)
+    from echobench.train.bench_record import start_record  # lazy: imports torch; only a run rank 0 did not record needs it
+    from echobench.train.distributed import pick_device
+
+    lost = wait_for_node_notes(out_dir, nnodes) if nnodes > 1 else []
+    record = start_record(cfg, pick_device(cfg.device))
+    if failures := rank_failures(out_dir):
+        record.fail(failures)
+    elif not lost:
+        record.update(status="error", error=f"torchrun exited with code {exit_code} and no rank left a record; see the log")
+    if lost:
+        blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
+    record.save(out_dir)
+    return record

@@ -1,0 +1,53 @@
+"""torchrun for one node, leaving a note of how it ended: `python -m echobench.train.torchrun REPORT ARGS`.
+
+A run's record is assembled from files the ranks write when they fail (OUT/ranks/rank-N.json).
+A worker killed by a signal (SIGKILL from the kernel's OOM killer or a user, a segfault) writes
+none, and its peers then fail with "connection reset by peer": only torchrun knows which worker
+died and how. This runs torchrun (torch.distributed.run) in this process, as the `torchrun`
+command does, and writes REPORT (OUT/ranks/node-K.json) when it ends: each failed worker's global
+and local rank, pid and exit code or signal. Output and exit code are torchrun's own.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+from echobench.records.atomic import write_json_atomic
+from echobench.train.launch import ignore_stack_signal
+
+
+def worker_failure(rank: int, failure) -> dict:
+    """One failed worker of torchrun's ChildFailedError (a ProcessFailure) as plain JSON."""
+    return {"rank": int(rank), "local_rank": failure.local_rank, "pid": failure.pid, "exit_code": failure.exitcode,
+            "signal": failure.signal_name() if failure.exitcode < 0 else None}
+
+
+def main(argv: list[str]) -> None:
+    report, torchrun_args = Path(argv[0]), argv[1:]
+    ignore_stack_signal()  # SLURM's USR1 before the time limit reaches the agent too: it must not end it
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: after the USR1 guard
+    from torch.distributed.run import main as torchrun  # lazy: torch takes seconds, USR1 must not end them
+
+    note = {"host": socket.gethostname(), "ended": "ok", "failures": []}
+    try:
+        torchrun(torchrun_args)
+    except ChildFailedError as exc:
+        note.update(ended="workers failed", failures=[worker_failure(r, f) for r, f in sorted(exc.failures.items())])
+        raise
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            note["ended"] = f"torchrun exited with code {exc.code}"
+        raise
+    except BaseException as exc:  # the agent itself stopped (a signal, a rendezvous error): say so
+        note.update(ended=f"torchrun stopped: {type(exc).__name__}: {exc}".splitlines()[0][:300])
+        raise
+    finally:
+        note["at"] = time.time()
+        write_json_atomic(report, note)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,38 @@
+"""Where the suite's wall time goes, from a timeline that tests/conftest.py writes:
+
+    ECHOBENCH_TEST_TIMELINE=/tmp/timeline.jsonl bash scripts/test.sh
+    python3 tools/suite_timeline.py /tmp/timeline.jsonl [--top 40]
+
+Prints each pytest-xdist worker's busy time and when it finished (the last one sets the suite's
+wall time), the slowest tests (setup + call + teardown, shared fixtures included), and the tests of
+the worker that finished last."""
+import argparse
+import collections
+import json
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("timeline")
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in open(args.timeline) if line.strip()]
+    t0 = min(r["start"] for r in rows)
+    by_worker = collections.defaultdict(list)
+    for r in rows:
+        by_worker[r["worker"]].append(r)
+    print("worker  tests  busy s  ends at s")
+    last = max(by_worker, key=lambda w: max(r["end"] for r in by_worker[w]))
+    for w, rs in sorted(by_worker.items()):
+        print(f"{w:6} {len(rs):6} {sum(r['end'] - r['start'] for r in rs):7.0f} {max(r['end'] for r in rs) - t0:10.0f}")
+    print(f"\nslowest {args.top}:")
+    for r in sorted(rows, key=lambda r: r["start"] - r["end"])[: args.top]:
+        print(f"{r['end'] - r['start']:7.1f} s  {r['worker']:5} {r['test']}")
+    print(f"\nthe last worker ({last}), its tests over 10 s in order:")
+    for r in sorted(by_worker[last], key=lambda r: r["start"]):
+        if r["end"] - r["start"] > 10:
+            print(f"{r['start'] - t0:7.0f} +{r['end'] - r['start']:5.0f} s  {r['test']}")
+
+
+if __name__ == "__main__":
+    main()
