@@ -2,13 +2,16 @@
 and breakdown after them have their own bound (profile_limit_s), and neither loses what was measured.
 
 The runs are in this process (as `echobench run` without --nproc), so that the export or the
-breakdown can be made slow. The first run in a process pays the imports (seconds): a module
-fixture pays them once, so that the limits below can be a few seconds and still exceed the
-measured steps (a tenth of a second on the tiny model) by a large factor. The slow parts sleep
-far past the limits instead of racing them.
+breakdown can be made slow. Where the property is the limits' logic, their timer runs on a fake
+clock (FakeAlarm) that only the slow part advances: nothing depends on how fast the machine is.
+Two tests keep the real timer: a bound that interrupts a write sleeping far past it, and a limit
+that ends a run of a million steps. The first run in a process pays the imports (seconds): a
+module fixture pays them once, so that those real limits are reached in the steps they mean.
 """
 
+import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,42 +38,58 @@ def assert_measured(r, steps: int) -> None:
     assert r.mfu > 0 and r.samples_per_s > 0 and r.measured_samples == steps
 
 
-def test_a_time_limit_reached_while_profiling_keeps_the_measured_figures(warm, tmp_path, monkeypatch):
-    """The breakdown sleeps until twice the run's limit after the run started: the limit's deadline
-    falls inside that sleep or before it, and the sleep goes on as long again after it, so a limit
-    still running would fire. The run is ok, with every measured step and a real breakdown.
+class FakeAlarm:
+    """bench's SIGALRM timer on a fake clock: setitimer notes the deadline, advance() moves the clock
+    and, where it passes the deadline, calls the SIGALRM handler there as the kernel's signal would
+    (in the main thread, where the profiler's callbacks run). No real timer is armed."""
 
-    A run that reached its limit before the breakdown began (the machine so busy that start-up and
-    the measured steps outran it) says nothing either way: it is run again with twice the limit."""
-    real = bench_profile.rank_breakdown
-    for attempt, limit in enumerate((2.0, 4.0, 8.0, 16.0, 32.0, 64.0)):  # 3 test workers on 2 cores: up to a minute
-        out = tmp_path / str(attempt)
-        started, entered = time.monotonic(), []
+    def __init__(self):
+        self.now, self.deadline = 0.0, None
 
-        def slow_breakdown(prof, rank, started=started, limit=limit, entered=entered):
-            entered.append(time.monotonic())
-            time.sleep(max(0.0, started + 2 * limit - time.monotonic()))
-            return real(prof, rank)
+    def setitimer(self, which, seconds, interval=0.0):
+        self.deadline = self.now + seconds if seconds else None
 
-        monkeypatch.setattr(bench_profile, "rank_breakdown", slow_breakdown)
-        cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, profile=True, time_limit_s=limit)
-        r = bench.run_benchmark(cfg, out)
-        if entered:
-            break
-        assert r.status == "timeout", (r.status, r.error)  # the limit reached before the breakdown: too busy to tell
-    else:
-        pytest.fail("start-up and the measured steps outran every limit tried")
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        if self.deadline is not None and self.deadline <= self.now:
+            self.deadline = None
+            signal.getsignal(signal.SIGALRM)(signal.SIGALRM, None)
+
+
+@pytest.fixture
+def alarm(monkeypatch) -> FakeAlarm:
+    fake = FakeAlarm()
+    monkeypatch.setattr(bench, "signal", SimpleNamespace(signal=signal.signal, SIGALRM=signal.SIGALRM,
+                                                         ITIMER_REAL=signal.ITIMER_REAL, setitimer=fake.setitimer))
+    return fake
+
+
+def test_a_time_limit_that_passes_while_profiling_keeps_the_measured_figures(tmp_path, monkeypatch, alarm):
+    """The run's limit covers warm-up and the measured steps (no time passes in them on the fake
+    clock); the breakdown after them takes twice the limit, with no profile bound to replace the
+    limit's timer: a limit left running past the measured steps would fire there. The run is ok,
+    with every measured step and a real breakdown."""
+    real, entered = bench_profile.rank_breakdown, []
+
+    def slow_breakdown(prof, rank):
+        entered.append(alarm.now)
+        alarm.advance(2 * 2.0)
+        return real(prof, rank)
+
+    monkeypatch.setattr(bench_profile, "rank_breakdown", slow_breakdown)
+    cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, profile=True, time_limit_s=2.0, profile_limit_s=None)
+    r = bench.run_benchmark(cfg, tmp_path)
+    assert entered == [0.0] and alarm.now == 4.0  # the breakdown ran, past the limit's deadline
     assert_measured(r, 3)
-    assert time.monotonic() - started >= 2 * limit  # the slow breakdown ran to its end
-    assert "fractions" in r.breakdown and (out / "breakdown.json").is_file()
-    assert r.profile_traces == [str(out / "trace-rank0.json")] and (out / "trace-rank0.json").is_file()
+    assert "fractions" in r.breakdown and (tmp_path / "breakdown.json").is_file()
+    assert r.profile_traces == [str(tmp_path / "trace-rank0.json")] and (tmp_path / "trace-rank0.json").is_file()
 
 
-def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(warm, tmp_path, monkeypatch):
-    """A breakdown that would take a minute, a 1 s bound: profiling stops there, the measured steps
-    stand, and the breakdown entry (and `explain`) say why there is none."""
+def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(tmp_path, monkeypatch, alarm):
+    """A breakdown that takes a minute on the fake clock, a 1 s bound: profiling stops there, the
+    measured steps stand, and the breakdown entry (and `explain`) say why there is none."""
     def stuck_breakdown(prof, rank):
-        time.sleep(60)
+        alarm.advance(60)
         raise AssertionError("the profile bound did not stop the breakdown")
 
     monkeypatch.setattr(bench_profile, "rank_breakdown", stuck_breakdown)

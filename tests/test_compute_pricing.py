@@ -135,15 +135,24 @@ def test_the_kernel_an_echo_run_takes_follows_its_settings(settings, kernel):
     assert attention_kernel(cfg(**settings)) == kernel
 
 
+def scaled_points(p: HardwareProfile, field: str, factor: float, **match) -> HardwareProfile:
+    """`p` with the `field` points that match (attribute = value) `factor` times as fast."""
+    points = [x.model_copy(update={"tflops" if field != "memory" else "gbps":
+                                   (x.tflops if field != "memory" else x.gbps) * factor})
+              if all(getattr(x, k) == v for k, v in match.items()) else x for x in getattr(p, field)]
+    return p.model_copy(update={field: points})
+
+
 def test_an_echo_run_with_sdpa_efficient_is_priced_at_the_efficient_kernels_points():
+    """Only the efficient kernel's points price its attention: twice as fast points, half the time;
+    FlashAttention-2's twice as fast, no change."""
     p = shipped("h100-hgx-ib")
-    rates = pr.Rates(p)
     run = cfg(sdpa_backend="efficient", cfg_drop="null")  # no micro-batch masked: every call the efficient kernel
-    dev = device_seconds(run, rates, 2)
-    _, att = run_work(run)
-    expected = sum(a.flops / (attention_tflops(p, a.seq_q, a.seq_k, a.head_dim, a.causal, "efficient") * 1e12)
-                   for a in att if a.phase == "forward")
-    assert dev["attention_forward"] == pytest.approx(expected * rates.compute_factor / rates.clock)  # the in-step clock
+    dev = device_seconds(run, pr.Rates(p), 2)
+    faster = device_seconds(run, pr.Rates(scaled_points(p, "attention", 2.0, kernel="efficient")), 2)
+    other = device_seconds(run, pr.Rates(scaled_points(p, "attention", 2.0, kernel="flash2")), 2)
+    assert faster["attention_forward"] == pytest.approx(dev["attention_forward"] / 2, rel=1e-9)
+    assert other["attention_forward"] == dev["attention_forward"]
     flash = device_seconds(cfg(cfg_drop="null"), pr.Rates(p), 2)
     assert dev["attention_forward"] > 1.5 * flash["attention_forward"]  # the efficient kernel is the slower
 
@@ -253,12 +262,12 @@ def test_measured_shapes_keep_the_nearest_point_and_the_model_needs_an_sm_count(
 def test_shipped_gpu_profiles_price_elementwise_at_the_achievable_add_bandwidth():
     for name, datasheet in (("h100-hgx-ib", 3350.0), ("h200-hgx-ib", 4800.0), ("gh200-quad-slingshot", 4000.0)):
         p = shipped(name)
-        gbps = pr.Rates(p).memory_gbps()
-        assert gbps == pytest.approx(0.86 * datasheet, rel=0.01), name  # H200: measured 4.15 TB/s, 86.5%
-        run = cfg()
-        dev = device_seconds(run, pr.Rates(p), 2)
-        fwd, _ = pr.elementwise_bytes(run, 2)
-        assert dev["elementwise_forward"] == pytest.approx(fwd / (gbps * 1e9) * pr.Rates(p).compute_factor)
+        assert pr.Rates(p).memory_gbps() == pytest.approx(0.86 * datasheet, rel=0.01), name  # H200: measured 4.15 TB/s, 86.5%
+    # the element-wise time follows the add points alone: twice their bandwidth, half the time
+    p, run = shipped("h100-hgx-ib"), cfg()
+    dev = device_seconds(run, pr.Rates(p), 2)
+    faster = device_seconds(run, pr.Rates(scaled_points(p, "memory", 2.0, op="add")), 2)
+    assert faster["elementwise_forward"] == pytest.approx(dev["elementwise_forward"] / 2, rel=1e-9)
 
 
 def test_the_assumed_host_cost_prices_the_host_where_no_host_step_was_measured():
@@ -266,13 +275,15 @@ def test_the_assumed_host_cost_prices_the_host_where_no_host_step_was_measured()
     assert p.host_op is not None and "assumed" in p.host_op.source and not p.host_steps
     run = cfg(compile=False)
     pred = pr.predict(run, p)
-    assert pred.host_s == pytest.approx(sum(pr.host_ops(pr.priced(run, p.device)).values()) * p.host_op.seconds)
+    doubled = p.host_op.model_copy(update={"seconds": 2 * p.host_op.seconds})
+    twice = pr.predict(run, p.model_copy(update={"host_op": doubled}))
+    assert pred.host_s > 0 and twice.host_s == pytest.approx(2 * pred.host_s)  # a cost per op: twice it, twice the host
     assert any("host_op" in n and "per op" in n for n in pred.notes)
     assert any(n.startswith("attention priced as the flash2 kernel the run takes (pricing.attention_kernel); the "
                             "DiT's 66% flash2, 34% flex") for n in pred.notes)  # micro-batch 4: 1 - 0.9^4 masked
-    assert pred.step_time_s == pytest.approx(max(pred.device_s, pred.host_s))  # a GPU: the longer of the two
-    bare = p.model_copy(update={"host_op": None})
-    assert pr.predict(run, bare).host_s == 0.0
+    # a GPU: no host cost leaves the device's time, a host far slower is the step
+    bare = pr.predict(run, p.model_copy(update={"host_op": None}))
+    assert bare.host_s == 0.0 and bare.step_time_s == pytest.approx(bare.device_s)
     with_cost = p.model_copy(update={"host_op": HostOpCost(seconds=1e-3, source="set")})
     slow = pr.predict(run, with_cost)
     assert slow.step_time_s == pytest.approx(slow.host_s) and slow.host_s > slow.device_s

@@ -103,20 +103,25 @@ def gpu_profile():
     return load_profile(find_profile("h100-hgx-ib"))
 
 
-def test_predicts_elementwise_part_is_the_counted_bytes_over_the_bandwidth():
+def test_predicts_elementwise_part_follows_the_counted_bytes_and_tp_splits_part_of_them(monkeypatch):
+    """The prediction's element-wise part is priced from the count: twice the counted bytes, twice
+    the part. TP divides part of the element-wise work over its ranks (the blocks', as
+    memory.estimate_memory assumes), not the rest: a rank's share lies between 1/tp and all of it,
+    smaller at tp4 than at tp2."""
     profile = gpu_profile()
     cfg = tiny()
     p = predict(cfg, profile)
-    counted = ew.counted_bytes(cfg, 2)
-    rates = pr.Rates(profile)
-    expected = (counted.forward + counted.backward) / (rates.memory_gbps() * 1e9) * rates.compute_factor
-    assert p.parts["elementwise"] == pytest.approx(expected)
     assert any("element-wise bytes COUNTED" in n for n in p.notes)
-    # TP splits them as the ratios' bytes were split
-    tp = tiny(framework="megatron", parallelism="tp2", gpus_per_node=2)
-    dev = pr.device_seconds(pr.priced(tp, profile.device), rates, 2)
-    assert dev["elementwise_forward"] == pytest.approx(
-        counted.forward * (0.25 + 0.75 / 2) / (rates.memory_gbps() * 1e9) * rates.compute_factor)
+    real = ew.counted_bytes
+    monkeypatch.setattr(ew, "counted_bytes", lambda *args: dataclasses.replace(c := real(*args), forward=2 * c.forward,
+                                                                                backward=2 * c.backward))
+    assert predict(cfg, profile).parts["elementwise"] == pytest.approx(2 * p.parts["elementwise"], rel=1e-12)
+    monkeypatch.setattr(ew, "counted_bytes", real)
+    rates = pr.Rates(profile)
+    one = pr.device_seconds(pr.priced(cfg, profile.device), rates, 2)["elementwise_forward"]
+    tp2, tp4 = (pr.device_seconds(pr.priced(tiny(framework="megatron", parallelism=f"tp{n}", gpus_per_node=n),
+                                            profile.device), rates, 2)["elementwise_forward"] for n in (2, 4))
+    assert one / 2 < tp2 < one and one / 4 < tp4 < tp2
 
 
 def test_compiled_runs_and_failed_counts_keep_the_ratios_with_a_note(monkeypatch):

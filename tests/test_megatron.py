@@ -187,13 +187,22 @@ TP_LAYOUTS = {
 }
 
 
+# Far under the perturbed tiny model's gradient norms (above 1; a tiny run's are ~0.36): every step
+# clips, by a factor of 20 or more.
+CLIP = 0.05
+STEPS = 3
+
+
 def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) -> None:
     """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch, the TP model
-    under megatron-core's DDP, its gradients made ready and clipped by the backend's clip. The ranks
+    under megatron-core's DDP, optimizer and clip (max norm CLIP), STEPS real optimizer steps each.
+    References, on every rank: the plain model under torch's AdamW and clip_grad_norm_, and under
+    the torchtitan backend's clip with a fused AdamW (the grad_scale path GPU runs take). The ranks
     meet through a file store (no port to race for)."""
     warnings.filterwarnings("ignore")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    import copy
     import datetime
 
     import torch.distributed as dist
@@ -202,8 +211,10 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
                             timeout=datetime.timedelta(seconds=300))
     from megatron.core import parallel_state
 
-    from echobench.backends.megatron import megatron_clip, megatron_ddp, megatron_optimizer, tp_partial_grad_params
+    from echobench.backends.megatron import (MegatronStep, megatron_clip, megatron_ddp, megatron_optimizer,
+                                             tp_partial_grad_params)
     from echobench.backends.megatron_cpu import redirect_cuda_to_cpu
+    from echobench.backends.torchtitan import ADAMW, clip_grad_norm_
     from echobench.model.dit import DiTBlock, joint_attention
     from echobench.model.echo import EchoTTS
     from echobench.model.megatron import TPOptions, TPStateDictAdapter, build_tp_dit, tp_state_dict
@@ -215,54 +226,100 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
     torch.manual_seed(0)
     plain = EchoTTS(cfg)
     plain.dit = perturbed_plain_dit()
+    titan = copy.deepcopy(plain)
     torch.manual_seed(0)
     tp_model = EchoTTS(cfg)  # same seed: same encoders
     tp_model.dit = build_tp_dit(cfg, plain.dit, parallel_state.get_tensor_model_parallel_rank(), world,
                                 TPOptions(**TP_LAYOUTS[layout]), torch.device("cpu"))
+    weights_at_start = {k: v.clone() for k, v in tp_state_dict(tp_model.dit).items()}
+    plain_at_start = {k: v.clone() for k, v in plain.dit.state_dict().items()}
     ddp = megatron_ddp(tp_model, tp_model.dit.config, grad_reduce_in_fp32=True, distributed_optimizer=False)
     optimizer = megatron_optimizer(ddp, torch.float32, distributed=False, device=torch.device("cpu"))
-    clip = megatron_clip(ddp, optimizer, tp_partial_grad_params(tp_model), group, max_norm=1.0)
+    (inner,) = optimizer.chained_optimizers
+    fused = bool(inner.optimizer.defaults.get("fused"))  # its clip then goes through grad_scale
+    clip = megatron_clip(ddp, optimizer, tp_partial_grad_params(tp_model), group, max_norm=CLIP)
+    tp_step = MegatronStep(ddp, optimizer)
+    plain_params, titan_params = plain.trainable_parameters(), titan.trainable_parameters()
+    plain_opt = torch.optim.AdamW(plain_params, **ADAMW)  # torch's own: foreach, clipped in place
+    titan_opt = torch.optim.AdamW(titan_params, **ADAMW, fused=True)
     batch = make_batch()
 
-    # Loss and output of the whole model (same noise: same generator seed on both).
-    losses, outputs = [], []
-    for model, dit in ((plain, plain.dit), (ddp, tp_model.dit)):
-        captured = []
-        handle = dit.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
-        loss = model(batch, generator=torch.Generator().manual_seed(7))
-        handle.remove()
-        loss.backward()
-        losses.append(loss.detach())
-        outputs.append(captured[0])
+    losses, norms = [], []
+    for step in range(STEPS):
+        # Same noise on all three: same generator seed.
+        step_losses, outputs = [], []
+        for model, dit in ((plain, plain.dit), (titan, titan.dit), (ddp, tp_model.dit)):
+            captured = []
+            handle = dit.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+            loss = model(batch, generator=torch.Generator().manual_seed(7 + step))
+            handle.remove()
+            loss.backward()
+            step_losses.append(float(loss))
+            outputs.append(captured[0])
+        if step == 0:
+            out_max_err = (outputs[0] - outputs[2]).abs().max().item()
+            out_close = torch.allclose(outputs[0], outputs[2], rtol=OUT_RTOL, atol=OUT_ATOL)
+            plain_grads = {name: p.grad.clone() for name, p in plain.dit.named_parameters()}
+        step_norms = [float(torch.nn.utils.clip_grad_norm_(plain_params, CLIP)),
+                      float(clip_grad_norm_(titan_params, CLIP, titan_opt))]
+        step_norms.append(float(clip()))  # the norm before clipping, as torch's
+        if step == 0:  # the reduced gradients, before the step (the fused path leaves them unscaled)
+            tp_grads = {name: p.main_grad.clone() for name, p in tp_model.dit.named_parameters()}
+        plain_opt.step()
+        plain_opt.zero_grad()
+        titan_opt.step()
+        titan_opt.zero_grad()
+        tp_step.step()
+        tp_step.zero_grad()
+        losses.append(step_losses)
+        norms.append(step_norms)
 
-    tp_norm = clip()  # the norm before clipping
-    plain_norm = torch.nn.utils.get_total_norm([p.grad for p in plain.trainable_parameters()])
-    # The clip hands its coefficient to the fused AdamW (grad_scale), whose kernel divides each
-    # gradient (the main_grad, here) in place as it reads it: done here as the kernel does it.
-    (inner,) = optimizer.chained_optimizers
-    for group in inner.optimizer.param_groups:
-        for p in group["params"]:
-            p.grad.div_(inner.optimizer.grad_scale)
-    grads = {name: p.main_grad for name, p in tp_model.dit.named_parameters()}
-    all_grads = [None] * world
-    dist.all_gather_object(all_grads, grads)
-    all_weights = [None] * world
-    dist.all_gather_object(all_weights, tp_state_dict(tp_model.dit))
+    def after_steps(model, opt) -> dict:
+        """name -> the parameter, its AdamW moments and step count, after the steps."""
+        return {name: {"param": p.detach(), **{k: v for k, v in opt.state[p].items()}}
+                for name, p in model.named_parameters() if p.requires_grad}
+
+    tp_after = after_steps(tp_model, inner.optimizer)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (tp_grads, weights_at_start, tp_after))
     if rank == 0:
-        coefficient = min(1.0, 1.0 / (float(plain_norm) + 1e-6))  # clip_grads_with_norm_'s
-        plain_grads = {name: p.grad * coefficient for name, p in plain.dit.named_parameters()}
-        gathered = TPStateDictAdapter(world).from_tp(all_grads)
-        grad_err = {k: (gathered[k] - plain_grads[k]).abs().max().item() for k in plain_grads
-                    if not torch.allclose(gathered[k], plain_grads[k], rtol=GRAD_RTOL, atol=GRAD_ATOL)}
-        weights_back = TPStateDictAdapter(world).from_tp(all_weights)
+        adapter = TPStateDictAdapter(world)
+
+        def plain_layout(shards: list[dict]) -> dict:
+            """The TP ranks' whole-model dicts in the plain model's names and shapes."""
+            dit = adapter.from_tp([{k.removeprefix("dit."): v for k, v in s.items() if k.startswith("dit.")}
+                                   for s in shards])
+            return {**{k: v for k, v in shards[0].items() if not k.startswith("dit.")},
+                    **{"dit." + k: v for k, v in dit.items()}}
+
+        tp_grads_all = adapter.from_tp([g for g, _, _ in gathered])
+        grad_err = {k: (tp_grads_all[k] - plain_grads[k]).abs().max().item() for k in plain_grads
+                    if not torch.allclose(tp_grads_all[k], plain_grads[k], rtol=GRAD_RTOL, atol=GRAD_ATOL)}
+        weights_back = adapter.from_tp([w for _, w, _ in gathered])
+        reference = after_steps(plain, plain_opt)
+        compared = {"megatron": {}, "torchtitan": {}}
+        titan_after = after_steps(titan, titan_opt)
+        steps_counted = sorted({float(v["step"]) for after in (reference, titan_after, *(a for _, _, a in gathered))
+                                for v in after.values()})
+        for what in ("param", "exp_avg", "exp_avg_sq"):
+            tp_what = plain_layout([{k: v[what] for k, v in a.items()} for _, _, a in gathered])
+            for name, got in (("megatron", tp_what),
+                              ("torchtitan", {k: v[what] for k, v in titan_after.items()})):
+                compared[name][what] = {"keys_match": set(got) == set(reference),
+                                        "errors": {k: [(got[k] - reference[k][what]).abs().max().item(),
+                                                       reference[k][what].abs().max().item()]
+                                                   for k in reference}}
         result = {
-            "loss": [float(x) for x in losses],
-            "out_max_err": (outputs[0] - outputs[1]).abs().max().item(),
-            "out_close": torch.allclose(outputs[0], outputs[1], rtol=OUT_RTOL, atol=OUT_ATOL),
+            "loss": losses,
+            "norms": norms,
+            "fused": fused,
+            "out_max_err": out_max_err,
+            "out_close": out_close,
             "grad_mismatch": grad_err,
-            "grad_keys_match": set(gathered) == set(plain_grads),
-            "norms": [float(plain_norm), float(tp_norm)],
-            "weights_exact": all(torch.equal(weights_back[k], v) for k, v in plain.dit.state_dict().items()),
+            "grad_keys_match": set(tp_grads_all) == set(plain_grads),
+            "weights_exact": all(torch.equal(weights_back[k], v) for k, v in plain_at_start.items()),
+            "after_steps": compared,
+            "steps_counted": steps_counted,
             # One block forward for both: the TP blocks are the plain DiTBlock given megatron's layers.
             "same_block": all(type(blk) is DiTBlock and type(blk.attn).forward is joint_attention
                               for dit in (plain.dit, tp_model.dit) for blk in dit.blocks),
@@ -276,8 +333,11 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
 
 @pytest.mark.parametrize("layout", TP_LAYOUTS)
 def test_tp2_matches_plain_model(tmp_path, layout, inductor_cache):
-    """Output, loss, clipped gradients and gradient norm of the TP=2 model on megatron-core's DDP and
-    the backend's clip equal the plain model's (the gpu layout's fused SwiGLU compiles with inductor)."""
+    """Output, loss and gradients of the TP=2 model on megatron-core's DDP equal the plain model's;
+    after STEPS real optimizer steps clipped at CLIP (which every step's norm exceeds), its
+    parameters and AdamW state equal those of the plain model stepped by torch's AdamW after torch's
+    clip_grad_norm_, as do the torchtitan backend's clip with a fused AdamW (the gpu layout's fused
+    SwiGLU compiles with inductor)."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "result.json"
@@ -286,11 +346,28 @@ def test_tp2_matches_plain_model(tmp_path, layout, inductor_cache):
     assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
     assert r["same_block"] and r["swiglu_fused"] == (layout == "gpu-layout")
     assert r["out_close"], f"DiT output differs by {r['out_max_err']}"
-    assert r["loss"][1] == pytest.approx(r["loss"][0], rel=OUT_RTOL, abs=OUT_ATOL)
-    # TP-aware gradient norm: each element counted once (and the clip acts: norm > 1).
-    assert r["norms"][1] == pytest.approx(r["norms"][0], rel=GRAD_RTOL)
-    assert r["norms"][0] > 1.0
+    for plain_loss, titan_loss, tp_loss in r["loss"]:
+        assert [tp_loss, titan_loss] == pytest.approx([plain_loss] * 2, rel=OUT_RTOL, abs=OUT_ATOL)
     assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]
+    # Every step clips (the norm before clipping above CLIP), and the TP-aware norm counts each
+    # element once: the plain model's.
+    for plain_norm, titan_norm, tp_norm in r["norms"]:
+        assert plain_norm > CLIP and [tp_norm, titan_norm] == pytest.approx([plain_norm] * 2, rel=GRAD_RTOL)
+    assert r["fused"]  # megatron's clip went through the fused AdamW's grad_scale, as on a GPU
+    assert r["steps_counted"] == [STEPS]
+    # AdamW's moments are linear (exp_avg) and quadratic (exp_avg_sq) in the clipped gradients, so
+    # they carry the gradients' relative tolerance, twice it for the square; measured against each
+    # tensor's largest element (sums cancel near zero). A clip coefficient off by that much or more
+    # (the coefficient here is CLIP / norm, under 1 / 20) fails them. Parameters: Adam's update is
+    # nearly invariant to the gradients' scale, so they bound the update itself; within 1e-6, 1% of
+    # one step's move (lr 1e-4), the steps' rounding some 30x below it.
+    bounds = {"exp_avg": lambda top: GRAD_RTOL * top, "exp_avg_sq": lambda top: 2 * GRAD_RTOL * top,
+              "param": lambda top: 1e-6}
+    for path, after in r["after_steps"].items():
+        for what, c in after.items():
+            assert c["keys_match"], (path, what)
+            off = {k: e for k, (e, top) in c["errors"].items() if e > bounds[what](top)}
+            assert off == {}, (path, what, off)
 
 
 def problem(**kw):

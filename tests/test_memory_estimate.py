@@ -167,20 +167,36 @@ def test_one_gradient_copy_at_any_data_parallel_size(state_counts):
         assert rank_counts["torchtitan-ddp"]["after_step"]["gradients"] == 0
 
 
+def tp_rank_parameters(cfg: RunConfig) -> int:
+    """TP rank 0's trainable parameters, counted on the model (meta device): the DiT's shards as the
+    backend loads them (TPStateDictAdapter), every other trainable parameter whole."""
+    pytest.importorskip("megatron.core")  # model.megatron imports it
+    from echobench.backends.torchtitan import build_model
+    from echobench.model.megatron import TPStateDictAdapter
+
+    model = build_model(cfg, torch.device("meta"), torch.bfloat16)
+    dit = TPStateDictAdapter(cfg.tp).to_tp(dict(model.dit.named_parameters()), 0)
+    rest = [p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("dit.")]
+    return sum(t.numel() for t in dit.values()) + sum(p.numel() for p in rest)
+
+
 def test_megatron_gpu_state_follows_its_mixed_precision():
-    """On a GPU (from megatron-core's source, not countable here): bf16 parameters, the fp32 grad
-    buffer (grad_reduce_in_fp32), fp32 main parameters and Adam moments: 2 + 4 + 4 + 8 bytes per
-    parameter; the distributed optimizer shards the main parameters and moments over dp; a bf16
-    grad buffer (grad_reduce_dtype bf16) holds 2 bytes."""
-    kw = dict(framework="megatron", scale="800M", gpus_per_node=8, precision="bf16", device="cuda")
-    cpu = estimate_memory(RunConfig(parallelism="tp2", **{**kw, "precision": "fp32", "device": "cpu"}))
-    n = cpu.weights / 4  # the rank's parameters
-    gpu = estimate_memory(RunConfig(parallelism="tp2", **kw))
-    assert (gpu.weights, gpu.gradients, gpu.optimizer) == pytest.approx((6 * n, 4 * n, 8 * n))
-    dist_opt = estimate_memory(RunConfig(parallelism="tp2", distributed_optimizer=True, **kw))
-    assert (dist_opt.weights, dist_opt.gradients, dist_opt.optimizer) == pytest.approx((2 * n + n, 4 * n, 8 * n / 4))
-    bf16 = estimate_memory(RunConfig(parallelism="tp2", grad_reduce_dtype="bf16", **kw))
-    assert bf16.gradients == pytest.approx(2 * n)
+    """On a GPU (megatron-core's layout, not countable here): bf16 parameters, the fp32 grad buffer
+    (grad_reduce_in_fp32), fp32 main parameters and two fp32 Adam moments per parameter; the
+    distributed optimizer shards the main parameters and moments over dp; a bf16 grad buffer
+    (grad_reduce_dtype bf16). The rank's parameters counted on the model, the bytes from the dtypes."""
+    kw = dict(framework="megatron", scale="tiny", parallelism="tp2", gpus_per_node=8, precision="bf16",
+              device="cuda")
+    n = tp_rank_parameters(RunConfig(**kw))
+    bf16, fp32 = torch.bfloat16.itemsize, torch.float32.itemsize
+    dp = 8 // 2
+    gpu = estimate_memory(RunConfig(**kw))
+    assert (gpu.weights, gpu.gradients, gpu.optimizer) == pytest.approx(
+        (n * (bf16 + fp32), n * fp32, n * 2 * fp32), rel=STATE_RTOL)
+    dist_opt = estimate_memory(RunConfig(distributed_optimizer=True, **kw))
+    assert (dist_opt.weights, dist_opt.gradients, dist_opt.optimizer) == pytest.approx(
+        (n * bf16 + n * fp32 / dp, n * fp32, n * 2 * fp32 / dp), rel=STATE_RTOL)
+    assert estimate_memory(RunConfig(grad_reduce_dtype="bf16", **kw)).gradients == pytest.approx(n * bf16, rel=STATE_RTOL)
 
 
 # ---- activations ----

@@ -45,8 +45,6 @@ RUN_PATH = ("yaml", "typer", "rich", "pydantic", "numpy", "torch",
 INSTALL_FIX = ("install echobench's dependencies where $PYTHON runs (pip install -e ECHOBENCH_CHECKOUT into that "
                "venv, or an image with them: README, Running on your cluster), or point slurm.python / slurm.setup "
                "at an environment that has them")
-# Testing only: the transport check reads this file as NCCL's INFO output (a CPU cluster runs gloo, no NCCL).
-TEST_NCCL_LOG = "ECHOBENCH_TEST_NCCL_LOG"
 
 
 def backend_imports(framework: str, te: str = "auto", precision: str = "auto") -> list[str]:
@@ -261,7 +259,8 @@ def collective_checks(spec: dict, args) -> list[Check]:
             proc = subprocess.CompletedProcess(cmd, 124, "", f"no answer within {spec['timeout_s']} s")
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
         nccl_log = "\n".join(p.read_text(errors="replace") for p in sorted(Path(tmp).glob("nccl.*.log")))
-    return [collective_check(proc, ranks, args.nnodes), transport_check(nccl_log, spec["fabric"], device, args.nnodes)]
+    backend = ranks[0]["backend"] if ranks else "nccl" if device == "cuda" else "gloo"  # what the ranks ran
+    return [collective_check(proc, ranks, args.nnodes), transport_check(nccl_log, spec["fabric"], backend, args.nnodes)]
 
 
 def _source_path() -> str:
@@ -283,12 +282,12 @@ def collective_check(proc, ranks: list[dict], nnodes: int) -> Check:
                  f"{r['busbw_gbps']:.3g} GB/s")
 
 
-def transport_check(nccl_log: str, fabric: str | None, device: str, nnodes: int) -> Check:
-    """The network NCCL chose (from its INFO lines), held against the matrix's fabric across nodes."""
-    if path := os.environ.get(TEST_NCCL_LOG):  # testing only: stands in for NCCL's output
-        nccl_log = Path(path).read_text()
-    elif device == "cpu":
-        return Check("transport", None, "gloo on CPUs: no NCCL transport to read (meaningful on GPU nodes)")
+def transport_check(nccl_log: str, fabric: str | None, backend: str, nnodes: int) -> Check:
+    """The network NCCL chose (from its INFO lines), held against the matrix's fabric across nodes;
+    under another process-group backend (gloo on CPUs) that backend, and no NCCL transport."""
+    if backend != "nccl":
+        return Check("transport", None, f"{backend}: the ranks ran no NCCL, so no NCCL transport to read "
+                     "(meaningful on GPU nodes)")
     found = nccl_transport(nccl_log)
     if found.network is None:
         return Check("transport", False if nnodes > 1 else None, "NCCL printed no network line with NCCL_DEBUG=INFO",
