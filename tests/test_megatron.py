@@ -349,10 +349,10 @@ def test_tp2_matches_plain_model(tmp_path, layout, inductor_cache):
     for plain_loss, titan_loss, tp_loss in r["loss"]:
         assert [tp_loss, titan_loss] == pytest.approx([plain_loss] * 2, rel=OUT_RTOL, abs=OUT_ATOL)
     assert r["grad_keys_match"] and r["grad_mismatch"] == {}, r["grad_mismatch"]
-    # Every step clips (the norm before clipping above CLIP), and the TP-aware norm counts each
+    # Every step clips (the norm before clipping 20x CLIP or more), and the TP-aware norm counts each
     # element once: the plain model's.
     for plain_norm, titan_norm, tp_norm in r["norms"]:
-        assert plain_norm > CLIP and [tp_norm, titan_norm] == pytest.approx([plain_norm] * 2, rel=GRAD_RTOL)
+        assert plain_norm > 20 * CLIP and [tp_norm, titan_norm] == pytest.approx([plain_norm] * 2, rel=GRAD_RTOL)
     assert r["fused"]  # megatron's clip went through the fused AdamW's grad_scale, as on a GPU
     assert r["steps_counted"] == [STEPS]
     # AdamW's moments are linear (exp_avg) and quadratic (exp_avg_sq) in the clipped gradients, so
