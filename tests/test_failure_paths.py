@@ -246,26 +246,32 @@ def test_a_signal_death_outranks_the_earlier_broken_connections_of_its_peers(tmp
     assert next(r for r in record.per_rank if r.rank == 2).signal == "SIGKILL"
 
 
+TWO_NODES = RunConfig(parallelism="ddp", nodes=2, gpus_per_node=1)
+
+
 def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_path):
-    """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is."""
+    """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is;
+    rank 0, which left no word, was stopped with the run."""
     from echobench.executors import finish_without_record
 
     node_note(tmp_path, 1, (1, -9, "SIGKILL"))
-    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
-    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [1]
+    record = finish_without_record(TWO_NODES, tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
+    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [0, 1]
     assert record.error.startswith("rank 1 (node 1, host1, pid 101): killed by SIGKILL (exit code -9)")
+    stopped = next(r for r in record.per_rank if r.rank == 0)
+    assert stopped.error == "rank 0 (node 0): stopped with the run, leaving no error of its own" and stopped.stopped
 
 
 def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
-    """srun stops node 0's launcher when node 1's fails, so no launcher assembles the record: the
-    sweep's record names the rank from the file it left."""
+    """srun stops node 0's launcher when node 1's fails; should it die before it writes the record,
+    the sweep's record names the rank from the file it left."""
     from echobench.executors import finish_without_record
 
     write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
         "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
         "traceback_tail": "Traceback ...", "failed_at": 1.0})
-    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
-    assert record.status == "error" and record.failed_ranks == [1] and record.traceback_tail == "Traceback ..."
+    record = finish_without_record(TWO_NODES, tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
+    assert record.status == "error" and record.failed_ranks == [0, 1] and record.traceback_tail == "Traceback ..."
     assert record.error.startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
 
 

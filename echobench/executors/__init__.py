@@ -27,7 +27,7 @@ import yaml
 
 from echobench.atomic import write_json_atomic
 from echobench.estimate import time_limit
-from echobench.launch import rank_failures
+from echobench.launch import every_rank, rank_failures
 from echobench.matrix import Matrix, PlannedRun
 from echobench.results import PLAN_FILE, RECORD_FILE, Record
 
@@ -290,7 +290,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
     if own is None and (failures := rank_failures(run_dir)):
         # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
         # when another node's failed): name that rank first; the scheduler's verdict beats a plain error.
-        record.fail(failures)
+        every_rank(record.fail(failures), cfg.gpus_per_node, run_dir)
         why = f"{record.error}; {why}"
         if status != "error":
             record.status = status
