@@ -23,7 +23,8 @@ failed ones; ok runs never run twice. Nothing is written outside SWEEP.
 A scheduler's sweep keeps at most slurm.max_submitted of its jobs in the queue and submits more as
 they end; a refusal that passes with time (a submit limit, a busy controller) leaves the run
 `waiting` and is retried with back-off. It reads every tracked job's state in one look per poll
-(job_states), the interval doubling up to MAX_POLL_S while nothing changes.
+(job_states), the interval doubling while nothing changes: up to MAX_POLL_S while every job is pending,
+RUNNING_POLL_S once one runs (sweep_state.longest_poll).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from echobench.executors import (ACTIVE, Executor, JobState, SubmitLater, archiv
 from echobench.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.plan import settings_label
 from echobench.preflight import passed_before, run_preflight
-from echobench.sweep_state import (MAX_POLL_S, RunEntry, SweepState, detached, look, now_iso, record_state, run_dir,
+from echobench.sweep_state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, record_state, run_dir,
                                    run_state, settle, skipped_entry, waiting)
 from echobench.sweep_status import cancel_sweep, table_of
 
@@ -279,8 +280,7 @@ class Sweep:
     def wait(self, queue: list[PlannedRun], runs: list[PlannedRun], poll_s: float) -> bool:
         """Submits the queue as the executor has room and polls until every job is over; False
         when Ctrl-C stopped the waiting. A scheduler's jobs are polled less often while nothing
-        changes (poll_s doubling up to MAX_POLL_S; back to poll_s at a change)."""
-        longest = max(poll_s, MAX_POLL_S) if detached(self.executor) else poll_s
+        changes (poll_s doubling up to longest_poll; back to poll_s at a change)."""
         interval = poll_s
         with Progress(self.console) as progress:
             try:
@@ -292,6 +292,8 @@ class Sweep:
                     progress.update([(r.id, e.state, e.detail) if (e := self.state.runs.get(r.id))
                                      else (r.id, "queued", "") for r in runs])
                     if queue or self.tracked:
+                        longest = longest_poll(poll_s, {self.state.runs[rid].state for rid in self.tracked}) \
+                            if detached(self.executor) else poll_s
                         interval = poll_s if changed else min(interval * 2, longest)
                         pause = interval
                         if queue and self.retry_at and not self.tracked:

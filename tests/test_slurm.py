@@ -144,7 +144,7 @@ def sweep(submitted):
     proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
     wall = time.time() - submitted["t0"]
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr  # runs failed, as meant
     return {**submitted, "wall_s": wall}
 
 
@@ -323,7 +323,7 @@ def test_failure_timeout_and_cancel_become_record_statuses(sweep):
     for r in (slow, cancelled):  # written by the sweep from the scheduler's state: complete records
         assert r["env"]["recorded_by"].startswith("echobench sweep") and r["run_id"] in sweep["submitted"]
     proc = run_cli("status", sweep["dir"], "--export", tmp_path=sweep["base"])
-    assert proc.returncode == 0 and "1 cancelled" in proc.stdout and "1 timeout" in proc.stdout
+    assert proc.returncode == 1 and "1 cancelled" in proc.stdout and "1 timeout" in proc.stdout
     import pandas as pd
 
     table = pd.read_parquet(sweep["dir"] / "results.parquet")

@@ -204,14 +204,23 @@ def test_no_wait_with_runs_left_to_submit_says_so_and_exits_75_then_the_same_swe
 
 
 def test_polls_back_off_while_nothing_changes_and_reset_at_a_change(tmp_path, monkeypatch):
-    """One look per poll for every job; 5 s doubling up to 60 s while nothing changes; back to 5 s
-    when something does."""
+    """One look per poll for every job; 5 s doubling while nothing changes, up to 10 s while a job
+    runs (its failure shows within that); back to 5 s when something does."""
     scheduler = FakeScheduler(ends={0: 3, 1: 10})  # job 1 ends at the 3rd look, job 2 at the 10th
     code, text, out, clock = fake_sweep(tmp_path, monkeypatch, scheduler, 2)
     assert code == 0, text
     # look 1: pending -> running (a change); 2: none; 3: job 1 ends; 4-9: none; 10: job 2 ends
-    assert clock.sleeps == [5, 10, 5, 10, 20, 40, 60, 60, 60], clock.sleeps
+    assert clock.sleeps == [5, 10, 5, 10, 10, 10, 10, 10, 10], clock.sleeps
     assert scheduler.batches == 10  # one look per poll for both jobs, never one per job
+
+
+def test_polls_back_off_to_a_minute_while_every_job_is_pending(tmp_path, monkeypatch):
+    """Nothing runs yet (the queue is full): 5 s doubling up to 60 s; 10 s at most once it runs."""
+    scheduler = FakeScheduler(pending={0: ["Priority", 7]}, looks=4)  # pending 7 looks, then runs, ends at the 4th
+    code, text, out, clock = fake_sweep(tmp_path, monkeypatch, scheduler, 1)
+    assert code == 0, text
+    # looks 1-7: pending (no change); 8: running (a change); 9-10: none; 11: it ends
+    assert clock.sleeps == [10, 20, 40, 60, 60, 60, 60, 5, 10, 10], clock.sleeps
 
 
 def test_a_job_that_can_never_start_ends_as_an_error_naming_the_limit_and_frees_its_slot(tmp_path, monkeypatch):
