@@ -109,6 +109,7 @@ class Sweep:
     refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
     said: set[str] = field(default_factory=set)  # refusals logged already: each once
     comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
+    submitted: int = 0  # jobs this sweep submitted
 
     def log(self, text: str) -> None:
         log(self.console, text)
@@ -216,6 +217,7 @@ class Sweep:
             self.log(f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             entry.submitted = now_iso()
+            self.submitted += 1
             self.tracked[run.id] = run
             self.log(f"{run.id}: submitted as {esc(entry.job_id)}"
                      + (" (the scheduler takes jobs again)" if self.refusal else ""))
@@ -386,7 +388,8 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                       f"nothing is lost; the same `echobench sweep` submits them (without --no-wait it stays and "
                       f"submits them as jobs end); follow with: echobench status {esc(sweep.dir)}")
             return NOT_ALL_SUBMITTED
-        sweep.log(f"submitted; follow with: echobench status {esc(sweep.dir)}")
+        sweep.log(f"{submitted_words(sweep, len(to_submit), done, len(failed_before))}; follow with: echobench status "
+                  f"{esc(sweep.dir)}")
         return 0
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
@@ -397,6 +400,20 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     if not finished:
         return 130
     return 0 if all(statuses.get(r.id) == "ok" for r in runs) else 1
+
+
+def submitted_words(sweep: Sweep, to_submit: int, done: int, failed: int) -> str:
+    """What `sweep --no-wait` did, once every run it had to submit is (or was refused for good): how
+    many it submitted, and why the others needed nothing."""
+    rejected = to_submit - sweep.submitted  # refused for the job's own reasons: each run's record says why
+    have, going = done + failed, len(sweep.tracked) - sweep.submitted
+    why = ([f"{have} runs already have records ({done} ok"
+            + (f", {failed} failed: --retry-failed reruns them" if failed else "") + ")"] if have else []) \
+        + ([f"{going} already queued or running"] if going else []) \
+        + ([f"{rejected} refused by the scheduler (above)"] if rejected else [])
+    if sweep.submitted:
+        return f"submitted {sweep.submitted} runs" + (f" ({'; '.join(why)})" if why else "")
+    return ("nothing submitted" if rejected else "nothing to submit") + (f": {'; '.join(why)}" if why else "")
 
 
 def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:

@@ -335,6 +335,8 @@ def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_fa
     before = runs(out)
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
     assert proc.returncode == 0 and "0 to run" in proc.stdout and "submitted as" not in proc.stdout
+    assert "nothing to submit: 7 runs already have records (2 ok, 5 failed: --retry-failed reruns them)" in \
+        " ".join(proc.stdout.split()), proc.stdout
     assert runs(out) == before
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--retry-failed", tmp_path=base)
     assert proc.returncode == 0, proc.stdout + proc.stderr

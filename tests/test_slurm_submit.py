@@ -203,6 +203,20 @@ def test_no_wait_with_runs_left_to_submit_says_so_and_exits_75_then_the_same_swe
     assert all(e["attempt"] == 1 for e in json.loads((out / "sweep.json").read_text())["runs"].values())
 
 
+def test_no_wait_with_nothing_to_submit_says_so_and_why(tmp_path, monkeypatch):
+    """`sweep --no-wait` again: no job submitted, and it says that, and why (queued, done), not "submitted"."""
+    scheduler = FakeScheduler(looks=100)
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and "submitted 2 runs; follow with: echobench status" in flat(text), text
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and scheduler.submitted == 2, text
+    assert "nothing to submit: 2 already queued or running; follow with" in flat(text), text
+    for job in scheduler.queue.values():  # both end at the next look: ok records
+        job[2] = 1
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and "nothing to submit: 2 runs already have records (2 ok); follow with" in flat(text), text
+
+
 def test_polls_back_off_while_nothing_changes_and_reset_at_a_change(tmp_path, monkeypatch):
     """One look per poll for every job; 5 s doubling while nothing changes, up to 10 s while a job
     runs (its failure shows within that); back to 5 s when something does."""
