@@ -274,15 +274,22 @@ def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_pa
 
 def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
     """srun stops node 0's launcher when node 1's fails; should it die before it writes the record,
-    the sweep's record names the rank from the file it left."""
+    the sweep's record is the one it would have written: the rank's error, from the file it left,
+    not the job's exit code."""
     from echobench.executors import finish_without_record
 
-    write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
-        "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
-        "traceback_tail": "Traceback ...", "failed_at": 1.0})
+    for run in (tmp_path, tmp_path / "timed-out"):
+        write_json_atomic(run / "ranks" / "rank-1.json", {
+            "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
+            "traceback_tail": "Traceback ...", "failed_at": 1.0})
     record = finish_without_record(TWO_NODES, tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
     assert record.status == "error" and record.failed_ranks == [0, 1] and record.traceback_tail == "Traceback ..."
-    assert record.error.startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
+    assert record.error == "rank 1: InjectedFailure: injected failure at start-up on rank 1", record.error
+    assert record.env.recorded_by.startswith("echobench sweep")
+    # A verdict of the scheduler's that says more than "failed" is the status, said after the rank's error.
+    timeout = finish_without_record(TWO_NODES, tmp_path / "timed-out", "timeout", "SLURM job 6 ended TIMEOUT")
+    assert timeout.status == "timeout" and timeout.error.startswith("rank 1: InjectedFailure: injected failure at "
+                                                                    "start-up on rank 1; SLURM job 6 ended TIMEOUT")
 
 
 EXIT_PROCESS = """
