@@ -432,22 +432,31 @@ def real(name: str) -> str:
     raise FileNotFoundError(name)
 
 
-def limited_sbatch(stubs: Path, sweep: Path, limit: int) -> Path:
+def limited_sbatch(stubs: Path, sweep: Path, limit: int, hold_until_refused: bool = False) -> Path:
     """A stub sbatch on PATH that refuses as sbatch does under MaxSubmitJobsPerUser=limit while
-    `limit` jobs of this sweep are queued or running, and hands the rest to the real sbatch.
-    Each refusal is a line of the returned log."""
+    `limit` jobs of this sweep are in the queue, and hands the rest to the real sbatch. A job whose
+    script has exited (its job-state says so) has left as far as the sweep can tell: SLURM may list it
+    COMPLETING a moment longer, and a refusal in that moment says nothing of the sweep. Each
+    submission and refusal is a line of the returned log. `hold_until_refused`: the jobs are
+    submitted held until the first refusal, which releases them: it comes whatever the machine's speed."""
     log = stubs.parent / "sbatch.log"
-    stub(stubs, "sbatch", f'''n=$({real("squeue")} -h -t PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED -o "%o" \\
-  | grep -c "^{sweep}/")
+    release = (f'  {real("scontrol")} release $({real("squeue")} -h -t PENDING -o "%i %o" | awk -v d="{sweep}/" '
+               f"'index($2, d) == 1 {{print $1}}') 2>/dev/null\n") if hold_until_refused else ""
+    hold = f'grep -q "^refused" "{log}" 2>/dev/null || set -- --hold "$@"\n' if hold_until_refused else ""
+    stub(stubs, "sbatch", f'''n=0
+while read -r script; do
+  case "$script" in "{sweep}/"*) ;; *) continue ;; esac
+  grep -q "^exited" "$(dirname "$script")/job-state" 2>/dev/null || n=$((n + 1))
+done < <({real("squeue")} -h -t PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED -o "%o")
 if [ "$n" -ge {limit} ]; then
   echo "refused with $n queued" >>"{log}"
-  cat >&2 <<'EOF'
+{release}  cat >&2 <<'EOF'
 {LIMIT_WORDS}
 EOF
   exit 1
 fi
 echo "submitted with $n queued" >>"{log}"
-exec {real("sbatch")} "$@"
+{hold}exec {real("sbatch")} "$@"
 ''')
     return log
 
@@ -483,10 +492,10 @@ def wait_for(check, timeout_s: float = 300, every_s: float = 1.0):
 @pytest.mark.slurm
 def test_a_sweep_under_a_submit_limit_of_2_finishes_every_run(tmp_path, cluster):
     """The acceptance test of issue 23: 3 runs, no cap in the matrix, sbatch refusing beyond 2
-    queued jobs with a QOS limit's words (the third is refused: the first two take far longer to
-    run than the sweep takes to submit). Every run ends ok; the refusal is logged once."""
+    queued jobs with a QOS limit's words (the third is refused: the first two are held until it is).
+    Every run ends ok; the refusal is logged once."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
-    log = limited_sbatch(stubs, out, 2)
+    log = limited_sbatch(stubs, out, 2, hold_until_refused=True)
     proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 3), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
