@@ -32,7 +32,7 @@ from echobench.hardware.profile import (
     find_profile,
     load_profile,
 )
-from echobench.predict.pricing import attention_kernel, device_seconds, run_work
+from echobench.predict.pricing import attention_kernel, device_seconds
 
 
 def shipped(name: str) -> HardwareProfile:

@@ -13,7 +13,7 @@ from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict import elementwise as ew
 from echobench.predict import pricing as pr
 from echobench.predict import predict
-from echobench.predict.work import ELEMENTWISE, elementwise_bytes, ratios_saved
+from echobench.predict.work import elementwise_bytes, ratios_saved
 
 LENGTHS = {"audio_frames": 24, "text_tokens": 12, "speaker_frames": 18}
 

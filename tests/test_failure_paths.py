@@ -59,9 +59,9 @@ def test_outside_text_passes_verbatim_through_run_sweep_and_status(cli, tmp_path
     assert entry["settled"] and entry["state"] == "error"
     assert (sweep / "results.csv").exists()
 
-    # `status`: the error column.
+    # `status`: the error column; exit 1, a run failed.
     proc = cli("status", sweep)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert MARKUP in flat(proc.stdout), proc.stdout
 
 
@@ -75,10 +75,20 @@ def runs_with_errors(root: Path) -> Path:
     return root
 
 
+def test_status_exits_1_when_a_run_failed_as_its_help_says(cli, tmp_path):
+    """A CI step can gate on `status`: 0 while no run failed, 1 once one has."""
+    runs = tmp_path / "runs"
+    Record.without_run(RunConfig(), "ok", "").update(run_id="r2").save(runs / "r2")
+    assert cli("status", runs).returncode == 0
+    Record.without_run(RunConfig(), "oom", "out of memory").update(run_id="r4").save(runs / "r4")
+    assert cli("status", runs).returncode == 1
+    assert "1 when any has: its record says error, oom, timeout" in " ".join(cli("status", "--help").stdout.split())
+
+
 def test_status_prints_each_error_whole_on_one_line_in_a_log(cli, tmp_path):
     """Not a terminal (a pipe, a CI log): the errors under the table, each on one line, in full."""
     proc = cli("status", runs_with_errors(tmp_path / "runs"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # runs failed
     lines = proc.stdout.splitlines()
     assert f"r1: {LONG_ERROR}" in lines and "r3: time limit" in lines
     assert "1 error, 1 ok, 1 timeout" in lines
@@ -110,14 +120,14 @@ def test_status_in_a_narrow_terminal_cuts_errors_at_its_width(tmp_path):
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=120) == 1  # runs failed
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode())  # colours, links
     lines = text.replace("\r", "").splitlines()
     assert lines and all(len(line) <= 60 for line in lines), lines
     (error_line,) = [line for line in lines if line.startswith("r1: ")]
     assert error_line.endswith("…") and LONG_ERROR.startswith(error_line[4:-1]), error_line
-    rows = json.loads(run_cli("status", runs, "--json", tmp_path=tmp_path, check=True).stdout)
-    assert {r["run_id"]: r["error"] for r in rows}["r1"] == LONG_ERROR
+    proc = run_cli("status", runs, "--json", tmp_path=tmp_path)
+    assert proc.returncode == 1 and {r["run_id"]: r["error"] for r in json.loads(proc.stdout)}["r1"] == LONG_ERROR
 
 
 def test_progress_table_shows_outside_text_verbatim():
@@ -246,27 +256,40 @@ def test_a_signal_death_outranks_the_earlier_broken_connections_of_its_peers(tmp
     assert next(r for r in record.per_rank if r.rank == 2).signal == "SIGKILL"
 
 
+TWO_NODES = RunConfig(parallelism="ddp", nodes=2, gpus_per_node=1)
+
+
 def test_a_job_killed_at_start_up_names_the_dead_rank_from_its_nodes_note(tmp_path):
-    """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is."""
+    """srun stopped node 0 before anything was written there: node 1's torchrun note is all there is;
+    rank 0, which left no word, was stopped with the run."""
     from echobench.sweep.executors import finish_without_record
 
     node_note(tmp_path, 1, (1, -9, "SIGKILL"))
-    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
-    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [1]
+    record = finish_without_record(TWO_NODES, tmp_path, "error", "SLURM job 5 ended FAILED (exit 9:0)")
+    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [0, 1]
     assert record.error.startswith("rank 1 (node 1, host1, pid 101): killed by SIGKILL (exit code -9)")
+    stopped = next(r for r in record.per_rank if r.rank == 0)
+    assert stopped.error == "rank 0 (node 0): stopped with the run, leaving no error of its own" and stopped.stopped
 
 
 def test_a_job_that_died_without_a_record_names_the_rank_that_failed(tmp_path):
-    """srun stops node 0's launcher when node 1's fails, so no launcher assembles the record: the
-    sweep's record names the rank from the file it left."""
+    """srun stops node 0's launcher when node 1's fails; should it die before it writes the record,
+    the sweep's record is the one it would have written: the rank's error, from the file it left,
+    not the job's exit code."""
     from echobench.sweep.executors import finish_without_record
 
-    write_json_atomic(tmp_path / "ranks" / "rank-1.json", {
-        "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
-        "traceback_tail": "Traceback ...", "failed_at": 1.0})
-    record = finish_without_record(RunConfig(), tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
-    assert record.status == "error" and record.failed_ranks == [1] and record.traceback_tail == "Traceback ..."
-    assert record.error.startswith("rank 1: InjectedFailure: injected failure at start-up on rank 1; SLURM job 5")
+    for run in (tmp_path, tmp_path / "timed-out"):
+        write_json_atomic(run / "ranks" / "rank-1.json", {
+            "rank": 1, "status": "error", "error": "rank 1: InjectedFailure: injected failure at start-up on rank 1",
+            "traceback_tail": "Traceback ...", "failed_at": 1.0})
+    record = finish_without_record(TWO_NODES, tmp_path, "error", "SLURM job 5: job exited with code 1 without writing a record")
+    assert record.status == "error" and record.failed_ranks == [0, 1] and record.traceback_tail == "Traceback ..."
+    assert record.error == "rank 1: InjectedFailure: injected failure at start-up on rank 1", record.error
+    assert record.env.recorded_by.startswith("echobench sweep")
+    # A verdict of the scheduler's that says more than "failed" is the status, said after the rank's error.
+    timeout = finish_without_record(TWO_NODES, tmp_path / "timed-out", "timeout", "SLURM job 6 ended TIMEOUT")
+    assert timeout.status == "timeout" and timeout.error.startswith("rank 1: InjectedFailure: injected failure at "
+                                                                    "start-up on rank 1; SLURM job 6 ended TIMEOUT")
 
 
 EXIT_PROCESS = """
@@ -355,7 +378,7 @@ def corrupt_sweep(tmp_path: Path) -> tuple[Path, Path, str]:
 def test_status_names_a_corrupt_record(cli, tmp_path):
     _, sweep, rid = corrupt_sweep(tmp_path)
     proc = cli("status", sweep)
-    assert proc.returncode == 0 and "1 corrupt" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "1 corrupt" in proc.stdout, proc.stdout
     assert f"{rid}/result.json" in flat(proc.stdout)
 
 

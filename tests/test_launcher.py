@@ -6,6 +6,7 @@ peers left; the lines of a log that explain an end."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -150,6 +151,46 @@ def test_the_sweep_names_node_0_lost_from_the_files_of_the_nodes_that_lived(tmp_
     record = launch.lost_node_record(cfg, tmp_path)
     assert record.status == "node_fail" and record.cause_rank == 0 and "node 0 (node1) went down" in record.error
     assert record.env.recorded_by.startswith("echobench sweep")
+
+
+def test_node_0s_launcher_stopped_by_sigterm_writes_the_record_from_the_files_at_once(tmp_path):
+    """srun's --kill-on-bad-exit: node 1's launcher failed (its torchrun's note names rank 1, SIGKILLed),
+    and SIGTERM reaches node 0's launcher before its own rank noticed (here it waits at the rendezvous for
+    ever). It passes SIGTERM on to its torchrun and writes the record at once: rank 1 the cause, rank 0
+    stopped with the run, exit 143."""
+    from conftest import free_port
+    from echobench.sweep.executors.local import processes_mentioning
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "echobench", "run", "--scale", "tiny", "--steps", "3", "--parallelism", "ddp",
+           "--out", str(out), "--nproc", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port())]
+    proc = subprocess.Popen(cmd, env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        said = []
+        while not said or "waiting for the other nodes" not in said[-1]:  # its handler is in place; files cleared
+            said.append(proc.stderr.readline())
+            assert said[-1], "".join(said)
+        launch.node_note_path(out, 1).parent.mkdir(exist_ok=True)
+        launch.node_note_path(out, 1).write_text(json.dumps({
+            "host": "vm", "node": "node7", "ended": "workers failed", "at": time.time(),
+            "failures": [{"rank": 1, "local_rank": 0, "pid": 41, "exit_code": -9, "signal": "SIGKILL"}]}))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    record = Record.load(out / "result.json")
+    assert record.status == "error" and record.cause_rank == 1 and record.failed_ranks == [0, 1], record.error
+    assert record.error == "rank 1 (node 1, node7, pid 41): killed by SIGKILL (exit code -9), leaving no error of its own"
+    stopped = next(r for r in record.per_rank if r.rank == 0)
+    assert stopped.stopped and stopped.error.startswith(f"rank 0 (node 0, {socket.gethostname()}): stopped with the run"), stopped.error
+    assert record.env.recorded_by.startswith("echobench launcher, node 0 (stopped by SIGTERM")
+    deadline = time.monotonic() + 120  # its torchrun, SIGTERMed, goes too (by hand nobody else stops it)
+    while processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_mentioning(str(out)), "torchrun outlived its launcher's SIGTERM"
 
 
 # A node failure's log as the local cluster wrote it: warnings, then the survivors' and srun's words.

@@ -219,6 +219,46 @@ def test_a_missing_import_fails_preflight_submits_nothing_and_the_same_sweep_res
     subprocess.run(["scancel", entry["job_id"]])
 
 
+class Interrupted:
+    """A scheduler that takes the preflight job as 77, and Ctrl-C while the sweep waits for it."""
+
+    name, poll_s, max_active = "slurm", 5.0, None
+
+    def __init__(self, cancel_fails: bool = False):
+        self.cancel_fails, self.cancelled = cancel_fails, []
+
+    def sbatch(self, script, what, after=()):
+        return "77"
+
+    def states(self, jobs):
+        raise KeyboardInterrupt
+
+    def cancel(self, job_ids):
+        if self.cancel_fails:
+            raise RuntimeError("scancel did not answer within 60 s")
+        self.cancelled += job_ids
+
+
+@pytest.mark.parametrize("cancel_fails", [False, True])
+def test_ctrl_c_during_the_preflight_says_its_job_was_cancelled_or_how_to(tmp_path, cancel_fails):
+    import io
+
+    from rich.console import Console
+
+    from echobench.sweep.preflight import on_slurm
+
+    m = parse_matrix("name: t\nexecutor: slurm\nslurm: {request_gpus: false}\ndefaults: {parallelism: single}\n", "m.yaml")
+    console, executor = Console(record=True, width=200, file=io.StringIO()), Interrupted(cancel_fails)
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        on_slurm(m, preflight_spec(m, expand(m).runs, "slurm"), executor, tmp_path, console, lambda job: None)
+    said = flat(console.export_text())
+    if cancel_fails:
+        assert "preflight: job 77 not cancelled: scancel did not answer within 60 s; `scancel 77` ends it" in said, said
+    else:
+        assert executor.cancelled == ["77"] and "preflight: job 77 cancelled (Ctrl-C)" in said, said
+
+
 def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs_need_more(tmp_path):
     from echobench.records.atomic import write_json_atomic
     from echobench.sweep.preflight import Preflight, matrix_sha, passed_before

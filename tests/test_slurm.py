@@ -4,7 +4,7 @@ SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused reque
 resumption; a sweep without a peak; a two-node sweep that measures its own hardware profile first.
 
 The module's sweep is submitted first and settled last: the tests that need only the cluster run
-while its slow run waits for its time limit (six minutes).
+while its slow run waits for its time limit (brought to 4 minutes away once its rank trains).
 
 Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
 cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli_env, cluster_lock, run_cli
+from test_slurm_submit import wait_for
 
 # With tests/test_node_failure.py, whose node kill must not meet this module's sweep: in one worker.
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
@@ -38,10 +39,10 @@ MATRIX = {
         {"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1},
         {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
         {"seed": 1, "fail_at_step": 2},
-        # Six minutes: USR1 (#SBATCH --signal) makes every rank dump its stacks 2 minutes before SLURM kills
-        # it (the controller sends it up to a minute early: by then even CI's loaded 2 cores, three test
-        # workers on them, have started the rank; at four minutes one had not reached its loop).
-        {"seed": 2, "steps": 100000, "time_limit": "6"},
+        # USR1 (#SBATCH --signal) makes every rank dump its stacks 2 minutes before SLURM kills it. The limit
+        # is brought close (`sweep`) only once the rank has said it trains: however loaded the machine, the
+        # signal then finds it in its loop.
+        {"seed": 2, "steps": 100000, "time_limit": "20"},
         {"seed": 3, "steps": 100000},  # scancel'd by the test
         # Node 1's worker dies before the process group forms while node 0's waits for it. Within
         # its one-minute limit the job must end as an error naming rank 1, not as a timeout.
@@ -95,6 +96,20 @@ def squeue_state(job_id: str) -> str:
                           text=True).stdout.strip()
 
 
+def in_state(job_id: str, *states: str, timeout_s: float = 900) -> str:
+    """Once the job is in one of `states` (as squeue says), that state; an AssertionError naming the job
+    and where it stays after timeout_s."""
+    def reached():
+        return (state := squeue_state(job_id)) in states and state
+
+    reached.__doc__ = f"SLURM job {job_id} {' or '.join(states)} (squeue says {squeue_state(job_id) or 'nothing'})"
+    return wait_for(reached, timeout_s=timeout_s, every_s=2)
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
+
+
 @pytest.fixture(scope="module")
 def submitted(cluster, tmp_path_factory):
     """Submits the matrix (its preflight first, on 2 nodes, fabric tcp), scancels one run once it
@@ -113,9 +128,7 @@ def submitted(cluster, tmp_path_factory):
         submitted = runs(out)
         cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
         job = submitted[cancel_id]["job_id"]
-        deadline = time.time() + 300
-        while squeue_state(job) != "RUNNING" and time.time() < deadline:
-            time.sleep(1)
+        in_state(job, "RUNNING")
         time.sleep(3)
         # Jobs are submitted with --no-requeue: a requeue (as after a node failure) is refused, so it
         # can neither rerun the job under its id nor truncate its log.
@@ -127,15 +140,46 @@ def submitted(cluster, tmp_path_factory):
                "preflight": preflight}
 
 
+def slurm_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("slurm-*.out")))
+
+
+def run_time_s(job: str) -> int:
+    """How long the job has run, by the controller's clock (scontrol's RunTime=[D-]HH:MM:SS)."""
+    info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True).stdout
+    days, _, hms = re.search(r"\bRunTime=(\S+)", info).group(1).rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def time_limit_once_training(out: Path, rid: str, job: str) -> int:
+    """The slow run's time limit, brought to 4 minutes away once its rank has said it is in its training
+    loop (a stack dump on the test's own USR1): SLURM's USR1, 2 minutes before the limit, then finds it
+    there, however long the loaded machine took to start it. Returns how many of the log's stacks show
+    the loop before SLURM's comes (ours, landed: SLURM's cannot come sooner than a minute after the change)."""
+    def training():
+        """the slow run's rank dumped a stack inside its training loop (on the test's USR1)"""
+        subprocess.run(["scancel", "--signal=USR1", job], capture_output=True)
+        return "in run_loop" in slurm_log(out / rid)
+
+    wait_for(training, timeout_s=900, every_s=5)
+    limit = run_time_s(job) + 240
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={limit // 60}:{limit % 60:02d}"], check=True)
+    time.sleep(20)  # the test's last dump, written at its signal, is in the log by then
+    return slurm_log(out / rid).count("in run_loop")
+
+
 @pytest.fixture(scope="module")
 def sweep(submitted):
     """The submitted sweep once every run has settled."""
     out, base = submitted["dir"], submitted["base"]
+    slow = next(rid for rid in submitted["submitted"] if record_seed(out, rid) == 2)
+    dumps = time_limit_once_training(out, slow, submitted["submitted"][slow]["job_id"])
     proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
     wall = time.time() - submitted["t0"]
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {**submitted, "wall_s": wall}
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr  # runs failed, as meant
+    return {**submitted, "wall_s": wall, "slow_dumps": dumps}
 
 
 # ---- while the module's sweep runs (`submitted`: these start once it is submitted) ----
@@ -152,10 +196,7 @@ def test_scripts_run_sh_works_by_hand(submitted):
                           capture_output=True, text=True, env=env, cwd=base)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
-    deadline = time.time() + 300
-    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
-        time.sleep(2)
-    assert squeue_state(job) == "COMPLETED", (base / f"by-hand-{job}.out").read_text(errors="replace")
+    assert in_state(job, *ENDED) == "COMPLETED", (base / f"by-hand-{job}.out").read_text(errors="replace")
     assert json.loads((out / "result.json").read_text())["status"] == "ok"
 
 
@@ -171,11 +212,9 @@ def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(
     (script,) = scripts.glob("*.sh")
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=base, check=True,
                          env=cli_env()).stdout.strip()
-    deadline = time.time() + 300
-    while squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING") and time.time() < deadline:
-        time.sleep(2)
+    ended = in_state(job, *ENDED)
     log = (scripts / "logs" / f"{script.stem}-{job}.out").read_text(errors="replace")
-    assert squeue_state(job) == "COMPLETED", log[-3000:]
+    assert ended == "COMPLETED", log[-3000:]
     assert json.loads((target / script.stem / "result.json").read_text())["status"] == "ok"
     assert (target / script.stem / "run.yaml").exists()
 
@@ -303,18 +342,16 @@ def test_failure_timeout_and_cancel_become_record_statuses(sweep):
     failed, slow, cancelled = layouts[1], layouts[2], layouts[3]
     assert failed["status"] == "error" and "injected failure at step 2" in failed["error"]
     assert slow["status"] == "timeout" and "TIMEOUT" in slow["error"] and "TIME LIMIT" in slow["log_tail"]
-    # Before the kill, SLURM's USR1: the rank's stacks in the log, in echobench's own frames. Not
-    # necessarily its training loop: on a loaded machine the signal can come while the rank still
-    # starts up, so the dump asserts only what holds wherever the rank is.
-    log = "\n".join(p.read_text(errors="replace") for p in (sweep["dir"] / slow["run_id"] / "logs").glob("slurm-*.out"))
-    assert "most recent call first" in log, log[-3000:]
-    dump = log[log.index("most recent call first"):]
-    assert re.search(r'File "[^"]*echobench/[^"]*\.py", line \d+ in ', dump), dump[:3000]
+    # Before the kill, SLURM's USR1 (the limit brought close once the rank trained): the rank's stacks in
+    # the log, in its training loop, after those the test's own signal asked for.
+    log = slurm_log(sweep["dir"] / slow["run_id"])
+    assert log.count("in run_loop") > sweep["slow_dumps"], log[-3000:]
+    assert re.search(r'File "[^"]*echobench/[^"]*\.py", line \d+ in run_loop', log), log[-3000:]
     assert cancelled["status"] == "cancelled" and "CANCELLED" in cancelled["error"]
     for r in (slow, cancelled):  # written by the sweep from the scheduler's state: complete records
         assert r["env"]["recorded_by"].startswith("echobench sweep") and r["run_id"] in sweep["submitted"]
     proc = run_cli("status", sweep["dir"], "--export", tmp_path=sweep["base"])
-    assert proc.returncode == 0 and "1 cancelled" in proc.stdout and "1 timeout" in proc.stdout
+    assert proc.returncode == 1 and "1 cancelled" in proc.stdout and "1 timeout" in proc.stdout
     import pandas as pd
 
     table = pd.read_parquet(sweep["dir"] / "results.parquet")
@@ -326,6 +363,8 @@ def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_fa
     before = runs(out)
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
     assert proc.returncode == 0 and "0 to run" in proc.stdout and "submitted as" not in proc.stdout
+    assert "nothing to submit: 7 runs already have records (2 ok, 5 failed: --retry-failed reruns them)" in \
+        " ".join(proc.stdout.split()), proc.stdout
     assert runs(out) == before
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--retry-failed", tmp_path=base)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -204,15 +204,38 @@ def test_no_wait_with_runs_left_to_submit_says_so_and_exits_75_then_the_same_swe
     assert all(e["attempt"] == 1 for e in json.loads((out / "sweep.json").read_text())["runs"].values())
 
 
+def test_no_wait_with_nothing_to_submit_says_so_and_why(tmp_path, monkeypatch):
+    """`sweep --no-wait` again: no job submitted, and it says that, and why (queued, done), not "submitted"."""
+    scheduler = FakeScheduler(looks=100)
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and "submitted 2 runs; follow with: echobench status" in flat(text), text
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and scheduler.submitted == 2, text
+    assert "nothing to submit: 2 already queued or running; follow with" in flat(text), text
+    for job in scheduler.queue.values():  # both end at the next look: ok records
+        job[2] = 1
+    code, text, out, _ = fake_sweep(tmp_path, monkeypatch, scheduler, 2, wait=False)
+    assert code == 0 and "nothing to submit: 2 runs already have records (2 ok); follow with" in flat(text), text
+
+
 def test_polls_back_off_while_nothing_changes_and_reset_at_a_change(tmp_path, monkeypatch):
-    """One look per poll for every job; 5 s doubling up to 60 s while nothing changes; back to 5 s
-    when something does."""
+    """One look per poll for every job; 5 s doubling while nothing changes, up to 10 s while a job
+    runs (its failure shows within that); back to 5 s when something does."""
     scheduler = FakeScheduler(ends={0: 3, 1: 10})  # job 1 ends at the 3rd look, job 2 at the 10th
     code, text, out, clock = fake_sweep(tmp_path, monkeypatch, scheduler, 2)
     assert code == 0, text
     # look 1: pending -> running (a change); 2: none; 3: job 1 ends; 4-9: none; 10: job 2 ends
-    assert clock.sleeps == [5, 10, 5, 10, 20, 40, 60, 60, 60], clock.sleeps
+    assert clock.sleeps == [5, 10, 5, 10, 10, 10, 10, 10, 10], clock.sleeps
     assert scheduler.batches == 10  # one look per poll for both jobs, never one per job
+
+
+def test_polls_back_off_to_a_minute_while_every_job_is_pending(tmp_path, monkeypatch):
+    """Nothing runs yet (the queue is full): 5 s doubling up to 60 s; 10 s at most once it runs."""
+    scheduler = FakeScheduler(pending={0: ["Priority", 7]}, looks=4)  # pending 7 looks, then runs, ends at the 4th
+    code, text, out, clock = fake_sweep(tmp_path, monkeypatch, scheduler, 1)
+    assert code == 0, text
+    # looks 1-7: pending (no change); 8: running (a change); 9-10: none; 11: it ends
+    assert clock.sleeps == [10, 20, 40, 60, 60, 60, 60, 5, 10, 10], clock.sleeps
 
 
 def test_a_job_that_can_never_start_ends_as_an_error_naming_the_limit_and_frees_its_slot(tmp_path, monkeypatch):
@@ -410,22 +433,31 @@ def real(name: str) -> str:
     raise FileNotFoundError(name)
 
 
-def limited_sbatch(stubs: Path, sweep: Path, limit: int) -> Path:
+def limited_sbatch(stubs: Path, sweep: Path, limit: int, hold_until_refused: bool = False) -> Path:
     """A stub sbatch on PATH that refuses as sbatch does under MaxSubmitJobsPerUser=limit while
-    `limit` jobs of this sweep are queued or running, and hands the rest to the real sbatch.
-    Each refusal is a line of the returned log."""
+    `limit` jobs of this sweep are in the queue, and hands the rest to the real sbatch. A job whose
+    script has exited (its job-state says so) has left as far as the sweep can tell: SLURM may list it
+    COMPLETING a moment longer, and a refusal in that moment says nothing of the sweep. Each
+    submission and refusal is a line of the returned log. `hold_until_refused`: the jobs are
+    submitted held until the first refusal, which releases them: it comes whatever the machine's speed."""
     log = stubs.parent / "sbatch.log"
-    stub(stubs, "sbatch", f'''n=$({real("squeue")} -h -t PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED -o "%o" \\
-  | grep -c "^{sweep}/")
+    release = (f'  {real("scontrol")} release $({real("squeue")} -h -t PENDING -o "%i %o" | awk -v d="{sweep}/" '
+               f"'index($2, d) == 1 {{print $1}}') 2>/dev/null\n") if hold_until_refused else ""
+    hold = f'grep -q "^refused" "{log}" 2>/dev/null || set -- --hold "$@"\n' if hold_until_refused else ""
+    stub(stubs, "sbatch", f'''n=0
+while read -r script; do
+  case "$script" in "{sweep}/"*) ;; *) continue ;; esac
+  grep -q "^exited" "$(dirname "$script")/job-state" 2>/dev/null || n=$((n + 1))
+done < <({real("squeue")} -h -t PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED -o "%o")
 if [ "$n" -ge {limit} ]; then
   echo "refused with $n queued" >>"{log}"
-  cat >&2 <<'EOF'
+{release}  cat >&2 <<'EOF'
 {LIMIT_WORDS}
 EOF
   exit 1
 fi
 echo "submitted with $n queued" >>"{log}"
-exec {real("sbatch")} "$@"
+{hold}exec {real("sbatch")} "$@"
 ''')
     return log
 
@@ -461,10 +493,10 @@ def wait_for(check, timeout_s: float = 300, every_s: float = 1.0):
 @pytest.mark.slurm
 def test_a_sweep_under_a_submit_limit_of_2_finishes_every_run(tmp_path, cluster):
     """The acceptance test of issue 23: 3 runs, no cap in the matrix, sbatch refusing beyond 2
-    queued jobs with a QOS limit's words (the third is refused: the first two take far longer to
-    run than the sweep takes to submit). Every run ends ok; the refusal is logged once."""
+    queued jobs with a QOS limit's words (the third is refused: the first two are held until it is).
+    Every run ends ok; the refusal is logged once."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
-    log = limited_sbatch(stubs, out, 2)
+    log = limited_sbatch(stubs, out, 2, hold_until_refused=True)
     proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 3), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())

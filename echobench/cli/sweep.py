@@ -27,7 +27,8 @@ def sweep(
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
     poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm; slurm "
-                                                    "doubles it up to 60 while nothing changes)."),
+                                                    "doubles it while nothing changes: up to 60 while every job is pending, 10 once "
+                                                    "one runs)."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
     preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: one short job checks the runs' "
                                    "environment before any is submitted (default; skipped where this matrix passed "
@@ -133,7 +134,11 @@ def status(
     export: bool = typer.Option(False, "--export", help="Also write DIR/results.csv and results.parquet."),
     as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
 ):
-    """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error."""
+    """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error.
+
+    Exit 0 when no run has failed (every one ok, or pending, running, waiting or not started yet);
+    1 when any has: its record says error, oom, timeout, node_fail, cancelled or preempted, or it
+    cannot be read (corrupt); 2 for bad input."""
     from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
     from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
@@ -152,7 +157,16 @@ def status(
         err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
-        return
+    else:
+        show_status(runs_dir, rows, paths)
+    if sws.failed_runs(rows) or problems:
+        raise typer.Exit(1)
+
+
+def show_status(runs_dir: Path, rows: list[dict], paths: list[Path]) -> None:
+    """`status`'s table, each error on a line under it, the counts and the exported files."""
+    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+
     console.print(sws.status_table(f"{runs_dir}: {len(rows)} runs", rows))
     # Errors under the table, one line each (in a table column they fold into a few characters per
     # line): cut at a terminal's width, whole in a log or pipe. In full: --json, or RUN/result.json.

@@ -252,11 +252,12 @@ class Record(BaseModel):
                    **fields)
 
     @classmethod
-    def without_run(cls, cfg: RunConfig, status: str, error: str, **details) -> Record:
+    def without_run(cls, cfg: RunConfig, status: str, error: str,
+                    recorded_by: str = "echobench sweep (the job left no record of its own)", **details) -> Record:
         """The record of a run that died before writing one (timeout, cancel, node failure, a crash
-        before the benchmark started): its settings, no figures, and why."""
+        before the benchmark started): its settings, no figures, and why; `recorded_by` says who wrote it."""
         env = Env(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), hostname=socket.gethostname(),
-                  recorded_by="echobench sweep (the job left no record of its own)")
+                  recorded_by=recorded_by)
         return cls.of_settings(cfg, status=status, error=error, precision=cfg.precision, peak_tflops=cfg.peak_tflops,
                                env=env, **details)
 
@@ -369,6 +370,8 @@ TEARDOWN_SIGNALS = {"SIGTERM", "SIGINT", "SIGHUP"}
 
 def is_consequence(failure: dict) -> bool:
     """Whether a failure reads as what a rank meets when another one is gone (or being stopped)."""
+    if failure.get("stopped"):  # no word of its own: stopped with the run (echobench.train.launch.every_rank)
+        return True
     if failure.get("signal"):
         return failure["signal"] in TEARDOWN_SIGNALS
     return bool(PEER_LOST.search(f"{failure.get('error', '')}\n{failure.get('traceback_tail') or ''}"))

@@ -23,7 +23,8 @@ failed ones; ok runs never run twice. Nothing is written outside SWEEP.
 A scheduler's sweep keeps at most slurm.max_submitted of its jobs in the queue and submits more as
 they end; a refusal that passes with time (a submit limit, a busy controller) leaves the run
 `waiting` and is retried with back-off. It reads every tracked job's state in one look per poll
-(job_states), the interval doubling up to MAX_POLL_S while nothing changes.
+(job_states), the interval doubling while nothing changes: up to MAX_POLL_S while every job is pending,
+RUNNING_POLL_S once one runs (sweep_state.longest_poll).
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from typing import Callable
 
 from echobench.records.atomic import write_json_atomic
 from echobench.records.console import WAITING, Progress, esc, log, state_counts, state_markup
-from echobench.sweep.estimate import time_limit_s
-from echobench.sweep.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, finish_without_record, make_executor, write_run_files)
 from echobench.records.paths import comm_calibrated
+from echobench.sweep.estimate import time_limit_s
+from echobench.sweep.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, finish_without_record,
+                                       make_executor, write_run_files)
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
 from echobench.sweep.preflight import passed_before, run_preflight
-from echobench.sweep.state import (MAX_POLL_S, RunEntry, SweepState, detached, look, now_iso, record_state, run_dir,
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, record_state, run_dir,
                                    run_state, settle, skipped_entry, waiting)
 from echobench.sweep.status import cancel_sweep, table_of
 
@@ -108,6 +110,7 @@ class Sweep:
     refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
     said: set[str] = field(default_factory=set)  # refusals logged already: each once
     comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
+    submitted: int = 0  # jobs this sweep submitted
 
     def log(self, text: str) -> None:
         log(self.console, text)
@@ -215,6 +218,7 @@ class Sweep:
             self.log(f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
             entry.submitted = now_iso()
+            self.submitted += 1
             self.tracked[run.id] = run
             self.log(f"{run.id}: submitted as {esc(entry.job_id)}"
                      + (" (the scheduler takes jobs again)" if self.refusal else ""))
@@ -279,8 +283,7 @@ class Sweep:
     def wait(self, queue: list[PlannedRun], runs: list[PlannedRun], poll_s: float) -> bool:
         """Submits the queue as the executor has room and polls until every job is over; False
         when Ctrl-C stopped the waiting. A scheduler's jobs are polled less often while nothing
-        changes (poll_s doubling up to MAX_POLL_S; back to poll_s at a change)."""
-        longest = max(poll_s, MAX_POLL_S) if detached(self.executor) else poll_s
+        changes (poll_s doubling up to longest_poll; back to poll_s at a change)."""
         interval = poll_s
         with Progress(self.console) as progress:
             try:
@@ -292,6 +295,8 @@ class Sweep:
                     progress.update([(r.id, e.state, e.detail) if (e := self.state.runs.get(r.id))
                                      else (r.id, "queued", "") for r in runs])
                     if queue or self.tracked:
+                        longest = longest_poll(poll_s, {self.state.runs[rid].state for rid in self.tracked}) \
+                            if detached(self.executor) else poll_s
                         interval = poll_s if changed else min(interval * 2, longest)
                         pause = interval
                         if queue and self.retry_at and not self.tracked:
@@ -384,7 +389,8 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
                       f"nothing is lost; the same `echobench sweep` submits them (without --no-wait it stays and "
                       f"submits them as jobs end); follow with: echobench status {esc(sweep.dir)}")
             return NOT_ALL_SUBMITTED
-        sweep.log(f"submitted; follow with: echobench status {esc(sweep.dir)}")
+        sweep.log(f"{submitted_words(sweep, len(to_submit), done, len(failed_before))}; follow with: echobench status "
+                  f"{esc(sweep.dir)}")
         return 0
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
@@ -395,6 +401,20 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     if not finished:
         return 130
     return 0 if all(statuses.get(r.id) == "ok" for r in runs) else 1
+
+
+def submitted_words(sweep: Sweep, to_submit: int, done: int, failed: int) -> str:
+    """What `sweep --no-wait` did, once every run it had to submit is (or was refused for good): how
+    many it submitted, and why the others needed nothing."""
+    rejected = to_submit - sweep.submitted  # refused for the job's own reasons: each run's record says why
+    have, going = done + failed, len(sweep.tracked) - sweep.submitted
+    why = ([f"{have} runs already have records ({done} ok"
+            + (f", {failed} failed: --retry-failed reruns them" if failed else "") + ")"] if have else []) \
+        + ([f"{going} already queued or running"] if going else []) \
+        + ([f"{rejected} refused by the scheduler (above)"] if rejected else [])
+    if sweep.submitted:
+        return f"submitted {sweep.submitted} runs" + (f" ({'; '.join(why)})" if why else "")
+    return ("nothing submitted" if rejected else "nothing to submit") + (f": {'; '.join(why)}" if why else "")
 
 
 def collect(sweep_dir: Path, run_dirs: list[Path], console) -> dict[str, str]:

@@ -226,9 +226,18 @@ def on_slurm(matrix: Matrix, spec: dict, executor, sweep_dir: Path, console, on_
     try:
         ended = wait_for(executor, job, sweep_dir, console)
     except KeyboardInterrupt:
-        executor.cancel([job])
+        log(console, cancel_on_interrupt(executor, job))
         raise
     return outcome(matrix, spec, "slurm", job, ended, preflight_log(sweep_dir, job))
+
+
+def cancel_on_interrupt(executor, job: str) -> str:
+    """Ctrl-C while the preflight job waits: scancel of it; the line that says what became of it."""
+    try:
+        executor.cancel([job])
+    except Exception as exc:  # noqa: BLE001 - scancel's own words, one line
+        return f"preflight: job {esc(job)} [red]not cancelled[/]: {esc(exc)}; `scancel {esc(job)}` ends it"
+    return f"preflight: job {esc(job)} cancelled (Ctrl-C)"
 
 
 def wait_for(executor, job: str, sweep_dir: Path, console) -> str:

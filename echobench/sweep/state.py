@@ -20,9 +20,18 @@ from echobench.records.paths import SWEEP_FILE
 from echobench.train.launch import lost_node_record
 from echobench.records.results import Record, validation_text
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
-MAX_POLL_S = 60.0  # a scheduler's jobs: the poll interval doubles up to this while nothing changes
+# A scheduler's jobs: the poll interval doubles while nothing changes, up to MAX_POLL_S while every job waits
+# in the queue, up to RUNNING_POLL_S once one runs (a failure then shows within that).
+MAX_POLL_S = 60.0
+RUNNING_POLL_S = 10.0
 NEVER_GRACE_S = 120.0  # a pending reason that says a job can never start must hold this long to end it
 TEARDOWN_S = 75.0  # a job still running this long after its launcher's failure record hangs (srun --wait=60)
+
+
+def longest_poll(poll_s: float, states) -> float:
+    """The poll back-off's cap for jobs in these states (pending, running, ...): RUNNING_POLL_S once one
+    runs, MAX_POLL_S while none does; never below poll_s."""
+    return max(poll_s, RUNNING_POLL_S if "running" in states else MAX_POLL_S)
 
 
 def now_iso() -> str:

@@ -10,11 +10,12 @@ import yaml
 from rich.table import Table
 
 from echobench.records.config import RunConfig
-from echobench.records.console import NOT_STARTED, esc, fmt, log, state_markup
-from echobench.sweep.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
+from echobench.records.console import NOT_STARTED, WAITING, esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
 from echobench.records.results import Record, export_table, load_records, records_frame
-from echobench.sweep.state import (MAX_POLL_S, RunEntry, SweepState, detached, look, now_iso, run_dir, run_state, settle,
+from echobench.sweep.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, run_dir, run_state,
+                                   settle,
                                    waiting)
 
 
@@ -73,10 +74,20 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     return [rows[rid] for rid in ids]
 
 
+# States of a run that has not failed: done well, under way, or not begun ("new": files, no record yet).
+NOT_FAILED = ("ok", *ACTIVE, WAITING, NOT_STARTED, "new")
+
+
+def failed_runs(rows: list[dict]) -> list[dict]:
+    """The rows of runs that failed: a failure record (error, oom, timeout, node_fail, cancelled,
+    preempted), or one that cannot be read (corrupt, unreadable)."""
+    return [r for r in rows if r["state"] not in NOT_FAILED]
+
+
 def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[list[dict], list[str]]:
     """`echobench status`: (rows, unreadable records). A sweep's runs are refreshed from the
-    scheduler (with `wait`, until none is pending or running: poll_s doubling up to MAX_POLL_S
-    while no state changes); a directory of records that is not a sweep gives one row per record."""
+    scheduler (with `wait`, until none is pending or running: poll_s doubling while no state
+    changes, up to sweep_state.longest_poll); a directory of records that is not a sweep gives one row per record."""
     if not is_sweep(runs_dir):
         records, problems = load_records([runs_dir])
         return [status_row(r.run_id, r.status, r, r.error or "") for r in records], problems
@@ -85,7 +96,8 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[lis
     while wait and any(r["state"] in ACTIVE for r in rows):
         time.sleep(interval)
         before, rows = [r["state"] for r in rows], refresh_status(runs_dir)
-        interval = poll_s if [r["state"] for r in rows] != before else min(interval * 2, max(poll_s, MAX_POLL_S))
+        states = [r["state"] for r in rows]
+        interval = poll_s if states != before else min(interval * 2, longest_poll(poll_s, states))
     return rows, []
 
 

@@ -5,10 +5,16 @@ The ranks that failed left OUT/ranks/rank-N.json, and each node's torchrun (echo
 OUT/ranks/node-K.json naming the workers that died and how; if rank 0 could not write
 result.json, this process (the launcher, on node 0) assembles it from those files: no failure
 is lost, and a worker killed by a signal is named, not the peers that lost their connection to it.
+Every rank of a failed run is in its failed_ranks: a rank that left no word was stopped with the
+run (every_rank), so the record does not depend on how far the teardown let each rank get.
+SIGTERM (srun ending the job step when another node's launcher failed, scancel, a time limit)
+does not lose the record either: node 0's launcher writes it at once from the same files
+(stopped_record) before SIGKILL follows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import json
@@ -25,9 +31,10 @@ from pathlib import Path
 
 import yaml
 
+from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig
-from echobench.train.fabric import launch_env
 from echobench.records.results import RECORD_FILE, Record
+from echobench.train.fabric import launch_env
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
 # ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
@@ -42,6 +49,46 @@ LOST_AFTER_S = 30.0
 # their children until a worker registers its dump).
 STACK_SIGNAL = signal.SIGUSR1
 LAUNCHED = "ECHOBENCH_LAUNCHED"  # set for the workers of echobench's launcher: it prints the record, they do not
+# SIGTERM ends a launcher (srun's --kill-on-bad-exit when another node's failed, scancel, a time limit) and SIGKILL
+# follows after the cluster's KillWait (30 s by default, 5 s on scripts/slurm-local.sh's): node 0's then waits at
+# most this long for the nodes' notes not there yet before it writes the record.
+STOPPED_NOTE_WAIT_S = 2.0
+STOPPED_EXIT = 128 + signal.SIGTERM  # the launcher's exit code once SIGTERM stopped it, as a shell reports it
+
+
+class Stopped(BaseException):
+    """SIGTERM reached the launcher. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
+
+
+class SigtermStops:
+    """While in place (until restore), SIGTERM raises Stopped in the main thread, once: a second one must
+    not cut the record's writing short. Inside `deferred()` it is raised at the block's end: a child being
+    started must exist to have SIGTERM passed on. (The disposition stays a handler, never SIG_IGN, which
+    a child would inherit.)"""
+
+    def __init__(self):
+        self.stopped = self.defer = False
+        self.before = signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        if not self.defer:
+            raise Stopped()
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.defer = True
+        try:
+            yield
+        finally:
+            self.defer = False
+            if self.stopped:
+                raise Stopped()
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self.before)
 
 
 def under_torchrun() -> bool:
@@ -93,23 +140,46 @@ def rank_failures(out_dir: Path) -> list[dict]:
 
 
 def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
-    """A failure entry, like a rank's own, for a worker that died without writing one."""
+    """A failure entry, like a rank's own, for a worker that died without writing one. Its node is
+    named as SLURM names it (what a user can drain or look up), its host name where there is none."""
     rank, code, sig = worker["rank"], worker.get("exit_code"), worker.get("signal")
     how = f"killed by {sig} (exit code {code})" if sig else f"exited with code {code}"
+    where = note.get("node") or note.get("host")
     return {"rank": rank, "status": "error", "failed_at": note.get("at"), "node_rank": node_rank,
             "local_rank": worker.get("local_rank"), "hostname": note.get("host"), "pid": worker.get("pid"),
             "exit_code": code, "signal": sig,
-            "error": f"rank {rank} (node {node_rank}, {note.get('host')}, pid {worker.get('pid')}): {how}, "
+            "error": f"rank {rank} (node {node_rank}, {where}, pid {worker.get('pid')}): {how}, "
                      f"leaving no error of its own"}
 
 
+def every_rank(record: Record, nproc: int, out_dir: Path) -> Record:
+    """A failed run's record with every rank in failed_ranks: each rank that left no word of its own
+    (no file, not in its torchrun's note, not on a lost node) was stopped with the run, by its
+    torchrun or by srun, at whatever point the teardown found it. Which of them got to write first
+    is a race; the ranks the record lists are not."""
+    if not record.failed_ranks:
+        return record
+    heard = set(record.failed_ranks)
+    quiet = [{"rank": r, "status": "error", "node_rank": r // nproc, "local_rank": r % nproc, "stopped": True,
+              "error": f"rank {r} ({', '.join(filter(None, [f'node {r // nproc}', beat_name(out_dir, r // nproc)]))}): "
+                       f"stopped with the run, leaving no error of its own"}
+             for r in range(record.world_size) if r not in heard]
+    return record.update(failed_ranks=sorted(heard | {q["rank"] for q in quiet}), per_rank=[*record.per_rank, *quiet])
+
+
+def missing_notes(out_dir: Path, nnodes: int) -> list[int]:
+    """The nodes other than node 0 (whose launcher asks: its torchrun has ended, or is being stopped with it)
+    whose torchrun has not said how it ended."""
+    return [k for k in range(1, nnodes) if not node_note_path(out_dir, k).exists()]
+
+
 def wait_for_node_notes(out_dir: Path, nnodes: int, timeout_s: float | None = None) -> list[int]:
-    """Until every node's torchrun has said how it ended, or timeout_s (NODE_NOTE_WAIT_S); then, for the
+    """Until every other node's torchrun has said how it ended, or timeout_s (NODE_NOTE_WAIT_S); then, for the
     nodes that did not, until each either says so or is lost (its launcher silent for LOST_AFTER_S).
     Returns the lost nodes."""
     deadline = time.monotonic() + (NODE_NOTE_WAIT_S if timeout_s is None else timeout_s)
     while True:
-        missing = [k for k in range(nnodes) if not node_note_path(out_dir, k).exists()]
+        missing = missing_notes(out_dir, nnodes)
         lost = lost_nodes(out_dir, missing)
         if not missing or (time.monotonic() >= deadline and (lost == missing or
                                                              time.monotonic() >= deadline + LOST_AFTER_S)):
@@ -128,17 +198,18 @@ def start_heartbeat(out_dir: Path, node_rank: int) -> threading.Event:
     path = heartbeat_path(out_dir, node_rank)
     me = {"host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid()}
 
-    def beat():
-        while True:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({**me, "at": time.time()}))
-            except OSError:
-                pass  # a full or flaky filesystem: the next beat tries again
-            if stop.wait(HEARTBEAT_S):
-                return
+    def beat() -> None:
+        try:
+            write_json_atomic(path, {**me, "at": time.time()})  # never half a file: that would read as a lost node
+        except OSError:
+            pass  # a full or flaky filesystem: the next beat tries again
 
-    threading.Thread(target=beat, daemon=True, name="echobench-heartbeat").start()
+    def beating() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            beat()
+
+    beat()  # the first before the launch: the node has its name from the start
+    threading.Thread(target=beating, daemon=True, name="echobench-heartbeat").start()
     return stop
 
 
@@ -150,10 +221,15 @@ def lost_nodes(out_dir: Path, nodes: list[int], now: float | None = None) -> lis
             and now - float((_read_json(heartbeat_path(out_dir, k)) or {}).get("at", 0.0)) > LOST_AFTER_S]
 
 
+def beat_name(out_dir: Path, k: int) -> str | None:
+    """Node k's name as its launcher's heartbeat gave it: SLURM's, else the host's (None without one)."""
+    beat = _read_json(heartbeat_path(out_dir, k)) or {}
+    return beat.get("node") or beat.get("host")
+
+
 def node_name(out_dir: Path, k: int) -> str:
     """Node k of a run as its heartbeat named it: "node 1 (gpu-0042)"."""
-    beat = _read_json(heartbeat_path(out_dir, k)) or {}
-    name = beat.get("node") or beat.get("host")
+    name = beat_name(out_dir, k)
     return f"node {k}" + (f" ({name})" if name else "")
 
 
@@ -185,7 +261,7 @@ def lost_node_record(cfg: RunConfig, out_dir: Path) -> Record | None:
     record = Record.without_run(cfg, "node_fail", "")
     if failures:
         record.fail(failures)
-    return blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
+    return every_rank(blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir), cfg.gpus_per_node, out_dir)
 
 
 def clear_previous(out_dir: Path) -> None:
@@ -302,32 +378,54 @@ def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
 def launch(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
            master_addr: str | None = None, master_port: int = 29500) -> tuple[Record | None, int]:
     """Runs torchrun for this node (one `echobench run` process when nproc is None); the workers
-    read the resolved settings from a YAML file.
+    read the resolved settings from a YAML file. SIGTERM from here on ends it with a record all the
+    same (stopped_record), and exit code STOPPED_EXIT.
 
     Returns (the run's record, torchrun's exit code); the record is None on nodes other than 0."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if node_rank == 0:
-        clear_previous(out_dir)
+    started = time.time()
+    sigterm = SigtermStops()
+    nodes = nnodes if nproc is not None else 0
+    proc = beating = None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if node_rank == 0:
+            clear_previous(out_dir)
+        beating = start_heartbeat(out_dir, node_rank) if nodes > 1 else None
+        cmd = node_command(cfg, out_dir, nproc, nnodes, node_rank, master_addr, master_port)
+        env = child_env(nproc or 1, cfg)
+        ignore_stack_signal()
+        with sigterm.deferred():
+            proc = subprocess.Popen(cmd, env=env)
+        code = proc.wait()
+        return (finalize(cfg, out_dir, code, started, nodes) if node_rank == 0 else None), code
+    except Stopped:
+        pass_on_sigterm(proc)
+        return (stopped_record(cfg, out_dir, started, nodes) if node_rank == 0 else None), STOPPED_EXIT
+    finally:
+        sigterm.restore()
+        if beating is not None:
+            beating.set()
+
+
+def node_command(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int, node_rank: int,
+                 master_addr: str | None, master_port: int) -> list[str]:
+    """This node's command (torchrun, or one `echobench run` process when nproc is None), its
+    settings written to OUT/run-nodeK.yaml."""
     config_path = out_dir / f"run-node{node_rank}.yaml"
     config_path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     run_args = ["--config", str(config_path), "--out", str(out_dir)]
     if nproc is None:
-        cmd = [sys.executable, "-m", "echobench", "run", *run_args]
-    else:
-        cmd = torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
-                               node_note_path(out_dir, node_rank))
-    env = child_env(nproc or 1, cfg)
-    started = time.time()
-    ignore_stack_signal()
-    beating = start_heartbeat(out_dir, node_rank) if nproc is not None and nnodes > 1 else None
-    try:
-        code = subprocess.call(cmd, env=env)
-    finally:
-        if beating is not None:
-            beating.set()
-    if node_rank != 0:
-        return None, code
-    return finalize(cfg, out_dir, code, started, nnodes if nproc is not None else 0), code
+        return [sys.executable, "-m", "echobench", "run", *run_args]
+    return torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
+                            node_note_path(out_dir, node_rank))
+
+
+def pass_on_sigterm(proc: subprocess.Popen | None) -> None:
+    """SIGTERM to torchrun, which stops its workers (under SLURM every process of the step has it already;
+    a launcher killed by hand passes it on)."""
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
 
 
 def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | None = None, nnodes: int = 1,
@@ -342,6 +440,8 @@ def launch_repeats(cfg: RunConfig, out_dir: Path, repeats: int, nproc: int | Non
         first_code = first_code or code
         if record is not None:
             records.append(record)
+        if code == STOPPED_EXIT:  # SIGTERM: the job is being ended, start no other launch
+            break
     return records, first_code
 
 
@@ -356,11 +456,38 @@ def finalize(cfg: RunConfig, out_dir: Path, exit_code: int, started: float, nnod
 
     lost = wait_for_node_notes(out_dir, nnodes) if nnodes > 1 else []
     record = start_record(cfg, pick_device(cfg.device))
+    assemble(record, cfg, out_dir, lost, f"torchrun exited with code {exit_code} and no rank left a record; see the log")
+    record.save(out_dir)
+    return record
+
+
+def stopped_record(cfg: RunConfig, out_dir: Path, started: float, nnodes: int = 0) -> Record:
+    """The record when SIGTERM stopped node 0's launcher: rank 0's own if it wrote one, else one
+    from the ranks' and nodes' files as finalize writes it, at once (the notes of other nodes waited
+    for STOPPED_NOTE_WAIT_S at most, and no torch to import: SIGKILL follows), without the device
+    details only torch would give."""
+    path = out_dir / RECORD_FILE
+    if path.exists() and path.stat().st_mtime >= started - 1:
+        return Record.load(path)
+    deadline = time.monotonic() + STOPPED_NOTE_WAIT_S
+    while nnodes > 1 and missing_notes(out_dir, nnodes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lost = lost_nodes(out_dir, missing_notes(out_dir, nnodes)) if nnodes > 1 else []
+    record = Record.without_run(cfg, "error", "", recorded_by="echobench launcher, node 0 (stopped by SIGTERM: srun "
+                                "ending the job step, scancel or a time limit)")
+    assemble(record, cfg, out_dir, lost, "the launcher was stopped by SIGTERM (srun ending the job step, scancel or "
+                                         "a time limit) before any rank failed; see the log")
+    record.save(out_dir)
+    return record
+
+
+def assemble(record: Record, cfg: RunConfig, out_dir: Path, lost: list[int], no_failure: str) -> Record:
+    """A run's record from what its ranks and nodes left: the failures, the lost nodes, every rank
+    accounted for; `no_failure` is the error where neither says anything."""
     if failures := rank_failures(out_dir):
         record.fail(failures)
     elif not lost:
-        record.update(status="error", error=f"torchrun exited with code {exit_code} and no rank left a record; see the log")
+        record.update(status="error", error=no_failure)
     if lost:
         blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
-    record.save(out_dir)
-    return record
+    return every_rank(record, cfg.gpus_per_node, out_dir)

@@ -4,12 +4,13 @@ A run's record is assembled from files the ranks write when they fail (OUT/ranks
 A worker killed by a signal (SIGKILL from the kernel's OOM killer or a user, a segfault) writes
 none, and its peers then fail with "connection reset by peer": only torchrun knows which worker
 died and how. This runs torchrun (torch.distributed.run) in this process, as the `torchrun`
-command does, and writes REPORT (OUT/ranks/node-K.json) when it ends: each failed worker's global
-and local rank, pid and exit code or signal. Output and exit code are torchrun's own.
+command does, and writes REPORT (OUT/ranks/node-K.json) when it ends: its node (SLURM's name, else
+the host's), each failed worker's global and local rank, pid and exit code or signal. Output and exit code are torchrun's own.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -31,7 +32,9 @@ def main(argv: list[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: after the USR1 guard
     from torch.distributed.run import main as torchrun  # lazy: torch takes seconds, USR1 must not end them
 
-    note = {"host": socket.gethostname(), "ended": "ok", "failures": []}
+    # The node as SLURM names it (what a user can act on: on the local cluster every node has one host name).
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    note = {"host": socket.gethostname(), "node": node, "ended": "ok", "failures": []}
     try:
         torchrun(torchrun_args)
     except ChildFailedError as exc:

@@ -26,11 +26,11 @@ from typing import Callable, Protocol
 import yaml
 
 from echobench.records.atomic import write_json_atomic
-from echobench.sweep.estimate import time_limit
-from echobench.train.launch import rank_failures
-from echobench.sweep.matrix import Matrix, PlannedRun
 from echobench.records.paths import sweep_profile
 from echobench.records.results import PLAN_FILE, RECORD_FILE, Record
+from echobench.sweep.estimate import time_limit
+from echobench.sweep.matrix import Matrix, PlannedRun
+from echobench.train.launch import every_rank, rank_failures
 
 ACTIVE = ("pending", "running")
 
@@ -255,6 +255,8 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
     A record the run wrote itself stands when it is ok; a failure record it left (e.g. the
     launcher noticing its workers die under a time-limit kill) is replaced by the scheduler's
     verdict, keeping the run's own error beside it. A corrupt one is kept as result.json.corrupt.
+    Where the ranks' files say why the run failed and the scheduler says no more than that the job
+    ended without a record (status error), the record is the one node 0's launcher would have written.
     """
     try:
         own, corrupt = current_record(run_dir), None
@@ -267,12 +269,14 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
     record = Record.without_run(cfg, status, why, log_tail=tail)
     record.env.nccl_transport = sweep_transport(run_dir.parent)
     if own is None and (failures := rank_failures(run_dir)):
-        # A rank recorded why it failed, but no launcher assembled the record (e.g. srun stopped node 0's
-        # when another node's failed): name that rank first; the scheduler's verdict beats a plain error.
-        record.fail(failures)
-        why = f"{record.error}; {why}"
-        if status != "error":
-            record.status = status
+        # A rank recorded why it failed, but no launcher assembled the record (node 0's was SIGKILLed before it
+        # could): that rank's error is the error; a verdict of the scheduler's other than a plain error (timeout,
+        # cancelled, oom) is the status, said after it.
+        every_rank(record.fail(failures), cfg.gpus_per_node, run_dir)
+        if status == "error" and corrupt is None:
+            record.save(run_dir)
+            return record
+        why, record.status = f"{record.error}; {why}", status
     record.error = f"{why}; log: {short_tail(tail)}" if tail else why
     if own is not None:
         record.run_error = own.error

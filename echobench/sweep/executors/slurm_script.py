@@ -56,9 +56,11 @@ if [ "$rc" -ne 0 ]; then
   echo "echobench: the first-node check failed (exit $rc): the line above says what and the fix ($PYTHON, from slurm.python or slurm.setup, runs every rank)" >&2
 else
   # One launcher per node, with every CPU of the job's task; each takes its node rank from SLURM_NODEID (not
-  # from host names). Output labelled by node (-l) and unbuffered (-u); once one launcher has ended, the
-  # others get 60 s (--wait) before srun stops them, so a node hanging in teardown does not hold the job.
-  # USR1 (SLURM's, before the time limit) is ignored but by the ranks, which dump their stacks on it.
+  # from host names). Output labelled by node (-l) and unbuffered (-u). A launcher that fails has srun stop the
+  # others at once (--kill-on-bad-exit: SIGTERM, SIGKILL after KillWait; node 0's then writes the record from
+  # the files the ranks and nodes left); after one that ends well the others get 60 s (--wait), so a node
+  # hanging in teardown does not hold the job. USR1 (SLURM's, before the time limit) is ignored but by the
+  # ranks, which dump their stacks on it.
   """ + SRUN_PER_NODE + r"""    'trap "" USR1; exec "$0" -m echobench run --config "$1" --out "$2" --nproc "$3" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --master-addr "$4" --master-port "$5"' \
     "$PYTHON" "$RUN_CONFIG" "$RUN_DIR" "$NPROC" "$MASTER_ADDR" "$MASTER_PORT"
   rc=$?
