@@ -165,8 +165,8 @@ def test_node_0s_launcher_stopped_by_sigterm_writes_the_record_from_the_files_at
     cmd = [sys.executable, "-m", "echobench", "run", "--scale", "tiny", "--steps", "3", "--parallelism", "ddp",
            "--out", str(out), "--nproc", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port())]
-    proc = subprocess.Popen(cmd, env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    env = {**cli_env(tmp_path), "ECHOBENCH_NCCL_TRANSPORT": "NET/Socket (preflight job 9)"}  # as the sweep sets it
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         said = []
         while not said or "waiting for the other nodes" not in said[-1]:  # its handler is in place; files cleared
@@ -187,6 +187,7 @@ def test_node_0s_launcher_stopped_by_sigterm_writes_the_record_from_the_files_at
     stopped = next(r for r in record.per_rank if r.rank == 0)
     assert stopped.stopped and stopped.error.startswith(f"rank 0 (node 0, {socket.gethostname()}): stopped with the run"), stopped.error
     assert record.env.recorded_by.startswith("echobench launcher, node 0 (stopped by SIGTERM")
+    assert (record.env.pid, record.env.nccl_transport) == (proc.pid, "NET/Socket (preflight job 9)")
     deadline = time.monotonic() + 120  # its torchrun, SIGTERMed, goes too (by hand nobody else stops it)
     while processes_mentioning(str(out)) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
+from echobench.model.flops import speaker_patches
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import FIELDS, RunConfig
-from echobench.model.flops import speaker_patches
 from echobench.records.paths import cache_dir
 from echobench.records.peaks import peak_precision_of, table_peak
+from echobench.records.results import scheduler_context  # torch-free there: launch's records read it too
 
 class UnknownPeakError(RuntimeError):
     pass
@@ -339,25 +340,6 @@ def git_commit() -> str | None:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# What says where a job ran, read from the scheduler's variables (SLURM sets them in every task).
-SCHEDULER_VARS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "partition": "SLURM_JOB_PARTITION",
-                  "cluster": "SLURM_CLUSTER_NAME", "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS"}
-COMM_PREFIXES = ("NCCL_", "FI_", "OFI_NCCL_", "UCX_", "TORCH_NCCL_")
-# The image the job script names (slurm.container), then container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
-CONTAINER_VARS = ("ECHOBENCH_CONTAINER_IMAGE", "SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
-                  "SINGULARITY_CONTAINER", "CONTAINER_IMAGE")
-
-
-def scheduler_context(environ=None) -> dict:
-    """The scheduler, fabric and container context of this process, for the record's env."""
-    environ = os.environ if environ is None else environ
-    scheduler = {k: environ[v] for k, v in SCHEDULER_VARS.items() if environ.get(v)}
-    comm = {k: v for k, v in sorted(environ.items()) if k.startswith(COMM_PREFIXES)}
-    container = next((environ[v] for v in CONTAINER_VARS if environ.get(v)), None)
-    return {"scheduler": scheduler or None, "comm_env": comm or None, "container": container,
-            "nccl_transport": environ.get("ECHOBENCH_NCCL_TRANSPORT") or None}  # set by the sweep from its preflight
 
 
 def driver_version() -> str | None:

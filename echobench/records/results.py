@@ -51,6 +51,29 @@ def peak_mem_for_estimate(record: Record) -> float | None:
 
 # ---- the record ----
 
+# What says where a job ran, read from the scheduler's variables (SLURM sets them in every task).
+SCHEDULER_VARS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "partition": "SLURM_JOB_PARTITION",
+                  "cluster": "SLURM_CLUSTER_NAME", "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS"}
+COMM_PREFIXES = ("NCCL_", "FI_", "OFI_NCCL_", "UCX_", "TORCH_NCCL_")
+# The image the job script names (slurm.container), then container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
+CONTAINER_VARS = ("ECHOBENCH_CONTAINER_IMAGE", "SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
+                  "SINGULARITY_CONTAINER", "CONTAINER_IMAGE")
+
+
+def scheduler_context(environ=None) -> dict:
+    """The scheduler, fabric and container context of this process, for the record's env."""
+    environ = os.environ if environ is None else environ
+    scheduler = {k: environ[v] for k, v in SCHEDULER_VARS.items() if environ.get(v)}
+    comm = {k: v for k, v in sorted(environ.items()) if k.startswith(COMM_PREFIXES)}
+    container = next((environ[v] for v in CONTAINER_VARS if environ.get(v)), None)
+    return {"scheduler": scheduler or None, "comm_env": comm or None, "container": container,
+            "nccl_transport": environ.get("ECHOBENCH_NCCL_TRANSPORT") or None}  # set by the sweep from its preflight
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 class Env(BaseModel):
     """Where and with what a run ran (hardware.env_info); other echobench versions' keys are kept."""
 
@@ -76,7 +99,7 @@ class Env(BaseModel):
     time: str | None = None
     recorded_by: str | None = None  # who wrote a record the run could not write itself
     driver: str | None = None  # the NVIDIA kernel driver (GPU hosts)
-    scheduler: dict[str, str] | None = None  # job id, node list, partition, cluster (hardware.SCHEDULER_VARS)
+    scheduler: dict[str, str] | None = None  # job id, node list, partition, cluster (SCHEDULER_VARS)
     comm_env: dict[str, str] | None = None  # NCCL_* / FI_* / OFI_NCCL_* as the run saw them (the fabric)
     nccl_transport: str | None = None  # the network NCCL chose across nodes, as its sweep's preflight saw it
     container: str | None = None  # the image a container runtime reports
@@ -252,12 +275,12 @@ class Record(BaseModel):
                    **fields)
 
     @classmethod
-    def without_run(cls, cfg: RunConfig, status: str, error: str,
-                    recorded_by: str = "echobench sweep (the job left no record of its own)", **details) -> Record:
+    def without_run(cls, cfg: RunConfig, status: str, error: str, env: Env | None = None, **details) -> Record:
         """The record of a run that died before writing one (timeout, cancel, node failure, a crash
-        before the benchmark started): its settings, no figures, and why; `recorded_by` says who wrote it."""
-        env = Env(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), hostname=socket.gethostname(),
-                  recorded_by=recorded_by)
+        before the benchmark started): its settings, no figures, and why; `env`, where and by whom it
+        was written (by default: the sweep, here)."""
+        env = env or Env(time=now_iso(), hostname=socket.gethostname(),
+                         recorded_by="echobench sweep (the job left no record of its own)")
         return cls.of_settings(cfg, status=status, error=error, precision=cfg.precision, peak_tflops=cfg.peak_tflops,
                                env=env, **details)
 

@@ -19,6 +19,7 @@ import faulthandler
 import io
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -33,7 +34,7 @@ import yaml
 
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig
-from echobench.records.results import RECORD_FILE, Record
+from echobench.records.results import RECORD_FILE, Env, Record, now_iso, scheduler_context
 from echobench.train.fabric import launch_env
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
@@ -473,12 +474,19 @@ def stopped_record(cfg: RunConfig, out_dir: Path, started: float, nnodes: int = 
     while nnodes > 1 and missing_notes(out_dir, nnodes) and time.monotonic() < deadline:
         time.sleep(0.1)
     lost = lost_nodes(out_dir, missing_notes(out_dir, nnodes)) if nnodes > 1 else []
-    record = Record.without_run(cfg, "error", "", recorded_by="echobench launcher, node 0 (stopped by SIGTERM: srun "
-                                "ending the job step, scancel or a time limit)")
+    record = Record.without_run(cfg, "error", "", env=launcher_env(
+        "echobench launcher, node 0 (stopped by SIGTERM: srun ending the job step, scancel or a time limit)"))
     assemble(record, cfg, out_dir, lost, "the launcher was stopped by SIGTERM (srun ending the job step, scancel or "
                                          "a time limit) before any rank failed; see the log")
     record.save(out_dir)
     return record
+
+
+def launcher_env(recorded_by: str) -> Env:
+    """The record's env as this launcher knows it without torch: its host, pid, Python, the time, the
+    scheduler's, fabric's and container's context (the device's details are the ranks', which torch gives)."""
+    return Env(hostname=socket.gethostname(), pid=os.getpid(), python=platform.python_version(), time=now_iso(),
+               recorded_by=recorded_by, **scheduler_context())
 
 
 def assemble(record: Record, cfg: RunConfig, out_dir: Path, lost: list[int], no_failure: str) -> Record:
