@@ -159,6 +159,9 @@ def time_limit_once_training(out: Path, rid: str, job: str) -> int:
     the loop before SLURM's comes (ours, landed: SLURM's cannot come sooner than a minute after the change)."""
     def training():
         """the slow run's rank dumped a stack inside its training loop (on the test's USR1)"""
+        if (state := squeue_state(job)) not in ("PENDING", "CONFIGURING", "RUNNING", ""):
+            raise AssertionError(f"the slow run's job {job} ended {state} before its rank said it trains: "
+                                 f"{slurm_log(out / rid)[-3000:]}")
         subprocess.run(["scancel", "--signal=USR1", job], capture_output=True)
         return "in run_loop" in slurm_log(out / rid)
 
