@@ -13,7 +13,6 @@ after its ranks noticed; the record is the same every time.
 """
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from test_slurm import cluster, hostnames  # noqa: F401 - 2 or more nodes that answer
-from test_slurm_submit import wait_for
+from test_slurm_submit import answering_cluster, wait_for
 
 pytestmark = [pytest.mark.slurm]
 
@@ -106,18 +105,8 @@ FAULT = {"framework": "torchtitan", "parallelism": "hsdp", "nodes": 2, "gpus_per
 @pytest.fixture
 def two_nodes(tmp_path):
     """2 or more nodes that answer (this test's own: tests/test_slurm.py's, module-wide, would put it in
-    that module's pytest-xdist worker); afterwards this test's jobs are scancelled, whatever it left."""
-    from test_slurm import cluster_nodes
-
-    if len(cluster_nodes()) < 2:
-        message = "no local SLURM cluster with 2 or more nodes: bash scripts/slurm-local.sh up 2"
-        if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    yield
-    queue = subprocess.run(["squeue", "-h", "-o", "%i %o"], capture_output=True, text=True).stdout.splitlines()
-    if left := [line.split()[0] for line in queue if len(line.split()) == 2 and line.split()[1].startswith(str(tmp_path))]:
-        subprocess.run(["scancel", *left])
+    that module's pytest-xdist worker); its jobs scancelled after the test."""
+    yield from answering_cluster(tmp_path, min_nodes=2)
 
 
 def test_a_worker_killed_on_node_1_gives_the_same_record_every_time(tmp_path, two_nodes):

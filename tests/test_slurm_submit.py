@@ -409,14 +409,14 @@ def test_a_transient_sacct_failure_is_no_news_and_does_not_switch_accounting_off
 
 # ---- on the local SLURM cluster ----
 
-@pytest.fixture
-def cluster(tmp_path):
-    """A SLURM cluster that answers; afterwards every job whose script lies under tmp_path is
-    scancelled, whatever the test left."""
+def answering_cluster(tmp_path, min_nodes: int = 1):
+    """A SLURM cluster of min_nodes or more that answers (else a skip, or a failure where
+    ECHOBENCH_REQUIRE_SLURM=1); afterwards every job whose script lies under tmp_path is scancelled,
+    whatever the test left. For `yield from` in a fixture."""
     from test_slurm import cluster_nodes
 
-    if len(cluster_nodes()) < 1:
-        message = "no local SLURM cluster: bash scripts/slurm-local.sh up 2"
+    if len(cluster_nodes()) < min_nodes:
+        message = f"no local SLURM cluster with {min_nodes} or more nodes: bash scripts/slurm-local.sh up 2"
         if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
             pytest.fail(message)
         pytest.skip(message)
@@ -424,6 +424,12 @@ def cluster(tmp_path):
     queue = subprocess.run(["squeue", "-h", "-o", "%i %o"], capture_output=True, text=True).stdout.splitlines()
     if left := [line.split()[0] for line in queue if len(line.split()) == 2 and line.split()[1].startswith(str(tmp_path))]:
         subprocess.run(["scancel", *left])
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A SLURM cluster that answers; its jobs scancelled after the test (answering_cluster)."""
+    yield from answering_cluster(tmp_path)
 
 
 def real(name: str) -> str:
