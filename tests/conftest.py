@@ -162,12 +162,20 @@ def cluster_lock(exclusive: bool = False):
         yield  # closing the file releases it
 
 
+def cpu_seconds() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A `slurm` test holds the cluster (cluster_lock) through its setup, call and teardown, module
     fixtures set up or torn down with it included. With ECHOBENCH_TEST_TIMELINE=FILE, each test's
-    worker, start and end go to FILE (tools/suite_timeline.py reads it: which worker ended last, why)."""
-    start = time.time()
+    worker, start, end and CPU seconds go to FILE (tools/suite_timeline.py reads it: which worker ended
+    last, why). The CPU is the worker's and its waited-for subprocesses' (not a SLURM job's)."""
+    start, cpu = time.time(), cpu_seconds()
     try:
         if "slurm" not in item.keywords:
             return (yield)
@@ -176,7 +184,7 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if timeline := os.environ.get("ECHOBENCH_TEST_TIMELINE"):
             line = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
-                    "start": start, "end": time.time()}
+                    "start": start, "end": time.time(), "cpu_s": round(cpu_seconds() - cpu, 2)}
             with open(timeline, "a") as f:  # one short line per write: appends from workers do not interleave
                 f.write(json.dumps(line) + "\n")
 

@@ -4,8 +4,9 @@
     python3 tools/suite_timeline.py /tmp/timeline.jsonl [--top 40]
 
 Prints each pytest-xdist worker's busy time and when it finished (the last one sets the suite's
-wall time), the slowest tests (setup + call + teardown, shared fixtures included), and the tests of
-the worker that finished last."""
+wall time), the slowest tests (setup + call + teardown, shared fixtures included), the tests that
+used the most CPU (the suite's bound on a 2-core machine), and the tests of the worker that
+finished last."""
 import argparse
 import collections
 import json
@@ -21,13 +22,17 @@ def main():
     by_worker = collections.defaultdict(list)
     for r in rows:
         by_worker[r["worker"]].append(r)
-    print("worker  tests  busy s  ends at s")
+    print("worker  tests  busy s  ends at s   CPU s")
     last = max(by_worker, key=lambda w: max(r["end"] for r in by_worker[w]))
     for w, rs in sorted(by_worker.items()):
-        print(f"{w:6} {len(rs):6} {sum(r['end'] - r['start'] for r in rs):7.0f} {max(r['end'] for r in rs) - t0:10.0f}")
+        print(f"{w:6} {len(rs):6} {sum(r['end'] - r['start'] for r in rs):7.0f} {max(r['end'] for r in rs) - t0:10.0f} {sum(r.get('cpu_s', 0) for r in rs):7.0f}")
     print(f"\nslowest {args.top}:")
     for r in sorted(rows, key=lambda r: r["start"] - r["end"])[: args.top]:
         print(f"{r['end'] - r['start']:7.1f} s  {r['worker']:5} {r['test']}")
+    if any("cpu_s" in r for r in rows):
+        print(f"\nmost CPU {args.top} (seconds of CPU, then wall):")
+        for r in sorted(rows, key=lambda r: -r.get("cpu_s", 0))[: args.top]:
+            print(f"{r.get('cpu_s', 0):7.1f} s {r['end'] - r['start']:7.1f} s  {r['worker']:5} {r['test']}")
     print(f"\nthe last worker ({last}), its tests over 10 s in order:")
     for r in sorted(by_worker[last], key=lambda r: r["start"]):
         if r["end"] - r["start"] > 10:
