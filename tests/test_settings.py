@@ -111,7 +111,7 @@ def one_error(result) -> str:
     ("te", "maybe", "auto, on, off"),
     ("precision", "maybe", "auto, bf16, fp32, fp8"),
     ("ac", "most", "none, selective, full"),
-    ("fail_kind", "segfault", "error, oom, sigkill"),
+    ("fail_kind", "segfault", "error, oom, sigkill, hang"),
     ("device", "tpu", "auto, cuda, cpu"),
     ("scale", "9B", "tiny, 800M, 3B, 8B"),
 ])

@@ -71,7 +71,7 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
     matrix = write_matrix(tmp_path / "m.yaml", local={"time": "00:05:00"}, include=[
         {"seed": 0},                                    # ok
         {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
-        {"seed": 2, "steps": 100000, "time_limit": "0:25"},  # outlives its 25 s limit
+        {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "0:25"},  # outlives its 25 s limit
         {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
     ])
     sweep = tmp_path / "sweep"

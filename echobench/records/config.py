@@ -120,8 +120,9 @@ class RunConfig:
     fail_at_step: int | None = setting(None, "Testing: inject a failure at this step (-1: at start-up, before the "
                                        "process group forms).", min=-1)
     fail_rank: int | None = setting(None, "Testing: fail on this rank only (default: all ranks).")
-    fail_kind: Literal["error", "oom", "sigkill"] = setting("error", "Testing: the failure injected (sigkill: the "
-                                                                   "rank kills itself, leaving no error of its own).")
+    fail_kind: Literal["error", "oom", "sigkill", "hang"] = setting(
+        "error", "Testing: the failure injected (sigkill: the rank kills itself, leaving no error of its own; "
+        "hang: the rank stops in its loop, idle, as one stuck in a collective: only a time limit ends it).")
     collective_timeout_s: float = setting(300.0, "How long a live rank waits for a dead one in a collective.", flag="")
     time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout); it ends with "
                                          "the measured steps (--profile's after them: profile_limit_s).")

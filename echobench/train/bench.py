@@ -72,6 +72,9 @@ def maybe_inject_failure(cfg: RunConfig, step: int, rank: int) -> None:
         raise torch.OutOfMemoryError(f"injected out-of-memory at {where} on rank {rank}")
     if cfg.fail_kind == "sigkill":  # as the kernel's OOM killer or a user's kill -9: no handler runs
         os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.fail_kind == "hang":  # as a rank stuck in a collective: idle, in its loop, until killed
+        while True:
+            time.sleep(3600)
     raise InjectedFailure(f"injected failure at {where} on rank {rank}")
 
 
