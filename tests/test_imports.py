@@ -113,12 +113,13 @@ def test_packages_import_only_the_layers_below_them():
     assert layer_violations(import_graph(), LAYERS) == []
 
 
-def test_the_readme_draws_the_layers_of_echobench_init():
-    """README's Layout block is the package docstring's map, line for line (one place says it)."""
+def test_the_readme_and_the_docs_draw_the_layers_of_echobench_init():
+    """The Layout block of README and of docs/development/layout.md is the package docstring's map,
+    line for line (one place says it; the two pages are held to it)."""
     import echobench
 
     drawn = [line[4:] for line in echobench.__doc__.splitlines() if line.startswith("    ")]
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## Layout", 1)[1].split("```\n", 2)[1]
-    assert block.splitlines() == drawn
+    for page, heading in ((ROOT / "README.md", "## Layout"), (ROOT / "docs" / "development" / "layout.md", "# Layout")):
+        block = page.read_text().split(heading, 1)[1].split("```\n", 2)[1]
+        assert block.splitlines() == drawn, page
     assert [line.split()[0] for line in drawn] == [p for layer in echobench.LAYERS for p in layer]

@@ -415,15 +415,17 @@ def test_the_calibration_job_script(tmp_path):
     assert any(line.startswith("IN_CONTAINER=(apptainer exec --nv --bind ") and line.endswith(" img.sif)") for line in lines)
 
 
-def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans(tmp_path):
-    """... and every tune file it shows (top-level `scale:`) loads and ranks on its device's profile."""
+def test_every_matrix_the_docs_show_is_a_slurm_sweep_that_plans(tmp_path):
+    """Every ```yaml block of README.md and docs/**/*.md: a matrix is a SLURM sweep that plans, and every
+    tune file (top-level `scale:`) loads and ranks on its device's profile."""
     from echobench.predict import profile_for_device
     from echobench.tune.space import build_problem, load_tune_file
 
-    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = [(page, text) for page in pages for text in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)]
     assert blocks
     tunes = 0
-    for text in blocks:
+    for page, text in blocks:
         if "scale" in yaml.safe_load(text):
             (tmp_path / "tune.yaml").write_text(text)
             spec = load_tune_file(tmp_path / "tune.yaml")
@@ -431,7 +433,7 @@ def test_every_matrix_the_readme_shows_is_a_slurm_sweep_that_plans(tmp_path):
             assert all(build_problem(spec, spec.scale[0], n, profile).ranked for n in spec.nodes), text
             tunes += 1
             continue
-        matrix = parse_matrix(text, "README.md")
+        matrix = parse_matrix(text, str(page.relative_to(ROOT)))
         plan = expand(matrix)
         assert matrix.spec.executor == "slurm" and plan.runs and not plan.skipped, text
     assert tunes and tunes < len(blocks)

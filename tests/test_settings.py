@@ -1,4 +1,4 @@
-"""Run settings: one typed definition drives the flags, --config files, matrix files and README;
+"""Run settings: one typed definition drives the flags, --config files, matrix files and the docs' settings page;
 the backend registry."""
 
 import subprocess
@@ -135,8 +135,10 @@ def test_a_yaml_boolean_for_a_text_choice_says_to_quote_it(tmp_path):
         parse_matrix("name: t\ndefaults: {te: off}\n", "m.yaml")
 
 
-def test_readme_lists_every_setting_as_the_dataclass_defines_it():
-    assert settings_table() in (ROOT / "README.md").read_text()
+def test_the_docs_list_every_setting_as_the_dataclass_defines_it():
+    """docs/reference/settings.md is generated (tools/docs_reference.py); tests/test_docs.py holds the
+    whole page current, this the table in it."""
+    assert settings_table() in (ROOT / "docs" / "reference" / "settings.md").read_text()
 
 
 def test_the_registry_lists_both_backends_and_their_layouts():

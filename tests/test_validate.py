@@ -198,11 +198,11 @@ def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zer
     assert 0.7 <= inside <= 0.9
 
 
-def test_the_readmes_accuracy_figures_are_the_committed_runs():
-    """README's leave-one-source-out and in-sample figures are validation/fit.json's (written by
-    `predict --validate --write-fit`), not typed apart from it."""
+def test_the_docs_accuracy_figures_are_the_committed_runs():
+    """The leave-one-source-out and in-sample figures of docs/explanation/predict.md are
+    validation/fit.json's (written by `predict --validate --write-fit`), not typed apart from it."""
     fit = json.loads((ROOT / "validation" / "fit.json").read_text())
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "explanation" / "predict.md").read_text().split())
     loso = f"leave-one-source-out mean |error| {fit['loso']['mean_abs_error']:.1%}, max {fit['loso']['max_abs_error']:.1%}"
     inside = f"in-sample (fitted on every row) {fit['in_sample']['mean_abs_error']:.1%} / {fit['in_sample']['max_abs_error']:.1%}"
     assert loso in text and inside in text
