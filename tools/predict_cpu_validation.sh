@@ -3,7 +3,7 @@
 # machine, measure tiny (and one 800M) runs of every layout at a few lengths and micro-batches,
 # then hold the predictions against the records (about 15 minutes on the 2-core machine).
 # Every profile is `echobench calibrate --comm`'s: GEMMs at every shape the model prices for the
-# block's runs, AdamW over the model's own parameters (README, Hardware profiles).
+# block's runs, AdamW over the model's own parameters (docs/reference/hardware-profiles.md).
 #
 #   bash tools/predict_cpu_validation.sh [OUT]        # default runs/predict-cpu
 #   SLURM=0 bash tools/predict_cpu_validation.sh      # without the 2-node runs on the local SLURM cluster

@@ -31,7 +31,7 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json"),
     comm: bool = typer.Option(False, "--comm", help="Measure a hardware profile instead: collectives on this process "
                               "group (alpha-beta fits per link class), the run's GEMMs, attention and memory bandwidth "
-                              "(see README, Hardware profiles). Under torchrun on its group; else it launches --nproc."),
+                              "(docs/reference/hardware-profiles.md). Under torchrun on its group; else it launches --nproc."),
     nproc: Optional[int] = typer.Option(None, min=1, help="With --comm outside torchrun: processes to launch on this "
                                         "node (default 2 on CPU, the GPU count on GPU)."),
     out: Optional[Path] = typer.Option(None, "--out", help="With --comm: also write the profile here (YAML)."),

@@ -114,8 +114,7 @@ def predict_command(
                                  "summary)."),
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
-    bytes per link and the bandwidth that would hide its exposed communication (README,
-    Predicting a run); with --against, predicted vs measured; with --validate, predicted vs published."""
+    bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
 
     started = clock.perf_counter()

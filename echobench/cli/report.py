@@ -19,7 +19,7 @@ def report(
     paths: list[Path] = typer.Argument(..., help="Sweep or run directories (or result.json files); merged, newest record per run id."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Dashboard HTML file (default report.html unless --table)."),
     table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
-    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (see README)."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (docs/guides/reports.md)."),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile(s): put each "
                                       "run's prediction (echobench predict) beside it in the dashboard."),
     margin: float = typer.Option(15.0, "--margin", help="With --profile: flag runs more than this percent below "

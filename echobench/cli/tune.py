@@ -16,7 +16,7 @@ from echobench.sweep.matrix import ExecutorName
 
 @app.command()
 def tune(
-    tune_file: Path = typer.Argument(..., metavar="TUNE_FILE", help="A tune file (README, Tuning a run): the scale(s), "
+    tune_file: Path = typer.Argument(..., metavar="TUNE_FILE", help="A tune file (docs/reference/tune-file.md): the scale(s), "
                                      "node counts, GPUs per node, axes to fix or widen, and the matrix sections the "
                                      "measuring sweep takes."),
     out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default runs/tune-NAME): tune.json, "

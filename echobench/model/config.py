@@ -1,4 +1,4 @@
-"""Model configuration: typed dataclasses and the 800M, 3B and 8B scale presets (README, "The model")."""
+"""Model configuration: typed dataclasses and the 800M, 3B and 8B scale presets (docs/explanation/model.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Analytical parameter and FLOP model of Echo TTS: the MFU numerator.
 
-Conventions (README, "How MFU is computed"):
+Conventions (docs/explanation/mfu.md, How MFU is computed):
 - 2 FLOPs per multiply-add; only matmuls count (linear layers and attention scores / values);
   element-wise work (norms, RoPE, softmax, activations, the loss) does not.
 - Attention is counted in full (bidirectional, every query against every key), on the

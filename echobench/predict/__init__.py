@@ -1,7 +1,7 @@
 """`echobench predict`: a performance model of one training step, from a run's settings and a
 hardware profile (echobench.hardware.profile), and its residual against measured records.
 
-Per rank and step (README, "Predicting a run"):
+Per rank and step (docs/explanation/predict.md):
 
     device  = forward + backward + optimizer + exposed communication
     forward = sum over the step's GEMMs of 2 m n k / gemm_tflops(m, n, k)        (flops.py's matmuls,

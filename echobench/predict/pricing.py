@@ -126,7 +126,7 @@ class Rates:
         except KeyError as exc:
             have = ", ".join(self.profile.links) or "none"
             fix = ("calibrate across nodes: `echobench calibrate --comm` under torchrun on 2 or more nodes "
-                   "(README, Hardware profiles), or give a profile of profiles/ that has an inter link"
+                   "(docs/reference/hardware-profiles.md), or give a profile of profiles/ that has an inter link"
                    if link == "inter" else "calibrate on this node: `echobench calibrate --comm --nproc N`")
             raise PredictError(f"{exc.args[0]}; link classes it has: {have}: {fix}") from None
         rms = cost.fit.rel_rms or 0.0

@@ -2,7 +2,7 @@
 
 Each field is one setting, written once: its type (a Literal lists the choices), default, help
 text, lower bound and flag. From it come the `echobench run` flags (echobench.cli), the checks of
-`--config` files and of matrix files (check_value: one message for all three) and README's table
+`--config` files and of matrix files (check_value: one message for all three) and the docs' table
 of run settings (settings_table).
 """
 
@@ -242,7 +242,7 @@ def choices(key: str) -> tuple[str, ...] | None:
 
 
 def allowed_text(key: str) -> str:
-    """What a setting may be, in words: for its error message, its flag's help and README."""
+    """What a setting may be, in words: for its error message, its flag's help and the docs' table."""
     if key == "parallelism":
         return "; ".join(f"{', '.join(p.replace('tpN', 'tpN with N >= 1') for p in b.layouts)} ({b.name})"
                          for b in BACKENDS.values())
@@ -289,7 +289,8 @@ def check_value(key: str, value):
 
 
 def settings_table() -> str:
-    """README's table of run settings (markdown), from the fields; a test holds README to it."""
+    """The table of run settings (markdown), from the fields: docs/reference/settings.md, written by
+    tools/docs_reference.py (tests/test_docs.py holds the page to it)."""
     rows = ["| setting | `run` flag | default | allowed | what |", "| --- | --- | --- | --- | --- |"]
     for name, f in FIELDS.items():
         flag = "--" + name.replace("_", "-") if f.metadata["flag"] is None else f.metadata["flag"]

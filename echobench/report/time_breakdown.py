@@ -23,8 +23,8 @@ LEGEND = {"gemm": "GEMM", "attention": "attention", "optimizer": "optimizer", "o
 CAPTION = ("One step's time on the busiest device (GPU streams; on CPU runs the main thread), from the profiler "
            "trace of a few steps after the measured ones (runs with profile: true or --profile). Bars: the parts as "
            "a share of the step, mean over a configuration's profiled repeats. The waterfall goes from the peak "
-           "to the run's MFU in percentage points (README: Where the time goes); its padding step is the matmul "
-           "time spent on padded tokens (README: How MFU is computed); pick a run, or follow a "
+           "to the run's MFU in percentage points (docs/explanation/time.md); its padding step is the matmul "
+           "time spent on padded tokens (docs/explanation/mfu.md); pick a run, or follow a "
            "'waterfall' link in the best-MFU table.")
 EMPTY = "No profiled runs: set profile: true in the matrix (or run --profile) to see where the step's time goes."
 

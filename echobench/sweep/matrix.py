@@ -1,6 +1,6 @@
 """Matrix files: YAML -> validated settings -> the list of runs (and the skipped ones, with why).
 
-A matrix (README, "Sweeps") has `defaults`, `axes` (any RunConfig key; the runs are their
+A matrix (docs/reference/matrix.md) has `defaults`, `axes` (any RunConfig key; the runs are their
 cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
 matches any of its items) and `include` (extra single runs; an entry may carry its own
 `time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,

@@ -101,7 +101,7 @@ def te_note(runs: list[PlannedRun], matrix: Matrix) -> str | None:
     return (f"te: auto: {len(auto)} megatron run(s) use TransformerEngine where it imports on the nodes, else "
             f"megatron-core's local layers (the record's te says which; preflight with te: on requires it)"
             + ("; on GH200 (aarch64) scripts/setup.sh installs no TransformerEngine: they would run on local layers "
-               "(README: TransformerEngine on GH200)" if grace else ""))
+               "(docs/guides/route-1-gh200-infiniband.md: TransformerEngine on GH200)" if grace else ""))
 
 
 def varying_keys(plan: Plan) -> list[str]:

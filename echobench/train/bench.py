@@ -1,7 +1,7 @@
 """The measured training loop: the one place that owns timing and FLOPs (echobench.train.bench_record turns
 the ranks' figures into the result record).
 
-Timing (README, "How MFU is computed"): warm-up (every micro-batch variant the window can meet, then the
+Timing (docs/explanation/mfu.md): warm-up (every micro-batch variant the window can meet, then the
 warm-up steps: compile happens there) is excluded, and a measured window in which torch compiled
 anything is measured again; on GPU each step is timed by CUDA events on the compute stream (no host
 sync inside the loop), on CPU by the host clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the

@@ -72,7 +72,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         num_ooms=allocator_count(ranks, "num_ooms"),
         **peak_mem_figures([r["memory"] for r in ranks]),
         data_wait_frac=max(r["data_wait_frac"] for r in ranks),
-        data_wait_clock=ranks[0]["data_wait_clock"],  # what data_wait_frac measures (README)
+        data_wait_clock=ranks[0]["data_wait_clock"],  # what data_wait_frac measures (docs/explanation/mfu.md)
         slowest_rank=slowest_rank["rank"],
         # The step's loss over the global batch: each rank's loss is its error sum over the global
         # frame count x dp (run_loop), so their mean over data-parallel ranks is the global loss.

@@ -517,6 +517,6 @@ def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
                       f"{s['pp']:.2f}" if s["kind"] != "relative" else f"{s['pp']:+.2f}", f"{level:.2f}")
         out += [w, Text("Each loss after the ceiling is the ceiling's share x that part's fraction of the profiled "
                         "step; padding is the matmul (GEMM + attention) fraction x the padded share of the matmul "
-                        "FLOPs executed; the last loss is what remains to the measured MFU (README: How MFU is "
-                        "computed, Where the time goes).")]
+                        "FLOPs executed; the last loss is what remains to the measured MFU (docs/explanation/mfu.md "
+                        "and time.md).")]
     return out + [Text(f"note: {note}") for note in peak_notes(record)]

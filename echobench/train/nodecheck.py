@@ -43,7 +43,7 @@ RUN_PATH = ("yaml", "typer", "rich", "pydantic", "numpy", "torch",
             "transformers.models.t5gemma2.modeling_t5gemma2",
             "echobench.cli", "echobench.train.bench", "echobench.train.launch", "echobench.train.torchrun", "echobench.backends.torchtitan")
 INSTALL_FIX = ("install echobench's dependencies where $PYTHON runs (pip install -e ECHOBENCH_CHECKOUT into that "
-               "venv, or an image with them: README, Running on your cluster), or point slurm.python / slurm.setup "
+               "venv, or an image with them: docs/guides/cluster.md), or point slurm.python / slurm.setup "
                "at an environment that has them")
 
 

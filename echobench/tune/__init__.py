@@ -1,5 +1,5 @@
 """`echobench tune`: the best configuration of a scale on a node count, found by the performance
-model and proven by measurement (README, "Tuning a run").
+model and proven by measurement (docs/guides/tune.md).
 
     space.py   the tune file (TuneFile), the search space of a scale on a node count, what the rules,
                the held global batch and the memory estimate prune, the predicted ranking, the picks
