@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -60,7 +62,10 @@ def test_the_docs_site_builds_strictly(tmp_path):
     """`mkdocs build --strict`: a broken link, a missing anchor or a page left out of the nav fails.
     mkdocs and the material theme are in the dev extra (scripts/setup.sh installs it)."""
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
-        raise AssertionError("mkdocs / mkdocs-material are not installed: pip install -e '.[dev]' (scripts/setup.sh does)")
+        message = "mkdocs / mkdocs-material are not installed: pip install -e '.[dev]' (scripts/setup.sh does)"
+        if os.environ.get("ECHOBENCH_REQUIRE_DOCS") == "1":  # CI: required, not skipped
+            pytest.fail(message)
+        pytest.skip(message)  # e.g. tools/device-twin.sh --suite, on the device's own packages
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
