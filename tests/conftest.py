@@ -29,7 +29,22 @@ def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if tmp_path is not None:
         env["ECHOBENCH_CACHE"] = str(tmp_path / "cache")  # calibrations stay inside the test
+        share_counts(tmp_path / "cache")
     return env
+
+
+# The element-wise byte counts predict makes for GPU runs (echobench.predict.elementwise): computed,
+# not measured, keyed by what they depend on and their sources' hash, some 12 s of CPU each. Every
+# test's cache shares this folder, kept across sessions as the inductor cache is (inductor_cache).
+SHARED_COUNTS = Path(tempfile.gettempdir()) / f"echobench-tests-{os.getuid()}" / "elementwise"
+
+
+def share_counts(cache: Path) -> None:
+    """CACHE/elementwise: the suite's shared counts (SHARED_COUNTS)."""
+    SHARED_COUNTS.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (link := cache / "elementwise").exists():
+        link.symlink_to(SHARED_COUNTS, target_is_directory=True)
 
 
 # For runs whose losses a test holds against another layout's: one thread per process in both, so

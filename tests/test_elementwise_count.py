@@ -151,14 +151,16 @@ def test_the_compiled_count_extrapolates_per_layer_too(monkeypatch):
     """ECHOBENCH_COUNT_COMPILED=1: inductor's kernels of each compiled unit times its calls, so the
     compiled count is as linear in the layers as the eager one."""
     cfg = tiny()
-    m = cfg.model_config()
     with mock.patch.object(stepcount, "count_step", wraps=stepcount.count_step) as counted:
         depth1, depth2 = ew.count_at_depth(cfg, True, 1), ew.count_at_depth(cfg, True, 2)
         assert all(call.kwargs["compiled"] for call in counted.call_args_list)
-    whole = stepcount.count_step(cfg, compiled=True)
-    assert ew.extrapolate(cfg, depth1, depth2) == (whole.total("forward", kind="memory").bytes,
-                                                   whole.total("backward", kind="memory").bytes)
-    assert (m.layers, m.speaker_layers, m.text_encoder.layers) != (1, 1, 1)
+    # Held at 3 DiT layers (tiny's own 2 everywhere would be the depth-2 count itself): counted whole.
+    m = cfg.model_config()
+    model = dataclasses.replace(m, layers=3, speaker_layers=1, text_encoder=dataclasses.replace(m.text_encoder, layers=2))
+    with mock.patch.object(RunConfig, "model_config", lambda self: model):
+        whole = stepcount.count_step(cfg, compiled=True)
+        extrapolated = ew.extrapolate(cfg, depth1, depth2)
+    assert extrapolated == (whole.total("forward", kind="memory").bytes, whole.total("backward", kind="memory").bytes)
     monkeypatch.setenv(ew.COMPILED_ENV, "1")  # the opt-in prices these counts (not counted again here)
     monkeypatch.setattr(ew, "count_at_depth", lambda run, compiled, depth: (depth1, depth2)[depth - 1] if compiled
                         else pytest.fail("counted eager"))
