@@ -101,7 +101,7 @@ def test_bad_settings_are_one_line_errors(cli, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("scale: tiny\nmicro_batches: 4\n")
     proc = cli("run", "--config", cfg, "--out", tmp_path / "y")
-    assert proc.returncode == 2 and "unknown run key(s) micro_batches" in proc.stderr
+    assert proc.returncode == 2 and "unknown run key 'micro_batches' (did you mean 'micro_batch'?)" in proc.stderr
 
 
 def test_run_from_shards_reports_real_lengths(cli, tmp_path):

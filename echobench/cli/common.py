@@ -20,6 +20,40 @@ from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
 app.add_typer(data_app, name="data")
+
+
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"echobench {version('echobench')}")
+        except PackageNotFoundError:  # run from a checkout that was never pip-installed
+            print("echobench (not installed: pip install -e .)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", is_eager=True, callback=print_version,
+                                           help="Print echobench's version and exit.")) -> None:
+    """Benchmark Echo TTS training: throughput and MFU."""
+
+
+# `run --help`'s panels: each flagged RunConfig field in one (tests/test_settings.py holds every one
+# placed); "hidden": testing switches, kept out of --help (docs/reference/settings.md lists them).
+RUN_PANELS = {
+    "What runs": ["scale", "framework", "parallelism", "precision", "device", "seed"],
+    "Steps and shapes": ["steps", "warmup_steps", "micro_batch", "grad_accum", "audio_frames", "text_tokens",
+                         "speaker_frames", "batching", "buckets"],
+    "Performance": ["compile", "ac", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
+                    "sequence_parallel", "distributed_optimizer", "float8_recipe", "key_masking", "cfg_drop",
+                    "loader_workers", "gc_every"],
+    "Data and text encoder": ["data", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
+                              "t5_hidden_dim", "tokenizer"],
+    "Measurement": ["peak_tflops", "profile", "time_limit_s", "profile_limit_s"],
+    "hidden": ["fail_at_step", "fail_rank", "fail_kind"],
+}
+PANEL_OF = {name: panel for panel, names in RUN_PANELS.items() for name in names}
 # Wide enough for the tables when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -71,8 +105,10 @@ def settings_options(*names: str, **defaults) -> Callable:
                 default = None
             allowed = choices(name)
             kind = str if allowed else base_type(name)
+            panel = PANEL_OF.get(name, "Other settings")
             option = typer.Option(default, *filter(None, [meta["flag"]]),
-                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"])
+                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"],
+                                  rich_help_panel=None if panel == "hidden" else panel, hidden=panel == "hidden")
             yield inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                     annotation=kind if default is not None else Optional[kind])
 
