@@ -483,3 +483,15 @@ def test_an_unknown_key_names_the_nearest_allowed_one(text, said):
     with pytest.raises(MatrixError) as exc:
         parse_matrix(text, "m.yaml")
     assert said in str(exc.value)
+
+
+def test_plan_and_predict_take_only_as_sweep_does(cli):
+    """--only KEY=VALUE lists the same runs in plan, predict and (what it would run) sweep."""
+    path = ROOT / "matrices" / "gh200-published.yaml"
+    want = sorted(r.id for r in select(expand(load_matrix(path)).runs, parse_only(["scale=3B", "nodes=1"])))
+    assert len(want) == 2
+    planned = json.loads(cli("plan", path, "--only", "scale=3B", "--only", "nodes=1", "--json", check=True).stdout)
+    predicted = json.loads(cli("predict", path, "--only", "scale=3B", "--only", "nodes=1", "--json", check=True).stdout)
+    assert sorted(r["run_id"] for r in planned["runs"]) == want == sorted(r["run_id"] for r in predicted)
+    bad = cli("plan", path, "--only", "scal=3B")
+    assert bad.returncode == 2 and "unknown run key 'scal' (did you mean 'scale'?)" in " ".join(bad.stderr.split())

@@ -3,6 +3,7 @@ the checks of paths to write, the RunConfig fields as options, and a matrix's pl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from echobench.records.config import FIELDS, allowed_text, auto_switch, base_type, choices
 from echobench.records.console import esc
-from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix
+from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix, parse_only, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
@@ -125,8 +126,12 @@ def settings_options(*names: str, **defaults) -> Callable:
 MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's max_runs, else {MAX_RUNS})."
 
 
-def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
-    """(the matrix, its plan, the executor: --executor, else the matrix's); bad input fails."""
+ONLY_HELP = "Only runs with this setting (repeatable; the same key twice: either value)."
+
+
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, only: list[str] = ()):
+    """(the matrix, its plan of the runs --only KEY=VALUE selects, the executor: --executor, else the
+    matrix's); bad input fails."""
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
@@ -134,7 +139,10 @@ def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
     try:
         matrix = load_matrix(matrix_path)
         executor = executor or matrix.spec.executor
-        return matrix, expand(matrix, executor, max_runs), executor
+        plan = expand(matrix, executor, max_runs)
+        if only:
+            plan = dataclasses.replace(plan, runs=select(plan.runs, parse_only(only)))
+        return matrix, plan, executor
     except MatrixError as exc:
         fail(str(exc))
 

@@ -593,8 +593,10 @@ def parse_only(items: list[str]) -> dict[str, list]:
     wanted: dict[str, list] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or key not in FIELDS:
-            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIELDS)}")
+        if not sep:
+            raise MatrixError(f"--only {item!r}: expected KEY=VALUE, e.g. --only scale=3B")
+        if key not in FIELDS:
+            raise MatrixError(f"--only {item!r}: {unknown_key([key], list(FIELDS), 'run key')}")
         # Text settings stay text ("800M", "on"); others are read as YAML (numbers, true / false).
         value = text if base_type(key) is str or choices(key) else yaml.safe_load(text) if text else text
         try:
