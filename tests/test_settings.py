@@ -36,12 +36,12 @@ OPTIONS = {
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
-    "predict": ["--against", "--json", "--nodes", "--profile", "paths",
+    "predict": ["--against", "--json", "--nodes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)
                 "--write-fit"],  # the committed fit of the published runs (issue 42)
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
-    "plan": ["--executor", "--json", "--max-runs", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
+    "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
     "sweep": ["--executor", "--force", "--max-runs", "--no-preflight", "--no-wait", "--only", "--out", "--poll",
               "--preflight", "--retry-failed", "--wait", "matrix_path"],
     "preflight": ["--executor", "--max-runs", "--only", "--out", "matrix_path"],
