@@ -9,9 +9,10 @@ import yaml
 
 from conftest import ROOT
 from echobench import backends
-from echobench.records.config import RunConfig, config_id, run_id
+from echobench.records.config import FIELDS, RunConfig, config_id, run_id
 from echobench.sweep.executors.slurm_script import LAUNCH_BODY, render_script
-from echobench.sweep.matrix import MatrixError, expand, load_matrix, parse_matrix, parse_only, select
+from echobench.sweep.matrix import (MATRIX_ONLY_KEYS, TUNE_ONLY_KEYS, MatrixError, MatrixFile, expand, load_matrix,
+                                    parse_matrix, parse_only, select)
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.sweep.loop import run_dir
 
@@ -141,8 +142,8 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
 # ---- validation errors: the file, the key, what is allowed ----
 
 @pytest.mark.parametrize("text, expected", [
-    ("name: t\nexecutr: local\n", "m.yaml: unknown key 'executr': allowed name, executor, slurm, local, hardware"),
-    ("name: t\nslurm: {gpu_per_node: 4}\n", "m.yaml: unknown key 'slurm.gpu_per_node': allowed partition, account"),
+    ("name: t\nexecutr: local\n", "m.yaml: unknown key 'executr' (did you mean 'executor'?): allowed name, executor, slurm, local, hardware"),
+    ("name: t\nslurm: {gpu_per_node: 4}\n", "m.yaml: unknown key 'slurm.gpu_per_node' (did you mean 'gpus_per_node'?): allowed partition, account"),
     ("name: t\nexecutor: cloud\n", "m.yaml: executor: Input should be 'local' or 'slurm' (got 'cloud')"),
     ("name: t\nslurm: {gpus_per_node: four}\n", "m.yaml: slurm.gpus_per_node: Input should be a valid integer"),
     ("name: t\nslurm: {gpus_per_node: 0}\n", "m.yaml: slurm.gpus_per_node: Input should be greater than or equal to 1"),
@@ -158,7 +159,7 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
     ("name: t\naxes: {compile: [yes please]}\n", "m.yaml: axes.compile: compile='yes please' is not valid: allowed auto, true or false"),
     ("name: t\naxes: {scale: []}\n", "m.yaml: axes.scale: an axis needs at least one value"),
     ("name: t\naxes: {scale: 3B}\n", "m.yaml: axes.scale: Input should be a valid list"),
-    ("name: t\ndefaults: {batch: 8}\n", "m.yaml: defaults.batch: unknown run key 'batch': allowed scale, framework"),
+    ("name: t\ndefaults: {batch: 8}\n", "m.yaml: defaults.batch: unknown run key 'batch' (did you mean 'batching' or 'micro_batch'?): allowed scale, framework"),
     ("name: t\ndefaults: {precision: fp16}\n", "m.yaml: defaults.precision: precision='fp16' is not valid: allowed auto, bf16, fp32, fp8"),
     ("name: t\nexclude: [{}]\n", "m.yaml: exclude[0] is empty"),
     ("name: t\nexclude: [{ac: [none, most]}]\n", "m.yaml: exclude[0].ac: ac='most' is not valid: allowed none, selective, full"),
@@ -445,3 +446,52 @@ def test_a_matrix_with_two_problems_is_still_one_line():
     message = str(err.value)
     assert "\n" not in message and message.startswith("m.yaml: ") and "unknown key 'bogus'" in message
     assert "matrix name" in message and message.count("m.yaml") == 1
+
+
+# ---- a file given to the wrong command ----
+
+def test_the_kinds_of_file_are_told_apart_by_keys_only_each_has():
+    from echobench.tune.space import TuneFile
+
+    # global_batch: a tune file's, and meant for matrices too; it tells nothing about the kind
+    assert TUNE_ONLY_KEYS == set(TuneFile.model_fields) - set(MatrixFile.model_fields) - set(FIELDS) - {"global_batch"}
+    assert MATRIX_ONLY_KEYS == set(MatrixFile.model_fields) - set(TuneFile.model_fields)
+
+
+@pytest.mark.parametrize("command, path, said", [
+    ("plan", "tunes/cpu-tiny.yaml", "this is a tune file (card, search, top_k): `echobench tune tunes/cpu-tiny.yaml`"),
+    ("sweep", "matrices/runs/megatron-3b-tp2.yaml", "this is a run file (run settings only): "
+                                                    "`echobench run --config matrices/runs/megatron-3b-tp2.yaml`"),
+    ("tune", "matrices/smoke.yaml", "this is a matrix file (axes, exclude, include): `echobench plan matrices/smoke.yaml`"),
+])
+def test_a_file_given_to_the_wrong_command_is_named_with_the_right_one(command, path, said):
+    from typer.testing import CliRunner
+
+    from echobench.cli import app
+
+    result = CliRunner().invoke(app, [command, path])
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("text, said", [
+    ("name: t\ndefaults: {mico_batch: 2}\n", "unknown run key 'mico_batch' (did you mean 'micro_batch'?)"),
+    ("name: t\nlocal: {tiem: '00:05:00'}\n", "unknown key 'local.tiem' (did you mean 'time'?)"),
+    ("name: t\nbogus: 1\n", "unknown key 'bogus': allowed name,"),  # nothing near: no guess
+])
+def test_an_unknown_key_names_the_nearest_allowed_one(text, said):
+    with pytest.raises(MatrixError) as exc:
+        parse_matrix(text, "m.yaml")
+    assert said in str(exc.value)
+
+
+def test_plan_and_predict_take_only_as_sweep_does(cli):
+    """--only KEY=VALUE lists the same runs in plan, predict and (what it would run) sweep."""
+    path = ROOT / "matrices" / "gh200-published.yaml"
+    want = sorted(r.id for r in select(expand(load_matrix(path)).runs, parse_only(["scale=3B", "nodes=1"])))
+    assert len(want) == 2
+    planned = json.loads(cli("plan", path, "--only", "scale=3B", "--only", "nodes=1", "--json", check=True).stdout)
+    predicted = json.loads(cli("predict", path, "--only", "scale=3B", "--only", "nodes=1", "--json", check=True).stdout)
+    assert sorted(r["run_id"] for r in planned["runs"]) == want == sorted(r["run_id"] for r in predicted)
+    bad = cli("plan", path, "--only", "scal=3B")
+    assert bad.returncode == 2 and "unknown run key 'scal' (did you mean 'scale'?)" in " ".join(bad.stderr.split())

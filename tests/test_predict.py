@@ -409,7 +409,19 @@ def test_plan_shows_the_predicted_columns(cli, tmp_path):
     for row in rows:
         assert row["predicted_step_time_s"] == pytest.approx(predicted[row["run_id"]]["step_time_s"])
         assert row["predicted_mfu"] == pytest.approx(predicted[row["run_id"]]["mfu"])
-    assert "pred s / MFU" in cli("plan", path, check=True).stdout
+    # GPU-hours from the prediction where there is one, not from the assumed 40% MFU beside it
+    from echobench.sweep.estimate import startup_parts
+
+    matrix = load_matrix(path)
+    by_id = {r.id: r for r in expand(matrix, "slurm").runs}
+    for row in rows:
+        cfg = by_id[row["run_id"]].cfg
+        assert row["gpu_hours_basis"] == "predicted"
+        seconds = sum(startup_parts(matrix, cfg.may_compile()).values()) \
+            + (cfg.steps + cfg.warmup_steps) * row["predicted_step_time_s"]
+        assert row["gpu_hours_estimate"] == pytest.approx(seconds * cfg.world_size / 3600)
+    text = " ".join(cli("plan", path, check=True).stdout.split())
+    assert "pred s / MFU" in text and f"({len(rows)} run(s) at their predicted step time)" in text, text
     smoke = json.loads(cli("plan", ROOT / "matrices" / "smoke.yaml", "--json", check=True).stdout)["runs"]
     assert all(r["predicted_mfu"] is None for r in smoke)  # a CPU matrix: no profile unless --profile
 

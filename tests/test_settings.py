@@ -36,12 +36,12 @@ OPTIONS = {
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
-    "predict": ["--against", "--json", "--nodes", "--profile", "paths",
+    "predict": ["--against", "--json", "--nodes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)
                 "--write-fit"],  # the committed fit of the published runs (issue 42)
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
-    "plan": ["--executor", "--json", "--max-runs", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
+    "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
     "sweep": ["--executor", "--force", "--max-runs", "--no-preflight", "--no-wait", "--only", "--out", "--poll",
               "--preflight", "--retry-failed", "--wait", "matrix_path"],
     "preflight": ["--executor", "--max-runs", "--only", "--out", "matrix_path"],
@@ -182,3 +182,33 @@ def test_validation_needs_no_megatron_core():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["None"]
+
+
+def test_run_help_groups_every_flag_into_a_panel_and_hides_the_testing_switches():
+    """`run --help`: each flagged setting in exactly one named panel (none left in a catch-all), the
+    fail_* switches hidden from it but still accepted."""
+    from typer.testing import CliRunner
+
+    from echobench.cli import app
+    from echobench.cli.common import RUN_PANELS
+
+    placed = [name for names in RUN_PANELS.values() for name in names]
+    flagged = [name for name, f in FIELDS.items() if f.metadata["flag"] != ""]
+    assert sorted(placed) == sorted(flagged), set(placed) ^ set(flagged)
+    text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    for panel in RUN_PANELS:
+        assert (f"─ {panel} " in text) == (panel != "hidden"), panel
+    assert "--fail-at-step" not in text and "--micro-batch" in text and "Other settings" not in text
+    bad = CliRunner().invoke(app, ["run", "--out", "/nonexistent/x", "--fail-kind", "nope"])
+    assert bad.exit_code == 2 and "fail_kind='nope' is not valid" in " ".join(bad.output.split()), bad.output
+
+
+def test_version():
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from echobench.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"echobench {version('echobench')}"

@@ -6,6 +6,7 @@ May import: every package (the top layer).
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
@@ -27,9 +28,19 @@ from echobench.cli import data  # noqa: F401,E402
 __all__ = ["app", "main"]
 
 
+def quiet_third_party_logs() -> None:
+    """Start-up noise kept out of every command's output and job log (a rank is `python -m echobench
+    run`): torchao, which transformers imports, warns of its optional C++ kernels (MX formats, sm90a
+    CUTLASS) that fail to load where they cannot run, and that import trips a torch deprecation
+    warning. echobench's float8 path uses neither (torchao's Float8Linear over torch's scaled GEMM)."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main() -> None:
     """The `echobench` command: typer's app, with its usage errors (a bad flag value, an unknown
     option or command) as one `error:` line like every other bad input, not a boxed panel."""
+    quiet_third_party_logs()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:

@@ -3,6 +3,7 @@ the checks of paths to write, the RunConfig fields as options, and a matrix's pl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import tempfile
@@ -15,11 +16,45 @@ from rich.console import Console
 
 from echobench.records.config import FIELDS, allowed_text, auto_switch, base_type, choices
 from echobench.records.console import esc
-from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix
+from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix, parse_only, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
 app.add_typer(data_app, name="data")
+
+
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"echobench {version('echobench')}")
+        except PackageNotFoundError:  # run from a checkout that was never pip-installed
+            print("echobench (not installed: pip install -e .)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", is_eager=True, callback=print_version,
+                                           help="Print echobench's version and exit.")) -> None:
+    """Benchmark Echo TTS training: throughput and MFU."""
+
+
+# `run --help`'s panels: each flagged RunConfig field in one (tests/test_settings.py holds every one
+# placed); "hidden": testing switches, kept out of --help (docs/reference/settings.md lists them).
+RUN_PANELS = {
+    "What runs": ["scale", "framework", "parallelism", "precision", "device", "seed"],
+    "Steps and shapes": ["steps", "warmup_steps", "micro_batch", "grad_accum", "audio_frames", "text_tokens",
+                         "speaker_frames", "batching", "buckets"],
+    "Performance": ["compile", "ac", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
+                    "sequence_parallel", "distributed_optimizer", "float8_recipe", "key_masking", "cfg_drop",
+                    "loader_workers", "gc_every"],
+    "Data and text encoder": ["data", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
+                              "t5_hidden_dim", "tokenizer"],
+    "Measurement": ["peak_tflops", "profile", "time_limit_s", "profile_limit_s"],
+    "hidden": ["fail_at_step", "fail_rank", "fail_kind"],
+}
+PANEL_OF = {name: panel for panel, names in RUN_PANELS.items() for name in names}
 # Wide enough for the tables when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -71,8 +106,10 @@ def settings_options(*names: str, **defaults) -> Callable:
                 default = None
             allowed = choices(name)
             kind = str if allowed else base_type(name)
+            panel = PANEL_OF.get(name, "Other settings")
             option = typer.Option(default, *filter(None, [meta["flag"]]),
-                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"])
+                                  help=f"{meta['help']} Allowed: {allowed_text(name)}." if allowed else meta["help"],
+                                  rich_help_panel=None if panel == "hidden" else panel, hidden=panel == "hidden")
             yield inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                     annotation=kind if default is not None else Optional[kind])
 
@@ -89,8 +126,12 @@ def settings_options(*names: str, **defaults) -> Callable:
 MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's max_runs, else {MAX_RUNS})."
 
 
-def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
-    """(the matrix, its plan, the executor: --executor, else the matrix's); bad input fails."""
+ONLY_HELP = "Only runs with this setting (repeatable; the same key twice: either value)."
+
+
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, only: list[str] = ()):
+    """(the matrix, its plan of the runs --only KEY=VALUE selects, the executor: --executor, else the
+    matrix's); bad input fails."""
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
@@ -98,7 +139,10 @@ def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None):
     try:
         matrix = load_matrix(matrix_path)
         executor = executor or matrix.spec.executor
-        return matrix, expand(matrix, executor, max_runs), executor
+        plan = expand(matrix, executor, max_runs)
+        if only:
+            plan = dataclasses.replace(plan, runs=select(plan.runs, parse_only(only)))
+        return matrix, plan, executor
     except MatrixError as exc:
         fail(str(exc))
 

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from echobench.cli.common import (
     MAX_RUNS_HELP,
+    ONLY_HELP,
     app,
     console,
     err_console,
@@ -35,6 +36,7 @@ def plan(
                                                  help="Write every run's job script to DIR/RUN_ID.sh, submit nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile for the "
                                       "predicted step time and MFU (echobench predict); default: the shipped "
                                       "profile of hardware.device, if any."),
@@ -46,7 +48,7 @@ def plan(
 
     if write_scripts is not None and script is not None:
         fail("--write-scripts writes every run's script, --script prints one: give one of them")
-    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, only)
     if write_scripts is not None:  # for review on a cluster before spending GPU-hours
         dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
         sweep_dir = (out or pl.default_out(matrix)).resolve()
@@ -112,6 +114,7 @@ def predict_command(
                                    "every row and the residual quantiles to validation/fit.json (the committed fit)."),
     as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows and "
                                  "summary)."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=f"MATRIX: {ONLY_HELP}"),
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
@@ -165,7 +168,7 @@ def predict_command(
         return
     if len(paths) != 1:
         fail(f"predict takes one matrix ({len(paths)} paths given): for run directories add --against")
-    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None)
+    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None, only)
     cfgs = [r.cfg for r in the_plan.runs]
     try:
         if nodes is not None:

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
-from echobench.cli.common import MAX_RUNS_HELP, app, console, err_console, fail, load_plan, writable_dir
+from echobench.cli.common import MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, writable_dir
 from echobench.records.console import esc, state_counts
 from echobench.sweep.matrix import MatrixError
 
@@ -24,7 +24,7 @@ def sweep(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the jobs and collect (slurm: --no-wait returns after submitting)."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Also re-run runs whose record is a failure."),
-    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only runs with this setting (repeatable)."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP),
     force: bool = typer.Option(False, "--force", help="Also run what the memory estimate says will not fit."),
     poll: Optional[float] = typer.Option(None, help="Seconds between state checks (default 1 local, 5 slurm; slurm "
                                                     "doubles it while nothing changes: up to 60 while every job is pending, 10 once "

@@ -8,6 +8,7 @@ of run settings (settings_table).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -208,11 +209,21 @@ class RunConfig:
     def from_dict(cls, data: dict) -> "RunConfig":
         unknown = sorted(set(data) - set(FIELDS))
         if unknown:
-            raise ValueError(f"unknown run key(s) {', '.join(unknown)}: allowed {', '.join(sorted(FIELDS))}")
+            raise ValueError(unknown_key(unknown, sorted(FIELDS), "run key"))
         return cls(**data)
 
 
 FIELDS = {f.name: f for f in fields(RunConfig)}
+
+
+def unknown_key(keys: list[str], allowed: list[str], what: str = "key", prefix: str = "") -> str:
+    """One line for keys that are not among `allowed` (each named `prefix` + key, as "slurm.time"):
+    each with the one or two allowed keys nearest in spelling (a typo's likely fix), then the allowed keys."""
+    named = []
+    for key in keys:
+        near = " or ".join(map(repr, difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)))
+        named.append(f"{prefix + str(key)!r}" + (f" (did you mean {near}?)" if near else ""))
+    return f"unknown {what}{'s' if len(keys) > 1 else ''} {', '.join(named)}: allowed {', '.join(allowed)}"
 HINTS = typing.get_type_hints(RunConfig)
 
 
@@ -265,7 +276,7 @@ def check_value(key: str, value):
     ValueError with one line, `key=value is not valid: allowed ...`, the same whether the value came
     from a flag, a --config file or a matrix file. Returns the value as the field's type."""
     if key not in FIELDS:
-        raise ValueError(f"unknown run key {key!r}: allowed {', '.join(FIELDS)}")
+        raise ValueError(unknown_key([key], list(FIELDS), "run key"))
     allowed = choices(key)
     if allowed is not None and value is not None:
         if key == "parallelism":

@@ -58,13 +58,16 @@ def planned_peak(run: PlannedRun, matrix: Matrix) -> tuple[float | None, str | N
     return None, None
 
 
-def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None) -> float | None:
-    """The start-up allowance (startup_parts) plus all steps at the matrix's assumed MFU of `peak`
-    (default: planned_peak); None without a peak."""
+def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None,
+                      step_time_s: float | None = None) -> float | None:
+    """The start-up allowance (startup_parts) plus all steps: each `step_time_s` long where given (a
+    prediction), else at the matrix's assumed MFU of `peak` (default: planned_peak); None without either."""
+    cfg, hw = run.cfg, matrix.spec.hardware
+    if step_time_s is not None:
+        return sum(startup_parts(matrix, cfg.may_compile()).values()) + (cfg.steps + cfg.warmup_steps) * step_time_s
     peak = planned_peak(run, matrix)[0] if peak is None else peak
     if peak is None:
         return None
-    cfg, hw = run.cfg, matrix.spec.hardware
     model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
     work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample

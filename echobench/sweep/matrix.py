@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from echobench import backends
-from echobench.records.config import FIELDS, RunConfig, base_type, check_value, choices, run_id
+from echobench.records.config import FIELDS, RunConfig, base_type, check_value, choices, run_id, unknown_key
 from echobench.train.fabric import hca_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.records.peaks import table_peak
@@ -326,8 +326,9 @@ def _format_pydantic(path: Path, exc: ValidationError, top: type[BaseModel] | No
             model = top or MatrixFile
             for part in err["loc"][:-1]:
                 model = model.model_fields[part].annotation if isinstance(part, str) else model
-            allowed = ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else ""
-            problems.append(f"unknown key {loc!r}: allowed {allowed}")
+            allowed = list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+            head, _, key = loc.rpartition(".")
+            problems.append(unknown_key([key], allowed, prefix=f"{head}." if head else ""))
         elif err["type"] == "missing":
             problems.append(f"{loc} is required")
         else:
@@ -384,6 +385,26 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# Keys only a tune file has (echobench.tune.space.TuneFile; tests/test_matrix.py holds them so), and
+# keys only a matrix file has: a file given to the wrong command is named as what it is.
+TUNE_ONLY_KEYS = frozenset({"search", "top_k", "card", "budget_gpu_hours", "max_rounds", "memory_margin", "bias"})
+MATRIX_ONLY_KEYS = frozenset({"axes", "exclude", "include", "repeats", "max_runs"})
+
+
+def wrong_kind_of_file(data: dict, path: Path, expected: str) -> str | None:
+    """One line when `data` (a YAML mapping given as a `expected` file: "matrix" or "tune") is plainly
+    another kind of echobench file, naming the command that takes it; else None."""
+    keys = set(data)
+    if "name" not in keys and keys and keys <= set(FIELDS):
+        return f"{path}: this is a run file (run settings only): `echobench run --config {path}`"
+    if expected == "matrix" and keys & TUNE_ONLY_KEYS and not keys & MATRIX_ONLY_KEYS:
+        return f"{path}: this is a tune file ({', '.join(sorted(keys & TUNE_ONLY_KEYS))}): `echobench tune {path}`"
+    if expected == "tune" and keys & MATRIX_ONLY_KEYS and not keys & TUNE_ONLY_KEYS:
+        return (f"{path}: this is a matrix file ({', '.join(sorted(keys & MATRIX_ONLY_KEYS))}): "
+                f"`echobench plan {path}`, `echobench sweep {path}`")
+    return None
+
+
 def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
     path = Path(path)
     try:
@@ -394,6 +415,8 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
         raise MatrixError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise MatrixError(f"{path}: expected a mapping with name, axes, defaults, ...")
+    if problem := wrong_kind_of_file(data, path, "matrix"):
+        raise MatrixError(problem)
     try:
         spec = MatrixFile.model_validate(data)
     except ValidationError as exc:
@@ -570,8 +593,10 @@ def parse_only(items: list[str]) -> dict[str, list]:
     wanted: dict[str, list] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or key not in FIELDS:
-            raise MatrixError(f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIELDS)}")
+        if not sep:
+            raise MatrixError(f"--only {item!r}: expected KEY=VALUE, e.g. --only scale=3B")
+        if key not in FIELDS:
+            raise MatrixError(f"--only {item!r}: {unknown_key([key], list(FIELDS), 'run key')}")
         # Text settings stay text ("800M", "on"); others are read as YAML (numbers, true / false).
         value = text if base_type(key) is str or choices(key) else yaml.safe_load(text) if text else text
         try:

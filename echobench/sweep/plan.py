@@ -5,6 +5,7 @@ tell the runs apart, and what `plan` prints of them all (plan_summary, plan_repo
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 from rich.table import Table
@@ -59,10 +60,13 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
     rows = []
     for run in plan.runs:
         peak, peak_source = planned_peak(run, plan.matrix)
-        est, gpus = estimated_seconds(run, plan.matrix, peak), run.cfg.world_size
+        step_s = predicted[run.id].step_time_s if run.id in predicted else None
+        est, gpus = estimated_seconds(run, plan.matrix, peak, step_s), run.cfg.world_size
         rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
+                     # what the estimate's steps are priced at: the run's prediction, else the assumed MFU
+                     "gpu_hours_basis": None if est is None else "predicted" if step_s is not None else "assumed_mfu",
                      "time_limit": time_limit(plan.matrix, executor, run),
                      "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus,
                      "predicted_step_time_s": predicted[run.id].step_time_s if run.id in predicted else None,
@@ -173,8 +177,12 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
                     if too_big else ""))
     if runs:
         est_total = sum(r["gpu_hours_estimate"] or 0 for r in rows)
+        basis = Counter(r["gpu_hours_basis"] for r in rows if r["gpu_hours_basis"])
+        how = ", ".join(([f"{basis['predicted']} run(s) at their predicted step time"] if basis["predicted"] else [])
+                        + ([f"{basis['assumed_mfu']} at an assumed {hw.assumed_mfu:.0%} MFU (hardware.assumed_mfu)"]
+                           if basis["assumed_mfu"] else []))
         parts.append(f"GPU-hours: {sum(r['gpu_hours_limit'] for r in rows):.2f} at most (time limits), "
-                     + (f"~{est_total:.2f} estimated at {hw.assumed_mfu:.0%} MFU" if est_total else "no estimate"))
+                     + (f"~{est_total:.2f} estimated ({how})" if est_total else "no estimate"))
     if summary["no_peak"]:
         parts.append(Text.from_markup(f"[yellow]{esc(summary['no_peak'])}[/]"))
     if summary["calibrate_comm"]:

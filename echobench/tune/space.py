@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from echobench.records.config import RunConfig, check_value, run_id
 from echobench.hardware.profile import HardwareProfile
-from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic
+from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
 from echobench.backends import layout_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.model.config import PRESETS
@@ -91,6 +91,8 @@ def load_tune_file(path: Path) -> TuneFile:
     data = read_yaml(path, "tune file", TuneError)
     if not isinstance(data, dict):
         raise TuneError(f"{path}: expected a mapping with name, scale, nodes, gpus_per_node, search, ...")
+    if problem := wrong_kind_of_file(data, path, "tune"):
+        raise TuneError(problem)
     try:
         spec = TuneFile.model_validate(data)
         MatrixFile.model_validate({k: data[k] for k in ("name", "executor", "slurm", "local", "hardware") if k in data})
