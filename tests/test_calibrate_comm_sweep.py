@@ -75,7 +75,9 @@ def test_a_local_sweep_measures_its_profile_once_and_predict_against_prices_its_
         assert {shape[1:] for shape in attention_shapes(c)} <= attention, r.id
 
     # Resumed with a run to do again: the profile is the sweep's already, nothing is measured twice.
-    rid, before = next(iter(records(sweep))), (sweep / "profile.yaml").stat().st_mtime_ns
+    # (the single-process run's record: the cheaper one to run again)
+    rid = next(rid for rid, r in records(sweep).items() if r["world_size"] == 1)
+    before = (sweep / "profile.yaml").stat().st_mtime_ns
     (sweep / rid / "result.json").unlink()
     proc = run_cli("sweep", matrix, "--out", sweep, tmp_path=tmp_path, timeout=900)
     assert proc.returncode == 0 and "1 to run" in proc.stdout, proc.stdout + proc.stderr
