@@ -106,6 +106,8 @@ def test_only_filters_by_setting():
     assert len(select(p.runs, parse_only(["micro_batch=2"]))) == 2
     assert len(select(p.runs, parse_only(["micro_batch=2", "micro_batch=4", "ac=full"]))) == 2
     with pytest.raises(MatrixError, match="KEY=VALUE"):
+        parse_only(["micro_batch"])
+    with pytest.raises(MatrixError, match="unknown run key 'bogus': allowed scale"):
         parse_only(["bogus=1"])
     with pytest.raises(MatrixError, match="ac='most' is not valid: allowed none, selective, full"):
         parse_only(["ac=most"])

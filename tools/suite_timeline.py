@@ -16,8 +16,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("timeline")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--markdown", action="store_true", help="only the slowest tests, as a markdown table (reports/)")
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.timeline) if line.strip()]
+    if args.markdown:
+        print("| wall s | CPU s | test (setup + call + teardown) |\n| ---: | ---: | --- |")
+        for r in sorted(rows, key=lambda r: r["start"] - r["end"])[: args.top]:
+            cpu = f"{r['cpu_s']:.1f}" if "cpu_s" in r else "-"
+            print(f"| {r['end'] - r['start']:.1f} | {cpu} | `{r['test']}` |")
+        return
     t0 = min(r["start"] for r in rows)
     by_worker = collections.defaultdict(list)
     for r in rows:

@@ -130,6 +130,9 @@ class RunConfig:
     profile_limit_s: float | None = setting(120.0, "Bound on --profile's work after the measured steps (the profiled "
                                             "steps, trace export and breakdown): reached, profiling stops and the run "
                                             "keeps its figures, without a breakdown (0 or null: no bound).")
+    progress_every_s: float | None = setting(30.0, "Rank 0 prints a progress line (step, loss, step time, samples/s, "
+                                             "TFLOP/s, MFU, memory) at most this often, in seconds, into the job "
+                                             "log too (0: every step; null: none, nor the phase lines).")
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
                                                 "required (on), never (off).")
     sequence_parallel: bool | Literal["auto"] = setting(
@@ -313,7 +316,7 @@ def settings_table() -> str:
 
 # Keys that do not change what is measured: left out of the run id.
 NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "profile_limit_s", "encoder_checkpoint",
-                     "tokenizer"}
+                     "tokenizer", "progress_every_s"}
 # ...and the keys that change how long or how often we measure, only check a setting or inject a
 # failure for a test, not what is measured: a configuration leaves out both. The run id keeps these (a sweep's existing run
 # directories must keep their ids, or it would rerun them).

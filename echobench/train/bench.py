@@ -41,6 +41,7 @@ from echobench.records.config import parse_buckets
 from echobench.data.dataset import Padding
 from echobench.train.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware.device import default_dtype, resolve_peak
+from echobench.train.progress import Progress
 from echobench.train.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
                                size_recompile_limit)
 from echobench.model.echo import diffusion_draws, loss_frames
@@ -260,7 +261,7 @@ class Window:
         return {i: n - before[i] for i, n in enumerate(self.compiles) if n > before[i]}
 
 
-def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None) -> dict:
     """Builds the training setup, warms every micro-batch variant the window can meet
     (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
     (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
@@ -274,6 +275,13 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     watch = CompileWatch().start()  # before the backend compiles anything
+    # Rank 0's progress lines (progress_every_s): model FLOPs of a step, shared by the ranks.
+    sample_flops = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
+    progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
+                        sample_flops.total * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
+                        enabled=info.is_main)
+    progress.phase(f"building {cfg.scale} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
+                   f"{info.device.type}")
     setup = build_training(cfg, info, dtype)
     echo = getattr(setup.model, "module", setup.model)  # the EchoTTS inside a DDP wrapper
     model_cfg = cfg.model_config()
@@ -323,19 +331,27 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         step += 1
         if window is not None:
             window.step_done(watch.total)
+        if not traced:  # reading the loss inside the window would sync a GPU: there, only on the CPU
+            progress.step(step, "measured" if window else "warm-up",
+                          loss if window is None or device_type == "cpu" else None)
 
     if cfg.gc_every:  # collect at fixed steps only (torchtitan's way): no pause at a random step
         gc.disable()
         gc.collect()
     try:
+        progress.phase(f"warm-up: {len(variants)} shape(s), then {cfg.warmup_steps} step(s)"
+                       + (" (compiling)" if str(setup.info.get("compiled", "")).startswith("torch.compile") else ""))
+        progress.start()
         warm_variants(setup, cfg, variants, tokenizer, info.device, generator)
         for _ in range(cfg.warmup_steps):
             run_step()
+        progress.phase(f"measuring {cfg.steps} step(s)")
         for attempt in range(MAX_WINDOWS):
             if device_type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
             window = Window(StepTimer(info.device), watch.total)
             window.timer.mark()  # start of the first measured step
+            progress.start(step)
             for _ in range(cfg.steps):
                 run_step(window)
             # After the window (its host sync is outside it): did any rank compile in it?
@@ -352,6 +368,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path) -> dict:
         kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
                    if device_type == "cuda" else None)
         if cfg.profile:
+            progress.phase(f"profiling {PROFILER_WARMUP + PROFILED_STEPS} step(s) after the measured ones (untimed)")
             profiler = make_profiler(cfg, info, out_dir, profiled)
             profiled["steps"] = profiled_steps(step)
             start_profile_limit(cfg.profile_limit_s)
@@ -558,7 +575,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
                                      cfg.peak_tflops, record.precision))
-        mine = run_loop(cfg, info, out_dir)
+        mine = run_loop(cfg, info, out_dir, record.peak_tflops)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
         stop_time_limit()
