@@ -497,31 +497,31 @@ def wait_for(check, timeout_s: float = 300, every_s: float = 1.0):
 
 
 @pytest.mark.slurm
-def test_a_sweep_under_a_submit_limit_of_2_finishes_every_run(tmp_path, cluster):
-    """The acceptance test of issue 23: 3 runs, no cap in the matrix, sbatch refusing beyond 2
-    queued jobs with a QOS limit's words (the third is refused: the first two are held until it is).
+def test_a_sweep_under_a_submit_limit_of_1_finishes_every_run(tmp_path, cluster):
+    """The acceptance test of issue 23: 2 runs, no cap in the matrix, sbatch refusing beyond 1
+    queued job with a QOS limit's words (the second is refused: the first is held until it is).
     Every run ends ok; the refusal is logged once."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
-    log = limited_sbatch(stubs, out, 2, hold_until_refused=True)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 3), "--out", out, "--poll", "1", "--no-preflight",
+    log = limited_sbatch(stubs, out, 1, hold_until_refused=True)
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 2), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 3
+    assert statuses(out) == ["ok"] * 2
     tries = log.read_text().splitlines()
-    assert sum(t.startswith("submitted") for t in tries) == 3 and any(t.startswith("refused") for t in tries)
+    assert sum(t.startswith("submitted") for t in tries) == 2 and any(t.startswith("refused") for t in tries)
     assert flat(proc.stdout).count("QOSMaxSubmitJobPerUserLimit") == 1, proc.stdout
 
 
 @pytest.mark.slurm
 def test_max_submitted_keeps_the_queue_under_the_limit(tmp_path, cluster):
-    """slurm.max_submitted: 2 under the same limit: never refused, every run ok."""
+    """slurm.max_submitted: 1 under the same limit: never refused, every run ok."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
-    log = limited_sbatch(stubs, out, 2)
-    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 3, max_submitted=2), "--out", out, "--poll", "1", "--no-preflight",
+    log = limited_sbatch(stubs, out, 1)
+    proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 2, max_submitted=1), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 3
+    assert statuses(out) == ["ok"] * 2
     assert log.read_text().splitlines() == [line for line in log.read_text().splitlines()
                                             if line.startswith("submitted")], log.read_text()
 
