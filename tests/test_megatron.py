@@ -398,7 +398,7 @@ def test_validation_errors_are_clear():
 
     assert "use --framework megatron" in parallelism_problem(RunConfig(distributed_optimizer=True))
     assert problem(parallelism="tp1", precision="fp8").startswith("fp8 on megatron would need TransformerEngine")
-    from echobench.backends.megatron import te_installed
+    from echobench.backends.checks import te_installed
 
     if not te_installed():
         assert "transformer_engine is not installed" in problem(parallelism="tp1", te="on")

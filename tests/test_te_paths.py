@@ -12,12 +12,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from conftest import counted_model_flops
-from echobench.backends.megatron import te_ac_mode, tp_comm_overlap_problem, validate
+from echobench.backends import BACKENDS
+from echobench.backends.megatron import te_ac_mode, tp_comm_overlap_problem
 from echobench.backends.torchtitan import apply_ac
 from echobench.records.config import RunConfig
 from echobench.model.flops import TE_SELECTIVE, hardware_flops, model_flops, recompute_flops
 from echobench.model.config import PRESETS
 from echobench.model.echo import EchoTTS
+
+validate = BACKENDS["megatron"].validate  # the registry's check of a run of its layouts
 
 
 def test_te_overlap_runs_only_where_its_userbuffers_hold_every_batch():

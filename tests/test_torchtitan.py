@@ -18,7 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, two_launchers
 from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
-from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs, validate
+from echobench.backends import BACKENDS
+from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs
 from echobench.records.config import RunConfig
 from echobench.data import SyntheticSource
 from echobench.model.flops import LAYER_SELECTIVE, hardware_flops, model_flops, recompute_flops
@@ -38,6 +39,8 @@ RTOL = 5e-6
 # where one process casts under autocast (the same values, but the norms then read bf16 weights)
 # and reduces in another order; measured 1e-4 relative over 3 steps. A bf16 ulp is 2^-8 = 3.9e-3.
 BF16_RTOL = 2e-3
+
+validate = BACKENDS["torchtitan"].validate  # the registry's check of a run of its layouts
 
 
 @pytest.fixture(scope="module")

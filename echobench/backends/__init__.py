@@ -1,11 +1,10 @@
 """Training backends: each turns the plain model into something that trains on this process group.
 
 Each backend is one registered object (as torchtitan's ModelSpec carries a model's parallelize
-function): its name, the layouts it runs, and its module, which holds `validate(cfg)` (why a run
-cannot work, None when it can; no process group, no megatron-core) and `build(cfg, dist_info, dtype)`
-(the TrainSetup). The module is imported only when first used, so the checks that run before any
-process starts need no megatron-core (they do import torch). The benchmark loop
-(echobench.train.bench) owns timing and metrics.
+function): its name, the layouts it runs, its check (checks.py: why a run cannot work, None when it
+can; without torch, a process group or megatron-core, so that a plan or a sweep never imports
+them) and its module, which holds `build(cfg, dist_info, dtype)` (the TrainSetup) and is imported
+only when first used. The benchmark loop (echobench.train.bench) owns timing and metrics.
 
 May import: model.
 """
@@ -16,6 +15,8 @@ import importlib
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from echobench.backends import checks
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +41,9 @@ class TrainSetup:
 class Backend:
     name: str
     layouts: tuple[str, ...]  # values of `parallelism`; "tpN" is tensor parallelism of any width N >= 1
-    module: str  # holds validate(cfg) -> str | None and build(cfg, dist_info, dtype) -> TrainSetup
+    module: str  # holds build(cfg, dist_info, dtype) -> TrainSetup (imports torch)
+    problem: Callable[[Any], str | None]  # why a run of a layout of its own cannot work (checks.py: no torch)
+    float8: bool = False  # runs fp8: its module's float8_plan(cfg) says whether this run's can (with torch)
 
     def has_layout(self, parallelism: str) -> bool:
         return any(re.fullmatch(r"tp[1-9][0-9]*", parallelism) if p == "tpN" else parallelism == p
@@ -48,15 +51,20 @@ class Backend:
 
     def validate(self, cfg) -> str | None:
         """Why this run cannot work on this backend (None when it can), its layout being one of its own."""
-        return importlib.import_module(self.module).validate(cfg)
+        if problem := self.problem(cfg):
+            return problem
+        if cfg.precision == "fp8" and self.float8:  # builds the model on the meta device: a second, with torch
+            return importlib.import_module(self.module).float8_plan(cfg).problem
+        return None
 
     def build(self, cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
         return importlib.import_module(self.module).build(cfg, dist_info, dtype)
 
 
 BACKENDS = {b.name: b for b in (
-    Backend("torchtitan", ("single", "ddp", "fsdp2", "hsdp"), "echobench.backends.torchtitan"),
-    Backend("megatron", ("tpN",), "echobench.backends.megatron"),
+    Backend("torchtitan", ("single", "ddp", "fsdp2", "hsdp"), "echobench.backends.torchtitan", checks.torchtitan_problem,
+            float8=True),
+    Backend("megatron", ("tpN",), "echobench.backends.megatron", checks.megatron_problem),
 )}
 
 

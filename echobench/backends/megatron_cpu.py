@@ -9,7 +9,7 @@ Applied only on a CPU run (backends/megatron.py); on a GPU megatron-core runs as
 2. FP32Optimizer: its __init__ makes its loss scale, a constant 1.0 that this backend never reads,
    on "cuda". CPUFP32Optimizer makes it on the CPU and is FP32Optimizer otherwise.
 
-What stays GPU only (backends/megatron.validate refuses it before launch): megatron-core's
+What stays GPU only (backends/checks.megatron_problem refuses it before launch): megatron-core's
 mixed-precision optimizers (bf16 parameters, the distributed optimizer), which accept only
 parameters whose type is torch.cuda.*Tensor.
 """

@@ -25,26 +25,10 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
+from echobench.backends.checks import DATA_PARALLEL
 from echobench.model.config import LATENT_DIM
 from echobench.model.echo import EchoTTS
 
-DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")
-
-
-def validate(cfg) -> str | None:
-    """Why this run cannot work (None when it can); the registry has checked the layout."""
-    if cfg.distributed_optimizer:
-        return ("distributed_optimizer is megatron-core's: use --framework megatron, or fsdp2 / hsdp to shard the "
-                "optimizer state on torchtitan")
-    if cfg.parallelism == "single" and cfg.world_size != 1:
-        return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}: use ddp, fsdp2 or hsdp"
-    if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
-        return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
-    if cfg.parallelism == "hsdp" and cfg.nodes < 2:
-        return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
-    if cfg.precision == "fp8":  # builds the model on the meta device: about a second
-        return float8_plan(cfg).problem
-    return None
 
 
 def blocks(model: EchoTTS) -> list[tuple[nn.ModuleList, int]]:

@@ -1,0 +1,69 @@
+"""What each backend's runs need, checked without torch (a plan, a sweep or a `run` before it launches
+asks, and none of them should pay torch's import for it): the registry's (echobench.backends) check
+of a run after its layout.
+
+May import: nothing of echobench but the model's config (a run's `model_config()`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")  # torchtitan's data-parallel layouts
+DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
+                             "torch.cuda parameters): drop --distributed-optimizer on the CPU")
+GRAD_REDUCE_BF16 = ("grad_reduce_dtype bf16: megatron reduces gradients in its buffers' dtype, the parameters' when "
+                    "not fp32, and parameters are bf16 only with precision bf16 on a GPU: use grad_reduce_dtype fp32")
+
+
+def te_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def torchtitan_problem(cfg) -> str | None:
+    """Why this torchtitan run cannot work (None when it can); the registry has checked the layout."""
+    if cfg.distributed_optimizer:
+        return ("distributed_optimizer is megatron-core's: use --framework megatron, or fsdp2 / hsdp to shard the "
+                "optimizer state on torchtitan")
+    if cfg.parallelism == "single" and cfg.world_size != 1:
+        return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}: use ddp, fsdp2 or hsdp"
+    if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
+        return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
+    if cfg.parallelism == "hsdp" and cfg.nodes < 2:
+        return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
+    return None
+
+
+def megatron_problem(cfg) -> str | None:
+    """Why this megatron tpN run cannot work (None when it can); the registry has checked the layout."""
+    tp, par, gpn, model = cfg.tp, cfg.parallelism, cfg.gpus_per_node, cfg.model_config()
+    if tp > gpn:
+        return f"{par} needs {tp} GPUs in one node; a node has {gpn}"
+    if cfg.world_size % tp:
+        return f"world size {cfg.world_size} is not divisible by tp={tp}"
+    if gpn % tp:
+        return (f"tp={tp} must divide the {gpn} processes per node "
+                f"(tensor parallelism stays inside a node): change --tp or --nproc")
+    if model.heads % tp:
+        return f"tp={tp} does not divide the {model.heads} attention heads of {cfg.scale}"
+    if model.mlp % tp:
+        return f"tp={tp} does not divide the DiT's MLP width {model.mlp} ({cfg.scale})"
+    if cfg.precision == "fp8":
+        return ("fp8 on megatron would need TransformerEngine's fp8 layers, which echobench does not drive: "
+                "use --framework torchtitan for fp8 (torchao float8), or precision bf16")
+    if cfg.te == "on" and not te_installed():
+        return "--te on: transformer_engine is not installed here; use --te auto or --te off"
+    if cfg.sequence_parallel is True:  # auto turns it on only where it can run (RunConfig.sequence_parallel_on)
+        if tp == 1:
+            return "sequence parallelism needs tp > 1"
+        if cfg.audio_frames % tp:
+            return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
+        if cfg.batching == "bucket" and cfg.buckets and (odd := [b for b in map(int, cfg.buckets.split(",")) if b % tp]):
+            return (f"sequence parallelism splits each bucket's frames over tp={tp}: buckets "
+                    f"{', '.join(map(str, odd))} are not divisible by it; give boundaries that are (the default "
+                    f"quantile boundaries are multiples of 8)")
+    if cfg.distributed_optimizer and cfg.device == "cpu":  # device auto on a CPU machine: build() says so
+        return DISTRIBUTED_OPTIMIZER_CPU
+    if cfg.grad_reduce_dtype == "bf16" and (cfg.device == "cpu" or cfg.precision == "fp32"):
+        return GRAD_REDUCE_BF16
+    return None
