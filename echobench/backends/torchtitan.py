@@ -30,7 +30,6 @@ from echobench.model.config import LATENT_DIM
 from echobench.model.echo import EchoTTS
 
 
-
 def blocks(model: EchoTTS) -> list[tuple[nn.ModuleList, int]]:
     """(container, index) of every transformer block: the unit of AC, compile and sharding."""
     return [(container, i) for container in (model.speaker_encoder.blocks, model.dit.blocks)

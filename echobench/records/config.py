@@ -227,6 +227,8 @@ def unknown_key(keys: list[str], allowed: list[str], what: str = "key", prefix: 
         near = " or ".join(map(repr, difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)))
         named.append(f"{prefix + str(key)!r}" + (f" (did you mean {near}?)" if near else ""))
     return f"unknown {what}{'s' if len(keys) > 1 else ''} {', '.join(named)}: allowed {', '.join(allowed)}"
+
+
 HINTS = typing.get_type_hints(RunConfig)
 
 

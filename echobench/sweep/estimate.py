@@ -63,15 +63,15 @@ def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None
     """The start-up allowance (startup_parts) plus all steps: each `step_time_s` long where given (a
     prediction), else at the matrix's assumed MFU of `peak` (default: planned_peak); None without either."""
     cfg, hw = run.cfg, matrix.spec.hardware
+    startup, steps = sum(startup_parts(matrix, cfg.may_compile()).values()), cfg.steps + cfg.warmup_steps
     if step_time_s is not None:
-        return sum(startup_parts(matrix, cfg.may_compile()).values()) + (cfg.steps + cfg.warmup_steps) * step_time_s
+        return startup + steps * step_time_s
     peak = planned_peak(run, matrix)[0] if peak is None else peak
     if peak is None:
         return None
     model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
-    work = (cfg.steps + cfg.warmup_steps) * cfg.global_batch * per_sample
-    return sum(startup_parts(matrix, cfg.may_compile()).values()) + work / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
+    return startup + steps * cfg.global_batch * per_sample / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
 
 
 def format_time(seconds: int) -> str:

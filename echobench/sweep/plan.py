@@ -69,7 +69,7 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
                      "gpu_hours_basis": None if est is None else "predicted" if step_s is not None else "assumed_mfu",
                      "time_limit": time_limit(plan.matrix, executor, run),
                      "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus,
-                     "predicted_step_time_s": predicted[run.id].step_time_s if run.id in predicted else None,
+                     "predicted_step_time_s": step_s,
                      "predicted_mfu": predicted[run.id].mfu if run.id in predicted else None,
                      "predicted_profile": predicted[run.id].profile if run.id in predicted else None})
     return rows

@@ -261,7 +261,8 @@ class Window:
         return {i: n - before[i] for i, n in enumerate(self.compiles) if n > before[i]}
 
 
-def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None) -> dict:
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None,
+             flops_per_sample: float | None = None) -> dict:
     """Builds the training setup, warms every micro-batch variant the window can meet
     (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
     (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
@@ -275,10 +276,13 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     watch = CompileWatch().start()  # before the backend compiles anything
-    # Rank 0's progress lines (progress_every_s): model FLOPs of a step, shared by the ranks.
-    sample_flops = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
+    # Rank 0's progress lines (progress_every_s): a step's model FLOPs, shared by the ranks (the
+    # record's per-sample count, run_benchmark's; counted here for a loop called on its own).
+    if flops_per_sample is None:
+        flops_per_sample = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens,
+                                                   cfg.speaker_frames).total
     progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
-                        sample_flops.total * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
+                        flops_per_sample * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
                         enabled=info.is_main)
     progress.phase(f"building {cfg.scale} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
                    f"{info.device.type}")
@@ -575,7 +579,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
                                      cfg.peak_tflops, record.precision))
-        mine = run_loop(cfg, info, out_dir, record.peak_tflops)
+        mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"])
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
         stop_time_limit()

@@ -2,9 +2,9 @@
 (building, warm-up, the measured window, profiling) and, at most once per `progress_every_s`, a step
 line: step, phase, loss, step time, samples/s, TFLOP/s, MFU and memory, as torchtitan logs them.
 
-The measured window is never slowed for a line: its figures come from the host's clock between the
-lines, and the loss is read only where reading it costs no device sync (the CPU, or outside the
-window). The record's figures, from the step timer, are the ones to quote; these say the run is alive
+The measured window gains no device sync for a line: its figures come from the host's clock between
+the lines, and the loss is read only where reading it costs no sync (the CPU, or outside the window).
+A line printed inside the window is host time in the next step (microseconds, once per interval). The record's figures, from the step timer, are the ones to quote; these say the run is alive
 and roughly how fast it goes.
 """
 
