@@ -1,5 +1,5 @@
-"""The run's time limit covers warm-up and the measured steps only; --profile's steps, trace export
-and breakdown after them have their own bound (profile_limit_s), and neither loses what was measured.
+"""The run's time limit covers warm-up and the measured steps only; --trace's steps, trace export
+and breakdown after them have their own bound (trace_limit_s), and neither loses what was measured.
 
 The runs are in this process (as `echobench run` without --nproc), so that the export or the
 breakdown can be made slow. Where the property is the limits' logic, their timer runs on a fake
@@ -77,7 +77,7 @@ def test_a_time_limit_that_passes_while_profiling_keeps_the_measured_figures(tmp
         return real(prof, rank)
 
     monkeypatch.setattr(bench_profile, "rank_breakdown", slow_breakdown)
-    cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, profile=True, time_limit_s=2.0, profile_limit_s=None)
+    cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=None)
     r = bench.run_benchmark(cfg, tmp_path)
     assert entered == [0.0] and alarm.now == 4.0  # the breakdown ran, past the limit's deadline
     assert_measured(r, 3)
@@ -93,10 +93,10 @@ def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(tmp_path, monkey
         raise AssertionError("the profile bound did not stop the breakdown")
 
     monkeypatch.setattr(bench_profile, "rank_breakdown", stuck_breakdown)
-    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, profile=True, profile_limit_s=1.0)
+    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
     r = bench.run_benchmark(cfg, tmp_path)
     assert_measured(r, 2)
-    assert "profiling stopped at its 1 s bound (profile_limit_s)" in r.breakdown["error"]
+    assert "profiling stopped at its 1 s bound (trace_limit_s)" in r.breakdown["error"]
     assert r.breakdown["error"].startswith("rank 0: ")
     assert not (tmp_path / "breakdown.json").exists()
     assert all(p and (tmp_path / p).is_file() for p in r.profile_traces)  # only traces that are there
@@ -117,7 +117,7 @@ def test_a_trace_cut_by_the_profile_bound_is_removed(warm, tmp_path, monkeypatch
         raise AssertionError("the profile bound did not stop the export")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", stuck_export)
-    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, profile=True, profile_limit_s=1.0)
+    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
     r = bench.run_benchmark(cfg, tmp_path)
     assert_measured(r, 2)
     assert "profiling stopped at its 1 s bound" in r.breakdown["error"]
@@ -126,7 +126,7 @@ def test_a_trace_cut_by_the_profile_bound_is_removed(warm, tmp_path, monkeypatch
 
 
 def test_the_time_limit_still_fires_in_the_measured_steps_of_a_profiled_run(warm, tmp_path):
-    cfg = RunConfig(**SHAPES, steps=10**6, warmup_steps=1, profile=True, time_limit_s=2.0, profile_limit_s=600.0)
+    cfg = RunConfig(**SHAPES, steps=10**6, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=600.0)
     r = bench.run_benchmark(cfg, tmp_path)  # 10**6 steps: only the limit ends it
     assert r.status == "timeout" and "time limit of 2 s reached" in r.error
     assert r.step_times_s is None and r.mfu is None

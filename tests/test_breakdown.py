@@ -239,13 +239,13 @@ def test_summary_takes_the_busiest_rank_and_keeps_errors():
 
 # ---- real traces of the tiny model on the CPU ----
 
-RUN = ["--profile", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
+RUN = ["--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
        "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
 
 
 @pytest.fixture(scope="module")
 def profiled_runs(tmp_path_factory):
-    """One single-process and one DDP run over 2 gloo processes, both with --profile."""
+    """One single-process and one DDP run over 2 gloo processes, both with --trace."""
     root = tmp_path_factory.mktemp("profiled")
     runs = {}
     for name, extra in (("single", []), ("ddp", ["--nproc", "2", "--parallelism", "ddp"])):
@@ -310,7 +310,7 @@ def test_explain_prints_the_breakdown_and_the_waterfall(profiled_runs, cli, tmp_
     plain = tmp_path / "plain"
     Record.load(out / "result.json").update(breakdown=None).save(plain)
     proc = cli("explain", plain)
-    assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--profile" in proc.stderr
+    assert proc.returncode == 2 and "no breakdown.json" in proc.stderr and "--trace" in proc.stderr
     proc = cli("explain", tmp_path)
     assert proc.returncode == 2 and "give one run's directory" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert cli("explain", out / "result.json", "--json").stdout == proc_json  # the record names its run

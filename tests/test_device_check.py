@@ -74,11 +74,11 @@ def test_the_run_limit_leaves_room_for_profiling_and_the_record(tmp_path, monkey
     check = make_check(tmp_path)
     seen = {}
     monkeypatch.setattr(check, "execute", lambda cmd, log, limit, stdout=None: seen.update(cmd=cmd, limit=limit) or (1, 1.0))
-    step = next(s for s in device_check.steps(dry=True) if "--profile" in s.args)
+    step = next(s for s in device_check.steps(dry=True) if "--trace" in s.args)
     check.run_step(step)
     cmd = seen["cmd"]
     time_limit = float(cmd[cmd.index("--time-limit-s") + 1])
-    profile_limit = float(cmd[cmd.index("--profile-limit-s") + 1])
+    profile_limit = float(cmd[cmd.index("--trace-limit-s") + 1])
     assert time_limit + profile_limit + device_check.END_S <= seen["limit"] + 1
 
 
@@ -131,7 +131,7 @@ def tiny_profiled_run(tmp_path_factory) -> Path:
     env = dict(os.environ, ECHOBENCH_CACHE=str(out / "cache"))
     subprocess.run([sys.executable, "-m", "echobench", "run", "--scale", "tiny", "--steps", "2", "--warmup-steps", "1",
                     "--audio-frames", "32", "--text-tokens", "16", "--speaker-frames", "32", "--micro-batch", "2",
-                    "--profile", "--peak-tflops", "1", "--out", str(out / "run")], cwd=ROOT, env=env, check=True,
+                    "--trace", "--peak-tflops", "1", "--out", str(out / "run")], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
     return out / "run"
 

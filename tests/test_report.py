@@ -467,7 +467,7 @@ def test_configuration_ignores_how_long_we_measure_and_reads_old_records():
     from echobench.records.results import configuration_key
 
     base = RunConfig(scale="tiny")
-    longer = RunConfig(scale="tiny", steps=99, warmup_steps=0, seed=3, repeat=2, profile=True, time_limit_s=9.0,
+    longer = RunConfig(scale="tiny", steps=99, warmup_steps=0, seed=3, repeat=2, trace=True, time_limit_s=9.0,
                        collective_timeout_s=5.0, tokenizer="/x", encoder_checkpoint="/y", fail_at_step=4)
     assert run_id(base) != run_id(longer)  # ids keep steps and seed: a sweep's directories stay valid
     assert configuration_id(base.to_dict()) == configuration_id(longer.to_dict())

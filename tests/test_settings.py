@@ -1,6 +1,7 @@
 """Run settings: one typed definition drives the flags, --config files, matrix files and the docs' settings page;
 the backend registry."""
 
+import re
 import subprocess
 import sys
 
@@ -21,8 +22,9 @@ OPTIONS = {
     "run": ["--ac", "--audio-frames", "--batching", "--buckets", "--cfg-drop", "--compile", "--config", "--data", "--device", "--encoder-checkpoint",
             "--encoder-model", "--fail-at-step", "--fail-kind", "--fail-rank", "--float8-recipe", "--framework", "--frozen-encoder",
             "--master-addr", "--master-port", "--micro-batch", "--nnodes", "--no-compile", "--no-skip-bad-samples",
-            "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--profile",
-            "--profile-limit-s", "--progress-every-s",
+            "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--trace",
+            "--trace-limit-s", "--progress-every-s",
+            "--profile", "--profile-limit-s",  # the old names, hidden: refused naming the new
             "--repeats", "--scale", "--seed", "--sequence-parallel", "--skip-bad-samples", "--speaker-frames",
             "--steps", "--t5-hidden-dim", "--te", "--text-tokens", "--time-limit-s", "--tokenizer", "--tp",
             "--train-encoder", "--warmup-steps",
@@ -61,8 +63,8 @@ DEFAULTS = {
             "data": "synthetic", "precision": "auto", "peak_tflops": None, "audio_frames": 750, "text_tokens": 256,
             "speaker_frames": 750, "compile": None, "ac": "none", "seed": 0, "device": "auto",
             "skip_bad_samples": False, "batching": "pad", "buckets": None, "encoder_model": None, "frozen_encoder": True, "t5_hidden_dim": None,
-            "encoder_checkpoint": None, "tokenizer": None, "profile": False, "fail_at_step": None, "fail_rank": None,
-            "fail_kind": "error", "time_limit_s": None, "profile_limit_s": 120.0, "progress_every_s": 30.0,
+            "encoder_checkpoint": None, "tokenizer": None, "trace": False, "fail_at_step": None, "fail_rank": None,
+            "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "old_profile": False, "old_profile_limit": None, "progress_every_s": 30.0,
             "grad_accum": 1, "key_masking": "auto", "cfg_drop": "mask", "sdpa_backend": "auto", "float8_recipe": "tensorwise",
             "reshard_after_forward": True,
             "grad_reduce_dtype": "fp32", "distributed_optimizer": False, "loader_workers": 0, "gc_every": 50},
@@ -95,7 +97,7 @@ def test_the_help_of_a_run_option_is_its_fields():
     for name in flagged:
         assert params[name].help.startswith(FIELDS[name].metadata["help"]), name
     assert params["precision"].help.endswith("Allowed: auto, bf16, fp32, fp8.")
-    assert "after the measured ones (untimed)" in params["profile"].help
+    assert "after the measured ones (untimed)" in params["trace"].help
     # Fields set another way (--nproc / --nnodes, a matrix's repeats) have no flag of their own.
     assert not {"nodes", "gpus_per_node", "repeat"} & set(params)
 
@@ -212,3 +214,73 @@ def test_version():
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"echobench {version('echobench')}"
+
+
+# ---- renamed options and keys: the old name is refused, naming the new one ----
+
+@pytest.mark.parametrize("old, new", [(["--profile"], "--trace"), (["--profile-limit-s", "5"], "--trace-limit-s")])
+def test_run_refuses_an_old_option_naming_the_new_one(tmp_path, old, new):
+    result = CliRunner().invoke(app, ["run", "--scale", "tiny", *old, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and f"was renamed {new} " in result.output and "hardware profile" in result.output
+    assert not (tmp_path / "x").exists()  # refused before anything ran or was written
+
+
+@pytest.mark.parametrize("old, new", [("profile", "trace"), ("profile_limit_s", "trace_limit_s")])
+def test_a_matrix_or_config_file_with_an_old_key_names_the_new_one(tmp_path, old, new):
+    with pytest.raises(MatrixError, match=f"'{old}' \\(renamed '{new}'\\)"):
+        parse_matrix(yaml.safe_dump({"name": "m", "defaults": {old: True if old == "profile" else 5.0}}))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"scale": "tiny", old: True if old == "profile" else 5.0}))
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and f"'{old}' (renamed '{new}')" in result.output
+
+
+def test_what_a_run_stored_under_an_old_key_reads_as_the_new_one():
+    """A record (or a sweep's run.yaml) written before the rename: its settings read with the new
+    keys, so it pools with a new run of the same configuration and loads as a RunConfig."""
+    from echobench.records.config import upgraded
+    from echobench.records.results import Record, configuration_key
+
+    new = RunConfig(scale="tiny", trace=True, trace_limit_s=9.0).to_dict()
+    old = {("profile" if k == "trace" else "profile_limit_s" if k == "trace_limit_s" else k): v for k, v in new.items()}
+    assert "trace" not in old and upgraded(old) == new and RunConfig.from_dict(upgraded(old)).trace is True
+    records = [Record.without_run(RunConfig(scale="tiny"), "error", "x") for _ in range(2)]
+    records[0].config, records[1].config = new, old
+    assert configuration_key(records[0]) == configuration_key(records[1])
+
+
+def test_run_has_no_default_scale(tmp_path):
+    """Without --scale (or scale in --config) a run is refused, not run on the tiny toy."""
+    result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--scale is required" in result.output and not (tmp_path / "x").exists()
+    config = tmp_path / "run.yaml"
+    config.write_text("scale: tiny\nsteps: 0\n")  # scale from the file; steps 0 stops it at validation
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "y")])
+    assert "--scale is required" not in result.output and "steps=0" in result.output
+
+
+def test_a_tune_file_searches_parallelism_and_refuses_layout(tmp_path):
+    from echobench.tune.space import AXES, TuneError, load_tune_file
+
+    tune = tmp_path / "t.yaml"
+    tune.write_text(yaml.safe_dump({"name": "t", "scale": "tiny", "search": {"layout": ["ddp"]}}))
+    with pytest.raises(TuneError, match="search.layout: renamed search.parallelism"):
+        load_tune_file(tune)
+    tune.write_text(yaml.safe_dump({"name": "t", "scale": "tiny", "search": {"parallelism": ["ddp", "tp2"]}}))
+    assert load_tune_file(tune).search == {"parallelism": ["ddp", "tp2"]}
+    # The reference page lists the searched axes as the code has them.
+    page = (ROOT / "docs" / "reference" / "tune-file.md").read_text()
+    listed = page.split("The searched axes")[1].split("(`search.layout`")[0]
+    assert set(re.findall(r"`([a-z_]+)`", listed)) == set(AXES)
+
+
+def test_predict_against_takes_its_own_directories(tmp_path):
+    """--against DIR is an option with its argument: it no longer changes what the positional means."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    both = CliRunner().invoke(app, ["predict", "--against", str(a), str(b)])
+    assert both.exit_code == 2 and f"--against {a} --against {b}" in both.output.replace("\n", "")
+    missing = CliRunner().invoke(app, ["predict", "--against", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "--against: no such file or directory" in missing.output
+    empty = CliRunner().invoke(app, ["predict", "--against", str(a), "--against", str(b)])
+    assert empty.exit_code == 2 and f"no successful runs under {a}, {b}" in empty.output.replace("\n", "")

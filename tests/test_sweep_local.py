@@ -48,7 +48,7 @@ def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, smoke_swe
         for name in ("run.yaml", "job.sh", "logs/local.log"):
             assert (sweep / rid / name).exists(), name
     assert list((sweep / "cache" / "calibration").glob("*.json"))
-    # profile: true in the smoke matrix: every run says where its step's time went
+    # trace: true in the smoke matrix: every run says where its step's time went
     for rid in runs:
         assert record(sweep, rid)["breakdown"]["fractions"] and (sweep / rid / "breakdown.json").exists()
     tp2 = next(rid for rid in runs if record(sweep, rid)["parallelism"] == "tp2")

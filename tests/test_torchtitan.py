@@ -67,7 +67,7 @@ def assert_same_losses(r, ref):
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_data_parallel_matches_single_process(cli, tmp_path, single_run, parallelism):
     out = tmp_path / parallelism
-    extra = ["--profile"] if parallelism == "fsdp2" else []
+    extra = ["--trace"] if parallelism == "fsdp2" else []
     proc = cli("run", *EQUIV, "--micro-batch", "1", "--nproc", "2", "--parallelism", parallelism, *extra,
                "--out", out, timeout=600, env=ONE_THREAD)
     r = record(out)
@@ -78,7 +78,7 @@ def test_data_parallel_matches_single_process(cli, tmp_path, single_run, paralle
     assert "not sharded" in backend["text_encoder"]
     if parallelism == "fsdp2":
         assert backend["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
-        # --profile: a chrome trace from every rank, of steps after the measured ones (untimed).
+        # --trace: a chrome trace from every rank, of steps after the measured ones (untimed).
         assert min(r["profiled_steps"]) > r["warmup_steps"] + r["steps"] - 1
         for rank in (0, 1):
             trace = json.loads((out / f"trace-rank{rank}.json").read_text())

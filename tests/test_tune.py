@@ -52,7 +52,7 @@ def test_rules_prune_tp_over_heads_and_hsdp_on_one_node():
     reasons = {c.cfg.parallelism: c.pruned for c in problem.pruned if c.cfg is not None}
     assert "does not divide the 10 attention heads" in reasons["tp4"] and "tp8" in reasons
     assert {c.cfg.parallelism for c in problem.ranked} == {"ddp", "fsdp2", "tp2"}
-    s = spec(search={"compile": [True], "layout": ["hsdp", "fsdp2"]})
+    s = spec(search={"compile": [True], "parallelism": ["hsdp", "fsdp2"]})
     assert any("hsdp" in c.pruned and "nodes >= 2" in c.pruned for c in build_problem(s, "800M", 1, GPU).pruned)
 
 

@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))  # device_summary, beside this file
 CALL_S = 600  # what one device call may take
 DEADLINE_S = 540  # this script's own end: a margin under the call for the return of the files
 RESERVE_S = 30  # kept at the end for the report table and the last summary
-PROFILE_S = 45  # the profiled steps' own bound (--profile-limit-s), after the measured steps
+PROFILE_S = 45  # the profiled steps' own bound (--trace-limit-s), after the measured steps
 END_S = 10  # after a run's limit: the record, the teardown
 WHEELS_S, PROBE_S = 30, 30  # the set-up's limits: the wheels' install, the environment probe
 
@@ -108,7 +108,7 @@ def steps(dry: bool) -> list[Step]:
             always=True),
         run(f"{n3}-megatron-tp1-mb{mb}", "--scale", s3, "--framework", "megatron", "--parallelism", "tp1",
             "--no-compile", "--micro-batch", str(mb), limit=90, least=45, always=True),
-        run(f"{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), "--profile",
+        run(f"{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), "--trace",
             limit=240, least=130, always=True),
         run(f"{n8}-compile-mb{mb8}", "--scale", s8, "--compile", "--micro-batch", str(mb8),
             limit=180, least=90, always=True),
@@ -125,7 +125,7 @@ def steps(dry: bool) -> list[Step]:
             limit=150, least=80, needs=(f"{n3}-compile-mb{mb}",)),
         run(f"{n3}-compile-sac-mb{mb}", "--scale", s3, "--compile", "--ac", "selective", "--micro-batch", str(mb),
             limit=180, least=100),
-        run(f"{n3}-compile-mb{mb2}", "--scale", s3, "--compile", "--micro-batch", str(mb2), "--profile",
+        run(f"{n3}-compile-mb{mb2}", "--scale", s3, "--compile", "--micro-batch", str(mb2), "--trace",
             limit=180, least=100),
         run(f"{n8}-eager-mb{mb8}", "--scale", s8, "--no-compile", "--micro-batch", str(mb8), limit=70, least=35),
         bare(f"bare-{n3}-eager-mb{mb}", "--scale", s3, "--micro-batch", str(mb), limit=60, least=30),
@@ -233,11 +233,11 @@ class Check:
         extra: dict = {}
         if step.kind == "run":
             run_dir = self.work / "runs" / step.name
-            profile_s = PROFILE_S * self.scale if "--profile" in step.args else 0
+            profile_s = PROFILE_S * self.scale if "--trace" in step.args else 0
             # The run stops itself at its limit (status timeout, record written) before the backstop;
             # the profiled steps after the measured ones have their own bound.
             cmd = self.echobench("run", *step.args, "--time-limit-s", f"{limit - END_S - profile_s:.0f}",
-                                 *(("--profile-limit-s", f"{profile_s:.0f}") if profile_s else ()),
+                                 *(("--trace-limit-s", f"{profile_s:.0f}") if profile_s else ()),
                                  "--out", str(run_dir))
             extra["run_dir"] = run_dir
         elif step.kind == "bare":
@@ -268,7 +268,7 @@ class Check:
         self.note(kind=step.kind, name=step.name, command=shlex.join(cmd), rc=rc, wall_s=round(wall, 1),
                   limit_s=round(limit), log=log, **extra)
         self.say(f"   {self.outcome.get(step.name)} (exit {rc}) in {wall:.0f} s: {tail[0][:160]}")
-        if step.kind == "run" and "--profile" in step.args and self.outcome.get(step.name) == "passed":
+        if step.kind == "run" and "--trace" in step.args and self.outcome.get(step.name) == "passed":
             self.pack_trace()
 
     def pack_trace(self) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The smoke sweep (profile: true) -> where each run's step time went: `echobench explain` of every run
+# The smoke sweep (trace: true) -> where each run's step time went: `echobench explain` of every run
 # and the dashboard's "Where the time goes" section rendered in headless Chromium.
 # Produces reports/dashboard-time-smoke-cpu.png (committed); a few minutes on 2 CPU cores.
 # Usage: [PYTHON=.venv/bin/python] bash tools/time_demo.sh [OUT_DIR]

@@ -99,13 +99,15 @@ PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; re
 
 @app.command("predict")
 def predict_command(
-    paths: Optional[list[Path]] = typer.Argument(None, metavar="MATRIX | RUN_DIRS...", help="A matrix YAML file; "
-                                                 "with --against, sweep or run directories (or result.json files)."),
+    paths: Optional[list[Path]] = typer.Argument(None, metavar="MATRIX", help="A matrix YAML file: its runs "
+                                                 "predicted."),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP),
     nodes: Optional[str] = typer.Option(None, "--nodes", help="Every configuration at these node counts (1 .. "
                                         "1024, e.g. 1,4,16) instead of the matrix's."),
-    against: bool = typer.Option(False, "--against", help="Predict measured runs and hold each against its "
-                                 "record: step time, MFU and, for --profile runs, the parts of the step."),
+    against: list[Path] = typer.Option([], "--against", metavar="DIR", help="Instead of a matrix: the measured "
+                                       "runs under DIR (a sweep or run directory, or a result.json; repeat for "
+                                       "more), each predicted and held against its record: step time, MFU and, for "
+                                       "--trace runs, the parts of the step."),
     validate: Optional[Path] = typer.Option(None, "--validate", metavar="FILE", help="Hold the model against "
                                             "published training runs (e.g. validation/published-runs.yaml): "
                                             "predicted vs published step time per row, leave-one-source-out and "
@@ -129,8 +131,11 @@ def predict_command(
         return
     if write_fit:
         fail("--write-fit goes with --validate FILE", 1)
-    if not paths:
-        fail("predict needs a MATRIX (or run directories with --against, or --validate FILE)")
+    if against and paths:
+        fail(f"predict takes a MATRIX or --against DIR, not both ({paths[0]} beside --against {against[0]}): give "
+             f"each directory its own --against (--against {against[0]} --against {paths[0]})")
+    if not paths and not against:
+        fail("predict needs a MATRIX (or --against DIR for measured runs, or --validate FILE)")
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
     if against:
@@ -138,9 +143,10 @@ def predict_command(
 
         if nodes is not None:
             fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")
+        paths = against
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
-            fail(f"no such file or directory: {', '.join(missing)}")
+            fail(f"--against: no such file or directory: {', '.join(missing)}")
         records, problems = load_records(paths)
         for problem in problems:
             err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
@@ -167,7 +173,7 @@ def predict_command(
             console.print(esc(line), highlight=False)
         return
     if len(paths) != 1:
-        fail(f"predict takes one matrix ({len(paths)} paths given): for run directories add --against")
+        fail(f"predict takes one matrix ({len(paths)} paths given): for run directories, --against DIR each")
     matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None, only)
     cfgs = [r.cfg for r in the_plan.runs]
     try:

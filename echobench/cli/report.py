@@ -109,7 +109,7 @@ def compare(
 @app.command()
 def explain(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="One run's directory (result.json, and breakdown.json "
-                                   "from a --profile run)."),
+                                   "from a --trace run)."),
     as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
 ):
     """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""

@@ -18,8 +18,9 @@ from echobench.records.console import esc, record_report, repeats_report
 from echobench.records.yamltext import yaml_problem
 
 
-def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
-    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override."""
+def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> tuple[dict, bool]:
+    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override. And
+    whether the scale was given (a flag or the file): a run has no default scale."""
     settings = {}
     if config is not None:
         try:
@@ -30,6 +31,7 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
             fail(f"--config {config}: not valid YAML: {yaml_problem(exc)}")
         if not isinstance(settings, dict):
             fail(f"--config {config}: expected a mapping of run settings")
+    file_keys = set(settings)
     # Compared by name: typer may carry its own copy of click's ParameterSource enum.
     explicit = ("COMMANDLINE", "ENVIRONMENT")
     for name, value in params.items():
@@ -38,7 +40,7 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
             continue
         if name not in settings or getattr(source, "name", None) in explicit:
             settings[name] = value
-    return settings
+    return settings, "scale" in file_keys or getattr(ctx.get_parameter_source("scale"), "name", None) in explicit
 
 
 @app.command()
@@ -55,14 +57,21 @@ def run(
     repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
                                 "group writing OUT/repeat-K/result.json; prints the median over them."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
+    old_profile: bool = typer.Option(False, "--profile", hidden=True),  # renamed --trace: refused naming it
+    old_profile_limit: Optional[float] = typer.Option(None, "--profile-limit-s", hidden=True),
     **params,
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
     from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
 
+    if old_profile or old_profile_limit is not None:
+        fail(f"{'--profile' if old_profile else '--profile-limit-s'} was renamed "
+             f"{'--trace' if old_profile else '--trace-limit-s'} (a torch trace of a few steps after the measured "
+             "ones); --profile names a hardware profile in plan, predict, tune and report")
+
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
         ln.dump_stacks_on_signal()
-    settings = run_settings(ctx, params, config)
+    settings, scale_given = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
         settings["parallelism"] = tp_parallelism(ctx, tp)
@@ -76,6 +85,9 @@ def run(
         fail(f"{config or 'run settings'}: {exc}")
     if problem := parallelism_problem(cfg):
         fail(problem)
+    if not scale_given:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
+        fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "
+             "trained); or scale in the --config file")
     if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):
         fail(problem)
     writable_dir(out)

@@ -116,8 +116,9 @@ class RunConfig:
     t5_hidden_dim: int | None = setting(None, "Expected encoder hidden size (checked against encoder_model).")
     encoder_checkpoint: str | None = setting(None, "Local checkpoint directory for the text encoder.")
     tokenizer: str | None = setting(None, "Local Hugging Face tokenizer directory (else byte-level).")
-    profile: bool = setting(False, "Trace 3 steps after the measured ones (untimed): OUT/trace-rankN.json and the "
-                            "time breakdown OUT/breakdown.json (echobench explain).", flag="--profile")
+    trace: bool = setting(False, "Trace 3 steps after the measured ones (untimed) with torch.profiler: "
+                          "OUT/trace-rankN.json and the time breakdown OUT/breakdown.json (echobench explain).",
+                          flag="--trace")
     fail_at_step: int | None = setting(None, "Testing: inject a failure at this step (-1: at start-up, before the "
                                        "process group forms).", min=-1)
     fail_rank: int | None = setting(None, "Testing: fail on this rank only (default: all ranks).")
@@ -126,10 +127,10 @@ class RunConfig:
         "hang: the rank stops in its loop, idle, as one stuck in a collective: only a time limit ends it).")
     collective_timeout_s: float = setting(300.0, "How long a live rank waits for a dead one in a collective.", flag="")
     time_limit_s: float | None = setting(None, "Stop the run after this many seconds (status timeout); it ends with "
-                                         "the measured steps (--profile's after them: profile_limit_s).")
-    profile_limit_s: float | None = setting(120.0, "Bound on --profile's work after the measured steps (the profiled "
-                                            "steps, trace export and breakdown): reached, profiling stops and the run "
-                                            "keeps its figures, without a breakdown (0 or null: no bound).")
+                                         "the measured steps (--trace's after them: trace_limit_s).")
+    trace_limit_s: float | None = setting(120.0, "Bound on --trace's work after the measured steps (the traced "
+                                          "steps, trace export and breakdown): reached, tracing stops and the run "
+                                          "keeps its figures, without a breakdown (0 or null: no bound).")
     progress_every_s: float | None = setting(30.0, "Rank 0 prints a progress line (step, loss, step time, samples/s, "
                                              "TFLOP/s, MFU, memory) at most this often, in seconds, into the job "
                                              "log too (0: every step; null: none, nor the phase lines).")
@@ -218,12 +219,24 @@ class RunConfig:
 
 FIELDS = {f.name: f for f in fields(RunConfig)}
 
+# Keys given a new name: in a matrix, tune or --config file the old one is refused naming the new
+# (unknown_key); in what a run stored (a record's config, a sweep's run.yaml) it is read as the new.
+RENAMED_KEYS = {"profile": "trace", "profile_limit_s": "trace_limit_s"}
+
+
+def upgraded(settings: dict) -> dict:
+    """Stored settings (a record's config, a run.yaml) with renamed keys under their new names."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
+
 
 def unknown_key(keys: list[str], allowed: list[str], what: str = "key", prefix: str = "") -> str:
     """One line for keys that are not among `allowed` (each named `prefix` + key, as "slurm.time"):
     each with the one or two allowed keys nearest in spelling (a typo's likely fix), then the allowed keys."""
     named = []
     for key in keys:
+        if RENAMED_KEYS.get(key) in allowed:
+            named.append(f"{prefix + str(key)!r} (renamed {prefix + RENAMED_KEYS[key]!r})")
+            continue
         near = " or ".join(map(repr, difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)))
         named.append(f"{prefix + str(key)!r}" + (f" (did you mean {near}?)" if near else ""))
     return f"unknown {what}{'s' if len(keys) > 1 else ''} {', '.join(named)}: allowed {', '.join(allowed)}"
@@ -317,7 +330,7 @@ def settings_table() -> str:
 
 
 # Keys that do not change what is measured: left out of the run id.
-NON_IDENTITY_KEYS = {"device", "profile", "collective_timeout_s", "time_limit_s", "profile_limit_s", "encoder_checkpoint",
+NON_IDENTITY_KEYS = {"device", "trace", "collective_timeout_s", "time_limit_s", "trace_limit_s", "encoder_checkpoint",
                      "tokenizer", "progress_every_s"}
 # ...and the keys that change how long or how often we measure, only check a setting or inject a
 # failure for a test, not what is measured: a configuration leaves out both. The run id keeps these (a sweep's existing run

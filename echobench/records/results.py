@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
 from echobench.records.atomic import write_json_atomic
-from echobench.records.config import RunConfig, configuration_id, run_id
+from echobench.records.config import RunConfig, configuration_id, run_id, upgraded
 from echobench.records.peaks import peak_precision_of, table_peak
 from echobench.records.run_figures import max_of, peak_mem_figures, step_figures, window_figures
 
@@ -232,7 +232,7 @@ class Record(BaseModel):
     skipped_samples: int | None = None
     backend: dict[str, Any] | None = None
     per_rank: list[RankEntry] = []
-    # --profile
+    # --trace (trace: true)
     profile_traces: list[str | None] | None = None
     profiled_steps: list[int] | None = None
     breakdown: dict[str, Any] | None = None
@@ -533,7 +533,7 @@ def record_settings(record: Record) -> dict:
     """The settings a run was launched with: the record's `config` (its RunConfig), else (a record
     without one) its top-level fields of the same names that it has."""
     if record.config is not None:
-        return record.config
+        return upgraded(record.config)
     return {k: getattr(record, k) for k in RunConfig.__dataclass_fields__ if k in record.model_fields_set}
 
 

@@ -1,7 +1,7 @@
 """The dashboard's "Where the time goes": stacked parts of the step per configuration, and the MFU
 waterfall of a selected run (drawn in the page from the data here, one run at a time).
 
-Reads only the records' `breakdown` summary (written by `--profile` runs; echobench.train.breakdown).
+Reads only the records' `breakdown` summary (written by `--trace` runs; echobench.train.breakdown).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "ot
 LEGEND = {"gemm": "GEMM", "attention": "attention", "optimizer": "optimizer", "other_compute": "other compute",
           "memcpy": "memory copies", "communication": "exposed comm", "data_wait": "data wait", "idle": "idle"}
 CAPTION = ("One step's time on the busiest device (GPU streams; on CPU runs the main thread), from the profiler "
-           "trace of a few steps after the measured ones (runs with profile: true or --profile). Bars: the parts as "
+           "trace of a few steps after the measured ones (runs with trace: true or --trace). Bars: the parts as "
            "a share of the step, mean over a configuration's profiled repeats. The waterfall goes from the peak "
            "to the run's MFU in percentage points (docs/explanation/time.md); its padding step is the matmul "
            "time spent on padded tokens (docs/explanation/mfu.md); pick a run, or follow a "
            "'waterfall' link in the best-MFU table.")
-EMPTY = "No profiled runs: set profile: true in the matrix (or run --profile) to see where the step's time goes."
+EMPTY = "No profiled runs: set trace: true in the matrix (or run --trace) to see where the step's time goes."
 
 
 def profiled_rows(data: ReportInput) -> pd.DataFrame:

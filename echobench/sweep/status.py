@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from echobench.records.config import RunConfig
+from echobench.records.config import RunConfig, upgraded
 from echobench.records.console import NOT_STARTED, WAITING, esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
 from echobench.records.results import Record, export_table, load_records, records_frame
@@ -55,7 +55,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
             continue
         try:
             rd = run_dir(sweep_dir, rid)
-            readable[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, state.runs.get(rid)
+            readable[rid] = RunConfig.from_dict(upgraded(yaml.safe_load((rd / "run.yaml").read_text()))), rd, state.runs.get(rid)
         except (OSError, ValueError, TypeError, yaml.YAMLError):
             rows[rid] = {"run_id": rid, "state": "unreadable",
                          "error": f"{sweep_dir / rid / 'run.yaml'} is missing or invalid"}
@@ -141,7 +141,7 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
             if e.job_id and not e.settled:
                 try:
                     rd = run_dir(sweep_dir, rid)
-                    out[rid] = RunConfig.from_dict(yaml.safe_load((rd / "run.yaml").read_text())), rd, e
+                    out[rid] = RunConfig.from_dict(upgraded(yaml.safe_load((rd / "run.yaml").read_text()))), rd, e
                 except (OSError, ValueError, TypeError, yaml.YAMLError):
                     log(console, f"{esc(rid)}: [red]{esc(sweep_dir / rid / 'run.yaml')} is missing or invalid[/]: "
                                  f"job {esc(e.job_id)} left as it is")

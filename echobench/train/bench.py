@@ -269,8 +269,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
     on the host after each step; the ranks compare after the window, outside it). Returns this
     rank's figures.
 
-    The run's time limit (run_benchmark) ends with the last measured window; --profile's steps,
-    trace export and breakdown after it have their own bound (profile_limit_s), which stops
+    The run's time limit (run_benchmark) ends with the last measured window; --trace's steps,
+    trace export and breakdown after it have their own bound (trace_limit_s), which stops
     profiling, never the run: the measured figures stand and the breakdown says why it is missing.
     """
     dtype = resolve_dtype(cfg.precision, info.device)
@@ -371,11 +371,11 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         step_times, waits = window.timer.durations(), window.timer.wait_durations()
         kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
                    if device_type == "cuda" else None)
-        if cfg.profile:
+        if cfg.trace:
             progress.phase(f"profiling {PROFILER_WARMUP + PROFILED_STEPS} step(s) after the measured ones (untimed)")
             profiler = make_profiler(cfg, info, out_dir, profiled)
             profiled["steps"] = profiled_steps(step)
-            start_profile_limit(cfg.profile_limit_s)
+            start_profile_limit(cfg.trace_limit_s)
             try:
                 for _ in range(PROFILER_WARMUP + PROFILED_STEPS):
                     run_step(traced=True)
@@ -451,7 +451,7 @@ class RunTimeout(BaseException):
 
 
 class ProfileTimeout(BaseException):
-    """--profile's bound (profile_limit_s) reached: stops profiling, not the run (run_loop). A
+    """--trace's bound (trace_limit_s) reached: stops profiling, not the run (run_loop). A
     BaseException for the same reason as RunTimeout."""
 
 
@@ -481,8 +481,8 @@ def start_time_limit(seconds: float | None) -> None:
 
 
 def start_profile_limit(seconds: float | None) -> None:
-    """The profiling bound (profile_limit_s), from the end of the measured steps: ProfileTimeout."""
-    _arm(seconds, ProfileTimeout, f"profiling stopped at its {seconds or 0:g} s bound (profile_limit_s)")
+    """The profiling bound (trace_limit_s), from the end of the measured steps: ProfileTimeout."""
+    _arm(seconds, ProfileTimeout, f"profiling stopped at its {seconds or 0:g} s bound (trace_limit_s)")
 
 
 def stop_time_limit() -> None:

@@ -1,4 +1,4 @@
-"""--profile's torch.profiler for a run (echobench.train.bench): a few traced steps after the measured
+"""--trace's torch.profiler for a run (echobench.train.bench): a few traced steps after the measured
 ones, a chrome trace per rank, and this rank's time breakdown (echobench.train.breakdown)."""
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ def trace_path(out_dir: Path, rank: int) -> Path:
 
 
 def profiled_steps(first: int) -> list[int]:
-    """Steps traced by --profile (0 = the run's first step) when profiling starts at step `first`,
+    """Steps traced by --trace (0 = the run's first step) when profiling starts at step `first`,
     after the measured window, so the profiler's overhead never reaches the timings: its warm-up
     step, then the traced ones."""
     return list(range(first + PROFILER_WARMUP, first + PROFILER_WARMUP + PROFILED_STEPS))
 
 
 def make_profiler(cfg: RunConfig, info: DistInfo, out_dir: Path, profiled: dict):
-    """With --profile, a torch.profiler started now, once the measured window is over: a warm-up
+    """With --trace, a torch.profiler started now, once the measured window is over: a warm-up
     step, then PROFILED_STEPS traced steps on every rank; it writes a chrome trace (OUT/trace-rankN.json)
     next to the result and puts this rank's time breakdown, from the profiler's events, in
     profiled["breakdown"]."""
-    if not cfg.profile:
+    if not cfg.trace:
         return None
     active, warmup, wait = PROFILED_STEPS, PROFILER_WARMUP, 0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
@@ -57,7 +57,7 @@ def profiling_stopped(profiled: dict, exc: BaseException, path: Path, rank: int)
     if not profiled.get("breakdown"):
         where = profiled.get("phase", "the profiled steps")
         profiled["breakdown"] = {"rank": rank, "error": f"{exc} during {where}; the measured figures stand "
-                                                        "(a larger profile_limit_s gives the profiler more time)"}
+                                                        "(a larger trace_limit_s gives the profiler more time)"}
 
 
 def discard_profiler(prof) -> None:

@@ -97,7 +97,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
             for r in ranks
         ],
     )
-    if cfg.profile:
+    if cfg.trace:
         # Only the traces that were written (profiling stopped by its bound may leave a rank without one).
         record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")],
                       profiled_steps=ranks[0]["profiled_steps"], breakdown=breakdown_summary([r["breakdown"] for r in ranks]))

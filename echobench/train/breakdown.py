@@ -1,6 +1,6 @@
 """Where one training step's time goes, and the MFU waterfall built from it.
 
-A `--profile` run (`profile: true` in a matrix) traces a few steps after the measured ones with
+A `--trace` run (`trace: true` in a matrix) traces a few steps after the measured ones with
 torch.profiler. Right after, each rank turns the profiler's own events (`prof.events()`: ops with
 their nesting, device kernels with their streams, all timestamped) into a breakdown of one
 step on its busiest timeline:
@@ -388,8 +388,8 @@ def read_profiled_run(run_dir: Path) -> tuple[Record, dict]:
     if "error" in (record.breakdown or {}):
         raise ValueError(f"{run_id}: the profiler breakdown failed during the run: {record.breakdown['error']}")
     if not (run_dir / BREAKDOWN_FILE).exists():
-        raise ValueError(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --profile "
-                         "(in a matrix: profile: true)")
+        raise ValueError(f"{run_dir}: no breakdown.json: the run was not profiled; rerun it with --trace "
+                         "(in a matrix: trace: true)")
     return record, read_breakdown(run_dir)
 
 

@@ -31,12 +31,12 @@ from echobench.records.peaks import table_peak
 from echobench.predict import Prediction, PredictError, is_cpu, predict
 from echobench.records.yamltext import read_yaml
 
-# The axes a tune searches (search: in the tune file fixes or widens each); `layout` is a parallelism
-# value: tpN runs on megatron, the others on torchtitan.
-AXES = ("layout", "micro_batch", "grad_accum", "ac", "compile", "reshard_after_forward", "precision")
+# The axes a tune searches (search: in the tune file fixes or widens each); tpN parallelism runs on
+# megatron, the others on torchtitan (so the framework follows from it).
+AXES = ("parallelism", "micro_batch", "grad_accum", "ac", "compile", "reshard_after_forward", "precision")
 MICRO_BATCHES = [1, 2, 4, 8, 16, 32]
 # Set by the tune itself on every candidate: a tune file's defaults may not set them.
-OWN_KEYS = ("scale", "framework", "parallelism", "nodes", "gpus_per_node", *AXES[1:])
+OWN_KEYS = ("scale", "framework", "nodes", "gpus_per_node", *AXES)
 
 
 class TuneError(ValueError):
@@ -109,7 +109,7 @@ def load_tune_file(path: Path) -> TuneFile:
     for key, value in spec.defaults.items():
         if key in OWN_KEYS:
             raise TuneError(f"{path}: defaults.{key}: the tune sets it on every candidate: fix it with "
-                            f"search: {{{'layout' if key in ('framework', 'parallelism') else key}: [...]}}"
+                            f"search: {{{'parallelism' if key == 'framework' else key}: [...]}}"
                             if key not in ("scale", "nodes", "gpus_per_node") else
                             f"{path}: defaults.{key}: set it at the top level of the tune file")
         try:
@@ -118,12 +118,13 @@ def load_tune_file(path: Path) -> TuneFile:
             raise TuneError(f"{path}: defaults.{key}: {exc}") from None
     for axis, values in spec.search.items():
         if axis not in AXES:
-            raise TuneError(f"{path}: search.{axis}: not a searched axis: one of {', '.join(AXES)}")
+            raise TuneError(f"{path}: search.{axis}: " + ("renamed search.parallelism, as in matrices and run files"
+                            if axis == "layout" else f"not a searched axis: one of {', '.join(AXES)}"))
         if not values:
             raise TuneError(f"{path}: search.{axis}: give at least one value")
         for v in values:
             try:
-                check_value("parallelism" if axis == "layout" else axis, v)
+                check_value(axis, v)
             except ValueError as exc:
                 raise TuneError(f"{path}: search.{axis}: {exc}") from None
     if spec.global_batch is not None and "grad_accum" in spec.search:
@@ -167,7 +168,7 @@ def default_axes(nodes: int, gpus_per_node: int, profile: HardwareProfile) -> di
     world = nodes * gpus_per_node
     layouts = ["single"] if world == 1 else ["ddp", "fsdp2"] + (["hsdp"] if nodes > 1 and gpus_per_node > 1 else []) \
         + [f"tp{t}" for t in (2, 4, 8) if t <= gpus_per_node and gpus_per_node % t == 0]
-    return {"layout": layouts, "micro_batch": MICRO_BATCHES, "grad_accum": [1], "ac": ["none", "selective", "full"],
+    return {"parallelism": layouts, "micro_batch": MICRO_BATCHES, "grad_accum": [1], "ac": ["none", "selective", "full"],
             # a CPU compile takes minutes per run: search it there by naming it (search: {compile: [false, true]})
             "compile": [True, False] if gpu else [False], "reshard_after_forward": [True, False],
             "precision": (["bf16", "fp8"] if fp8_device(profile) else ["bf16"]) if gpu else ["fp32"]}
@@ -249,7 +250,7 @@ def space(spec: TuneFile, scale: str, nodes: int, profile: HardwareProfile) -> l
     out, seen = [], set()
     for values in itertools.product(*(axes[k] for k in keys)):
         point = dict(zip(keys, values))
-        layout = point.pop("layout")
+        layout = point.pop("parallelism")
         if layout not in ("fsdp2", "hsdp"):
             point["reshard_after_forward"] = True
         settings = {"scale": scale, "framework": framework_of(layout), "parallelism": layout, "nodes": nodes,
@@ -319,7 +320,7 @@ def nowhere_message(spec: TuneFile, scale: str, nodes: int, profile: HardwarePro
     where = f"{scale} on {nodes} node(s) x {spec.gpus_per_node}"
     if reasons != ["memory"] and "memory" not in reasons:
         first = problem.pruned[0].pruned if problem.pruned else "no candidates"
-        return f"{where}: no candidate is left ({first}): widen search (e.g. search: {{layout: [...]}})"
+        return f"{where}: no candidate is left ({first}): widen search (e.g. search: {{parallelism: [...]}})"
     smallest = min(estimate_memory(c.cfg).total_gib for c in problem.pruned if c.pruned.startswith("memory"))
     n = nodes * 2
     while n <= 1024:
