@@ -464,3 +464,25 @@ def test_the_installed_command_is_the_one_that_formats_usage_errors():
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"echobench": "echobench.cli:main"}
+
+
+def test_sweep_progress_shows_what_each_run_last_said(tmp_path):
+    """On a terminal the sweep's table gives a running run's newest progress line (from its log's
+    tail, srun's rank label and all), a finished run's MFU from its record, and a bar of the runs
+    finished; log text is printed verbatim."""
+    from echobench.records.console import Progress
+
+    running, done = tmp_path / "a", tmp_path / "b"
+    (running / "logs").mkdir(parents=True)
+    (running / "logs" / "slurm-7.out").write_text(
+        "0: [echobench] warm-up: 1 shape\n" + "noise\n" * 5000
+        + f"0: [echobench] step 12/40 measured, loss 1.2, MFU 31.0% {MARKUP}\n0: other output\n")
+    record = Record.without_run(RunConfig(), "ok", "")
+    record.mfu, record.samples_per_s = 0.4567, 12.5
+    record.save(done)
+    console = Console(record=True, width=300)
+    console.print(Progress(console).table([("a", "running", "job 7", running), ("b", "ok", "", done),
+                                          ("c", "queued", "", None)]))
+    text = console.export_text()
+    assert f"step 12/40 measured, loss 1.2, MFU 31.0% {MARKUP}" in text and "warm-up" not in text
+    assert "MFU 45.7%, 12.5 samples/s" in text and "1/3 finished" in text

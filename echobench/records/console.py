@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rich.console import Group
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -47,22 +49,68 @@ def log(console, text: str) -> None:
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", highlight=False)
 
 
+PROGRESS_MARK = "[echobench] "  # what a run's progress lines start with (echobench.train.progress.say)
+
+
+def last_progress_line(run_dir, tail_bytes: int = 16384) -> str | None:
+    """The newest progress line in a run's newest log (its logs/ folder), without the mark (and any
+    srun label before it); None where there is none yet. Reads the log's tail only: logs grow long."""
+    logs = [p for p in (run_dir / "logs").glob("*") if p.is_file()] if (run_dir / "logs").is_dir() else []
+    if not logs:
+        return None
+    newest = max(logs, key=lambda p: p.stat().st_mtime)
+    with open(newest, "rb") as f:
+        f.seek(max(f.seek(0, 2) - tail_bytes, 0))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    found = [line.split(PROGRESS_MARK, 1)[1] for line in lines if PROGRESS_MARK in line]
+    return found[-1].strip() if found else None
+
+
+def outcome_text(run_dir) -> str | None:
+    """A finished run's headline from its record: MFU and samples/s ("" where the record has none)."""
+    from echobench.records.results import Record  # lazy: console is imported where records are not read
+
+    try:
+        record = Record.load(run_dir / "result.json")
+    except (OSError, ValueError):
+        return None
+    if record.status != "ok" or record.mfu is None:
+        return None
+    return f"MFU {record.mfu:.1%}, {record.samples_per_s:.3g} samples/s"
+
+
 @dataclass
 class Progress:
-    """A sweep's live table of runs (on a terminal; elsewhere the log lines say it all)."""
+    """A sweep's live view on a terminal: a bar of the runs finished, then a table of every run with
+    its state and what it last said (a running run: its newest progress line, step, MFU, memory; a
+    finished one: its MFU). Elsewhere (a log file, CI) the sweep's log lines say it all."""
 
     console: object
     live: object = None
+    started: float = 0.0
+    finished: dict = field(default_factory=dict)  # run dir -> its outcome_text, read once
 
-    def table(self, rows: list[tuple[str, str, str]]):
-        table = Table(title="sweep: " + state_counts(state for _, state, _ in rows))
+    def table(self, rows: list[tuple]):
+        """rows: (run id, state, detail[, run directory]); a directory adds what the run last said."""
+        states = [row[1] for row in rows]
+        done = sum(1 for s in states if s not in ("queued", "pending", "running", WAITING, NOT_STARTED))
+        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.started)) if self.started else None
+        table = Table(title=f"sweep: {done}/{len(rows)} finished ({state_counts(states)})"
+                            + (f", {elapsed} elapsed" if elapsed else ""))
         for col in ("run", "state", "detail"):
             table.add_column(col, overflow="fold")
-        for rid, state, detail in rows:
-            table.add_row(esc(rid), state_markup(state), esc(detail[:80]))
-        return table
+        for rid, state, detail, *where in rows:
+            said = None
+            if where and where[0] is not None:
+                if state == "running":
+                    said = last_progress_line(where[0])
+                elif state == "ok":
+                    said = self.finished.setdefault(where[0], outcome_text(where[0]))
+            table.add_row(esc(rid), state_markup(state), esc((said or detail or "")[:100]))
+        return Group(ProgressBar(total=max(len(rows), 1), completed=done, width=60), table)
 
     def __enter__(self):
+        self.started = time.monotonic()
         if getattr(self.console, "is_terminal", False):
             self.live = Live(console=self.console, refresh_per_second=2, transient=False).__enter__()
         return self

@@ -292,8 +292,8 @@ class Sweep:
                     if self.poll():
                         changed = True
                         self.submit_ready(queue)  # room freed: the next runs at once
-                    progress.update([(r.id, e.state, e.detail) if (e := self.state.runs.get(r.id))
-                                     else (r.id, "queued", "") for r in runs])
+                    progress.update([(r.id, e.state, e.detail, self.run_dir(r)) if (e := self.state.runs.get(r.id))
+                                     else (r.id, "queued", "", None) for r in runs])
                     if queue or self.tracked:
                         longest = longest_poll(poll_s, {self.state.runs[rid].state for rid in self.tracked}) \
                             if detached(self.executor) else poll_s
