@@ -239,7 +239,7 @@ def test_summary_takes_the_busiest_rank_and_keeps_errors():
 
 # ---- real traces of the tiny model on the CPU ----
 
-RUN = ["--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
+RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
        "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
 
 

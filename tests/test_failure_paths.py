@@ -331,7 +331,7 @@ def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(cli, tmp_path,
 
 
 def test_fail_at_step_below_minus_one_is_refused(cli, tmp_path):
-    assert "fail_at_step=-2" in one_line_error(cli("run", "--fail-at-step", "-2", "--out", tmp_path / "x"))
+    assert "fail_at_step=-2" in one_line_error(cli("run", "--scale", "tiny", "--fail-at-step", "-2", "--out", tmp_path / "x"))
 
 
 # ---- 8. a SLURM sweep without a peak ----

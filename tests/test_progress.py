@@ -54,7 +54,7 @@ def test_a_measured_line_without_the_loss_says_its_clock_is_the_host_s():
 
 
 def test_a_run_prints_its_phases_and_its_steps_at_the_rate_asked(cli, tmp_path):
-    tiny = ["--steps", "3", "--warmup-steps", "2", "--micro-batch", "1", "--audio-frames", "30", "--text-tokens", "8",
+    tiny = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "2", "--micro-batch", "1", "--audio-frames", "30", "--text-tokens", "8",
             "--speaker-frames", "30", "--peak-tflops", "0.5"]
     every = cli("run", *tiny, "--progress-every-s", "0", "--out", tmp_path / "every")
     assert every.returncode == 0, every.stderr

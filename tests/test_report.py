@@ -21,7 +21,7 @@ from echobench.records.results import PLAN_FILE, Env, Record
 
 ARTIFACTS = ROOT / "test-artifacts"
 XSS = "<script>alert(1)</script>"
-TINY_RUN = ["--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16",
+TINY_RUN = ["--scale", "tiny", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16",
             "--speaker-frames", "40", "--peak-tflops", "1"]
 
 

@@ -58,7 +58,7 @@ OPTIONS = {
 # flag not given, leaves the setting at auto).
 DEFAULTS = {
     "run": {"out": None, "config": None, "nproc": None, "nnodes": 1, "node_rank": 0, "master_addr": None,
-            "master_port": 29500, "repeats": 1, "scale": "tiny", "framework": "torchtitan", "parallelism": "single",
+            "master_port": 29500, "repeats": 1, "scale": None, "framework": "torchtitan", "parallelism": "single",
             "tp": None, "te": "auto", "sequence_parallel": None, "steps": 30, "warmup_steps": 10, "micro_batch": 8,
             "data": "synthetic", "precision": "auto", "peak_tflops": None, "audio_frames": 750, "text_tokens": 256,
             "speaker_frames": 750, "compile": None, "ac": "none", "seed": 0, "device": "auto",

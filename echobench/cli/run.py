@@ -18,9 +18,8 @@ from echobench.records.console import esc, record_report, repeats_report
 from echobench.records.yamltext import yaml_problem
 
 
-def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> tuple[dict, bool]:
-    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override. And
-    whether the scale was given (a flag or the file): a run has no default scale."""
+def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> dict:
+    """Settings from --config YAML (the keys of a matrix's defaults); explicit flags override."""
     settings = {}
     if config is not None:
         try:
@@ -31,20 +30,19 @@ def run_settings(ctx: typer.Context, params: dict, config: Path | None) -> tuple
             fail(f"--config {config}: not valid YAML: {yaml_problem(exc)}")
         if not isinstance(settings, dict):
             fail(f"--config {config}: expected a mapping of run settings")
-    file_keys = set(settings)
     # Compared by name: typer may carry its own copy of click's ParameterSource enum.
     explicit = ("COMMANDLINE", "ENVIRONMENT")
     for name, value in params.items():
         source = ctx.get_parameter_source(name)
-        if value is None and auto_switch(name):  # flag not given: the file's value, else the field's default
+        if value is None and (auto_switch(name) or name == "scale"):  # not given: the file's value, else the field's default
             continue
         if name not in settings or getattr(source, "name", None) in explicit:
             settings[name] = value
-    return settings, "scale" in file_keys or getattr(ctx.get_parameter_source("scale"), "name", None) in explicit
+    return settings
 
 
 @app.command()
-@settings_options()
+@settings_options(scale=None)  # no default scale: --scale or scale in --config
 def run(
     ctx: typer.Context,
     out: Path = typer.Option(..., "--out", help="Directory for result.json (created)."),
@@ -71,7 +69,7 @@ def run(
 
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
         ln.dump_stacks_on_signal()
-    settings, scale_given = run_settings(ctx, params, config)
+    settings = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
         settings["parallelism"] = tp_parallelism(ctx, tp)
@@ -85,7 +83,7 @@ def run(
         fail(f"{config or 'run settings'}: {exc}")
     if problem := parallelism_problem(cfg):
         fail(problem)
-    if not scale_given:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
+    if "scale" not in settings:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
         fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "
              "trained); or scale in the --config file")
     if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):

@@ -59,7 +59,8 @@ def parse_buckets(text: str, max_frames: int | None = None) -> list[int]:
 
 @dataclass
 class RunConfig:
-    scale: Scale = setting("tiny", "Model preset.")
+    scale: Scale = setting("tiny", "Model preset: tiny (0.35M parameters, a CPU smoke test) or Echo TTS's 800M, 3B, 8B. "
+                           "`echobench run` requires it (no default there); a matrix's runs default to tiny.")
     framework: Framework = setting("torchtitan", "Training backend.")
     parallelism: str = setting("single", "Layout of the processes (--tp N sets tpN).")
     nodes: int = setting(1, "Nodes (--nnodes with --nproc).", min=1, flag="")
