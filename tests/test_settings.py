@@ -22,7 +22,7 @@ OPTIONS = {
     "run": ["--ac", "--audio-frames", "--batching", "--buckets", "--cfg-drop", "--compile", "--config", "--data", "--device", "--encoder-checkpoint",
             "--encoder-model", "--fail-at-step", "--fail-kind", "--fail-rank", "--float8-recipe", "--framework", "--frozen-encoder",
             "--master-addr", "--master-port", "--micro-batch", "--nnodes", "--no-compile", "--no-skip-bad-samples",
-            "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--trace",
+            "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--trace", "--log-metrics",
             "--trace-limit-s", "--progress-every-s",
             "--profile", "--profile-limit-s",  # the old names, hidden: refused naming the new
             "--repeats", "--scale", "--seed", "--sequence-parallel", "--skip-bad-samples", "--speaker-frames",
@@ -64,7 +64,7 @@ DEFAULTS = {
             "speaker_frames": 750, "compile": None, "ac": "none", "seed": 0, "device": "auto",
             "skip_bad_samples": False, "batching": "pad", "buckets": None, "encoder_model": None, "frozen_encoder": True, "t5_hidden_dim": None,
             "encoder_checkpoint": None, "tokenizer": None, "trace": False, "fail_at_step": None, "fail_rank": None,
-            "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "old_profile": False, "old_profile_limit": None, "progress_every_s": 30.0,
+            "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "old_profile": False, "old_profile_limit": None, "log_metrics": "none", "progress_every_s": 30.0,
             "grad_accum": 1, "key_masking": "auto", "cfg_drop": "mask", "sdpa_backend": "auto", "float8_recipe": "tensorwise",
             "reshard_after_forward": True,
             "grad_reduce_dtype": "fp32", "distributed_optimizer": False, "loader_workers": 0, "gc_every": 50},

@@ -51,7 +51,7 @@ RUN_PANELS = {
                     "loader_workers", "gc_every"],
     "Data and text encoder": ["data", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
                               "t5_hidden_dim", "tokenizer"],
-    "Measurement": ["peak_tflops", "trace", "time_limit_s", "trace_limit_s", "progress_every_s"],
+    "Measurement": ["peak_tflops", "trace", "time_limit_s", "trace_limit_s", "progress_every_s", "log_metrics"],
     "hidden": ["fail_at_step", "fail_rank", "fail_kind"],
 }
 PANEL_OF = {name: panel for panel, names in RUN_PANELS.items() for name in names}

@@ -61,6 +61,7 @@ def run(
 ):
     """One benchmark run: real training steps of the full model; writes OUT/result.json."""
     from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
+    from echobench.train.metrics_log import metrics_log_problem
 
     if old_profile or old_profile_limit is not None:
         fail(f"{'--profile' if old_profile else '--profile-limit-s'} was renamed "
@@ -82,6 +83,8 @@ def run(
     except (ValueError, TypeError) as exc:
         fail(f"{config or 'run settings'}: {exc}")
     if problem := parallelism_problem(cfg):
+        fail(problem)
+    if problem := metrics_log_problem(cfg.log_metrics):  # before any process starts
         fail(problem)
     if "scale" not in settings:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
         fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "

@@ -132,6 +132,10 @@ class RunConfig:
     trace_limit_s: float | None = setting(120.0, "Bound on --trace's work after the measured steps (the traced "
                                           "steps, trace export and breakdown): reached, tracing stops and the run "
                                           "keeps its figures, without a breakdown (0 or null: no bound).")
+    log_metrics: Literal["none", "tensorboard", "wandb"] = setting(
+        "none", "Also log rank 0's progress figures and the record's to TensorBoard (OUT/tensorboard) or Weights & "
+        "Biases (project WANDB_PROJECT, default echobench); needs the package (pip install 'echobench[tensorboard]' "
+        "or '[wandb]'). The record stays what to quote.")
     progress_every_s: float | None = setting(30.0, "Rank 0 prints a progress line (step, loss, step time, samples/s, "
                                              "TFLOP/s, MFU, memory) at most this often, in seconds, into the job "
                                              "log too (0: every step; null: none, nor the phase lines).")
@@ -332,7 +336,7 @@ def settings_table() -> str:
 
 # Keys that do not change what is measured: left out of the run id.
 NON_IDENTITY_KEYS = {"device", "trace", "collective_timeout_s", "time_limit_s", "trace_limit_s", "encoder_checkpoint",
-                     "tokenizer", "progress_every_s"}
+                     "tokenizer", "progress_every_s", "log_metrics"}
 # ...and the keys that change how long or how often we measure, only check a setting or inject a
 # failure for a test, not what is measured: a configuration leaves out both. The run id keeps these (a sweep's existing run
 # directories must keep their ids, or it would rerun them).

@@ -41,6 +41,7 @@ from echobench.records.config import parse_buckets
 from echobench.data.dataset import Padding
 from echobench.train.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware.device import default_dtype, resolve_peak
+from echobench.train.metrics_log import finish as finish_metrics, open_metrics_log, result_figures
 from echobench.train.progress import Progress
 from echobench.train.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
                                size_recompile_limit)
@@ -262,12 +263,12 @@ class Window:
 
 
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None,
-             flops_per_sample: float | None = None) -> dict:
+             flops_per_sample: float | None = None, metrics=None) -> dict:
     """Builds the training setup, warms every micro-batch variant the window can meet
     (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
     (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
     on the host after each step; the ranks compare after the window, outside it). Returns this
-    rank's figures.
+    rank's figures. `metrics`: rank 0's metrics_log logger (log_metrics), fed by the progress lines.
 
     The run's time limit (run_benchmark) ends with the last measured window; --trace's steps,
     trace export and breakdown after it have their own bound (trace_limit_s), which stops
@@ -283,7 +284,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
                                                    cfg.speaker_frames).total
     progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
                         flops_per_sample * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
-                        enabled=info.is_main)
+                        enabled=info.is_main, metrics=metrics)
     progress.phase(f"building {cfg.scale} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
                    f"{info.device.type}")
     setup = build_training(cfg, info, dtype)
@@ -569,6 +570,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     cfg = match_process_group(cfg, info)
     record = start_record(cfg, info.device)
     start_time_limit(cfg.time_limit_s)
+    metrics = None
     try:
         if no_gpu:
             raise NoGpuError(no_gpu)
@@ -579,7 +581,10 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
             model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
         record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
                                      cfg.peak_tflops, record.precision))
-        mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"])
+        if info.is_main:
+            metrics = open_metrics_log(cfg.log_metrics, out_dir, record.run_id, cfg.to_dict())
+        mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"],
+                        metrics)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
         stop_time_limit()
@@ -596,6 +601,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
         record.fail([rank_record])
         if info.is_main and not info.enabled:
             record.save(out_dir)
+        finish_metrics(metrics, {})
         shutdown(abort=True)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -606,5 +612,6 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
         if "fractions" in (record.breakdown or {}):
             write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])
         record.save(out_dir)
+        finish_metrics(metrics, result_figures(record))
     shutdown()
     return record

@@ -48,6 +48,7 @@ class Progress:
     enabled: bool = True  # rank 0
     clock: Callable[[], float] = time.monotonic
     out: Callable[[str], None] = say
+    metrics: object = None  # a metrics_log logger: gets each step line's figures
     _since: tuple[float, int] = field(default=(0.0, 0), init=False)
 
     def start(self, step: int = 0) -> None:
@@ -70,13 +71,17 @@ class Progress:
             return False
         step_s = (now - then) / (step - then_step)
         tflops = self.flops_per_step / step_s / 1e12
+        figures = {"step_time_s": step_s, "samples_per_s": self.samples_per_step / step_s, "tflops": tflops,
+                   **({"mfu": tflops / self.peak_tflops} if self.peak_tflops else {}),
+                   "memory_gib": memory_gib(self.device), **({"loss": float(loss)} if loss is not None else {})}
         parts = [f"step {step}/{self.total_steps} {phase}",
-                 f"loss {float(loss):.4f}" if loss is not None else "loss -",
-                 f"{step_s:.3g} s/step", f"{self.samples_per_step / step_s:.3g} samples/s",
-                 f"{tflops:.3g} TFLOP/s"]
+                 f"loss {figures['loss']:.4f}" if loss is not None else "loss -",
+                 f"{step_s:.3g} s/step", f"{figures['samples_per_s']:.3g} samples/s", f"{tflops:.3g} TFLOP/s"]
         if self.peak_tflops:
-            parts.append(f"MFU {tflops / self.peak_tflops:.1%}")
-        parts.append(f"mem {memory_gib(self.device):.2f} GiB")
+            parts.append(f"MFU {figures['mfu']:.1%}")
+        parts.append(f"mem {figures['memory_gib']:.2f} GiB")
         self.out(", ".join(parts) + (" (host clock)" if phase == "measured" else ""))
+        if self.metrics is not None:
+            self.metrics.log(step, figures)
         self._since = (now, step)
         return True
