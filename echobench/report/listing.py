@@ -63,13 +63,12 @@ def shown_dir(path: Path, roots: list[Path]) -> str:
     return str(path)
 
 
-def record_row(record: Record, shown_sweep: str, full_sweep: Path) -> dict:
+def record_row(record: Record, shown_sweep: str) -> dict:
     return {"sweep_dir": shown_sweep, "run_id": record.run_id, "scale": record.scale, "framework": record.framework,
             "parallelism": record.parallelism, "nodes": record.nodes, "gpus": record.world_size,
             "status": record.status, "mfu": record.mfu, "samples_per_s": record.samples_per_s,
             "step_time_s": record.step_time_s, "peak_mem_gib": record.peak_mem_gib, "date": record.env.time,
-            "error": record.error or None, "path": str(record.path), "_settings": record_settings(record),
-            "_sweep_path": str(full_sweep)}
+            "error": record.error or None, "path": str(record.path), "_settings": record_settings(record)}
 
 
 def list_records(paths: list[Path]) -> Listing:
@@ -87,7 +86,7 @@ def list_records(paths: list[Path]) -> Listing:
             listing.unreadable.append({**{k: None for k in KEYS}, "sweep_dir": shown_dir(where, paths),
                                        "status": UNREADABLE, "error": str(exc), "path": str(path)})
             continue
-        listing.rows.append(record_row(record, shown_dir(where, paths), where))
+        listing.rows.append(record_row(record, shown_dir(where, paths)))
     return listing
 
 
