@@ -19,6 +19,7 @@ from echobench.cli.common import app, err_console, print_error
 from echobench.cli import run  # noqa: F401,E402
 from echobench.cli import calibrate  # noqa: F401,E402
 from echobench.cli import report  # noqa: F401,E402
+from echobench.cli import results  # noqa: F401,E402
 from echobench.cli import plan  # noqa: F401,E402
 from echobench.cli import tune  # noqa: F401,E402
 from echobench.cli import sweep  # noqa: F401,E402
