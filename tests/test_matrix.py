@@ -652,3 +652,65 @@ def test_local_processes_come_from_local_and_the_slurm_block_is_still_read():
     assert "local.gpus_per_node: Input should be greater than or equal to 1" in error("name: t\nlocal: {gpus_per_node: 0}\n")
     smoke = load_matrix(ROOT / "matrices" / "smoke.yaml")
     assert "slurm" not in yaml.safe_load(smoke.text) and smoke.spec.local.gpus_per_node == 2
+
+
+# ---- the published matrix and the run files ----
+
+PUBLISHED = ROOT / "matrices" / "gh200-published.yaml"
+
+
+def test_the_published_matrix_is_its_five_configurations_at_one_global_batch_per_scale_and_node_count():
+    p = expand(load_matrix(PUBLISHED))
+    assert not p.skipped and not p.excluded and not p.duplicates
+    assert sorted((r.cfg.scale, r.cfg.framework, r.cfg.parallelism, r.cfg.nodes) for r in p.runs) == sorted(
+        [(s, fw, par, n) for s, fw, par in [("800M", "torchtitan", "ddp"), ("3B", "megatron", "tp2"),
+                                            ("8B", "megatron", "tp4")] for n in (1, 4, 16)]
+        + [("3B", "torchtitan", "fsdp2", 1), ("3B", "torchtitan", "hsdp", 4), ("3B", "torchtitan", "hsdp", 16)])
+    batches: dict = {}
+    for r in p.runs:
+        batches.setdefault((r.cfg.scale, r.cfg.nodes), set()).add(r.cfg.global_batch)
+    assert all(len(b) == 1 for b in batches.values()), batches
+    assert {k: b.pop() for k, b in batches.items()} == {(s, n): per * n for s, per in (("800M", 32), ("3B", 32), ("8B", 8))
+                                                        for n in (1, 4, 16)}
+    # The Slingshot copy runs the same runs: only where and how they run differs.
+    slingshot = expand(load_matrix(ROOT / "matrices" / "gh200-slingshot.yaml"))
+    assert [r.cfg for r in slingshot.runs] == [r.cfg for r in p.runs]
+
+
+# Keys a run file leaves to where it runs: --nproc / --nnodes, the device (auto: cuda on a GPU node; a
+# CPU can try the file with overrides) and the peak (the matrix's hardware section; `run` takes the
+# device's datasheet peak). Every other key must equal the published matrix's run on one node.
+RUN_FILE_FREE = {"nodes", "gpus_per_node", "device", "peak_tflops"}
+
+
+def run_file_disagreements(path, runs) -> list[str]:
+    """One line per key where the run file `path` differs from its run in `runs` (the published
+    matrix's runs on one node, by scale, framework and parallelism)."""
+    settings = yaml.safe_load(path.read_text())
+    nproc = re.search(r"--nproc (\d+)", path.read_text())
+    cfg = RunConfig.from_dict({**settings, "gpus_per_node": int(nproc.group(1)) if nproc else 1})
+    key = (cfg.scale, cfg.framework, cfg.parallelism)
+    run = next((r for r in runs if (r.cfg.scale, r.cfg.framework, r.cfg.parallelism) == key), None)
+    if run is None:
+        return [f"{path.name}: no run of {PUBLISHED.name} on one node is {' '.join(key)}"]
+    name = PUBLISHED.name
+    ours, theirs = cfg.to_dict(), run.cfg.to_dict()
+    lines = [f"{path.name}: {k}: {ours[k]!r} here, {theirs[k]!r} in {name} ({' '.join(key)}, 1 node)"
+             for k in ours if k not in RUN_FILE_FREE and ours[k] != theirs[k]]
+    if cfg.gpus_per_node != run.cfg.gpus_per_node:
+        lines.append(f"{path.name}: its command's --nproc {cfg.gpus_per_node}, {run.cfg.gpus_per_node} GPUs a node in {name}")
+    return lines
+
+
+def test_each_run_file_is_its_published_run_on_one_node(tmp_path):
+    runs = [r for r in expand(load_matrix(PUBLISHED)).runs if r.cfg.nodes == 1]
+    files = sorted((ROOT / "matrices" / "runs").glob("*.yaml"))
+    assert len(files) == 4
+    problems = [line for path in files for line in run_file_disagreements(path, runs)]
+    assert not problems, "\n".join(problems)
+    # A disagreement is one line naming the file, the key and both values.
+    bad = tmp_path / "megatron-8b-tp4.yaml"
+    bad.write_text((ROOT / "matrices" / "runs" / "megatron-8b-tp4.yaml").read_text().replace("micro_batch: 8",
+                                                                                             "micro_batch: 4"))
+    assert run_file_disagreements(bad, runs) == [
+        "megatron-8b-tp4.yaml: micro_batch: 4 here, 8 in gh200-published.yaml (8B megatron tp4, 1 node)"]
