@@ -124,7 +124,7 @@ def test_run_file_with_overrides_runs_on_cpu(cli, tmp_path):
     run_file = next(p for p in RUN_FILES if p.stem == "torchtitan-800m-ddp")
     out = tmp_path / "run"
     proc = cli("run", "--config", run_file, "--scale", "tiny", "--nproc", "2", "--steps", "2", "--warmup-steps", "1",
-               "--micro-batch", "1", "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40",
+               "--micro-batch", "1", "--precision", "auto", "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40",
                "--encoder-model", "tiny-t5", "--train-encoder", "--peak-tflops", "1", "--out", out, timeout=600)
     record = json.loads((out / "result.json").read_text())
     assert proc.returncode == 0, record["error"]

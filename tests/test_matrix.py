@@ -477,7 +477,7 @@ def test_a_file_given_to_the_wrong_command_is_named_with_the_right_one(command, 
 
 
 @pytest.mark.parametrize("text, said", [
-    ("name: t\ndefaults: {mico_batch: 2}\n", "unknown run key 'mico_batch' (did you mean 'micro_batch'?)"),
+    ("name: t\ndefaults: {mico_batch: 2}\n", "unknown run key 'mico_batch' (did you mean 'micro_batch'"),
     ("name: t\nlocal: {tiem: '00:05:00'}\n", "unknown key 'local.tiem' (did you mean 'time'?)"),
     ("name: t\nbogus: 1\n", "unknown key 'bogus': allowed name,"),  # nothing near: no guess
 ])
@@ -497,3 +497,220 @@ def test_plan_and_predict_take_only_as_sweep_does(cli):
     assert sorted(r["run_id"] for r in planned["runs"]) == want == sorted(r["run_id"] for r in predicted)
     bad = cli("plan", path, "--only", "scal=3B")
     assert bad.returncode == 2 and "unknown run key 'scal' (did you mean 'scale'?)" in " ".join(bad.stderr.split())
+
+
+# ---- the global batch held, configs, local processes ----
+
+GB = """
+name: t
+executor: slurm
+slurm: {gpus_per_node: 4, fabric: none}
+defaults: {scale: 3B, micro_batch: 8, device: cpu, %s}
+configs:
+  - {framework: torchtitan, parallelism: ddp}
+  - {framework: torchtitan, parallelism: fsdp2, nodes: 1}
+  - {framework: torchtitan, parallelism: hsdp, nodes: [2, 4]}
+  - {framework: megatron, parallelism: tp2}
+  - {framework: megatron, parallelism: tp4}
+axes: {nodes: [1, 2, 4]}
+"""
+
+
+def test_global_batch_per_node_derives_grad_accum_for_every_layout_and_node_count():
+    p = plan(GB % "global_batch_per_node: 32")
+    assert not p.skipped
+    got = {(r.cfg.parallelism, r.cfg.nodes): (r.cfg.grad_accum, r.cfg.global_batch) for r in p.runs}
+    tp = {"ddp": 1, "fsdp2": 1, "hsdp": 1, "tp2": 2, "tp4": 4}
+    # data-parallel ranks = nodes x 4 / tp; grad_accum = 32 x nodes / (8 x ranks) = tp
+    want = {(par, n): (tp[par], 32 * n) for par in tp for n in (1, 2, 4)
+            if not (par == "fsdp2" and n > 1) and not (par == "hsdp" and n == 1)}
+    assert got == want
+    for r in p.runs:  # the derived accumulation is a setting of the run: its id, run.yaml, plan --json
+        assert r.settings["grad_accum"] == r.cfg.grad_accum and r.cfg.to_dict()["grad_accum"] == r.cfg.grad_accum
+
+
+def test_the_derived_accumulation_reaches_the_runs_run_yaml(tmp_path):
+    from echobench.sweep.executors import make_executor, write_run_files
+
+    matrix = parse_matrix(GB % "global_batch_per_node: 32", "m.yaml")
+    run = next(r for r in expand(matrix).runs if r.cfg.parallelism == "tp4" and r.cfg.nodes == 2)
+    write_run_files(run, tmp_path / run.id, matrix, make_executor("slurm", matrix))
+    written = yaml.safe_load((tmp_path / run.id / "run.yaml").read_text())
+    assert written["grad_accum"] == 4 and "global_batch_per_node" not in written  # run settings only
+    assert RunConfig.from_dict(written).global_batch == 64 and run_id(RunConfig.from_dict(written)) == run.id
+
+
+def test_a_fixed_global_batch_is_skipped_with_the_reason_where_no_accumulation_makes_it():
+    p = plan(GB % "global_batch: 64")
+    ok = {(r.cfg.parallelism, r.cfg.nodes): r.cfg.grad_accum for r in p.runs}
+    assert ok == {("ddp", 1): 2, ("ddp", 2): 1, ("fsdp2", 1): 2, ("hsdp", 2): 1, ("tp2", 1): 4, ("tp2", 2): 2,
+                  ("tp2", 4): 1, ("tp4", 1): 8, ("tp4", 2): 4, ("tp4", 4): 2}
+    assert all(r.cfg.global_batch == 64 for r in p.runs)
+    skipped = {(s.settings["parallelism"], s.settings["nodes"]): s.reason for s in p.skipped}
+    assert skipped == {
+        ("ddp", 4): "global batch 64 is smaller than micro_batch 8 x 16 data-parallel ranks (128): "
+                    "micro_batch 4 would make it (grad_accum 1)",
+        ("hsdp", 4): "global batch 64 is smaller than micro_batch 8 x 16 data-parallel ranks (128): "
+                     "micro_batch 4 would make it (grad_accum 1)"}
+    # Not a whole number of micro-batches: a smaller micro-batch that would make it is named, or none.
+    reasons = {(s.settings["parallelism"], s.settings["nodes"]): s.reason for s in plan(GB % "global_batch: 40").skipped}
+    assert reasons["ddp", 1] == ("global batch 40 is not a whole number of micro_batch 8 x 4 data-parallel ranks (32): "
+                              "micro_batch 5 would make it (grad_accum 2)")
+    reasons = {(s.settings["parallelism"], s.settings["nodes"]): s.reason for s in plan(GB % "global_batch: 6").skipped}
+    assert reasons["ddp", 1] == ("global batch 6 is smaller than micro_batch 8 x 4 data-parallel ranks (32): "
+                              "no micro-batch makes it on 4 data-parallel ranks")
+    # per node: the reason says how the global batch came about
+    reasons = {(s.settings["parallelism"], s.settings["nodes"]): s.reason
+               for s in plan(GB % "global_batch_per_node: 24").skipped}
+    assert reasons["tp2", 1] == ("global_batch_per_node 24 x 1 nodes = global batch 24 is not a whole number of "
+                                 "micro_batch 8 x 2 data-parallel ranks (16): micro_batch 6 would make it (grad_accum 2)")
+
+
+def test_an_explicit_grad_accum_that_disagrees_with_the_global_batch_is_an_error():
+    with pytest.raises(MatrixError) as exc:
+        plan(GB % "global_batch_per_node: 32, grad_accum: 2")
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith("m.yaml: run 3B-torchtitan-ddp-n1x4-mb8-")
+    assert ("grad_accum 2 makes global batch 64 (micro_batch 8 x 4 data-parallel ranks x 2), but "
+            "global_batch_per_node 32 x 1 nodes = global batch 32 needs grad_accum 1") in message
+    with pytest.raises(MatrixError, match=r"global batch 40 cannot be made \(global batch 40 is not a whole number"):
+        plan(GB % "global_batch: 40, grad_accum: 1")
+    # One that agrees is no error: megatron TP=2 at 1 and 2 nodes, accumulating 2.
+    p = plan("name: t\nslurm: {gpus_per_node: 4}\ndefaults: {scale: 3B, device: cpu, micro_batch: 8, grad_accum: 2}\n"
+             "configs: [{framework: megatron, parallelism: tp2, global_batch_per_node: 32}]\naxes: {nodes: [1, 2]}\n",
+             "slurm")
+    assert [(r.cfg.nodes, r.cfg.global_batch) for r in p.runs] == [(1, 32), (2, 64)]
+
+
+def test_the_batch_keys_are_checked_and_the_nearer_layer_wins():
+    assert "global_batch=0 is not valid: allowed an integer >= 1" in error("name: t\ndefaults: {global_batch: 0}\n")
+    assert "global_batch_per_node=True is not valid" in error("name: t\naxes: {global_batch_per_node: [true]}\n")
+    assert ("defaults: global_batch and global_batch_per_node both given: give one"
+            in error("name: t\ndefaults: {global_batch: 8, global_batch_per_node: 8}\n"))
+    assert "axes: global_batch and global_batch_per_node both given" in error(
+        "name: t\naxes: {global_batch: [8], global_batch_per_node: [8]}\n")
+    assert "unknown run key 'global_bach' (did you mean 'global_batch'" in error("name: t\ndefaults: {global_bach: 8}\n")
+    # An include's (or a config's) global batch replaces the defaults' per-node one, not adds to it.
+    p = plan("name: t\nslurm: {gpus_per_node: 2}\ndefaults: {scale: tiny, micro_batch: 2, global_batch_per_node: 8}\n"
+             "configs: [{parallelism: ddp}, {parallelism: ddp, global_batch: 16}]\n"
+             "include: [{parallelism: single, global_batch: 6}]\n")
+    assert [(r.cfg.parallelism, r.cfg.grad_accum, r.cfg.global_batch) for r in p.runs] == [
+        ("ddp", 2, 8), ("ddp", 4, 16), ("single", 3, 6)]
+
+
+def test_plan_shows_each_runs_global_batch_and_accumulation(cli, tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text(GB % "global_batch_per_node: 32")
+    out = json.loads(cli("plan", m, "--json", check=True).stdout)
+    rows = {r["run_id"]: r for r in out["runs"]}
+    tp2 = [r for r in rows.values() if r["settings"]["parallelism"] == "tp2" and r["settings"]["nodes"] == 4]
+    assert len(tp2) == 1 and (tp2[0]["global_batch"], tp2[0]["grad_accum"]) == (128, 2)
+    assert tp2[0]["settings"]["grad_accum"] == 2 and tp2[0]["settings"]["global_batch_per_node"] == 32
+    text = cli("plan", m, check=True, env={"COLUMNS": "250"}).stdout
+    line = next(line for line in text.splitlines() if tp2[0]["run_id"] in line)
+    assert "8 x 2 / 128" in line
+    m.write_text(GB % "global_batch: 64")
+    out = json.loads(cli("plan", m, "--json", check=True).stdout)
+    assert {s["reason"] for s in out["skipped"]} == {"global batch 64 is smaller than micro_batch 8 x 16 data-parallel "
+                                                     "ranks (128): micro_batch 4 would make it (grad_accum 1)"}
+
+
+def test_configs_cross_only_the_axes_they_leave_unset():
+    p = plan("""
+name: t
+slurm: {gpus_per_node: 2}
+defaults: {scale: tiny}
+configs:
+  - {parallelism: ddp}
+  - {parallelism: single, micro_batch: [1, 2], seed: 7}
+axes: {micro_batch: [4, 8], ac: [none, full]}
+exclude: [{parallelism: ddp, micro_batch: 8, ac: full}]
+include: [{parallelism: single, micro_batch: 16}]
+""")
+    got = [(r.cfg.parallelism, r.cfg.micro_batch, r.cfg.ac, r.cfg.seed) for r in p.runs]
+    assert got == [("ddp", 4, "none", 0), ("ddp", 4, "full", 0), ("ddp", 8, "none", 0),
+                   ("single", 1, "none", 7), ("single", 1, "full", 7), ("single", 2, "none", 7),
+                   ("single", 2, "full", 7), ("single", 16, "none", 0)]
+    assert p.excluded == 1 and not p.skipped
+    assert "configs[1].micro_batch: give at least one value" in error("name: t\nconfigs: [{}, {micro_batch: []}]\n")
+    assert "configs[0].ac: ac='most' is not valid" in error("name: t\nconfigs: [{ac: most}]\n")
+    # counted before expanding: 2 configs (1 x 4 and 2 x 2 runs) + 1 include
+    with pytest.raises(MatrixError, match=r"9 runs \(2 configs x micro_batch 2 x ac 2, \+ 1 included\)"):
+        expand(parse_matrix("name: t\nconfigs: [{seed: 1}, {seed: 2, micro_batch: [1, 2]}]\n"
+                            "axes: {micro_batch: [4, 8], ac: [none, full]}\ninclude: [{seed: 3}]\n", "m.yaml"),
+               max_runs=8)
+
+
+def test_local_processes_come_from_local_and_the_slurm_block_is_still_read():
+    def per_node(text, executor=None):
+        return {r.cfg.parallelism: r.cfg.gpus_per_node for r in plan(text, executor).runs}
+
+    both = "name: t\nlocal: {gpus_per_node: 3}\nslurm: {gpus_per_node: 2, fabric: none}\naxes: {parallelism: [single, ddp]}\n"
+    assert per_node(both) == {"single": 1, "ddp": 3}
+    assert per_node(both, "slurm") == {"single": 1, "ddp": 2}  # --executor slurm: the slurm block's
+    assert per_node("name: t\nslurm: {gpus_per_node: 2}\naxes: {parallelism: [ddp]}\n") == {"ddp": 2}  # the older form
+    assert "local.gpus_per_node: Input should be greater than or equal to 1" in error("name: t\nlocal: {gpus_per_node: 0}\n")
+    smoke = load_matrix(ROOT / "matrices" / "smoke.yaml")
+    assert "slurm" not in yaml.safe_load(smoke.text) and smoke.spec.local.gpus_per_node == 2
+
+
+# ---- the published matrix and the run files ----
+
+PUBLISHED = ROOT / "matrices" / "gh200-published.yaml"
+
+
+def test_the_published_matrix_is_its_five_configurations_at_one_global_batch_per_scale_and_node_count():
+    p = expand(load_matrix(PUBLISHED))
+    assert not p.skipped and not p.excluded and not p.duplicates
+    assert sorted((r.cfg.scale, r.cfg.framework, r.cfg.parallelism, r.cfg.nodes) for r in p.runs) == sorted(
+        [(s, fw, par, n) for s, fw, par in [("800M", "torchtitan", "ddp"), ("3B", "megatron", "tp2"),
+                                            ("8B", "megatron", "tp4")] for n in (1, 4, 16)]
+        + [("3B", "torchtitan", "fsdp2", 1), ("3B", "torchtitan", "hsdp", 4), ("3B", "torchtitan", "hsdp", 16)])
+    batches: dict = {}
+    for r in p.runs:
+        batches.setdefault((r.cfg.scale, r.cfg.nodes), set()).add(r.cfg.global_batch)
+    assert all(len(b) == 1 for b in batches.values()), batches
+    assert {k: b.pop() for k, b in batches.items()} == {(s, n): per * n for s, per in (("800M", 32), ("3B", 32), ("8B", 8))
+                                                        for n in (1, 4, 16)}
+    # The Slingshot copy runs the same runs: only where and how they run differs.
+    slingshot = expand(load_matrix(ROOT / "matrices" / "gh200-slingshot.yaml"))
+    assert [r.cfg for r in slingshot.runs] == [r.cfg for r in p.runs]
+
+
+# Keys a run file leaves to where it runs: --nproc / --nnodes, the device (auto: cuda on a GPU node; a
+# CPU can try the file with overrides) and the peak (the matrix's hardware section; `run` takes the
+# device's datasheet peak). Every other key must equal the published matrix's run on one node.
+RUN_FILE_FREE = {"nodes", "gpus_per_node", "device", "peak_tflops"}
+
+
+def run_file_disagreements(path, runs) -> list[str]:
+    """One line per key where the run file `path` differs from its run in `runs` (the published
+    matrix's runs on one node, by scale, framework and parallelism)."""
+    settings = yaml.safe_load(path.read_text())
+    nproc = re.search(r"--nproc (\d+)", path.read_text())
+    cfg = RunConfig.from_dict({**settings, "gpus_per_node": int(nproc.group(1)) if nproc else 1})
+    key = (cfg.scale, cfg.framework, cfg.parallelism)
+    run = next((r for r in runs if (r.cfg.scale, r.cfg.framework, r.cfg.parallelism) == key), None)
+    if run is None:
+        return [f"{path.name}: no run of {PUBLISHED.name} on one node is {' '.join(key)}"]
+    name = PUBLISHED.name
+    ours, theirs = cfg.to_dict(), run.cfg.to_dict()
+    lines = [f"{path.name}: {k}: {ours[k]!r} here, {theirs[k]!r} in {name} ({' '.join(key)}, 1 node)"
+             for k in ours if k not in RUN_FILE_FREE and ours[k] != theirs[k]]
+    if cfg.gpus_per_node != run.cfg.gpus_per_node:
+        lines.append(f"{path.name}: its command's --nproc {cfg.gpus_per_node}, {run.cfg.gpus_per_node} GPUs a node in {name}")
+    return lines
+
+
+def test_each_run_file_is_its_published_run_on_one_node(tmp_path):
+    runs = [r for r in expand(load_matrix(PUBLISHED)).runs if r.cfg.nodes == 1]
+    files = sorted((ROOT / "matrices" / "runs").glob("*.yaml"))
+    assert len(files) == 4
+    problems = [line for path in files for line in run_file_disagreements(path, runs)]
+    assert not problems, "\n".join(problems)
+    # A disagreement is one line naming the file, the key and both values.
+    bad = tmp_path / "megatron-8b-tp4.yaml"
+    bad.write_text((ROOT / "matrices" / "runs" / "megatron-8b-tp4.yaml").read_text().replace("micro_batch: 8",
+                                                                                             "micro_batch: 4"))
+    assert run_file_disagreements(bad, runs) == [
+        "megatron-8b-tp4.yaml: micro_batch: 4 here, 8 in gh200-published.yaml (8B megatron tp4, 1 node)"]

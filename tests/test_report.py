@@ -645,7 +645,7 @@ def test_time_section_links_best_rows_to_a_profiled_repeat_and_escapes(tmp_path)
 @pytest.mark.browser
 @pytest.mark.slow
 def test_where_the_time_goes_in_chromium(real_sweep, tmp_path, cli):
-    """The smoke sweep profiles (profile: true): every run has a breakdown, the section draws the
+    """The smoke sweep profiles (trace: true): every run has a breakdown, the section draws the
     parts per configuration, and the best-MFU table's link shows that run's waterfall."""
     out = tmp_path / "report.html"
     cli("report", real_sweep, "-o", out, check=True)

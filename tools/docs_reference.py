@@ -29,7 +29,9 @@ SETTINGS_INTRO = """\
 # Run settings
 
 One typed definition (`echobench.records.config.RunConfig`) gives the `echobench run` flags, the keys of a
-`--config` file and of a matrix's `defaults`, axes, `exclude` and `include`, and this table
+`--config` file and of a matrix's `defaults`, `axes`, `configs`, `exclude` and `include` (where a matrix
+may also hold the global batch, `global_batch` or `global_batch_per_node`, which sets each run's
+`grad_accum`: [Matrix files](matrix.md#holding-the-global-batch)), and this table
 (`settings_table()`; a test keeps it equal). A bad value is one line naming the key and what is
 allowed, the same from a flag, a `--config` file or a matrix file (`te='maybe' is not valid:
 allowed auto, on, off`). `echobench run` adds the launch options `--out`, `--config`, `--nproc`,

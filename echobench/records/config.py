@@ -234,6 +234,23 @@ def upgraded(settings: dict) -> dict:
     return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
 
 
+def grad_accum_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """grad_accum = global_batch / (micro_batch x dp) where that is a whole number >= 1; else
+    ValueError naming why, and the largest smaller micro-batch that would make it where one would."""
+    per_step = micro_batch * dp
+    accum, left = divmod(global_batch, per_step)
+    if accum >= 1 and not left:
+        return accum
+    why = (f"global batch {global_batch} is smaller than micro_batch {micro_batch} x {dp} data-parallel ranks "
+           f"({per_step})" if accum < 1 else
+           f"global batch {global_batch} is not a whole number of micro_batch {micro_batch} x {dp} data-parallel "
+           f"ranks ({per_step})")
+    smaller = next((mb for mb in range(micro_batch - 1, 0, -1) if global_batch % (mb * dp) == 0), None)
+    hint = (f": micro_batch {smaller} would make it (grad_accum {global_batch // (smaller * dp)})"
+                   if smaller else f": no micro-batch makes it on {dp} data-parallel ranks")
+    raise ValueError(why + hint)
+
+
 def unknown_key(keys: list[str], allowed: list[str], what: str = "key", prefix: str = "") -> str:
     """One line for keys that are not among `allowed` (each named `prefix` + key, as "slurm.time"):
     each with the one or two allowed keys nearest in spelling (a typo's likely fix), then the allowed keys."""

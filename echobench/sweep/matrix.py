@@ -1,10 +1,13 @@
 """Matrix files: YAML -> validated settings -> the list of runs (and the skipped ones, with why).
 
 A matrix (docs/reference/matrix.md) has `defaults`, `axes` (any RunConfig key; the runs are their
-cartesian product), `exclude` (drop combinations matching every key of an entry; a list value
+cartesian product), `configs` (optional: the configurations compared, each crossed with the axes
+it does not set itself), `exclude` (drop combinations matching every key of an entry; a list value
 matches any of its items) and `include` (extra single runs; an entry may carry its own
 `time_limit`); `repeats: N` runs every run N times as independent launches (distinct run ids,
-the same settings otherwise). The file is checked with pydantic, and run keys against their
+the same settings otherwise). `global_batch` or `global_batch_per_node` (x nodes), anywhere a run
+key may stand, holds the global batch: each run's grad_accum is derived from it, and a run that
+cannot reach it is skipped with the reason. The file is checked with pydantic, and run keys against their
 RunConfig field: an unknown key, a wrong type or a bad value is an error naming the file, the key
 and what is allowed. A combination that cannot run (a layout the framework lacks, TP wider than a
 node, ...) is listed as skipped with its reason, never an error.
@@ -26,7 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from echobench import backends
-from echobench.records.config import FIELDS, RunConfig, base_type, check_value, choices, run_id, unknown_key
+from echobench.records.config import (FIELDS, RunConfig, base_type, check_value, choices, grad_accum_for, run_id,
+                                      unknown_key)
 from echobench.train.fabric import hca_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.records.peaks import table_peak
@@ -262,6 +266,9 @@ class SlurmSettings(Strict):
 
 class LocalSettings(Strict):
     time: str = "00:30:00"  # per-run time limit on the local executor
+    # Processes of a run that is not `single` (ddp, tp2, ...) on the local executor; unset: slurm.gpus_per_node
+    # (the older form, still read), else 1.
+    gpus_per_node: int | None = Field(None, ge=1, le=64)
 
     @field_validator("time", mode="before")
     @classmethod
@@ -301,6 +308,7 @@ class MatrixFile(Strict):
     hardware: HardwareSettings = HardwareSettings()
     defaults: dict[str, Any] = {}
     axes: dict[str, list[Any]] = {}
+    configs: list[dict[str, Any]] = []  # the configurations compared, each crossed with the axes it leaves unset
     exclude: list[dict[str, Any]] = []
     include: list[dict[str, Any]] = []
     repeats: int = Field(1, ge=1, le=100)  # independent launches of every run (repeat = 0 .. N-1)
@@ -337,17 +345,42 @@ def _format_pydantic(path: Path, exc: ValidationError, top: type[BaseModel] | No
     return f"{path}: " + "; ".join(problems)
 
 
+# Matrix keys that stand where run keys do but are no run setting: they set each run's grad_accum
+# (global batch = micro_batch x data-parallel ranks x grad_accum; per node: times the run's nodes).
+BATCH_KEYS = ("global_batch", "global_batch_per_node")
+
+
+def _slot(key: str) -> str:
+    """The two batch keys fill one slot: a layer that sets either replaces the other."""
+    return "global_batch" if key in BATCH_KEYS else key
+
+
+def check_matrix_value(key: str, value):
+    """check_value, and the batch keys (integers >= 1)."""
+    if key in BATCH_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r} is not valid: allowed an integer >= 1 (samples per optimizer step"
+                             f"{' per node' if key == 'global_batch_per_node' else ''})")
+        return value
+    if key not in FIELDS:
+        raise ValueError(unknown_key([key], [*FIELDS, *BATCH_KEYS], "run key"))
+    return check_value(key, value)
+
+
 def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
     """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is."""
     out = {}
     for key, value in mapping.items():
         try:
             if allow_lists and isinstance(value, list):
-                out[key] = [check_value(key, v) for v in value]
+                out[key] = [check_matrix_value(key, v) for v in value]
             else:
-                out[key] = check_value(key, value)
+                out[key] = check_matrix_value(key, value)
         except ValueError as exc:
             raise MatrixError(f"{path}: {where}.{key}: {exc}") from None
+    if all(k in mapping for k in BATCH_KEYS):
+        raise MatrixError(f"{path}: {where}: global_batch and global_batch_per_node both given: give one "
+                          f"(global_batch_per_node x nodes is the global batch)")
     return out
 
 
@@ -361,6 +394,7 @@ class Matrix:
     exclude: list[dict]
     include: list[dict]
     include_limits: list[str | None]  # per include entry: its time_limit, if any
+    configs: list[dict] = field(default_factory=list)  # a list value: that key's values for the entry alone
 
     @property
     def name(self) -> str:
@@ -388,7 +422,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 # Keys only a tune file has (echobench.tune.space.TuneFile; tests/test_matrix.py holds them so), and
 # keys only a matrix file has: a file given to the wrong command is named as what it is.
 TUNE_ONLY_KEYS = frozenset({"search", "top_k", "card", "budget_gpu_hours", "max_rounds", "memory_margin", "bias"})
-MATRIX_ONLY_KEYS = frozenset({"axes", "exclude", "include", "repeats", "max_runs"})
+MATRIX_ONLY_KEYS = frozenset({"axes", "configs", "exclude", "include", "repeats", "max_runs"})
 
 
 def wrong_kind_of_file(data: dict, path: Path, expected: str) -> str | None:
@@ -431,6 +465,12 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
         if not values:
             raise MatrixError(f"{path}: axes.{key}: an axis needs at least one value")
         axes.update(_check_run_mapping(path, "axes", {key: values}, allow_lists=True))
+    _check_run_mapping(path, "axes", {k: v[0] for k, v in axes.items()}, allow_lists=False)  # both batch keys?
+    configs = []
+    for i, entry in enumerate(spec.configs):
+        if empty := next((k for k, v in entry.items() if v == []), None):
+            raise MatrixError(f"{path}: configs[{i}].{empty}: give at least one value")
+        configs.append(_check_run_mapping(path, f"configs[{i}]", entry, allow_lists=True))
     exclude = [_check_run_mapping(path, f"exclude[{i}]", e, allow_lists=True) for i, e in enumerate(spec.exclude)]
     include, include_limits = [], []
     for i, entry in enumerate(spec.include):
@@ -446,7 +486,7 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
     for i, e in enumerate(exclude):
         if not e:
             raise MatrixError(f"{path}: exclude[{i}] is empty: it would exclude every run")
-    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits)
+    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits, configs)
 
 
 def load_matrix(path: Path | str) -> Matrix:
@@ -500,15 +540,58 @@ def _matches(settings: dict, entry: dict) -> bool:
     return True
 
 
+def _values(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _crossed_axes(matrix: Matrix, entry: dict) -> dict[str, list]:
+    """The axes a configs entry is crossed with: those whose key (slot) it does not set itself."""
+    own = {_slot(k) for k in entry}
+    return {k: v for k, v in matrix.axes.items() if _slot(k) not in own}
+
+
+def _product(mapping: dict) -> list[dict]:
+    """Every combination of a mapping's values (a list is its values, anything else one value)."""
+    keys = list(mapping)
+    return [dict(zip(keys, values)) for values in itertools.product(*(_values(mapping[k]) for k in keys))]
+
+
+def _combinations(matrix: Matrix) -> list[dict]:
+    """The axes' product; with configs, each entry's own product crossed with the axes it leaves unset."""
+    if not matrix.configs:
+        return _product(matrix.axes) if matrix.axes or not matrix.include else []
+    return [{**a, **c} for entry in matrix.configs for c in _product(entry)
+            for a in _product(_crossed_axes(matrix, entry))]
+
+
+def _merge(*layers: dict) -> dict:
+    """Later layers override earlier ones key by key; the two batch keys count as one key."""
+    out: dict = {}
+    for layer in layers:
+        if any(k in layer for k in BATCH_KEYS):
+            for k in BATCH_KEYS:
+                out.pop(k, None)
+        out.update(layer)
+    return out
+
+
 def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
-    """Refuses a matrix whose axes and includes give more than max_runs runs (default: the file's
-    max_runs), counted from the axis sizes before anything is expanded."""
+    """Refuses a matrix whose axes, configs and includes give more than max_runs runs (default: the
+    file's max_runs), counted from the sizes before anything is expanded."""
     limit = max_runs or matrix.spec.max_runs
     sizes = {k: len(v) for k, v in matrix.axes.items()}
-    total = ((math.prod(sizes.values()) if sizes else (0 if matrix.include else 1)) + len(matrix.include)) \
-        * matrix.spec.repeats
+
+    def count(mapping: dict) -> int:
+        return math.prod(len(_values(v)) for v in mapping.values())
+
+    if matrix.configs:
+        combos = sum(count(e) * count(_crossed_axes(matrix, e)) for e in matrix.configs)
+    else:
+        combos = math.prod(sizes.values()) if sizes else (0 if matrix.include else 1)
+    total = (combos + len(matrix.include)) * matrix.spec.repeats
     if total > limit:
-        shape = " x ".join(f"{k} {n}" for k, n in sizes.items())
+        shape = " x ".join([f"{len(matrix.configs)} configs"] * bool(matrix.configs)
+                           + [f"{k} {n}" for k, n in sizes.items()])
         raise MatrixError(f"{matrix.path}: axes: {total:,} runs ({shape}"
                           + (f", + {len(matrix.include)} included" if matrix.include else "")
                           + (f", x {matrix.spec.repeats} repeats" if matrix.spec.repeats > 1 else "")
@@ -527,25 +610,24 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         base["peak_tflops"] = spec.hardware.peak_tflops
     # hardware.device naming a GPU (a datasheet row: every row is one) makes the runs' device auto cuda.
     gpu_named = spec.hardware.device is not None and table_peak(spec.hardware.device) is not None
-    keys = list(matrix.axes)
-    combos = [dict(zip(keys, values)) for values in itertools.product(*(matrix.axes[k] for k in keys))]
-    if not keys and matrix.include:
-        combos = []  # no axes: the runs are the includes alone (not also the bare defaults)
+    # Processes per node of a run that is not `single`: local.gpus_per_node on the local executor,
+    # else (and where it is unset) slurm.gpus_per_node.
+    per_node = (spec.local.gpus_per_node if executor == "local" else None) or spec.slurm.gpus_per_node
+    # no axes nor configs: the runs are the includes alone (not also the bare defaults)
     plan = Plan(matrix)
     candidates = []
-    for combo in combos:
-        settings = {**base, **combo}
+    for combo in _combinations(matrix):
+        settings = _merge(base, combo)
         if any(_matches(settings, e) for e in matrix.exclude):
             plan.excluded += 1
             continue
         candidates.append((settings, None))
-    candidates += [({**base, **inc}, limit) for inc, limit in zip(matrix.include, matrix.include_limits)]
+    candidates += [(_merge(base, inc), limit) for inc, limit in zip(matrix.include, matrix.include_limits)]
     seen = set()
     for settings, limit in candidates:
-        full = dict(settings)
+        full = {k: v for k, v in settings.items() if k not in BATCH_KEYS}
         if "gpus_per_node" not in full:
-            # Processes per node come from slurm.gpus_per_node; `single` is one process.
-            full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else spec.slurm.gpus_per_node
+            full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else per_node
         if full.get("device", "auto") == "auto" and gpu_named:
             full["device"] = "cuda"  # a matrix for a GPU: without one the run is an error (bench.no_gpu_problem)
         try:
@@ -556,6 +638,15 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         if problem := backends.layout_problem(cfg, executor):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
+        if any(k in settings for k in BATCH_KEYS):
+            try:
+                cfg = _hold_global_batch(matrix, settings, cfg)
+            except MatrixError:
+                raise  # the file contradicts itself: no run of it is right
+            except ValueError as exc:
+                plan.skipped.append(SkippedRun(settings, str(exc)))
+                continue
+            settings = {**settings, "grad_accum": cfg.grad_accum}
         if (first := run_id(cfg)) in seen:
             plan.duplicates += 1
             continue
@@ -571,6 +662,30 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         run.memory = estimate_memory(run.cfg)
         run.fits = None if capacity is None else run.memory.total_gib <= capacity
     return plan
+
+
+def _hold_global_batch(matrix: Matrix, settings: dict, cfg: RunConfig) -> RunConfig:
+    """cfg with the grad_accum that makes the settings' global batch (global_batch, or
+    global_batch_per_node x nodes); ValueError (the run is skipped) where none does; MatrixError
+    where the settings also give a grad_accum that makes another."""
+    key = next(k for k in BATCH_KEYS if k in settings)
+    want = settings[key] * (cfg.nodes if key == "global_batch_per_node" else 1)
+    how = f"global_batch_per_node {settings[key]} x {cfg.nodes} nodes = " if key == "global_batch_per_node" else ""
+    try:
+        accum, problem = grad_accum_for(want, cfg.micro_batch, cfg.dp), None
+    except ValueError as exc:
+        accum, problem = None, str(exc)
+    if "grad_accum" not in settings:
+        if problem:
+            raise ValueError(how + problem)
+        return replace(cfg, grad_accum=accum)
+    if accum != cfg.grad_accum:
+        raise MatrixError(f"{matrix.path}: run {run_id(cfg)}: grad_accum {cfg.grad_accum} makes global batch "
+                          f"{cfg.global_batch} (micro_batch {cfg.micro_batch} x {cfg.dp} data-parallel ranks x "
+                          f"{cfg.grad_accum}), but {how}global batch {want} "
+                          + (f"needs grad_accum {accum}" if accum is not None else f"cannot be made ({problem})")
+                          + ": drop grad_accum or the global batch")
+    return cfg
 
 
 def gpu_run(run: PlannedRun, slurm: SlurmSettings) -> bool:

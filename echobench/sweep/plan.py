@@ -49,8 +49,8 @@ def comm_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
 
 
 def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[dict]:
-    """One row per run (`plan --json`): settings, memory estimate, whether it fits, the planned
-    peak, GPU-hours estimated (None without a peak) and at most (its time limit); with hardware
+    """One row per run (`plan --json`): settings, the global batch and the accumulation that makes
+    it, memory estimate, whether it fits, the planned peak, GPU-hours estimated (None without a peak) and at most (its time limit); with hardware
     profiles, the predicted step time and MFU (echobench.predict; None without a profile or where
     the model cannot price the run)."""
     predicted = {}
@@ -62,7 +62,8 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
         peak, peak_source = planned_peak(run, plan.matrix)
         step_s = predicted[run.id].step_time_s if run.id in predicted else None
         est, gpus = estimated_seconds(run, plan.matrix, peak, step_s), run.cfg.world_size
-        rows.append({"run_id": run.id, "settings": run.settings, "memory_gib": run.memory.as_gib(), "fits": run.fits,
+        rows.append({"run_id": run.id, "settings": run.settings, "global_batch": run.cfg.global_batch,
+                     "grad_accum": run.cfg.grad_accum, "memory_gib": run.memory.as_gib(), "fits": run.fits,
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
                      # what the estimate's steps are priced at: the run's prediction, else the assumed MFU
@@ -110,7 +111,7 @@ def te_note(runs: list[PlannedRun], matrix: Matrix) -> str | None:
 
 def varying_keys(plan: Plan) -> list[str]:
     keys = list(plan.matrix.axes)
-    for inc in plan.matrix.include:
+    for inc in [*plan.matrix.configs, *plan.matrix.include]:
         keys += [k for k in inc if k not in keys]
     return keys
 
@@ -145,7 +146,7 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
     table = Table(title=f"{matrix.name}: {len(runs)} runs ({executor}; {limits}; "
                         f"device memory {fmt(capacity, '.1f')} GiB)")
     table.add_column("run id", no_wrap=True)
-    for col in ("tp x dp", "mb / global", "mem GiB", "fits", "limit", "GPU-h est", "GPU-h limit"):
+    for col in ("tp x dp", "mb x accum / global", "mem GiB", "fits", "limit", "GPU-h est", "GPU-h limit"):
         table.add_column(col, justify="right")
     if profiles:  # the predicted step time and MFU (echobench predict)
         table.add_column("pred s / MFU", justify="right", no_wrap=True)
@@ -153,7 +154,7 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
         c, est_h = run.cfg, row["gpu_hours_estimate"]
         predicted = [] if not profiles else ["-" if row["predicted_mfu"] is None else
                                              f"{row['predicted_step_time_s']:.3g} / {row['predicted_mfu']:.0%}"]
-        table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} / {c.global_batch}",
+        table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} x {c.grad_accum} / {c.global_batch}",
                       fmt(run.memory.total_gib, ".1f"),
                       {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], row["time_limit"],
                       "-" if est_h is None else f"{est_h:.2f}",

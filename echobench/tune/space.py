@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from echobench.records.config import RunConfig, check_value, run_id
+from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
 from echobench.hardware.profile import HardwareProfile
 from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
 from echobench.backends import layout_problem
@@ -265,10 +265,10 @@ def space(spec: TuneFile, scale: str, nodes: int, profile: HardwareProfile) -> l
 def _batch_problem(spec: TuneFile, settings: dict, cfg: RunConfig) -> str | None:
     if spec.global_batch is None:
         return None
-    per_step = cfg.micro_batch * cfg.dp
-    if spec.global_batch % per_step:
-        return (f"batch: global batch {spec.global_batch} is not a whole number of micro_batch {cfg.micro_batch} x "
-                f"{cfg.dp} data-parallel ranks")
+    try:
+        grad_accum_for(spec.global_batch, cfg.micro_batch, cfg.dp)
+    except ValueError as exc:
+        return f"batch: {exc}"
     return None
 
 
