@@ -409,6 +409,14 @@ def test_plan_shows_the_predicted_columns(cli, tmp_path):
     for row in rows:
         assert row["predicted_step_time_s"] == pytest.approx(predicted[row["run_id"]]["step_time_s"])
         assert row["predicted_mfu"] == pytest.approx(predicted[row["run_id"]]["mfu"])
+        # a range from the prediction's interval, never zero width, MFU as 1 / step time
+        lo, hi = row["predicted_step_time_range_s"]
+        assert [lo, hi] == pytest.approx([predicted[row["run_id"]]["step_time_low_s"],
+                                          predicted[row["run_id"]]["step_time_high_s"]])
+        assert lo < row["predicted_step_time_s"] < hi
+        assert row["predicted_mfu_range"] == pytest.approx([row["predicted_mfu"] * row["predicted_step_time_s"] / t
+                                                            for t in (hi, lo)])
+        assert row["gpu_hours_estimate_range"][0] < row["gpu_hours_estimate"] < row["gpu_hours_estimate_range"][1]
     # GPU-hours from the prediction where there is one, not from the assumed 40% MFU beside it
     from echobench.sweep.estimate import startup_parts
 
@@ -421,7 +429,9 @@ def test_plan_shows_the_predicted_columns(cli, tmp_path):
             + (cfg.steps + cfg.warmup_steps) * row["predicted_step_time_s"]
         assert row["gpu_hours_estimate"] == pytest.approx(seconds * cfg.world_size / 3600)
     text = " ".join(cli("plan", path, check=True).stdout.split())
-    assert "pred s / MFU" in text and f"({len(rows)} run(s) at their predicted step time)" in text, text
+    assert "pred s / MFU (range)" in text and f"({len(rows)} run(s) at their predicted step time, " in text, text
+    low = sum(r["gpu_hours_estimate_range"][0] for r in rows)
+    assert f"{low:.2f}-" in text and "over the model's cross-validated error" in text
     smoke = json.loads(cli("plan", ROOT / "matrices" / "smoke.yaml", "--json", check=True).stdout)["runs"]
     assert all(r["predicted_mfu"] is None for r in smoke)  # a CPU matrix: no profile unless --profile
 
@@ -584,3 +594,13 @@ def test_the_dits_attention_is_priced_at_the_runs_mix_of_masked_micro_batches():
     attention = {drop: q.parts["attention"] for drop, q in p.items()}
     assert attention["mask"] > attention["null"]
     assert any("57% flex" in n for n in p["mask"].notes) and not any("flex" in n for n in p["null"].notes)
+
+
+def test_predict_counts_its_assumptions_and_lists_them_with_notes(cli):
+    path = ROOT / "matrices" / "gh200-published.yaml"
+    notes = {n for o in json.loads(cli("predict", path, "--json", check=True).stdout) for n in o["notes"]}
+    assert notes  # the shipped GH200 profile is not measured: at least that is assumed
+    plain = cli("predict", path, check=True).stdout
+    assert "\nnote: " not in plain and f"{len(notes)} assumption(s) behind these predictions: --notes" in plain
+    listed = cli("predict", path, "--notes", check=True).stdout
+    assert len([line for line in listed.splitlines() if line.startswith("note: ")]) == len(notes)

@@ -39,7 +39,7 @@ OPTIONS = {
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
     "results": ["--csv", "--json", "--only", "--sort", "paths"],
-    "predict": ["--against", "--json", "--nodes", "--only", "--profile", "paths",
+    "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)
                 "--write-fit"],  # the committed fit of the published runs (issue 42)
     "compare": ["--alpha", "--threshold", "new", "old"],

@@ -86,8 +86,9 @@ def plan(
     if as_json:
         print(json.dumps(pl.plan_summary(the_plan, executor, profiles), indent=2, default=str))
         return
+    wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and nine figures
     for part in pl.plan_report(the_plan, executor, profiles):
-        console.print(part)
+        wide.print(part)
 
 
 PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
@@ -117,6 +118,8 @@ def predict_command(
     as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows and "
                                  "summary)."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=f"MATRIX: {ONLY_HELP}"),
+    notes: bool = typer.Option(False, "--notes", help="MATRIX: list the assumptions behind the predictions "
+                               "(else counted in one line; --json carries them per run)."),
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
@@ -205,9 +208,12 @@ def predict_command(
             err_console.print(f"[red]not predicted:[/] {esc(pr.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
     for line in pr.profile_lines(profiles):
         console.print(esc(line), highlight=False)
-    notes = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
-    for note in notes:
-        console.print(f"note: {esc(note)}", highlight=False)
+    assumed = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
+    if notes:
+        for note in assumed:
+            console.print(f"note: {esc(note)}", highlight=False)
+    elif assumed:
+        console.print(f"{len(assumed)} assumption(s) behind these predictions: --notes lists them", highlight=False)
     console.print(f"rank: by predicted MFU among the runs of a scale and node count; hide GB/s: the bus bandwidth "
                   f"per link at which the overlappable collectives take no longer than the compute they overlap; "
                   f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)

@@ -60,19 +60,29 @@ def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[d
     rows = []
     for run in plan.runs:
         peak, peak_source = planned_peak(run, plan.matrix)
-        step_s = predicted[run.id].step_time_s if run.id in predicted else None
+        pred = predicted.get(run.id)
+        step_s = pred.step_time_s if pred else None
         est, gpus = estimated_seconds(run, plan.matrix, peak, step_s), run.cfg.world_size
+        # the range over the prediction's interval (the model's cross-validated error): faster .. slower
+        est_range = None if pred is None else [estimated_seconds(run, plan.matrix, peak, t) / 3600 * gpus
+                                               for t in (pred.step_time_low_s, pred.step_time_high_s)]
         rows.append({"run_id": run.id, "settings": run.settings, "global_batch": run.cfg.global_batch,
                      "grad_accum": run.cfg.grad_accum, "memory_gib": run.memory.as_gib(), "fits": run.fits,
                      "peak_tflops": peak, "peak_source": peak_source,
                      "gpu_hours_estimate": None if est is None else est / 3600 * gpus,
+                     "gpu_hours_estimate_range": est_range,
                      # what the estimate's steps are priced at: the run's prediction, else the assumed MFU
                      "gpu_hours_basis": None if est is None else "predicted" if step_s is not None else "assumed_mfu",
                      "time_limit": time_limit(plan.matrix, executor, run),
                      "gpu_hours_limit": time_limit_s(plan.matrix, executor, run) / 3600 * gpus,
                      "predicted_step_time_s": step_s,
-                     "predicted_mfu": predicted[run.id].mfu if run.id in predicted else None,
-                     "predicted_profile": predicted[run.id].profile if run.id in predicted else None})
+                     "predicted_step_time_range_s": None if pred is None else [pred.step_time_low_s,
+                                                                               pred.step_time_high_s],
+                     "predicted_mfu": pred.mfu if pred else None,
+                     # MFU goes as 1 / step time: the slow end of the interval is the low MFU
+                     "predicted_mfu_range": None if pred is None else [pred.mfu * step_s / pred.step_time_high_s,
+                                                                       pred.mfu * step_s / pred.step_time_low_s],
+                     "predicted_profile": pred.profile if pred else None})
     return rows
 
 
@@ -149,11 +159,12 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
     for col in ("tp x dp", "mb x accum / global", "mem GiB", "fits", "limit", "GPU-h est", "GPU-h limit"):
         table.add_column(col, justify="right")
     if profiles:  # the predicted step time and MFU (echobench predict)
-        table.add_column("pred s / MFU", justify="right", no_wrap=True)
+        table.add_column("pred s / MFU (range)", justify="right", no_wrap=True)
     for run, row in zip(runs, rows):
         c, est_h = run.cfg, row["gpu_hours_estimate"]
         predicted = [] if not profiles else ["-" if row["predicted_mfu"] is None else
-                                             f"{row['predicted_step_time_s']:.3g} / {row['predicted_mfu']:.0%}"]
+                                             f"{row['predicted_step_time_s']:.3g} / {row['predicted_mfu']:.0%} "
+                                             "({:.0f}-{:.0f}%)".format(*(100 * m for m in row["predicted_mfu_range"]))]
         table.add_row(run.id, f"{c.tp} x {c.dp}", f"{c.micro_batch} x {c.grad_accum} / {c.global_batch}",
                       fmt(run.memory.total_gib, ".1f"),
                       {True: "yes", False: "[red]NO[/]", None: "?"}[run.fits], row["time_limit"],
@@ -182,8 +193,11 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
         how = ", ".join(([f"{basis['predicted']} run(s) at their predicted step time"] if basis["predicted"] else [])
                         + ([f"{basis['assumed_mfu']} at an assumed {hw.assumed_mfu:.0%} MFU (hardware.assumed_mfu)"]
                            if basis["assumed_mfu"] else []))
+        ranged = [r["gpu_hours_estimate_range"] or [r["gpu_hours_estimate"] or 0] * 2 for r in rows]
+        spread = (f", {sum(lo for lo, _ in ranged):.2f}-{sum(hi for _, hi in ranged):.2f} over the model's "
+                  "cross-validated error" if basis["predicted"] else "")
         parts.append(f"GPU-hours: {sum(r['gpu_hours_limit'] for r in rows):.2f} at most (time limits), "
-                     + (f"~{est_total:.2f} estimated ({how})" if est_total else "no estimate"))
+                     + (f"~{est_total:.2f} estimated ({how}{spread})" if est_total else "no estimate"))
     if summary["no_peak"]:
         parts.append(Text.from_markup(f"[yellow]{esc(summary['no_peak'])}[/]"))
     if summary["calibrate_comm"]:
