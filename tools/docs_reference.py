@@ -3,6 +3,8 @@
   docs/reference/cli.md       every `echobench` command: its usage, what it does, its arguments and options
                               (from the typer app, echobench.cli)
   docs/reference/settings.md  the run settings (echobench.records.config.settings_table(), from RunConfig)
+  docs/results.md             what has been measured, predicted and counted, by kind (from reports/README.md's
+                              table, where each report is listed once with its kind)
 
   python tools/docs_reference.py            # write them
   python tools/docs_reference.py --check    # exit 1 naming each page that is stale (tests/test_docs.py runs it)
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -120,7 +123,46 @@ def settings_page() -> str:
     return GENERATED + SETTINGS_INTRO + settings_table() + SETTINGS_OUTRO
 
 
-PAGES = {"docs/reference/cli.md": cli_page, "docs/reference/settings.md": settings_page}
+RESULT_KINDS = {  # reports/README.md's kinds, in the page's order, with what each means
+    "measured (GPU)": "Measured on a GPU.",
+    "measured (CPU)": "Measured on this project's 2-core CPU machine (tiny or small shapes): the harness and the "
+                      "data path at work, not GPU throughput.",
+    "predicted vs measured (CPU)": "The performance model held against runs measured on the CPU.",
+    "predicted vs published": "The performance model held against published training runs of other models.",
+    "PREDICTED": "Predicted by `echobench predict`, not measured: to be replaced by measurements.",
+    "COUNTED and projected": "Counted (kernels, bytes) on fake tensors and projected onto a GPU, not measured.",
+    "the suite": "The test suite and CI themselves: their time, stability under load.",
+    "screenshot": "The dashboard in headless Chromium.",
+}
+
+
+def results_page() -> str:
+    """docs/results.md: reports/README.md's table grouped by kind, each kind labelled."""
+    rows = {}
+    for line in (ROOT / "reports" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("[") and "](" in cells[0]:
+            name = cells[0][1:cells[0].index("]")]
+            if cells[1] not in RESULT_KINDS:
+                raise SystemExit(f"reports/README.md: {name}: unknown kind {cells[1]!r}: one of "
+                                 f"{', '.join(RESULT_KINDS)}")
+            # the report's own links point into reports/, outside the site: named as paths instead
+            what = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1 (`reports/\2`)", cells[2])
+            rows.setdefault(cells[1], []).append((name, what))
+    out = ["# Results", "", GENERATED,
+           "What echobench has measured, predicted and counted so far, each labelled with how the figures were "
+           "had. Each report sits in the repository's `reports/` folder with the command that gives its figures, "
+           "the device, the versions and the date.", ""]
+    if "measured (GPU)" not in rows:
+        out += ["**No GPU measurement yet**: every GPU figure below is predicted or projected, and says so.", ""]
+    for kind, meaning in RESULT_KINDS.items():
+        if kind in rows:
+            out += [f"## {kind}", "", meaning, "", "| report | what |", "| --- | --- |"]
+            out += [f"| `reports/{name}` | {what} |" for name, what in rows[kind]] + [""]
+    return "\n".join(out)
+
+
+PAGES = {"docs/reference/cli.md": cli_page, "docs/reference/settings.md": settings_page, "docs/results.md": results_page}
 
 
 def main(argv: list[str] | None = None) -> int:
