@@ -15,7 +15,7 @@ from echobench.records.config import check_value
 from echobench.records.console import esc, fmt
 
 
-@app.command()
+@app.command(short_help="This device's achievable GEMM rate; with --comm, a hardware profile (collectives, GEMMs, attention, bandwidth).")
 @settings_options("device", "micro_batch", "audio_frames", "text_tokens", "speaker_frames")
 def calibrate(
     ctx: typer.Context,

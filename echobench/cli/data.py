@@ -27,7 +27,7 @@ def data_synth(
     console.print(f"wrote {len(paths)} shards, {len(paths) * samples_per_shard} samples, {size / 1e6:.1f} MB to {esc(out)}", highlight=False)
 
 
-@data_app.command("index")
+@data_app.command("index", short_help="Index shards written elsewhere; exits 1 on a damaged shard.")
 def data_index(
     data: Path = typer.Argument(..., help="Directory of *.tar shards, or one shard."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild indexes that are up to date too."),

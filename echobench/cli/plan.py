@@ -98,7 +98,7 @@ PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; re
 
 
 
-@app.command("predict")
+@app.command("predict", short_help="The performance model: predicted step time and MFU per run; --against measured runs, --validate published ones.")
 def predict_command(
     paths: Optional[list[Path]] = typer.Argument(None, metavar="MATRIX", help="A matrix YAML file: its runs "
                                                  "predicted."),

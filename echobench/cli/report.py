@@ -70,7 +70,7 @@ def report(
         err_console.print(f"wrote {esc(out)} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Throughput / MFU change per configuration with a significance test; exits 1 on a regression.")
 def compare(
     old: Path = typer.Argument(..., help="Baseline sweep or run directory."),
     new: Path = typer.Argument(..., help="Candidate sweep or run directory."),

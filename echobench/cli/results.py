@@ -15,7 +15,7 @@ from echobench.records.console import esc
 from echobench.records.results import find_record_files
 
 
-@app.command()
+@app.command(short_help="Every record under some directories as one table (or --csv, --json), filtered with --only, sorted with --sort.")
 def results(
     paths: list[Path] = typer.Argument(..., metavar="DIR", help="Sweep, tune or run directories (searched "
                                        "recursively) or result.json files."),

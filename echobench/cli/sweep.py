@@ -60,7 +60,7 @@ def sweep(
     raise typer.Exit(code)
 
 
-@app.command("preflight")
+@app.command("preflight", short_help="One short job in the matrix's environment checks what its runs need.")
 def preflight_command(
     matrix_path: Path = typer.Argument(..., metavar="MATRIX", help="Matrix YAML file."),
     executor: Optional[str] = typer.Option(None, help="local or slurm (default: the matrix's)."),

@@ -14,7 +14,7 @@ from echobench.records.console import esc, log
 from echobench.sweep.matrix import ExecutorName
 
 
-@app.command()
+@app.command(short_help="The best configuration of a scale on a node count: searched, ranked by predict, proven by a sweep.")
 def tune(
     tune_file: Path = typer.Argument(..., metavar="TUNE_FILE", help="A tune file (docs/reference/tune-file.md): the scale(s), "
                                      "node counts, GPUs per node, axes to fix or widen, and the matrix sections the "
