@@ -74,9 +74,9 @@ def test_the_table_lists_every_record_sorted_by_scale_nodes_and_mfu(tmp_path):
     row = next(line for line in body if "3b-fsdp2-1" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells == ["runs/sweep-a", "3b-fsdp2-1", "3B", "torchtitan", "fsdp2", "1", "4", "ok", "45.00%", "30.12",
-                     "1.0000", "77.5", "2026-11-01 10:20"]
+                     "36.88", "1.0000", "77.5", "2026-11-01 10:20"]  # 4 GPUs x 1e6 / 30.125 samples/s = 36.88 GPU-h
     oom = [c.strip() for c in next(line for line in body if "3b-tp2-1" in line).split("│")[1:-1]]
-    assert oom[7:12] == ["oom", "-", "-", "-", "139"]
+    assert oom[7:13] == ["oom", "-", "-", "-", "-", "139"]
     assert "6 records, 5 ok" in proc.stdout
 
 
@@ -128,6 +128,9 @@ def test_csv_and_json_parse_back_with_the_recorded_numbers(tmp_path):
                           ("peak_mem_gib", rec.peak_mem_gib)):
             assert (float(row[key]) if row[key] else None) == want, (rec.run_id, key)
         assert (int(row["nodes"]), int(row["gpus"]), row["status"]) == (rec.nodes, rec.world_size, rec.status)
+        # cost: the run's GPUs held for a million samples at its throughput
+        cost = rec.world_size * 1e6 / rec.samples_per_s / 3600 if rec.samples_per_s else None
+        assert (float(row["gpu_h_per_1m_samples"]) if row["gpu_h_per_1m_samples"] else None) == pytest.approx(cost)
         assert row["date"] == rec.env.time and row["path"] == str(root / sweep / rec.run_id / "result.json")
     assert rows[("runs/sweep-a", "3b-tp2-1")]["error"] == "oom at step 3"
     data = json.loads(results(root, "--json", "--only", "scale=3B", check=True).stdout)

@@ -544,6 +544,14 @@ def configuration_key(record: Record) -> str:
     return configuration_id(record_settings(record))
 
 
+def gpu_hours_per_million_samples(gpus: int | None, samples_per_s: float | None) -> float | None:
+    """What a million training samples cost at this throughput, in GPU-hours (the run's GPUs, held
+    for the time): the figure to compare layouts by cost rather than by speed."""
+    if not gpus or not samples_per_s or samples_per_s <= 0:
+        return None
+    return gpus / samples_per_s * 1e6 / 3600
+
+
 def over_repeats(values) -> dict | None:
     """Median, min, max and count of one figure over repeats (missing and non-finite values left out)."""
     values = [x for x in (float(v) for v in values if v is not None) if math.isfinite(x)]

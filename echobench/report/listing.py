@@ -16,7 +16,8 @@ from pathlib import Path
 from rich.table import Table
 
 from echobench.records.console import esc, fmt, state_markup
-from echobench.records.results import Record, Status, find_record_files, record_settings
+from echobench.records.results import (Record, Status, find_record_files, gpu_hours_per_million_samples,
+                                       record_settings)
 from echobench.report.data import scale_size
 from echobench.sweep.matrix import MatrixError, parse_only
 
@@ -25,7 +26,8 @@ UNREADABLE = "unreadable"
 COLUMNS = [
     ("sweep_dir", "sweep dir"), ("run_id", "run id"), ("scale", "scale"), ("framework", "framework"),
     ("parallelism", "parallelism"), ("nodes", "nodes"), ("gpus", "GPUs"), ("status", "status"), ("mfu", "MFU"),
-    ("samples_per_s", "samples/s"), ("step_time_s", "step time (s)"), ("peak_mem_gib", "peak memory (GiB)"),
+    ("samples_per_s", "samples/s"), ("gpu_h_per_1m_samples", "GPU-h / 1M samples"), ("step_time_s", "step time (s)"),
+    ("peak_mem_gib", "peak memory (GiB)"),
     ("date", "date"),
 ]
 ERROR_KEYS = ["error", "path"]  # long text: in CSV and JSON, under the table on the terminal
@@ -67,6 +69,7 @@ def record_row(record: Record, shown_sweep: str) -> dict:
     return {"sweep_dir": shown_sweep, "run_id": record.run_id, "scale": record.scale, "framework": record.framework,
             "parallelism": record.parallelism, "nodes": record.nodes, "gpus": record.world_size,
             "status": record.status, "mfu": record.mfu, "samples_per_s": record.samples_per_s,
+            "gpu_h_per_1m_samples": gpu_hours_per_million_samples(record.world_size, record.samples_per_s),
             "step_time_s": record.step_time_s, "peak_mem_gib": record.peak_mem_gib, "date": record.env.time,
             "error": record.error or None, "path": str(record.path), "_settings": record_settings(record)}
 
@@ -189,7 +192,7 @@ def cell(key: str, value) -> str:
         return state_markup(value)
     if key == "mfu":
         return f"{value:.2%}"
-    if key in ("samples_per_s", "peak_mem_gib"):
+    if key in ("samples_per_s", "peak_mem_gib", "gpu_h_per_1m_samples"):
         return fmt(value, ".4g")
     if key == "step_time_s":
         return fmt(value, ".4f")
@@ -201,7 +204,7 @@ def cell(key: str, value) -> str:
 def results_table(rows: list[dict], title: str) -> Table:
     table = Table(title=esc(title))
     for key, header in COLUMNS:
-        numeric = key in ("nodes", "gpus", "mfu", "samples_per_s", "step_time_s", "peak_mem_gib")
+        numeric = key in ("nodes", "gpus", "mfu", "samples_per_s", "gpu_h_per_1m_samples", "step_time_s", "peak_mem_gib")
         table.add_column(header, justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*(cell(key, row.get(key)) for key, _ in COLUMNS))
