@@ -162,11 +162,12 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        # one scale (tiny): MFU, throughput, step time, memory, FLOP breakdown, where the time goes and the
-        # selected run's MFU waterfall (the smoke matrix profiles); every configuration of the smoke
-        # sweep ran at one GPU count, so scaling efficiency says there is none to show
-        assert [p["id"] for p in plots] == [f"fig-{k}-0" for k in ("mfu", "throughput", "steptime", "memory", "flops",
-                                                                   "time")] + ["waterfall-plot"]
+        # one scale (tiny): the configurations' bars at the top, MFU, throughput, step time, memory, FLOP
+        # breakdown, where the time goes and the selected run's MFU waterfall (the smoke matrix profiles);
+        # every configuration of the smoke sweep ran at one GPU count, so scaling efficiency says there is
+        # none to show
+        assert [p["id"] for p in plots] == [f"fig-{k}-0" for k in ("layouts", "mfu", "throughput", "steptime", "memory",
+                                                                   "flops", "time")] + ["waterfall-plot"]
         assert "tiny: every configuration ran at one GPU count" in page.evaluate(
             "document.querySelector('#scaling .panel.empty').textContent")
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots), plots
@@ -174,7 +175,7 @@ def test_dashboard_from_real_runs_in_chromium(real_sweep, tmp_path, cli):
         # cover each other (the fixtures with set figures below check that); the plots' and legends'
         # boxes are drawn from names and page structure only
         checked, problems = layout_problems(page)
-        assert checked == 7 and [p for p in problems if "overflows" in p or "legend" in p] == [], problems
+        assert checked == 8 and [p for p in problems if "overflows" in p or "legend" in p] == [], problems
         table_ids = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr'))"
                                   ".map(tr => tr.cells[0].textContent.trim())")
         assert sorted(table_ids) == sorted(r.run_id for r in runs)
@@ -224,12 +225,13 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.open(out)
         assert_clean(page)
         plots = page.evaluate(PLOTS_JS)
-        # three scales (tiny, 800M, 3B) of six figures, tiny without scaling efficiency; where the time goes:
-        # one panel per scale and the selected run's waterfall
-        assert len(plots) == 6 * 3 - 1 + 3 + 1
+        # three scales (tiny, 800M, 3B) of seven figures (the layouts' bars at the top), tiny without scaling
+        # efficiency; where the time goes: one panel per scale and the selected run's waterfall
+        assert len(plots) == 7 * 3 - 1 + 3 + 1
         assert all(p["traces"] > 0 and p["points"] > 0 for p in plots)
-        assert layout_problems(page) == (21, [])
-        mfu_800m = page.evaluate("document.getElementById('fig-mfu-1')._fullData.map(t => [t.name, t.x.length])")
+        assert layout_problems(page) == (24, [])
+        mfu_800m = page.evaluate("document.getElementById('fig-mfu-1')._fullData.filter(t => "
+                                 "!t.name.startsWith('predicted')).map(t => [t.name, t.x.length])")
         assert sorted((name.split()[:2], n) for name, n in mfu_800m) == [
             (["torchtitan", "ddp"], 3), (["torchtitan", "fsdp2"], 3)]
         # best MFU per scale and node count: 3B at 1 node is the synthetic fsdp2 run
@@ -240,7 +242,7 @@ def test_multinode_layout_filters_and_sorting(real_sweep, tmp_path, cli):
         page.evaluate("var s = document.getElementById('scale-filter'); s.value = '3B';"
                       "s.dispatchEvent(new Event('change'))")
         visible = page.evaluate(PLOTS_JS)
-        assert sum(p["visible"] for p in visible) == 7 + 1
+        assert sum(p["visible"] for p in visible) == 8 + 1
         rows = page.evaluate("Array.from(document.querySelectorAll('#runs tbody tr:not(.hidden)'))"
                              ".map(tr => tr.cells[0].textContent.trim())")
         assert sorted(rows) == sorted(r.run_id for r in synthetic if r.scale == "3B")
@@ -507,7 +509,7 @@ def test_scaling_page_with_published_figures_in_chromium_at_1400_and_800_px(tmp_
             page.open(out)
             assert_clean(page)
             checked, problems = layout_problems(page)
-            assert checked == 6 and problems == [], (width, problems)
+            assert checked == 7 and problems == [], (width, problems)  # the layouts' bars and six figures
             plots = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => "
                                   "[el.id, el.getBoundingClientRect().width])")
             assert all(w <= width - 40 for _, w in plots), (width, plots)
@@ -541,7 +543,7 @@ def test_scaling_page_with_published_figures_in_chromium_at_1400_and_800_px(tmp_
                           " [n.indexOf('megatron tp2')]).then(() => 0)")
             problems = layout_problems(page)[1]
             assert "fig-mfu-0: the legend covers the plot area" in problems
-            assert (f"fig-scaling-0: the plot ({2 * width} px) overflows its panel ({round(plots[2][1]) + 10} px)"
+            assert (f"fig-scaling-0: the plot ({2 * width} px) overflows its panel ({round(dict(plots)['fig-scaling-0']) + 10} px)"
                     in problems)
             assert "fig-throughput-0: every marker of trace 'megatron tp2' is hidden under other traces" in problems
         # after the negative check: a fresh page for the screenshot
@@ -637,7 +639,8 @@ def test_time_section_links_best_rows_to_a_profiled_repeat_and_escapes(tmp_path)
     assert wf["type"] == "waterfall" and wf["y"][0] == 100 and wf["y"][-1] == pytest.approx(40.0)
     assert 100 + sum(wf["y"][1:-1]) == pytest.approx(40.0)
     assert 'data-run="cfg-a-r1">waterfall</a>' in page  # the 800M row (best: cfg-a, median of its repeats)
-    best_3b = re.findall(r'<tr data-scale="3B">.*?</tr>', page, re.S)
+    best_table = page[page.index('<table id="best-table">'):page.index("</table>", page.index('<table id="best-table">'))]
+    best_3b = re.findall(r'<tr data-scale="3B">.*?</tr>', best_table, re.S)
     assert len(best_3b) == 2 and "waterfall-link" in best_3b[0] and "waterfall-link" not in best_3b[1]
     assert 'id="fig-time-0"' in page and 'id="fig-time-1"' in page  # stacked parts for 800M and 3B
 
@@ -931,7 +934,7 @@ def test_calibrated_peaks_and_fp8_runs_carry_visible_notes(tmp_path, cli):
     assert "1 of 6 successful run(s) report MFU against a calibrated GEMM rate" in notes
     assert "1 fp8 run(s), marked fp8" in notes
     assert "1 run(s) had CUDA allocator retries" in notes and "thrash" in notes
-    runs = page[page.index('<table id="runs">'):]
+    runs = page[page.index('<table id="runs"'):]
     assert runs.count('data-fp8="1"') == 1 and runs.count('data-retries="1"') == 1
     assert runs.count('class="flag calibrated"') == 1 and 'class="flag fp8"' in runs
 

@@ -164,7 +164,7 @@ RESULT_KINDS = {  # reports/README.md's kinds, in the page's order, with what ea
     "PREDICTED": "Predicted by `echobench predict`, not measured: to be replaced by measurements.",
     "COUNTED and projected": "Counted (kernels, bytes) on fake tensors and projected onto a GPU, not measured.",
     "the suite": "The test suite and CI themselves: their time, stability under load.",
-    "screenshot": "The dashboard in headless Chromium.",
+    "screenshot": "The dashboard and the docs in headless Chromium.",
 }
 
 

@@ -21,9 +21,10 @@ def report(
     table: Optional[str] = typer.Option(None, "--table", help="Print the publication table: md, csv or latex."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="CSV of published figures to put beside the measured ones, in the table and the dashboard (docs/guides/reports.md)."),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile(s): put each "
-                                      "run's prediction (echobench predict) beside it in the dashboard."),
-    margin: float = typer.Option(15.0, "--margin", help="With --profile: flag runs more than this percent below "
-                                 "their predicted throughput."),
+                                      "run's prediction (echobench predict) beside it in the dashboard. Default: the "
+                                      "profile of the records' device (its sweep's, else a shipped one), where one matches."),
+    margin: float = typer.Option(15.0, "--margin", help="Flag runs more than this percent below their predicted "
+                                 "throughput."),
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
     from echobench.report import load_report_input, read_reference, render_dashboard, render_table  # lazy: pandas
@@ -50,10 +51,15 @@ def report(
         fail(f"--margin {margin:g}: a percentage from 0 to below 100")
     profiles = load_profiles_or_fail(profile)
     data = load_report_input(paths)
-    if profiles:
-        from echobench.report.data import with_predictions  # lazy: pandas, start-up time of `echobench --help`
+    if out is not None:  # predicted beside measured: on the profiles given, else on the records' device's
+        from echobench.report.data import with_device_predictions, with_predictions  # lazy: pandas
 
-        data = with_predictions(data, profiles, margin / 100)
+        if profiles:
+            data = with_predictions(data, profiles, margin / 100)
+            data.profile_line = (f"Predicted figures from hardware profile {', '.join(data.predicted_by)} "
+                                 "(given with --profile).")
+        else:
+            data = with_device_predictions(data, margin / 100)
     for problem in data.problems:
         err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     if not data.records:
@@ -63,11 +69,18 @@ def report(
     if table is not None:
         sys.stdout.write(render_table(data.frame, table, ref))
     if out is not None:
+        from echobench.report.dashboard import runs_csv  # lazy: pandas
+
+        table_file = out.with_name(f"{out.stem}.runs.csv")  # beside the page, named after it: two pages, two files
         try:
             out.write_text(render_dashboard(data, ref, str(reference) if reference else None), encoding="utf-8")
+            table_file.write_text(runs_csv(data), encoding="utf-8")
         except OSError as exc:
-            fail(f"-o {out}: cannot write it ({exc.strerror or exc})")
-        err_console.print(f"wrote {esc(out)} ({len(data.records)} runs, {len(data.skipped)} skipped)", highlight=False)
+            fail(f"-o {out}: cannot write it or {table_file.name} beside it ({exc.strerror or exc})")
+        if data.profile_line:
+            err_console.print(esc(data.profile_line), highlight=False, soft_wrap=True)
+        err_console.print(f"wrote {esc(out)} and {esc(table_file.name)} ({len(data.records)} runs, "
+                          f"{len(data.skipped)} skipped)", highlight=False)
 
 
 @app.command(short_help="Throughput / MFU change per configuration with a significance test; exits 1 on a regression.")

@@ -1,6 +1,6 @@
 """Open a page in real headless Chromium through playwright: errors, dialogs, DOM, screenshot.
 
-Used by the browser tests and by `python -m echobench.report.browser [--width PX] PAGE.html SHOT.png [SELECTOR]`
+Used by the browser tests and by `python -m echobench.report.browser [--width PX] [--height PX --top] PAGE.html SHOT.png [SELECTOR]`
 (the committed dashboard screenshots, of the page or of one element, after the same layout check the
 tests make). Needs a `chromium` binary (Debian's: playwright drives it by its path, so no
 `playwright install`) and the `playwright` package (dev extra).
@@ -204,13 +204,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("shot", type=Path)
     parser.add_argument("selector", nargs="?", default=None, help="CSS selector of the element to capture (default: the page)")
     parser.add_argument("--width", type=int, default=1400, help="window width in CSS pixels")
+    parser.add_argument("--height", type=int, default=1000, help="window height in CSS pixels")
+    parser.add_argument("--top", action="store_true", help="capture only the window's first screen, as a reader "
+                                                           "first sees the page (default: the whole page)")
     args = parser.parse_args(argv)
-    with Chromium(width=args.width) as browser:
+    with Chromium(width=args.width, height=args.height) as browser:
         browser.open(args.page)
         checked, layout = layout_problems(browser)
-        shot = browser.screenshot(args.shot, selector=args.selector)
+        shot = browser.screenshot(args.shot, full_page=not args.top, selector=args.selector)
         problems = browser.log.console_errors + browser.log.exceptions + browser.log.dialogs + layout
-    print(f"wrote {shot} ({os.path.getsize(shot)} bytes, {args.width} px wide; {checked} plots checked)"
+    print(f"wrote {shot} ({os.path.getsize(shot)} bytes, {args.width} px wide{' x ' + str(args.height) if args.top else ''}; "
+          f"{checked} plots checked)"
           + (f"; page problems: {problems}" if problems else ""))
     return 1 if problems else 0
 

@@ -1,5 +1,11 @@
 """The HTML dashboard: one self-contained file (plotly.js inlined once, no CDN) from stored records.
 
+The page answers first: the best MFU per scale and node count, MFU by configuration and node count
+(failed runs shown by their status, never as 0) and the configurations' bars at each node count;
+then the notes and the provenance (folded), the figures, the failures and the table of runs (its
+key columns shown, the rest behind a box, a CSV link). Values that cannot be, or should not be
+without a second look (echobench.report.checks), are flagged with their reason wherever shown.
+
 The per-configuration views (MFU, throughput, scaling, best MFU) show the median over a
 configuration's repeats, MFU with its min-max; the step-time and memory views and the table of
 runs show every run. Notes flag what a bare MFU would hide: a calibrated denominator, fp32 / fp8
@@ -12,15 +18,19 @@ autoescaping, or, inside figures, HTML-escaped (plotly renders a subset of HTML 
 
 from __future__ import annotations
 
+import csv
+import io
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import resources
+from urllib.parse import quote
 
 import jinja2
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from echobench.report.data import ReportInput, flagged
+from echobench.report.checks import Flag, run_flags
+from echobench.report.data import ReportInput, flagged, scale_order, varying_keys
 from echobench.report.figures import Figures, numeric
 from echobench.report.plotting import figure_html, panel
 from echobench.report.tables import fmt_number
@@ -40,6 +50,10 @@ FLOP_CONVENTION = (
     "A configuration's figure is the median over its runs at that node count (repeats, and runs of other "
     "sweeps that differ only in how long or how often they measured: steps, warm-up, seed)."
 )
+# The gist of FLOP_CONVENTION, shown where the full text is folded away.
+FLOP_CONVENTION_SHORT = (
+    "MFU = model FLOPs of the measured samples / (measured time x GPUs x peak); model FLOPs are the matmuls of "
+    "the trained parts forward and backward (2 per multiply-add) on the unpadded lengths, recompute not counted.")
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "driver", "transformers", "megatron_core", "transformer_engine",
                 "torchao", "container", "git_commit")
 def _unique(values) -> list[str]:
@@ -117,27 +131,94 @@ def page_notes(data: ReportInput) -> list[str]:
     return notes
 
 
-def best_rows(configs: pd.DataFrame, scales: list[str], reference: pd.DataFrame | None = None) -> list[dict]:
+def best_rows(configs: pd.DataFrame, scales: list[str], reference: pd.DataFrame | None = None,
+              failed: pd.DataFrame | None = None, flags: dict | None = None) -> list[dict]:
     """Per scale and node count, the configuration of the highest median MFU over its runs (`configs`:
     ReportInput.configurations); with a reference, the published MFU of that layout (else the best
-    published at that scale and node count, its layout named) and the difference in points."""
+    published at that scale and node count, its layout named) and the difference in points. A scale
+    and node count where every run failed (`failed`: the frame's failed rows) is a row saying so;
+    `flags` (configs index -> checks.Flag) marks the best's suspicious values."""
+    failed = failed if failed is not None else configs.iloc[0:0]
     rows = []
     for scale in scales:
         group = configs[configs["scale"] == scale]
-        for nodes in sorted(numeric(group["nodes"]).dropna().unique()):
+        lost = failed[failed["scale"] == scale]
+        counts = set(numeric(group["nodes"]).dropna()) | set(numeric(lost["nodes"]).dropna())
+        for nodes in sorted(counts):
             at = group[numeric(group["nodes"]) == nodes]
-            best = at.loc[numeric(at["mfu"]).idxmax()]
-            row = {"scale": scale, "nodes": int(nodes), "gpus": best["world_size"],
+            if at.empty:
+                down = lost[numeric(lost["nodes"]) == nodes]
+                statuses = Counter(down["status"].astype(str))
+                rows.append({"scale": scale, "nodes": int(nodes), "failed_only": True,
+                             "failed": f"no successful run: {len(down)} failed ("
+                                       + ", ".join(f"{n} {s}" for s, n in statuses.most_common()) + ")"})
+                continue
+            index = numeric(at["mfu"]).idxmax()
+            best = at.loc[index]
+            row = {"scale": scale, "nodes": int(nodes), "gpus": best["world_size"], "failed_only": False,
                    "mfu": fmt_number(best["mfu"], percent=True),
                    "mfu_range": f"{fmt_number(best['mfu_min'], percent=True)}-{fmt_number(best['mfu_max'], percent=True)}",
                    "repeats": int(best["repeats"]),
+                   "predicted": fmt_number(best.get("predicted_mfu"), percent=True),
                    "tflops": fmt_number(best["tflops_per_gpu"]),
                    "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
-                   "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at)}
+                   "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at),
+                   "flags": [f.reason for f in (flags or {}).get(index, [])]}
             if reference is not None:
                 row.update(published_beside(reference, best))
             rows.append(row)
     return rows
+
+
+def setting_cell(value) -> str:
+    """A setting in the MFU table's columns: on / off, default for None."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "default" if value is None else str(value)
+
+
+def mfu_table(data: ReportInput, scales: list[str], flags: dict) -> dict:
+    """MFU by configuration (rows: scale, framework, parallelism and the settings that differ between
+    the page's configurations) and node count (columns): each cell the median MFU over the runs of that
+    configuration and node count, starred where it is the best at its scale and node count; a cell
+    whose runs all failed shows their status (not 0), one with some failed says how many; blank: not
+    run. `flags`: configs index -> checks.Flag."""
+    frame, configs = data.frame, data.configurations
+    keys = varying_keys(list(frame["settings"]), ignore=("scale", "nodes", "framework", "parallelism"))
+    counts = sorted({int(n) for n in numeric(frame["nodes"]).dropna()})
+    best = {(scale, int(nodes)): numeric(at["mfu"]).idxmax()  # as best_rows picks it
+            for (scale, nodes), at in configs.groupby(["scale", numeric(configs["nodes"])])}
+    rank = {s: i for i, s in enumerate(scales)}
+    rows = []
+    for layout, runs in frame.groupby("layout", sort=False):
+        first = runs.iloc[0]
+        mine = configs[configs["layout"] == layout]
+        cells = []
+        for nodes in counts:
+            at = mine[numeric(mine["nodes"]) == nodes]
+            down = runs[(numeric(runs["nodes"]) == nodes) & (runs["status"] != "ok")]
+            lost = Counter(down["status"].astype(str))
+            lost_text = ", ".join(f"{n} {s}" for s, n in lost.most_common())
+            if at.empty:
+                cells.append({"text": " / ".join(lost) if lost else "", "failed": bool(lost),
+                              "title": "; ".join(str(e)[:200] for e in down["error"].fillna("").head(3))})
+                continue
+            index, c = at.index[0], at.iloc[0]
+            reasons = [f.reason for f in flags.get(index, []) if f.column in ("mfu", "efficiency")]
+            cells.append({"text": fmt_number(c["mfu"], percent=True), "winner": best.get((c["scale"], nodes)) == index,
+                          "predicted": fmt_number(c.get("predicted_mfu"), percent=True)
+                          if data.predicted_by and pd.notna(c.get("predicted_mfu")) else "",
+                          "title": f"median of {int(c['repeats'])} run(s), min-max "
+                                   f"{fmt_number(c['mfu_min'], percent=True)}-{fmt_number(c['mfu_max'], percent=True)}%; "
+                                   f"{fmt_number(c['samples_per_s'])} samples/s; {c['world_size']} GPUs",
+                          "also_failed": f"+{lost_text}" if lost else "", "flags": reasons})
+        values = [setting_cell(first["settings"].get(k)) for k in keys]
+        order = (rank.get(first["scale"], len(rank)), str(first["framework"]), str(first["parallelism"]), values)
+        rows.append((order, {"scale": first["scale"], "framework": first["framework"],
+                             "parallelism": first["parallelism"], "settings": values, "cells": cells}))
+    return {"settings": [k.replace("_", " ") for k in keys],
+            "nodes": [f"{n} node{'s' if n != 1 else ''}" for n in counts],
+            "rows": [row for _, row in sorted(rows, key=lambda item: item[0])]}
 
 
 def published_beside(reference: pd.DataFrame, best: pd.Series) -> dict:
@@ -168,17 +249,22 @@ def unplotted_published(reference: pd.DataFrame | None, configs: pd.DataFrame) -
             if (r.scale, r.framework, r.parallelism) not in drawn]
 
 
-# Full table of runs: (frame column, header, kind) where kind picks the formatting.
-RUN_COLUMNS = [
-    ("run_id", "run", "text"), ("status", "status", "text"), ("scale", "scale", "text"),
-    ("framework", "framework", "text"), ("parallelism", "parallelism", "text"), ("nodes", "nodes", "int"),
-    ("world_size", "GPUs", "int"), ("micro_batch", "micro-batch", "int"), ("global_batch", "global batch", "int"),
+# The table of runs: (frame column, header, kind) where kind picks the formatting. The key columns
+# show; the rest are hidden until the page's "all columns" box is ticked.
+KEY_RUN_COLUMNS = [
+    ("run_id", "run", "text"), ("scale", "scale", "text"), ("framework", "framework", "text"),
+    ("parallelism", "parallelism", "text"), ("nodes", "nodes", "int"), ("world_size", "GPUs", "int"),
+    ("mfu", "MFU (%)", "pct"), ("samples_per_s", "samples/s", "num"), ("step_time_s", "step time (s)", "num"),
+    ("status", "status", "text"),
+]
+FLAGS_COLUMN = ("flags", "flags", "flags")  # after the key columns: the numbers of the run's flagged values
+EXTRA_RUN_COLUMNS = [
+    ("micro_batch", "micro-batch", "int"), ("global_batch", "global batch", "int"),
     ("repeat", "repeat", "int"), ("steps", "steps", "int"), ("warmup_steps", "warm-up", "int"),
-    ("step_time_s", "step time (s)", "num"), ("step_time_p10_s", "p10 (s)", "num"),
+    ("step_time_p10_s", "p10 (s)", "num"),
     ("step_time_p90_s", "p90 (s)", "num"), ("step_time_mean_vs_median", "mean vs median (%)", "pct"),
-    ("samples_per_s", "samples/s", "num"),
     ("samples_per_s_per_gpu", "samples/s/GPU", "num"), ("audio_seconds_per_s_per_gpu", "audio s/s/GPU", "num"),
-    ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("mfu", "MFU (%)", "pct"), ("hfu", "HFU (%)", "pct"),
+    ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("hfu", "HFU (%)", "pct"),
     ("mfu_fp8_peak", "MFU fp8 peak (%)", "pct"), ("peak_label", "peak", "text"),
     ("peak_mem_gib", "memory (GiB)", "num"), ("peak_mem_allocated_gib", "allocated (GiB)", "num"),
     ("memory_estimate_gib", "estimate (GiB)", "num"),
@@ -189,21 +275,22 @@ RUN_COLUMNS = [
     ("ac", "ac", "text"), ("device_name", "device", "text"), ("hostname", "host", "text"), ("time", "time", "text"),
     ("notes", "notes", "text"), ("error", "error", "text"),
 ]
+RUN_COLUMNS = KEY_RUN_COLUMNS + EXTRA_RUN_COLUMNS
 
-
-# With predictions (report --profile): after the step-time columns, the predicted step and the residual.
+# With predictions (a profile: --profile, or the one matching the records' device): the predicted
+# step and the residual, shown beside the measured step time.
 PREDICTED_RUN_COLUMNS = [("predicted_step_time_s", "predicted step (s)", "num"),
                          ("prediction_error", "vs prediction (%)", "pct")]
 
 
-def run_columns(data: ReportInput) -> list[tuple[str, str, str]]:
-    if not data.predicted_by:
-        return RUN_COLUMNS
-    at = [c[0] for c in RUN_COLUMNS].index("step_time_mean_vs_median") + 1
-    return RUN_COLUMNS[:at] + PREDICTED_RUN_COLUMNS + RUN_COLUMNS[at:]
+def run_columns(data: ReportInput) -> list[tuple[str, str, str, bool]]:
+    """(frame column, header, kind, shown by default) of the table of runs."""
+    key = KEY_RUN_COLUMNS + (PREDICTED_RUN_COLUMNS if data.predicted_by else []) + [FLAGS_COLUMN]
+    return [(*c, True) for c in key] + [(*c, False) for c in EXTRA_RUN_COLUMNS]
 
 
-def run_rows(frame: pd.DataFrame, scales: list[str], columns: list[tuple[str, str, str]] = RUN_COLUMNS) -> list[dict]:
+def runs_frame(frame: pd.DataFrame, scales: list[str]) -> pd.DataFrame:
+    """The frame with the table of runs' derived text columns, in the table's order."""
     rank = {s: i for i, s in enumerate(scales)}
     frame = frame.assign(_s=frame["scale"].map(lambda s: rank.get(s, len(rank))),
                          lengths=[f"{a}/{t}/{s}" for a, t, s in
@@ -214,13 +301,40 @@ def run_rows(frame: pd.DataFrame, scales: list[str], columns: list[tuple[str, st
                          peak_label=[None if pd.isna(p) else f"{fmt_number(p)} {pp or ''} {_peak_kind(src)}".replace("  ", " ")
                                      for p, pp, src in zip(frame["peak_tflops"], frame["peak_precision"], frame["peak_source"])],
                          notes=frame["notes"].map(lambda n: "; ".join(n) if isinstance(n, tuple) else None))
+    return frame.sort_values(["_s", "framework", "parallelism", "nodes", "run_id"])
+
+
+def _missing(value) -> bool:
+    return value is None or (not isinstance(value, str) and pd.isna(value))
+
+
+def flag_notes(frame: pd.DataFrame, flags: dict[object, list[Flag]], scales: list[str]) -> dict[object, list[int]]:
+    """Frame index -> the numbers of its flags in the list under the table of runs (in table order)."""
+    numbers, n = {}, 0
+    for index in runs_frame(frame, scales).index:
+        for _ in flags.get(index, []):
+            n += 1
+            numbers.setdefault(index, []).append(n)
+    return numbers
+
+
+def run_rows(frame: pd.DataFrame, scales: list[str], columns=None, flags: dict | None = None) -> list[dict]:
+    """The table of runs' rows: each cell's text and sort key, a flagged cell's reasons (`flags`:
+    frame index -> checks.Flag; the flags column lists their numbers)."""
+    columns = columns or [(*c, True) for c in RUN_COLUMNS]
+    flags = flags or {}
+    numbers = flag_notes(frame, flags, scales)
     rows = []
-    for _, r in frame.sort_values(["_s", "framework", "parallelism", "nodes", "run_id"]).iterrows():
+    for index, r in runs_frame(frame, scales).iterrows():
+        mine = flags.get(index, [])
         cells = []
-        for column, _, kind in columns:
-            value = r[column]
-            missing = value is None or (not isinstance(value, str) and pd.isna(value))
-            if missing:
+        for column, _, kind, _ in columns:
+            reasons = [f.reason for f in mine if f.column == column]
+            value = None if kind == "flags" else r[column]
+            if kind == "flags":
+                cells.append({"text": "", "sort": str(len(mine)) if mine else "",
+                              "marks": list(zip(numbers.get(index, []), (f.reason for f in mine)))})
+            elif _missing(value):
                 cells.append({"text": "", "sort": ""})
             elif kind == "num":
                 cells.append({"text": fmt_number(value), "sort": repr(float(value))})
@@ -230,11 +344,48 @@ def run_rows(frame: pd.DataFrame, scales: list[str], columns: list[tuple[str, st
                 cells.append({"text": str(int(value)), "sort": str(int(value))})
             else:
                 cells.append({"text": str(value), "sort": str(value)})
+            cells[-1]["reasons"] = reasons
         retries = numeric(pd.Series([r["num_alloc_retries"]])).fillna(0).iloc[0]
         rows.append({"scale": r["scale"], "status": r["status"], "path": r["path"] or "", "cells": cells,
                      "fp8": r["precision"] == "fp8", "retries": bool(retries > 0), "below": flagged(r["below_prediction"]),
                      "calibrated": _peak_kind(r["peak_source"]) == "calibrated"})
     return rows
+
+
+def flag_list(frame: pd.DataFrame, flags: dict[object, list[Flag]], scales: list[str]) -> list[dict]:
+    """The numbered list under the table of runs: each flagged value's run and reason."""
+    out, ordered = [], runs_frame(frame, scales)
+    for index, numbers in flag_notes(frame, flags, scales).items():
+        for n, f in zip(numbers, flags[index]):
+            out.append({"n": n, "run_id": ordered.at[index, "run_id"], "reason": f.reason})
+    return out
+
+
+# The CSV of the table of runs: its columns, raw (MFU as a fraction, full precision), the peak as
+# its three fields instead of the page's label, and the flags' reasons.
+CSV_PEAK = ["peak_tflops", "peak_precision", "peak_source"]
+
+
+def runs_csv(data: ReportInput) -> str:
+    """The table of runs as CSV text, every run in the table's order (its flags: checks.run_flags)."""
+    flags = run_flags(data.ok, data.configurations)
+    kinds = {c: kind for c, _, kind, _ in run_columns(data) if kind != "flags"}
+    columns = [x for c in kinds for x in (CSV_PEAK if c == "peak_label" else [c])] + ["flags"]
+
+    def cell(value, kind) -> str:
+        if _missing(value):
+            return ""
+        if kind == "int":
+            return str(int(value))
+        return repr(float(value)) if isinstance(value, float) else str(value)
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for index, r in runs_frame(data.frame, scale_order(data.frame)).iterrows():
+        writer.writerow(["; ".join(f.reason for f in flags.get(index, [])) if c == "flags" else cell(r[c], kinds.get(c))
+                         for c in columns])
+    return buf.getvalue()
 
 
 def padded_tokens_text(shares) -> str | None:
@@ -315,6 +466,43 @@ def failed_rows(data: ReportInput) -> list[dict]:
     return rows
 
 
+LAYOUTS_CAPTION = ("At each node count, one bar per configuration: its median MFU over its runs there, bars min-max; "
+                   "\u2605 and a black outline: the best (as in the tables above). A configuration whose runs at a "
+                   "node count all failed stands there as an empty bar labelled with the status. "
+                   "\u26a0: a flagged value (hover: why).")
+
+
+def layouts_section(data: ReportInput, figs: Figures) -> dict:
+    """The bar chart of the configurations at each node count, one panel per scale."""
+    panels = []
+    failed = data.failed[numeric(data.failed["nodes"]).notna()]
+    for i, scale in enumerate(figs.scales):
+        group = figs.configs[figs.configs["scale"] == scale]
+        if group.empty:
+            panels.append(panel(scale, empty=f"{scale}: no successful runs"))
+            continue
+        fig = figs.layouts(scale, group, failed[failed["scale"] == scale])
+        panels.append(panel(scale, html=figure_html(fig, f"fig-layouts-{i}")))
+    return {"id": "layouts", "title": "Configurations at each node count", "caption": LAYOUTS_CAPTION,
+            "panels": panels if not data.ok.empty else [], "empty": "No successful runs."}
+
+
+def config_flag_lines(configs: pd.DataFrame, flags: dict) -> list[str]:
+    """One line per flagged value of a configuration (its medians): where, and why."""
+    return [f"{c['scale']} {c['config']}, {c['nodes']} node(s): {f.reason}"
+            for index, c in configs.iterrows() for f in flags.get(index, [])]
+
+
+def flags_note(run_flags: dict, config_flags: dict) -> list[str]:
+    """The notes box's line on the flagged values, where there are any."""
+    runs, medians = sum(map(len, run_flags.values())), sum(map(len, config_flags.values()))
+    if not (runs or medians):
+        return []
+    return [f"\u26a0 {runs} value(s) of the runs and {medians} of the configurations' medians flagged as impossible or "
+            "suspicious (MFU above 100% or not positive, superlinear scaling, a step time not positive, memory above "
+            "the device's): marked where they are shown, the reasons under the MFU table and the table of runs."]
+
+
 def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, reference_path: str | None = None) -> str:
     """The page; `reference` (tables.read_reference) marks published MFU beside the measured."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -329,15 +517,24 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
     scales = figs.scales
     sections = build_sections(data, figs)
     links = next((s["links"] for s in sections if s["id"] == "time"), {})  # best-MFU row -> its waterfall
-    best = [{**b, "waterfall": links.get(b["run_id"])} for b in best_rows(figs.configs, scales, reference)]
+    best = [{**b, "waterfall": links.get(b.get("run_id"))}
+            for b in best_rows(figs.configs, scales, reference, data.failed, figs.config_flags)]
+    columns = run_columns(data)
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        facts=header_facts(data), flop_convention=FLOP_CONVENTION, message=message, scales=scales,
-        problems=data.problems, notes=page_notes(data), best=best, sections=sections,
+        facts=header_facts(data), flop_convention=FLOP_CONVENTION, flop_convention_short=FLOP_CONVENTION_SHORT,
+        message=message, scales=scales, problems=data.problems,
+        notes=page_notes(data) + flags_note(figs.run_flags, figs.config_flags), best=best,
+        predicted=bool(data.predicted_by), profile_line=data.profile_line,
+        matrix=mfu_table(data, scales, figs.config_flags),
+        config_flags=config_flag_lines(figs.configs, figs.config_flags),
+        layouts=layouts_section(data, figs), sections=sections,
         reference=reference_path if reference is not None else None,
         unplotted=unplotted_published(reference, figs.configs),
         tune=tune_section(data.tunes), failed=failed_rows(data), skipped=data.skipped,
-        run_headers=[(h, kind) for _, h, kind in run_columns(data)], runs=run_rows(data.frame, scales, run_columns(data)),
+        run_headers=columns, runs=run_rows(data.frame, scales, columns, figs.run_flags),
+        run_flags=flag_list(data.frame, figs.run_flags, scales),
+        runs_csv=quote(runs_csv(data), safe=""),
         margin=f"{(data.margin or 0) * 100:g}",
         plotlyjs=get_plotlyjs(),
     )

@@ -42,6 +42,7 @@ class ReportInput:
     skipped: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     predicted_by: list[str] = field(default_factory=list)  # the profiles' names, once predictions are in
+    profile_line: str = ""  # which profile the predictions are from and how it was chosen, or why there are none
     margin: float | None = None  # runs this far below their prediction are flagged (a fraction)
     tunes: list[TuneDoc] = field(default_factory=list)  # the tune.json files among the paths (load_tunes)
 
@@ -147,30 +148,73 @@ def flagged(value) -> bool:
     return value is not None and not pd.isna(value) and bool(value)
 
 
-def with_predictions(data: ReportInput, profiles: list, margin: float) -> ReportInput:
-    """The successful runs' predictions (echobench.predict.against, on these profiles) in the frame:
-    predicted step time and MFU, error = (predicted - measured) / measured step time, and
-    below_prediction where the run reached less than (1 - margin) of its predicted throughput
-    (measured step > predicted step / (1 - margin)). Runs the model cannot price stay empty; why is
-    added to data.problems."""
+def with_predictions(data: ReportInput, profiles: list | dict[str, list], margin: float) -> ReportInput:
+    """The successful runs' predictions (echobench.predict.against, on these profiles, or on each run
+    id's own where `profiles` is a dict) in the frame: predicted step time and MFU, error = (predicted -
+    measured) / measured step time, and below_prediction where the run reached less than (1 - margin)
+    of its predicted throughput (measured step > predicted step / (1 - margin)). Runs the model cannot
+    price, or without a profile, stay empty; why is added to data.problems."""
     frame = data.frame.copy()
     by_id = {r.run_id: r for r in data.records}
+    used = {}  # the names of the profiles that priced a run, in order
     for index, row in frame.iterrows():
         record = by_id.get(row["run_id"])
         if record is None or record.status != "ok" or not record.step_time_s:
             continue
+        mine = profiles.get(record.run_id) if isinstance(profiles, dict) else profiles
+        if not mine:
+            continue
         try:
-            c = against(record, profiles)
+            c = against(record, mine)
         except (PredictError, ValueError) as exc:
             data.problems.append(f"{row['run_id']}: not predicted: {exc}")
             continue
+        used[c.prediction.profile] = True
         frame.at[index, "predicted_step_time_s"] = c.prediction.step_time_s
         frame.at[index, "predicted_mfu"] = c.prediction.mfu
         frame.at[index, "prediction_error"] = c.error
         frame.at[index, "below_prediction"] = bool(record.step_time_s * (1 - margin) > c.prediction.step_time_s)
     data.frame = frame
     data.__dict__.pop("configurations", None)  # the cached medians: computed again with the predictions
-    data.predicted_by, data.margin = list(dict.fromkeys(p.name for p in profiles)), margin
+    data.predicted_by, data.margin = list(used), margin
+    return data
+
+
+def with_device_predictions(data: ReportInput, margin: float) -> ReportInput:
+    """`report` without --profile: each successful run predicted on the hardware profile of its device
+    (echobench.predict.profiles.profiles_for_records: its sweep's own, else the shipped one of its
+    datasheet row, else this machine's calibrated one); data.profile_line says which profile was used
+    for which device, or, in one line, that none matches."""
+    from echobench.predict.profiles import profiles_for_records  # lazy: hardware profiles, yaml
+
+    ok = [r for r in data.records if r.status == "ok" and r.step_time_s]
+    if not ok:
+        return data
+    devices = sorted({r.env.device_name or "an unnamed device" for r in ok})
+    try:
+        each, _ = profiles_for_records(ok)
+    except PredictError as exc:
+        unreadable = "" if str(exc).startswith("no hardware profile") else f" ({exc})"
+        data.profile_line = (f"No hardware profile matches the records' device ({', '.join(devices)}){unreadable}: "
+                             "no predicted figures; give one with report --profile NAME|FILE.")
+        return data
+    data = with_predictions(data, each, margin)
+    names = sorted({p.name for ps in each.values() for p in ps})
+    if not data.predicted_by:
+        data.profile_line = (f"Hardware profile {', '.join(names)} matches the records' device ({', '.join(devices)}), "
+                             "but no run could be priced on it (why: the problems listed below).")
+        return data
+    by_profile: dict[str, set] = {}
+    device_of = {r.run_id: r.env.device_name or "an unnamed device" for r in ok}
+    for run_id, ps in each.items():
+        by_profile.setdefault(ps[0].name, set()).add(device_of[run_id])
+    unmatched = sorted(set(devices) - {d for ds in by_profile.values() for d in ds})
+    data.profile_line = ("Predicted figures from hardware profile "
+                         + "; ".join(f"{name} (matched to the records' device {', '.join(sorted(ds))})"
+                                     for name, ds in by_profile.items())
+                         + (f"; no profile matches {', '.join(unmatched)}: those runs are not predicted"
+                            if unmatched else "")
+                         + ". report --profile NAME|FILE overrides.")
     return data
 
 

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from echobench.report.data import ReportInput, scale_order
+from echobench.report.checks import config_flags, run_flags
+from echobench.report.data import ReportInput, scale_order, setting_text, varying_keys
 from echobench.report.plotting import esc, layout
 
 FLOP_PARTS_ORDER = ("dit_attention", "dit_mlp", "dit_conditioning", "dit_io", "speaker_encoder",
@@ -38,6 +39,8 @@ def with_labels(group: pd.DataFrame) -> pd.DataFrame:
 # marker of its own. "dot" is left to the ideal-scaling references.
 PALETTE = qualitative.D3 + qualitative.Dark2
 DASHES = ("solid", "dash", "dashdot", "longdash", "longdashdot")
+PATTERNS = ("", "/", "x", ".", "-")  # a bar's fill pattern: what the dash is to a line
+FLAG_COLOR = "#d62728"
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "star", "hexagon", "pentagon")
 
 
@@ -49,7 +52,7 @@ def line_styles(frame: pd.DataFrame) -> dict[str, dict]:
     for i, ((_, _), labels) in enumerate(pairs.groupby(["framework", "parallelism"], sort=True)):
         for k, label in enumerate(sorted(labels["config"])):
             styles[label] = {"color": PALETTE[i % len(PALETTE)], "dash": DASHES[k % len(DASHES)],
-                             "symbol": SYMBOLS[k % len(SYMBOLS)]}
+                             "symbol": SYMBOLS[k % len(SYMBOLS)], "pattern": PATTERNS[k % len(PATTERNS)]}
     return styles
 
 
@@ -89,6 +92,24 @@ class Figures:
         self.scales = scale_order(data.frame)
         self.styles = line_styles(data.frame)
         self.reference = reference
+        self.config_flags = config_flags(self.configs)  # configs index -> flags (checks.value_flags)
+        self.run_flags = run_flags(self.ok, self.configs)  # frame index -> flags
+
+    def _flag_trace(self, points: list[tuple], flags: dict, columns: tuple[str, ...]) -> list[go.Scatter]:
+        """A red ring round every drawn point whose value is flagged (checks.value_flags), its reasons
+        in the hover; points: (row index, x, y) as drawn. [] when none is."""
+        xs, ys, texts = [], [], []
+        for index, x, y in points:
+            reasons = [f.reason for f in flags.get(index, []) if f.column in columns]
+            if reasons and not (pd.isna(x) or pd.isna(y)):
+                xs.append(x)
+                ys.append(y)
+                texts.append("<b>flagged value</b><br>" + "<br>".join(esc(r) for r in reasons))
+        if not xs:
+            return []
+        return [go.Scatter(x=xs, y=ys, mode="markers", name="\u26a0 flagged value (hover: why)", text=texts,
+                           marker={"symbol": "circle-open", "size": 20, "color": FLAG_COLOR, "line": {"width": 2.5}},
+                           hovertemplate="%{text}<extra></extra>")]
 
     def _line(self, config: str) -> dict:
         style = self.styles[config]
@@ -131,6 +152,10 @@ class Figures:
         if published is not None:
             fig.add_trace(published)
         for trace in self._predicted(group):
+            fig.add_trace(trace)
+        points = [(i, x, m * 100) for _, rows in self._per_config(group)
+                  for i, x, m in zip(rows.index, rows["_x"], numeric(rows["mfu"]))]
+        for trace in self._flag_trace(points, self.config_flags, ("mfu",)):
             fig.add_trace(trace)
         return layout(fig, f"{scale}: MFU vs GPUs (median over runs, bars min-max)", xaxis=gpu_axis(group),
                        yaxis={"title": "MFU (%)", "rangemode": "tozero"})
@@ -188,6 +213,69 @@ class Figures:
                           marker={"symbol": "diamond-open", "size": 13, "color": colors, "line": {"width": 2}},
                           hovertemplate="%{text}<extra></extra>")
 
+    @staticmethod
+    def _failed_labels(group: pd.DataFrame, failed: pd.DataFrame) -> list[str]:
+        """Labels for configurations that only failed: the page's, unless a configuration that ran
+        has that label (labels name what differs between successful runs); then with the settings
+        that differ from it added (e.g. `torchtitan ddp ac=full`)."""
+        ran = dict(zip(group["config"], zip(group["layout"], group["settings"])))
+        labels = []
+        for label, key, settings in zip(failed["config"], failed["layout"], failed["settings"]):
+            other = ran.get(label)
+            if other is None or other[0] == key:
+                labels.append(label)
+                continue
+            keys = varying_keys([other[1], settings])
+            labels.append(" ".join([label, *(setting_text(k, settings.get(k)) for k in keys)]))
+        return labels
+
+    def layouts(self, scale: str, group: pd.DataFrame, failed: pd.DataFrame) -> go.Figure:
+        """At each node count (x), one bar per configuration (`group`: one row per configuration and
+        node count): its median MFU, bars min-max; the best at each node count outlined in black and
+        starred. A configuration whose runs at a node count all failed (`failed`: the frame's failed
+        rows of this scale) stands there as an empty bar labelled with the status: failed, not zero."""
+        group = group.assign(_n=numeric(group["nodes"]).astype(int))
+        measured = set(zip(group["layout"], group["_n"]))
+        failed = failed.assign(_n=numeric(failed["nodes"]).astype(int))
+        failed = failed[pd.Series([(lay, n) not in measured for lay, n in zip(failed["layout"], failed["_n"])],
+                                   index=failed.index, dtype=bool)]
+        failed = failed.assign(_label=failed["config"], config=self._failed_labels(group, failed))
+        category = {n: f"{n} node{'s' if n != 1 else ''}" for n in sorted(set(group["_n"]) | set(failed["_n"]))}
+        best = {n: numeric(at["mfu"]).idxmax() for n, at in group.groupby("_n")}
+        lost_label = dict(zip(failed["config"], failed["_label"]))  # a failed one's label -> the page's label
+        fig, top = go.Figure(), 1.0
+        for config in sorted(set(group["config"]) | set(failed["config"])):
+            bars = []  # (node count, MFU %, minus, plus, outline width, text, hover)
+            for index, r in group[group["config"] == config].sort_values("_n").iterrows():
+                mfu, low, high = (float(r[c]) * 100 for c in ("mfu", "mfu_min", "mfu_max"))
+                reasons = [f.reason for f in self.config_flags.get(index, []) if f.column == "mfu"]
+                winner = best[r["_n"]] == index
+                label = ("\u2605 " if winner else "") + (f"{mfu:.3g}%" if winner or reasons else "") \
+                    + (" \u26a0" if reasons else "")
+                runs = f"median of {r['repeats']} runs" if r["repeats"] > 1 else "1 run"
+                hover = (f"<b>{esc(config)}</b>{' (best at this node count)' if winner else ''}<br>{r['_n']} node(s), "
+                         f"{r['world_size']} GPUs<br>MFU {mfu:.3g}% ({runs}, {low:.3g}-{high:.3g}%)<br>samples/s "
+                         f"{float(r['samples_per_s']):.4g}" + "".join(f"<br>\u26a0 {esc(x)}" for x in reasons))
+                bars.append((r["_n"], mfu, max(mfu - low, 0), max(high - mfu, 0), 3 if winner else 0, label, hover))
+                top = max(top, high)
+            for n, runs in failed[failed["config"] == config].groupby("_n"):
+                statuses = ", ".join(sorted(set(runs["status"].astype(str))))
+                error = str(runs["error"].iloc[0] or "")[:200]
+                bars.append((n, 0, 0, 0, 0, f"failed: {statuses}", f"<b>{esc(config)}</b><br>{n} node(s): every run "
+                             f"failed ({esc(statuses)})<br>{esc(error)}"))
+            n, y, minus, plus, widths, texts, hovers = zip(*sorted(bars))
+            style = self.styles.get(config) or self.styles[lost_label.get(config, config)]
+            fig.add_trace(go.Bar(x=[category[k] for k in n], y=y, name=esc(config), text=texts, textposition="outside",
+                                 cliponaxis=False, hovertext=hovers, hovertemplate="%{hovertext}<extra></extra>",
+                                 error_y={"type": "data", "array": plus, "arrayminus": minus,
+                                          "visible": any(plus) or any(minus), "color": "#444"},
+                                 marker={"color": style["color"], "pattern": {"shape": style["pattern"]},
+                                         "line": {"color": "#111", "width": widths}}))
+        return layout(fig, f"{scale}: MFU of each configuration at each node count (\u2605 best)", height=380,
+                      barmode="group", xaxis={"title": "nodes", "type": "category", "categoryorder": "array",
+                                              "categoryarray": list(category.values())},
+                      yaxis={"title": "MFU (%)", "range": [0, top * 1.2]})
+
     def throughput(self, scale: str, group: pd.DataFrame) -> go.Figure:
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
                             subplot_titles=("samples/s per GPU", "audio seconds/s per GPU"))
@@ -216,11 +304,13 @@ class Figures:
     def scaling_efficiency(self, scale: str, group: pd.DataFrame) -> go.Figure | str:
         """The figure, or why there is none: a configuration at one GPU count is 100% by definition."""
         fig = go.Figure()
+        flagged = []
         for config, rows in self._per_config(group):
             if len(rows) < 2:  # one GPU count: 100% by definition (a dot hiding the others' first)
                 continue
             per_gpu = numeric(rows["samples_per_s_per_gpu"])
             efficiency = per_gpu / per_gpu.iloc[0] * 100
+            flagged += list(zip(rows.index, rows["_x"], efficiency))
             base = int(numeric(rows["world_size"]).iloc[0])
             fig.add_trace(go.Scatter(x=rows["_x"], y=efficiency, name=esc(config), mode="lines+markers",
                                      text=self._hover(rows), hovertemplate=f"%{{text}}<br>%{{y:.1f}}% of the per-GPU "
@@ -231,6 +321,8 @@ class Figures:
         fig.add_trace(go.Scatter(x=[gpus.min(), gpus.max()], y=[100, 100], mode="lines", name="ideal (linear) scaling",
                                  line={"color": "#666", "dash": "dot", "width": 1.5},
                                  hovertemplate="ideal: 100%<extra></extra>"))
+        for trace in self._flag_trace(flagged, self.config_flags, ("efficiency",)):
+            fig.add_trace(trace)
         return layout(fig, f"{scale}: scaling efficiency vs each configuration's smallest GPU count",
                        xaxis=gpu_axis(group), yaxis={"title": "efficiency (%)", "rangemode": "tozero"})
 
@@ -255,6 +347,8 @@ class Figures:
                                      marker={"symbol": "x", "size": 9, "color": "#222"},
                                      customdata=numeric(rows["step_time_mean_vs_median"]) * 100,
                                      hovertemplate="mean %{x:.4g} s (%{customdata:+.1f}% vs median)<extra></extra>"))
+        for trace in self._flag_trace(list(zip(rows.index, med, labels)), self.run_flags, ("step_time_s",)):
+            fig.add_trace(trace)
         return layout(fig, f"{scale}: step time, median with p10-p90, x = mean", height=self._run_height(len(rows)),
                        xaxis={"title": "step time (s)", "rangemode": "tozero"},
                        yaxis={"automargin": True, "autorange": "reversed"}, showlegend=False)
@@ -286,6 +380,9 @@ class Figures:
                                      marker={"symbol": "line-ns-open", "size": 22, "color": "#d62728",
                                              "line": {"width": 3, "color": "#d62728"}},
                                      hovertemplate="device %{x:.3g} GiB<extra></extra>"))
+        for trace in self._flag_trace(list(zip(rows.index, numeric(rows["peak_mem_gib"]), labels)), self.run_flags,
+                                      ("peak_mem_gib",)):
+            fig.add_trace(trace)
         # the legend above the bars: long run labels already take the width beside them
         return layout(fig, f"{scale}: peak memory per GPU", height=self._run_height(len(rows)) + 30, top=80,
                        xaxis={"title": "GiB", "rangemode": "tozero"},
