@@ -398,8 +398,9 @@ def configuration(settings: dict, with_nodes: bool = True) -> dict:
     (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
     a record older than the key, takes its default. The one definition of "configuration" that the
     dashboard, the tables and `compare` share: runs of equal configurations pool like repeats.
-    (FORMER_DEFAULTS: the keys whose default changed take their former one.)"""
-    merged = {**{name: f.default for name, f in FIELDS.items()}, **FORMER_DEFAULTS, **settings}
+    (FORMER_DEFAULTS: the keys whose default changed take their former one; RENAMED_KEYS are read
+    under their new names.)"""
+    merged = {**{name: f.default for name, f in FIELDS.items()}, **FORMER_DEFAULTS, **upgraded(settings)}
     return {k: v for k, v in merged.items() if k not in MEASUREMENT_KEYS and (with_nodes or k != "nodes")}
 
 
