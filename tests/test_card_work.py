@@ -23,7 +23,13 @@ from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.card_work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
 from echobench.predict.frameworks import framework, resolved
-from echobench.predict.pipeline import bubble_fraction, in_flight, p2p_messages, pipeline_seconds
+from echobench.predict.pipeline import (
+    bubble_fraction,
+    in_flight,
+    interleaved_grad_exposed,
+    p2p_messages,
+    pipeline_seconds,
+)
 from echobench.predict.recompute import recomputed_linears
 
 ROWS = yaml.safe_load((ROOT / "validation" / "published-runs.yaml").read_text())
@@ -190,6 +196,20 @@ def test_a_pipelined_row_is_priced_with_its_bubble_and_interleaving_shrinks_it()
     assert one.parts["bubble"] > two.parts["bubble"] > 0 and one.step_time_s > two.step_time_s
     flat = predict_card(card, replace(layout, pp=1, vp=1, gpus=384, global_batch=384), prof)
     assert flat.parts["bubble"] == 0
+
+
+def test_interleaving_hides_all_but_the_last_chunks_gradient_reduction():
+    """Megatron-Core's interleaved schedule reduces each chunk's gradients after its last backward: the
+    last chunk's 1 / v is exposed, the rest hides behind the (v - 1) / v of the last p micro-batches'
+    backward still to run, and what does not fit there is exposed too."""
+    assert interleaved_grad_exposed(0.8, 8, 4, 32, 1.0) == pytest.approx(0.2)  # window 6 s: only the last chunk's
+    assert interleaved_grad_exposed(0.8, 8, 4, 32, 0.01) == pytest.approx(0.8 - 0.75 * 8 * 0.01)  # the link is the limit
+    assert interleaved_grad_exposed(0.8, 2, 2, 1, 1.0) == pytest.approx(0.4)  # one micro-batch: min(p, m) of them
+    prof = load_profile(find_profile("h100-hgx-ib"))
+    card, layout = card_of("mlm-gpt-314b-3072gpu")  # tp 8, pp 8, dp 48: 20 GB of fp32 gradients a rank
+    comm = {vp: predict_card(card, replace(layout, vp=vp), prof).parts["communication"] for vp in (2, 12)}
+    off = predict_card(card, replace(layout, vp=12, overlap_grad_reduce=False, overlap_param_gather=False), prof)
+    assert comm[2] > comm[12] and off.parts["communication"] > comm[2]
 
 
 def test_grad_accumulation_repeats_a_micro_batchs_compute_and_fsdps_collectives_but_not_the_step_ones():

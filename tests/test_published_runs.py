@@ -46,6 +46,17 @@ def test_megatron_mfu_is_its_tflops_over_the_peak_and_the_aggregate_its_tflops_t
     assert abs(p["aggregate_pflops"] - p["tflops_per_gpu"] * gpus / 1000) <= 0.05 + step * gpus / 1000
 
 
+@pytest.mark.parametrize("row", [r for r in rows_of("megatron-lm-2024") if r["run"]["pp"] > 1], ids=lambda r: r["id"])
+def test_megatron_2024_pipelined_rows_assume_only_the_interleavings_megatron_runs(row):
+    """The README overlaps pipeline-parallel communication, which megatron/training/arguments.py at
+    f2e5db40 allows only in the interleaved schedule, and that schedule splits a stage's layers
+    evenly into its vp chunks: every vp the row takes is > 1 and divides layers / pp."""
+    layers, pp = row["model"]["layers"], row["run"]["pp"]
+    taken = {row["run"]["vp"]} | {v for e in row["assumed"] if e["field"] == "run.vp" for v in e["values"]}
+    assert layers % pp == 0 and all(v > 1 and (layers // pp) % v == 0 for v in taken), taken
+    assert any(e["field"] == "run.vp" for e in row["assumed"])  # unstated: listed as assumed, never silent
+
+
 @pytest.mark.parametrize("row", [r for r in rows_of("torchtitan") if r["published"].get("mfu")], ids=lambda r: r["id"])
 def test_torchtitan_mfu_is_its_flop_formula_from_its_tokens(row):
     """torchtitan's num_flop_per_token: 6 x every parameter + 12 L h s, over the A100's 312."""

@@ -30,9 +30,9 @@ from echobench.predict.validate import (
 
 ROWS = yaml.safe_load((ROOT / "validation" / "published-runs.yaml").read_text())
 BY_ID = {r["id"]: r for r in ROWS}
-# The committed limits on the model's error on sources it was not fitted to (issue 42: mean <= 12%,
-# max <= 30%; the max is not met yet: reports/predict-published-2026-12-03.md). Raising one needs a reason.
-LOSO_MEAN, LOSO_MAX = 0.12, 0.36
+# The committed limits on the model's error on sources it was not fitted to: issue 42's aims, mean <= 12%,
+# max <= 30% (7.0% / 23.5% at reports/predict-loso-2026-12-04.md). Raising one needs a reason.
+LOSO_MEAN, LOSO_MAX = 0.12, 0.30
 
 
 def write_rows(tmp_path, rows) -> str:

@@ -5,7 +5,9 @@ the defaults it leaves out (frameworks.py).
 
     micro   = (forward + backward) / micro-batches + exposed(a micro-batch's collectives)
     compute = micro x micro-batches x (1 + the pipeline bubble (p - 1) / (v m))   (pipeline.py)
-    device  = compute + the once-a-step collectives exposed against the last micro-batch
+    device  = compute + the once-a-step collectives exposed against the last micro-batch (under
+              Megatron's interleaved schedule the gradient reduction per model chunk, against the
+              backward of the chunks after it: pipeline.interleaved_grad_exposed)
               + pipeline point-to-point exposed + optimizer
     host    = the host's ops (card_work.HOST_OPS_*, counted) x the profile's cost per op (0 where none)
     step    = max(device, host)   (a GPU's host queues kernels ahead of the device)
@@ -23,7 +25,7 @@ from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import framework, resolved
 from echobench.predict.intervals import interval
-from echobench.predict.pipeline import bubble_fraction, pipeline_seconds
+from echobench.predict.pipeline import bubble_fraction, interleaved_grad_exposed, pipeline_seconds
 from echobench.predict.pricing import Rates, attention_notes, in_step_note, is_cpu, profile_peak, work_seconds
 
 
@@ -97,7 +99,12 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     once = place_card(traffic.per_step, rates, layout, traffic.bucket_caps, opts)
     windows = {"forward": fwd / acc, "backward": bwd / acc}
     per_micro = sum(exposed(micro, windows).values())
-    last = sum(exposed(micro + once, windows).values()) - per_micro  # the once-a-step collectives, against the last
+    grads = [c for c in once if c.group == "dp" and c.overlaps == "backward"] \
+        if layout.layout == "megatron" and layout.pp > 1 and layout.vp > 1 and opts["overlap_grad_reduce"] else []
+    # the once-a-step collectives against the last micro-batch; under the interleaved schedule the
+    # gradient reduction per model chunk, against the backward of the chunks after it (pipeline.py)
+    last = sum(exposed(micro + [c for c in once if c not in grads], windows).values()) - per_micro + \
+        interleaved_grad_exposed(sum(c.seconds for c in grads), layout.pp, layout.vp, acc, windows["backward"])
     micro_s = (fwd + bwd) / acc + per_micro
     head = [m for m in work.matmuls if m.part == "lm_head"]
     head_s = sum(work_seconds(head, [], (0, 0), 0, rates).values()) / acc if layout.pp > 1 else 0.0

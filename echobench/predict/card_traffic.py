@@ -24,7 +24,8 @@ card's frameworks overlap differently). Options come resolved (frameworks.resolv
 - Megatron DP, once per step (all micro-batches but the last under no_sync): over the dp x cp ranks,
   the distributed optimizer's gradient reduce-scatter and parameter all-gather, over buckets of
   max(40M, 1M x dp) parameters (training.py's default with overlap_grad_reduce; one bucket
-  without), else DDP's all-reduce of the gradients. Pipeline stages: their own share.
+  without), else DDP's all-reduce of the gradients. Pipeline stages: their own share; interleaved,
+  each chunk's reduction starts after its last backward (card_model, pipeline.interleaved_grad_exposed).
 - Pipeline point-to-point (pipeline.py): activations forward and gradients back per micro-batch and
   chunk, each a message between two ranks of adjacent stages.
 """

@@ -10,10 +10,13 @@ Sources, per framework (the file and commit each default is read at):
   submit_benchmarks.py's default (llm-foundry scripts/train/yamls/pretrain/mpt-7b.yaml line 20,
   scripts/train/benchmarking/submit_benchmarks.py line 144, at 5e85bd62); eager element-wise kernels.
 - megatron-lm (Megatron-Core 0.9, 2024): --overlap-grad-reduce, --overlap-param-gather and
-  --tp-comm-overlap default off, p2p overlap on (--no-overlap-p2p-communication turns it off),
-  bf16 forces fp32 gradient accumulation and reduction (megatron/training/arguments.py at
-  f2e5db40, lines 199-305); TransformerEngine layers: attention through TE's DotProductAttention
-  (FlashAttention-2 where installed, cuDNN's fused attention otherwise: which one, unstated).
+  --tp-comm-overlap default off, p2p overlap on (--no-overlap-p2p-communication turns it off; in
+  effect only in the interleaved schedule, lines 254-277), bf16 forces fp32 gradient accumulation
+  and reduction (megatron/training/arguments.py at f2e5db40, lines 199-305); with
+  --overlap-grad-reduce the interleaved schedule reduces each model chunk's gradients after its
+  last backward (megatron/core/pipeline_parallel/schedules.py: pipeline.interleaved_grad_exposed);
+  TransformerEngine layers: attention through TE's DotProductAttention (FlashAttention-2 where
+  installed, cuDNN's fused attention otherwise: which one, unstated).
 - megatron-lm-2021 / megatron-lm-2022 (Narayanan et al. 2021; Korthikanti et al. 2022): no
   overlap of the data-parallel reduction, fp32 gradients, softmax attention with Megatron's fused
   scale-mask-softmax (no FlashAttention in either paper), fused bias-GeLU and bias-dropout-add.

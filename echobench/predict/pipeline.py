@@ -10,6 +10,12 @@ Training on GPU Clusters Using Megatron-LM", section 2.2): a step of m micro-bat
 Point-to-point: per micro-batch and chunk boundary, the activations forward (micro_batch x
 seq / cp x hidden in the compute dtype, / tp with sequence parallelism) and their gradient back,
 between ranks of adjacent stages (another node when the model-parallel group spans nodes).
+Data-parallel gradient reduction under the interleaved schedule (Megatron-Core's, with
+--overlap-grad-reduce: megatron/core/pipeline_parallel/schedules.py at f2e5db40, lines 731-758 and
+1074-1079; NeMo 24.07 passes its distributed Adam's grad sync through the same hook): each model
+chunk's gradients are reduced once its last micro-batch's backward is done, while the first stage
+still runs the other chunks' backward of the last p micro-batches; the last chunk's (1 / v of the
+bytes) waits for nothing and is exposed (interleaved_grad_exposed).
 Memory: 1F1B keeps min(p, m) micro-batches' activations in flight on the first stage (interleaved
 about p (1 + (p - 1) / (v p))), each of layers / p blocks.
 """
@@ -44,3 +50,13 @@ def in_flight(pp: int, vp: int, micro_batches: int) -> float:
     if pp <= 1:
         return 1.0
     return min(micro_batches, pp * (1 + (pp - 1) / (vp * pp)) if vp > 1 else pp)
+
+
+def interleaved_grad_exposed(reduce_s: float, pp: int, vp: int, micro_batches: int, backward_micro_s: float) -> float:
+    """Seconds of a step's data-parallel gradient reduction (`reduce_s`, every chunk's) left exposed
+    on the first stage under the interleaved schedule (the module docstring): the last chunk's
+    share, or what the link still has to send when the backward ends, whichever is more; the other
+    chunks' reductions start as each chunk's last backward ends, with (v - 1) / v of the last
+    min(p, m) micro-batches' backward (`backward_micro_s` each, on this stage) still to run."""
+    window = (vp - 1) / vp * min(pp, micro_batches) * backward_micro_s
+    return max(reduce_s / vp, reduce_s - window)
