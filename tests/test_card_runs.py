@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import ONE_THREAD, ROOT, record, run_cli
+from conftest import ONE_THREAD, ROOT, cli_env, record, run_cli, two_launchers
 from echobench.model.decoder import Decoder, decoder_flops, recompute_flops
 from echobench.predict.card import ModelCard, card_params, load_card_file
 from echobench.predict.card_run import run_card
@@ -156,6 +156,29 @@ def test_data_parallel_matches_single_process(tmp_path, single, parallelism):
     assert r["measured_model_flops"] == ref["measured_model_flops"]
     if parallelism == "fsdp2":
         assert r["backend"]["sharding"] == "FSDP2 per block + root"
+
+
+def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single):
+    """Two launchers on this machine stand in for two nodes: a 2x1 (replicate x shard) mesh."""
+    path, ref, _ = single
+    out = tmp_path / "hsdp"
+    codes, logs = two_launchers(["--card", path, "--steps", "3", "--warmup-steps", "0", "--peak-tflops", "1",
+                                 "--micro-batch", "2", "--parallelism", "hsdp", "--out", out],
+                                cli_env(tmp_path) | ONE_THREAD, timeout=300)
+    r = record(out)
+    assert codes[0] == 0, r["error"] + logs[0][-3000:]
+    assert r["backend"]["mesh"] == {"dp_replicate": 2, "dp_shard": 1} and r["global_batch"] == 4
+    assert r["losses"] == pytest.approx(ref["losses"], rel=RTOL, abs=0)
+
+
+def test_fp8_emulated_run_converts_the_block_linears(tmp_path, single):
+    """On a CPU torchao emulates float8: the block linears convert, the LM head stays; it trains."""
+    path, ref, _ = single
+    proc, out = run_card_cli(tmp_path, "fp8", path, "--micro-batch", "4", "--precision", "fp8")
+    r = record(out)
+    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert r["backend"]["float8"] == "emulated" and r["backend"]["float8_linears"] == 2 * 4  # qkv, out, up, down
+    assert r["losses"] == pytest.approx(ref["losses"], rel=1e-3) and r["losses"] != ref["losses"]
 
 
 def test_accumulated_micro_batches_train_as_one_batch(tmp_path, single):
