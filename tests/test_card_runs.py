@@ -143,19 +143,29 @@ def test_single_process_record(single):
     assert "card" in stdout and "tokens/s per device" in stdout
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
-def test_data_parallel_matches_single_process(tmp_path, single, parallelism):
+LAYOUTS = {"ddp": ["--micro-batch", "2", "--parallelism", "ddp"],
+           "fsdp2": ["--micro-batch", "2", "--parallelism", "fsdp2"],
+           "tp2": ["--micro-batch", "4", "--framework", "megatron", "--tp", "2"]}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_two_processes_match_single_process(tmp_path, single, layout):
+    """DDP and FSDP2 (2 data-parallel ranks of micro-batch 2) and megatron TP=2 (one replica of micro-batch
+    4) train on the single process's samples and follow its losses."""
     path, ref, _ = single
-    proc, out = run_card_cli(tmp_path, parallelism, path, "--micro-batch", "2", "--nproc", "2",
-                             "--parallelism", parallelism)
+    proc, out = run_card_cli(tmp_path, layout, path, "--nproc", "2", *LAYOUTS[layout])
     r = record(out)
     assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
     assert r["world_size"] == 2 and r["global_batch"] == 4 and r["measured_samples"] == 12
-    assert r["per_rank"][0]["losses"][0] != r["per_rank"][1]["losses"][0]  # each rank its own samples
+    # data-parallel ranks each see their own samples; TP peers the same ones
+    same = r["per_rank"][0]["losses"][0] == r["per_rank"][1]["losses"][0]
+    assert same == (layout == "tp2")
     assert r["losses"] == pytest.approx(ref["losses"], rel=RTOL, abs=0)
     assert r["measured_model_flops"] == ref["measured_model_flops"]
-    if parallelism == "fsdp2":
+    if layout == "fsdp2":
         assert r["backend"]["sharding"] == "FSDP2 per block + root"
+    if layout == "tp2":
+        assert r["backend"]["backend"] == "megatron" and r["backend"]["tp"] == 2 and r["tp"] == 2
 
 
 def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single):
@@ -196,6 +206,73 @@ def test_full_ac_counts_its_recompute_and_trains_alike(tmp_path, single):
     assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
     assert r["losses"] == pytest.approx(ref["losses"], rel=RTOL, abs=0)
     assert r["measured_hardware_flops"] - r["measured_model_flops"] == 12 * recompute_flops(card(), SEQ, "full")
+
+
+def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str) -> None:
+    """One of 2 gloo ranks: the card's TP=2 decoder as the megatron backend builds it against the plain
+    decoder of the same seed, on the same tokens, two steps each: loss and gradient norm. The ranks
+    meet through a file store (no port to race for)."""
+    import datetime
+    import os
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    from echobench.backends import build_training
+    from echobench.backends.torchtitan import ADAMW, build_decoder, clip_grad_norm_
+    from echobench.model.decoder import synthetic_tokens
+    from echobench.train.bench_card import card_train_step
+    from echobench.train.distributed import DistInfo
+
+    cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4)
+    workload = run_card(card_path)
+    setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32,
+                           workload)
+    plain = build_decoder(cfg, workload, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(plain.parameters(), **ADAMW)
+    tokens = synthetic_tokens(0, list(range(4)), workload.card.vocab, workload.seq)
+    block = setup.model.module.blocks[0]
+    norms, clip = [], setup.clip_grad
+    setup.clip_grad = lambda: norms.append(float(clip())) or norms[-1]
+    steps = []
+    for _ in range(2):  # a step of each: TP (megatron's clip and AdamW), plain (torch's)
+        tp_loss = float(card_train_step(setup, [tokens], "cpu", 1, 4 * workload.seq))
+        plain_loss = plain(tokens, reduction="mean")
+        plain_loss.backward()
+        plain_norm = float(clip_grad_norm_(list(plain.parameters()), 1.0))
+        optimizer.step()
+        optimizer.zero_grad()
+        steps.append([tp_loss, float(plain_loss), norms[-1], plain_norm])
+    out = {"shapes": [list(block.attn.qkv.linear.weight.shape), list(block.mlp.down.linear.weight.shape)],
+           "steps": steps}
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_megatron_tp2_trains_as_the_plain_decoder(tmp_path):
+    """TP=2 on megatron-core's layers, DDP, optimizer and clip: each rank holds half of every block's
+    q / k / v and MLP rows and of the output and down projections' columns; the loss equals the plain
+    decoder's, as do the gradient norm and the loss after one AdamW step of each."""
+    import torch.multiprocessing as mp
+
+    pytest.importorskip("megatron.core")
+    path = write_card(tmp_path / "tiny.yaml")
+    out = tmp_path / "result.json"
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), str(path)), nprocs=2, join=True)
+    r = json.loads(out.read_text())
+    d, kv, f = 64, 2 * 16, 128
+    assert r["shapes"] == [[(d + 2 * kv) // 2, d], [d, f // 2]]
+    for tp_loss, plain_loss, tp_norm, plain_norm in r["steps"]:  # the TP-aware norm counts each element once
+        assert [tp_loss, tp_norm] == pytest.approx([plain_loss, plain_norm], rel=1e-5)
+    assert r["steps"][1][0] != r["steps"][0][0]
 
 
 def published_rows(tmp_path):
@@ -244,15 +321,18 @@ def test_settings_a_card_run_refuses(settings, why):
 
 @pytest.mark.parametrize("case,why", [
     ("alibi", "card positions alibi: echobench's decoder has learned, rotary, none positions"),
-    ("megatron", "card runs train on the torchtitan backend only"),
+    ("megatron", "tp=3 does not divide the card's heads 4: give a tp that does"),
     ("fp8", "fp8: the card's linears see micro_batch 3 x seq 30 = 90 rows"),
+    ("sp", "sequence parallelism is not built for a card's TP decoder yet"),
     ("row", "no row 'nope': give one of tiny-mpt"),
     ("missing", "missing.yaml"),
 ])
 def test_what_cannot_run_is_refused_in_one_line_before_launch(tmp_path, case, why):
     args = {"alibi": [write_card(tmp_path / "a.yaml", model={"positions": "alibi"})],
-            "megatron": [write_card(tmp_path / "m.yaml"), "--framework", "megatron", "--parallelism", "tp1"],
+            "megatron": [write_card(tmp_path / "m.yaml"), "--framework", "megatron", "--tp", "3", "--nproc", "3"],
             "fp8": [write_card(tmp_path / "f.yaml", run={"seq": 30}), "--precision", "fp8", "--micro-batch", "3"],
+            "sp": [write_card(tmp_path / "s.yaml"), "--framework", "megatron", "--tp", "2", "--nproc", "2",
+                   "--sequence-parallel"],
             "row": [f"{published_rows(tmp_path)}#nope"],
             "missing": [tmp_path / "missing.yaml"]}[case]
     proc = run_cli("run", "--card", *args, "--out", tmp_path / "out", tmp_path=tmp_path, timeout=120)

@@ -210,8 +210,8 @@ class RunConfig:
     def sequence_parallel_on(self, device_type: str) -> bool:
         """Whether this run splits the sequence between TP regions on a device of this type: auto
         does for megatron with tp > 1 on a GPU."""
-        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp
-            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda"
+        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp; no card's
+            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda" and self.card is None
                     and self.audio_frames % self.tp == 0 and self.batching == "pad")
         return self.sequence_parallel
 

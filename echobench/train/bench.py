@@ -8,6 +8,9 @@ sync inside the loop), on CPU by the host clock; each step counts at its slowest
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
 are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
 lengths (count_measured).
+
+A card run (setting card) trains a plain decoder instead (run_card_loop; its batches, step and counts
+in bench_card.py) through the same warm-up, measured windows and step timer.
 """
 
 from __future__ import annotations
