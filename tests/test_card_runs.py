@@ -282,7 +282,7 @@ def published_rows(tmp_path):
            "model": {**MODEL, "activation": "gelu", "kv_heads": 4, "positions": "learned", "norm": "layernorm",
                      "bias": True},
            "run": {**RUN, "layout": "fsdp", "framework": "llm-foundry"},
-           "published": {"tflops_per_gpu": 100, "convention": "6N + 12 L d s per token, peak 989.5"}}
+           "published": {"tflops_per_gpu": 100, "convention": "6N + 12 L d s per token [red], peak 989.5"}}
     path = tmp_path / "rows.yaml"
     path.write_text(yaml.safe_dump([row]))
     return path
@@ -299,6 +299,8 @@ def test_a_published_row_runs_and_states_its_mfu_under_the_row_s_convention(tmp_
     tokens = r["measured_samples"] * SEQ
     assert r["card"]["row_mfu"] == pytest.approx((6 * n + 12 * 2 * 64 * SEQ) * tokens / (r["measured_time_s"] * 1e12))
     assert r["card"]["published_layout"]["framework"] == "llm-foundry"
+    # the row's convention, text from a file, printed as written (no rich markup)
+    assert "MFU (row's convention)" in proc.stdout and "(6N + 12 L d s per token [red])" in proc.stdout
 
 
 # ---- settings and refusals ----

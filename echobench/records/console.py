@@ -147,8 +147,8 @@ def record_report(record) -> list:
         ("MFU (window)", f"{record.mfu:.2%}"),
         *([("MFU vs fp8 peak", "-" if record.mfu_fp8_peak is None else f"{record.mfu_fp8_peak:.2%}")]
           if record.precision == "fp8" else []),
-        *([(f"MFU under the row's convention ({record.card['row_convention'].split(',')[0]})",
-            fmt(record.card.get("row_mfu"), ".2%"))] if record.card and record.card.get("row_mfu") is not None else []),
+        *([("MFU (row's convention)", f"{record.card['row_mfu']:.2%} ({record.card['row_convention'].split(',')[0]})")]
+          if record.card and record.card.get("row_mfu") is not None else []),
         ("HFU (window)", f"{record.hfu:.2%}"),
         ("MFU vs GEMM ceiling", "-" if record.mfu_vs_ceiling is None else f"{record.mfu_vs_ceiling:.2%}"),
         ("peak memory", f"{record.peak_mem_gib:.2f} GiB"),
