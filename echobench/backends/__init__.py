@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrainSetup:
-    model: torch.nn.Module  # model(batch, draws=..., reduction=...) -> scalar loss
+    model: torch.nn.Module  # model(batch, draws=..., reduction=...) -> scalar loss; a card's model(tokens, reduction=...)
     optimizer: torch.optim.Optimizer
     clip_grad: Callable[[], torch.Tensor]  # clips gradients in place, returns the total norm
     autocast_dtype: torch.dtype | None  # None: run in the parameters' dtype
@@ -53,12 +53,13 @@ class Backend:
         """Why this run cannot work on this backend (None when it can), its layout being one of its own."""
         if problem := self.problem(cfg):
             return problem
-        if cfg.precision == "fp8" and self.float8:  # builds the model on the meta device: a second, with torch
+        if cfg.precision == "fp8" and self.float8 and cfg.card is None:  # builds Echo on the meta device: a second, with torch
             return importlib.import_module(self.module).float8_plan(cfg).problem
         return None
 
-    def build(self, cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-        return importlib.import_module(self.module).build(cfg, dist_info, dtype)
+    def build(self, cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
+        module = importlib.import_module(self.module)
+        return module.build(cfg, dist_info, dtype) if workload is None else module.build(cfg, dist_info, dtype, workload)
 
 
 BACKENDS = {b.name: b for b in (
@@ -68,10 +69,11 @@ BACKENDS = {b.name: b for b in (
 )}
 
 
-def build_training(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    if problem := parallelism_problem(cfg):
+def build_training(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
+    """The backend's setup of Echo, or of a card run's decoder (workload: a model.config.CardWorkload)."""
+    if problem := parallelism_problem(cfg) or (workload is not None and checks.card_problem(cfg, workload)):
         raise ValueError(problem)
-    return BACKENDS[cfg.framework].build(cfg, dist_info, dtype)
+    return BACKENDS[cfg.framework].build(cfg, dist_info, dtype, workload)
 
 
 def parallelism_problem(cfg) -> str | None:

@@ -2,12 +2,14 @@
 asks, and none of them should pay torch's import for it): the registry's (echobench.backends) check
 of a run after its layout.
 
-May import: nothing of echobench but the model's config (a run's `model_config()`).
+May import: nothing of echobench but the model's config (a run's `model_config()`, a card's decoder_problem).
 """
 
 from __future__ import annotations
 
 import importlib.util
+
+from echobench.model.config import decoder_problem
 
 DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")  # torchtitan's data-parallel layouts
 DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
@@ -35,7 +37,9 @@ def torchtitan_problem(cfg) -> str | None:
 
 
 def megatron_problem(cfg) -> str | None:
-    """Why this megatron tpN run cannot work (None when it can); the registry has checked the layout."""
+    """Why this megatron tpN run cannot work (None when it can); the registry has checked the layout.
+    A card run's model is checked by card_problem (the card is read by the command, not here); its
+    decoder runs megatron-core's local layers without sequence parallelism."""
     tp, par, gpn, model = cfg.tp, cfg.parallelism, cfg.gpus_per_node, cfg.model_config()
     if tp > gpn:
         return f"{par} needs {tp} GPUs in one node; a node has {gpn}"
@@ -44,15 +48,20 @@ def megatron_problem(cfg) -> str | None:
     if gpn % tp:
         return (f"tp={tp} must divide the {gpn} processes per node "
                 f"(tensor parallelism stays inside a node): change --tp or --nproc")
-    if model.heads % tp:
+    if cfg.card is None and model.heads % tp:
         return f"tp={tp} does not divide the {model.heads} attention heads of {cfg.scale}"
-    if model.mlp % tp:
+    if cfg.card is None and model.mlp % tp:
         return f"tp={tp} does not divide the DiT's MLP width {model.mlp} ({cfg.scale})"
     if cfg.precision == "fp8":
         return ("fp8 on megatron would need TransformerEngine's fp8 layers, which echobench does not drive: "
                 "use --framework torchtitan for fp8 (torchao float8), or precision bf16")
+    if cfg.te == "on" and cfg.card is not None:
+        return ("--te on: a card's TP decoder runs megatron-core's local layers, not TransformerEngine's: use "
+                "--te auto or --te off")
     if cfg.te == "on" and not te_installed():
         return "--te on: transformer_engine is not installed here; use --te auto or --te off"
+    if cfg.sequence_parallel is True and cfg.card is not None:
+        return "sequence parallelism is not built for a card's TP decoder yet: drop --sequence-parallel"
     if cfg.sequence_parallel is True:  # auto turns it on only where it can run (RunConfig.sequence_parallel_on)
         if tp == 1:
             return "sequence parallelism needs tp > 1"
@@ -66,4 +75,25 @@ def megatron_problem(cfg) -> str | None:
         return DISTRIBUTED_OPTIMIZER_CPU
     if cfg.grad_reduce_dtype == "bf16" and (cfg.device == "cpu" or cfg.precision == "fp32"):
         return GRAD_REDUCE_BF16
+    return None
+
+
+FLOAT8_ROWS = 16  # torch._scaled_mm's alignment of a GEMM's rows (backends.torchtitan.SCALED_MM_ALIGN)
+
+
+def card_problem(cfg, workload) -> str | None:
+    """Why this card run cannot work (None when it can): the card as echobench's decoder builds it
+    (model.config.decoder_problem), then what the backend cannot do for a card. workload: a
+    model.config.CardWorkload."""
+    card, seq = workload.card, workload.seq
+    if problem := decoder_problem(card):
+        return problem
+    if cfg.framework == "megatron":
+        for name in ("heads", "kv_heads", "ffn"):  # megatron_problem checked the rest
+            if getattr(card, name) % cfg.tp:
+                return f"tp={cfg.tp} does not divide the card's {name} {getattr(card, name)}: give a tp that does"
+    if cfg.precision == "fp8" and (cfg.micro_batch * seq) % FLOAT8_ROWS:
+        return (f"fp8: the card's linears see micro_batch {cfg.micro_batch} x seq {seq} = {cfg.micro_batch * seq} rows; "
+                f"torch._scaled_mm needs rows divisible by {FLOAT8_ROWS}: give a micro_batch that makes them so, or "
+                "precision bf16")
     return None

@@ -281,8 +281,71 @@ def megatron_gradient_sync(ddp):
     return sync
 
 
-def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
+def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
+    """A card run's decoder tensor-parallel (model.decoder_tp) on megatron-core's DDP and optimizer,
+    as Echo's TP DiT below: the plain decoder built with the run's seed, its block linears then this
+    rank's shards; AC and compile of its blocks as the torchtitan backend applies them. Megatron-core's
+    local layers only (no TransformerEngine), no sequence parallelism (backends.checks.card_problem
+    refuses asking for either)."""
+    from megatron.core import parallel_state  # optional dependency (module docstring)
+
+    from echobench.backends.torchtitan import CARD_RECOMPUTE, build_decoder
+    from echobench.model.decoder_tp import card_megatron_config, tp_decoder  # imports megatron-core
+
+    device = dist_info.device
+    if device.type != "cuda" and cfg.distributed_optimizer:
+        raise ValueError(DISTRIBUTED_OPTIMIZER_CPU)
+    compiled = cfg.compiled_on(device.type)
+    init_model_parallel(cfg.tp, cfg.seed, device)
+    params_dtype = torch.bfloat16 if device.type == "cuda" and dtype == torch.bfloat16 else torch.float32
+    if cfg.grad_reduce_dtype == "bf16" and params_dtype != torch.bfloat16:
+        raise ValueError(GRAD_REDUCE_BF16)
+    config = card_megatron_config(workload.card, cfg.tp, params_dtype, use_cpu=device.type == "cpu")
+    model = tp_decoder(build_decoder(cfg, workload, device), parallel_state.get_tensor_model_parallel_rank(), cfg.tp,
+                       config, parallel_state.get_tensor_model_parallel_group(), traced=compiled)
+    model.to(params_dtype)  # Megatron-LM's bf16 parameters on a GPU, fp32 main copies in the optimizer
+    ac = ac_mode(cfg.ac, compiled)
+    apply_ac(model, ac)
+    if compiled:
+        apply_compile(model)
+    dp = parallel_state.get_data_parallel_world_size()
+    ddp = megatron_ddp(model, config, cfg.grad_reduce_dtype == "fp32", cfg.distributed_optimizer)
+    optimizer = megatron_optimizer(ddp, params_dtype, cfg.distributed_optimizer, device)
+    (inner,) = optimizer.chained_optimizers
+    main_grads = "float32" if cfg.grad_reduce_dtype == "fp32" else dtype_name(params_dtype)
+    info = {"backend": "megatron", "te": False, "tp": cfg.tp, "dp": dp, "sequence_parallel": False,
+            "model": f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
+            "kernels": "megatron-core local (ColumnParallelLinear, RowParallelLinear) + torch SDPA attention",
+            "sharding": "q / k / v heads and the MLP's columns across the TP group (column-parallel q/k/v and up, "
+                        "row-parallel output and down)",
+            "replicated": "embedding, learned positions, norms, LM head",
+            "param_dtype": dtype_name(params_dtype), "main_grad_dtype": main_grads,
+            "data_parallel": f"megatron-core DistributedDataParallel over megatron's data-parallel group (dp={dp}): "
+                             f"{main_grads} gradient buffers, reduced while backward runs, "
+                             + ("reduce-scattered to the optimizer's shards" if cfg.distributed_optimizer
+                                else "all-reduced"),
+            "optimizer": f"megatron-core {type(inner).__name__} over {type(inner.optimizer).__name__}"
+                         + (", sharded over the data-parallel group" if cfg.distributed_optimizer else ""),
+            "distributed_optimizer": cfg.distributed_optimizer, "ac": cfg.ac, "ac_mode": ac,
+            "recompute": CARD_RECOMPUTE[ac], "compile": compiled,
+            "compiled": ("torch.compile(fullgraph=True, dynamic=False) of each decoder block and of the top level's "
+                         "functions" if compiled else "nothing"), **versions()}
+    return TrainSetup(
+        model=ddp,
+        optimizer=MegatronStep(ddp, optimizer),
+        clip_grad=megatron_clip(ddp, optimizer, [], parallel_state.get_tensor_model_parallel_group(), 1.0),
+        autocast_dtype=dtype if dtype != torch.float32 else None,
+        info=info,
+        dp_group=parallel_state.get_data_parallel_group() if dp > 1 else None,
+        gradient_sync=megatron_gradient_sync(ddp),
+    )
+
+
+def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
+    """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it).
+    workload: a card run's (model.config.CardWorkload): build_card."""
+    if workload is not None:
+        return build_card(cfg, dist_info, dtype, workload)
     device = dist_info.device
     if device.type != "cuda" and cfg.distributed_optimizer:
         raise ValueError(DISTRIBUTED_OPTIMIZER_CPU)

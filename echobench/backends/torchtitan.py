@@ -27,13 +27,14 @@ from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
 from echobench.backends.checks import DATA_PARALLEL
 from echobench.model.config import LATENT_DIM
+from echobench.model.decoder import Decoder
 from echobench.model.echo import EchoTTS
 
 
-def blocks(model: EchoTTS) -> list[tuple[nn.ModuleList, int]]:
+def blocks(model: EchoTTS | Decoder) -> list[tuple[nn.ModuleList, int]]:
     """(container, index) of every transformer block: the unit of AC, compile and sharding."""
-    return [(container, i) for container in (model.speaker_encoder.blocks, model.dit.blocks)
-            for i in range(len(container))]
+    stacks = (model.blocks,) if isinstance(model, Decoder) else (model.speaker_encoder.blocks, model.dit.blocks)
+    return [(container, i) for container in stacks for i in range(len(container))]
 
 
 def key_masking(cfg, device: torch.device) -> str:
@@ -56,6 +57,13 @@ def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
     return model
+
+
+def build_decoder(cfg, workload, device: torch.device) -> Decoder:
+    """A card run's decoder (model.decoder), with the run's seed: the same weights in every layout."""
+    torch.manual_seed(cfg.seed)
+    with torch.device(device):
+        return Decoder(workload.card, workload.seq)
 
 
 # torch._scaled_mm(a, b) on CUDA, a (M, K) and b (K, N), needs K and N to be multiples of 16
@@ -151,6 +159,20 @@ def float8_plan(cfg) -> Float8Plan:
     return Float8Plan(frozenset(convert), skipped, problem)
 
 
+def card_float8_plan(model: Decoder) -> Float8Plan:
+    """A card run's float8 linears: every block linear with in and out features multiples of 16 (its
+    rows, micro_batch x seq, checks.card_problem holds to them); the LM head stays in the compute
+    dtype, as torchtitan's and TransformerEngine's recipes leave it."""
+    convert, skipped = set(), {"head": "the LM head stays in the compute dtype (torchtitan's recipe)"}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name.startswith("blocks."):
+            if module.in_features % SCALED_MM_ALIGN or module.out_features % SCALED_MM_ALIGN:
+                skipped[name] = f"{module.in_features} -> {module.out_features} features: not multiples of {SCALED_MM_ALIGN}"
+            else:
+                convert.add(name)
+    return Float8Plan(frozenset(convert), skipped, None)
+
+
 def float8_emulated(device: torch.device) -> bool:
     # Real float8 GEMMs need SM 8.9+ (Ada, Hopper); elsewhere torchao emulates them.
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
@@ -227,7 +249,18 @@ def ac_mode(ac: str, compiled: bool) -> str:
     return flops_model.LAYER_SELECTIVE if ac == "selective" and not compiled else ac
 
 
-def apply_ac(model: EchoTTS, mode: str) -> None:
+# The same for a card run's decoder, whose blocks are its only stack.
+CARD_RECOMPUTE = {
+    "none": "nothing",
+    "full": "every decoder block re-run in backward (torch.utils.checkpoint, non-reentrant)",
+    "selective": "element-wise ops of every decoder block re-run in backward, fused by the compiler; matmul and "
+                 "attention outputs saved (torch.utils.checkpoint selective policy)",
+    flops_model.LAYER_SELECTIVE: "every second decoder block re-run in backward (layer-level selective, torchtitan's "
+                                 "default; eager)",
+}
+
+
+def apply_ac(model: EchoTTS | Decoder, mode: str) -> None:
     """Non-reentrant checkpointing of the blocks (mode: ac_mode): full, op-level selective (every
     block, the selective policy) or layer-level selective (every second block of each stack, whole)."""
     if mode == "none":
@@ -252,19 +285,27 @@ def text_encoder_layers(model: EchoTTS) -> nn.ModuleList:
 TOP_LEVEL = (("dit", "embed"), ("dit", "head"), ("", "noised"), ("", "squared_error"))
 
 
-def apply_compile(model: EchoTTS, fullgraph: bool = True) -> None:
+# A card run's decoder: its embedding, and its final norm, LM head and loss (model.decoder.Decoder).
+CARD_TOP_LEVEL = (("", "embed"), ("", "head_loss"))
+
+
+def apply_compile(model: EchoTTS | Decoder, fullgraph: bool = True) -> None:
     """torch.compile in place: each block (the blocks repeat, so one graph serves them all), each
-    text-encoder layer, and the top level's functions (TOP_LEVEL). Static shapes (dynamic=False):
-    one graph per shape, a few with batching=bucket (compile_shapes sizes dynamo's recompile limit
-    to them), never a dynamic one."""
-    for container, i in [*blocks(model), *((text_encoder_layers(model), i) for i in range(len(text_encoder_layers(model))))]:
+    text-encoder layer, and the top level's functions (TOP_LEVEL; a decoder's CARD_TOP_LEVEL). Static
+    shapes (dynamic=False): one graph per shape, a few with batching=bucket (compile_shapes sizes
+    dynamo's recompile limit to them), never a dynamic one."""
+    card = isinstance(model, Decoder)
+    layers = [] if card else [(text_encoder_layers(model), i) for i in range(len(text_encoder_layers(model)))]
+    for container, i in [*blocks(model), *layers]:
         container[i].compile(fullgraph=fullgraph, dynamic=False)
-    for owner, name in TOP_LEVEL:
+    for owner, name in CARD_TOP_LEVEL if card else TOP_LEVEL:
         module = model.get_submodule(owner)
         setattr(module, name, torch.compile(getattr(module, name), fullgraph=fullgraph, dynamic=False))
 
 
-def frozen_params(model: EchoTTS) -> set[nn.Parameter]:
+def frozen_params(model: EchoTTS | Decoder) -> set[nn.Parameter]:
+    if isinstance(model, Decoder):
+        return set()
     return {p for p in model.text_encoder.parameters() if not p.requires_grad}
 
 
@@ -291,7 +332,7 @@ def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, 
     for n, (container, i) in enumerate(units):
         fully_shard(container[i], mesh=mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward and n < len(units) - 1)
-    if not model.cfg.frozen_encoder:
+    if isinstance(model, EchoTTS) and not model.cfg.frozen_encoder:
         fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored, reshard_after_forward=False)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
@@ -358,25 +399,34 @@ def gradient_sync(model: nn.Module) -> Callable[[bool], None] | None:
     return getattr(model, "set_requires_gradient_sync", None)
 
 
-def build(cfg, dist_info, dtype: torch.dtype) -> TrainSetup:
-    """The model, parallelised, and its step pieces; `cfg` passed validate() (backends.build_training checks it)."""
+def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
+    """The model, parallelised, and its step pieces; `cfg` passed validate() (backends.build_training
+    checks it). workload: a card run's (model.config.CardWorkload): its decoder in Echo's place, the
+    same techniques applied to its blocks."""
     device = dist_info.device
-    model = build_model(cfg, device, dtype)
     compiled = cfg.compiled_on(device.type)
     ac = ac_mode(cfg.ac, compiled)
     reduce_dtype = REDUCE_DTYPES[cfg.grad_reduce_dtype]
-    info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none",
-            "text_encoder": text_encoder_layout(cfg, dtype), "key_masking": model.key_masking,
-            "cfg_drop": model.cfg_drop,
-            "ac": cfg.ac, "ac_mode": ac, "recompute": RECOMPUTE[ac], "compile": compiled}
+    info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none"}
+    if workload is None:
+        model = build_model(cfg, device, dtype)
+        info.update(text_encoder=text_encoder_layout(cfg, dtype), key_masking=model.key_masking, cfg_drop=model.cfg_drop,
+                    recompute=RECOMPUTE[ac])
+    else:
+        model = build_decoder(cfg, workload, device)
+        info.update(model=f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
+                    recompute=CARD_RECOMPUTE[ac])
+    info.update(ac=cfg.ac, ac_mode=ac, compile=compiled)
     if cfg.precision == "fp8":
-        info.update(apply_float8(model, float8_plan(cfg), float8_emulated(device),
+        plan = float8_plan(cfg) if workload is None else card_float8_plan(model)
+        info.update(apply_float8(model, plan, float8_emulated(device),
                                  fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled, recipe=cfg.float8_recipe))
     apply_ac(model, ac)
     if compiled:
         apply_compile(model)
-        info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each DiT, speaker-encoder and "
-                            "text-encoder block and of the top level's functions")
+        info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each "
+                            + ("DiT, speaker-encoder and text-encoder block" if workload is None else "decoder block")
+                            + " and of the top level's functions")
     if cfg.parallelism in DATA_PARALLEL:
         mesh = build_mesh(cfg, device)
         info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))

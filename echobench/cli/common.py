@@ -43,7 +43,7 @@ def _options(_version: bool = typer.Option(False, "--version", is_eager=True, ca
 # `run --help`'s panels: each flagged RunConfig field in one (tests/test_settings.py holds every one
 # placed); "hidden": testing switches, kept out of --help (docs/reference/settings.md lists them).
 RUN_PANELS = {
-    "What runs": ["scale", "framework", "parallelism", "precision", "device", "seed"],
+    "What runs": ["scale", "card", "framework", "parallelism", "precision", "device", "seed"],
     "Steps and shapes": ["steps", "warmup_steps", "micro_batch", "grad_accum", "audio_frames", "text_tokens",
                          "speaker_frames", "batching", "buckets"],
     "Performance": ["compile", "ac", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",

@@ -59,7 +59,8 @@ def run(
     old_profile_limit: Optional[float] = typer.Option(None, "--profile-limit-s", hidden=True),
     **params,
 ):
-    """One benchmark run: real training steps of the full model; writes OUT/result.json."""
+    """One benchmark run: real training steps of the full model (or, with --card, of a plain decoder from a
+    model card); writes OUT/result.json."""
     from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
     from echobench.train.metrics_log import metrics_log_problem
 
@@ -84,9 +85,10 @@ def run(
         fail(f"{config or 'run settings'}: {exc}")
     if problem := parallelism_problem(cfg):
         fail(problem)
+    workload = card_workload(cfg)
     if problem := metrics_log_problem(cfg.log_metrics):  # before any process starts
         fail(problem)
-    if "scale" not in settings:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
+    if "scale" not in settings and cfg.card is None:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
         fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "
              "trained); or scale in the --config file")
     if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):
@@ -103,7 +105,7 @@ def run(
         from echobench.train.bench import run_benchmark  # lazy: torch and the model, for this command alone
         from echobench.train.distributed import exit_process  # lazy: torch, for this command alone
 
-        record = run_benchmark(cfg, out)
+        record = run_benchmark(cfg, out, workload)
         if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
@@ -114,6 +116,24 @@ def run(
     print_record(record, out)
     if record.status != "ok" or code:
         raise typer.Exit(code or 1)
+
+
+def card_workload(cfg):
+    """A card run's workload (setting card: the card file or published row read, predict.card_run),
+    checked against the run's backend and layout (backends.checks.card_problem); None for Echo."""
+    if cfg.card is None:
+        return None
+    from echobench.backends.checks import card_problem
+    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.errors import PredictError
+
+    try:
+        workload = run_card(cfg.card)
+    except PredictError as exc:
+        fail(f"--card: {exc}")
+    if problem := card_problem(cfg, workload):
+        fail(problem)
+    return workload
 
 
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:

@@ -8,6 +8,7 @@
     components.py    the DiT's building blocks
     megatron.py      the same DiT from megatron-core's parallel layers (TP)
     flops.py         exact FLOPs and parameters per part (held against FlopCounterMode)
+    decoder.py       a plain decoder from a model card (`run --card`), its FLOPs; decoder_tp.py: its TP form
 
 Imports nothing else of echobench: the bottom layer.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 LATENT_DIM = 128  # DAC-VAE latent channels (echobench.data.format has the same constant)
 
@@ -124,3 +124,39 @@ def masked_share(micro_batch: int, cfg_dropout: float, cfg_drop: str = "mask", p
     if padded:
         return 1.0
     return 0.0 if cfg_drop == "null" else 1 - (1 - cfg_dropout) ** micro_batch
+
+
+# ---- a card run's decoder (model.decoder), here without torch: a plan or a check reads it ----
+
+DECODER_POSITIONS = ("learned", "rotary", "none")  # what the decoder builds (a card may also say alibi)
+
+
+def decoder_problem(card) -> str | None:
+    """Why this model card cannot be built as echobench's decoder (None when it can)."""
+    if card.positions not in DECODER_POSITIONS:
+        return (f"card positions {card.positions}: echobench's decoder has {', '.join(DECODER_POSITIONS)} positions "
+                "(ALiBi's score bias is not in SDPA's fast kernels): give a card with one of them")
+    return None
+
+
+@dataclass(frozen=True)
+class CardWorkload:
+    """What a card run trains and how its record names it, resolved by the command that reads the
+    card (echobench.predict.card_run.run_card): the card (a ModelCard), the sequence length, its label
+    (the card file's stem or the published row's id), where it came from (FILE or FILE#ROW), the
+    layout the card or row publishes (its `run` section, for the record) and, for a published row,
+    its own FLOP convention (its formula's text and FLOPs per token) beside echobench's."""
+
+    card: object
+    seq: int
+    label: str
+    source: str
+    published_layout: dict
+    row_convention: str | None = None
+    row_flops_per_token: float | None = None
+
+    def as_record(self) -> dict:
+        """The record's `card` before the run's figures (echobench's convention is flops_breakdown's)."""
+        return {"label": self.label, "source": self.source, "model": asdict(self.card), "seq": self.seq,
+                "published_layout": self.published_layout, "row_convention": self.row_convention,
+                "row_flops_per_token": self.row_flops_per_token}

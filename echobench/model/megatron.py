@@ -1,4 +1,5 @@
-"""The Echo DiT built from megatron-core parallel layers: the one place that builds layers from megatron-core.
+"""The Echo DiT built from megatron-core parallel layers: the one place that builds layers from megatron-core
+(decoder_tp.py takes its linears for a card run's decoder).
 
 It is the plain EchoDiT (echobench/model/dit.py), same blocks and same forward, given megatron-core's
 layers (a BlockLayers), so that the work of every block is split across the tensor-parallel (TP) group:

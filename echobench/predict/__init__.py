@@ -94,6 +94,7 @@ The package, by what each file is (every name callers use is re-exported here):
                       predicted_shares / measured_shares
     card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
                       published row, every key checked), parameters per rank
+    card_run.py       a run's card setting read (a card file or a published row): run_card -> CardWorkload
     card_work.py      a card step's work on a rank: card_work (GEMMs, attention, element-wise bytes
                       counted on the framework's eager block or per fused op, float8 casts, host ops)
     frameworks.py     each framework's defaults at its version (overlap flags, reduce dtype, attention

@@ -14,6 +14,7 @@ import hashlib
 import json
 import types
 import typing
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
@@ -152,6 +153,12 @@ class RunConfig:
                                   min=0)
     gc_every: int = setting(50, "Run Python's garbage collector every N steps, automatic collection off (as "
                             "torchtitan does: no collection pauses at random steps); 0 leaves it automatic.", min=0)
+    card: str | None = setting(
+        None, "Train a plain decoder from a model card instead of Echo: a card file (as tunes/card-small.yaml) or "
+        "FILE#ROW, a row of a published-runs file (validation/published-runs.yaml#lf-mpt-1b-8gpu). The card gives the "
+        "model and the sequence length (its synthetic token batches); the run's settings give the layout, "
+        "micro-batch, accumulation, precision, AC and compile; the Echo shape settings do not apply. The record's "
+        "`card` names it, the layout it publishes and its FLOP convention.")
     repeat: int = setting(0, "Which independent launch of the same settings this is (repeats: N -> 0 .. N-1).",
                           min=0, flag="")
 
@@ -164,6 +171,15 @@ class RunConfig:
         if self.batching == "bucket" and self.data == "synthetic":
             raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
                              "samples are all full-length")
+        if self.card is not None:
+            if not self.card.strip() or self.card.endswith("#"):
+                raise ValueError(f"card={self.card!r}: give a card file, or FILE#ROW (a row id of a published-runs file)")
+            if self.data != "synthetic":
+                raise ValueError(f"card with data={self.data!r}: a card run trains on synthetic token batches at the "
+                                 "card's sequence length: drop data")
+            if self.trace:
+                raise ValueError("card with trace: the time breakdown reads Echo's parts; a card run is not traced yet: "
+                                 "drop trace")
         if self.buckets is not None:
             parse_buckets(self.buckets, self.audio_frames)
             if self.batching != "bucket":
@@ -172,6 +188,11 @@ class RunConfig:
         if self.t5_hidden_dim is not None and self.t5_hidden_dim != encoder.hidden:
             raise ValueError(f"t5_hidden_dim={self.t5_hidden_dim} disagrees with encoder_model {encoder.name!r}, "
                              f"whose hidden size is {encoder.hidden}: drop t5_hidden_dim or choose a matching encoder")
+
+    @property
+    def workload(self) -> str:
+        """What the run trains and its record calls its scale: the Echo preset, or card_label(card)."""
+        return self.scale if self.card is None else card_label(self.card)
 
     def model_config(self):
         """The model this run trains: the preset, its encoder choice and whether the encoder trains."""
@@ -189,8 +210,8 @@ class RunConfig:
     def sequence_parallel_on(self, device_type: str) -> bool:
         """Whether this run splits the sequence between TP regions on a device of this type: auto
         does for megatron with tp > 1 on a GPU."""
-        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp
-            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda"
+        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp; no card's
+            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda" and self.card is None
                     and self.audio_frames % self.tp == 0 and self.batching == "pad")
         return self.sequence_parallel
 
@@ -232,6 +253,12 @@ RENAMED_KEYS = {"profile": "trace", "profile_limit_s": "trace_limit_s"}
 def upgraded(settings: dict) -> dict:
     """Stored settings (a record's config, a run.yaml) with renamed keys under their new names."""
     return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
+
+
+def card_label(card: str) -> str:
+    """A card setting's short name: the row id of FILE#ROW, else the card file's stem."""
+    path, _, row = card.partition("#")
+    return row or Path(path).stem
 
 
 def grad_accum_for(global_batch: int, micro_batch: int, dp: int) -> int:
@@ -362,10 +389,12 @@ MEASUREMENT_KEYS = NON_IDENTITY_KEYS | {"steps", "warmup_steps", "seed", "repeat
 
 
 def _readable_id(ident: dict) -> str:
-    """SCALE-FRAMEWORK-LAYOUT-nNODESxGPUS-mbMICRO-DIGEST: the settings one reads at a glance, and a
-    digest of all of `ident` (sorted keys: the same settings give the same id in any session)."""
+    """SCALE-FRAMEWORK-LAYOUT-nNODESxGPUS-mbMICRO-DIGEST (a card run: its card_label for SCALE): the
+    settings one reads at a glance, and a digest of all of `ident` (sorted keys: the same settings
+    give the same id in any session)."""
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return (f"{ident['scale']}-{ident['framework']}-{ident['parallelism']}-n{ident['nodes']}x{ident['gpus_per_node']}"
+    workload = card_label(ident["card"]) if ident.get("card") else ident["scale"]
+    return (f"{workload}-{ident['framework']}-{ident['parallelism']}-n{ident['nodes']}x{ident['gpus_per_node']}"
             f"-mb{ident['micro_batch']}-{digest}")
 
 
@@ -373,7 +402,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise"}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise", "card": None}
 
 
 def config_id(cfg: RunConfig) -> str:

@@ -138,13 +138,17 @@ def record_report(record) -> list:
         ("measured window", f"{record.measured_steps} steps, {record.measured_time_s:.3f} s, "
                             f"{record.measured_samples} samples"),
         ("samples/s (window)", fmt(record.samples_per_s, ".2f")),
-        ("audio seconds/s (window)", fmt(record.audio_seconds_per_s, ".1f")),
+        *([("card", f"{record.card['label']} ({record.card['source']}), seq {record.card['seq']}"),
+           ("tokens/s per device (window)", fmt(record.card.get("tokens_per_s_per_gpu"), ".4g"))] if record.card else
+          [("audio seconds/s (window)", fmt(record.audio_seconds_per_s, ".1f"))]),
         ("model TFLOP/sample", fmt(record.model_flops_per_sample / 1e12, ".4g")),
         ("TFLOP/s per device", fmt(record.tflops_per_gpu, ".4g")),
         ("peak TFLOP/s", f"{record.peak_tflops:.4g} {record.peak_precision} ({record.peak_source})"),
         ("MFU (window)", f"{record.mfu:.2%}"),
         *([("MFU vs fp8 peak", "-" if record.mfu_fp8_peak is None else f"{record.mfu_fp8_peak:.2%}")]
           if record.precision == "fp8" else []),
+        *([("MFU (row's convention)", f"{record.card['row_mfu']:.2%} ({record.card['row_convention'].split(',')[0]})")]
+          if record.card and record.card.get("row_mfu") is not None else []),
         ("HFU (window)", f"{record.hfu:.2%}"),
         ("MFU vs GEMM ceiling", "-" if record.mfu_vs_ceiling is None else f"{record.mfu_vs_ceiling:.2%}"),
         ("peak memory", f"{record.peak_mem_gib:.2f} GiB"),

@@ -139,7 +139,7 @@ class Record(BaseModel):
     status: Status
     error: str = ""
     # the settings (all of them in `config`, the run's RunConfig)
-    scale: str
+    scale: str  # the Echo preset, or a card run's card label (config.card_label)
     framework: str
     parallelism: str
     tp: int
@@ -177,6 +177,9 @@ class Record(BaseModel):
     warmup_variants: list[str] | None = None
     compiles: dict[str, int] | None = None
     te: bool | None = None  # whether TransformerEngine kernels ran (the backend's info)
+    # a card run (setting card): the card, its source, the layout it publishes, the FLOP convention of
+    # the MFU numerator and, for a published row, the row's own convention and the MFU under it
+    card: dict[str, Any] | None = None
     encoder_model: str | None = None
     frozen_encoder: bool | None = None
     steps: int
@@ -264,7 +267,7 @@ class Record(BaseModel):
         sequence_parallel); they replace the settings in `config` too, so that reports group runs
         by what ran."""
         config = {**cfg.to_dict(), **(resolved or {})}
-        return cls(run_id=run_id(cfg), repeat=cfg.repeat, scale=cfg.scale, framework=cfg.framework,
+        return cls(run_id=run_id(cfg), repeat=cfg.repeat, scale=cfg.workload, framework=cfg.framework,
                    parallelism=cfg.parallelism, tp=cfg.tp, dp=cfg.dp, nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
                    world_size=cfg.world_size, micro_batch=cfg.micro_batch, global_batch=cfg.global_batch,
                    audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,

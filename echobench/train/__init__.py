@@ -4,6 +4,7 @@
     torchrun.py       torchrun with a worker's death reported (signal, exit code)
     distributed.py    the process group, device choice
     bench.py          the benchmark: build, warm up, measure windows of real steps, write the record
+    bench_card.py     a card run's token batches, step and counts (bench.run_card_loop)
     bench_warmup.py   the micro-batch variants warm-up runs so nothing compiles in the window
     bench_profile.py  the profiled steps after the window
     bench_record.py   the record's figures from the loop's timings

@@ -8,6 +8,9 @@ sync inside the loop), on CPU by the host clock; each step counts at its slowest
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
 are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
 lengths (count_measured).
+
+A card run (setting card) trains a plain decoder instead (run_card_loop; its batches, step and counts
+in bench_card.py) through the same warm-up, measured windows and step timer.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from echobench.records.atomic import write_json_atomic
 from echobench.backends import build_training
 from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
                                      profiling_stopped, trace_path)
+from echobench.train.bench_card import TokenBatches, card_counts, card_train_step, card_warmup
 from echobench.train.bench_record import start_record, summarize
 from echobench.train.bench_warmup import profile_variants, variant_label, warm_variants, warmup_variants
 from echobench.train.breakdown import DATA_WAIT, write_breakdown
@@ -45,6 +49,7 @@ from echobench.train.metrics_log import finish as finish_metrics, open_metrics_l
 from echobench.train.progress import Progress
 from echobench.train.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
                                size_recompile_limit)
+from echobench.model.decoder import FLOP_CONVENTION, decoder_flops_report
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.records.results import Record
 
@@ -262,6 +267,33 @@ class Window:
         return {i: n - before[i] for i, n in enumerate(self.compiles) if n > before[i]}
 
 
+def measure_windows(cfg: RunConfig, info: DistInfo, run_step, current_step, watch: CompileWatch,
+                    progress: Progress) -> tuple[Window, list[dict]]:
+    """The measured window: `steps` calls of run_step(window), measured again (at most MAX_WINDOWS in
+    all) where torch compiled anything in it on any rank (the ranks compare after the window, outside
+    it). Returns the last window and the restarts (window, its first step, the compiles per rank);
+    current_step() is the loop's step count."""
+    restarts = []
+    for attempt in range(MAX_WINDOWS):
+        if info.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(info.device)
+        window = Window(StepTimer(info.device), watch.total)
+        window.timer.mark()  # start of the first measured step
+        progress.start(current_step())
+        for _ in range(cfg.steps):
+            run_step(window)
+        # After the window (its host sync is outside it): did any rank compile in it?
+        compiled = all_gather_object(window.compile_steps(), info)
+        if not any(compiled):
+            break
+        restarts.append({"window": attempt + 1, "first_step": current_step() - cfg.steps,
+                         "compiles": [{"rank": rank, "step": i, "count": n} for rank, steps in enumerate(compiled)
+                                      for i, n in steps.items()]})
+        if attempt + 1 < MAX_WINDOWS:
+            run_step()  # the gather drained the device's queue: one step refills it before the next window
+    return window, restarts
+
+
 def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None,
              flops_per_sample: float | None = None, metrics=None) -> dict:
     """Builds the training setup, warms every micro-batch variant the window can meet
@@ -308,7 +340,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
     generator = torch.Generator(device=info.device)
     setup.model.train()
     device_type = info.device.type
-    losses, profiled, restarts = [], {}, []
+    losses, profiled = [], {}
     step = 0
     profiler = None
 
@@ -351,23 +383,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         for _ in range(cfg.warmup_steps):
             run_step()
         progress.phase(f"measuring {cfg.steps} step(s)")
-        for attempt in range(MAX_WINDOWS):
-            if device_type == "cuda":
-                torch.cuda.reset_peak_memory_stats(info.device)
-            window = Window(StepTimer(info.device), watch.total)
-            window.timer.mark()  # start of the first measured step
-            progress.start(step)
-            for _ in range(cfg.steps):
-                run_step(window)
-            # After the window (its host sync is outside it): did any rank compile in it?
-            compiled = all_gather_object(window.compile_steps(), info)
-            if not any(compiled):
-                break
-            restarts.append({"window": attempt + 1, "first_step": step - cfg.steps,
-                             "compiles": [{"rank": rank, "step": i, "count": n} for rank, steps in enumerate(compiled)
-                                          for i, n in steps.items()]})
-            if attempt + 1 < MAX_WINDOWS:
-                run_step()  # the gather drained the device's queue: one step refills it before the next window
+        window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
         step_times, waits = window.timer.durations(), window.timer.wait_durations()
         kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
@@ -433,6 +449,113 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         "breakdown": profiled.get("breakdown") or ({"rank": info.rank, "error": "the profiler wrote no trace"}
                                                    if profiler is not None else None),
     }
+
+
+def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float | None = None,
+                  metrics=None) -> dict:
+    """run_loop for a card run (setting card: a plain decoder, bench_card): the backend builds the
+    decoder; warm-up is one forward and backward of the run's one shape, then the warm-up steps;
+    the measured windows and the step timer are Echo's (measure_windows). Returns this rank's
+    figures in run_loop's keys (Echo's streams, attention paths and kernels left empty)."""
+    dtype = resolve_dtype(cfg.precision, info.device)
+    pin_sdpa_backend(cfg.sdpa_backend)
+    watch = CompileWatch().start()  # before the backend compiles anything
+    per_sample = decoder_flops_report(workload.card, workload.seq, cfg.ac)["model_flops_per_sample"]
+    progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
+                        per_sample * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
+                        enabled=info.is_main, metrics=metrics)
+    card = workload.card
+    progress.phase(f"building card {workload.label} ({card.layers} layers, hidden {card.hidden}, seq {workload.seq}) "
+                   f"{cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), {info.device.type}")
+    setup = build_training(cfg, info, dtype, workload)
+    flops_report = decoder_flops_report(card, workload.seq, setup.info.get("ac_mode", cfg.ac))
+    # Data-parallel rank: tensor-parallel peers read the same batch.
+    dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
+    batches = TokenBatches(workload, cfg.micro_batch, cfg.grad_accum, cfg.seed, dp_rank, dp_size)
+    step_tokens = cfg.global_batch * workload.seq
+    setup.model.train()
+    device_type = info.device.type
+    losses = []
+    step = 0
+
+    def run_step(window: Window | None = None) -> None:
+        nonlocal step
+        if cfg.gc_every and step and step % cfg.gc_every == 0:
+            gc.collect(1)
+        micro_batches = []
+        for _ in range(cfg.grad_accum):
+            before = window.timer.stamp() if window else None
+            tokens = next(batches)
+            if window is not None:
+                window.timer.waits.append((before, window.timer.stamp()))
+            micro_batches.append(tokens.to(info.device))
+        maybe_inject_failure(cfg, step, info.rank)
+        loss = card_train_step(setup, micro_batches, device_type, dp_size, step_tokens)
+        losses.append(loss.detach())
+        step += 1
+        if window is not None:
+            window.step_done(watch.total)
+        progress.step(step, "measured" if window else "warm-up", loss if window is None or device_type == "cpu" else None)
+
+    if cfg.gc_every:
+        gc.disable()
+        gc.collect()
+    try:
+        progress.phase(f"warm-up: 1 shape ({cfg.micro_batch} x {workload.seq} tokens), then {cfg.warmup_steps} step(s)"
+                       + (" (compiling)" if str(setup.info.get("compiled", "")).startswith("torch.compile") else ""))
+        progress.start()
+        card_warmup(setup, workload, cfg.micro_batch, info.device)
+        for _ in range(cfg.warmup_steps):
+            run_step()
+        progress.phase(f"measuring {cfg.steps} step(s)")
+        window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
+        stop_time_limit()
+        step_times, waits = window.timer.durations(), window.timer.wait_durations()
+    finally:
+        gc.enable()
+        watch.stop()
+    return {
+        "rank": info.rank,
+        "hostname": os.uname().nodename,
+        "step_times_s": step_times,
+        "median_step_time_s": statistics.median(step_times),
+        "data_wait_s": waits,
+        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
+        "data_wait_clock": window.timer.clock,
+        **card_counts(len(waits), cfg.micro_batch, flops_report),
+        "padded_audio_frames": [],
+        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
+        "skipped_samples": 0,
+        "memory": memory_stats(info.device),
+        "backend_info": setup.info,
+        "attention_kernels": None,
+        "sdpa_backends_predicted": None,
+        "compile_counts": compile_counts(),
+        "compiles": dict(watch.events),
+        "compiles_in_window": sum(window.compile_steps().values()),
+        "window_restarts": restarts,
+        "warmup_variants": [f"{cfg.micro_batch} x {workload.seq} tokens"],
+        "profiled_steps": None,
+        "trace": None,
+        "breakdown": None,
+    }
+
+
+def card_figures(workload, record: Record) -> dict:
+    """The record's `card`: the workload (config.CardWorkload.as_record), echobench's FLOP convention
+    (the MFU's) and, for a published row with a FLOP formula, the measured throughput and MFU under
+    the row's own convention (its FLOPs per token x the measured tokens, the same peak); the tokens
+    per second per device."""
+    out = {**workload.as_record(), "flops_convention": FLOP_CONVENTION}
+    if record.status != "ok":
+        return out
+    tokens_per_s_per_gpu = record.measured_samples * workload.seq / record.measured_time_s / record.world_size
+    out["tokens_per_s_per_gpu"] = tokens_per_s_per_gpu
+    if workload.row_flops_per_token:
+        per_gpu = workload.row_flops_per_token * tokens_per_s_per_gpu
+        out.update(row_tflops_per_gpu=per_gpu / 1e12,
+                   row_mfu=per_gpu / (record.peak_tflops * 1e12) if record.peak_tflops else None)
+    return out
 
 
 def global_frame_count(batches: list, dp_group):
@@ -552,8 +675,9 @@ def no_gpu_problem(cfg: RunConfig) -> str | None:
             f"install a CUDA build (scripts/setup.sh) or set device: cpu")
 
 
-def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
-    """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json.
+def run_benchmark(cfg: RunConfig, out_dir: Path, workload=None) -> Record:
+    """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json. `workload`: a
+    card run's (setting card) model.config.CardWorkload, read by the command (predict.card_run).
 
     A failure is never lost: this rank's status, error and traceback tail go to
     OUT/ranks/rank-N.json, and rank 0 (or the launcher) turns them into the record.
@@ -569,6 +693,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
     info = dist_info("cpu" if no_gpu else cfg.device)
     cfg = match_process_group(cfg, info)
     record = start_record(cfg, info.device)
+    if workload is not None:
+        record.card = workload.as_record()
     start_time_limit(cfg.time_limit_s)
     metrics = None
     try:
@@ -576,15 +702,20 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
             raise NoGpuError(no_gpu)
         maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
         form_process_group(info, cfg.collective_timeout_s)
-        model_cfg = cfg.model_config()
-        record.flops_breakdown = flops_model.flops_report(
-            model_cfg, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
+        if workload is None:
+            record.flops_breakdown = flops_model.flops_report(
+                cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
+        else:
+            record.flops_breakdown = decoder_flops_report(workload.card, workload.seq, cfg.ac)
         record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
                                      cfg.peak_tflops, record.precision))
         if info.is_main:
             metrics = open_metrics_log(cfg.log_metrics, out_dir, record.run_id, cfg.to_dict())
-        mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"],
-                        metrics)
+        if workload is None:
+            mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"],
+                            metrics)
+        else:
+            mine = run_card_loop(cfg, info, workload, record.peak_tflops, metrics)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
         stop_time_limit()
@@ -608,6 +739,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path) -> Record:
         return record
     ranks = all_gather_object(mine, info)
     summarize(cfg, record, ranks)  # on every rank: each returns the run's status
+    if workload is not None:  # no audio; the card and the MFU under a published row's convention
+        record.update(audio_seconds_per_s=None, card=card_figures(workload, record))
     if info.is_main:
         if "fractions" in (record.breakdown or {}):
             write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])
