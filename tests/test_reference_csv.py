@@ -4,6 +4,7 @@ docs/reference/reference-csv.md lists exactly the columns read_reference reads."
 
 import csv
 import io
+import json
 import re
 import shutil
 
@@ -66,6 +67,19 @@ def test_report_puts_the_examples_rows_beside_the_measured_ones(tmp_path):
     assert len(published) == len(example_rows())
     md = run_cli("report", runs, "--table", "md", "--reference", EXAMPLE, tmp_path=tmp_path, check=True).stdout
     assert "| published MFU (%) |" in md and "| GPT-7.1B | megatron | tp2 | 12 |" in md and "| 47.0 |" in md
+
+
+def test_a_reference_row_shows_no_nan_in_a_setting_column(tmp_path):
+    """Measured runs that differ in a setting (here ac) get a column for it; published rows have none
+    of it and show "-", not nan."""
+    runs = tmp_path / "runs"
+    for name, ac in (("a", "none"), ("b", "full")):
+        record = json.loads((FIXTURES / "record-v2.json").read_text())
+        record.update(run_id=f"{record['run_id']}-{name}", ac=ac, config={**record["config"], "ac": ac})
+        (runs / name).mkdir(parents=True)
+        (runs / name / "result.json").write_text(json.dumps(record))
+    md = run_cli("report", runs, "--table", "md", "--reference", EXAMPLE, tmp_path=tmp_path, check=True).stdout
+    assert "| ac |" in md and "| GPT-7.1B | megatron | tp2 | - | 12 |" in md and "nan" not in md
 
 
 def documented_columns() -> dict[str, str]:

@@ -164,8 +164,9 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
             out[NOTES_COLUMN] = table[c].map(lambda v: " ".join(f"[{marks[n]}]" for n in split_notes(v)))
         elif c == "repeats":
             out[headers[c]] = table[c].map(lambda v: "-" if pd.isna(v) else str(int(v)))
-        elif c not in headers:  # a setting that tells two rows apart
-            out[c.replace("_", " ")] = table[c].map(str)
+        elif c not in headers:  # a setting that tells two rows apart (none on a reference-only row)
+            out[c.replace("_", " ")] = table[c].map(lambda v: "-" if v is None or (isinstance(v, float) and pd.isna(v))
+                                                     else str(v))
         elif c in ("scale", "framework", "parallelism", "ref_source"):
             out[headers[c]] = table[c].map(lambda v: "-" if v is None or pd.isna(v) else str(v))
         elif c in ("nodes", "world_size", "global_batch"):
