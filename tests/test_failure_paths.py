@@ -85,6 +85,24 @@ def test_status_exits_1_when_a_run_failed_as_its_help_says(cli, tmp_path):
     assert "1 when any has: its record says error, oom, timeout" in " ".join(cli("status", "--help").stdout.split())
 
 
+def test_status_only_lists_the_runs_with_those_settings(cli, tmp_path):
+    """--only KEY=VALUE on status as on plan / sweep: in a directory of records, and in a sweep (each
+    run's run.yaml); a failed run it leaves out does not fail the exit code."""
+    runs = tmp_path / "runs"
+    Record.without_run(RunConfig(scale="tiny", micro_batch=2), "ok", "").update(run_id="mb2").save(runs / "mb2")
+    Record.without_run(RunConfig(scale="tiny", micro_batch=4), "oom", "x").update(run_id="mb4").save(runs / "mb4")
+    proc = cli("status", runs, "--only", "micro_batch=2", "--json")
+    assert proc.returncode == 0 and [r["run_id"] for r in json.loads(proc.stdout)] == ["mb2"]
+    sweep = tmp_path / "sweep"
+    for rid, cfg in (("a", RunConfig(scale="tiny", micro_batch=2)), ("b", RunConfig(scale="tiny", ac="full"))):
+        (sweep / rid).mkdir(parents=True)
+        (sweep / rid / "run.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+        Record.without_run(cfg, "ok", "").update(run_id=rid).save(sweep / rid)
+    rows = json.loads(cli("status", sweep, "--only", "ac=full", "--json").stdout)
+    assert [r["run_id"] for r in rows] == ["b"]
+    assert "--only 'acc=full'" in one_line_error(cli("status", sweep, "--only", "acc=full"))
+
+
 def test_status_prints_each_error_whole_on_one_line_in_a_log(cli, tmp_path):
     """Not a terminal (a pipe, a CI log): the errors under the table, each on one line, in full."""
     proc = cli("status", runs_with_errors(tmp_path / "runs"))

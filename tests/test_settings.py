@@ -48,7 +48,7 @@ OPTIONS = {
     "sweep": ["--executor", "--force", "--max-runs", "--no-preflight", "--no-wait", "--only", "--out", "--poll",
               "--preflight", "--retry-failed", "--wait", "matrix_path"],
     "preflight": ["--executor", "--max-runs", "--only", "--out", "matrix_path"],
-    "status": ["--export", "--json", "--poll", "--wait", "runs_dir"],
+    "status": ["--export", "--json", "--only", "--poll", "--wait", "runs_dir"],
     "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
     "data index": ["--rebuild", "data"],

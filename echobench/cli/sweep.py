@@ -14,7 +14,7 @@ from rich.console import Console
 
 from echobench.cli.common import MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, writable_dir
 from echobench.records.console import esc, state_counts
-from echobench.sweep.matrix import MatrixError
+from echobench.sweep.matrix import MatrixError, parse_only
 
 
 @app.command()
@@ -133,6 +133,8 @@ def status(
     poll: float = typer.Option(5.0, help="Seconds between refreshes with --wait."),
     export: bool = typer.Option(False, "--export", help="Also write DIR/results.csv and results.parquet."),
     as_json: bool = typer.Option(False, "--json", help="The rows as JSON (errors in full) instead of the table."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP + " Runs never started "
+                                   "have no stored settings: left out."),
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error.
 
@@ -145,7 +147,11 @@ def status(
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
     try:
-        rows, problems = sws.status(runs_dir, wait, poll)
+        wanted = parse_only(only)
+    except MatrixError as exc:
+        fail(str(exc))
+    try:
+        rows, problems = sws.status(runs_dir, wait, poll, wanted)
     except CorruptSweepState as exc:
         fail(str(exc))
     paths = []

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from echobench import backends
 from echobench.records.config import (FIELDS, RunConfig, base_type, check_value, choices, grad_accum_for, run_id,
-                                      unknown_key)
+                                      unknown_key, upgraded)
 from echobench.train.fabric import hca_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.records.peaks import table_peak
@@ -719,6 +719,13 @@ def parse_only(items: list[str]) -> dict[str, list]:
         except ValueError as exc:
             raise MatrixError(f"--only {item!r}: {exc}") from None
     return wanted
+
+
+def settings_match(settings: dict, only: dict[str, list]) -> bool:
+    """Whether stored settings (a run.yaml, a record's config) have every --only value; a key they
+    lack (older than it) takes its default."""
+    full = {**{name: f.default for name, f in FIELDS.items()}, **upgraded(settings)}
+    return all(full.get(k) in vs for k, vs in only.items())
 
 
 def select(runs: list[PlannedRun], only: dict[str, list]) -> list[PlannedRun]:

@@ -12,7 +12,8 @@ from rich.table import Table
 from echobench.records.config import RunConfig, upgraded
 from echobench.records.console import NOT_STARTED, WAITING, esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
-from echobench.records.results import Record, export_table, load_records, records_frame
+from echobench.records.results import Record, export_table, load_records, record_settings, records_frame
+from echobench.sweep.matrix import settings_match
 from echobench.sweep.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
 from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, run_dir, run_state,
                                    settle,
@@ -84,21 +85,34 @@ def failed_runs(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["state"] not in NOT_FAILED]
 
 
-def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0) -> tuple[list[dict], list[str]]:
+def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0,
+           only: dict[str, list] | None = None) -> tuple[list[dict], list[str]]:
     """`echobench status`: (rows, unreadable records). A sweep's runs are refreshed from the
     scheduler (with `wait`, until none is pending or running: poll_s doubling while no state
-    changes, up to sweep_state.longest_poll); a directory of records that is not a sweep gives one row per record."""
+    changes, up to sweep_state.longest_poll); a directory of records that is not a sweep gives one row per record.
+    `only` (--only): the runs whose stored settings have those values (a run never started has none
+    stored: left out)."""
     if not is_sweep(runs_dir):
         records, problems = load_records([runs_dir])
-        return [status_row(r.run_id, r.status, r, r.error or "") for r in records], problems
-    rows = refresh_status(runs_dir)
+        return [status_row(r.run_id, r.status, r, r.error or "") for r in records
+                if not only or settings_match(record_settings(r), only)], problems
+    keep = (lambda rows: rows) if not only else (lambda rows: [r for r in rows if stored_match(runs_dir, r, only)])
+    rows = keep(refresh_status(runs_dir))
     interval = poll_s
     while wait and any(r["state"] in ACTIVE for r in rows):
         time.sleep(interval)
-        before, rows = [r["state"] for r in rows], refresh_status(runs_dir)
+        before, rows = [r["state"] for r in rows], keep(refresh_status(runs_dir))
         states = [r["state"] for r in rows]
         interval = poll_s if states != before else min(interval * 2, longest_poll(poll_s, states))
     return rows, []
+
+
+def stored_match(sweep_dir: Path, row: dict, only: dict[str, list]) -> bool:
+    """Whether a sweep's run has the --only values in its run.yaml (False where there is none)."""
+    try:
+        return settings_match(yaml.safe_load((run_dir(sweep_dir, row["run_id"]) / "run.yaml").read_text()), only)
+    except (OSError, ValueError, TypeError, yaml.YAMLError, AttributeError):
+        return False
 
 
 # ---- cancel ----
