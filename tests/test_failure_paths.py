@@ -103,6 +103,21 @@ def test_status_only_lists_the_runs_with_those_settings(cli, tmp_path):
     assert "--only 'acc=full'" in one_line_error(cli("status", sweep, "--only", "acc=full"))
 
 
+def test_report_only_keeps_the_runs_with_those_settings(cli, tmp_path):
+    fixture = json.loads((ROOT / "tests" / "fixtures" / "record-v2.json").read_text())
+    for rid, ac in (("a", "none"), ("b", "full")):
+        record = {**fixture, "run_id": rid, "ac": ac, "config": {**fixture["config"], "ac": ac}}
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        (tmp_path / "runs" / rid / "result.json").write_text(json.dumps(record))
+    both = cli("report", tmp_path / "runs", "--table", "csv", check=True).stdout
+    assert len(both.strip().splitlines()) == 3  # a row per configuration
+    cli("report", tmp_path / "runs", "-o", tmp_path / "r.html", "--only", "ac=full", check=True)
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "r.runs.csv").open()))
+    assert [r["run_id"] for r in rows] == ["b"]
+
+
 def test_status_prints_each_error_whole_on_one_line_in_a_log(cli, tmp_path):
     """Not a terminal (a pipe, a CI log): the errors under the table, each on one line, in full."""
     proc = cli("status", runs_with_errors(tmp_path / "runs"))

@@ -37,7 +37,7 @@ OPTIONS = {
     "calibrate": ["--audio-frames", "--budget-s", "--comm", "--comm-budget-s", "--device", "--dtype", "--iters", "--json",
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
-    "report": ["--margin", "--out", "--profile", "--reference", "--table", "-o", "paths"],
+    "report": ["--margin", "--only", "--out", "--profile", "--reference", "--table", "-o", "paths"],
     "results": ["--csv", "--json", "--only", "--sort", "paths"],
     "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
+from echobench.cli.common import ONLY_HELP, app, console, err_console, fail, load_profiles_or_fail, writable_dir
+from echobench.sweep.matrix import MatrixError, parse_only
 from echobench.records.console import esc
 
 
@@ -25,6 +26,7 @@ def report(
                                       "profile of the records' device (its sweep's, else a shipped one), where one matches."),
     margin: float = typer.Option(15.0, "--margin", help="Flag runs more than this percent below their predicted "
                                  "throughput."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP),
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
     from echobench.report import load_report_input, read_reference, render_dashboard, render_table  # lazy: pandas
@@ -50,7 +52,11 @@ def report(
     if not 0 <= margin < 100:
         fail(f"--margin {margin:g}: a percentage from 0 to below 100")
     profiles = load_profiles_or_fail(profile)
-    data = load_report_input(paths)
+    try:
+        wanted = parse_only(only)
+    except MatrixError as exc:
+        fail(str(exc))
+    data = load_report_input(paths, wanted)
     if out is not None:  # predicted beside measured: on the profiles given, else on the records' device's
         from echobench.report.data import with_device_predictions, with_predictions  # lazy: pandas
 

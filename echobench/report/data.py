@@ -21,6 +21,7 @@ from echobench.records.paths import SWEEP_FILE
 from echobench.predict import PredictError, against
 from echobench.records.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame)
+from echobench.sweep.matrix import settings_match
 from echobench.sweep.state import CorruptSweepState, SweepState
 from echobench.records.paths import TUNE_FILE
 
@@ -81,9 +82,13 @@ def sweep_matrix_names(paths) -> tuple[dict[Path, str], list[str]]:
     return names, problems
 
 
-def load_report_input(paths) -> ReportInput:
+def load_report_input(paths, only: dict[str, list] | None = None) -> ReportInput:
+    """The records under paths (with `only`, those whose settings have those values: --only) and
+    what the report reads beside them: skipped runs, the matrices' names, tunes."""
     paths = [Path(p) for p in paths]
     records, problems = load_records(paths)
+    if only:
+        records = [r for r in records if settings_match(record_settings(r), only)]
     skipped, skip_problems = load_skipped(paths)
     sweeps, sweep_problems = sweep_matrix_names(paths)
     tunes, tune_problems = load_tunes(paths)
