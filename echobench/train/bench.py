@@ -385,7 +385,6 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         progress.phase(f"measuring {cfg.steps} step(s)")
         window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
-        step_times, waits = window.timer.durations(), window.timer.wait_durations()
         kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
                    if device_type == "cuda" else None)
         if cfg.trace:
@@ -415,18 +414,10 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         for part, path in took.items():
             paths.setdefault(part, Counter())[path] += 1
     return {
-        "rank": info.rank,
-        "hostname": os.uname().nodename,
-        "step_times_s": step_times,
-        "median_step_time_s": statistics.median(step_times),
-        "data_wait_s": waits,
-        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
-        "data_wait_clock": window.timer.clock,
+        **window_figures(info, window, losses),
         **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
         "padded_audio_frames": [shape[0] for shape in window.padded],  # per measured micro-batch: its bucket
-        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "skipped_samples": getattr(loader, "skipped", 0),
-        "memory": memory_stats(info.device),
         "backend_info": setup.info,
         "attention_paths": {part: dict(c) for part, c in paths.items()},
         "attention_flops": attention_flops_by_path(model_cfg, window.paths, window.padded),
@@ -510,23 +501,14 @@ def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float |
         progress.phase(f"measuring {cfg.steps} step(s)")
         window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
-        step_times, waits = window.timer.durations(), window.timer.wait_durations()
     finally:
         gc.enable()
         watch.stop()
     return {
-        "rank": info.rank,
-        "hostname": os.uname().nodename,
-        "step_times_s": step_times,
-        "median_step_time_s": statistics.median(step_times),
-        "data_wait_s": waits,
-        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
-        "data_wait_clock": window.timer.clock,
-        **card_counts(len(waits), cfg.micro_batch, flops_report),
+        **window_figures(info, window, losses),
+        **card_counts(len(window.timer.wait_durations()), cfg.micro_batch, flops_report),
         "padded_audio_frames": [],
-        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "skipped_samples": 0,
-        "memory": memory_stats(info.device),
         "backend_info": setup.info,
         "attention_kernels": None,
         "sdpa_backends_predicted": None,
@@ -556,6 +538,23 @@ def card_figures(workload, record: Record) -> dict:
         out.update(row_tflops_per_gpu=per_gpu / 1e12,
                    row_mfu=per_gpu / (record.peak_tflops * 1e12) if record.peak_tflops else None)
     return out
+
+
+def window_figures(info: DistInfo, window, losses: list) -> dict:
+    """What every run reports of its measured window, Echo's or a card's: this rank's step times and
+    data waits, the losses of its steps and its memory."""
+    step_times, waits = window.timer.durations(), window.timer.wait_durations()
+    return {
+        "rank": info.rank,
+        "hostname": os.uname().nodename,
+        "step_times_s": step_times,
+        "median_step_time_s": statistics.median(step_times),
+        "data_wait_s": waits,
+        "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
+        "data_wait_clock": window.timer.clock,
+        "losses": [float(x) for x in torch.stack(losses).float().cpu()],
+        "memory": memory_stats(info.device),
+    }
 
 
 def global_frame_count(batches: list, dp_group):
