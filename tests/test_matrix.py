@@ -461,7 +461,7 @@ def test_the_kinds_of_file_are_told_apart_by_keys_only_each_has():
 
 
 @pytest.mark.parametrize("command, path, said", [
-    ("plan", "tunes/cpu-tiny.yaml", "this is a tune file (card, search, top_k): `echobench tune tunes/cpu-tiny.yaml`"),
+    ("plan", "tunes/cpu-tiny.yaml", "this is a tune file (search, top_k): `echobench tune tunes/cpu-tiny.yaml`"),
     ("sweep", "matrices/runs/megatron-3b-tp2.yaml", "this is a run file (run settings only): "
                                                     "`echobench run --config matrices/runs/megatron-3b-tp2.yaml`"),
     ("tune", "matrices/smoke.yaml", "this is a matrix file (axes, exclude, include): `echobench plan matrices/smoke.yaml`"),

@@ -421,7 +421,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 # Keys only a tune file has (echobench.tune.space.TuneFile; tests/test_matrix.py holds them so), and
 # keys only a matrix file has: a file given to the wrong command is named as what it is.
-TUNE_ONLY_KEYS = frozenset({"search", "top_k", "card", "budget_gpu_hours", "max_rounds", "memory_margin", "bias"})
+TUNE_ONLY_KEYS = frozenset({"search", "top_k", "budget_gpu_hours", "max_rounds", "memory_margin", "bias"})  # card: a run setting too
 MATRIX_ONLY_KEYS = frozenset({"axes", "configs", "exclude", "include", "repeats", "max_runs"})
 
 

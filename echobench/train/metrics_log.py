@@ -44,7 +44,10 @@ class TensorBoardLog:
 
 class WandbLog:
     def __init__(self, out_dir: Path, run_id: str, settings: dict):
-        import wandb  # lazy: optional
+        try:  # optional: guarded, so that no image needs it
+            import wandb
+        except ImportError as exc:
+            raise RuntimeError(metrics_log_problem("wandb") or str(exc)) from exc
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "echobench"), name=run_id, config=settings,
                               dir=str(out_dir))
