@@ -123,6 +123,15 @@ def _refusal(row: dict, layout: Layout) -> str | None:
     return None
 
 
+def echobench_layout(layout: Layout, gpus: int | None = None) -> tuple[str, str]:
+    """(framework, parallelism) of a published layout in echobench's settings (the module docstring),
+    on `gpus` GPUs (default: its own): DDP or FSDP on one GPU is single."""
+    if layout.layout == "megatron":
+        return "megatron", f"tp{layout.tp}"
+    parallelism = {"ddp": "ddp", "fsdp": "fsdp2", "hsdp": "hsdp"}[layout.layout]
+    return "torchtitan", "single" if (gpus or layout.gpus) == 1 and parallelism != "hsdp" else parallelism
+
+
 def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int | None, executor: str) -> RowPlan:
     """The row as a run (the module docstring): settings, changes, notes, or why not."""
     layout = run_layout(row["run"], row["hardware"])
@@ -144,12 +153,9 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
     dp = gpus // layout.tp
     accum = layout.grad_accum
     global_batch = layout.micro_batch * accum * dp
-    fw, parallelism = ("megatron", f"tp{layout.tp}") if layout.layout == "megatron" else \
-        ("torchtitan", {"ddp": "ddp", "fsdp": "fsdp2", "hsdp": "hsdp"}[layout.layout])
-    if parallelism in ("ddp", "fsdp2") and gpus == 1:
-        parallelism = "single"
-        if layout.layout == "fsdp":
-            plan.notes.append("FSDP on 1 GPU runs as single (nothing to shard over)")
+    fw, parallelism = echobench_layout(layout, gpus)
+    if parallelism == "single" and layout.layout == "fsdp":
+        plan.notes.append("FSDP on 1 GPU runs as single (nothing to shard over)")
     if parallelism == "hsdp" and nodes == 1:
         plan.refused = "hybrid_shard on 1 node: HSDP replicates across nodes: give --scale-down 2 or more"
         return plan
