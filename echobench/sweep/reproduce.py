@@ -187,11 +187,12 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
                          f"global batch {layout.global_batch} -> {global_batch}",
                          f"accumulation {accum} kept (micro-batch {layout.micro_batch} per GPU kept: each GPU's "
                          f"step takes the published tokens)"]
-    elif scale_down is not None:
-        plan.notes.append(f"--scale-down {scale_down}: its {layout.gpus} GPUs fit within {scale_down} node(s) of "
-                          f"{per_node}: run as published")
-    elif gpn != layout.gpus_per_node and gpus > 1:
-        plan.changes.append(f"{nodes} node(s) x {gpn} GPUs (published {layout.nodes} x {layout.gpus_per_node})")
+    else:
+        if gpn != layout.gpus_per_node and gpus > 1:
+            plan.changes.append(f"{nodes} node(s) x {gpn} GPUs (published {layout.nodes} x {layout.gpus_per_node})")
+        if scale_down is not None:
+            plan.notes.append(f"--scale-down {scale_down}: its {layout.gpus} GPUs fit within {scale_down} node(s) of "
+                              f"{per_node}: its GPU count and batch as published")
     if parallelism == "hsdp" and gpn != layout.gpus_per_node:
         plan.changes.append(f"HSDP shard groups of {gpn} GPUs (published {layout.gpus_per_node})")
     try:
