@@ -54,6 +54,8 @@ OPTIONS = {
     "data index": ["--rebuild", "data"],
     "tune": ["--budget-gpu-hours", "--dry-run", "--executor", "--no-preflight", "--out", "--preflight", "--profile",
              "--top-k", "tune_file"],  # added since: issue 36
+    "reproduce": ["--device", "--dry-run", "--executor", "--out", "--peak-tflops", "--profile", "--rows",
+                  "--scale-down", "--site", "--steps", "--warmup-steps", "rows_file"],  # issue 45
 }
 # ... and the defaults of run's and flops' options then (compile and sequence_parallel: None, the
 # flag not given, leaves the setting at auto).

@@ -23,6 +23,7 @@ from echobench.cli import results  # noqa: F401,E402
 from echobench.cli import plan  # noqa: F401,E402
 from echobench.cli import tune  # noqa: F401,E402
 from echobench.cli import sweep  # noqa: F401,E402
+from echobench.cli import reproduce  # noqa: F401,E402
 from echobench.cli import data  # noqa: F401,E402
 # isort: on
 

@@ -145,7 +145,9 @@ class CardWorkload:
     card (echobench.predict.card_run.run_card): the card (a ModelCard), the sequence length, its label
     (the card file's stem or the published row's id), where it came from (FILE or FILE#ROW), the
     layout the card or row publishes (its `run` section, for the record) and, for a published row,
-    its own FLOP convention (its formula's text and FLOPs per token) beside echobench's."""
+    its own FLOP convention (its formula's text and FLOPs per token) beside echobench's and the figures
+    it publishes (validate.published_figures: step time, tokens/s per GPU, MFU under its convention),
+    so that a record compares with its row without the rows file."""
 
     card: object
     seq: int
@@ -154,9 +156,10 @@ class CardWorkload:
     published_layout: dict
     row_convention: str | None = None
     row_flops_per_token: float | None = None
+    published: dict | None = None
 
     def as_record(self) -> dict:
         """The record's `card` before the run's figures (echobench's convention is flops_breakdown's)."""
         return {"label": self.label, "source": self.source, "model": asdict(self.card), "seq": self.seq,
                 "published_layout": self.published_layout, "row_convention": self.row_convention,
-                "row_flops_per_token": self.row_flops_per_token}
+                "row_flops_per_token": self.row_flops_per_token, "published": self.published}

@@ -90,11 +90,13 @@ The package, by what each file is (every name callers use is re-exported here):
                       notes); predict_runs, ranks, at_nodes, parse_nodes
     profiles.py       which profile a run takes: load_profiles, profile_for_device, machine_device,
                       choose_profile; profile_lines, no_profile_message, other_device_lines
-    measured.py       a prediction held against a measured record: against -> Comparison, summary,
-                      predicted_shares / measured_shares
+    measured.py       a prediction held against a measured record (a card run's by predict_card):
+                      against -> Comparison, summary, predicted_shares / measured_shares
     card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
                       published row, every key checked), parameters per rank
-    card_run.py       a run's card setting read (a card file or a published row): run_card -> CardWorkload
+    card_run.py       a run's card setting read (a card file or a published row): run_card -> CardWorkload;
+                      the layout a card run ran (measured_layout)
+    reference.py      a card run beside its row's published figures and prediction: reference_row -> ReferenceRow
     card_work.py      a card step's work on a rank: card_work (GEMMs, attention, element-wise bytes
                       counted on the framework's eager block or per fused op, float8 casts, host ops)
     frameworks.py     each framework's defaults at its version (overlap flags, reduce dtype, attention
@@ -107,7 +109,7 @@ The package, by what each file is (every name callers use is re-exported here):
                       their assumed values (validate -> ValidationRow), validation_summary
     crossval.py       the fitted term held out a source at a time: crossval, write_fit
     intervals.py      the interval of every prediction, from crossval's residuals
-    tables.py         rich tables: prediction_table, comparison_table, validation_table
+    tables.py         rich tables: prediction_table, comparison_table, validation_table, reference_table
     errors.py         PredictError
     stepcount.py      one step counted, not timed (FakeTensors, a dispatch mode): kernels, FLOPs, bytes by part
     stepcount_ops.py  one ATen op as a GPU runs it (kind, launches, FLOPs, bytes)

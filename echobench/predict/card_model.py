@@ -49,9 +49,14 @@ class CardPrediction:
     mfu_row: float | None = None  # under the row's own FLOP convention and peak, where given
     collectives: list[Collective] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # a measured card run's prediction (measured.against): its run id, settings and profile
+    run_id: str = ""
+    cfg: object = None
+    profile: str = ""
+    profile_device: str = ""
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "collectives"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("collectives", "cfg")}
 
 
 def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
@@ -79,10 +84,11 @@ def peak_of(profile: HardwareProfile) -> tuple[float, str]:
 
 def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
                  row_flops_per_token: float | None = None, row_peak_tflops: float | None = None,
-                 rates: Rates | None = None) -> CardPrediction:
+                 rates: Rates | None = None, peak: tuple[float, str] | None = None) -> CardPrediction:
     """The predicted step of `card` trained as `layout` on `profile` (the module docstring);
     `row_flops_per_token` and `row_peak_tflops`: a published row's own MFU convention; `rates`: the
-    profile's rates to price at (a bound, or fitted terms; default its mid figures)."""
+    profile's rates to price at (a bound, or fitted terms; default its mid figures); `peak`: the MFU
+    denominator (TFLOP/s, its source) in place of the profile's (a measured run's own)."""
     rates = rates or Rates(profile, "mid")
     fw = framework(layout.framework, layout.compile)
     opts, notes = resolved(layout, fw)
@@ -122,7 +128,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     again = sum(m.flops for m in work.matmuls if m.phase == "recompute") + \
         sum(a.flops for a in work.attention if a.phase == "recompute")
     hardware = flops * done / (done - again)  # the re-runs on top of the model's FLOPs
-    peak, peak_source = peak_of(profile)
+    peak, peak_source = peak or peak_of(profile)
     notes += [n for n in (host_note,) if n]
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")

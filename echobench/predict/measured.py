@@ -1,5 +1,7 @@
 """A prediction held against a measured record: against -> Comparison (step time, MFU, and the
-predicted parts of the step against the record's profiled breakdown), summary over many."""
+predicted parts of the step against the record's profiled breakdown), summary over many. A card
+run (a record with a `card` section) is priced by predict_card at the layout it ran
+(card_run.measured_layout), an Echo run by predict."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from dataclasses import dataclass
 
 from echobench.records.config import RunConfig
 from echobench.hardware.profile import HardwareProfile
+from echobench.predict.card_model import CardPrediction, predict_card
+from echobench.predict.card_run import measured_card, measured_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, predict
 from echobench.predict.pricing import is_cpu_name, priced
@@ -52,7 +56,7 @@ def measured_shares(breakdown: dict | None) -> dict[str, float] | None:
 class Comparison:
     """A prediction held against a measured record: error = (predicted - measured) / measured."""
 
-    prediction: Prediction
+    prediction: Prediction | CardPrediction
     measured_step_time_s: float
     measured_mfu: float | None
     error: float
@@ -75,13 +79,27 @@ def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     cfg = RunConfig.from_dict({**record_settings(record), "repeat": 0})
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
-    p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
-    p.run_id = record.run_id
-    measured, predicted = measured_shares(record.breakdown), predicted_shares(p)
-    parts = None if measured is None else {k: {"predicted": predicted[k], "measured": measured[k]} for k in measured}
+    if record.card is not None:
+        p, parts = card_prediction(record, cfg, profile, peak), None  # a card run is not traced (no breakdown)
+    else:
+        p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
+        p.run_id = record.run_id
+        measured, predicted = measured_shares(record.breakdown), predicted_shares(p)
+        parts = None if measured is None else {k: {"predicted": predicted[k], "measured": measured[k]} for k in measured}
     mfu_error = (p.mfu - record.mfu) / record.mfu if record.mfu else None
     return Comparison(p, record.step_time_s, record.mfu, (p.step_time_s - record.step_time_s) / record.step_time_s,
                       mfu_error, parts, str(record.path) if record.path else None)
+
+
+def card_prediction(record, cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None) -> CardPrediction:
+    """A card run's prediction at the layout it ran, with the record's peak (so that both MFUs share
+    their denominator) and, for a published row, the MFU under the row's convention at that peak."""
+    card = record.card
+    layout = measured_layout(cfg, card["seq"], record.precision, bool(record.compile))
+    p = predict_card(measured_card(card), layout, profile, row_flops_per_token=card.get("row_flops_per_token"),
+                     row_peak_tflops=record.peak_tflops, peak=peak)
+    p.run_id, p.cfg, p.profile, p.profile_device = record.run_id, cfg, profile.name, profile.device
+    return p
 
 
 def summary(comparisons: Sequence[Comparison]) -> dict:

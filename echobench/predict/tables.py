@@ -1,5 +1,6 @@
 """Rich tables of predictions: one row per run of a matrix (prediction_table), predicted
-against measured runs (comparison_table) and against published runs (validation_table)."""
+against measured runs (comparison_table) and against published runs (validation_table); measured
+card runs beside their published rows and predictions (reference_table)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from echobench.records.console import esc
 from echobench.predict.measured import Comparison
 from echobench.predict.errors import PredictError
 from echobench.predict.model import Prediction, ranks
+from echobench.predict.reference import ReferenceRow, pct, relative
 from echobench.predict.validate import ValidationRow
 
 
@@ -111,4 +113,47 @@ def crossval_table(cv: dict) -> Table:
                       *cells(v["in_sample"]))
     table.add_row("all", str(cv["rows"]), " ".join(f"{k} {c:.3g}" for k, c in cv["fit"].items()) + " (every row)",
                   *cells(cv["loso"]), *cells(cv["in_sample"]))
+    return table
+
+
+def _num(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _diff(x: float | None, points: bool = False) -> str:
+    """A relative difference (+12.3%), or one in percentage points (+1.2 pp)."""
+    return "-" if x is None else f"{x * 100:+.1f} pp" if points else f"{x:+.1%}"
+
+
+def reference_table(rows: Sequence[ReferenceRow], title: str) -> Table:
+    """`echobench reproduce`: per row, its step time, tokens/s per GPU and MFU under the row's
+    convention, measured (with the run's p10-p90 spread), published and predicted, and the
+    differences; `beyond` where the published figure lies outside the run's spread."""
+    table = Table(title=esc(title), caption=esc(
+        "measured: median step, window throughput and MFU, [the run's spread: at its step-time p10 .. p90]; vs "
+        "published: measured / published - 1 (MFU: measured - published, percentage points), `beyond` / `within` "
+        "the run's spread; vs predicted: predicted / measured - 1 (MFU: predicted - measured)"))
+    table.add_column("row", no_wrap=True)
+    table.add_column("figure", no_wrap=True)
+    for col in ("measured", "published", "predicted", "vs published", "vs predicted"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        if r.status != "ok":
+            table.add_row(esc(r.label), "-", esc(f"not measured: {r.status}"), _num(r.pub("step_s")), "-", "-", "-")
+            continue
+        spread = f" [{r.p10_s:.4g}-{r.p90_s:.4g}]" if r.p10_s is not None and r.p90_s is not None else ""
+        published_step = _num(r.pub("step_s")) if r.same_step else "(other batch)"
+        tokens = f" [{r.tokens_spread[0]:.4g}-{r.tokens_spread[1]:.4g}]" if r.tokens_spread else ""
+        mfu = f" [{pct(r.mfu_spread[0])}-{pct(r.mfu_spread[1])}]" if r.mfu_spread else ""
+        verdict = f" {r.verdict}" if r.verdict else ""
+        mfu_pred = r.predicted_mfu - r.mfu if r.predicted_mfu is not None and r.mfu is not None else None
+        table.add_row(esc(r.label), "step time (s)", _num(r.step_s) + spread, published_step, _num(r.predicted_step_s),
+                      _diff(r.step_diff), _diff(relative(r.predicted_step_s, r.step_s)))
+        table.add_row("", "tokens/s per GPU", _num(r.tokens_per_s_per_gpu) + tokens, _num(r.pub("tokens_per_s_per_gpu")),
+                      _num(r.predicted_tokens_per_s_per_gpu),
+                      _diff(r.tokens_diff) + ("" if r.pub("mfu") is not None and r.mfu is not None else verdict),
+                      _diff(relative(r.predicted_tokens_per_s_per_gpu, r.tokens_per_s_per_gpu)))
+        table.add_row("", "MFU (row's convention)", pct(r.mfu) + mfu, pct(r.pub("mfu")), pct(r.predicted_mfu),
+                      _diff(r.mfu_diff, points=True) + (verdict if r.pub("mfu") is not None and r.mfu is not None else ""),
+                      _diff(mfu_pred, points=True), end_section=True)
     return table

@@ -189,6 +189,30 @@ def published_step(row: Mapping, card: ModelCard, layout: Layout) -> tuple[float
     return tokens / (per_gpu * layout.gpus), "TFLOP/s / row's FLOPs per token"
 
 
+def published_figures(row: Mapping, card: ModelCard, layout: Layout) -> dict:
+    """What a row publishes, as the figures a measured card run has: the step time (published_step),
+    tokens/s per GPU (published, else from that step) and the MFU under the row's own convention
+    (its `mfu`, else its TFLOP/s per GPU over the convention's peak, else its tokens/s per GPU x the
+    convention's FLOPs per token over that peak; None without a peak), each with what it is from; the
+    GPUs, global batch and tokens one GPU takes a step (a measured step compares with the published
+    one only at the same)."""
+    pub = row["published"]
+    formula, peak = row_convention(row)
+    step, step_from = published_step(row, card, layout)
+    tokens = layout.global_batch * layout.seq
+    per_gpu = float(pub.get("tokens_per_s_per_gpu") or tokens / (step * layout.gpus))
+    mfu, mfu_from = None, None
+    if pub.get("mfu"):
+        mfu, mfu_from = float(pub["mfu"]), "mfu"
+    elif peak and pub.get("tflops_per_gpu"):
+        mfu, mfu_from = pub["tflops_per_gpu"] / peak, "tflops_per_gpu / the convention's peak"
+    elif peak and formula:
+        mfu, mfu_from = formula(card, layout) * per_gpu / (peak * 1e12), "tokens/s per GPU x FLOPs per token / peak"
+    return {"step_s": step, "step_from": step_from, "tokens_per_s_per_gpu": per_gpu, "mfu": mfu, "mfu_from": mfu_from,
+            "peak_tflops": peak, "gpus": layout.gpus, "global_batch": layout.global_batch,
+            "tokens_per_gpu_step": tokens / layout.gpus}
+
+
 def layout_text(layout: Layout) -> str:
     """A layout in a few words: megatron tpN ppN(xvp) cpN dpN sp zero1, fsdp sharding, ac, fp8."""
     if layout.layout == "megatron":

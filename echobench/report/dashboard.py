@@ -1,7 +1,8 @@
 """The HTML dashboard: one self-contained file (plotly.js inlined once, no CDN) from stored records.
 
 The page answers first: the best MFU per scale and node count, MFU by configuration and node count
-(failed runs shown by their status, never as 0) and the configurations' bars at each node count;
+(failed runs shown by their status, never as 0), the reference workloads (card runs of published
+rows held against them: reference_section) and the configurations' bars at each node count;
 then the notes and the provenance (folded), the figures, the failures and the table of runs (its
 key columns shown, the rest behind a box, a CSV link). Values that cannot be, or should not be
 without a second look (echobench.report.checks), are flagged with their reason wherever shown.
@@ -33,6 +34,7 @@ from echobench.report.checks import Flag, run_flags
 from echobench.report.data import ReportInput, flagged, scale_order, varying_keys
 from echobench.report.figures import Figures, numeric
 from echobench.report.plotting import figure_html, panel
+from echobench.report.reference_section import reference_section
 from echobench.report.tables import fmt_number
 from echobench.report.time_breakdown import time_section
 from echobench.report.tune_section import tune_section
@@ -528,6 +530,7 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
         predicted=bool(data.predicted_by), profile_line=data.profile_line,
         matrix=mfu_table(data, scales, figs.config_flags),
         config_flags=config_flag_lines(figs.configs, figs.config_flags),
+        references=reference_section(data, reference),
         layouts=layouts_section(data, figs), sections=sections,
         reference=reference_path if reference is not None else None,
         unplotted=unplotted_published(reference, figs.configs),

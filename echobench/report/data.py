@@ -145,7 +145,8 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
 
 # ---- predictions beside the measurements (report --profile) ----
 
-PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_mfu", "prediction_error", "below_prediction")
+PREDICTED_COLUMNS = ("predicted_step_time_s", "predicted_mfu", "prediction_error", "below_prediction",
+                     "predicted_row_mfu")  # the last: a card run's, under its row's FLOP convention
 
 
 def flagged(value) -> bool:
@@ -177,6 +178,7 @@ def with_predictions(data: ReportInput, profiles: list | dict[str, list], margin
         used[c.prediction.profile] = True
         frame.at[index, "predicted_step_time_s"] = c.prediction.step_time_s
         frame.at[index, "predicted_mfu"] = c.prediction.mfu
+        frame.at[index, "predicted_row_mfu"] = getattr(c.prediction, "mfu_row", None)  # card runs (CardPrediction)
         frame.at[index, "prediction_error"] = c.error
         frame.at[index, "below_prediction"] = bool(record.step_time_s * (1 - margin) > c.prediction.step_time_s)
     data.frame = frame

@@ -13,7 +13,10 @@ its MFU against the fp8 peak, in its own column.
     samples_per_s                            published samples/s (whole job)
     source                                   optional: where the figure comes from
 
-Any of the three figures may be left empty or left out. Differences are measured minus published:
+Any of the three figures may be left empty or left out. `--reference ROWS.yaml`, a published-runs
+file (validation/published-runs.yaml's format), gives the same columns from its rows
+(read_reference_rows): each keyed by its id as the scale (a card run's record names its row so),
+its layout in echobench's framework and parallelism, its published node count. Differences are measured minus published:
 MFU in percentage points, TFLOP/s and samples/s in percent of the published value. A published
 row with no measured run appears with empty measured columns.
 """
@@ -52,7 +55,10 @@ class ReferenceError(ValueError):
 
 
 def read_reference(path: Path) -> pd.DataFrame:
-    """Reads and checks a reference CSV (see the module docstring for its columns)."""
+    """Reads and checks a reference CSV (see the module docstring for its columns), or a published-runs
+    YAML file (read_reference_rows)."""
+    if Path(path).suffix in (".yaml", ".yml"):
+        return read_reference_rows(Path(path))
     try:
         ref = pd.read_csv(path, dtype={"scale": str, "framework": str, "parallelism": str})
     except (OSError, ValueError) as exc:
@@ -83,6 +89,37 @@ def read_reference(path: Path) -> pd.DataFrame:
         ref[k] = ref[k].str.strip()
     return ref[KEYS + REFERENCE_FIGURES + ["source"]].rename(
         columns={c: f"ref_{c}" for c in REFERENCE_FIGURES + ["source"]})
+
+
+def read_reference_rows(path: Path) -> pd.DataFrame:
+    """A published-runs file as the reference frame: per row its id (the scale of its card runs),
+    framework and parallelism as echobench names its layout (sweep.reproduce.echobench_layout), its
+    published nodes, MFU (under the row's own FLOP convention, which the source says), TFLOP/s per GPU
+    and samples/s; and `ref_published`, its figures as a card run's record keeps them (the dashboard's
+    Reference workloads takes them for a record that lacks its own)."""
+    from echobench.predict.card import model_card, run_layout
+    from echobench.predict.errors import PredictError
+    from echobench.predict.validate import load_rows, published_figures
+    from echobench.sweep.reproduce import echobench_layout
+
+    out = []
+    try:
+        for row in load_rows(path):
+            card, layout = model_card(row["model"]), run_layout(row["run"], row["hardware"])
+            if layout.layout not in ("ddp", "fsdp", "hsdp", "megatron"):
+                continue
+            figures = published_figures(row, card, layout)
+            framework, parallelism = echobench_layout(layout)
+            src = row["source"]
+            out.append({"scale": row["id"], "framework": framework, "parallelism": parallelism, "nodes": layout.nodes,
+                        "ref_mfu": figures["mfu"], "ref_tflops_per_gpu": row["published"].get("tflops_per_gpu"),
+                        "ref_samples_per_s": figures["tokens_per_s_per_gpu"] * layout.gpus / layout.seq,
+                        "ref_source": f"{src.get('name')} {src.get('repo')}@{str(src.get('commit'))[:8]}; MFU under its "
+                                      f"convention: {row['published']['convention']}",
+                        "ref_published": figures})
+    except PredictError as exc:
+        raise ReferenceError(str(exc)) from None
+    return pd.DataFrame(out, columns=KEYS + [f"ref_{c}" for c in REFERENCE_FIGURES] + ["ref_source", "ref_published"])
 
 
 def sort_rows(table: pd.DataFrame, scales: list[str], extra: list[str] = ()) -> pd.DataFrame:

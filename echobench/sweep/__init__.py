@@ -1,4 +1,4 @@
-"""`echobench sweep / plan / preflight / status / cancel`: a matrix file to runs on an executor.
+"""`echobench sweep / plan / preflight / status / cancel / reproduce`: a matrix file to runs on an executor.
 
     matrix.py     the matrix file: axes, include / exclude, limits; expanded to planned and skipped runs
     estimate.py   a run's time limit and GPU-hours
@@ -8,6 +8,7 @@
     loop.py       the sweep: choose, preflight, submit, wait, collect (resumable)
     state.py      sweep.json: what was submitted, attempts, records
     status.py     one row per run, refreshed from the scheduler
+    reproduce.py  published rows as a matrix of card runs (their layout mapped, or scaled down; refusals)
 
 May import: predict, train, hardware, data, records, backends, model.
 """
