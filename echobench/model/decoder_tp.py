@@ -27,7 +27,8 @@ def card_megatron_config(card, tp: int, params_dtype: torch.dtype, use_cpu: bool
         num_query_groups=card.kv_heads, kv_channels=card.hidden // card.heads, ffn_hidden_size=card.ffn,
         add_bias_linear=card.bias, hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
         sequence_parallel=False, params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        use_cpu_initialization=use_cpu, perform_initialization=False)
+        use_cpu_initialization=use_cpu, perform_initialization=False,
+        cuda_graph_scope=[])  # megatron-core's default "full" warns of its own deprecation; [] means the same
 
 
 class TPLinear(nn.Module):

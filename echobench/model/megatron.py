@@ -98,6 +98,9 @@ def megatron_config(cfg: EchoConfig, tp: int, options: TPOptions, use_cpu: bool)
         use_cpu_initialization=use_cpu,
         perform_initialization=False,
         gradient_accumulation_fusion=options.grad_accum_fusion,
+        # megatron-core's own default ("full") warns on every rank that it is deprecated; [] means the same
+        # (the whole layer, were CUDA graphs on: echobench does not capture them)
+        cuda_graph_scope=[],
         tp_comm_overlap=options.tp_comm_overlap,
     )
 
