@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -29,8 +30,13 @@ def test_the_headline_runs_come_first():
     always = [s.name for s in order if s.always]
     assert [s.name for s in order[:len(always)]] == always  # nothing optional before a headline step
     assert always[0] == "calibrate"
-    runs = [s for s in order[:len(always)] if s.kind == "run"]
+    runs = [s for s in order[:len(always)] if s.kind == "run" and "--scale" in s.args]
     assert {s.args[s.args.index("--scale") + 1] for s in runs} == {"3B", "800M"}
+    cards = [s for s in order[:len(always)] if "--card" in s.args]  # a published row's 1-GPU slice (issue 45)
+    assert [s.args[s.args.index("--card") + 1].split("#")[0] for s in cards] == ["validation/published-runs.yaml"]
+    rows = {r["id"] for r in yaml.safe_load((ROOT / "validation/published-runs.yaml").read_text())}
+    named = [s.args[s.args.index("--card") + 1].split("#")[1] for s in order if "--card" in s.args]
+    assert named and set(named) <= rows, set(named) - rows
     assert any("megatron" in s.args for s in runs)
     assert [s.compiles for s in runs] == sorted(s.compiles for s in runs)  # eager ones before the compiles
     assert all("launcher" in s.needs for s in order if s.compiles)

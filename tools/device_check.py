@@ -6,8 +6,9 @@ The steps, in priority order (STEPS): the carried wheels installed as the device
 compiler and Python.h), the GEMM ceiling, the kernel probe (tools/kernel_probe.py: SDPA's choice
 and each attention kernel's time at the 3B shapes, a 3B block eager vs compiled, a fused AdamW step);
 then the headline runs, eager first (3B on torchtitan, megatron TP=1 on local layers), then compiled
-(3B profiled, 800M), the `gpu` tests; and while time is left the comparisons (bare PyTorch loop,
-fp8, selective AC, micro-batch 16, 800M eager, ...).
+(3B profiled, 800M), a published row's 1-GPU slice (llm-foundry's MPT-1B at seq 8192 as a card run), the
+`gpu` tests; and while time is left the comparisons (MPT-3B's slice, bare PyTorch loop, fp8, selective
+AC, micro-batch 16, 800M eager, ...).
 Every step has its own limit and the least time worth starting it; one global deadline gives each
 step min(its limit, time left - the reserve), and a step that cannot get its minimum, or whose
 prerequisite failed (a failed compile run, no compiler), is skipped at once with the reason. The
@@ -27,7 +28,7 @@ stops the call still returns them:
   DEVICE_CHECK_DRY=1 tools/device-check.sh /tmp/dry  # CPU: the same steps on the tiny model
   tools/device-twin.sh                              # CPU, on the device's versions (the rehearsal)
 
-Knobs: DEVICE_CHECK_DEADLINE_S (default 540 s; dry: 540 x DEVICE_CHECK_SCALE), DEVICE_CHECK_SCALE
+Knobs: DEVICE_CHECK_DEADLINE_S (default 555 s; dry: 555 x DEVICE_CHECK_SCALE), DEVICE_CHECK_SCALE
 (every limit, minimum and the deadline x this; default 1, dry 0.6), DEVICE_CHECK_RESERVE_S (kept
 for the closing report, default 30), DEVICE_CHECK_ONLY="NAME ..." (only those steps, besides the
 set-up), DEVICE_CHECK_WORK (scratch folder), ECHOBENCH_GIT_COMMIT (the commit, when .git does not
@@ -56,7 +57,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # device_summary, beside this file
 
 CALL_S = 600  # what one device call may take
-DEADLINE_S = 540  # this script's own end: a margin under the call for the return of the files
+DEADLINE_S = 555  # this script's own end: a margin under the call for the return of the files
 RESERVE_S = 30  # kept at the end for the report table and the last summary
 PROFILE_S = 45  # the profiled steps' own bound (--trace-limit-s), after the measured steps
 END_S = 10  # after a run's limit: the record, the teardown
@@ -87,9 +88,18 @@ def steps(dry: bool) -> list[Step]:
                "--speaker-frames", "128") if dry else ("--steps", "20", "--warmup-steps", "5"))
     n3, n8 = s3.lower(), s8.lower()
 
-    def run(name, *args, limit, least, always=False, needs=()):
+    def run(name, *args, limit, least, always=False, needs=(), base=common):
         compiled = "--compile" in args
-        return Step(name, "run", common + args, limit, least, always, needs + (("launcher",) if compiled else ()))
+        return Step(name, "run", base + args, limit, least, always, needs + (("launcher",) if compiled else ()))
+
+    # Issue 45: a published row's 1-GPU slice through the same harness, at the row's micro-batch,
+    # accumulation, sequence and precision, eager as published (llm-foundry's MPT on H100, FSDP on 8
+    # GPUs: one GPU does each rank's work without the collectives). Dry: a small card on the CPU.
+    def card(name, row, mb, accum, *, limit, least, always=False):
+        where = "tunes/card-small.yaml" if dry else f"validation/published-runs.yaml#{row}"
+        return run(name, "--card", where, "--parallelism", "single", "--micro-batch", str(mb), "--grad-accum",
+                   str(accum), "--precision", "bf16", "--no-compile", limit=limit, least=least, always=always,
+                   base=("--steps", "3", "--warmup-steps", "1") if dry else ("--steps", "6", "--warmup-steps", "2"))
 
     def bare(name, *args, limit, least, needs=()):
         compiled = "--compile" in args
@@ -104,15 +114,18 @@ def steps(dry: bool) -> list[Step]:
         # What the CPU cannot show: SDPA's choice and each attention kernel's time at the run's
         # shapes, a block eager vs compiled, a fused AdamW step (tools/kernel_probe.py).
         Step("kernel-probe", "probe", probe, 100, 30, always=True, needs=("launcher",)),
-        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=45,
+        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=35,
             always=True),
         run(f"{n3}-megatron-tp1-mb{mb}", "--scale", s3, "--framework", "megatron", "--parallelism", "tp1",
-            "--no-compile", "--micro-batch", str(mb), limit=90, least=45, always=True),
+            "--no-compile", "--micro-batch", str(mb), limit=90, least=35, always=True),
         run(f"{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), "--trace",
             limit=240, least=130, always=True),
         run(f"{n8}-compile-mb{mb8}", "--scale", s8, "--compile", "--micro-batch", str(mb8),
             limit=180, least=90, always=True),
+        card("card-mpt-1b-h100-s8192", "lf-mpt-1b-h100-8gpu-s8192", 2 if dry else 3, 4, limit=110, least=40,
+             always=True),
         Step("pytest-gpu", "pytest", ("-m", "gpu"), 100, 45, always=True),
+        card("card-mpt-3b-h100-s512", "lf-mpt-3b-h100-8gpu-s512", 4 if dry else 40, 6, limit=120, least=55),
         # While time is left: the comparisons. The bare loop finds the compiled run's graphs cached.
         bare(f"bare-{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb),
              limit=90, least=40, needs=(f"{n3}-compile-mb{mb}",)),

@@ -247,6 +247,14 @@ def comparisons(lines: list[dict]) -> list[str]:
         out.append(f"- memory estimate (tensors: without context, workspaces and fragmentation) / measured "
                    f"allocated peak: median {statistics.median(ratios):.2f}, "
                    f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(mem)} runs")
+    for x in runs:  # a published row's slice: its MFU under the row's own convention beside the published
+        card = x["record"].get("card") or {}
+        pub = card.get("published") or {}
+        if card.get("row_mfu") is not None and pub.get("mfu"):
+            out.append(f"- published row {x['name']} ({card.get('label')}): MFU {pct(card['row_mfu'])} under the row's "
+                       f"convention vs {pct(pub['mfu'])} published ({card['row_mfu'] / pub['mfu']:.0%} of it); "
+                       f"tokens/s per GPU {card.get('tokens_per_s_per_gpu') or 0:.0f} vs "
+                       f"{pub.get('tokens_per_s_per_gpu') or 0:.0f}; step {x['record']['step_time_s']:.3f} s")
     for t in (ln for ln in lines if ln["kind"] == "trace"):
         out.append(f"- profiler trace of {t['name']}: {t.get('note', '')}")
     return out
