@@ -125,6 +125,9 @@ def steps(dry: bool) -> list[Step]:
         card("card-mpt-1b-h100-s8192", "lf-mpt-1b-h100-8gpu-s8192", 2 if dry else 3, 4, limit=110, least=40,
              always=True),
         Step("pytest-gpu", "pytest", ("-m", "gpu"), 100, 45, always=True),
+        # A measured hardware profile of the device (GEMMs at the 3B shapes, attention, memory
+        # bandwidth; one process: no collectives) for `predict --profile`, in place of the datasheet's.
+        Step("calibrate-profile", "profile", cal + ("--budget-s", "3" if dry else "8", "--comm-budget-s", "1"), 90, 40),
         card("card-mpt-3b-h100-s512", "lf-mpt-3b-h100-8gpu-s512", 4 if dry else 40, 6, limit=120, least=55),
         # While time is left: the comparisons. The bare loop finds the compiled run's graphs cached.
         bare(f"bare-{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb),
@@ -261,6 +264,10 @@ class Check:
             result = self.work / "calibrate.json"
             cmd = self.echobench("calibrate", *step.args, "--json")
             extra["file"] = result
+        elif step.kind == "profile":
+            result = self.work / "profile.yaml"
+            cmd = self.echobench("calibrate", "--comm", "--nproc", "1", *step.args, "--out", str(result))
+            extra["file"] = result
         elif step.kind == "probe":
             result = self.work / "kernel-probe.json"
             cmd = [self.python, "tools/kernel_probe.py", *step.args, "--json", str(result)]
@@ -319,7 +326,7 @@ def pack_logs(work: Path, dest: Path) -> None:
     """The logs, the environment and every run's records into one archive, replaced atomically."""
     tmp = dest.with_suffix(".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
-        for name in ("logs", "env.txt", "report-table.md", "calibrate.json", "kernel-probe.json", "bare"):
+        for name in ("logs", "env.txt", "report-table.md", "calibrate.json", "kernel-probe.json", "profile.yaml", "bare"):
             if (work / name).exists():
                 tar.add(work / name, arcname=name)
         for run in sorted((work / "runs").glob("*")):

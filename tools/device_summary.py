@@ -24,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's echobench
 
 TRACE_LIMIT = 15 * 2**20  # a device call returns files of 16 MiB at most
@@ -97,9 +99,10 @@ def add_line(records: Path, kind: str, name: str, command: str = "", rc: int | N
                 pass  # not profiled, or its breakdown failed (the record says why)
     elif file is not None:
         try:
-            line["result"] = json.loads(Path(file).read_text())
+            text = Path(file).read_text()
+            line["result"] = yaml.safe_load(text) if Path(file).suffix == ".yaml" else json.loads(text)
             line["status"] = "ok" if rc == 0 else "failed"
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:
             line.update(status="no-result", error=f"{file}: {exc}")
     elif kind == "pytest":  # pytest's exit status; 124: the limit stopped it
         line["counts"] = counts = pytest_counts(log)
@@ -202,6 +205,14 @@ def comparisons(lines: list[dict]) -> list[str]:
                    f"{cal['tflops']:.4g} TFLOP/s (min {cal['tflops_min']:.4g}, max {cal['tflops_max']:.4g})"
                    + (f", {cal['tflops'] / sheet:.1%} of the {sheet:g} datasheet peak" if sheet else ""))
 
+    prof = next((ln["result"] for ln in lines if ln["kind"] == "profile" and ln.get("result")), None)
+    if prof:
+        best = max(prof.get("gemm") or [{}], key=lambda g: g.get("tflops", 0))
+        att = max(prof.get("attention") or [{}], key=lambda a: a.get("tflops", 0))
+        mem = max(prof.get("memory") or [{}], key=lambda m: m.get("gbps", 0))
+        out.append(f"- measured profile ({len(prof.get('gemm') or [])} GEMM shapes): best GEMM {best.get('tflops', 0):.4g} "
+                   f"TFLOP/s ({best.get('name')}), best attention {att.get('tflops', 0):.4g} TFLOP/s ({att.get('name')}), "
+                   f"memory {mem.get('gbps', 0):.4g} GB/s ({mem.get('op')}); profile.yaml in logs.tar.gz")
     out += window_lines(runs)
     probe = next((ln["result"] for ln in lines if ln["kind"] == "probe" and ln.get("result")), None)
     if probe:
