@@ -208,3 +208,15 @@ def test_the_estimate_is_held_against_the_allocated_peak():
             "memory_estimate_gib": {"total": 27.0, "tensors": 22.0, "overhead": 5.0}}
     row = device_summary.steps_table([line])[2].split(" | ")
     assert row[-4:] == ["30.0", "20.0", "22.0", "1.10 |"]
+
+
+def test_the_given_commit_wins_over_a_stale_copy_of_git(monkeypatch):
+    """The lent GPU's copy of .git answered an older HEAD than the tree it ran: the commit passed in
+    ECHOBENCH_GIT_COMMIT is the record's."""
+    from echobench.hardware import device as hardware
+
+    monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "904afcc\n", ""))
+    monkeypatch.delenv("ECHOBENCH_GIT_COMMIT", raising=False)
+    assert hardware.git_commit() == "904afcc"
+    monkeypatch.setenv("ECHOBENCH_GIT_COMMIT", "19a0fcc")
+    assert hardware.git_commit() == "19a0fcc"

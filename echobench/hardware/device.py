@@ -327,7 +327,10 @@ def _version(dist_name: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """This checkout's commit; where .git did not travel (a copied tree), ECHOBENCH_GIT_COMMIT."""
+    """This checkout's commit: ECHOBENCH_GIT_COMMIT when set (a copied tree's .git can be stale: the
+    lent GPU's copy answered an older HEAD than the tree it ran), else git's HEAD."""
+    if os.environ.get("ECHOBENCH_GIT_COMMIT"):
+        return os.environ["ECHOBENCH_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                              text=True, timeout=5)
@@ -335,7 +338,7 @@ def git_commit() -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("ECHOBENCH_GIT_COMMIT") or None
+    return None
 
 
 def now_iso() -> str:
