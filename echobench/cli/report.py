@@ -128,12 +128,19 @@ def compare(
 @app.command()
 def explain(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="One run's directory (result.json, and breakdown.json "
-                                   "from a --trace run)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall as JSON."),
+                                   "from a --trace run); or a sweep directory with card runs: each reference beside "
+                                   "Echo's MFU on the same device."),
+    as_json: bool = typer.Option(False, "--json", help="Print the breakdown and the waterfall (a sweep: the "
+                                 "references) as JSON."),
 ):
-    """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall."""
+    """Where one step's time went (from the run's profiler breakdown) and the MFU waterfall. Given a
+    sweep directory that holds card runs (echobench reproduce, a matrix with `card`) beside Echo runs:
+    one sentence per reference, how it stands against its published MFU next to Echo's MFU on the
+    same device, and so whether an Echo gap is the model's or the cluster's."""
     from echobench.train.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
 
+    if run_dir.is_dir() and not (run_dir / "result.json").is_file() and explain_references(run_dir, as_json):
+        return
     try:
         record, bd = read_profiled_run(run_dir)
     except ValueError as exc:
@@ -149,3 +156,29 @@ def explain(
         return
     for part in explain_report(record, bd, steps):
         console.print(part)
+
+
+def explain_references(sweep_dir: Path, as_json: bool) -> bool:
+    """`explain SWEEP`: each card run's sentence beside the best Echo run on its device
+    (predict.reference: ReferenceRow.beside); False when the directory holds no card run."""
+    from echobench.predict.reference import best_echo, reference_row  # lazy: start-up time of `echobench --help`
+    from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
+
+    records, problems = load_records([sweep_dir])
+    cards = sorted((r for r in records if r.card), key=lambda r: (r.card.get("label") or r.scale, r.run_id))
+    if not cards:
+        return False
+    for problem in problems:
+        err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+    lines = []
+    for record in cards:
+        ref, echo = reference_row(record), best_echo(records, record.env.device_name)
+        lines.append({"reference": ref.run_id, "label": ref.label, "device": record.env.device_name, "mfu": ref.mfu,
+                      "published_mfu": ref.pub("mfu"), "ratio": ref.ratio, "stands": ref.stands,
+                      "echo": echo.run_id if echo else None, "echo_mfu": echo.mfu if echo else None,
+                      "sentence": ref.beside(echo)})
+    if as_json:
+        print(json.dumps(lines, indent=2))
+    for line in [] if as_json else lines:
+        console.print(esc(line["sentence"]), highlight=False, soft_wrap=True)
+    return True

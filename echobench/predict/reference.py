@@ -92,21 +92,65 @@ class ReferenceRow:
         the run's spread."""
         if self.status != "ok":
             return f"{self.label}: not measured (status {self.status})"
+        if self.ratio is None:
+            return (f"{self.label}: measured {self.tokens_per_s_per_gpu:.4g} tokens/s per GPU; no published figure to "
+                    "hold it against")
+        return f"{self.label}: the reference {self.reaches()}"
+
+    def reaches(self) -> str:
+        """"reaches X of its published Y (Z% of it), beyond / within the run's spread (...)": its MFU where
+        both have one, else its tokens/s per GPU (a run with a figure to hold against: ratio)."""
         scaled = (f"; on {self.gpus} of its published {self.published_gpus} GPUs"
                   if self.published_gpus and self.published_gpus != self.gpus else "")
         spread = f"at its {self.steps} steps' p90 .. p10 step time"
         if self.mfu is not None and self.pub("mfu") is not None:
             lo, hi = self.mfu_spread or (self.mfu, self.mfu)
-            return (f"{self.label}: the reference reaches {pct(self.mfu)} MFU of its published {pct(self.pub('mfu'))} "
-                    f"({self.mfu / self.pub('mfu'):.0%} of it), {self.verdict} the run's spread ({pct(lo)}-{pct(hi)} "
-                    f"{spread}){scaled}")
-        if self.tokens_diff is not None:
-            lo, hi = self.tokens_spread or (self.tokens_per_s_per_gpu,) * 2
-            return (f"{self.label}: the reference reaches {self.tokens_per_s_per_gpu:.4g} tokens/s per GPU of its "
-                    f"published {self.pub('tokens_per_s_per_gpu'):.4g} ({self.tokens_diff + 1:.0%} of it), "
-                    f"{self.verdict} the run's spread ({lo:.4g}-{hi:.4g} {spread}){scaled}")
-        return (f"{self.label}: measured {self.tokens_per_s_per_gpu:.4g} tokens/s per GPU; no published figure to hold "
-                "it against")
+            return (f"reaches {pct(self.mfu)} MFU of its published {pct(self.pub('mfu'))} ({self.ratio:.0%} of it), "
+                    f"{self.verdict} the run's spread ({pct(lo)}-{pct(hi)} {spread}){scaled}")
+        lo, hi = self.tokens_spread or (self.tokens_per_s_per_gpu,) * 2
+        return (f"reaches {self.tokens_per_s_per_gpu:.4g} tokens/s per GPU of its published "
+                f"{self.pub('tokens_per_s_per_gpu'):.4g} ({self.ratio:.0%} of it), {self.verdict} the run's spread "
+                f"({lo:.4g}-{hi:.4g} {spread}){scaled}")
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / published: its MFU where both have one, else its tokens/s per GPU; None without."""
+        if self.mfu is not None and self.pub("mfu"):
+            return self.mfu / self.pub("mfu")
+        return None if self.tokens_diff is None else self.tokens_diff + 1
+
+    @property
+    def stands(self) -> bool | None:
+        """Whether the reference stands where it was published (the cluster and the stack are fine):
+        within its spread, or at NEAR of its published figure or more; None where nothing compares."""
+        if self.status != "ok" or self.ratio is None:
+            return None
+        return self.verdict == "within" or self.ratio >= NEAR
+
+    def beside(self, echo) -> str:
+        """One sentence: Echo's MFU on the same device (`echo`: a Record, the best_echo of its records;
+        None: none there) next to how the reference stands against its published figure, and what
+        that says of an Echo gap."""
+        head = (f"Echo {echo.scale} reaches {pct(echo.mfu)} MFU here ({echo.framework} {echo.parallelism}, "
+                f"{echo.nodes} x {echo.gpus_per_node}: the best Echo run on {echo.env.device_name})"
+                if echo is not None else "no Echo run on its device beside it")
+        if self.status != "ok" or self.ratio is None:
+            return f"{head}; the reference {self.sentence()}"
+        verdict = ("the cluster and the stack are fine, the gap is the model's" if self.stands and echo is not None
+                   else "the cluster and the stack are fine" if self.stands else "look at the cluster first")
+        return f"{head}; the reference {self.label} {self.reaches()}: {verdict}"
+
+
+# A reference at 90% of its published figure or more stands where it was published even outside its
+# own spread: a re-run on other software versions (and, scaled down, over fewer ranks) moves a few percent.
+NEAR = 0.9
+
+
+def best_echo(records: list, device: str | None):
+    """The Echo run (no card) on `device` with the highest MFU, among the ok ones; None without one."""
+    echo = [r for r in records if not r.card and r.status == "ok" and r.mfu is not None
+            and r.env.device_name == device]
+    return max(echo, key=lambda r: (r.mfu, r.run_id), default=None)
 
 
 def reference_row(record, published: dict | None = None, predicted_step_s: float | None = None,

@@ -2,7 +2,8 @@
 published row, or a model card file, trained through the same harness) beside the Echo runs, each
 held against its published row and its prediction (echobench.predict.reference): measured MFU
 under the row's convention with the run's spread, published, predicted, the difference, and one
-sentence ("the reference reaches 0.44 of its published 0.46 ..."). The published figures are the
+sentence ("the reference reaches 0.44 of its published 0.46 ..."; where the records hold Echo runs too, next
+to Echo's best MFU on the same device: ReferenceRow.beside). The published figures are the
 record's own (its card section keeps them), else those of `report --reference ROWS.yaml`."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from echobench.predict.card import Layout
-from echobench.predict.reference import pct, reference_row
+from echobench.predict.reference import best_echo, pct, reference_row
 from echobench.predict.validate import layout_text
 from echobench.report.data import ReportInput
 
@@ -48,6 +49,7 @@ def reference_section(data: ReportInput, reference: pd.DataFrame | None = None) 
     if reference is not None and "ref_published" in reference.columns:
         given = {r.scale: r.ref_published for r in reference.itertuples() if isinstance(r.ref_published, dict)}
     rows = []
+    beside = any(not r.card for r in data.records)  # Echo runs too: each reference next to Echo's MFU on its device
     for record in sorted(cards, key=lambda r: (r.card.get("label") or r.scale, r.run_id)):
         ref = reference_row(record, given.get(record.scale), _value(frame, record.run_id, "predicted_step_time_s"),
                             _value(frame, record.run_id, "predicted_row_mfu"))
@@ -62,5 +64,6 @@ def reference_section(data: ReportInput, reference: pd.DataFrame | None = None) 
                      "published": pct(ref.pub("mfu")), "predicted": pct(ref.predicted_mfu), "diff": diff,
                      "tokens": tokens + " / " + (f"{published_tokens:.4g}" if published_tokens is not None else "-"),
                      "convention": ref.convention or "echobench's (a card file: no published row)",
-                     "sentence": ref.sentence()})
+                     "sentence": ref.beside(best_echo(data.records, record.env.device_name)) if beside
+                     else ref.sentence()})
     return {"caption": CAPTION, "rows": rows}

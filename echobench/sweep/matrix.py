@@ -367,8 +367,19 @@ def check_matrix_value(key: str, value):
     return check_value(key, value)
 
 
+def card_beside(matrix_path: Path, card: str | None) -> str | None:
+    """A matrix's `card` (FILE or FILE#ROW) with a relative FILE taken from the matrix file's folder, as
+    a tune file's card is, and made absolute: the runs start wherever the sweep was started (a SLURM
+    job in sbatch's folder), so a path relative to that would name another file, or none."""
+    if not card:
+        return card
+    file, hash_, row = card.partition("#")
+    return card if Path(file).is_absolute() else str((matrix_path.parent / file).resolve()) + hash_ + row
+
+
 def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool) -> dict:
-    """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is."""
+    """Each run key's value checked against its RunConfig field (type, choices, bound) as a flag is;
+    a card's file taken from the matrix's folder (card_beside)."""
     out = {}
     for key, value in mapping.items():
         try:
@@ -378,6 +389,9 @@ def _check_run_mapping(path: Path, where: str, mapping: dict, allow_lists: bool)
                 out[key] = check_matrix_value(key, value)
         except ValueError as exc:
             raise MatrixError(f"{path}: {where}.{key}: {exc}") from None
+        if key == "card":
+            out[key] = [card_beside(path, v) for v in out[key]] if isinstance(out[key], list) else \
+                card_beside(path, out[key])
     if all(k in mapping for k in BATCH_KEYS):
         raise MatrixError(f"{path}: {where}: global_batch and global_batch_per_node both given: give one "
                           f"(global_batch_per_node x nodes is the global batch)")
@@ -635,7 +649,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         except (TypeError, ValueError) as exc:
             plan.skipped.append(SkippedRun(settings, str(exc)))
             continue
-        if problem := backends.layout_problem(cfg, executor):
+        if problem := backends.layout_problem(cfg, executor) or _card_run_problem(cfg):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
         if any(k in settings for k in BATCH_KEYS):
@@ -662,6 +676,21 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         run.memory = estimate_memory(run.cfg)
         run.fits = None if capacity is None else run.memory.total_gib <= capacity
     return plan
+
+
+def _card_run_problem(cfg: RunConfig) -> str | None:
+    """Why a card run cannot run (its card not there or not valid, a layout the card refuses), found
+    before any job is submitted, as `echobench run --card` finds it before its launch; None for Echo."""
+    if cfg.card is None:
+        return None
+    from echobench.backends.checks import card_problem  # lazy: start-up time of `echobench --help`
+    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.errors import PredictError  # lazy: start-up time of `echobench --help`
+
+    try:
+        return card_problem(cfg, run_card(cfg.card))
+    except PredictError as exc:
+        return str(exc)
 
 
 def _hold_global_batch(matrix: Matrix, settings: dict, cfg: RunConfig) -> RunConfig:
