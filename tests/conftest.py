@@ -259,3 +259,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(name))
     first = {item.module.__name__ for item in items if "slurm" in item.keywords and getattr(item, "module", None)}
     items.sort(key=lambda item: 0 if getattr(getattr(item, "module", None), "__name__", None) in first else 1)
+
+
+def pytest_runtest_logreport(report):
+    """ECHOBENCH_LIVE_FAILURES=1 (the device check's test step): each failure's traceback printed as it
+    happens, so that a step stopped at its limit still shows why a test failed (pytest prints them at
+    the end; on the lent GPU, 2026-12-04, the limit came first and a failure's cause was lost)."""
+    if report.failed and os.environ.get("ECHOBENCH_LIVE_FAILURES"):
+        print(f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext[-4000:]}",
+              flush=True)

@@ -277,7 +277,9 @@ class Check:
         elif step.kind == "pytest":
             # One stuck test must not take the others' time (pytest-timeout is on the image).
             per_test = ("--timeout", f"{limit / 2:.0f}") if importlib.util.find_spec("pytest_timeout") else ()
-            cmd = [self.python, "-m", "pytest", *step.args, *per_test, "-q", "-p", "no:cacheprovider", "tests"]
+            # -v names each test as it ends; ECHOBENCH_LIVE_FAILURES prints a failure's cause at once.
+            os.environ["ECHOBENCH_LIVE_FAILURES"] = "1"
+            cmd = [self.python, "-m", "pytest", *step.args, *per_test, "-v", "-p", "no:cacheprovider", "tests"]
         else:
             raise ValueError(step.kind)
         self.say(f"== {step.name} (limit {limit:.0f} s)")
