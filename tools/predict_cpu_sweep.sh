@@ -5,6 +5,7 @@
 # 160 frames; 12 steps), then every run predicted on that profile and held against its record.
 #
 #   bash tools/predict_cpu_sweep.sh [OUT]        # default runs/predict-cpu-sweep; a few minutes on 2 cores
+#   MATRIX=matrices/predict-cpu-cards.yaml bash tools/predict_cpu_sweep.sh OUT   # the same for card runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/predict-cpu-sweep}
@@ -19,7 +20,7 @@ say() { echo "predict-cpu-sweep: $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /pr
 say "calibrate --comm"
 $PY -m echobench calibrate --comm --out "$OUT/profile.yaml" > "$OUT/calibrate.log"
 say "sweep"
-$PY -m echobench sweep matrices/predict-cpu-tiny.yaml --out "$OUT/runs" > "$OUT/sweep.log" 2>&1
+$PY -m echobench sweep "${MATRIX:-matrices/predict-cpu-tiny.yaml}" --out "$OUT/runs" > "$OUT/sweep.log" 2>&1
 say "predicting"
 $PY -m echobench predict --against "$OUT/runs" --profile "$OUT/profile.yaml" > "$OUT/against.txt"
 $PY -m echobench predict --against "$OUT/runs" --profile "$OUT/profile.yaml" --json > "$OUT/against.json"
