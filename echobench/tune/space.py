@@ -130,7 +130,7 @@ def load_tune_file(path: Path) -> TuneFile:
     if spec.global_batch is not None and "grad_accum" in spec.search:
         raise TuneError(f"{path}: search.grad_accum with global_batch: the global batch sets it (global_batch / "
                         "(micro_batch x data-parallel ranks)): drop one")
-    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
+    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # a card's: ranked only there
         raise TuneError(f"{path}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
                         "executor: slurm")
     return spec
