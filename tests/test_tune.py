@@ -304,7 +304,7 @@ def test_a_card_tune_ranks_the_published_layout_of_its_run_near_the_top():
     assert [p.key for p in problems] == ["card-1b@1x8", "card-1b@2x8"]
     one = problems[0]
     assert one.profile.name == "h100-hgx-ib"  # the card file's
-    top = [c.run_id for c in one.ranked[:3]]
+    top = [c.name for c in one.ranked[:3]]
     assert "fsdp-full_shard-n1x8-mb14-ga1-acnone" in top, top
     assert all(c.layout.global_batch == 112 for c in one.ranked)
     entry = card_entry(problems[1])

@@ -4,6 +4,7 @@ model and proven by measurement (echobench.tune)."""
 from __future__ import annotations
 
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +39,7 @@ def tune(
     recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
     from echobench import predict as pr  # lazy: start-up time of `echobench --help`
     from echobench.records.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
-    from echobench.tune.cards import card_entry, card_problems, card_table  # lazy: as predict
+    from echobench.tune.cards import card_problems, card_table  # lazy: as predict
     from echobench.tune.loop import run_tune, sweep_measure  # lazy: as predict (torch, the sweep)
     from echobench.tune.output import prior_charges, ranking_table, write_outputs  # lazy: as predict
     from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning  # lazy: as predict
@@ -56,7 +57,7 @@ def tune(
     if budget is not None and budget <= 0:
         fail(f"--budget-gpu-hours {budget:g}: must be > 0")
     spec = spec.model_copy(update=updates)
-    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
+    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # a card's: ranked only there
         fail(f"{tune_file}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
              "--executor slurm")
     if warning := sharing_warning(spec):
@@ -92,19 +93,26 @@ def tune(
     else:
         measure, info = sweep_measure(spec, tune_dir, console, executor=spec.executor, preflight=preflight)
     try:
-        result = run_tune(spec, problems, prof or cards[0].profile, measure, tune_dir, info,
+        result = run_tune(spec, [*problems, *cards], prof or cards[0].profile, measure, tune_dir, info,
                           (lambda s: None) if dry_run else lambda s: log(console, esc(s)), spec.executor,
                           prior_charges(tune_dir))
     except TuneError as exc:
         fail(str(exc), 1)
     if dry_run:
         result.rounds.clear()
-        result.stops = {p.key: "--dry-run: nothing measured" for p in problems}
-    doc = write_outputs(spec, tune_file, result, tune_dir, [card_entry(p) for p in cards])
+        result.stops = {p.key: "--dry-run: nothing measured" for p in [*problems, *cards]}
+    doc = write_outputs(spec, tune_file, result, tune_dir)
     for p in problems:
         console.print(ranking_table(p, result))
     for p in cards:
-        console.print(card_table(p))
+        console.print(card_table(p, result.measured))
+    for p in doc["cards"]:
+        if reasons := Counter(c["unmeasured"] for c in p["candidates"] if c["unmeasured"]):
+            console.print(f"{esc(p['key'])}: ranked only, not measured: " + "; ".join(
+                f"{n} x {esc(r)}" for r, n in reasons.most_common()), highlight=False, soft_wrap=True)
+        if p["winner"]:
+            console.print(f"{esc(p['key'])}: measured winner [bold]{esc(p['winner'])}[/] ({esc(p['stop'])})",
+                          highlight=False, soft_wrap=True)
     for p in doc["problems"]:
         if p["winner"]:
             console.print(f"{esc(p['key'])}: measured winner [bold]{esc(p['winner'])}[/] "

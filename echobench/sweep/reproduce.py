@@ -31,7 +31,7 @@ import yaml
 
 from echobench import backends
 from echobench.backends.checks import card_problem
-from echobench.predict.card import Layout, model_card, run_layout
+from echobench.predict.card import Layout, ModelCard, model_card, run_layout
 from echobench.predict.card_run import run_card
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import layout_text, load_rows
@@ -95,9 +95,9 @@ def select_rows(path: Path | str, ids: list[str]) -> list[dict]:
     return out
 
 
-def _refusal(row: dict, layout: Layout) -> str | None:
-    """What of the row's layout echobench has no setting for (None: it can run it)."""
-    card = model_card(row["model"])
+def refusal(card: ModelCard, layout: Layout) -> str | None:
+    """What of a card's layout (a row's, or a tune's candidate) echobench has no setting for (None: it
+    can run it)."""
     if layout.pp > 1:
         return f"pipeline parallelism (pp {layout.pp}): echobench has no pipeline layout"
     if layout.cp > 1:
@@ -136,7 +136,7 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
     """The row as a run (the module docstring): settings, changes, notes, or why not."""
     layout = run_layout(row["run"], row["hardware"])
     plan = RowPlan(row["id"], row, layout_text(layout))
-    if why := _refusal(row, layout):
+    if why := refusal(model_card(row["model"]), layout):
         plan.refused = why
         return plan
     per_node = per_node or layout.gpus_per_node
@@ -160,17 +160,7 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
         plan.refused = "hybrid_shard on 1 node: HSDP replicates across nodes: give --scale-down 2 or more"
         return plan
     compiled = bool(layout.compile)
-    settings = {"card": f"{rows_path.resolve()}#{row['id']}", "framework": fw, "parallelism": parallelism,
-                "nodes": nodes, "gpus_per_node": gpn, "micro_batch": layout.micro_batch, "grad_accum": accum,
-                "precision": layout.precision, "ac": AC[layout.ac], "compile": compiled}
-    if layout.layout == "fsdp" and layout.sharding == "shard_grad_op":
-        settings["reshard_after_forward"] = False
-    if layout.grad_reduce_dtype is not None:
-        settings["grad_reduce_dtype"] = layout.grad_reduce_dtype
-    if layout.distributed_optimizer:
-        settings["distributed_optimizer"] = True
-    if layout.precision == "fp8" and layout.fp8_recipe in RECIPES:
-        settings["float8_recipe"] = layout.fp8_recipe
+    settings = card_settings(layout, f"{rows_path.resolve()}#{row['id']}", nodes, gpn)
     if note := AC_NOTES.get((layout.ac, compiled)):
         plan.notes.append(note)
     if layout.framework not in ("torchtitan", "") and fw == "torchtitan":
@@ -195,16 +185,39 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
                               f"{per_node}: its GPU count and batch as published")
     if parallelism == "hsdp" and gpn != layout.gpus_per_node:
         plan.changes.append(f"HSDP shard groups of {gpn} GPUs (published {layout.gpus_per_node})")
-    try:
-        cfg = RunConfig.from_dict(settings)
-        problem = backends.layout_problem(cfg, executor) or card_problem(cfg, run_card(settings["card"]))
-    except (ValueError, PredictError) as exc:
-        problem = str(exc)
-    if problem:
+    if problem := settings_problem(settings, executor):
         plan.refused = problem + (" (or --scale-down 1)" if executor == "local" and nodes > 1 else "")
         return plan
     plan.settings = settings
     return plan
+
+
+def card_settings(layout: Layout, card: str, nodes: int, gpus_per_node: int) -> dict:
+    """The settings of a card run (`card`: FILE or FILE#ROW) of `layout` on nodes x gpus_per_node, mapped
+    as the module docstring says; its refusals (refusal) are the caller's to check first."""
+    fw, parallelism = echobench_layout(layout, nodes * gpus_per_node)
+    settings = {"card": card, "framework": fw, "parallelism": parallelism, "nodes": nodes,
+                "gpus_per_node": gpus_per_node, "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum,
+                "precision": layout.precision, "ac": AC[layout.ac], "compile": bool(layout.compile)}
+    if layout.layout == "fsdp" and layout.sharding == "shard_grad_op":
+        settings["reshard_after_forward"] = False
+    if layout.grad_reduce_dtype is not None:
+        settings["grad_reduce_dtype"] = layout.grad_reduce_dtype
+    if layout.distributed_optimizer:
+        settings["distributed_optimizer"] = True
+    if layout.precision == "fp8" and layout.fp8_recipe in RECIPES:
+        settings["float8_recipe"] = layout.fp8_recipe
+    return settings
+
+
+def settings_problem(settings: dict, executor: str) -> str | None:
+    """Why a card run of these settings cannot run on the executor (the backend's checks, then the
+    card's: `echobench run --card`'s), None where it can."""
+    try:
+        cfg = RunConfig.from_dict(settings)
+        return backends.layout_problem(cfg, executor) or card_problem(cfg, run_card(settings["card"]))
+    except (ValueError, PredictError) as exc:
+        return str(exc)
 
 
 def plan_rows(rows_path: Path | str, ids: list[str], per_node: int | None = None, scale_down: int | None = None,

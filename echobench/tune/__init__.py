@@ -7,7 +7,8 @@ model and proven by measurement (docs/guides/tune.md).
     loop.py    measuring the picks as one sweep, residuals, recalibration on a shared bias, the next
                picks and when to stop; the device-hours charged
     output.py  TUNE/tune.json, report.md and the winners' run config and one-run matrix; the console table
-    cards.py   a model card's layouts ranked (not measured: echobench trains Echo)
+    cards.py   a model card's layouts ranked, its picks as card runs the loop measures (what echobench
+               cannot run as a card run ranked only, with why)
 
 May import: sweep, predict, train, hardware, data, records, backends, model.
 """

@@ -1,7 +1,11 @@
 """`echobench tune` of a model card (a plain decoder, echobench.predict.card): its layouts searched,
 pruned by the card's memory estimate (predict.card_memory) and the rules a layout must meet, and
-ranked by predict_card's samples/s. Ranked only: echobench trains Echo, not the cards, so a card's
-candidates are not measured (the report says so).
+ranked by predict_card's samples/s. Where the tune measures, its picks are measured as card runs
+(`echobench run --card`'s, the settings `echobench reproduce` maps a layout to) in the tune's sweep,
+beside Echo's, and their residuals join the recalibration (echobench.tune.loop), priced by
+predict_card. A layout echobench cannot run as a card run (sequence parallelism for a card's TP,
+pipeline parallelism, TransformerEngine's fp8, more nodes than the executor has, ...) is ranked only,
+its reason said in the output.
 
 The space: DDP, FSDP (full_shard, shard_grad_op), HSDP on several nodes, Megatron TP of every width
 dividing the GPUs per node and the heads (sequence parallelism with TP > 1; the distributed optimizer
@@ -18,11 +22,14 @@ from pathlib import Path
 from rich.table import Table
 
 from echobench.hardware.profile import HardwareProfile
+from echobench.records.config import RunConfig, run_id
 from echobench.records.console import esc
 from echobench.predict import PredictError, load_profiles
 from echobench.predict.card import Layout, ModelCard, load_card_file
 from echobench.predict.card_memory import card_memory_gib
 from echobench.predict.card_model import CardPrediction, predict_card
+from echobench.sweep.reproduce import card_settings, refusal, settings_problem
+from echobench.tune.loop import Measured, kendall_tau, measured_winner
 from echobench.tune.space import MICRO_BATCHES, TuneError, TuneFile, capacity
 
 CARD_AXES = ("layout", "micro_batch", "ac")
@@ -34,6 +41,10 @@ class CardCandidate:
     memory_gib: float
     pruned: str | None = None
     prediction: CardPrediction | None = None
+    card: ModelCard | None = None
+    settings: dict | None = None  # the card run the tune would measure (None: ranked only)
+    cfg: RunConfig | None = None
+    unmeasured: str | None = None  # why it is ranked only (not measured as a card run)
 
     @property
     def family(self) -> str:
@@ -41,6 +52,18 @@ class CardCandidate:
 
     @property
     def run_id(self) -> str:
+        """The card run's id in the tune's sweep; the layout's name where it is ranked only."""
+        return run_id(self.cfg) if self.cfg is not None else self.name
+
+    def rate_on(self, profile: HardwareProfile) -> float:
+        """Predicted samples/s on `profile` (the loop's recalibration)."""
+        return self.layout.global_batch / predict_card(self.card, self.layout, profile).step_time_s
+
+    def priced(self, profile: HardwareProfile) -> CardPrediction:
+        return predict_card(self.card, self.layout, profile)
+
+    @property
+    def name(self) -> str:
         lay = self.layout
         name = {"fsdp": f"fsdp-{lay.sharding}", "megatron": f"megatron-tp{lay.tp}" + ("-dopt" if lay.distributed_optimizer
                                                                                        else "")}.get(lay.layout, lay.layout)
@@ -65,6 +88,7 @@ class CardProblem:
     capacity_gib: float | None
     profile: HardwareProfile
     candidates: list[CardCandidate] = field(default_factory=list)
+    card: ModelCard | None = None
 
     @property
     def key(self) -> str:
@@ -73,7 +97,12 @@ class CardProblem:
     @property
     def ranked(self) -> list[CardCandidate]:
         kept = [c for c in self.candidates if c.prediction is not None]
-        return sorted(kept, key=lambda c: (-c.samples_per_s, c.memory_gib, c.run_id))
+        return sorted(kept, key=lambda c: (-c.samples_per_s, c.memory_gib, c.name))
+
+    @property
+    def measurable(self) -> list[CardCandidate]:
+        """The ranked candidates the tune can measure as card runs, in rank order."""
+        return [c for c in self.ranked if c.cfg is not None]
 
     @property
     def pruned(self) -> list[CardCandidate]:
@@ -103,7 +132,7 @@ def card_problem(spec: TuneFile, name: str, card: ModelCard, base: Layout, nodes
     """The card's candidates on `nodes` nodes: pruned (rules, the held global batch, memory with the
     tune file's margin against the profile device's memory), the rest priced by predict_card."""
     gib, _ = capacity(spec, profile)
-    problem = CardProblem(name, nodes, spec.gpus_per_node, gib, profile)
+    problem = CardProblem(name, nodes, spec.gpus_per_node, gib, profile, card=card)
     batch = spec.global_batch or base.global_batch
     gpus = nodes * spec.gpus_per_node
     micro = spec.search.get("micro_batch", MICRO_BATCHES)
@@ -116,7 +145,7 @@ def card_problem(spec: TuneFile, name: str, card: ModelCard, base: Layout, nodes
         whole = batch == mb * dp * accum
         lay = replace(base, gpus=gpus, gpus_per_node=spec.gpus_per_node, micro_batch=mb, ac=ac, grad_accum=accum,
                       global_batch=batch if whole else mb * dp * accum, **fields)
-        c = CardCandidate(lay, 0.0)
+        c = CardCandidate(lay, 0.0, card=card)
         problem.candidates.append(c)
         if (why := _rule(card, lay)) is not None:
             c.pruned = why
@@ -163,7 +192,30 @@ def card_problems(spec: TuneFile, profile: HardwareProfile | None) -> list[CardP
         prof = profile or load_profiles([str(_beside(spec.card, named))])[0]
     except PredictError as exc:
         raise TuneError(str(exc)) from None
-    return [card_problem(spec, spec.card.stem, card, base, n, prof) for n in spec.nodes]
+    problems = [card_problem(spec, spec.card.stem, card, base, n, prof) for n in spec.nodes]
+    for problem in problems:
+        card_runs(spec, problem)
+    return problems
+
+
+def card_runs(spec: TuneFile, problem: CardProblem) -> None:
+    """Each ranked candidate's card run (its settings over the tune file's defaults, as
+    `echobench reproduce` maps a layout), or why it is ranked only: what echobench cannot run of the
+    layout (reproduce.refusal), the executor's and the card's checks (`echobench run --card`'s), or the
+    same run as a better-ranked candidate's (on one GPU, DDP and FSDP are both `single`)."""
+    card_file = str(spec.card.resolve())
+    seen: dict[str, str] = {}
+    for c in problem.ranked:
+        settings = card_settings(c.layout, card_file, problem.nodes, problem.gpus_per_node)
+        why = refusal(problem.card, c.layout) or settings_problem({**spec.defaults, **settings}, spec.executor)
+        if why is None:
+            cfg = RunConfig.from_dict({**spec.defaults, **settings})
+            if (same := seen.get(run_id(cfg))) is not None:
+                why = f"the same echobench run as {same}"
+            else:
+                seen[run_id(cfg)] = c.name
+                c.settings, c.cfg = settings, cfg
+        c.unmeasured = why
 
 
 def _beside(card_file: Path, named: str) -> Path | str:
@@ -172,28 +224,55 @@ def _beside(card_file: Path, named: str) -> Path | str:
     return path if path.is_file() else named
 
 
-def card_table(problem: CardProblem, rows: int = 10) -> Table:
-    t = Table(title=f"{esc(problem.key)} (model card, predicted, not measured on {esc(problem.profile.name)}): "
+def card_table(problem: CardProblem, measured: dict[str, Measured] | None = None, rows: int = 10) -> Table:
+    """The console's view of a card problem: the top of the ranking and every measured layout."""
+    measured = measured or {}
+    t = Table(title=f"{esc(problem.key)} (model card, predicted on {esc(problem.profile.name)}): "
               f"{len(problem.ranked)} ranked, {len(problem.pruned)} pruned", title_justify="left")
-    for col in ("rank", "layout", "memory GiB", "pred samples/s [interval]", "MFU"):
+    for col in ("rank", "layout", "memory GiB", "pred samples/s [interval]", "MFU", "measured", "resid"):
         t.add_column(col, justify="left" if col == "layout" else "right")
-    for i, c in enumerate(problem.ranked[:rows]):
+    for i, c in enumerate(problem.ranked):
+        m = measured.get(c.run_id)
+        if i >= rows and m is None:
+            continue
         low, high = c.interval
-        t.add_row(str(i + 1), esc(c.run_id), f"{c.memory_gib:.1f}", f"{c.samples_per_s:.4g} [{low:.4g}, {high:.4g}]",
-                  f"{c.prediction.mfu:.1%}")
+        got = "" if m is None else (f"{m.samples_per_s:.4g}" if m.ok else m.status)
+        t.add_row(str(i + 1), esc(c.name), f"{c.memory_gib:.1f}", f"{c.samples_per_s:.4g} [{low:.4g}, {high:.4g}]",
+                  f"{c.prediction.mfu:.1%}", got, f"{m.samples_per_s / c.samples_per_s - 1:+.1%}" if m and m.ok else "")
     return t
 
 
-def card_entry(problem: CardProblem) -> dict:
-    """A card problem in tune.json: every ranked layout (predicted only) and what was pruned."""
+def card_entry(problem: CardProblem, result=None) -> dict:
+    """A card problem in tune.json: every ranked layout, its prediction (on the final profile) and,
+    where the tune measured it (`result`: a loop.TuneResult), its card run's measured figures and
+    residual; why a layout is ranked only; what was pruned."""
     ranked = problem.ranked
-    return {"key": problem.key, "card": problem.name, "profile": problem.profile.name, "nodes": problem.nodes, "gpus_per_node": problem.gpus_per_node,
-            "capacity_gib": problem.capacity_gib, "measured": False,
-            "stop": "a model card is ranked, not measured (echobench trains Echo)",
-            "predicted_winner": ranked[0].run_id,
-            "candidates": [{"run_id": c.run_id, "family": c.family, "rank": i + 1, "memory_gib": c.memory_gib,
-                            "samples_per_s": c.samples_per_s, "samples_per_s_low": c.interval[0],
-                            "samples_per_s_high": c.interval[1], "tokens_per_s": c.samples_per_s * c.layout.seq,
-                            "step_time_s": c.prediction.step_time_s, "mfu": c.prediction.mfu,
-                            "grad_accum": c.layout.grad_accum} for i, c in enumerate(ranked)],
-            "pruned": [{"run_id": c.run_id, "reason": c.pruned} for c in problem.pruned]}
+    measured = result.measured if result is not None else {}
+    shipped = result.shipped_predictions if result is not None else {}
+    rounds = result.rounds if result is not None else []
+    winner = measured_winner(problem, measured)
+    ok = [c for c in problem.measurable if c.run_id in measured and measured[c.run_id].ok]
+    rates = [measured[c.run_id].samples_per_s for c in ok]
+
+    def entry(rank: int, c: CardCandidate) -> dict:
+        m = measured.get(c.run_id) if c.cfg is not None else None
+        return {"name": c.name, "run_id": c.run_id if c.cfg is not None else None, "family": c.family, "rank": rank,
+                "memory_gib": c.memory_gib, "samples_per_s": c.samples_per_s, "samples_per_s_low": c.interval[0],
+                "samples_per_s_high": c.interval[1], "tokens_per_s": c.samples_per_s * c.layout.seq,
+                "step_time_s": c.prediction.step_time_s, "mfu": c.prediction.mfu, "grad_accum": c.layout.grad_accum,
+                "settings": c.settings, "unmeasured": c.unmeasured, "shipped_samples_per_s": shipped.get(c.run_id),
+                "measured": None if m is None else {"status": m.status, "samples_per_s": m.samples_per_s,
+                                                     "step_time_s": m.step_time_s, "mfu": m.mfu,
+                                                     "peak_mem_gib": m.peak_mem_gib, "error": m.error},
+                "residual": m.samples_per_s / c.samples_per_s - 1 if m is not None and m.ok else None,
+                "round": next((r.number for r in rounds if c.run_id in r.run_ids), None) if m is not None else None}
+
+    return {"key": problem.key, "card": problem.name, "profile": problem.profile.name, "nodes": problem.nodes,
+            "gpus_per_node": problem.gpus_per_node, "capacity_gib": problem.capacity_gib, "measured": bool(ok),
+            "stop": result.stops.get(problem.key) if result is not None else None,
+            "winner": winner.name if winner else None, "predicted_winner": ranked[0].name,
+            "predicted_measurable_winner": problem.measurable[0].name if problem.measurable else None,
+            "kendall_tau": {"shipped": kendall_tau([shipped[c.run_id] for c in ok], rates) if shipped else None,
+                            "final": kendall_tau([c.samples_per_s for c in ok], rates), "runs": len(ok)},
+            "candidates": [entry(i + 1, c) for i, c in enumerate(ranked)],
+            "pruned": [{"name": c.name, "reason": c.pruned} for c in problem.pruned]}

@@ -1,5 +1,6 @@
-"""`echobench tune`'s loop: measure the picks of every scale and node count as one sweep (the
-existing executors, preflight included), hold the predictions against the measured records,
+"""`echobench tune`'s loop: measure the picks of every scale and node count (and of a model card's
+layouts, as card runs: echobench.tune.cards) as one sweep (the existing executors, preflight
+included), hold the predictions (predict's; a card's predict_card's) against the measured records,
 recalibrate the profile where the residuals share a bias, re-rank, and measure again until the
 measured winner is the predicted one, nothing predicted above it is left unmeasured, the rounds or
 the device-hour budget run out.
@@ -158,10 +159,10 @@ def residuals(problems: Sequence[Problem], measured: dict[str, Measured]) -> dic
     """Per measured candidate: measured / predicted samples/s - 1 on the current predictions."""
     out = {}
     for p in problems:
-        for c in p.ranked:
+        for c in p.measurable:
             m = measured.get(c.run_id)
             if m is not None and m.ok:
-                out[c.run_id] = m.samples_per_s / c.prediction.samples_per_s - 1
+                out[c.run_id] = m.samples_per_s / c.samples_per_s - 1
     return out
 
 
@@ -174,7 +175,7 @@ def consistent_bias(res: dict[str, float], threshold: float) -> bool:
 def misranked(problems: Sequence[Problem], measured: dict[str, Measured]) -> bool:
     """Whether, among what was measured, some problem's measured winner is not its predicted best."""
     for p in problems:
-        ok = [c for c in p.ranked if (m := measured.get(c.run_id)) is not None and m.ok]
+        ok = [c for c in p.measurable if (m := measured.get(c.run_id)) is not None and m.ok]
         if len(ok) >= 2 and measured_winner(p, measured) is not ok[0]:
             return True
     return False
@@ -202,18 +203,25 @@ def scaled(profile: HardwareProfile, compute: float, bandwidth: float, source: s
                        for link, ops in profile.link_kinds.items()}})
 
 
-def fit_profile(profile: HardwareProfile, cfgs: dict[str, RunConfig], measured: dict[str, Measured],
+def _rate(run, profile: HardwareProfile) -> float:
+    """Predicted samples/s of a measured run on `profile`: a RunConfig by predict, a tune candidate
+    by its own pricing (Echo's predict, a model card's predict_card)."""
+    return predict(run, profile).samples_per_s if isinstance(run, RunConfig) else run.rate_on(profile)
+
+
+def fit_profile(profile: HardwareProfile, cfgs: dict, measured: dict[str, Measured],
                 tune_dir: Path) -> tuple[HardwareProfile, str]:
-    """The profile recalibrated to the measured runs: a multiplier on its compute factor (in_step)
-    and one on its collectives' bus bandwidth, those that minimise the squared log error of the
-    predicted samples/s (Nelder-Mead over both logs; the bandwidth held at 1 where no measured run
+    """The profile recalibrated to the measured runs (`cfgs`: run id -> its RunConfig, or the tune
+    candidate, Echo's or a model card's): a multiplier on its compute factor (in_step) and one on
+    its collectives' bus bandwidth, those that minimise the squared log error of the predicted
+    samples/s (Nelder-Mead over both logs; the bandwidth held at 1 where no measured run
     communicates), saved FITTED beside the shipped profile as TUNE/profile-tuned.yaml."""
     runs = [(cfgs[rid], m.samples_per_s) for rid, m in measured.items() if m.ok and rid in cfgs]
     base = profile.in_step.factor if profile.in_step else 1.0
 
     def loss(log_m: float, log_k: float) -> float:
         prof = scaled(profile, math.exp(log_m), math.exp(log_k))
-        return sum(math.log(predict(cfg, prof).samples_per_s / sps) ** 2 for cfg, sps in runs)
+        return sum(math.log(_rate(run, prof) / sps) ** 2 for run, sps in runs)
 
     from scipy.optimize import minimize, minimize_scalar  # lazy: scipy's import time, for the fit alone
 
@@ -245,13 +253,13 @@ def rerank(problems: Sequence[Problem], profile: HardwareProfile) -> None:
     for p in problems:
         for c in p.candidates:
             if c.prediction is not None:
-                c.prediction = predict(c.cfg, profile)
+                c.prediction = c.priced(profile)
 
 
 # ---- the loop ----
 
 def measured_winner(problem: Problem, measured: dict[str, Measured]) -> Candidate | None:
-    ok = [c for c in problem.ranked if (m := measured.get(c.run_id)) is not None and m.ok]
+    ok = [c for c in problem.measurable if (m := measured.get(c.run_id)) is not None and m.ok]
     return max(ok, key=lambda c: measured[c.run_id].samples_per_s, default=None)
 
 
@@ -259,7 +267,7 @@ def next_picks(problem: Problem, measured: dict[str, Measured], top_k: int) -> l
     """After a round: the unmeasured candidates the current ranking puts above the measured winner
     (all of them unmeasured where nothing ran ok), ties with a measured one left out, at most K."""
     winner = measured_winner(problem, measured)
-    ranked = problem.ranked
+    ranked = problem.measurable
     above = ranked[:ranked.index(winner)] if winner is not None else ranked
     out: list[Candidate] = []
     done = [c for c in ranked if c.run_id in measured]
@@ -275,18 +283,23 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
              tune_dir: Path, info: dict | None = None, log: Callable[[str], None] = lambda s: None,
              executor: str | None = None, prior_charges: dict[str, float] | None = None) -> TuneResult:
     """Measure, hold, recalibrate, re-rank (the module's docstring) until every problem stops.
-    `prior_charges`: the device-hours an earlier tune in this directory charged its runs."""
+    `problems`: Echo's (space.Problem) and a model card's (cards.CardProblem: its measurable layouts
+    picked, measured and held alike). `prior_charges`: the device-hours an earlier tune in this
+    directory charged its runs."""
     prior = prior_charges or {}
     result = TuneResult(problems, profile, profile, {})
-    result.shipped_predictions = {c.run_id: c.prediction.samples_per_s for p in problems for c in p.ranked}
-    cfgs = {c.run_id: c.cfg for p in problems for c in p.ranked}
+    result.shipped_predictions = {c.run_id: c.samples_per_s for p in problems for c in p.ranked}
+    cfgs = {c.run_id: c for p in problems for c in p.measurable}
     slurm = (executor or spec.executor) == "slurm"
     for number in range(1, spec.max_rounds + 1):
         todo: list[Candidate] = []
         for p in problems:
             if p.key in result.stops:
                 continue
-            chosen = picks(p.ranked, spec.top_k) if number == 1 else next_picks(p, result.measured, spec.top_k)
+            if not p.measurable:
+                result.stops[p.key] = "none of its ranked layouts can be measured (each one's reason in the output)"
+                continue
+            chosen = picks(p.measurable, spec.top_k) if number == 1 else next_picks(p, result.measured, spec.top_k)
             chosen = [c for c in chosen if c.run_id not in result.measured]
             if not chosen:
                 result.stops[p.key] = "every candidate predicted above the measured winner is measured"
@@ -332,7 +345,7 @@ def run_tune(spec: TuneFile, problems: list[Problem], profile: HardwareProfile, 
             log(result.fit_note)
         for p in problems:
             winner = measured_winner(p, result.measured)
-            if p.key not in result.stops and winner is not None and p.ranked[0].run_id == winner.run_id:
+            if p.key not in result.stops and winner is not None and p.measurable[0].run_id == winner.run_id:
                 result.stops[p.key] = "the measured winner is the predicted winner"
     for p in problems:
         result.stops.setdefault(p.key, f"{spec.max_rounds} rounds measured (max_rounds)")

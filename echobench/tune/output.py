@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -17,6 +16,7 @@ from echobench.records.console import esc
 from echobench.sweep.state import now_iso
 from echobench.records.results import slower_p_value
 from echobench.records.paths import TUNE_FILE
+from echobench.tune.cards import CardProblem, card_entry
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
 from echobench.tune.space import Candidate, Problem, TuneFile
 
@@ -132,18 +132,17 @@ def prior_charges(tune_dir: Path) -> dict[str, float]:
     return {k: float(v) for k, v in charges.items() if isinstance(v, (int, float))} if isinstance(charges, dict) else {}
 
 
-def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir: Path,
-                  cards: Sequence[dict] = ()) -> dict:
-    """tune.json, the winners' files and report.md; returns tune.json's content. `cards`: the model
-    card problems, ranked only (echobench.tune.cards.card_entry)."""
+def write_outputs(spec: TuneFile, tune_file: Path, result: TuneResult, tune_dir: Path) -> dict:
+    """tune.json, the winners' files and report.md; returns tune.json's content. A model card's
+    problems (echobench.tune.cards) are under `cards` (cards.card_entry)."""
     doc = {"schema": SCHEMA, "name": spec.name, "tune_file": str(tune_file), "date": now_iso(),
            "executor": spec.executor, "top_k": spec.top_k, "budget_gpu_hours": spec.budget_gpu_hours,
            "device_hours": result.device_hours, "interrupted": result.interrupted,
            "profile": {"shipped": result.shipped.name, "final": result.profile.name, "fit_note": result.fit_note,
                        "fitted_file": str(tune_dir / "profile-tuned.yaml") if result.fit_note else None},
            "rounds": [vars(r) for r in result.rounds], "charges": result.charges,
-           "problems": [problem_entry(spec, p, result, tune_dir) for p in result.problems],
-           "cards": list(cards)}
+           "problems": [problem_entry(spec, p, result, tune_dir) for p in result.problems if isinstance(p, Problem)],
+           "cards": [card_entry(p, result) for p in result.problems if isinstance(p, CardProblem)]}
     write_json_atomic(tune_dir / TUNE_FILE, doc)
     (tune_dir / "report.md").write_text(report_markdown(doc))
     return doc
@@ -213,17 +212,38 @@ def report_markdown(doc: dict) -> str:
         for reason, n in Counter(x["reason"] for x in p["pruned"]).most_common():
             lines.append(f"- {n} x {reason}")
         lines.append("")
-    for p in doc["cards"]:
-        lines += [f"## Model card {p['card']} on {p['nodes']} node(s) x {p['gpus_per_node']} (predicted, not measured)", "",
-                  f"Ranked on {p['profile']}, not measured (echobench trains Echo, not model cards). Predicted "
-                  f"winner: {p['predicted_winner']}. {len(p['candidates'])} layouts ranked, "
-                  f"{len(p['pruned'])} pruned (device memory {_num(p['capacity_gib'], '.1f')} GiB).", "",
-                  "| rank | layout | family | grad_accum | memory GiB | predicted samples/s | tokens/s | MFU |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for c in p["candidates"][:15]:
-            lines.append(f"| {c['rank']} | {c['run_id']} | {c['family']} | {c['grad_accum']} | {c['memory_gib']:.1f} | "
-                         f"{c['samples_per_s']:.4g} | {c['tokens_per_s']:.4g} | {c['mfu']:.1%} |")
+    for p in doc["cards"]:  # a model card: its measurable picks measured as card runs
+        win = next((c for c in p["candidates"] if c["name"] == p["winner"]), None)
+        tau = p["kendall_tau"]
+        lines += [f"## Model card {p['card']} on {p['nodes']} node(s) x {p['gpus_per_node']}", "",
+                  (f"**Measured winner:** {win['name']} (run {win['run_id']}): {win['measured']['samples_per_s']:.4g} "
+                   f"samples/s measured (step {win['measured']['step_time_s']:.4g} s), {win['samples_per_s']:.4g} "
+                   f"predicted (step {win['step_time_s']:.4g} s; rank {win['rank']})." if win else
+                   "**No measured winner**: " + ("no picked layout ran ok." if any(c["measured"] for c in p["candidates"])
+                                                   else "nothing measured.")), "",
+                  f"Ranked on {p['profile']} (predict_card). Predicted winner: {p['predicted_winner']}"
+                  + ("" if p["predicted_measurable_winner"] == p["predicted_winner"] else
+                     f" (ranked only; the best measurable: {p['predicted_measurable_winner']})"
+                     if p["predicted_measurable_winner"] else " (ranked only, as every layout here)")
+                  + f". Stopped: {p['stop']}. Kendall's tau of predicted vs measured samples/s over {tau['runs']} "
+                  f"measured runs: {_num(tau['shipped'], '.2f')} on the shipped profile, {_num(tau['final'], '.2f')} "
+                  f"on the final one. {len(p['candidates'])} layouts ranked, {len(p['pruned'])} pruned (device memory "
+                  f"{_num(p['capacity_gib'], '.1f')} GiB).", "",
+                  "| rank | layout | family | grad_accum | memory GiB | predicted samples/s (step s) | tokens/s | MFU | "
+                  "measured samples/s (step s) | residual | round |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in p["candidates"]:
+            m = c["measured"]
+            if c["rank"] > 15 and m is None:
+                continue
+            got = ("-" if m is None else f"{m['samples_per_s']:.4g} ({m['step_time_s']:.4g})" if m["status"] == "ok"
+                   else f"{m['status']}: {_md(m['error'])[:80]}")
+            lines.append(f"| {c['rank']} | {c['name']} | {c['family']} | {c['grad_accum']} | {c['memory_gib']:.1f} | "
+                         f"{c['samples_per_s']:.4g} ({c['step_time_s']:.4g}) | {c['tokens_per_s']:.4g} | {c['mfu']:.1%} | "
+                         f"{got} | {_num(c['residual'], '+.1%')} | {_num(c['round'], 'd')} |")
         lines.append("")
+        for reason, n in Counter(c["unmeasured"] for c in p["candidates"] if c["unmeasured"]).most_common():
+            lines.append(f"- {n} x ranked only, not measured: {_md(reason)}")
         for reason, n in Counter(x["reason"] for x in p["pruned"]).most_common():
             lines.append(f"- {n} x {reason}")
         lines.append("")

@@ -54,7 +54,7 @@ class TuneFile(Strict):
     hardware: dict[str, Any] = {}
     defaults: dict[str, Any] = {}
     scale: list[str] = []  # presets, each tuned on its own
-    card: Path | None = None  # a model card file (predict.load_card_file): ranked, not measured
+    card: Path | None = None  # a model card file (predict.load_card_file): its layouts ranked, its picks measured
     nodes: list[int] = [1]  # node counts, each tuned on its own
     gpus_per_node: int = Field(1, ge=1)  # GPUs per node (CPU processes on a CPU machine)
     global_batch: int | None = Field(None, ge=1)  # held fixed: grad_accum = global_batch / (micro_batch x dp)
@@ -130,7 +130,7 @@ def load_tune_file(path: Path) -> TuneFile:
     if spec.global_batch is not None and "grad_accum" in spec.search:
         raise TuneError(f"{path}: search.grad_accum with global_batch: the global batch sets it (global_batch / "
                         "(micro_batch x data-parallel ranks)): drop one")
-    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # cards are not run
+    if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # a card's: ranked only there
         raise TuneError(f"{path}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
                         "executor: slurm")
     return spec
@@ -192,6 +192,18 @@ class Candidate:
     def family(self) -> str:
         return family(self.cfg)
 
+    @property
+    def samples_per_s(self) -> float:
+        """Predicted samples/s of the whole job (a model card's candidates: the same, by predict_card)."""
+        return self.prediction.samples_per_s
+
+    def priced(self, profile: HardwareProfile) -> Prediction:
+        return predict(self.cfg, profile)
+
+    def rate_on(self, profile: HardwareProfile) -> float:
+        """Predicted samples/s on `profile` (the loop's recalibration)."""
+        return predict(self.cfg, profile).samples_per_s
+
 
 @dataclass
 class Problem:
@@ -220,6 +232,11 @@ class Problem:
     @property
     def pruned(self) -> list[Candidate]:
         return [c for c in self.candidates if c.pruned is not None]
+
+    @property
+    def measurable(self) -> list[Candidate]:
+        """The ranked candidates the tune can measure: all of them (the backends' rules pruned the rest)."""
+        return self.ranked
 
 
 def capacity(spec: TuneFile, profile: HardwareProfile) -> tuple[float | None, str]:
@@ -343,7 +360,7 @@ def nowhere_message(spec: TuneFile, scale: str, nodes: int, profile: HardwarePro
 
 def tied(a: Candidate, b: Candidate) -> bool:
     """Whether the model cannot tell two candidates apart: one family, predicted samples/s within 0.1%."""
-    pa, pb = a.prediction.samples_per_s, b.prediction.samples_per_s
+    pa, pb = a.samples_per_s, b.samples_per_s
     return a.family == b.family and abs(pa - pb) <= 1e-3 * max(pa, pb)
 
 
