@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from echobench.calibrate import commbench as cb
-from echobench.calibrate.commcalibrate import calibrate_command, comm_runs
+from echobench.calibrate.commcalibrate import calibrate_command, comm_runs, shapes_note
 from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict import pricing, step_work
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_run import measured_layout, run_card
 from echobench.records.config import RunConfig
+from echobench.sweep.executors import comm_command
+from echobench.sweep.matrix import load_matrix
 
 # 2 layers, hidden 64 (4 heads of 16 over 2 key / value heads), seq 64: a few milliseconds a step.
 CARD = {"model": {"layers": 2, "hidden": 64, "ffn": 256, "activation": "swiglu", "heads": 4, "kv_heads": 2,
@@ -129,6 +131,22 @@ def test_a_card_runs_optimizer_is_stepped_over_its_decoders_parameters(tmp_path)
     assert sum(map(math.prod, shapes)) == 512 * d + layers + d
     echo = RunConfig(scale="tiny")
     assert cb.adamw_shapes([single, echo], torch.device("cpu")) == cb.adamw_shapes([echo], torch.device("cpu"))
+
+
+def test_a_sweep_calibrates_at_the_matrix_file_whose_cards_resolve_beside_it(tmp_path):
+    """The sweep copies its matrix into SWEEP/matrix.yaml, where tinycard.yaml is not: its calibration
+    reads the matrix it was started with, whose relative card resolves beside it."""
+    matrix = write_card_matrix(tmp_path, [SINGLE])
+    words = comm_command(tmp_path / "sweep", load_matrix(matrix), "cpu")
+    path = Path(words[words.index("--matrix") + 1])
+    assert path == matrix.resolve()
+    (run,) = comm_runs("cpu", None, path, {})[0]
+    assert cb.card_of(run)[0].hidden == 64 and "card tinycard at micro-batch 2, seq 64" in shapes_note([run])
+    copy = tmp_path / "sweep" / "matrix.yaml"  # what the sweep's copy gives: its card.yaml is not there
+    copy.parent.mkdir()
+    copy.write_text(matrix.read_text())
+    with pytest.raises(ValueError, match="no runs to take shapes from"):
+        comm_runs("cpu", None, copy, {})
 
 
 def test_calibrate_comm_on_one_process_measures_a_card_matrixs_shapes(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """hardware.calibrate_comm: a sweep measures its own hardware profile (`echobench calibrate --comm
---matrix SWEEP/matrix.yaml`) once, where its runs run, before them; `predict --against SWEEP` then
-prices the runs with it. Locally end to end; the SLURM job against stand-in commands (the real
-cluster: tests/test_slurm.py). Nothing here asserts a measured speed: the machine is a loaded CPU."""
+--matrix MATRIX`, the file the sweep was started with) once, where its runs run, before them;
+`predict --against SWEEP` then prices the runs with it. Locally end to end; the SLURM job against
+stand-in commands (the real cluster: tests/test_slurm.py). Nothing here asserts a measured speed:
+the machine is a loaded CPU."""
 
 import io
 import json
@@ -183,7 +184,7 @@ def test_the_comm_calibration_job_starts_one_launcher_per_node_with_its_argument
     assert value == "$(touch pwned) 'q' \"d\" ;" and not (tmp_path / "pwned").exists()
     assert argv == ["-m", "echobench", "calibrate", "--comm", "--nproc", "4", "--nnodes", "2", "--node-rank", "1",
                     "--master-addr", "node7", "--master-port", "21007", "--device", "cpu",
-                    "--matrix", f"{sweep.resolve()}/matrix.yaml", "--out", f"{sweep.resolve()}/profile.yaml",
+                    "--matrix", str(Path("m.yaml").resolve()), "--out", f"{sweep.resolve()}/profile.yaml",
                     "--budget-s", "0.5", "--comm-budget-s", "1.0", "--max-bytes", "65536"]
 
 
