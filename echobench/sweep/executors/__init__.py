@@ -73,8 +73,8 @@ class Executor(Protocol):
     def calibrate_comm(self, sweep_dir: Path, matrix: Matrix, runs: list[PlannedRun], device: str,
                        log: Callable[[str], None], previous: str | None = None) -> str | None:
         """hardware.calibrate_comm: measure a hardware profile (`echobench calibrate --comm --matrix
-        MATRIX`, the matrix file the sweep was started with: comm_command) where the runs will run, on the largest of them (comm_size), into
-        sweep_profile(SWEEP) and SWEEP/cache. `previous`: that of an earlier sweep of this directory, still
+        MATRIX`, the matrix file the sweep was started with: comm_command) where the runs will run, on
+        the largest of them (comm_size), into sweep_profile(SWEEP) and SWEEP/cache. `previous`: that of an earlier sweep of this directory, still
         queued or running, is waited for instead. Returns the log to name should no profile come of it
         (None when nothing is pending: measured already, or said here); a failure never stops the runs."""
 
