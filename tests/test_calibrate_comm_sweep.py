@@ -1,7 +1,8 @@
 """hardware.calibrate_comm: a sweep measures its own hardware profile (`echobench calibrate --comm
---matrix SWEEP/matrix.yaml`) once, where its runs run, before them; `predict --against SWEEP` then
-prices the runs with it. Locally end to end; the SLURM job against stand-in commands (the real
-cluster: tests/test_slurm.py). Nothing here asserts a measured speed: the machine is a loaded CPU."""
+--matrix MATRIX`, the file the sweep was started with) once, where its runs run, before them;
+`predict --against SWEEP` then prices the runs with it. Locally end to end; the SLURM job against
+stand-in commands (the real cluster: tests/test_slurm.py). Nothing here asserts a measured speed:
+the machine is a loaded CPU."""
 
 import io
 import json
@@ -72,7 +73,7 @@ def test_a_local_sweep_measures_its_profile_once_and_predict_against_prices_its_
         c = r.cfg
         assert {(s.m, s.n, s.k) for s in gemm_shapes(c.model_config(), c.micro_batch, c.audio_frames, c.text_tokens,
                                                        c.speaker_frames)} <= points, r.id
-        assert {shape[1:] for shape in attention_shapes(c)} <= attention, r.id
+        assert {shape[1:6] for shape in attention_shapes(c)} <= attention, r.id
 
     # Resumed with a run to do again: the profile is the sweep's already, nothing is measured twice.
     # (the single-process run's record: the cheaper one to run again)
@@ -183,7 +184,7 @@ def test_the_comm_calibration_job_starts_one_launcher_per_node_with_its_argument
     assert value == "$(touch pwned) 'q' \"d\" ;" and not (tmp_path / "pwned").exists()
     assert argv == ["-m", "echobench", "calibrate", "--comm", "--nproc", "4", "--nnodes", "2", "--node-rank", "1",
                     "--master-addr", "node7", "--master-port", "21007", "--device", "cpu",
-                    "--matrix", f"{sweep.resolve()}/matrix.yaml", "--out", f"{sweep.resolve()}/profile.yaml",
+                    "--matrix", str(Path("m.yaml").resolve()), "--out", f"{sweep.resolve()}/profile.yaml",
                     "--budget-s", "0.5", "--comm-budget-s", "1.0", "--max-bytes", "65536"]
 
 

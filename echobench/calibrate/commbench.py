@@ -13,12 +13,13 @@ the world's), fit_links fits time = alpha + bus_bytes / bus_bandwidth (fit_alpha
 
 Compute, on every rank at once (training runs them at once: shared memory bandwidth, power) and
 reported for the slowest rank: every GEMM shape of the runs' steps (gemm_work: the shapes
-echobench.predict prices, forward and both backward GEMMs, in the runs' layouts), their operands
-rotated through a working set as large as the model's weights (not warm in the cache unless the
-model fits there), attention forward + backward at the runs' lengths (the model's own SDPA call,
-FLOPs as echobench.model.flops counts them), element-wise bandwidth (add, copy), AdamW steps over the
-model's own parameter shapes, and the host's cost of a step's ops (measure_host: tiny training
-steps whose device work is negligible, their ops counted).
+echobench.predict prices, forward and both backward GEMMs, in the runs' layouts; a card run's as
+predict_card prices its card), their operands rotated through a working set as large as the
+model's weights (not warm in the cache unless the model fits there), attention forward + backward
+at the runs' lengths (the model's own SDPA call: a card's causal at its seq; FLOPs as
+echobench.model.flops counts them), element-wise bandwidth (add, copy), AdamW steps over the
+model's own parameter shapes (a card's decoder's), and the host's cost of a step's ops
+(measure_host: tiny training steps whose device work is negligible, their ops counted).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -46,7 +49,7 @@ from echobench.train.commvolume import param_units
 from echobench.records.config import RunConfig
 from echobench.data import build_tokenizer, make_loader
 from echobench.model.flops import param_counts, speaker_patches
-from echobench.hardware.device import GemmShape, time_gemm
+from echobench.hardware.device import GemmShape, precision_name, time_gemm
 from echobench.hardware.profile import (
     OPS,
     AttentionPoint,
@@ -56,6 +59,7 @@ from echobench.hardware.profile import (
     MemoryPoint,
 )
 from echobench.model.components import attention
+from echobench.model.decoder import Decoder, decoder_attention
 from echobench.model.echo import diffusion_draws
 from echobench.predict import ADAMW_BYTES, rank_params, step_work
 
@@ -230,10 +234,46 @@ def as_runs(runs) -> list:
     return [runs] if hasattr(runs, "model_config") else list(runs)
 
 
+@lru_cache(maxsize=32)
+def _card_workload(spec: str):
+    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+
+    return run_card(spec)
+
+
+def card_of(run):
+    """A card run's (ModelCard, the Layout predict_card prices it at): its `card` read as `echobench
+    run` reads it (card_run.run_card) and its settings as predict --against lays a measured card run
+    out (card_run.measured_layout, the precision and compile the run takes on its device); None for
+    an Echo run. PredictError for a card that is not there or not valid."""
+    if getattr(run, "card", None) is None:
+        return None
+    from echobench.predict.card_run import measured_layout  # lazy: as _card_workload
+
+    workload = _card_workload(run.card)
+    device = torch.device("cpu" if run.device == "cpu" else "cuda")
+    return workload.card, measured_layout(run, workload.seq, precision_name(run.precision, device),
+                                          run.compiled_on(device.type))
+
+
+def card_matmuls(run) -> list:
+    """The GEMMs (predict.work.Matmul) predict_card prices for one step of a card run at its own layout
+    (card_work: the card's linears as torchtitan lays them out, TP splits, forward, both backward
+    GEMMs and re-runs, the LM head)."""
+    from echobench.predict.card_work import card_work  # lazy: as _card_workload
+    from echobench.predict.frameworks import framework
+
+    card, layout = card_of(run)
+    return list(card_work(card, layout, framework(layout.framework, layout.compile)).matmuls)
+
+
 def gemm_layouts(run, local: int) -> list[tuple[str, int]]:
     """(framework, tp) whose GEMM shapes calibrate --comm times for `run`: its own layout, the
     torchtitan one (tp 1) and megatron at TP 1 and at the node's width (`local` ranks) where the
-    heads divide, so that one profile prices every layout of the run's shapes on this node."""
+    heads divide, so that one profile prices every layout of the run's shapes on this node. A card
+    run: its own layout alone (card_matmuls), the one predict prices it at."""
+    if card_of(run) is not None:
+        return [(run.framework, run.tp)]
     heads = run.model_config().heads
     layouts = [(run.framework, run.tp), ("torchtitan", 1), ("megatron", 1)]
     if local > 1 and heads % local == 0:
@@ -245,9 +285,15 @@ def gemm_work(runs, local: int) -> list:
     """The distinct GEMMs (hardware.GemmShape, m x k @ (n x k)^T) of one training step of each run,
     forward, backward and recompute, as echobench.predict.step_work lists what it prices: every
     linear of the DiT, the speaker and text encoders and the conditioning, in each gemm_layouts
-    layout. Named after the part and phase of their first appearance."""
+    layout; a card run's as predict_card prices them (card_matmuls). Named after the part and phase
+    of their first appearance."""
     seen: dict[tuple[int, int, int], GemmShape] = {}
     for run in as_runs(runs):
+        if card_of(run) is not None:
+            for w in card_matmuls(run):
+                seen.setdefault((w.m, w.n, w.k), GemmShape(f"{run.workload} {w.part} {w.phase} (tp{run.tp})",
+                                                           w.m, w.n, w.k))
+            continue
         for framework, tp in gemm_layouts(run, local):
             mm, _ = step_work(run.model_config(), framework, tp, run.micro_batch, run.audio_frames, run.text_tokens,
                               run.speaker_frames, run.ac)
@@ -256,12 +302,21 @@ def gemm_work(runs, local: int) -> list:
     return list(seen.values())
 
 
+def run_params(run) -> float:
+    """The parameters one rank of the run holds (predict's rank_params; a card run's at its layout)."""
+    if hit := card_of(run):
+        from echobench.predict.card import rank_params as card_rank_params  # lazy: as _card_workload
+
+        return card_rank_params(*hit)
+    return rank_params(run)
+
+
 def working_set_bytes(runs, dtype: torch.dtype) -> int:
     """The bytes a step streams between two uses of one weight (forward, then its backward): the
     largest run's weights on one rank (at the compute dtype), at most WORKING_SET_CAP. A small model
     stays in the cache between its matmuls, a large one does not."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return int(min(WORKING_SET_CAP, max(rank_params(r) for r in as_runs(runs)) * elem))
+    return int(min(WORKING_SET_CAP, max(run_params(r) for r in as_runs(runs)) * elem))
 
 
 def measure_gemms(device: torch.device, dtype: torch.dtype, runs, budget_s: float, local: int = 1) -> list[GemmPoint]:
@@ -283,15 +338,38 @@ def measure_gemms(device: torch.device, dtype: torch.dtype, runs, budget_s: floa
     return out
 
 
-def attention_shapes(run) -> list[tuple[str, int, int, int, int, int]]:
-    """(name, batch, heads, head_dim, seq_q, seq_k) of the run's attentions: the DiT's joint
-    attention (audio-frame queries against audio + text + speaker-patch keys) and the speaker
-    encoder's self-attention over the patches."""
+class AttentionShape(NamedTuple):
+    """One attention calibrate --comm times: batch x heads queries of head_dim, seq_q against seq_k
+    keys; causal, and kv_heads: a card decoder's key / value heads (GQA), timed through its call
+    (model.decoder.decoder_attention); 0: Echo's attention (model.components.attention)."""
+
+    name: str
+    batch: int
+    heads: int
+    head_dim: int
+    seq_q: int
+    seq_k: int
+    causal: bool = False
+    kv_heads: int = 0
+
+
+def attention_shapes(run) -> list[AttentionShape]:
+    """The run's attentions: the DiT's joint attention (audio-frame queries against audio + text +
+    speaker-patch keys) and the speaker encoder's self-attention over the patches; a card run's
+    decoder attention instead, as predict_card prices it (card_work: seq / cp queries against the
+    card's seq keys, the card's causality and head_dim) at the run's micro-batch and the card's heads
+    and kv_heads. The model's heads whatever the TP, as Echo's: predict finds a point by head_dim,
+    causality and lengths, not heads, so that one point per length stands for every layout."""
+    if hit := card_of(run):
+        card, layout = hit
+        return [AttentionShape(f"{run.workload} attention", layout.micro_batch, card.heads, card.head_dim,
+                               layout.seq // layout.cp, layout.seq, card.causal, card.kv_heads)]
     m = run.model_config()
     p = speaker_patches(m, run.speaker_frames)
-    return [("dit joint attention", run.micro_batch, m.heads, m.head_dim, run.audio_frames,
-             run.audio_frames + run.text_tokens + p),
-            ("speaker self-attention", run.micro_batch, m.speaker_heads, m.speaker_width // m.speaker_heads, p, p)]
+    return [AttentionShape("dit joint attention", run.micro_batch, m.heads, m.head_dim, run.audio_frames,
+                           run.audio_frames + run.text_tokens + p),
+            AttentionShape("speaker self-attention", run.micro_batch, m.speaker_heads,
+                           m.speaker_width // m.speaker_heads, p, p)]
 
 
 def attention_flops(batch: int, heads: int, head_dim: int, seq_q: int, seq_k: int) -> int:
@@ -301,26 +379,31 @@ def attention_flops(batch: int, heads: int, head_dim: int, seq_q: int, seq_k: in
 
 
 def measure_attention(device: torch.device, dtype: torch.dtype, runs, budget_s: float) -> list[AttentionPoint]:
-    """Forward + backward of the model's attention call (model.components.attention: SDPA with the
-    key-padding mask the model passes, every key valid) at the runs' shapes (attention_shapes)."""
+    """Forward + backward of the model's attention call at the runs' shapes (attention_shapes): Echo's
+    model.components.attention (SDPA with the key-padding mask the model passes, every key valid), a
+    card's model.decoder.decoder_attention (SDPA, causal where the card is, GQA)."""
     gpu = device.type == "cuda"
     out, shapes = [], list(dict.fromkeys(s for r in as_runs(runs) for s in attention_shapes(r)))
     gen = torch.Generator(device=device).manual_seed(0)
-    for i, (name, b, h, d, lq, lk) in enumerate(shapes):
+    for name, b, h, d, lq, lk, causal, kv in shapes:
         q = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
-        k, v = (torch.randn(b, h, lk, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
+        k, v = (torch.randn(b, kv or h, lk, d, device=device, dtype=dtype, generator=gen, requires_grad=True)
                 for _ in range(2))
         grad = torch.randn(b, h, lq, d, device=device, dtype=dtype, generator=gen)
         mask = torch.ones(b, lk, dtype=torch.bool, device=device)
 
         def step():
-            attention(q, k, v, mask).backward(grad)
+            (decoder_attention(q, k, v, causal) if kv else attention(q, k, v, mask)).backward(grad)
             q.grad = k.grad = v.grad = None
 
         seconds = _timed_calls(step, device, 30 if gpu else 15, 5 if gpu else 1, budget_s / len(shapes))
         rates = [attention_flops(b, h, d, lq, lk) / s / 1e12 for s in seconds]
-        out.append(AttentionPoint(batch=b, heads=h, head_dim=d, seq_q=lq, seq_k=lk, tflops=statistics.median(rates),
-                                  tflops_min=min(rates), tflops_max=max(rates), iters=len(rates), name=name, source=""))
+        call = (f"model.decoder.decoder_attention, {'causal' if causal else 'non-causal'}"
+                + (f", {h} query heads over {kv} key / value heads" if kv != h else "")) if kv else \
+            "model.components.attention, key mask"
+        out.append(AttentionPoint(batch=b, heads=h, head_dim=d, seq_q=lq, seq_k=lk, causal=causal,
+                                  tflops=statistics.median(rates), tflops_min=min(rates), tflops_max=max(rates),
+                                  iters=len(rates), name=name, source=call))
     return out
 
 
@@ -367,14 +450,26 @@ def measure_memory(device: torch.device, nbytes: int, budget_s: float) -> list[M
 ADAMW_STATE_BYTES = 24  # per float32 parameter while AdamW steps: p, grad, exp_avg, exp_avg_sq, foreach temporaries
 
 
+def param_shapes(run) -> list[tuple[int, ...]]:
+    """The run's trainable parameter shapes, registration order: Echo's (commvolume.param_units), a
+    card's decoder's (model.decoder.Decoder, built on the meta device: no memory, no weights)."""
+    if hit := card_of(run):
+        with torch.device("meta"):
+            model = Decoder(hit[0], hit[1].seq)
+        return [tuple(p.shape) for p in model.trainable_parameters()]
+    return [s for u in param_units(run.model_config()) for s in u.shapes]
+
+
 def adamw_shapes(runs, device: torch.device) -> list[tuple[int, ...]]:
-    """The trainable parameter shapes of the run with the most (commvolume.param_units: the model's
-    own, registration order), the first as many as this process's free memory holds at
+    """The trainable parameter shapes of the run with the most (param_shapes: the model's own,
+    registration order), the first as many as this process's free memory holds at
     ADAMW_STATE_BYTES each: all of them wherever the run's own training fits. The whole count
     matters: the rate falls with the size (a CPU's page faults of the step's fresh temporaries)."""
-    run = max(as_runs(runs), key=lambda r: param_counts(r.model_config()).trainable)
+    def trainable(run) -> int:
+        return sum(map(math.prod, param_shapes(run))) if card_of(run) else param_counts(run.model_config()).trainable
+
     shapes, room = [], free_bytes(device) // ADAMW_STATE_BYTES
-    for shape in (s for u in param_units(run.model_config()) for s in u.shapes):
+    for shape in param_shapes(max(as_runs(runs), key=trainable)):
         room -= math.prod(shape)
         if room < 0 and shapes:
             break

@@ -1,9 +1,9 @@
 """`echobench calibrate --comm`: the whole calibration of a hardware profile (echobench.hardware.profile)
 on this process group, from echobench.calibrate.commbench's measurements. Which runs' shapes it measures
-(comm_runs: every run of a matrix, else one of a scale and lengths), how its process group comes
-about (started by torchrun: `torchrun ... -m echobench calibrate --comm`; else `echobench calibrate
---comm --nproc N` launches torchrun as `echobench run --nproc` does), the profile it assembles
-(calibrate_comm) and where rank 0 writes it.
+(comm_runs: every run of a matrix, a card run at its card's own shapes, else one Echo run of a scale
+and lengths), how its process group comes about (started by torchrun: `torchrun ... -m echobench
+calibrate --comm`; else `echobench calibrate --comm --nproc N` launches torchrun as `echobench run
+--nproc` does), the profile it assembles (calibrate_comm) and where rank 0 writes it.
 """
 
 from __future__ import annotations
@@ -108,11 +108,16 @@ def calibrate_command(dev: torch.device, dtype_flag: str, dtype: torch.dtype | N
 
 
 def shapes_note(runs) -> str:
-    """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape."""
-    seen = dict.fromkeys((r.scale, r.micro_batch, r.audio_frames, r.text_tokens, r.speaker_frames)
-                         for r in cb.as_runs(runs))
-    return "; ".join(f"{scale} at micro-batch {mb}, {la} audio frames, {lt} text tokens, {ls} speaker frames"
-                     for scale, mb, la, lt, ls in seen)
+    """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape;
+    a card run's `card NAME at micro-batch 4, seq 256` (and its TP where it has one)."""
+    def words(r) -> str:
+        if hit := cb.card_of(r):
+            return f"card {r.workload} at micro-batch {r.micro_batch}, seq {hit[1].seq}" + \
+                (f", tp {r.tp}" if r.tp > 1 else "")
+        return (f"{r.scale} at micro-batch {r.micro_batch}, {r.audio_frames} audio frames, {r.text_tokens} text tokens, "
+                f"{r.speaker_frames} speaker frames")
+
+    return "; ".join(dict.fromkeys(words(r) for r in cb.as_runs(runs)))
 
 
 def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
@@ -120,7 +125,7 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
                    compute_budget_s: float = 4.0) -> HardwareProfile | None:
     """The hardware profile of this process group (or of this one process when there is none):
     collectives over plan_groups (needs >= 2 ranks), GEMMs, attention, memory bandwidth and the
-    optimizer at the shapes of `runs` (a RunConfig or several: scale, layout, micro-batch, lengths;
+    optimizer at the shapes of `runs` (a RunConfig or several: scale, layout, micro-batch, lengths, or a card;
     the profile then prices each of them at its own shapes). Call on every rank; rank 0 returns the
     profile (not saved), the others None. Defaults: max_bytes 1 GiB on GPU, 64 MiB on CPU, bounded
     by free memory (a third of it: an all-gather holds about 2x its message); comm_budget_s 120 s
@@ -186,8 +191,8 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     ranks = f"slowest of {world} ranks measuring at once" if world > 1 else "one process"
     gemm = [p.model_copy(update={"source": f"measured: torch.mm {str(dtype).removeprefix('torch.')}, median of "
                                            f"{p.iters} ({timing}), {ranks}"}) for p in gemm]
-    attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward (model.components.attention, "
-                                           f"key mask), median of {p.iters} ({timing}), {ranks}"}) for p in attn]
+    attn = [p.model_copy(update={"source": f"measured: SDPA forward + backward ({p.source}), median of {p.iters} "
+                                           f"({timing}), {ranks}"}) for p in attn]
     memory = [p.model_copy(update={"source": (f"measured: float32 {p.op}" if p.op != "adamw" else
                                               f"measured: AdamW steps (torchtitan.build_optimizer) over "
                                               f"{p.nbytes // 4 / 1e6:.4g}M float32 parameters of the model's shapes, "

@@ -36,6 +36,13 @@ def make_norm(card) -> nn.Module:
     return nn.LayerNorm(card.hidden, eps=NORM_EPS, bias=card.bias)
 
 
+def decoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The decoder's attention call: SDPA over (B, H, T, D) queries and (B, H_kv, T, D) keys and values,
+    causal where the card is, query heads grouped over the key / value heads where fewer (GQA).
+    calibrate --comm (calibrate.commbench.measure_attention) times this same call."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+
 class Attention(nn.Module):
     """Causal self-attention with `kv_heads` key / value heads shared by groups of query heads."""
 
@@ -52,7 +59,7 @@ class Attention(nn.Module):
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.kv_heads != self.heads)
+        y = decoder_attention(q, k, v, self.causal)
         return self.out(y.transpose(1, 2).flatten(-2))
 
 

@@ -73,8 +73,8 @@ class Executor(Protocol):
     def calibrate_comm(self, sweep_dir: Path, matrix: Matrix, runs: list[PlannedRun], device: str,
                        log: Callable[[str], None], previous: str | None = None) -> str | None:
         """hardware.calibrate_comm: measure a hardware profile (`echobench calibrate --comm --matrix
-        SWEEP/matrix.yaml`) where the runs will run, on the largest of them (comm_size), into
-        sweep_profile(SWEEP) and SWEEP/cache. `previous`: that of an earlier sweep of this directory, still
+        MATRIX`, the matrix file the sweep was started with: comm_command) where the runs will run, on
+        the largest of them (comm_size), into sweep_profile(SWEEP) and SWEEP/cache. `previous`: that of an earlier sweep of this directory, still
         queued or running, is waited for instead. Returns the log to name should no profile come of it
         (None when nothing is pending: measured already, or said here); a failure never stops the runs."""
 
@@ -150,8 +150,10 @@ def comm_size(runs: list[PlannedRun]) -> tuple[int, int]:
 def comm_command(sweep_dir: Path, matrix: Matrix, device: str) -> list[str]:
     """The words after `python -m echobench calibrate --comm` that every executor's calibration passes
     (the launch's own --nproc / --nnodes / rendezvous come before them): the device, every run of the
-    sweep's matrix copy (their GEMM and attention shapes), the profile's file and the matrix's limits."""
-    return ["--device", device, "--matrix", str(sweep_dir.resolve() / "matrix.yaml"),
+    matrix file the sweep was started with (their GEMM and attention shapes; its file, not the copy
+    SWEEP/matrix.yaml: a card's relative path is taken from the matrix's folder, matrix.card_beside,
+    and names no file beside the copy), the profile's file and the matrix's limits."""
+    return ["--device", device, "--matrix", str(matrix.path.resolve()),
             "--out", str(sweep_profile(sweep_dir)), *matrix.spec.hardware.comm_limits.flags()]
 
 

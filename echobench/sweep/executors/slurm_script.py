@@ -309,8 +309,8 @@ def per_node_job(slurm, sweep_dir: Path, job_name: str, nodes: int, nproc: int, 
 def render_comm_calibration_script(sweep_dir: Path, matrix, nodes: int, nproc: int, device: str = "auto") -> str:
     """hardware.calibrate_comm's job: `echobench calibrate --comm` on `nodes` nodes x `nproc` processes,
     one launcher per node (each torchrun --nnodes with its node rank from SLURM_NODEID and the first host
-    as master), so that the profile has an `inter` link across nodes. Every run of SWEEP/matrix.yaml
-    gives its shapes; the profile goes to SWEEP/profile.yaml and SWEEP/cache. The arguments reach the
+    as master), so that the profile has an `inter` link across nodes. Every run of the sweep's matrix
+    file gives its shapes; the profile goes to SWEEP/profile.yaml and SWEEP/cache. The arguments reach the
     launchers as arguments, quoted, never as code."""
     q = shlex.quote
     limits = matrix.spec.hardware.comm_limits
