@@ -18,7 +18,8 @@ export ECHOBENCH_CACHE="$OUT/cache"  # this check's calibration and counts stay 
 export OMP_NUM_THREADS=1
 say() { echo "predict-cpu-sweep: $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*" >&2; }
 say "calibrate --comm"
-$PY -m echobench calibrate --comm --out "$OUT/profile.yaml" > "$OUT/calibrate.log"
+# A matrix given: the profile measured at its runs' own shapes (a card run's GEMMs and causal attention).
+$PY -m echobench calibrate --comm ${MATRIX:+--matrix "$MATRIX"} --out "$OUT/profile.yaml" > "$OUT/calibrate.log"
 say "sweep"
 $PY -m echobench sweep "${MATRIX:-matrices/predict-cpu-tiny.yaml}" --out "$OUT/runs" > "$OUT/sweep.log" 2>&1
 say "predicting"
