@@ -220,7 +220,8 @@ def test_a_slurm_sweep_submits_the_comm_calibration_on_its_largest_nodes_and_eve
            f"{sweep}/logs/calibrate-comm-102.out)" in flat(proc.stdout)
     script = (sweep / "calibrate-comm.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "NPROC=2" in script
-    assert f"--matrix {sweep}/matrix.yaml --out {sweep}/profile.yaml" in script
+    # the matrix the sweep started with (a card named relative to it resolves there, not in the sweep's copy)
+    assert f"--matrix {matrix} --out {sweep}/profile.yaml" in script
     waits = {yaml.safe_load((Path(job.split()[-1]).parent / "run.yaml").read_text())["seed"]:
              job.split()[1] for job in jobs}
     assert waits == {1: "--dependency=afterany:101:102", 2: "--dependency=afterany:102"}
