@@ -208,10 +208,10 @@ def test_full_ac_counts_its_recompute_and_trains_alike(tmp_path, single):
     assert r["measured_hardware_flops"] - r["measured_model_flops"] == 12 * recompute_flops(card(), SEQ, "full")
 
 
-def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str) -> None:
-    """One of 2 gloo ranks: the card's TP=2 decoder as the megatron backend builds it against the plain
-    decoder of the same seed, on the same tokens, two steps each: loss and gradient norm. The ranks
-    meet through a file store (no port to race for)."""
+def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str, sequence_parallel: bool) -> None:
+    """One of 2 gloo ranks: the card's TP=2 decoder as the megatron backend builds it (with or without
+    sequence parallelism) against the plain decoder of the same seed, on the same tokens, two steps
+    each: loss and gradient norm. The ranks meet through a file store (no port to race for)."""
     import datetime
     import os
     import warnings
@@ -229,7 +229,8 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str)
     from echobench.train.bench_card import card_train_step
     from echobench.train.distributed import DistInfo
 
-    cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4)
+    cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4,
+                    sequence_parallel=sequence_parallel)
     workload = run_card(card_path)
     setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32,
                            workload)
@@ -249,7 +250,7 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str)
         optimizer.zero_grad()
         steps.append([tp_loss, float(plain_loss), norms[-1], plain_norm])
     out = {"shapes": [list(block.attn.qkv.linear.weight.shape), list(block.mlp.down.linear.weight.shape)],
-           "steps": steps}
+           "steps": steps, "sequence_parallel": setup.info["sequence_parallel"]}
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
@@ -257,17 +258,25 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str)
     dist.destroy_process_group()
 
 
-def test_megatron_tp2_trains_as_the_plain_decoder(tmp_path):
+@pytest.mark.parametrize("sequence_parallel,model", [
+    (False, {}),  # rmsnorm, no biases, rotary, swiglu
+    (True, {"norm": "layernorm", "bias": True, "positions": "learned", "activation": "gelu"}),
+], ids=["tp", "sp-layernorm-bias"])
+def test_megatron_tp2_trains_as_the_plain_decoder(tmp_path, sequence_parallel, model):
     """TP=2 on megatron-core's layers, DDP, optimizer and clip: each rank holds half of every block's
     q / k / v and MLP rows and of the output and down projections' columns; the loss equals the plain
-    decoder's, as do the gradient norm and the loss after one AdamW step of each."""
+    decoder's, as do the gradient norm and the loss after one AdamW step of each. With sequence
+    parallelism each rank's blocks see half the sequence between the TP regions: their norms' (and
+    the row-parallel biases') gradients are partial, summed over TP before the clip."""
     import torch.multiprocessing as mp
 
     pytest.importorskip("megatron.core")
-    path = write_card(tmp_path / "tiny.yaml")
+    path = write_card(tmp_path / "tiny.yaml", model=model)
     out = tmp_path / "result.json"
-    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), str(path)), nprocs=2, join=True)
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), str(path), sequence_parallel), nprocs=2,
+             join=True)
     r = json.loads(out.read_text())
+    assert r["sequence_parallel"] is sequence_parallel
     d, kv, f = 64, 2 * 16, 128
     assert r["shapes"] == [[(d + 2 * kv) // 2, d], [d, f // 2]]
     for tp_loss, plain_loss, tp_norm, plain_norm in r["steps"]:  # the TP-aware norm counts each element once
@@ -325,7 +334,7 @@ def test_settings_a_card_run_refuses(settings, why):
     ("alibi", "card positions alibi: echobench's decoder has learned, rotary, none positions"),
     ("megatron", "tp=3 does not divide the card's heads 4: give a tp that does"),
     ("fp8", "fp8: the card's linears see micro_batch 3 x seq 30 = 90 rows"),
-    ("sp", "sequence parallelism is not built for a card's TP decoder yet"),
+    ("sp", "sequence parallelism splits the card's seq 31 over tp=2, which does not divide it"),
     ("row", "no row 'nope': give one of tiny-mpt"),
     ("missing", "missing.yaml"),
 ])
@@ -333,8 +342,8 @@ def test_what_cannot_run_is_refused_in_one_line_before_launch(tmp_path, case, wh
     args = {"alibi": [write_card(tmp_path / "a.yaml", model={"positions": "alibi"})],
             "megatron": [write_card(tmp_path / "m.yaml"), "--framework", "megatron", "--tp", "3", "--nproc", "3"],
             "fp8": [write_card(tmp_path / "f.yaml", run={"seq": 30}), "--precision", "fp8", "--micro-batch", "3"],
-            "sp": [write_card(tmp_path / "s.yaml"), "--framework", "megatron", "--tp", "2", "--nproc", "2",
-                   "--sequence-parallel"],
+            "sp": [write_card(tmp_path / "s.yaml", run={"seq": 31}), "--framework", "megatron", "--tp", "2",
+                   "--nproc", "2", "--sequence-parallel"],
             "row": [f"{published_rows(tmp_path)}#nope"],
             "missing": [tmp_path / "missing.yaml"]}[case]
     proc = run_cli("run", "--card", *args, "--out", tmp_path / "out", tmp_path=tmp_path, timeout=120)

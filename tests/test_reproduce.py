@@ -74,12 +74,12 @@ def test_published_rows_become_a_matrix_scaled_down_with_what_changed(tmp_path):
         "parallelism (torchtitan 2D, tp 8): echobench runs FSDP2 or megatron TP, not both",
         "refused: row kor-megatron-22b-full (tp8 dp1 ac full): fp16: echobench trains in bf16, fp32 or fp8",
         "refused: row lf-mpt-3b-h100-fp8-8gpu-s2048 (fsdp full_shard fp8): fp8 recipe delayed (TransformerEngine's): "
-        "echobench's float8 is torchao's tensorwise / rowwise",
-        "refused: row mlm-gpt-7.1b-96gpu (tp2 dp48 sp zero1): sequence parallelism: not built for a card's TP decoder "
-        "yet"]
+        "echobench's float8 is torchao's tensorwise / rowwise"]
     path = tmp_path / "sw" / "reproduce.yaml"
     runs = {r.cfg.card.partition("#")[2]: r.cfg for r in expand(load_matrix(path), "slurm").runs}
-    assert set(runs) == {"lf-mpt-1b-512gpu", "lf-mpt-7b-8gpu", "mlm-gpt-1.7b-48gpu"}
+    assert set(runs) == {"lf-mpt-1b-512gpu", "lf-mpt-7b-8gpu", "mlm-gpt-1.7b-48gpu", "mlm-gpt-7.1b-96gpu"}
+    sp = runs["mlm-gpt-7.1b-96gpu"]  # TP with sequence parallelism, as the row says
+    assert (sp.framework, sp.parallelism, sp.sequence_parallel, sp.distributed_optimizer) == ("megatron", "tp2", True, True)
     zero2, full, tp1 = runs["lf-mpt-1b-512gpu"], runs["lf-mpt-7b-8gpu"], runs["mlm-gpt-1.7b-48gpu"]
     # 512 GPUs at micro-batch 12 x 1 -> 2 nodes of 4: the per-GPU batch kept, the global batch 8 x 12
     assert (zero2.parallelism, zero2.reshard_after_forward, zero2.nodes, zero2.gpus_per_node) == ("fsdp2", False, 2, 4)

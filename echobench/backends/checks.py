@@ -39,7 +39,7 @@ def torchtitan_problem(cfg) -> str | None:
 def megatron_problem(cfg) -> str | None:
     """Why this megatron tpN run cannot work (None when it can); the registry has checked the layout.
     A card run's model is checked by card_problem (the card is read by the command, not here); its
-    decoder runs megatron-core's local layers without sequence parallelism."""
+    decoder runs megatron-core's local layers."""
     tp, par, gpn, model = cfg.tp, cfg.parallelism, cfg.gpus_per_node, cfg.model_config()
     if tp > gpn:
         return f"{par} needs {tp} GPUs in one node; a node has {gpn}"
@@ -60,12 +60,10 @@ def megatron_problem(cfg) -> str | None:
                 "--te auto or --te off")
     if cfg.te == "on" and not te_installed():
         return "--te on: transformer_engine is not installed here; use --te auto or --te off"
-    if cfg.sequence_parallel is True and cfg.card is not None:
-        return "sequence parallelism is not built for a card's TP decoder yet: drop --sequence-parallel"
     if cfg.sequence_parallel is True:  # auto turns it on only where it can run (RunConfig.sequence_parallel_on)
         if tp == 1:
             return "sequence parallelism needs tp > 1"
-        if cfg.audio_frames % tp:
+        if cfg.card is None and cfg.audio_frames % tp:  # a card's seq: card_problem
             return f"sequence parallelism needs --audio-frames ({cfg.audio_frames}) divisible by tp={tp}"
         if cfg.batching == "bucket" and cfg.buckets and (odd := [b for b in map(int, cfg.buckets.split(",")) if b % tp]):
             return (f"sequence parallelism splits each bucket's frames over tp={tp}: buckets "
@@ -92,6 +90,10 @@ def card_problem(cfg, workload) -> str | None:
         for name in ("heads", "kv_heads", "ffn"):  # megatron_problem checked the rest
             if getattr(card, name) % cfg.tp:
                 return f"tp={cfg.tp} does not divide the card's {name} {getattr(card, name)}: give a tp that does"
+        # auto: on for tp > 1 on a GPU (RunConfig.sequence_parallel_on; device auto may be one)
+        if cfg.sequence_parallel_on("cpu" if cfg.device == "cpu" else "cuda") and seq % cfg.tp:
+            return (f"sequence parallelism splits the card's seq {seq} over tp={cfg.tp}, which does not divide it: "
+                    "give --no-sequence-parallel or a seq that tp divides")
     if cfg.precision == "fp8" and (cfg.micro_batch * seq) % FLOAT8_ROWS:
         return (f"fp8: the card's linears see micro_batch {cfg.micro_batch} x seq {seq} = {cfg.micro_batch * seq} rows; "
                 f"torch._scaled_mm needs rows divisible by {FLOAT8_ROWS}: give a micro_batch that makes them so, or "

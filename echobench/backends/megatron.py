@@ -285,8 +285,9 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     """A card run's decoder tensor-parallel (model.decoder_tp) on megatron-core's DDP and optimizer,
     as Echo's TP DiT below: the plain decoder built with the run's seed, its block linears then this
     rank's shards; AC and compile of its blocks as the torchtitan backend applies them. Megatron-core's
-    local layers only (no TransformerEngine), no sequence parallelism (backends.checks.card_problem
-    refuses asking for either)."""
+    local layers only (no TransformerEngine: backends.checks refuses asking for it); sequence
+    parallelism as Echo's (cfg.sequence_parallel_on: auto on for tp > 1 on a GPU), its partial
+    gradients (norms, row-parallel biases) summed over TP in the clip."""
     from megatron.core import parallel_state  # optional dependency (module docstring)
 
     from echobench.backends.torchtitan import CARD_RECOMPUTE, build_decoder
@@ -300,7 +301,9 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     params_dtype = torch.bfloat16 if device.type == "cuda" and dtype == torch.bfloat16 else torch.float32
     if cfg.grad_reduce_dtype == "bf16" and params_dtype != torch.bfloat16:
         raise ValueError(GRAD_REDUCE_BF16)
-    config = card_megatron_config(workload.card, cfg.tp, params_dtype, use_cpu=device.type == "cpu")
+    sequence_parallel = cfg.tp > 1 and cfg.sequence_parallel_on(device.type)
+    config = card_megatron_config(workload.card, cfg.tp, params_dtype, use_cpu=device.type == "cpu",
+                                  sequence_parallel=sequence_parallel)
     model = tp_decoder(build_decoder(cfg, workload, device), parallel_state.get_tensor_model_parallel_rank(), cfg.tp,
                        config, parallel_state.get_tensor_model_parallel_group(), traced=compiled)
     model.to(params_dtype)  # Megatron-LM's bf16 parameters on a GPU, fp32 main copies in the optimizer
@@ -313,12 +316,15 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     optimizer = megatron_optimizer(ddp, params_dtype, cfg.distributed_optimizer, device)
     (inner,) = optimizer.chained_optimizers
     main_grads = "float32" if cfg.grad_reduce_dtype == "fp32" else dtype_name(params_dtype)
-    info = {"backend": "megatron", "te": False, "tp": cfg.tp, "dp": dp, "sequence_parallel": False,
+    info = {"backend": "megatron", "te": False, "tp": cfg.tp, "dp": dp, "sequence_parallel": sequence_parallel,
             "model": f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
             "kernels": "megatron-core local (ColumnParallelLinear, RowParallelLinear) + torch SDPA attention",
             "sharding": "q / k / v heads and the MLP's columns across the TP group (column-parallel q/k/v and up, "
                         "row-parallel output and down)",
-            "replicated": "embedding, learned positions, norms, LM head",
+            "replicated": "embedding, learned positions, norms, LM head"
+                          + ("; the blocks' hidden states split along the sequence between the TP regions "
+                             "(sequence parallelism: all-gathered into the column-parallel linears, "
+                             "reduce-scattered out of the row-parallel ones)" if sequence_parallel else ""),
             "param_dtype": dtype_name(params_dtype), "main_grad_dtype": main_grads,
             "data_parallel": f"megatron-core DistributedDataParallel over megatron's data-parallel group (dp={dp}): "
                              f"{main_grads} gradient buffers, reduced while backward runs, "
@@ -333,7 +339,8 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     return TrainSetup(
         model=ddp,
         optimizer=MegatronStep(ddp, optimizer),
-        clip_grad=megatron_clip(ddp, optimizer, [], parallel_state.get_tensor_model_parallel_group(), 1.0),
+        clip_grad=megatron_clip(ddp, optimizer, tp_partial_grad_params(model),
+                                parallel_state.get_tensor_model_parallel_group(), 1.0),
         autocast_dtype=dtype if dtype != torch.float32 else None,
         info=info,
         dp_group=parallel_state.get_data_parallel_group() if dp > 1 else None,

@@ -106,6 +106,9 @@ class Decoder(nn.Module):
         self.tok = nn.Embedding(card.vocab, card.hidden)
         self.pos = nn.Embedding(seq, card.hidden) if card.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(card) for _ in range(card.layers))
+        # Around the blocks: nothing here; a TP decoder under sequence parallelism (model.decoder_tp)
+        # splits the sequence over its ranks after the embedding and gathers it before the final norm.
+        self.enter_blocks, self.leave_blocks = nn.Identity(), nn.Identity()
         self.norm = make_norm(card)
         self.head = None if card.tied_embeddings else nn.Linear(card.hidden, card.vocab, bias=False)
         # The rotation table, float32 (a buffer: FSDP leaves it whole); handed to every block.
@@ -132,10 +135,10 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """tokens: (B, seq + 1) ids; predicts tokens[:, 1:] from tokens[:, :-1]. reduction "sum": the
         loss summed over the B x seq predictions (the harness divides by the global batch's)."""
-        x = self.embed(tokens[:, :-1])
+        x = self.enter_blocks(self.embed(tokens[:, :-1]))
         for block in self.blocks:
             x = block(x, self.rope)
-        return self.head_loss(x, tokens[:, 1:], reduction)
+        return self.head_loss(self.leave_blocks(x), tokens[:, 1:], reduction)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

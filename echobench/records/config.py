@@ -143,8 +143,8 @@ class RunConfig:
     te: Literal["auto", "on", "off"] = setting("auto", "megatron: TransformerEngine kernels when they import (auto), "
                                                 "required (on), never (off).")
     sequence_parallel: bool | Literal["auto"] = setting(
-        "auto", "megatron: split the latent stream along T between TP regions (auto: on for tp > 1 on a GPU, as "
-        "Megatron-LM runs TP).", flag="--sequence-parallel/--no-sequence-parallel")
+        "auto", "megatron: split the latent stream (a card's decoder: its hidden states) along the sequence between "
+        "TP regions (auto: on for tp > 1 on a GPU, as Megatron-LM runs TP).", flag="--sequence-parallel/--no-sequence-parallel")
     distributed_optimizer: bool = setting(False, "megatron, GPU only: shard the optimizer state and fp32 main weights "
                                           "over the data-parallel group (megatron-core's distributed optimizer, "
                                           "ZeRO-1).",
@@ -210,9 +210,10 @@ class RunConfig:
     def sequence_parallel_on(self, device_type: str) -> bool:
         """Whether this run splits the sequence between TP regions on a device of this type: auto
         does for megatron with tp > 1 on a GPU."""
-        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp; no card's
-            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda" and self.card is None
-                    and self.audio_frames % self.tp == 0 and self.batching == "pad")
+        if self.sequence_parallel == "auto":  # where it can run: every padded length divisible by tp (a card's
+            # seq is not known here: backends.checks.card_problem refuses one that tp does not divide)
+            return (self.framework == "megatron" and self.tp > 1 and device_type == "cuda"
+                    and (self.card is not None or self.audio_frames % self.tp == 0 and self.batching == "pad"))
         return self.sequence_parallel
 
     @property

@@ -8,11 +8,12 @@ How a row's layout maps (plan_row):
     fsdp full_shard             torchtitan fsdp2
     fsdp shard_grad_op          torchtitan fsdp2, reshard_after_forward false (ZeRO-2: weights kept after forward)
     fsdp hybrid_shard / hsdp    torchtitan hsdp (shard groups of a node)
-    megatron / tpN              megatron tpN (distributed_optimizer as the row says)
+    megatron / tpN              megatron tpN (distributed_optimizer and, for tp > 1, sequence_parallel as
+                                the row says)
 
 micro-batch, accumulation, precision, AC, compile and the gradient reduction's dtype as the row says.
-What echobench cannot run (pipeline or context parallelism, FSDP with TP, sequence parallelism for a
-card, fp16, TransformerEngine's float8 recipes, ALiBi, ...) is refused in one line naming the row.
+What echobench cannot run (pipeline or context parallelism, FSDP with TP, fp16, TransformerEngine's
+float8 recipes, ALiBi, ...) is refused in one line naming the row.
 
 Scaled down (`scale_down` nodes): the row runs on that many nodes of the run's GPUs per node (the
 site's, else the row's) instead of its published GPU count, at its micro-batch and accumulation:
@@ -109,8 +110,6 @@ def refusal(card: ModelCard, layout: Layout) -> str | None:
                 "not both")
     if layout.layout in ("fsdp", "hsdp") and layout.sharding == "no_shard":
         return "FSDP no_shard: no echobench layout replicates through FSDP (ddp is the same work: a row with ddp)"
-    if layout.sp:
-        return "sequence parallelism: not built for a card's TP decoder yet"
     if layout.precision == "fp16":
         return "fp16: echobench trains in bf16, fp32 or fp8"
     if layout.precision == "fp8" and layout.fp8_recipe not in (None, *RECIPES):
@@ -205,6 +204,8 @@ def card_settings(layout: Layout, card: str, nodes: int, gpus_per_node: int) -> 
         settings["grad_reduce_dtype"] = layout.grad_reduce_dtype
     if layout.distributed_optimizer:
         settings["distributed_optimizer"] = True
+    if fw == "megatron" and layout.tp > 1:  # as the row says (auto would turn it on on a GPU)
+        settings["sequence_parallel"] = layout.sp
     if layout.precision == "fp8" and layout.fp8_recipe in RECIPES:
         settings["float8_recipe"] = layout.fp8_recipe
     return settings

@@ -3,7 +3,7 @@ pruned by the card's memory estimate (predict.card_memory) and the rules a layou
 ranked by predict_card's samples/s. Where the tune measures, its picks are measured as card runs
 (`echobench run --card`'s, the settings `echobench reproduce` maps a layout to) in the tune's sweep,
 beside Echo's, and their residuals join the recalibration (echobench.tune.loop), priced by
-predict_card. A layout echobench cannot run as a card run (sequence parallelism for a card's TP,
+predict_card. A layout echobench cannot run as a card run (the distributed optimizer on a CPU,
 pipeline parallelism, TransformerEngine's fp8, more nodes than the executor has, ...) is ranked only,
 its reason said in the output.
 
