@@ -40,6 +40,7 @@ def against(runs: Path, profile: str) -> list[dict]:
 def test_predicted_step_times_of_the_h200_runs_hold_their_limits(h200_runs, profile, mean_limit, max_limit):
     rows = against(h200_runs, profile)
     assert len(rows) == 7 and sum("mpt" in r["run_id"] for r in rows) == 2  # both card runs priced as cards
+    assert all(r["memory_gib"] > 0 for r in rows)  # card runs' too (card_memory), as Echo's
     for r in rows:  # the error is the record's step time against the prediction, not a copy of either
         assert r["error"] == pytest.approx(r["step_time_s"] / r["measured_step_time_s"] - 1)
     errors = [abs(r["error"]) for r in rows]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.card import Layout, ModelCard
+from echobench.predict.card_memory import card_memory_gib
 from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
 from echobench.predict.card_work import card_work, model_flops_per_token
 from echobench.predict.communication import Collective, exposed
@@ -47,6 +48,7 @@ class CardPrediction:
     peak_tflops: float
     peak_source: str
     mfu_row: float | None = None  # under the row's own FLOP convention and peak, where given
+    memory_gib: float | None = None  # one GPU's memory (card_memory.card_memory_gib)
     collectives: list[Collective] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # a measured card run's prediction (measured.against): its run id, settings and profile
@@ -158,4 +160,5 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
         communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once) + p2p_all,
         tokens_per_step=tokens, model_flops_per_token=flops,
         mfu=flops * tokens / (step * layout.gpus * peak * 1e12), hfu=hardware * tokens / (step * layout.gpus * peak * 1e12),
-        peak_tflops=peak, peak_source=peak_source, mfu_row=mfu_row, collectives=micro + once, notes=notes)
+        peak_tflops=peak, peak_source=peak_source, mfu_row=mfu_row, memory_gib=card_memory_gib(card, layout),
+        collectives=micro + once, notes=notes)
