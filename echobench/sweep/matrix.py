@@ -649,7 +649,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         except (TypeError, ValueError) as exc:
             plan.skipped.append(SkippedRun(settings, str(exc)))
             continue
-        if problem := backends.layout_problem(cfg, executor) or _card_run_problem(cfg):
+        if problem := backends.layout_problem(cfg, executor) or card_run_problem(cfg):
             plan.skipped.append(SkippedRun(settings, problem, cfg))
             continue
         if any(k in settings for k in BATCH_KEYS):
@@ -678,7 +678,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
     return plan
 
 
-def _card_run_problem(cfg: RunConfig) -> str | None:
+def card_run_problem(cfg: RunConfig) -> str | None:
     """Why a card run cannot run (its card not there or not valid, a layout the card refuses), found
     before any job is submitted, as `echobench run --card` finds it before its launch; None for Echo."""
     if cfg.card is None:

@@ -31,12 +31,11 @@ from pathlib import Path
 import yaml
 
 from echobench import backends
-from echobench.backends.checks import card_problem
 from echobench.predict.card import Layout, ModelCard, model_card, run_layout
-from echobench.predict.card_run import run_card
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import layout_text, load_rows
 from echobench.records.config import RunConfig
+from echobench.sweep.matrix import card_run_problem
 
 RECIPES = ("tensorwise", "rowwise")  # echobench's float8 (torchao); delayed / current are TransformerEngine's
 AC = {"none": "none", "full": "full", "selective": "selective", "selective-op": "selective",
@@ -216,7 +215,7 @@ def settings_problem(settings: dict, executor: str) -> str | None:
     card's: `echobench run --card`'s), None where it can."""
     try:
         cfg = RunConfig.from_dict(settings)
-        return backends.layout_problem(cfg, executor) or card_problem(cfg, run_card(settings["card"]))
+        return backends.layout_problem(cfg, executor) or card_run_problem(cfg)  # as `plan` checks a matrix's
     except (ValueError, PredictError) as exc:
         return str(exc)
 

@@ -57,7 +57,7 @@ class CardCandidate:
 
     def rate_on(self, profile: HardwareProfile) -> float:
         """Predicted samples/s on `profile` (the loop's recalibration)."""
-        return self.layout.global_batch / predict_card(self.card, self.layout, profile).step_time_s
+        return self.layout.global_batch / self.priced(profile).step_time_s
 
     def priced(self, profile: HardwareProfile) -> CardPrediction:
         return predict_card(self.card, self.layout, profile)
