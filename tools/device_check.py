@@ -277,8 +277,7 @@ class Check:
         elif step.kind == "pytest":
             # One stuck test must not take the others' time (pytest-timeout is on the image).
             per_test = ("--timeout", f"{limit / 2:.0f}") if importlib.util.find_spec("pytest_timeout") else ()
-            # -v names each test as it ends; ECHOBENCH_LIVE_FAILURES prints a failure's cause at once.
-            os.environ["ECHOBENCH_LIVE_FAILURES"] = "1"
+            # -v names each test as it ends; ECHOBENCH_LIVE_FAILURES (set in main) prints a failure's cause at once.
             cmd = [self.python, "-m", "pytest", *step.args, *per_test, "-v", "-p", "no:cacheprovider", "tests"]
         else:
             raise ValueError(step.kind)
@@ -441,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                   deadline=float(os.environ.get("DEVICE_CHECK_DEADLINE_S") or DEADLINE_S * scale),
                   reserve=float(os.environ.get("DEVICE_CHECK_RESERVE_S") or RESERVE_S),
                   only=set((os.environ.get("DEVICE_CHECK_ONLY") or "").split()))
-    os.environ.update(PYTHONUNBUFFERED="1", ECHOBENCH_CACHE=str(work / "cache"))
+    os.environ.update(PYTHONUNBUFFERED="1", ECHOBENCH_CACHE=str(work / "cache"), ECHOBENCH_LIVE_FAILURES="1")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))  # one cache for every run
     os.environ.setdefault("TRITON_CACHE_DIR", str(work / "triton"))
     if not dry:
