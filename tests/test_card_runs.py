@@ -141,6 +141,17 @@ def test_single_process_record(single):
     assert r["audio_seconds_per_s"] is None and r["backend"]["model"].startswith("decoder from card tiny")
     assert len(r["losses"]) == 3 and r["losses"][1] != r["losses"][0]
     assert "card" in stdout and "tokens/s per device" in stdout
+    assert r["sdpa_backends_predicted"] == {"decoder": sdpa_choice(r, heads=4, kv_heads=2)}
+    assert r["attention_kernels"] is None  # profiled on a GPU only
+
+
+def sdpa_choice(r: dict, heads: int, kv_heads: int) -> str:
+    """torch's SDPA choice for the tiny card's causal GQA attention at the record's micro-batch and
+    dtype, with `heads` query and `kv_heads` key / value heads on a rank."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[r["precision"]]
+    q = torch.zeros(r["micro_batch"], heads, SEQ, MODEL["hidden"] // MODEL["heads"], dtype=dtype)
+    k = torch.zeros(r["micro_batch"], kv_heads, SEQ, MODEL["hidden"] // MODEL["heads"], dtype=dtype)
+    return SDPBackend(torch._fused_sdp_choice(q, k, k, is_causal=True, enable_gqa=True)).name
 
 
 LAYOUTS = {"ddp": ["--micro-batch", "2", "--parallelism", "ddp"],
@@ -166,6 +177,7 @@ def test_two_processes_match_single_process(tmp_path, single, layout):
         assert r["backend"]["sharding"] == "FSDP2 per block + root"
     if layout == "tp2":
         assert r["backend"]["backend"] == "megatron" and r["backend"]["tp"] == 2 and r["tp"] == 2
+        assert r["sdpa_backends_predicted"] == {"decoder": sdpa_choice(r, heads=2, kv_heads=1)}  # a rank's heads
 
 
 def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single):

@@ -40,7 +40,12 @@ def decoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """The decoder's attention call: SDPA over (B, H, T, D) queries and (B, H_kv, T, D) keys and values,
     causal where the card is, query heads grouped over the key / value heads where fewer (GQA).
     calibrate --comm (calibrate.commbench.measure_attention) times this same call."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, **decoder_sdpa_options(q, k, causal))
+
+
+def decoder_sdpa_options(q: torch.Tensor, k: torch.Tensor, causal: bool) -> dict:
+    """SDPA's options in decoder_attention; train.kernels.card_sdpa_choices asks torch's choice with them."""
+    return {"is_causal": causal, "enable_gqa": k.shape[1] != q.shape[1]}
 
 
 class Attention(nn.Module):

@@ -172,14 +172,17 @@ def compile_text(record) -> str:
 
 def attention_text(record) -> str:
     """Per attention, the paths its measured micro-batches took and their share of the attention FLOPs;
-    the DiT's unmasked SDPA kernel, as a profiled pass saw it on a GPU, else torch's predicted choice."""
+    the DiT's unmasked SDPA kernel, as a profiled pass saw it on a GPU, else torch's predicted choice (a
+    card run: its decoder's)."""
     shares = record.attention_flop_shares or {}
     paths = "; ".join(f"{part} " + ", ".join(f"{path} {n}" + (f" ({shares[part][path]:.0%} of FLOPs)"
                                                              if path in shares.get(part, {}) else "")
                                             for path, n in counts.items())
                       for part, counts in (record.attention_paths or {}).items())
-    predicted = (record.sdpa_backends_predicted or {}).get("dit")
-    return paths + (f" (DiT SDPA, predicted: {predicted})" if predicted else "") if paths else "-"
+    predicted = record.sdpa_backends_predicted or {}
+    if not paths:  # a card run: its decoder's one attention path
+        return f"decoder SDPA, predicted: {predicted['decoder']}" if "decoder" in predicted else "-"
+    return paths + (f" (DiT SDPA, predicted: {predicted['dit']})" if "dit" in predicted else "")
 
 
 def repeats_report(records: list, out) -> list:

@@ -37,7 +37,8 @@ from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, disc
                                      profiling_stopped, trace_path)
 from echobench.train.bench_card import TokenBatches, card_counts, card_train_step, card_warmup
 from echobench.train.bench_record import start_record, summarize
-from echobench.train.bench_warmup import profile_variants, variant_label, warm_variants, warmup_variants
+from echobench.train.bench_warmup import (profile_variants, profiled_attention_kernels, variant_label, warm_variants,
+                                         warmup_variants)
 from echobench.train.breakdown import DATA_WAIT, write_breakdown
 from echobench.records.config import RunConfig
 from echobench.data import build_tokenizer, make_loader
@@ -47,8 +48,8 @@ from echobench.train.distributed import DistInfo, all_gather_object, dist_info, 
 from echobench.hardware.device import default_dtype, resolve_peak
 from echobench.train.metrics_log import finish as finish_metrics, open_metrics_log, result_figures
 from echobench.train.progress import Progress
-from echobench.train.kernels import (CompileWatch, compile_counts, compile_graphs, pin_sdpa_backend, sdpa_choices,
-                               size_recompile_limit)
+from echobench.train.kernels import (CompileWatch, card_sdpa_choices, compile_counts, compile_graphs, pin_sdpa_backend,
+                               sdpa_choices, size_recompile_limit)
 from echobench.model.decoder import FLOP_CONVENTION, decoder_flops_report
 from echobench.model.echo import diffusion_draws, loss_frames
 from echobench.records.results import Record
@@ -446,8 +447,10 @@ def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float |
                   metrics=None) -> dict:
     """run_loop for a card run (setting card: a plain decoder, bench_card): the backend builds the
     decoder; warm-up is one forward and backward of the run's one shape, then the warm-up steps;
-    the measured windows and the step timer are Echo's (measure_windows). Returns this rank's
-    figures in run_loop's keys (Echo's streams, attention paths and kernels left empty)."""
+    the measured windows and the step timer are Echo's (measure_windows); on a GPU that shape's
+    attention kernels profiled after the window, as Echo's variants are. Returns this rank's figures
+    in run_loop's keys (Echo's streams and attention paths left empty; the decoder's SDPA choice
+    predicted: kernels.card_sdpa_choices)."""
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     watch = CompileWatch().start()  # before the backend compiles anything
@@ -466,6 +469,7 @@ def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float |
     step_tokens = cfg.global_batch * workload.seq
     setup.model.train()
     device_type = info.device.type
+    variant = f"{cfg.micro_batch} x {workload.seq} tokens"  # the run's one micro-batch shape
     losses = []
     step = 0
 
@@ -501,6 +505,11 @@ def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float |
         progress.phase(f"measuring {cfg.steps} step(s)")
         window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
+        # As Echo's warm-up variants: the run's one micro-batch shape once more after the window,
+        # profiled (one forward and backward; every rank runs it, so its collectives match).
+        kernels = ({variant: profiled_attention_kernels(lambda: card_warmup(setup, workload, cfg.micro_batch,
+                                                                            info.device), info.device)}
+                   if device_type == "cuda" else None)
     finally:
         gc.enable()
         watch.stop()
@@ -510,13 +519,14 @@ def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float |
         "padded_audio_frames": [],
         "skipped_samples": 0,
         "backend_info": setup.info,
-        "attention_kernels": None,
-        "sdpa_backends_predicted": None,
+        "attention_kernels": kernels,
+        "sdpa_backends_predicted": card_sdpa_choices(card, cfg.micro_batch, workload.seq, info.device,
+                                                     setup.autocast_dtype or dtype, tp=cfg.tp),
         "compile_counts": compile_counts(),
         "compiles": dict(watch.events),
         "compiles_in_window": sum(window.compile_steps().values()),
         "window_restarts": restarts,
-        "warmup_variants": [f"{cfg.micro_batch} x {workload.seq} tokens"],
+        "warmup_variants": [variant],
         "profiled_steps": None,
         "trace": None,
         "breakdown": None,

@@ -128,15 +128,20 @@ def profile_variants(setup, echo, cfg, variants: list[Variant], tokenizer, devic
     """On a GPU, after the measured window: each variant's micro-batch forward and backward under the
     profiler; per variant (labelled with the attention paths it takes), the attention kernels that ran
     and their launches (kernels.attention_kernels). Every rank runs it (collectives match)."""
-    from torch.profiler import ProfilerActivity, profile  # lazy: the profiler's import is slow
-
     out = {}
     for variant in variants:
         batch, draws = variant_micro_batch(cfg, variant, tokenizer, device, generator)
         paths = echo.attention_paths(batch.padding, bool(not draws.keep.all()), batch.text_ids.shape[1])
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            forward_backward(setup, batch, draws, device)
-            torch.cuda.synchronize(device)
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        out[variant_label(variant, paths)] = attention_kernels(names)
+        out[variant_label(variant, paths)] = profiled_attention_kernels(
+            lambda: forward_backward(setup, batch, draws, device), device)
     return out
+
+
+def profiled_attention_kernels(run, device: torch.device) -> dict[str, int]:
+    """The attention kernels (kernels.attention_kernels) a GPU ran in run() under the profiler."""
+    from torch.profiler import ProfilerActivity, profile  # lazy: the profiler's import is slow
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize(device)
+    return attention_kernels(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -14,6 +14,7 @@ from collections import Counter
 import torch
 from torch.nn.attention import SDPBackend
 
+from echobench.model.decoder import decoder_sdpa_options
 from echobench.model.flops import speaker_patches
 
 # The settings' names for torch's SDPA backends (config.RunConfig.sdpa_backend).
@@ -51,7 +52,7 @@ def sdpa_choices(model_cfg, micro_batch: int, audio_frames: int, text_tokens: in
         q = torch.zeros(b, heads, q_len, head_dim, device=device, dtype=dtype)
         k = torch.zeros(b, heads, k_len, head_dim, device=device, dtype=dtype)
         mask = torch.ones(b, 1, 1, k_len, device=device, dtype=torch.bool) if masked else None
-        return SDPBackend(torch._fused_sdp_choice(q, k, k, attn_mask=mask)).name
+        return sdpa_choice(q, k, attn_mask=mask)
 
     shapes = {"dit": (dit_heads, audio_frames, keys, model_cfg.head_dim),
               "speaker_encoder": (model_cfg.speaker_heads, p, p, model_cfg.speaker_width // model_cfg.speaker_heads),
@@ -62,6 +63,23 @@ def sdpa_choices(model_cfg, micro_batch: int, audio_frames: int, text_tokens: in
             continue
         out[attention + ("_dense_mask" if path == "dense" else "")] = choice(*shapes[attention], path == "dense")
     return out
+
+
+def card_sdpa_choices(card, micro_batch: int, seq: int, device: torch.device, dtype: torch.dtype,
+                      tp: int = 1) -> dict[str, str]:
+    """sdpa_choices for a card run: torch's choice for the decoder's attention (model.decoder's call and
+    options: causal where the card is, GQA where it has fewer key / value heads) at the run's shapes,
+    {"decoder": name}. `tp` splits the query and key / value heads as the TP decoder does
+    (model.decoder_tp); sequence parallelism leaves the attention the whole sequence."""
+    head_dim = card.hidden // card.heads
+    q = torch.zeros(micro_batch, card.heads // tp, seq, head_dim, device=device, dtype=dtype)
+    k = torch.zeros(micro_batch, card.kv_heads // tp, seq, head_dim, device=device, dtype=dtype)
+    return {"decoder": sdpa_choice(q, k, **decoder_sdpa_options(q, k, card.causal))}
+
+
+def sdpa_choice(q: torch.Tensor, k: torch.Tensor, **options) -> str:
+    """The SDPBackend name torch picks for queries q over keys (and values shaped as) k with SDPA's options."""
+    return SDPBackend(torch._fused_sdp_choice(q, k, k, **options)).name
 
 
 def compile_graphs(buckets: list[int] | None) -> int:
