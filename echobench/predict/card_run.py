@@ -11,6 +11,7 @@ from dataclasses import fields
 from echobench.model.config import CardWorkload
 from echobench.predict.card import Layout, ModelCard, load_card_file, model_card, run_layout
 from echobench.predict.errors import PredictError
+from echobench.predict.pricing import SDPA_BACKEND_KERNELS
 from echobench.predict.validate import load_rows, published_figures, row_convention
 from echobench.records.config import RunConfig, card_label
 
@@ -49,7 +50,18 @@ def measured_card(card: dict) -> ModelCard:
         raise PredictError(f"the record's card section has no model card ({exc}): a record of an older echobench") from None
 
 
-def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool) -> Layout:
+def measured_attention_kernel(sdpa_backends: dict | None, device_type: str | None) -> str | None:
+    """The profile's attention kernel a card run's record names: torch's SDPA choice for its decoder
+    (sdpa_backends_predicted["decoder"], pricing.SDPA_BACKEND_KERNELS) on a GPU. None where it names
+    none: a record from before card runs recorded it, a CPU run (its names are the CPU's kernels), a
+    backend no profile prices."""
+    if device_type != "cuda":
+        return None
+    return SDPA_BACKEND_KERNELS.get((sdpa_backends or {}).get("decoder"))
+
+
+def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool,
+                    attention_kernel: str | None = None) -> Layout:
     """The layout a card run ran (its settings, the precision and compile it ran with), as predict_card
     prices it: single and ddp are DDP, fsdp2 FSDP (full_shard, shard_grad_op without resharding after
     forward), hsdp shard groups of a node, tpN Megatron TP. Priced as framework torchtitan: its eager
@@ -57,7 +69,8 @@ def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool) ->
     parameter prefetch overlapped with backward and forward as echobench's DDP, FSDP2 and megatron DDP
     run them. AC selective is echobench's: op-level where compiled (every matmul and attention output
     saved, element-wise ops re-run: recompute policy maxtext-minimal), every second block where eager
-    (selective-layer-2)."""
+    (selective-layer-2). attention_kernel: the one the record names (measured_attention_kernel; None:
+    the framework's default)."""
     layout, extra = {"single": ("ddp", {}), "ddp": ("ddp", {}), "hsdp": ("hsdp", {"shard_group": cfg.gpus_per_node}),
                      "fsdp2": ("fsdp", {"sharding": "full_shard" if cfg.reshard_after_forward else "shard_grad_op"})
                      }.get(cfg.parallelism, ("megatron", {"tp": cfg.tp, "distributed_optimizer": cfg.distributed_optimizer}))
@@ -65,4 +78,5 @@ def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool) ->
     return Layout(gpus=cfg.world_size, gpus_per_node=cfg.gpus_per_node, seq=seq, micro_batch=cfg.micro_batch,
                   grad_accum=cfg.grad_accum, global_batch=cfg.global_batch, layout=layout, ac=ac, compile=compiled,
                   precision=precision, fp8_recipe=cfg.float8_recipe if precision == "fp8" else None,
-                  grad_reduce_dtype=cfg.grad_reduce_dtype, framework="torchtitan", **extra)
+                  grad_reduce_dtype=cfg.grad_reduce_dtype, framework="torchtitan", attention_kernel=attention_kernel,
+                  **extra)

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from echobench.records.config import RunConfig
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.card_model import CardPrediction, predict_card
-from echobench.predict.card_run import measured_card, measured_layout
+from echobench.predict.card_run import measured_attention_kernel, measured_card, measured_layout
 from echobench.predict.errors import PredictError
+from echobench.predict.frameworks import framework
 from echobench.predict.model import Prediction, predict
 from echobench.predict.pricing import is_cpu_name, priced
 from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
@@ -95,9 +96,20 @@ def card_prediction(record, cfg: RunConfig, profile: HardwareProfile, peak: tupl
     """A card run's prediction at the layout it ran, with the record's peak (so that both MFUs share
     their denominator) and, for a published row, the MFU under the row's convention at that peak."""
     card = record.card
-    layout = measured_layout(cfg, card["seq"], record.precision, bool(record.compile))
+    backend = (record.sdpa_backends_predicted or {}).get("decoder")
+    kernel = measured_attention_kernel(record.sdpa_backends_predicted, record.env.device_type)
+    layout = measured_layout(cfg, card["seq"], record.precision, bool(record.compile), attention_kernel=kernel)
     p = predict_card(measured_card(card), layout, profile, row_flops_per_token=card.get("row_flops_per_token"),
                      row_peak_tflops=record.peak_tflops, peak=peak)
+    if kernel:
+        p.notes.append(f"attention priced as the {kernel} kernel the record names (sdpa_backends_predicted: torch's "
+                       f"{backend} at the run's shapes)")
+    else:
+        why = ("names a CPU's kernel" if backend and record.env.device_type != "cuda" else
+               f"names {backend}, which no profile kernel stands for" if backend else "does not name one")
+        default = framework(layout.framework).attention_kernel
+        p.notes.append(f"attention priced as {layout.framework}'s default kernel {default}: the record {why} "
+                       "(sdpa_backends_predicted)")
     p.run_id, p.cfg, p.profile, p.profile_device = record.run_id, cfg, profile.name, profile.device
     return p
 

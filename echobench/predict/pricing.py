@@ -240,6 +240,12 @@ def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
     return echo_elementwise(cfg, compute_bytes(cfg, profile), False)[1]
 
 
+# torch's SDPBackend names, as a record's sdpa_backends_predicted gives them, to the profiles' attention
+# kernels (hwprofile.ATTENTION_KERNELS); SDPA's flash backend is FlashAttention-2, as attention_kernel says.
+SDPA_BACKEND_KERNELS = {"FLASH_ATTENTION": "flash2", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn",
+                        "MATH": "math"}
+
+
 def attention_kernel(cfg: RunConfig) -> str | None:
     """The attention kernel an Echo run takes on a GPU, as the profiles' attention points name it
     (hwprofile.ATTENTION_KERNELS), from its settings (model.echo.attention_paths,
