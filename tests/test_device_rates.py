@@ -54,6 +54,29 @@ def test_the_fitted_in_step_clock_is_its_familys_and_a_measured_profile_takes_no
     assert set(committed.clock) == {"hopper", "ampere"} and all(0.6 <= c <= 1 for c in committed.clock.values())
 
 
+def test_a_run_on_one_gpu_is_outside_the_fits_rows_and_priced_at_the_isolated_rate():
+    fit = dr.InStepFit({"hopper": 0.7}, ("row",), "test fit")
+    h200 = shipped("h200-hgx-ib")
+    assert dr.run_fit(8, fit) is fit and dr.in_step_clock(h200, dr.run_fit(2, fit)).value == 0.7
+    one = dr.in_step_clock(h200, dr.run_fit(1, fit))
+    assert one.value == 1.0 and "one GPU" in one.source
+
+
+def test_a_one_gpu_prediction_prices_gemms_at_the_isolated_rate_and_says_so():
+    """The same per-GPU step on 1 and on 8 H200s: the 8-GPU run's GEMM and attention seconds are the
+    one-GPU run's over the committed hopper clock, and each run's notes say which it took."""
+    from echobench.predict import predict
+    from echobench.records.config import RunConfig
+
+    h200, clock = shipped("h200-hgx-ib"), dr.committed_fit().clock["hopper"]
+    one, eight = (predict(RunConfig(scale="800M", micro_batch=8, gpus_per_node=g, parallelism="single" if g == 1 else "ddp",
+                                    device="cuda"), h200) for g in (1, 8))
+    for part in ("gemm", "attention"):
+        assert eight.parts[part] == pytest.approx(one.parts[part] / clock, rel=1e-9)
+    assert any("isolated kernels' rate: no in-step clock (one GPU" in n for n in one.notes)
+    assert any(f"at {clock:.3g} x the isolated kernels' rate" in n for n in eight.notes)
+
+
 def test_memory_bound_work_eager_and_compiled_and_the_kernel_gap_name_their_sources():
     h200 = shipped("h200-hgx-ib")
     eager, compiled = dr.memory_bandwidth(h200), dr.memory_bandwidth(h200, compiled=True)

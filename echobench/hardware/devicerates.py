@@ -9,7 +9,8 @@ and `stepcount`'s projection both call these, with or without a run.
   power limit than the points' device: 1 where none) x in_step_clock, the share of an isolated
   GEMM loop's clock a GPU family holds while the whole step (HBM, NVLink, NCCL and the tensor cores
   at once) draws on its power budget: FITTED to published runs (validation/fit.json names them;
-  `predict --validate` refits it leaving each source out), no measurement of it published;
+  `predict --validate` refits it leaving each source out), no measurement of it published; a run
+  on one GPU is outside the fit's rows (8 to 6144 GPUs) and priced without it (run_fit);
 - gemm(profile, m, n, k, precision): an (m, n, k) GEMM's rate: the profile's best point of that
   precision (bf16, or fp8 at the device's float8 rate) scaled by the shape model (tile and wave
   quantization over the SMs, a k-loop cost per tile and a launch cost per GEMM: gemm_model_tflops),
@@ -81,6 +82,22 @@ class InStepFit:
     clock: dict = field(default_factory=dict)  # family -> ratio
     fitted_on: tuple = ()
     source: str = ""
+    no_clock: str = ""  # why a fit that holds no clock prices none (run_fit's one GPU)
+
+
+# The fit's domain is its rows': 8 to 6144 GPUs, each sharing its SMs, HBM and power with the collectives
+# it overlaps. A run on one GPU is outside it, and echobench's own H200 records say the isolated rate
+# holds there: the profiled 3B compiled step spent 0.123 s in GEMMs, priced 0.132 s at the isolated
+# rate and 0.184 s at the fitted 0.715; two dense decoders ran at 52-61% MFU, which 0.715 cannot reach.
+ONE_GPU = ("one GPU, outside the fit's 8 to 6144-GPU rows; on one H200 echobench measured GEMMs at their "
+           "isolated rate (reports/h200-2026-12-04.md)")
+
+
+def run_fit(gpus: int | None, fit: InStepFit | None = None) -> InStepFit:
+    """The in-step clock a run on `gpus` GPUs is priced with: `fit`'s (None: the committed one); on one
+    GPU none (ONE_GPU: the fit's rows are all multi-GPU, and one GPU measured the isolated rate)."""
+    fit = committed_fit() if fit is None else fit
+    return InStepFit({}, fit.fitted_on, fit.source, ONE_GPU) if gpus == 1 else fit
 
 
 def gpu_family(device: str) -> str | None:
@@ -108,8 +125,8 @@ def in_step_clock(profile: HardwareProfile, fit: InStepFit | None = None) -> Rat
     fit = committed_fit() if fit is None else fit
     fam = gpu_family(profile.device)
     if profile.measured or fam is None or fam not in fit.clock:
-        return Rate(1.0, "ratio", "no in-step clock (" + ("a measured profile" if profile.measured else
-                                                           f"no fitted {fam or 'family'} clock") + ")")
+        why = "a measured profile" if profile.measured else fit.no_clock or f"no fitted {fam or 'family'} clock"
+        return Rate(1.0, "ratio", f"no in-step clock ({why})")
     return Rate(fit.clock[fam], "ratio", f"FITTED in-step clock of the {fam} family, {fit.clock[fam]:.3g}: "
                                          f"{fit.source} ({len(fit.fitted_on)} rows)")
 

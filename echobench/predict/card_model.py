@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from echobench.hardware.devicerates import run_fit
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.card import Layout, ModelCard
 from echobench.predict.card_memory import card_memory_gib
@@ -91,7 +92,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     `row_flops_per_token` and `row_peak_tflops`: a published row's own MFU convention; `rates`: the
     profile's rates to price at (a bound, or fitted terms; default its mid figures); `peak`: the MFU
     denominator (TFLOP/s, its source) in place of the profile's (a measured run's own)."""
-    rates = rates or Rates(profile, "mid")
+    rates = rates or Rates(profile, "mid", run_fit(layout.gpus))  # the fitted in-step clock, none on one GPU
     fw = framework(layout.framework, layout.compile)
     opts, notes = resolved(layout, fw)
     work = card_work(card, layout, fw)
@@ -134,7 +135,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     notes += [n for n in (host_note,) if n]
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
-    if note := in_step_note(profile):
+    if note := in_step_note(profile, rates.terms):
         notes.append(note)
     notes += attention_notes(work.attention, rates, opts["attention_kernel"])
     notes.append(f"element-wise bytes counted on {fw.name}'s eager {fw.eager_block} block (card_work.ELEMENTWISE_EAGER)"

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 
 from echobench.records.config import RunConfig, run_id
 from echobench.model.flops import hardware_flops, model_flops
+from echobench.hardware.devicerates import InStepFit, run_fit
 from echobench.hardware.profile import HardwareProfile
 from echobench.backends import layout_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
@@ -142,6 +143,7 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
+    terms = run_fit(cfg.world_size, terms)  # the fitted in-step clock, none on one GPU
     mid, low, high = (_evaluate(cfg, Rates(profile, b, terms)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
@@ -155,7 +157,7 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
              "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
              "optimizer": dev["optimizer"], "communication": mid["exposed_s"],
              "host": mid["host"] if is_cpu(profile) else max(0.0, mid["host"] - mid["device"])}
-    notes = _notes(cfg, profile)
+    notes = _notes(cfg, profile, terms)
     if sequence_parallel:
         notes.append("sequence parallelism priced as the same TP layout without it (its all-gathers and "
                      "reduce-scatters move the bytes of the all-reduces they replace; the norms' split not modelled)")
@@ -184,12 +186,12 @@ def _capacity(profile: HardwareProfile) -> float | None:
         return None
 
 
-def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
+def _notes(cfg: RunConfig, profile: HardwareProfile, terms: InStepFit) -> list[str]:
     """What the prediction assumes for this run beyond the rules of echobench.predict's docstring."""
     notes = []
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
-    if note := in_step_note(profile):
+    if note := in_step_note(profile, terms):
         notes.append(note)
     if note := elementwise_note(cfg, profile):
         notes.append(note)
@@ -203,7 +205,7 @@ def _notes(cfg: RunConfig, profile: HardwareProfile) -> list[str]:
         dit = "" if list(mix) == [kernel] else "; the DiT's " + ", ".join(f"{share:.0%} {k}" for k, share in mix.items()) \
             + " (micro-batches in which a sample drops its conditioning attend over a key mask)"
         notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel){dit}")
-    notes += attention_notes(run_work(cfg)[1], Rates(profile), kernel)
+    notes += attention_notes(run_work(cfg)[1], Rates(profile, terms=terms), kernel)
     if profile.sm_count and profile.gemm:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "
                      f"{profile.sm_count} SMs and the fitted k-loop and launch costs where no measured shape is near "

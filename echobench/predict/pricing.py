@@ -13,6 +13,7 @@ from echobench.records.config import RunConfig, run_id
 from echobench.hardware.devicerates import (
     InStepFit,
     attention_points,
+    gpu_family,
     in_step_clock,
     gemm_rate,
     interpolate_attention,
@@ -335,14 +336,16 @@ def point_run(point, profile: HardwareProfile) -> RunConfig:
                      parallelism=point.parallelism, nodes=nodes, gpus_per_node=point.processes // nodes)
 
 
-def in_step_note(profile: HardwareProfile) -> str | None:
+def in_step_note(profile: HardwareProfile, fit: InStepFit | None = None) -> str | None:
     """The prediction's note on what is fitted in its compute (None: nothing): the GPU family's
     in-step clock fitted to published runs (devicerates.in_step_clock), and an in_step factor
     `echobench tune` fitted to the runs it measured."""
     notes = []
-    clock = in_step_clock(profile)
+    clock = in_step_clock(profile, fit)
     if clock.value != 1:
         notes.append(f"GEMM and attention at {clock.value:.3g} x the isolated kernels' rate: {clock.source}")
+    elif fit is not None and fit.no_clock and not profile.measured and gpu_family(profile.device):
+        notes.append(f"GEMM and attention at the isolated kernels' rate: {clock.source}")
     if profile.in_step is not None:
         notes.append(f"GEMM, attention and element-wise time x {profile.in_step.factor:.3g}"
                      + f": the profile's in_step factor, FITTED by `echobench tune` to {len(profile.in_step.fitted_on)} "

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from echobench.hardware.devicerates import run_fit
 from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
 from echobench.predict.card_model import predict_card
@@ -251,7 +252,7 @@ def _priced(row: Mapping, profile: HardwareProfile, terms=None) -> float:
     """The row's predicted step (the terms crossval fitted, None: the committed ones)."""
     card = model_card(row["model"])
     layout = run_layout(row["run"], row["hardware"])
-    return predict_card(card, layout, profile, rates=Rates(profile, "mid", terms=terms)).step_time_s
+    return predict_card(card, layout, profile, rates=Rates(profile, "mid", terms=run_fit(layout.gpus, terms))).step_time_s
 
 
 def variants(row: Mapping) -> list[tuple[str, dict]]:
@@ -327,7 +328,7 @@ def validate_row(row: Mapping, profiles: dict[str, HardwareProfile], terms=None,
         formula, peak = row_convention(row)
         out.published_step_s, out.published_from = published_step(row, card, layout)
         p = predict_card(card, layout, profile, row_flops_per_token=formula(card, layout) if formula else None,
-                         row_peak_tflops=peak, rates=Rates(profile, "mid", terms=terms))
+                         row_peak_tflops=peak, rates=Rates(profile, "mid", terms=run_fit(layout.gpus, terms)))
         step = p.step_time_s
         if with_range:
             out.low_s, out.high_s = assumed_range(row, step, profiles, terms)

@@ -1,0 +1,46 @@
+"""Each pass of tools/predict_cpu_sweep.sh (PASSES=N): its runs' step-time errors, its mean and max
+|error|, the load it ran at, and the median pass, from the passes' `predict --against --json` files.
+
+    python3 tools/predict_cpu_passes.py OUT/pass-*/against.json
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def loads(log: Path) -> str:
+    """The 1-minute load average at calibrate and at sweep, as the pass logged them ('-': no log)."""
+    if not log.exists():
+        return "-"
+    found = {line.rsplit(": ", 1)[-1]: line.split(" load ")[1].split()[0] for line in log.read_text().splitlines()
+             if " load " in line}
+    return f"{found.get('calibrate --comm', '?')} / {found.get('sweep', '?')}"
+
+
+def main(paths: list[str]) -> None:
+    passes = []
+    for path in paths:
+        rows = json.loads(Path(path).read_text())
+        errors = {r["run_id"].split("-mb")[0]: r["error"] for r in rows}
+        absolute = [abs(e) for e in errors.values()]
+        passes.append((Path(path).parent.name, errors, sum(absolute) / len(absolute), max(absolute),
+                       loads(Path(path).parent / "pass.log")))
+    runs = sorted({run for _, errors, _, _, _ in passes for run in errors})
+    print("| pass | load at calibrate / sweep | " + " | ".join(runs) + " | mean \\|error\\| | max \\|error\\| |")
+    print("| --- | --- |" + " ---: |" * (len(runs) + 2))
+    for name, errors, mean, top, load in passes:
+        cells = [f"{errors[r]:+.1%}" if r in errors else "-" for r in runs]
+        print(f"| {name} | {load} | " + " | ".join(cells) + f" | {mean:.1%} | {top:.1%} |")
+    means, tops = [p[2] for p in passes], [p[3] for p in passes]
+    print(f"\n{len(passes)} passes: median mean |error| {statistics.median(means):.1%} (range {min(means):.1%}-"
+          f"{max(means):.1%}), median max |error| {statistics.median(tops):.1%} (range {min(tops):.1%}-{max(tops):.1%})")
+    for run in runs:
+        values = [errors[run] for _, errors, _, _, _ in passes if run in errors]
+        print(f"{run}: median error {statistics.median(values):+.1%} over {len(values)} passes "
+              f"({min(values):+.1%} .. {max(values):+.1%})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
