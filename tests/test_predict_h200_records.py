@@ -46,3 +46,29 @@ def test_predicted_step_times_of_the_h200_runs_hold_their_limits(h200_runs, prof
     errors = [abs(r["error"]) for r in rows]
     assert sum(errors) / len(errors) <= mean_limit, errors
     assert max(errors) <= max_limit, errors
+
+
+def test_an_echo_gpu_run_left_to_torchs_sdpa_choice_is_priced_at_the_backend_its_record_names(h200_runs):
+    """torch 2.11 chose cuDNN for the DiT's unmasked attention on the H200 (each Echo record's
+    sdpa_backends_predicted): predict --against prices that kernel, not the flash2 of a run's settings;
+    the same record with no name, or read as a CPU's, keeps the settings' kernel."""
+    import dataclasses
+
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.predict import predict
+    from echobench.predict.measured import against as against_record
+    from echobench.records.config import RunConfig
+    from echobench.records.results import Record, record_settings
+
+    h200 = load_profile(find_profile("h200-hgx-ib"))
+    record = Record.load(h200_runs / "3b-compile-mb8" / "result.json")
+    assert record.sdpa_backends_predicted["dit"] == "CUDNN_ATTENTION" and record.config["sdpa_backend"] == "auto"
+    cfg = RunConfig.from_dict({**record_settings(record), "repeat": 0})
+    peak = (record.peak_tflops, record.peak_source)
+    cudnn = predict(dataclasses.replace(cfg, sdpa_backend="cudnn"), h200, peak=peak,
+                    model_flops_per_sample=record.model_flops_per_sample)
+    auto = predict(cfg, h200, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
+    assert cudnn.parts["attention"] != pytest.approx(auto.parts["attention"])  # the kernel matters here
+    assert against_record(record, [h200]).prediction.parts["attention"] == pytest.approx(cudnn.parts["attention"])
+    unnamed = record.model_copy(update={"sdpa_backends_predicted": None})
+    assert against_record(unnamed, [h200]).prediction.parts["attention"] == pytest.approx(auto.parts["attention"])

@@ -6,7 +6,7 @@ run (a record with a `card` section) is priced by predict_card at the layout it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from echobench.records.config import RunConfig
 from echobench.hardware.profile import HardwareProfile
@@ -71,13 +71,28 @@ class Comparison:
                 "parts_vs_breakdown": self.parts, "path": self.path}
 
 
+# torch's SDPBackend names to the sdpa_backend setting that pins the same kernel
+SDPA_SETTINGS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+                 "MATH": "math"}
+
+
+def recorded_sdpa(cfg: RunConfig, record) -> RunConfig:
+    """An Echo GPU run left to torch's SDPA choice (sdpa_backend auto) priced at the backend its record
+    says torch chose for the DiT's unmasked attention (sdpa_backends_predicted["dit"]): torch's
+    priority differs between versions (2.11 puts cuDNN first on an H200), the record knows."""
+    chosen = SDPA_SETTINGS.get((record.sdpa_backends_predicted or {}).get("dit"))
+    if cfg.sdpa_backend != "auto" or chosen is None or record.env.device_type != "cuda":
+        return cfg
+    return replace(cfg, sdpa_backend=chosen)
+
+
 def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     """The prediction of a measured run (an ok Record with a median step time), on the profile
     choose_profile picks, with the record's own peak and model FLOPs per sample (its real lengths),
     so that the MFUs compare under one convention."""
     if record.status != "ok" or not record.step_time_s:
         raise PredictError(f"{record.run_id}: status {record.status}, no measured step time to compare")
-    cfg = RunConfig.from_dict({**record_settings(record), "repeat": 0})
+    cfg = recorded_sdpa(RunConfig.from_dict({**record_settings(record), "repeat": 0}), record)
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
     if record.card is not None:

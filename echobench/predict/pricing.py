@@ -258,7 +258,9 @@ def attention_kernel(cfg: RunConfig) -> str | None:
     choice (auto), FlashAttention first in its priority (huggingface/transformers#48163: "picks its
     backend by a fixed priority that puts FlashAttention first"; cuDNN-first on H100 was reverted,
     pytorch/pytorch#128539). SDPA's flash backend is FlashAttention-2. The DiT's micro-batches whose
-    samples drop their conditioning attend masked: dit_attention_mix prices that share apart."""
+    samples drop their conditioning attend masked: dit_attention_mix prices that share apart. A
+    measured run is priced at the backend its record names instead (measured.recorded_sdpa: torch
+    2.11 chose cuDNN on an H200)."""
     if cfg.data != "synthetic":
         if cfg.key_masking in ("flex", "auto"):
             return "flex"
