@@ -129,7 +129,7 @@ def test_compiled_runs_and_failed_counts_keep_the_ratios_with_a_note(monkeypatch
     compiled = predict(tiny(compile="auto"), profile)  # auto: compiled on a GPU
     assert any("ASSUMED" in n and ew.COMPILED_ENV in n for n in compiled.notes)
     run = pr.priced(tiny(compile="auto"), profile.device)
-    assert ew.echo_elementwise(run, 2, False)[0] == elementwise_bytes(run, 2)
+    assert ew.echo_elementwise(run, 2)[0] == elementwise_bytes(run, 2)
 
     def fails(*args):
         raise ImportError("no torch")
@@ -138,12 +138,13 @@ def test_compiled_runs_and_failed_counts_keep_the_ratios_with_a_note(monkeypatch
     p = predict(tiny(micro_batch=5), profile)
     assert any("counting the step failed: ImportError" in n for n in p.notes)
     eager = pr.priced(tiny(micro_batch=5), profile.device)
-    assert ew.echo_elementwise(eager, 2, False)[0] == elementwise_bytes(eager, 2)
+    assert ew.echo_elementwise(eager, 2)[0] == elementwise_bytes(eager, 2)
 
 
-def test_a_cpu_profile_keeps_the_ratios():
-    cfg = tiny()
-    assert ew.echo_elementwise(cfg, 4, True) == (elementwise_bytes(cfg, 4), "ratios")
+def test_a_cpu_run_is_counted_as_a_gpu_run_is():
+    cfg = tiny(precision="fp32", device="cpu")
+    (fwd, bwd), how = ew.echo_elementwise(cfg, 4)
+    assert (fwd, bwd) == full_count(cfg, 2, 2, 2) and "COUNTED" in how
 
 
 @pytest.mark.slow
@@ -165,5 +166,5 @@ def test_the_compiled_count_extrapolates_per_layer_too(monkeypatch):
     monkeypatch.setattr(ew, "count_at_depth", lambda run, compiled, depth: (depth1, depth2)[depth - 1] if compiled
                         else pytest.fail("counted eager"))
     run = pr.priced(tiny(compile="auto"), gpu_profile().device)
-    fwd, bwd = ew.echo_elementwise(run, 2, False)[0]
+    fwd, bwd = ew.echo_elementwise(run, 2)[0]
     assert (fwd, bwd) == ew.extrapolate(cfg, depth1, depth2)

@@ -39,11 +39,11 @@ score counted; devicerates.attention_points' fallback order where the profile la
 fallback a note. GEMMs and attention x the sustained clock (devicerates.sustained_clock): the
 profile's clock (another power limit than its points': 1 where none) x the in-step clock of its GPU
 family, the ONE fitted term (validation/fit.json: fitted to published runs, held out a source at a
-time by crossval.py; 1 on a CPU and on a measured profile). Memory: the add bandwidth at the size of
-the run's tensors (a CPU profile measures a cache-sized point beside the DRAM one; the shipped GPU
-profiles: 86% of the datasheet, the H200's measured ratio).
+time by crossval.py; 1 on a CPU, on a measured profile and for a run on one GPU). Memory: on a GPU
+the add bandwidth at the size of the run's tensors (the shipped GPU profiles: 86% of the datasheet,
+the H200's measured ratio); on a CPU the DRAM add's (every op writes a fresh allocation).
 
-Element-wise bytes: on a GPU profile counted (elementwise.py): echobench.predict.stepcount's bytes read +
+Element-wise bytes: counted (elementwise.py), on a CPU profile as on a GPU's: echobench.predict.stepcount's bytes read +
 written by every memory-bound op of one step of the run's configuration (its width, lengths,
 micro-batch, precision, AC and attention path; the optimizer and clipping apart), counted at 1 and 2
 layers per stack and extrapolated per layer, which equals a full count (a test holds it), cached in
@@ -53,10 +53,9 @@ of what autograd saves per step (memory.activation_elements_per_sample x micro-b
 dtype's size). Compiled runs: work.ELEMENTWISE's 1.1 x / 1.65 x those bytes, assumed (inductor fuses
 each element-wise chain), because counting inductor's kernels takes 40 .. 90 s per reduced count (two
 per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts them instead (about 1.4 .. 1.9 x
-forward and 2.0 .. 2.5 x backward for 800M .. 8B: the assumed ratios under-count). A CPU profile, and a
-count that fails (no torch), keep the fixed eager ratios 3.3 x forward and 5.22 x backward,
-counted on real fp32 tiny CPU steps (6.0 / 9.5 against the smaller activation estimate before issue
-34). A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
+forward and 2.0 .. 2.5 x backward for 800M .. 8B: the assumed ratios under-count). A count that fails (no torch)
+keeps the fixed eager ratios 3.3 x forward and 5.22 x backward (6.0 / 9.5 against the smaller
+activation estimate before issue 34), which under-count a tiny fp32 CPU step 2.4x / 3x. A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
 (work.float8_work). The prediction's notes say which.
 
 AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read, p, m, v

@@ -94,8 +94,8 @@ class Rates:
     def memory_gbps(self, op: str = "add", nbytes: float | None = None) -> float:
         """The bandwidth of `op` (add: eager element-wise work; triton: compiled; adamw: the
         optimizer's step) over tensors of `nbytes` (None: the largest measured): the point measured
-        nearest that size (a CPU profile has a cache-sized one beside its DRAM one: a small run's
-        tensors stay in the cache); a profile without that op: its add (else its datasheet) figure
+        nearest that size (a CPU profile has a cache-sized one beside its DRAM one; device_seconds
+        asks a CPU's for the DRAM one); a profile without that op: its add (else its datasheet) figure
         (devicerates.memory_bandwidth's rule)."""
         if not self.profile.memory:
             raise PredictError(f"profile {self.profile.name!r} has no memory bandwidth: measure one with "
@@ -200,17 +200,21 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     """The device's seconds of one step of an Echo run by phase and kind (no communication): its
     work (work.run_work) priced by work_seconds, attention at the kernel the run takes
     (attention_kernel; on a CPU the profile's own points, which measure the CPU's kernels), the
-    element-wise bytes counted on a GPU profile (elementwise.echo_elementwise; the ratios on a CPU's);
+    element-wise bytes counted (elementwise.echo_elementwise);
     precision fp8 on a GPU: the float8 linears' GEMMs at the device's float8 rate and their casts'
     bytes (work.float8_work)."""
     mm, att = run_work(cfg)
     cpu = is_cpu(rates.profile)
     kernel = None if cpu else attention_kernel(cfg)
-    (fwd, bwd), _ = echo_elementwise(cfg, eb, cpu)
+    (fwd, bwd), _ = echo_elementwise(cfg, eb)
     if cfg.precision == "fp8" and not cpu:  # float8 GEMMs at the device's float8 rate, and their casts
         mm, (cf, cb) = float8_work(mm, cfg.compile is True)
         fwd, bwd = fwd + cf, bwd + cb
-    tensor = cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb  # an activation of the DiT
+    # A GPU's element-wise kernels at the point nearest a DiT activation's size. A CPU's at its largest
+    # (DRAM) point whatever the tensors' size: in a traced tiny step (mb 4, 200 frames) they took
+    # 13-18 ms for the 185 MB stepcount counts, DRAM's 14 GB/s, not the cache-sized add's 91 GB/s
+    # (each op writes a fresh allocation, which no cache holds).
+    tensor = None if cpu else cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb
     mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg)}
     return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor,
                         mixes=mixes)
@@ -233,12 +237,9 @@ def dit_attention_mix(cfg: RunConfig) -> dict[str, float]:
     return {k: v for k, v in mix.items() if v > 0}
 
 
-def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str | None:
-    """The prediction's note on how its element-wise bytes were had (None on a CPU profile: the ratios
-    of the package's docstring)."""
-    if is_cpu(profile):
-        return None
-    return echo_elementwise(cfg, compute_bytes(cfg, profile), False)[1]
+def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str:
+    """The prediction's note on how its element-wise bytes were had (elementwise.echo_elementwise)."""
+    return echo_elementwise(cfg, compute_bytes(cfg, profile))[1]
 
 
 # torch's SDPBackend names, as a record's sdpa_backends_predicted gives them, to the profiles' attention
@@ -358,8 +359,8 @@ def in_step_note(profile: HardwareProfile, fit: InStepFit | None = None) -> str 
 def in_situ_factor(rates: Rates) -> float:
     """The factor on a step's GEMM, attention and element-wise time beyond the physical rates: the
     profile's `in_step`, which only `echobench tune` fits (to the runs it measured); 1 otherwise. A
-    CPU's kernels inside a step are priced as measured: the cache-sized element-wise bandwidth for
-    a small run's tensors (Rates.memory_gbps), the host's cost per op from its host points; issue 42
+    CPU's kernels inside a step are priced as measured: the element-wise bytes counted at the DRAM
+    add's bandwidth (device_seconds), the host's cost per op from its host points; issue 42
     removed the factor two host steps fitted (it took the model's error on the reference step for a
     property of the CPU)."""
     return rates.profile.in_step.factor if rates.profile.in_step else 1.0
