@@ -1,13 +1,35 @@
 """Each pass of tools/predict_cpu_sweep.sh (PASSES=N): its runs' step-time errors, its mean and max
 |error|, the load it ran at, and the median pass, from the passes' `predict --against --json` files.
+--reprice prices each pass's runs again on its own profile with this checkout's model first (a pass
+folder: its profile.yaml and runs/; the measurements stay, the model changes).
 
     python3 tools/predict_cpu_passes.py OUT/pass-*/against.json
+    python3 tools/predict_cpu_passes.py --reprice reports/predict-cpu-2026-12-04/pass-*
 """
 
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+
+def reprice(passes: list[str], out: Path) -> list[str]:
+    """`echobench predict --against PASS/runs --profile PASS/profile.yaml --json` of each pass, into
+    out/NAME/against.json beside a copy of its pass.log; the files' paths."""
+    paths = []
+    for folder in map(Path, passes):
+        target = out / folder.name
+        target.mkdir(parents=True)
+        priced = subprocess.run([sys.executable, "-m", "echobench", "predict", "--against", str(folder / "runs"),
+                                 "--profile", str(folder / "profile.yaml"), "--json"],
+                                capture_output=True, text=True, check=True)
+        (target / "against.json").write_text(priced.stdout)
+        if (folder / "pass.log").exists():
+            (target / "pass.log").write_text((folder / "pass.log").read_text())
+        paths.append(str(target / "against.json"))
+    return paths
 
 
 def loads(log: Path) -> str:
@@ -43,4 +65,8 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--reprice"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            main(reprice(sys.argv[2:], Path(tmp)))
+    else:
+        main(sys.argv[1:])
