@@ -186,6 +186,21 @@ def test_the_model_holds_on_sources_it_was_not_fitted_to(cv):
     assert all(0.6 <= c <= 1.0 for fold in cv["folds"].values() for c in fold.values())
 
 
+def test_the_clock_each_row_needs_reprices_it_at_its_published_step(cv):
+    """The clock each row would need (crossval.RowFit.clock_needed) makes its surrogate step its
+    published one; per source and overall its min / median / max bracket the fitted clock."""
+    from echobench.predict.crossval import RowFit, clocks_needed
+
+    row = RowFit("r", "s", "hopper", a=0.2, b=0.5, published=0.9)
+    assert row.step(row.clock_needed()) == pytest.approx(0.9)
+    assert RowFit("r", "s", "hopper", a=1.0, b=0.5, published=0.9).clock_needed() is None  # too slow at any clock
+    rows = [RowFit(str(i), "s", "hopper", 0.1, 0.5, 0.1 + 0.5 / c) for i, c in enumerate((0.6, 0.7, 0.9))]
+    assert clocks_needed(rows)["hopper"] == pytest.approx([0.6, 0.7, 0.9])
+    for fam, (lo, mid, hi) in cv["clock_needed"].items():
+        assert lo <= cv["fit"][fam] <= hi and lo <= mid <= hi
+    assert all("clock_needed" in v for v in cv["per_source"].values())
+
+
 def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zero_width(cv):
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
     assert committed["clock"] == cv["fit"], "stale: rerun `echobench predict --validate validation/published-runs.yaml --write-fit`"

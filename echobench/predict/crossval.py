@@ -49,6 +49,22 @@ class RowFit:
     def step(self, clock: float) -> float:
         return self.a + self.b / clock
 
+    def clock_needed(self) -> float | None:
+        """The clock at which this row's step is its published one (None: slower than published even
+        at an infinite clock: the rest of its step alone is too slow)."""
+        return self.b / (self.published - self.a) if self.published > self.a and self.b > 0 else None
+
+
+def clocks_needed(fits: Sequence[RowFit]) -> dict[str, list[float]]:
+    """Per family, the min, median and max of the clock each row needs (RowFit.clock_needed): how far
+    one fitted clock is from every row's own."""
+    out = {}
+    for fam in sorted({f.family for f in fits if f.family}):
+        cs = sorted(c for f in fits if f.family == fam and (c := f.clock_needed()) is not None)
+        if cs:
+            out[fam] = [cs[0], quantile(cs, 0.5), cs[-1]]
+    return out
+
 
 def _fit(family_of: str, rows: Sequence[RowFit]) -> float:
     """The clock of `family_of` minimising mean |log(step / published)| over its rows (1: none)."""
@@ -99,12 +115,13 @@ def crossval(rows: Sequence[Mapping]) -> dict:
     everything = fit(fits, "fitted on every row")
     inside = {v.id: v.error for v in validate([by_id[r.id] for r in fits], terms=everything) if v.error is not None}
     per_source = {s: {"rows": sum(f.source == s for f in fits), "clock_fitted_without_it": folds[s],
+                      "clock_needed": clocks_needed([f for f in fits if f.source == s]),
                       "loso": error_summary([loso[f.id] for f in fits if f.source == s]),
                       "in_sample": error_summary([inside[f.id] for f in fits if f.source == s])} for s in sources}
     residuals = sorted(math.log(1 + e) for e in loso.values())
     return {"sources": len(sources), "rows": len(fits), "fit": everything.clock, "folds": folds,
             "loso": error_summary(list(loso.values())), "in_sample": error_summary(list(inside.values())),
-            "per_source": per_source, "residual_quantiles": [quantile(residuals, q) for q in RESIDUAL_QUANTILES],
+            "per_source": per_source, "clock_needed": clocks_needed(fits), "residual_quantiles": [quantile(residuals, q) for q in RESIDUAL_QUANTILES],
             "loso_errors": loso, "in_sample_errors": inside}
 
 

@@ -100,19 +100,25 @@ def crossval_table(cv: dict) -> Table:
     """The leave-one-source-out cross-validation (crossval.crossval): per source and overall."""
     table = Table(title="leave-one-source-out cross-validation (the in-step clock fitted without the source, the "
                   "source predicted)", caption="|error| mean / max; clock: the in-step clock per GPU family fitted on "
-                  "the other sources")
-    for col in ("source", "rows", "clock fitted without it", "LOSO mean", "LOSO max", "in-sample mean", "in-sample max"):
-        table.add_column(col, justify="left" if col in ("source", "clock fitted without it") else "right")
+                  "the other sources; needed: the clock at which each row's step is its published one, min / "
+                  "median / max over the rows")
+    for col in ("source", "rows", "clock fitted without it", "clock needed", "LOSO mean", "LOSO max", "in-sample mean",
+                "in-sample max"):
+        table.add_column(col, justify="left" if col.startswith(("source", "clock")) else "right")
+
+    def needed(by_family: dict) -> str:
+        return " ".join(f"{k} {lo:.2f}/{mid:.2f}/{hi:.2f}" for k, (lo, mid, hi) in by_family.items()) or "-"
+
 
     def cells(e: dict) -> list[str]:
         return [_pct(e["mean_abs_error"]), _pct(e["max_abs_error"])]
 
     for s, v in cv["per_source"].items():
         clock = " ".join(f"{k} {c:.3g}" for k, c in v["clock_fitted_without_it"].items())
-        table.add_row(esc(s), str(v["rows"]), clock, *cells(v["loso"])[:1], cells(v["loso"])[1],
-                      *cells(v["in_sample"]))
+        table.add_row(esc(s), str(v["rows"]), clock, needed(v["clock_needed"]), *cells(v["loso"])[:1],
+                      cells(v["loso"])[1], *cells(v["in_sample"]))
     table.add_row("all", str(cv["rows"]), " ".join(f"{k} {c:.3g}" for k, c in cv["fit"].items()) + " (every row)",
-                  *cells(cv["loso"]), *cells(cv["in_sample"]))
+                  needed(cv["clock_needed"]), *cells(cv["loso"]), *cells(cv["in_sample"]))
     return table
 
 
