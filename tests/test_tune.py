@@ -293,6 +293,24 @@ def test_the_card_memory_estimate_fits_every_published_run_and_not_four_times_it
             assert card_memory_gib(card, bigger) > 80e9 / 2**30, rid
 
 
+def test_under_full_recompute_more_micro_batches_in_flight_add_only_their_layer_inputs():
+    """Full AC under 1F1B: each micro-batch in flight keeps its layers' inputs (2 s h each); the
+    layer being re-run is one at a time, whatever is in flight (it was counted once per micro-batch)."""
+    from dataclasses import replace
+
+    from echobench.predict.card_memory import activation_bytes
+    from echobench.predict.pipeline import in_flight
+
+    rid, card, layout = next(r for r in published_rows() if r[2].gpus % 4 == 0)
+    dp = layout.gpus // 4
+    two, four = (replace(layout, ac="full", pp=4, vp=1, tp=1, grad_accum=m, global_batch=layout.micro_batch * m * dp)
+                 for m in (2, 8))
+    assert (in_flight(4, 1, 2), in_flight(4, 1, 8)) == (2, 4)
+    stage_layers = -(-card.layers // 4)
+    inputs = 2 * layout.tokens * card.hidden  # one layer's checkpoint for one micro-batch
+    assert activation_bytes(card, four) - activation_bytes(card, two) == pytest.approx(stage_layers * inputs * 2)
+
+
 def test_a_card_tune_ranks_the_published_layout_of_its_run_near_the_top():
     """tunes/card-1b-tune.yaml: llm-foundry's MPT-1B on 8 H100s, its global batch held; the layout it
     published (FSDP full_shard, micro-batch 14, no AC) is among the model's top 3."""

@@ -17,8 +17,8 @@ FlashAttention-style kernels keep none), two norms 4 s h, the MLP 2 s h + 4 s f 
 paper's 19 s h at f = 4h) or 3 s h + 6 s f (SwiGLU: gate and up outputs both kept). Tensor
 parallelism splits all but 10 s h of it by t; with sequence parallelism all of it. Selective AC
 (Megatron's: the core attention re-run) saves what the scores' 5 a s^2 would be, none here; full AC
-keeps each layer's input, 2 s h (split by t with sequence parallelism), plus one layer's whole
-activations while it is re-run; the other recompute policies (recompute.py) keep the share of a
+keeps each layer's input, 2 s h (split by t with sequence parallelism), for every micro-batch in
+flight, plus one layer's whole activations while it is re-run (one at a time, whatever is in flight); the other recompute policies (recompute.py) keep the share of a
 layer's activations POLICY_KEPT says (assumed from what each saves). The logits and cross entropy:
 4 s V / t (float32), after the paper's section 4.3. Context parallelism splits s by cp; pipeline
 parallelism holds a stage's ceil(layers / pp) blocks, each with pipeline.in_flight micro-batches.
@@ -69,12 +69,11 @@ def activation_bytes(card: ModelCard, layout: Layout) -> float:
     s, t = layout.tokens, layout.tp
     one = layer_activation_bytes(card, layout)
     L = -(-card.layers // layout.pp)
-    if layout.ac == "full":
+    held = in_flight(layout.pp, layout.vp, layout.grad_accum)
+    if layout.ac == "full":  # every micro-batch in flight keeps its layers' inputs; one layer re-runs at a time
         kept = 2 * s * card.hidden / (t if layout.sp else 1)
-        layers = L * kept + one
-    else:
-        layers = L * one * POLICY_KEPT[layout.ac]
-    return layers * in_flight(layout.pp, layout.vp, layout.grad_accum) + 4 * s * card.vocab / t
+        return L * kept * held + one + 4 * s * card.vocab / t
+    return L * one * POLICY_KEPT[layout.ac] * held + 4 * s * card.vocab / t
 
 
 def card_memory_gib(card: ModelCard, layout: Layout) -> float:
