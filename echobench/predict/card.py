@@ -111,6 +111,7 @@ class Layout:
     framework: str = ""
     framework_version: str | None = None
     attention_kernel: str | None = None  # as the profile's attention points name it (None: the framework's)
+    autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (card_memory)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "gpus_per_node", "seq", "micro_batch", "grad_accum", "global_batch", "tp", "pp", "vp", "cp"):

@@ -22,6 +22,14 @@ flight, plus one layer's whole activations while it is re-run (one at a time, wh
 layer's activations POLICY_KEPT says (assumed from what each saves). The logits and cross entropy:
 4 s V / t (float32), after the paper's section 4.3. Context parallelism splits s by cp; pipeline
 parallelism holds a stage's ceil(layers / pp) blocks, each with pipeline.in_flight micro-batches.
+
+A layout under torch.autocast over float32 weights (Layout.autocast: echobench's card runs, bench_card)
+holds more, each term measured against its absence on one H200 (reports/h200-2026-12-04.md: the
+two card runs' allocated peaks, 77.0 and 112.6 GiB, against 62.7 and 96.4 before these terms):
+each linear's bf16 weight copy, saved for the backward (2 bytes a parameter; none where FSDP
+gathers the weights in bf16 already); the two norms, which autocast runs in float32, save their
+inputs at 4 bytes, not 2 (+4 s h a layer, split as the norms are); and the loss keeps the bf16
+logits, their float32 copy and log-softmax's float32 output at once, 10 s V / t, not 4.
 """
 
 from __future__ import annotations
@@ -58,10 +66,12 @@ def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
     """One layer's saved activations for one micro-batch, on one rank (no AC)."""
     s, h, f, t = layout.tokens, card.hidden, card.ffn, layout.tp
     mlp = 3 * h + 6 * f if card.activation == "swiglu" else 3 * h + 4 * f
-    per_token = 11 * h + 4 * h + mlp
+    norms = 8 * h if layout.autocast else 4 * h  # two norms' saved inputs, float32 under autocast
+    per_token = 11 * h + norms + mlp
     if layout.sp:
         return s * per_token / t
-    return s * (10 * h + (per_token - 10 * h) / t)
+    unsplit = 6 * h + norms  # TP leaves the norms and the dropout masks whole
+    return s * (unsplit + (per_token - unsplit) / t)
 
 
 def activation_bytes(card: ModelCard, layout: Layout) -> float:
@@ -70,12 +80,21 @@ def activation_bytes(card: ModelCard, layout: Layout) -> float:
     one = layer_activation_bytes(card, layout)
     L = -(-card.layers // layout.pp)
     held = in_flight(layout.pp, layout.vp, layout.grad_accum)
+    logits = (10 if layout.autocast else 4) * s * card.vocab / t
     if layout.ac == "full":  # every micro-batch in flight keeps its layers' inputs; one layer re-runs at a time
         kept = 2 * s * card.hidden / (t if layout.sp else 1)
-        return L * kept * held + one + 4 * s * card.vocab / t
-    return L * one * POLICY_KEPT[layout.ac] * held + 4 * s * card.vocab / t
+        return L * kept * held + one + logits
+    return L * one * POLICY_KEPT[layout.ac] * held + logits
+
+
+def weight_copy_bytes(card: ModelCard, layout: Layout) -> float:
+    """Autocast's bf16 copies of a rank's weights, saved for the backward (none without autocast, or
+    where FSDP / HSDP gather the weights in bf16)."""
+    if not layout.autocast or (layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard"):
+        return 0.0
+    return 2 * model_parallel_params(card, layout)
 
 
 def card_memory_gib(card: ModelCard, layout: Layout) -> float:
     """One GPU's memory for `card` trained as `layout` (the module docstring), in GiB."""
-    return (state_bytes(card, layout) + activation_bytes(card, layout)) / GIB
+    return (state_bytes(card, layout) + activation_bytes(card, layout) + weight_copy_bytes(card, layout)) / GIB

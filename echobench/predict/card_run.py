@@ -79,4 +79,4 @@ def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool,
                   grad_accum=cfg.grad_accum, global_batch=cfg.global_batch, layout=layout, ac=ac, compile=compiled,
                   precision=precision, fp8_recipe=cfg.float8_recipe if precision == "fp8" else None,
                   grad_reduce_dtype=cfg.grad_reduce_dtype, framework="torchtitan", attention_kernel=attention_kernel,
-                  **extra)
+                  autocast=precision != "fp32", **extra)
