@@ -24,8 +24,9 @@ layer's activations POLICY_KEPT says (assumed from what each saves). The logits 
 parallelism holds a stage's ceil(layers / pp) blocks, each with pipeline.in_flight micro-batches.
 
 A layout under torch.autocast over float32 weights (Layout.autocast: echobench's card runs, bench_card)
-holds more, each term measured against its absence on one H200 (reports/h200-2026-12-04.md: the
-two card runs' allocated peaks, 77.0 and 112.6 GiB, against 62.7 and 96.4 before these terms):
+holds more (no constant fitted: each term follows from what autocast keeps; together they bring the
+two card runs measured on one H200, allocated peaks 77.0 and 112.6 GiB, from 62.7 / 96.4 to
+76.5 / 113.4: reports/h200-2026-12-04.md):
 each linear's bf16 weight copy, saved for the backward (2 bytes a parameter; none where FSDP
 gathers the weights in bf16 already); the two norms, which autocast runs in float32, save their
 inputs at 4 bytes, not 2 (+4 s h a layer, split as the norms are); and the loss keeps the bf16
