@@ -50,10 +50,10 @@ layers per stack and extrapolated per layer, which equals a full count (a test h
 memory and under the echobench cache; TP splits them as memory.estimate_memory. An eager bf16
 800M / 3B / 8B step at micro-batch 8 counts 5.0 .. 5.3 x forward and 9.6 .. 10.2 x backward the bytes
 of what autograd saves per step (memory.activation_elements_per_sample x micro-batch x the compute
-dtype's size). Compiled runs: work.ELEMENTWISE's 1.1 x / 1.65 x those bytes, assumed (inductor fuses
-each element-wise chain), because counting inductor's kernels takes 40 .. 90 s per reduced count (two
-per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts them instead (about 1.4 .. 1.9 x
-forward and 2.0 .. 2.5 x backward for 800M .. 8B: the assumed ratios under-count). A count that fails (no torch)
+dtype's size). Compiled runs: work.ELEMENTWISE's 1.68 x / 2.23 x those bytes, 3B's count at
+micro-batch 8 taken for every run, because counting inductor's kernels takes 40 .. 90 s per reduced
+count (two per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts each run's instead
+(about 1.4 .. 1.9 x forward and 2.0 .. 2.5 x backward for 800M .. 8B). A count that fails (no torch)
 keeps the fixed eager ratios 3.3 x forward and 5.22 x backward (6.0 / 9.5 against the smaller
 activation estimate before issue 34), which under-count a tiny fp32 CPU step 2.4x / 3x. A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
 (work.float8_work). The prediction's notes say which.

@@ -147,8 +147,8 @@ def echo_elementwise(cfg: RunConfig, eb: int) -> tuple[tuple[float, float], str]
     ratios = elementwise_bytes(cfg, eb)
     if cfg.compile and not count_compiled():
         return ratios, (f"element-wise bytes of the compiled blocks: {ELEMENTWISE['compiled'][0]:g} x forward and "
-                        f"{ELEMENTWISE['compiled'][1]:g} x backward the bytes autograd saves, ASSUMED (a count of the "
-                        f"compiled step takes minutes: {COMPILED_ENV}=1 counts it)")
+                        f"{ELEMENTWISE['compiled'][1]:g} x backward the bytes autograd saves, ASSUMED: 3B's count at micro-"
+                        f"batch 8 (a count of this run's compiled step takes minutes: {COMPILED_ENV}=1 counts it)")
     key = cache_key(count_config(cfg, eb), bool(cfg.compile))
     try:
         if key in _FAILED:

@@ -12,11 +12,13 @@ from echobench.records.config import RunConfig
 from echobench.model.flops import param_counts, speaker_patches
 from echobench.hardware.memory import activation_elements_per_sample, state_shards
 
-# Element-wise bytes per byte of saved activations (the package's docstring): counted eager; assumed compiled.
-# Counted as (6.0, 9.5) / (2.0, 3.0) against memory.activation_elements_per_sample before issue 34's
-# count, which made it 1.82x larger on the tiny steps they were counted on (1.95x at 800M - 8B):
-# divided by 1.82, the bytes of those steps stay what they were.
-ELEMENTWISE = {"eager": (3.3, 5.22), "compiled": (1.1, 1.65)}
+# Element-wise bytes per byte of saved activations (the package's docstring), where a step is not
+# counted. Eager: counted as (6.0, 9.5) against memory.activation_elements_per_sample before issue 34's
+# count, which made it 1.82x larger on the tiny steps they were counted on: divided by 1.82. Compiled:
+# 3B's count of inductor's kernels at micro-batch 8, bf16 (ECHOBENCH_COUNT_COMPILED=1; 800M's 1.44 /
+# 2.01), in place of the 1.1 / 1.65 once assumed, which the H200's profiled 3B compiled step (its
+# element-wise time twice what those bytes priced) and the count both found too few.
+ELEMENTWISE = {"eager": (3.3, 5.22), "compiled": (1.68, 2.23)}
 ADAMW_BYTES = {"foreach": 56, "fused": 28}  # per parameter (float32 p, g, m, v and temporaries)
 CLIP_BYTES = 8  # per parameter: the norm reads each gradient, the scale reads and writes it (counted)
 # ATen ops dispatched per step (views included), counted on real tiny steps on the CPU (one gloo
