@@ -1,10 +1,10 @@
 """A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
 nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, one
 SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused requeue); then
-resumption; a sweep without a peak; a two-node sweep that measures its own hardware profile first.
+resumption; one sweep without a peak that also measures its own hardware profile first, on two nodes.
 
-The module's sweep is submitted first and settled last: the tests that need only the cluster run
-while its slow run waits for its time limit (brought to 4 minutes away once its rank trains).
+The module's sweep is submitted first and settled last: its slow run's time limit is brought close
+as soon as its rank trains, and the tests that need only the cluster run while it counts down.
 
 Works on any cluster of 2 or more nodes, whatever their names (read from sinfo). Skipped when no
 cluster is up, unless ECHOBENCH_REQUIRE_SLURM=1 (CI), where that is a failure.
@@ -40,8 +40,8 @@ MATRIX = {
         {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
         {"seed": 1, "fail_at_step": 2},
         # USR1 (#SBATCH --signal) makes every rank dump its stacks a minute before SLURM kills it (a third of
-        # its 3-minute limit). The limit is raised at once (`submitted`: a loaded machine may take longer to
-        # start it) and brought close (`sweep`) only once the rank has said it trains: the signal then finds
+        # its 3-minute limit). The limit is raised at once (a loaded machine may take longer to start it)
+        # and brought close only once the rank has said it trains (both in `submitted`): the signal then finds
         # it in its loop, where it hangs (idle: its minutes cost the machine no CPU).
         {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "3"},
         {"seed": 3, "steps": 100000},  # scancel'd by the test
@@ -127,7 +127,8 @@ def submitted(cluster, tmp_path_factory):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         preflight = proc.stdout
         submitted = runs(out)
-        slow = submitted[next(rid for rid in submitted if record_seed(out, rid) == 2)]["job_id"]
+        slow_id = next(rid for rid in submitted if record_seed(out, rid) == 2)
+        slow = submitted[slow_id]["job_id"]
         subprocess.run(["scontrol", "update", f"JobId={slow}", "TimeLimit=20"], check=True)
         cancel_id = next(rid for rid in submitted if record_seed(out, rid) == 3)
         job = submitted[cancel_id]["job_id"]
@@ -139,8 +140,10 @@ def submitted(cluster, tmp_path_factory):
         assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue
         assert squeue_state(job) == "RUNNING"
         subprocess.run(["scancel", job], check=True)
+        # Here, not in `sweep`: the slow run's last minutes then pass while the tests below run.
+        dumps = time_limit_once_training(out, slow_id, slow)
         yield {"dir": out, "matrix": matrix, "base": base, "submitted": submitted, "t0": t0, "nodes": cluster,
-               "preflight": preflight}
+               "preflight": preflight, "slow_dumps": dumps}
 
 
 def slurm_log(run_dir: Path) -> str:
@@ -186,13 +189,11 @@ def time_limit_once_training(out: Path, rid: str, job: str) -> int:
 def sweep(submitted):
     """The submitted sweep once every run has settled."""
     out, base = submitted["dir"], submitted["base"]
-    slow = next(rid for rid in submitted["submitted"] if record_seed(out, rid) == 2)
-    dumps = time_limit_once_training(out, slow, submitted["submitted"][slow]["job_id"])
     proc = run_cli("status", out, "--wait", "--poll", "3", tmp_path=base, timeout=900)
     wall = time.time() - submitted["t0"]
     print(f"SLURM sweep wall time: {wall:.0f} s\n{proc.stdout}")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr  # runs failed, as meant
-    return {**submitted, "wall_s": wall, "slow_dumps": dumps}
+    return {**submitted, "wall_s": wall}
 
 
 # ---- while the module's sweep runs (`submitted`: these start once it is submitted) ----
@@ -232,17 +233,26 @@ def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(
     assert (target / script.stem / "run.yaml").exists()
 
 
-@pytest.mark.usefixtures("submitted")
-def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def calibrating_sweep(cluster, submitted, tmp_path_factory):
+    """One sweep for the two calibrations (the GEMM one, then the profile's, then the runs): no peak
+    and hardware.calibrate_comm, a two-node run and a single one. (sweep dir, its `sweep` process)."""
+    base = tmp_path_factory.mktemp("calibrating")
+    matrix = base / "calibrating.yaml"
+    matrix.write_text(json.dumps({
+        **{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")}, "name": "calibrating",
+        "hardware": {"calibrate_comm": True, "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
+        "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
+    out = base / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=base, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(calibrating_sweep):
     """The CI cluster's nodes are CPUs: no datasheet peak. The sweep submits one calibration job
     into SWEEP/cache; the runs wait for it and report MFU against it."""
-    matrix = tmp_path / "no-peak.yaml"
-    matrix.write_text(json.dumps({**{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")},
-                                  "name": "no-peak", "include": [{"seed": 1}, {"seed": 2}]}))
-    out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
-                   timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out, proc = calibrating_sweep
     assert "calibrating once on a compute node" in proc.stdout
     (calibration,) = (out / "cache" / "calibration").glob("*.json")
     for rid in runs(out):
@@ -252,23 +262,13 @@ def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(cluster, tmp_p
     assert list((out / "logs").glob("calibrate-*.out"))
 
 
-@pytest.mark.usefixtures("submitted")
-def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(cluster, tmp_path):
+def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(calibrating_sweep, tmp_path):
     """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
     SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
     SWEEP` then prices the runs with it."""
     from echobench.hardware.profile import load_profile
 
-    matrix = tmp_path / "comm.yaml"
-    matrix.write_text(json.dumps({
-        **{k: v for k, v in MATRIX.items() if k not in ("hardware", "include")}, "name": "comm",
-        "hardware": {"peak_tflops": 0.5, "calibrate_comm": True,
-                     "comm_limits": {"budget_s": 0.5, "comm_budget_s": 2, "max_bytes": 65536}},
-        "include": [{"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1}, {"seed": 1}]}))
-    out = tmp_path / "sweep"
-    proc = run_cli("sweep", matrix, "--out", out, "--poll", "2", "--no-preflight", tmp_path=tmp_path,
-                   timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out, proc = calibrating_sweep
     assert "measuring a hardware profile once on 2 node(s) x 1 processes" in " ".join(proc.stdout.split())
     job = json.loads((out / "sweep.json").read_text())["comm_calibration_job"]
     log = (out / "logs" / f"calibrate-comm-{job}.out").read_text(errors="replace")

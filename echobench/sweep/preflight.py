@@ -32,6 +32,7 @@ from echobench.sweep.executors import ACTIVE, PREFLIGHT_FILE, explaining_lines, 
 from echobench.sweep.executors.slurm_script import preflight_log, render_preflight_script
 from echobench.train.launch import with_source_path
 from echobench.sweep.matrix import Matrix, PlannedRun, gpu_run
+from echobench.sweep.state import poll_cap
 from echobench.train.nodecheck import MARK, RUN_PATH, backend_imports
 
 CHECKS_S = 300  # the checks themselves: imports, a compile, torchrun and an all-reduce (plus the start-up allowance)
@@ -256,7 +257,7 @@ def wait_for(executor, job: str, sweep_dir: Path, console) -> str:
             log(console, f"preflight: job {esc(job)} {esc(state.detail or state.state)}")
             interval = POLL_S[0]
         time.sleep(interval)
-        interval = min(interval * 2, POLL_S[1])
+        interval = min(interval * 2, poll_cap(POLL_S[1]))
 
 
 def here(matrix: Matrix, spec: dict, sweep_dir: Path, console) -> Preflight:
