@@ -54,6 +54,28 @@ def test_a_matrix_expands_to_echo_and_card_runs(tmp_path):
     assert reasons[1].startswith(f"{tmp_path.resolve()}/rows.yaml: no row 'no-such-row'"), reasons
 
 
+def test_a_card_runs_planned_memory_is_its_cards(tmp_path):
+    """plan's memory column and fit check for a card run: predict.card_memory at the layout the run is
+    priced with (fp32 on the CPU: no autocast), the Echo estimate's overhead beside it; not the Echo
+    preset's estimate of the same settings."""
+    from dataclasses import replace
+
+    from echobench.hardware.memory import estimate_memory, overhead_bytes
+    from echobench.predict.card_memory import card_memory_parts
+    from echobench.predict.card_run import measured_layout, run_card
+
+    rows_file(tmp_path / "rows.yaml", [tiny_row("tiny-single", 1)])
+    plan = expand(load_matrix(write_matrix(tmp_path, [{"card": "rows.yaml#tiny-single"}])), "local")
+    echo, card = plan.runs
+    workload = run_card(card.cfg.card)
+    layout = measured_layout(card.cfg, workload.seq, "fp32", False)
+    assert not layout.autocast
+    tensors = sum(card_memory_parts(workload.card, layout).values())
+    assert card.memory.total == pytest.approx(tensors + overhead_bytes(tensors))
+    assert card.memory.total != pytest.approx(estimate_memory(replace(card.cfg, card=None)).total)
+    assert echo.memory.total == pytest.approx(estimate_memory(echo.cfg).total)
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """One local sweep of Echo's tiny preset and a tiny card row, started from the checkout's root

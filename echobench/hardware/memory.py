@@ -304,5 +304,9 @@ def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
         per_block = (counts.parts["dit_attention"] + counts.parts["dit_mlp"]) / model.layers
         transient = 2 * per_block * 2  # two all-gathered bf16 blocks
     known = weights + grads + optim + activations + encoder + transient
-    overhead = 1.5 * GIB + 0.1 * known
-    return MemoryEstimate(weights, grads, optim, activations, encoder, transient, overhead)
+    return MemoryEstimate(weights, grads, optim, activations, encoder, transient, overhead_bytes(known))
+
+
+def overhead_bytes(tensors: float) -> float:
+    """The overhead beside `tensors` bytes of tensors (the module docstring's)."""
+    return 1.5 * GIB + 0.1 * tensors

@@ -47,20 +47,25 @@ POLICY_KEPT = {"none": 1.0, "selective": 1.0, "maxtext-minimal": 1.0, "selective
                "maxtext-save_qkv_proj": 0.25, "maxtext-save_dot_except_mlp": 0.5}
 
 
-def state_bytes(card: ModelCard, layout: Layout) -> float:
-    """Parameters, gradients, optimizer state and gathered weights one rank holds."""
+def state_parts(card: ModelCard, layout: Layout) -> dict[str, float]:
+    """Bytes of the parameters (with FSDP's gathered layers), gradients and optimizer state one rank holds."""
     if layout.layout == "megatron":
         shard = model_parallel_params(card, layout)
         ranks = layout.data_parallel * layout.cp if layout.distributed_optimizer else 1
         if layout.framework == "nemo" and layout.distributed_optimizer:  # apex's distributed fused Adam: grads sharded too
-            return 2 * shard + 16 * shard / ranks
-        return 6 * shard + 12 * shard / ranks
+            return {"weights": 2 * shard, "gradients": 4 * shard / ranks, "optimizer": 12 * shard / ranks}
+        return {"weights": 2 * shard, "gradients": 4 * shard, "optimizer": 12 * shard / ranks}
     held = rank_params(card, layout)
     gathered = 0.0
     if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
         block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
         gathered = 2 * (-(-card.layers // layout.pp) if layout.sharding == "shard_grad_op" else 2) * block
-    return 16 * held + gathered
+    return {"weights": 4 * held + gathered, "gradients": 4 * held, "optimizer": 8 * held}
+
+
+def state_bytes(card: ModelCard, layout: Layout) -> float:
+    """Parameters, gradients, optimizer state and gathered weights one rank holds."""
+    return sum(state_parts(card, layout).values())
 
 
 def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
@@ -96,6 +101,13 @@ def weight_copy_bytes(card: ModelCard, layout: Layout) -> float:
     return 2 * model_parallel_params(card, layout)
 
 
+def card_memory_parts(card: ModelCard, layout: Layout) -> dict[str, float]:
+    """One GPU's memory for `card` trained as `layout` by part, in bytes: state_parts, and the
+    activations with autocast's weight copies (what the backward holds)."""
+    return {**state_parts(card, layout),
+            "activations": activation_bytes(card, layout) + weight_copy_bytes(card, layout)}
+
+
 def card_memory_gib(card: ModelCard, layout: Layout) -> float:
     """One GPU's memory for `card` trained as `layout` (the module docstring), in GiB."""
-    return (state_bytes(card, layout) + activation_bytes(card, layout) + weight_copy_bytes(card, layout)) / GIB
+    return sum(card_memory_parts(card, layout).values()) / GIB

@@ -32,7 +32,7 @@ from echobench import backends
 from echobench.records.config import (FIELDS, RunConfig, base_type, check_value, choices, grad_accum_for, run_id,
                                       unknown_key, upgraded)
 from echobench.train.fabric import hca_problem
-from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.hardware.memory import MemoryEstimate, device_memory_gib, estimate_memory, overhead_bytes
 from echobench.records.peaks import table_peak
 from echobench.records.yamltext import yaml_problem
 
@@ -673,9 +673,26 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         check_fabric_named(matrix, plan.runs)
     capacity = device_memory_gib(spec.hardware.memory_gib, spec.hardware.device)
     for run in plan.runs:
-        run.memory = estimate_memory(run.cfg)
+        run.memory = run_memory(run.cfg)
         run.fits = None if capacity is None else run.memory.total_gib <= capacity
     return plan
+
+
+def run_memory(cfg: RunConfig) -> MemoryEstimate:
+    """A planned run's per-GPU memory: Echo's estimate (hardware.memory); a card run's from its card
+    (predict.card_memory at the layout `predict --against` prices the run with, autocast included),
+    with the same overhead beside it."""
+    if cfg.card is None:
+        return estimate_memory(cfg)
+    from echobench.predict.card_memory import card_memory_parts  # lazy: start-up time of `echobench --help`
+    from echobench.predict.card_run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
+
+    workload = run_card(cfg.card)
+    precision = cfg.precision if cfg.precision != "auto" else ("fp32" if cfg.device == "cpu" else "bf16")
+    part = card_memory_parts(workload.card, measured_layout(cfg, workload.seq, precision, cfg.compile is True))
+    tensors = sum(part.values())
+    return MemoryEstimate(part["weights"], part["gradients"], part["optimizer"], part["activations"], 0.0, 0.0,
+                          overhead_bytes(tensors))
 
 
 def card_run_problem(cfg: RunConfig) -> str | None:
