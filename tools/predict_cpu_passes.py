@@ -42,10 +42,11 @@ def loads(log: Path) -> str:
 
 
 def main(paths: list[str]) -> None:
-    passes = []
+    passes, measured = [], []
     for path in paths:
         rows = json.loads(Path(path).read_text())
         errors = {r["run_id"].split("-mb")[0]: r["error"] for r in rows}
+        measured.append({r["run_id"].split("-mb")[0]: r.get("measured_step_time_s") for r in rows})
         absolute = [abs(e) for e in errors.values()]
         passes.append((Path(path).parent.name, errors, sum(absolute) / len(absolute), max(absolute),
                        loads(Path(path).parent / "pass.log")))
@@ -60,8 +61,10 @@ def main(paths: list[str]) -> None:
           f"{max(means):.1%}), median max |error| {statistics.median(tops):.1%} (range {min(tops):.1%}-{max(tops):.1%})")
     for run in runs:
         values = [errors[run] for _, errors, _, _, _ in passes if run in errors]
+        steps = [s for s in (measured[k].get(run) for k in range(len(passes))) if s]
         print(f"{run}: median error {statistics.median(values):+.1%} over {len(values)} passes "
-              f"({min(values):+.1%} .. {max(values):+.1%})")
+              f"({min(values):+.1%} .. {max(values):+.1%})"
+              + (f"; measured {min(steps):.3f} .. {max(steps):.3f} s a step" if steps else ""))
 
 
 if __name__ == "__main__":

@@ -212,8 +212,8 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
         fwd, bwd = fwd + cf, bwd + cb
     # A GPU's element-wise kernels at the point nearest a DiT activation's size. A CPU's at its largest
     # (DRAM) point whatever the tensors' size: in a traced tiny step (mb 4, 200 frames) they took
-    # 13-18 ms for the 185 MB stepcount counts, DRAM's 14 GB/s, not the cache-sized add's 91 GB/s
-    # (each op writes a fresh allocation, which no cache holds).
+    # 17.7 ms for the 185 MB stepcount counts, 10.5 GB/s, not the cache-sized add's 91 GB/s (each op
+    # writes a fresh allocation, which no cache holds; tools/trace_elementwise.py).
     tensor = None if cpu else cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb
     mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg)}
     return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor,

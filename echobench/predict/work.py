@@ -15,7 +15,7 @@ from echobench.hardware.memory import activation_elements_per_sample, state_shar
 # Element-wise bytes per byte of saved activations (the package's docstring), where a step is not
 # counted. Eager: counted as (6.0, 9.5) against memory.activation_elements_per_sample before issue 34's
 # count, which made it 1.82x larger on the tiny steps they were counted on: divided by 1.82. Compiled:
-# 3B's count of inductor's kernels at micro-batch 8, bf16 (ECHOBENCH_COUNT_COMPILED=1; 800M's 1.44 /
+# 3B's count of inductor's kernels at micro-batch 8, bf16 (`tools/trace_elementwise.py --ratios 800M 3B`; 800M's 1.43 /
 # 2.01), in place of the 1.1 / 1.65 once assumed, which the H200's profiled 3B compiled step (its
 # element-wise time twice what those bytes priced) and the count both found too few.
 ELEMENTWISE = {"eager": (3.3, 5.22), "compiled": (1.68, 2.23)}
