@@ -11,7 +11,7 @@ from dataclasses import fields
 from echobench.model.config import CardWorkload
 from echobench.predict.card import Layout, ModelCard, load_card_file, model_card, run_layout
 from echobench.predict.errors import PredictError
-from echobench.predict.pricing import SDPA_BACKEND_KERNELS
+from echobench.predict.pricing import SDPA_SETTINGS, sdpa_kernel
 from echobench.predict.validate import load_rows, published_figures, row_convention
 from echobench.records.config import RunConfig, card_label
 
@@ -52,12 +52,13 @@ def measured_card(card: dict) -> ModelCard:
 
 def measured_attention_kernel(sdpa_backends: dict | None, device_type: str | None) -> str | None:
     """The profile's attention kernel a card run's record names: torch's SDPA choice for its decoder
-    (sdpa_backends_predicted["decoder"], pricing.SDPA_BACKEND_KERNELS) on a GPU. None where it names
+    (sdpa_backends_predicted["decoder"], through pricing.SDPA_SETTINGS and sdpa_kernel) on a GPU. None where it names
     none: a record from before card runs recorded it, a CPU run (its names are the CPU's kernels), a
     backend no profile prices."""
     if device_type != "cuda":
         return None
-    return SDPA_BACKEND_KERNELS.get((sdpa_backends or {}).get("decoder"))
+    setting = SDPA_SETTINGS.get((sdpa_backends or {}).get("decoder"))
+    return sdpa_kernel(setting) if setting else None
 
 
 def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool,

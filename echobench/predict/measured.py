@@ -15,7 +15,7 @@ from echobench.predict.card_run import measured_attention_kernel, measured_card,
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import framework
 from echobench.predict.model import Prediction, predict
-from echobench.predict.pricing import is_cpu_name, priced
+from echobench.predict.pricing import SDPA_SETTINGS, is_cpu_name, priced
 from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
 from echobench.predict.work import host_ops, run_work
 from echobench.records.results import Record, record_settings
@@ -69,11 +69,6 @@ class Comparison:
         return {**self.prediction.as_dict(), "measured_step_time_s": self.measured_step_time_s,
                 "measured_mfu": self.measured_mfu, "error": self.error, "mfu_error": self.mfu_error,
                 "parts_vs_breakdown": self.parts, "path": self.path}
-
-
-# torch's SDPBackend names to the sdpa_backend setting that pins the same kernel
-SDPA_SETTINGS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
-                 "MATH": "math"}
 
 
 def recorded_sdpa(cfg: RunConfig, record) -> RunConfig:

@@ -242,10 +242,17 @@ def elementwise_note(cfg: RunConfig, profile: HardwareProfile) -> str:
     return echo_elementwise(cfg, compute_bytes(cfg, profile))[1]
 
 
-# torch's SDPBackend names, as a record's sdpa_backends_predicted gives them, to the profiles' attention
-# kernels (hwprofile.ATTENTION_KERNELS); SDPA's flash backend is FlashAttention-2, as attention_kernel says.
-SDPA_BACKEND_KERNELS = {"FLASH_ATTENTION": "flash2", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn",
-                        "MATH": "math"}
+# torch's SDPBackend names, as a record's sdpa_backends_predicted gives them, to the sdpa_backend setting
+# that pins the same kernel; the profiles' kernel name follows from the setting (sdpa_kernel).
+SDPA_SETTINGS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+                 "MATH": "math"}
+
+
+def sdpa_kernel(setting: str) -> str:
+    """The profiles' attention kernel (hwprofile.ATTENTION_KERNELS) an unmasked SDPA call runs under an
+    sdpa_backend setting: SDPA's flash backend is FlashAttention-2, and torch's own choice (auto) puts
+    it first (attention_kernel)."""
+    return {"flash": "flash2", "auto": "flash2"}.get(setting, setting)
 
 
 def attention_kernel(cfg: RunConfig) -> str | None:
@@ -266,7 +273,7 @@ def attention_kernel(cfg: RunConfig) -> str | None:
         if cfg.key_masking in ("flex", "auto"):
             return "flex"
         return {"cudnn": "cudnn", "math": "math"}.get(cfg.sdpa_backend, "efficient")
-    return {"flash": "flash2", "auto": "flash2"}.get(cfg.sdpa_backend, cfg.sdpa_backend)
+    return sdpa_kernel(cfg.sdpa_backend)
 
 
 def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
