@@ -270,6 +270,26 @@ def test_shipped_gpu_profiles_price_elementwise_at_the_achievable_add_bandwidth(
     assert faster["elementwise_forward"] == pytest.approx(dev["elementwise_forward"] / 2, rel=1e-9)
 
 
+def test_eager_elementwise_on_the_h200_takes_the_add_measured_nearest_its_tensors():
+    """The H200 profile's eager add measured at Echo 3B's activation (30.7 MB tensors, 2.66 TB/s)
+    prices eager element-wise work of tensors near that size; BabelStream's 268 MB point prices larger
+    ones, compiled work its Triton figure, whatever the size."""
+    rates = pr.Rates(shipped("h200-hgx-ib"))
+    near = next(m for m in rates.profile.memory if m.op == "add" and "echobench-h200" in m.source)
+    assert near.nbytes == 8 * 750 * 2560 * 2 and near.gbps < 4150.0
+    assert rates.memory_gbps("add", 8 * 750 * 2560 * 2) == near.gbps
+    assert rates.memory_gbps("add", 16 * 750 * 1536 * 2) == near.gbps  # 800M at micro-batch 16
+    assert rates.memory_gbps("add", 500e6) == 4150.0 and rates.memory_gbps("add") == 4150.0
+    assert rates.memory_gbps("triton", 8 * 750 * 2560 * 2) == rates.memory_gbps("triton", 500e6) < 4150.0
+    eager, compiled = cfg(compile=False), cfg(compile=True)
+    slower = rates.profile.model_copy(update={"memory": [m.model_copy(update={"gbps": m.gbps / 2}) if m is near else m
+                                                         for m in rates.profile.memory]})
+    tensor = eager.micro_batch * eager.audio_frames * eager.model_config().width * 2
+    assert rates.memory_gbps("add", tensor) == near.gbps  # cfg()'s tensors are near the measured size
+    assert pr.predict(eager, slower).parts["elementwise"] > pr.predict(eager, rates.profile).parts["elementwise"]
+    assert pr.predict(compiled, slower).parts["elementwise"] == pr.predict(compiled, rates.profile).parts["elementwise"]
+
+
 def test_the_assumed_host_cost_prices_the_host_where_no_host_step_was_measured():
     p = shipped("h100-hgx-ib")
     assert p.host_op is not None and "assumed" in p.host_op.source and not p.host_steps

@@ -34,8 +34,9 @@ def against(runs: Path, profile: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("profile, mean_limit, max_limit", [
-    ("h200-hgx-ib", 0.22, 0.42),  # 2026-12-04: 22.8% / 51.0%; later that day (one GPU without the in-step clock,
-                                  # the SDPA backend the record names, compiled element-wise counted): 19.6% / 39.5%
+    ("h200-hgx-ib", 0.15, 0.25),  # 2026-12-04: 22.8% / 51.0%; later that day (one GPU without the in-step clock,
+                                  # the SDPA backend the record names, compiled element-wise counted): 19.6% / 39.5%;
+                                  # with the eager add measured there in the profile: 12.0% / 20.6%
     (str(RECORDS / "profile-h200-measured.yaml"), 0.25, 0.40),  # 2026-12-04: 22.0% / 36.5%
 ])
 def test_predicted_step_times_of_the_h200_runs_hold_their_limits(h200_runs, profile, mean_limit, max_limit):

@@ -312,7 +312,9 @@ def probe_lines(probe: dict) -> list[str]:
                                f"{row['compile_s']} s)")
         elif name == "memory_bound":
             out.append(f"- memory-bound kernels at the DiT's activation shape ({where}): "
-                       + ", ".join(f"{k} {v['gb_per_s']} GB/s" for k, v in r.items() if isinstance(v, dict)))
+                       + ", ".join(f"{k} {v['gb_per_s']} GB/s" + (f" (one call {v['call_gb_per_s']} GB/s)"
+                                                                     if "call_gb_per_s" in v else "")
+                                   for k, v in r.items() if isinstance(v, dict)))
         elif name == "adamw":
             out.append(f"- AdamW step + clipping as the runs take it over {r['params']:,} parameters "
                        f"({'fused, clip through grad_scale' if r['fused'] else 'foreach'}, {r['bytes_per_param']} B "

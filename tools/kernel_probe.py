@@ -2,8 +2,9 @@
 SDPA backend torch picks for the DiT's attention (no mask, a dense key mask) and which can run at
 all, the attention's time per backend (FlexAttention with a key-padding block mask beside them),
 one DiT block forward + backward eager and compiled, and one fused AdamW step over the model's
-parameters, and the bandwidth of memory-bound kernels eager and as inductor generates them. Each
-result is written to the JSON file as soon as it exists.
+parameters, and the bandwidth of memory-bound kernels eager and as inductor generates them (their
+kernels' own time on a GPU: memory_bound). Each result is written to the JSON file as soon as it
+exists.
 
   python3 tools/kernel_probe.py --scale 3B --micro-batch 8 --json probe.json
   python3 tools/kernel_probe.py --scale tiny --micro-batch 2 --device cpu --json probe.json  # the dry pass
@@ -52,6 +53,30 @@ def timed(fn, device: torch.device, iters: int, warmup: int) -> float:
             fn()
             times.append(time.perf_counter() - t)
     return sorted(times)[len(times) // 2]
+
+
+def kernel_seconds(fn, device: torch.device, iters: int, warmup: int) -> float | None:
+    """The GPU's seconds in the kernels one call of fn() launches (torch.profiler's CUDA kernel events
+    over `iters` calls after `warmup`, their durations summed, over `iters`): what the device spends,
+    not the host's dispatch, guards and launch, which CUDA events around one call also catch (a
+    compiled add of 90 MB measured 90 us between events on the H200, three times its eager kernel).
+    None on a CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not kernels:
+        raise RuntimeError("the profiler saw no CUDA kernel: no device time to report")
+    return sum(e.time_range.elapsed_us() for e in kernels) / iters / 1e6
 
 
 class Results:
@@ -170,8 +195,10 @@ def memory_bound(cfg, args, device, dtype) -> dict:
     """The bandwidth of memory-bound work at the DiT's activation shape (micro_batch x audio_frames x
     width): an add eager (an ATen kernel, what the profiles' `add` figure is), the same add compiled
     and an RMSNorm + AdaLN modulation compiled (the Triton kernels inductor generates for the blocks:
-    a row reduction, then a broadcast multiply-add), each in GB/s of the bytes it must move: its
-    inputs read once, its output written once."""
+    a row reduction, then a broadcast multiply-add; the profiles' `triton` figure), each in GB/s of
+    the bytes it must move (its inputs read once, its output written once): `gb_per_s` over the
+    kernels' own time on a GPU (kernel_seconds), `call_gb_per_s` over one call between CUDA events,
+    launch and guards included (the host clock on a CPU, where both are the call's)."""
     from echobench.model.components import RMSNorm, modulate
 
     g = torch.Generator(device).manual_seed(0)
@@ -187,14 +214,18 @@ def memory_bound(cfg, args, device, dtype) -> dict:
     def norm_modulate(a, sh, sc):
         return modulate(norm(a), sh, sc)
 
-    out = {}
+    out = {"tensor_bytes": size}
     for name, fn, inputs, nbytes in (("add eager", add, (x, y), 3 * size),
                                      ("add compiled", torch.compile(add, dynamic=False), (x, y), 3 * size),
                                      ("rmsnorm+modulate compiled", torch.compile(norm_modulate, dynamic=False),
                                       (x, shift, scale), 2 * size)):
         with torch.no_grad():
-            seconds = timed(lambda fn=fn, inputs=inputs: fn(*inputs), device, args.iters, args.warmup)
-        out[name] = {"us": round(seconds * 1e6, 1), "gb_per_s": round(nbytes / seconds / 1e9, 1)}
+            call = timed(lambda fn=fn, inputs=inputs: fn(*inputs), device, args.iters, args.warmup)
+            kernel = kernel_seconds(lambda fn=fn, inputs=inputs: fn(*inputs), device, args.iters, args.warmup)
+        seconds = kernel or call
+        out[name] = {"us": round(seconds * 1e6, 1), "gb_per_s": round(nbytes / seconds / 1e9, 1),
+                     "call_us": round(call * 1e6, 1), "call_gb_per_s": round(nbytes / call / 1e9, 1),
+                     "timed": "kernels (profiler)" if kernel else "call (host clock)"}
     return out
 
 
