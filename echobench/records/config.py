@@ -202,6 +202,13 @@ class RunConfig:
         """Whether this run compiles on a device of this type ("cuda", "cpu"): auto compiles on a GPU."""
         return device_type == "cuda" if self.compile == "auto" else self.compile
 
+    def precision_on(self, device_type: str) -> str:
+        """The precision this run trains in on a device of this type ("cuda", "cpu"): auto is bf16 on a
+        GPU, fp32 on a CPU (hardware.device.default_dtype's rule, without torch)."""
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device_type == "cuda" else "fp32"
+
     def may_compile(self) -> bool:
         """Whether this run compiles as far as a plan can tell: device auto counts as a GPU, so a time
         limit or a preflight errs on the side of the compile."""

@@ -688,7 +688,7 @@ def run_memory(cfg: RunConfig) -> MemoryEstimate:
     from echobench.predict.card_run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
 
     workload = run_card(cfg.card)
-    precision = cfg.precision if cfg.precision != "auto" else ("fp32" if cfg.device == "cpu" else "bf16")
+    precision = cfg.precision_on("cpu" if cfg.device == "cpu" else "cuda")
     part = card_memory_parts(workload.card, measured_layout(cfg, workload.seq, precision, cfg.compile is True))
     tensors = sum(part.values())
     return MemoryEstimate(part["weights"], part["gradients"], part["optimizer"], part["activations"], 0.0, 0.0,

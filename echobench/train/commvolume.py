@@ -336,7 +336,7 @@ def _dtype_bytes(cfg, device: str | None) -> tuple[str, int]:
     """The compute dtype of cfg on `device` (default: cfg.device, a GPU where that is auto):
     bf16 (fp8 runs keep bf16 for everything that is not a float8 GEMM) or fp32."""
     device = device or (cfg.device if cfg.device != "auto" else "cuda")
-    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    precision = cfg.precision_on(device)
     return ("float32", 4) if precision == "fp32" else ("bfloat16", 2)
 
 
