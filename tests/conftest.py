@@ -3,6 +3,7 @@ import fcntl
 import inspect
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -64,6 +65,48 @@ def run_cli(*args, tmp_path: Path | None = None, timeout: float = 600, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"echobench {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# The signals tests send to the processes they start.
+SIGNALS_TESTS_SEND = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def default_signals() -> None:
+    """preexec_fn of a process a test will signal: those signals at their default action and none
+    blocked, whatever the suite inherited. A POSIX shell starts a background job with SIGINT
+    ignored; Python then leaves it ignored and every child inherits that, so a test that sends
+    SIGINT to a child it did not set up would test how the suite was launched, not the code."""
+    for sig in SIGNALS_TESTS_SEND:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def ignoring_sigint() -> None:
+    """preexec_fn of a process started as a background job of a non-interactive shell is: SIGINT
+    ignored (the other signals tests send at their default)."""
+    default_signals()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def sigint_disposition(pid: int) -> str:
+    """What process `pid` does with SIGINT, read from the kernel: ignored, caught (a handler: Python's
+    KeyboardInterrupt) or default."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    if int(fields["SigIgn"], 16) & bit:
+        return "ignored"
+    return "caught" if int(fields["SigCgt"], 16) & bit else "default"
+
+
+def wait_for(check, timeout_s: float = 300, every_s: float = 1.0):
+    """check()'s first true value, asked every `every_s`. The limit only guards against a hang: a
+    test waits on the state it needs, never on how long the machine should take to reach it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"not within {timeout_s} s: {check.__doc__ or check}")
 
 
 def record(out: Path) -> dict:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, default_signals
 from echobench.train import launch
 from echobench.records.config import RunConfig
 from echobench.sweep.executors import explaining_lines, short_tail
@@ -69,7 +69,7 @@ def test_usr1_makes_a_worker_dump_its_stacks_and_a_launcher_go_on(who):
     thread's stack (faulthandler: even inside a collective); the launcher and torchrun's agent, for
     which USR1 would be the end, ignore it."""
     proc = subprocess.Popen([sys.executable, "-c", STACKS, who], env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     said = []
     try:
         assert proc.stdout.readline() == "ready\n"  # handlers in place
@@ -166,7 +166,8 @@ def test_node_0s_launcher_stopped_by_sigterm_writes_the_record_from_the_files_at
            "--out", str(out), "--nproc", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port())]
     env = {**cli_env(tmp_path), "ECHOBENCH_NCCL_TRANSPORT": "NET/Socket (preflight job 9)"}  # as the sweep sets it
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
     try:
         said = []
         while not said or "waiting for the other nodes" not in said[-1]:  # its handler is in place; files cleared

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, wait_for
 from test_slurm import cluster, hostnames  # noqa: F401 - 2 or more nodes that answer
-from test_slurm_submit import answering_cluster, wait_for
+from test_slurm_submit import answering_cluster
 
 pytestmark = [pytest.mark.slurm]
 

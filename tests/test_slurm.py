@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_env, cluster_lock, run_cli
-from test_slurm_submit import wait_for
+from conftest import ROOT, cli_env, cluster_lock, run_cli, wait_for
 
 # With tests/test_node_failure.py, whose node kill must not meet this module's sweep: in one worker.
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]

@@ -16,13 +16,12 @@ import pty
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from conftest import run_cli
+from conftest import default_signals, run_cli, wait_for
 from echobench.sweep import loop as sw
 from echobench.sweep import state as sweep_state
 from echobench.sweep import status as sweep_status
@@ -487,15 +486,6 @@ def squeue_state(job_id: str) -> str:
                           text=True).stdout.strip()
 
 
-def wait_for(check, timeout_s: float = 300, every_s: float = 1.0):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if value := check():
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"not within {timeout_s} s: {check.__doc__ or check}")
-
-
 @pytest.mark.slurm
 def test_a_sweep_under_a_submit_limit_of_1_finishes_every_run(tmp_path, cluster):
     """The acceptance test of issue 23: 2 runs, no cap in the matrix, sbatch refusing beyond 1
@@ -571,7 +561,7 @@ def interrupted_sweep(tmp_path: Path, answer: str | None) -> tuple[subprocess.Co
     if answer is not None:
         master, slave = pty.openpty()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(tmp_path), stdin=slave if slave is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_signals)
 
     def job_running():
         """the job runs"""

@@ -1,16 +1,19 @@
 """`echobench sweep` on the local executor, end to end: real runs through torchrun, records,
 resumption, --retry-failed, the per-run time limit and Ctrl-C."""
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, default_signals, ignoring_sigint, sigint_disposition, wait_for
+from echobench.sweep.executors.local import processes_mentioning
 
 TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
@@ -84,11 +87,11 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
     assert by_seed[2]["status"] == "timeout" and "time limit of 25 s" in by_seed[2]["error"]
     assert by_seed[2]["log_tail"]  # what the job printed, kept in the record
     # The killed job left no process behind (its whole session was stopped; the kernel may take a moment).
-    deadline = time.time() + 30
-    while (leftover := subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()) \
-            and time.time() < deadline:
-        time.sleep(0.5)
-    assert leftover == []
+    def none_left():
+        """no process mentions the sweep directory"""
+        return not subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
+
+    wait_for(none_left, timeout_s=120, every_s=0.5)
     table = pd.read_csv(sweep / "results.csv")
     assert sorted(table["status"]) == ["error", "ok", "timeout"]
     # For the report: what was skipped and why, and each run's memory estimate beside its record.
@@ -134,29 +137,39 @@ def test_ctrl_c_stops_the_running_job_and_keeps_finished_results(cli, tmp_path):
                                                         {"seed": 3}])
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(sweep)],
-                            env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    long_id = None
-    while time.time() < deadline:  # wait until the second (endless) run is going
+                            env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_signals)
+
+    def second_run_going():
+        """the sweep's second (endless) run is running, its job started"""
         runs = state(sweep) if (sweep / "sweep.json").exists() else {}
-        long_id = next((rid for rid, e in runs.items() if e.get("state") == "running" and e["attempt"] == 1
-                        and len(runs) == 2), None)
-        if long_id and (sweep / long_id / "job-state").exists():
-            break
-        time.sleep(1)
-    assert long_id, "the second run never started"
-    job_pid = int(state(sweep)[long_id]["job_id"].removeprefix("local-"))
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+        rid = next((rid for rid, e in runs.items() if e.get("state") == "running" and e["attempt"] == 1
+                    and len(runs) == 2), None)
+        return rid if rid and (sweep / rid / "job-state").exists() else None
+
+    try:
+        long_id = wait_for(second_run_going, timeout_s=600)
+        job_pid = int(state(sweep)[long_id]["job_id"].removeprefix("local-"))
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:  # a failed wait leaves neither the sweep nor its job running
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+            for rid, entry in (state(sweep) if (sweep / "sweep.json").exists() else {}).items():
+                if (job := entry.get("job_id") or "").startswith("local-"):
+                    with contextlib.suppress(OSError):
+                        os.killpg(int(job.removeprefix("local-")), signal.SIGKILL)
     assert proc.returncode == 130, out
     assert "interrupted (Ctrl-C) while waiting for its jobs (1 running): finished results are kept; 2 of 4 runs not started" in out, out
     records = {rid: record(sweep, rid) for rid in state(sweep)}
     assert records[long_id]["status"] == "cancelled" and "Ctrl-C" in records[long_id]["error"]
     assert [r["status"] for rid, r in records.items() if rid != long_id] == ["ok"]
-    deadline = time.time() + 30  # stop_group SIGKILLs what is left; the kernel may take a moment
-    while alive_processes(job_pid) and time.time() < deadline:
-        time.sleep(0.5)
-    assert alive_processes(job_pid) == [], "the interrupted job's processes are still running"
+    def job_gone():  # stop_group SIGKILLs what is left; the kernel may take a moment
+        """none of the interrupted job's processes is still running"""
+        return not alive_processes(job_pid)
+
+    wait_for(job_gone, timeout_s=120, every_s=0.5)
     # `status` has a row for every planned run, those never submitted as `not started`
     proc = cli("status", sweep, "--json")  # exit 1: the cancelled run
     rows = json.loads(proc.stdout)
@@ -192,3 +205,69 @@ def test_ctrl_c_during_the_calibration_says_what_was_interrupted(tmp_path, monke
             "2 of 2 runs not started") in text, text
     rows, _ = sweep_status.status(tmp_path / "sweep")
     assert [r["state"] for r in rows] == ["not started", "not started"]
+
+
+def in_poll_sleep(pid: int) -> bool:
+    """the process sleeps in time.sleep (the kernel's wait channel): past its imports, in its poll loop"""
+    try:
+        return "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+
+
+def test_started_with_sigint_ignored_sweep_status_and_run_keep_it_ignored(cli, tmp_path):
+    """As a background job of a non-interactive shell starts them (SIGINT ignored), `sweep`, `status
+    --wait` and `run`'s launcher keep SIGINT ignored, as POSIX and nohup intend: each is sent SIGINT
+    in its wait and goes on. SIGTERM then stops the sweep as Ctrl-C would in the foreground (its job
+    stopped, recorded cancelled, exit 143), and `status --wait` ends as it does without the signal
+    (exit 1: a cancelled run); nothing says Ctrl-C."""
+    matrix = write_matrix(tmp_path / "m.yaml", include=[{"fail_at_step": 1, "fail_kind": "hang"}])
+    sweep = tmp_path / "sweep"
+    procs = [subprocess.Popen([sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(sweep)],
+                              env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, preexec_fn=ignoring_sigint)]
+
+    def launcher_running():
+        """the run's launcher (`echobench run ... --nproc 1`) has started torchrun: past its set-up"""
+        pids = processes_mentioning(str(sweep))
+        cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in pids}
+        if not any(b"echobench.train.torchrun" in c for c in cmdlines.values()):
+            return None
+        return next((pid for pid, c in cmdlines.items() if b"--nproc" in c and b"echobench.train.torchrun" not in c), None)
+
+    try:
+        launcher = wait_for(launcher_running, timeout_s=600)
+        procs.append(subprocess.Popen([sys.executable, "-m", "echobench", "status", str(sweep), "--wait", "--poll", "1"],
+                                      env=cli_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, preexec_fn=ignoring_sigint))
+        wait_for(lambda: in_poll_sleep(procs[1].pid), timeout_s=300, every_s=0.2)
+        for pid in (procs[0].pid, launcher, procs[1].pid):  # the sweep is in its wait: its job runs
+            assert sigint_disposition(pid) == "ignored", pid
+            os.kill(pid, signal.SIGINT)
+        procs[0].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        for pid in processes_mentioning(str(sweep)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [128 + signal.SIGTERM, 1], outputs
+    assert "interrupted (SIGTERM) while waiting for its jobs (1 running): finished results are kept" in outputs[0]
+    assert not any("Ctrl-C" in out or "Aborted" in out for out in outputs), outputs
+    (rid,) = state(sweep)
+    assert record(sweep, rid)["status"] == "cancelled"
+    assert record(sweep, rid)["error"].startswith("interrupted (SIGTERM) while running"), record(sweep, rid)["error"]
+
+
+def test_the_suite_runs_as_its_launch_says():
+    """scripts/suite_under_load.sh's two launches are what they say: as a background job of a
+    non-interactive shell every test process inherits SIGINT ignored; in the foreground, Python's
+    Ctrl-C handler. (The tests that signal a process set it up themselves: both launches pass.)"""
+    launch = os.environ.get("ECHOBENCH_SUITE_LAUNCH")
+    if launch is None:
+        pytest.skip("not started by scripts/suite_under_load.sh")
+    expected = {"background": signal.SIG_IGN, "foreground": signal.default_int_handler}[launch]
+    assert signal.getsignal(signal.SIGINT) is expected

@@ -36,10 +36,11 @@ def sweep(
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results.
 
-    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait, 0 once every
-    run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit): the same
-    command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
-    terminal; elsewhere they keep running: `echobench cancel DIR`)."""
+    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C, 143 on SIGTERM; with --no-wait, 0
+    once every run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit):
+    the same command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them
+    (on a terminal; elsewhere they keep running: `echobench cancel DIR`). Started with SIGINT
+    ignored (a background job of a script, nohup), it keeps ignoring it: SIGTERM stops it."""
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
 
@@ -54,7 +55,8 @@ def sweep(
         opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
                                retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal(), preflight=preflight)
         opts.out = writable_dir(opts.out)
-        code = sw.run_sweep(matrix, runs, opts, console, skipped)
+        with sw.sigterm_stops_the_sweep():
+            code = sw.run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)

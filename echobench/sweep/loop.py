@@ -29,6 +29,8 @@ RUNNING_POLL_S once one runs (sweep_state.longest_poll).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +96,34 @@ def choose_runs(plan: Plan, only: list[str], force: bool, console) -> tuple[list
     return [r for r in runs if r.fits is not False], skipped
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached `echobench sweep` (`kill`, a CI runner or a scheduler stopping it): it stops as
+    after Ctrl-C, however it was started. A KeyboardInterrupt, so every Ctrl-C handler handles it."""
+
+
+# How an interrupted sweep says it was stopped, and its exit code (as a shell reports the signal).
+STOPPED_BY = {"Ctrl-C": 130, "SIGTERM": 128 + signal.SIGTERM}
+
+
+def stopped_by(exc: KeyboardInterrupt) -> str:
+    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_sweep():
+    """While in place, SIGTERM raises Terminated in the main thread. SIGINT is left as the sweep found
+    it: a background job of a non-interactive shell, or one under nohup, starts with SIGINT ignored
+    (the shell's Ctrl-C is not meant for it), and it stays ignored; SIGTERM stops such a sweep."""
+    def stop(signum, frame):
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 @dataclass
 class Sweep:
     """A sweep under way: its directory, state file and executor, the jobs not yet over, and the
@@ -111,6 +141,7 @@ class Sweep:
     said: set[str] = field(default_factory=set)  # refusals logged already: each once
     comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
     submitted: int = 0  # jobs this sweep submitted
+    stopped_by: str = "Ctrl-C"  # what interrupted it (a key of STOPPED_BY)
 
     def log(self, text: str) -> None:
         log(self.console, text)
@@ -302,26 +333,28 @@ class Sweep:
                         if queue and self.retry_at and not self.tracked:
                             pause = min(pause, max(self.retry_at - time.monotonic(), 0.0))
                         time.sleep(max(pause, 0.1))
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
+                self.stopped_by = stopped_by(exc)
                 return False
         return True
 
     def interrupt(self, runs: list[PlannedRun], during: str | None, ask: Callable[[str], bool] | None = None) -> None:
-        """After Ctrl-C: the jobs the executor stopped end as cancelled; a scheduler's keep running
-        unless `ask` says to cancel them (`echobench cancel DIR` does it later). Says what was
-        interrupted (None: waiting for the jobs, named by their states), each job left behind, that
-        nothing measured is lost, and what is left to do."""
+        """After Ctrl-C (or SIGTERM: self.stopped_by): the jobs the executor stopped end as cancelled; a
+        scheduler's keep running unless `ask` says to cancel them (`echobench cancel DIR` does it
+        later; never asked after SIGTERM, which no one at a terminal sent). Says what was interrupted
+        (None: waiting for the jobs, named by their states), each job left behind, that nothing
+        measured is lost, and what is left to do."""
         if during is None:  # waiting: for which jobs, by their last states
             during = f"while waiting for its jobs ({state_counts(self.state.runs[rid].state for rid in self.tracked)})"
         for job_id in self.executor.cancel_all():
             rid, run = next((rid, run) for rid, run in self.tracked.items() if self.state.runs[rid].job_id == job_id)
-            finish_without_record(run.cfg, self.run_dir(run), "cancelled", "interrupted (Ctrl-C) while running")
+            finish_without_record(run.cfg, self.run_dir(run), "cancelled", f"interrupted ({self.stopped_by}) while running")
             self.state.runs[rid].settled, self.state.runs[rid].state = True, "cancelled"
             del self.tracked[rid]
         self.save()
         left = sum(r.id not in self.state.runs or waiting(self.state.runs[r.id]) for r in runs)
         live = [rid for rid in self.tracked if not self.state.runs[rid].settled]
-        self.log(f"interrupted (Ctrl-C) {esc(during)}: finished results are kept"
+        self.log(f"interrupted ({self.stopped_by}) {esc(during)}: finished results are kept"
                  + (f"; {left} of {len(runs)} runs not started (the same `echobench sweep` runs them)" if left else ""))
         if not live or not detached(self.executor):
             return
@@ -330,7 +363,7 @@ class Sweep:
                                                                        else ""))
         question = f"cancel the {len(live)} {self.executor.name.upper()} job(s) of this sweep still queued or running?"
         try:
-            stop = ask is not None and ask(question)
+            stop = ask is not None and self.stopped_by == "Ctrl-C" and ask(question)
         except (Exception, KeyboardInterrupt):  # noqa: BLE001 - Ctrl-C or EOF at the question: leave them
             stop = False
         if stop:
@@ -356,7 +389,7 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
               skipped: list[dict] | None = None) -> int:
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
-    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait 0
+    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C (143 on SIGTERM); with --no-wait 0
     once every run is submitted, NOT_ALL_SUBMITTED when some wait to be (slurm.max_submitted, a
     submit limit, a busy scheduler: the same `sweep` again submits them).
     `skipped` (skipped_entry dicts) goes to SWEEP/skipped.json for the report."""
@@ -380,9 +413,10 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         during = "while submitting"
         if detached(sweep.executor):  # a scheduler: hand it what it takes now
             sweep.submit_ready(queue)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        sweep.stopped_by = stopped_by(exc)
         sweep.interrupt(runs, during, opts.ask)
-        return 130
+        return STOPPED_BY[sweep.stopped_by]
     if not opts.wait:
         if queue:
             sweep.log(f"[yellow]{len(queue)} of {len(runs)} runs not submitted yet[/] ({esc(sweep.held_because())}): "
@@ -399,7 +433,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         sweep.profile_outcome()
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
-        return 130
+        return STOPPED_BY[sweep.stopped_by]
     return 0 if all(statuses.get(r.id) == "ok" for r in runs) else 1
 
 

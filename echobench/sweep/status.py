@@ -184,7 +184,7 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
         executor = make_executor(name)
         if not detached(executor) or not hasattr(executor, "cancel"):
             log(console, f"{len(live)} {esc(name)} jobs run under their `echobench sweep` process: Ctrl-C there "
-                         f"stops them")
+                         f"(or SIGTERM to it, `kill PID`, where it runs in the background) stops them")
             continue
         live = settle_all(live, executor)  # jobs over already keep the verdict they ended with
         ids = [e.job_id for _, _, e in live.values()]
