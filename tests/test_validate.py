@@ -200,12 +200,13 @@ def test_a_row_over_its_devices_memory_is_priced_and_flagged_with_its_memory_err
     assert f"{r.memory_gib:.1f}!" in console.export_text()
 
 
-def test_a_devices_memory_is_the_size_its_name_gives_where_smaller_than_the_tables():
+def test_a_devices_memory_is_the_size_its_name_gives_else_the_tables():
     from echobench.predict.validate import device_capacity_gib
 
-    assert device_capacity_gib("NVIDIA A100-SXM4-40GB") == pytest.approx(39.8)
-    assert device_capacity_gib("NVIDIA A100-SXM4-80GB") == pytest.approx(79.2)
-    assert device_capacity_gib("NVIDIA H100 80GB HBM3") == pytest.approx(79.6)
+    assert device_capacity_gib("NVIDIA A100-SXM4-40GB") == pytest.approx(39.8)  # the table's A100 is the 80 GB part
+    assert device_capacity_gib("NVIDIA A100-SXM4-80GB") == pytest.approx(79.2)  # the table's, the same part
+    assert device_capacity_gib("NVIDIA H100 96GB HBM2e (500 W)") == pytest.approx(95.52)
+    assert device_capacity_gib("NVIDIA GH200 120GB") == pytest.approx(95.0)  # its name's size is not its HBM's
     assert device_capacity_gib("NVIDIA H200") == pytest.approx(139.8) and device_capacity_gib("a cpu") is None
 
 

@@ -257,16 +257,24 @@ def layout_text(layout: Layout) -> str:
         (" compiled" if layout.compile else "")
 
 
+# Devices whose name's size is not their HBM's: torch names the 96 GB GH200 "NVIDIA GH200 120GB".
+NAME_NOT_HBM = ("GH200",)
+USABLE = 0.995  # the share of its nominal size a part reports usable: 79.6 GiB of an 80 GB H100
+
+
 def device_capacity_gib(device: str) -> float | None:
-    """A device's memory in GiB (hardware.memory's table; None: not in it); a size its name gives
-    below the table's ("A100-SXM4-40GB") is a smaller part of that device: that size, at the share
-    of it a part reports usable (79.6 GiB of an 80 GB H100)."""
+    """A device's memory in GiB: the size its name gives ("A100-SXM4-40GB", "H100 96GB") at USABLE,
+    the table's figure (hardware.memory) where that is the same part (within 5%) or the name gives
+    none (NAME_NOT_HBM: never); None where neither knows it."""
     try:
         table = device_memory_gib(device=device)
     except ValueError:
-        return None
+        table = None
     named = re.search(r"(\d+)\s*GB", device)
-    return min(table, int(named.group(1)) * 0.995) if named else table
+    if named is None or any(n.lower() in device.lower() for n in NAME_NOT_HBM):
+        return table
+    size = int(named.group(1)) * USABLE
+    return table if table is not None and abs(size / table - 1) < 0.05 else size
 
 
 def _profile(name: str, profiles: dict[str, HardwareProfile]) -> HardwareProfile:
