@@ -286,6 +286,7 @@ def test_the_clock_each_row_needs_reprices_it_at_its_published_step(cv):
 def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zero_width(cv):
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
     assert committed["clock"] == cv["fit"], "stale: rerun `echobench predict --validate validation/published-runs.yaml --write-fit`"
+    assert committed["rows_file"] == "validation/published-runs.yaml"
     assert committed["residual_quantiles"] == pytest.approx(cv["residual_quantiles"])
     lo, hi = interval(1.0)
     assert lo < 1.0 < hi
@@ -303,3 +304,5 @@ def test_the_docs_accuracy_figures_are_the_committed_runs():
     loso = f"leave-one-source-out mean |error| {fit['loso']['mean_abs_error']:.1%}, max {fit['loso']['max_abs_error']:.1%}"
     inside = f"in-sample (fitted on every row) {fit['in_sample']['mean_abs_error']:.1%} / {fit['in_sample']['max_abs_error']:.1%}"
     assert loso in text and inside in text
+    over = validate_row(BY_ID["nemo-nemotron-340b-128gpu"], {})  # the row the page names over its device's memory
+    assert over.over_memory and f"{over.memory_gib:.1f} GiB estimated against {over.device_memory_gib:.1f}" in text
