@@ -386,8 +386,13 @@ def test_against_error_is_predicted_minus_measured_over_measured(cli, tmp_path):
     assert len(out) == 1 and out[0]["run_id"] == rec.run_id
     assert out[0]["error"] == pytest.approx(-0.5) and out[0]["measured_step_time_s"] == pytest.approx(2 * predicted)
     assert out[0]["measured_mfu"] == pytest.approx(rec.mfu) and out[0]["step_time_s"] == pytest.approx(predicted)
+    # measured runs are held at the committed fit, named in the output: never refitted on them
+    committed = json.loads((ROOT / "validation" / "fit.json").read_text())
+    assert out[0]["fit"]["fit"] == "committed" and out[0]["fit"]["clock"] == committed["clock"]
+    assert out[0]["fit"]["fitted_on"] == len(committed["fitted_on"]) and not out[0]["fit"]["in_sample"]
     table = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True).stdout
     assert "-50.0%" in table and "mean |error| 50.0%, max 50.0% over 1 runs" in table
+    assert "the committed fit validation/fit.json" in " ".join(table.split())
 
 
 def test_against_holds_each_part_against_a_profiled_breakdown():

@@ -41,7 +41,8 @@ OPTIONS = {
     "results": ["--csv", "--json", "--only", "--sort", "paths"],
     "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)
-                "--write-fit"],  # the committed fit of the published runs (issue 42)
+                "--write-fit",  # the committed fit of the published runs (issue 42)
+                "--refit"],  # --validate at the clock refitted on the file's own rows, labelled in-sample
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
     "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],

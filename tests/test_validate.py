@@ -7,6 +7,7 @@ limits (a change that makes the model worse on sources it was not fitted to fail
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -112,6 +113,23 @@ def test_an_assumed_micro_batch_gives_a_range_the_published_step_lies_in():
     assert r.predicted_step_s == pytest.approx((r.low_s * r.high_s) ** 0.5)  # the middle of the range
     plain = validate_row({**BY_ID["mlm-gpt-32b-384gpu"], "assumed": []}, {})
     assert plain.low_s == plain.high_s == plain.predicted_step_s
+    # every row's interval: its range widened by the cross-validated residuals at each end
+    assert (r.interval_low_s, r.interval_high_s) == pytest.approx((interval(r.low_s)[0], interval(r.high_s)[1]))
+
+
+def test_a_row_with_nothing_assumed_has_the_cross_validated_interval_not_one_of_zero_width():
+    """Nothing assumed: no range, but the model's leave-one-source-out residuals still give the row
+    an interval around its prediction (validation/fit.json's quantiles), printed as errors."""
+    plain = validate_row({**BY_ID["mlm-gpt-32b-384gpu"], "assumed": []}, {})
+    lo, hi = interval(plain.predicted_step_s)
+    assert plain.interval_low_s < plain.predicted_step_s < plain.interval_high_s
+    assert (plain.interval_low_s, plain.interval_high_s) == pytest.approx((lo, hi))
+    wider = validate_row({**BY_ID["mlm-gpt-32b-384gpu"], "assumed": []}, {}, quantiles=(-0.3, 0.3))
+    assert wider.interval_high_s / wider.interval_low_s == pytest.approx(math.exp(0.6))
+    console = Console(record=True, width=300)
+    console.print(validation_table([plain], "t"))
+    band = re.search(r"([+-]\d+\.\d)% \.\. ([+-]\d+\.\d)%", console.export_text())
+    assert band and float(band.group(1)) < float(band.group(2)), console.export_text()
 
 
 def test_validate_on_three_rows_prints_each_row_its_range_and_the_cross_validation(tmp_path, cli):
@@ -126,6 +144,70 @@ def test_validate_on_three_rows_prints_each_row_its_range_and_the_cross_validati
     assert [r["id"] for r in out["rows"]] == three and out["summary"]["priced"] == 3
     assert set(out["crossval"]["loso_errors"]) == set(three) and out["crossval"]["sources"] == 3
     assert out["summary"]["mean_abs_error"] == pytest.approx(sum(abs(r["error"]) for r in out["rows"]) / 3)
+
+
+def held_out_rows(faster: float) -> list[dict]:
+    """Three Hopper rows of three sources under new ids (outside the committed fit set), each
+    publishing a step `faster` x faster than the committed fit predicts it."""
+    out = []
+    for rid in ("tt-llama3-8b-h100-8gpu", "mlm-gpt-7.1b-96gpu", "nemo-llama3-8b-8gpu"):
+        row = BY_ID[rid]
+        step = validate_row(row, {}).predicted_step_s
+        out.append({**row, "id": f"new-{rid}", "published": {"convention": "the step itself", "step_s": step / faster}})
+    return out
+
+
+def test_validate_prices_a_file_at_the_committed_fit_and_a_refit_is_labelled_in_sample(tmp_path, cli):
+    """Rows outside the committed fit set, 25% faster than it predicts: by default each is priced at
+    validation/fit.json (+25.0%, the JSON naming that fit), held out; --refit fits the clock to these
+    very rows (another clock, smaller errors) and says the errors are in-sample."""
+    committed = json.loads((ROOT / "validation" / "fit.json").read_text())
+    path = write_rows(tmp_path, held_out_rows(1.25))
+    out = json.loads(cli("predict", "--validate", path, "--json", check=True).stdout)
+    assert out["fit"]["fit"] == "committed" and not out["fit"]["in_sample"]
+    assert out["fit"]["clock"] == committed["clock"] and out["fit"]["file"] == "validation/fit.json"
+    assert out["fit"]["rows_file"] == committed["rows_file"] and out["fit"]["fitted_on"] == len(committed["fitted_on"])
+    assert [r["error"] for r in out["rows"]] == pytest.approx([0.25] * 3)
+    assert not any(r["in_fit_set"] for r in out["rows"]) and out["summary"]["held_out"]["rows"] == 3
+    text = " ".join(cli("predict", "--validate", path, check=True).stdout.split())
+    assert "PREDICTED (at the committed fit)" in text and "+25.0%" in text
+    assert "3 held out: mean |error| 25.0%, max 25.0%" in text and "IN-SAMPLE" not in text
+
+    refit = json.loads(cli("predict", "--validate", path, "--refit", "--json", check=True).stdout)
+    assert refit["fit"]["fit"] == "refit" and refit["fit"]["in_sample"] and refit["fit"]["rows_file"] == path
+    assert refit["fit"]["clock"]["hopper"] > committed["clock"]["hopper"]
+    assert all(abs(r["error"]) < 0.25 and r["in_fit_set"] for r in refit["rows"])
+    text = " ".join(cli("predict", "--validate", path, "--refit", check=True).stdout.split())
+    assert "PREDICTED (IN-SAMPLE" in text and "not a held-out error" in text
+    assert "--refit goes with --validate" in one_error_line(cli("predict", ROOT / "matrices" / "smoke.yaml", "--refit"))
+
+
+def test_a_row_over_its_devices_memory_is_priced_and_flagged_with_its_memory_error():
+    """A 7B model trained unsharded (DDP) at a long sequence on 8 H100s estimates past 80 GB: still
+    priced, flagged in the row, its notes and the summary; against a published figure, its error."""
+    row = BY_ID["lf-mpt-7b-8gpu"]
+    big = {**row, "id": "big", "run": {**row["run"], "sharding": "no_shard", "layout": "ddp"},
+           "published": {**row["published"], "memory_gib": 100.0}}
+    r = validate_row(big, {})
+    assert r.error is not None and r.memory_gib > r.device_memory_gib == pytest.approx(79.6) and r.over_memory
+    assert r.memory_error == pytest.approx(r.memory_gib / 100 - 1)
+    assert any("exceeds the 79.6 GiB" in n for n in r.notes)
+    fits = validate_row(row, {})
+    assert fits.over_memory is False and fits.memory_error is None
+    assert validation_summary([r, fits])["over_memory"] == ["big"]
+    console = Console(record=True, width=300)
+    console.print(validation_table([r], "t"))
+    assert f"{r.memory_gib:.1f}!" in console.export_text()
+
+
+def test_a_devices_memory_is_the_size_its_name_gives_else_the_tables():
+    from echobench.predict.validate import device_capacity_gib
+
+    assert device_capacity_gib("NVIDIA A100-SXM4-40GB") == pytest.approx(39.8)  # the table's A100 is the 80 GB part
+    assert device_capacity_gib("NVIDIA A100-SXM4-80GB") == pytest.approx(79.2)  # the table's, the same part
+    assert device_capacity_gib("NVIDIA H100 96GB HBM2e (500 W)") == pytest.approx(95.52)
+    assert device_capacity_gib("NVIDIA GH200 120GB") == pytest.approx(95.0)  # its name's size is not its HBM's
+    assert device_capacity_gib("NVIDIA H200") == pytest.approx(139.8) and device_capacity_gib("a cpu") is None
 
 
 def test_the_summary_counts_only_the_rows_priced():
@@ -204,6 +286,7 @@ def test_the_clock_each_row_needs_reprices_it_at_its_published_step(cv):
 def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zero_width(cv):
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
     assert committed["clock"] == cv["fit"], "stale: rerun `echobench predict --validate validation/published-runs.yaml --write-fit`"
+    assert committed["rows_file"] == "validation/published-runs.yaml"
     assert committed["residual_quantiles"] == pytest.approx(cv["residual_quantiles"])
     lo, hi = interval(1.0)
     assert lo < 1.0 < hi
@@ -221,3 +304,5 @@ def test_the_docs_accuracy_figures_are_the_committed_runs():
     loso = f"leave-one-source-out mean |error| {fit['loso']['mean_abs_error']:.1%}, max {fit['loso']['max_abs_error']:.1%}"
     inside = f"in-sample (fitted on every row) {fit['in_sample']['mean_abs_error']:.1%} / {fit['in_sample']['max_abs_error']:.1%}"
     assert loso in text and inside in text
+    over = validate_row(BY_ID["nemo-nemotron-340b-128gpu"], {})  # the row the page names over its device's memory
+    assert over.over_memory and f"{over.memory_gib:.1f} GiB estimated against {over.device_memory_gib:.1f}" in text

@@ -111,12 +111,15 @@ def predict_command(
                                        "--trace runs, the parts of the step."),
     validate: Optional[Path] = typer.Option(None, "--validate", metavar="FILE", help="Hold the model against "
                                             "published training runs (e.g. validation/published-runs.yaml): "
-                                            "predicted vs published step time per row, leave-one-source-out and "
-                                            "in-sample |error| per source and overall."),
+                                            "predicted at the committed fit vs published step time per row, "
+                                            "leave-one-source-out and in-sample |error| per source and overall."),
+    refit: bool = typer.Option(False, "--refit", help="With --validate: price FILE's rows at the in-step clock "
+                               "refitted on FILE's own rows (an in-sample error, labelled so) instead of the committed "
+                               "fit (validation/fit.json)."),
     write_fit: bool = typer.Option(False, "--write-fit", help="With --validate: write the in-step clocks fitted on "
                                    "every row and the residual quantiles to validation/fit.json (the committed fit)."),
-    as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows and "
-                                 "summary)."),
+    as_json: bool = typer.Option(False, "--json", help="A list with one object per run (--validate: its rows, "
+                                 "summary, cross-validation and the fit they were priced at)."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=f"MATRIX: {ONLY_HELP}"),
     notes: bool = typer.Option(False, "--notes", help="MATRIX: list the assumptions behind the predictions "
                                "(else counted in one line; --json carries them per run)."),
@@ -130,10 +133,10 @@ def predict_command(
     if validate is not None:
         if paths or against or nodes is not None or profile:
             fail("--validate FILE takes no MATRIX, --against, --nodes or --profile: each row names its shipped profile", 1)
-        _validate(pr, validate, as_json, write_fit)
+        _validate(pr, validate, as_json, write_fit, refit)
         return
-    if write_fit:
-        fail("--write-fit goes with --validate FILE", 1)
+    if write_fit or refit:
+        fail(f"{'--write-fit' if write_fit else '--refit'} goes with --validate FILE", 1)
     if against and paths:
         fail(f"predict takes a MATRIX or --against DIR, not both ({paths[0]} beside --against {against[0]}): give "
              f"each directory its own --against (--against {against[0]} --against {paths[0]})")
@@ -162,8 +165,11 @@ def predict_command(
         for kind, line in held.lines:
             err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
         comparisons, profiles = held.comparisons, held.profiles
+        from echobench.predict.crossval import fit_line, fit_used  # lazy with the rest of predict
+
+        used = fit_used()
         if as_json:
-            print(json.dumps([c.as_dict() for c in comparisons], indent=2, default=str))
+            print(json.dumps([{**c.as_dict(), "fit": used} for c in comparisons], indent=2, default=str))
             return
         wide.print(pr.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
         s = pr.summary(comparisons)
@@ -174,6 +180,8 @@ def predict_command(
                              if s["mean_abs_mfu_error"] is not None else ""))
         for line in pr.profile_lines(profiles):
             console.print(esc(line), highlight=False)
+        console.print(esc(fit_line(used) + " (a run on one GPU, a CPU or a measured profile takes none)"),
+                      highlight=False, soft_wrap=True)
         return
     if len(paths) != 1:
         fail(f"predict takes one matrix ({len(paths)} paths given): for run directories, --against DIR each")
@@ -221,27 +229,31 @@ def predict_command(
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
-def _validate(pr, path: Path, as_json: bool, write_fit: bool = False) -> None:
-    """`predict --validate FILE`: the rows cross-validated leaving each source out (crossval), each
-    row predicted at the fit on every row, the table (or --json), the errors per source and overall;
-    --write-fit commits the fit. Exit 0 when it ran, 1 on bad input."""
-    from echobench.predict.crossval import crossval, write_fit as write  # lazy with the rest of predict
-    from echobench.predict.validate import as_json as to_json
+def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: bool = False) -> None:
+    """`predict --validate FILE`: each row priced at the committed fit (validation/fit.json; --refit:
+    at the fit on FILE's own rows, in-sample), the rows cross-validated leaving each source out
+    (crossval), the table (or --json), the errors per source and overall; --write-fit commits the
+    fit on every row. Exit 0 when it ran, 1 on bad input."""
+    from echobench.predict.crossval import crossval, fit_line, fit_used, refit as refit_on, write_fit as write
+    from echobench.predict.validate import as_json as to_json  # lazy with the rest of predict
 
     try:
         rows = pr.load_rows(path)
         cv = crossval(rows)
-        results = pr.validate(rows, terms=pr.InStepFit(cv["fit"], (), "fitted on every row"))
+        fit = refit_on(cv, path) if refit else None
+        results = pr.validate(rows, terms=fit)
     except pr.PredictError as exc:
         fail(str(exc), 1)
     if write_fit:
-        console.print(f"wrote {esc(write(cv))}", highlight=False)
+        console.print(f"wrote {esc(write(cv, path))}", highlight=False)
+    used = fit_used(fit, path)  # after --write-fit: the fit the next run prices at
     if as_json:
-        print(json.dumps(to_json(results, cv), indent=2, default=str))
+        print(json.dumps(to_json(results, cv, used), indent=2, default=str))
         return
-    wide = Console(width=None if sys.stdout.isatty() else 240)  # a row per run: twelve columns
-    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED vs published",
-                                   cv["loso_errors"]))
+    at = "IN-SAMPLE, at the fit refitted on its rows" if refit else "at the committed fit"
+    wide = Console(width=None if sys.stdout.isatty() else 250)  # a row per run: thirteen columns
+    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED ({at}) vs published",
+                                   cv["loso_errors"], in_sample=refit))
     for r in results:
         if r.refused is not None:
             console.print(f"refused: {esc(r.id)}: {esc(r.refused)}", highlight=False, soft_wrap=True)
@@ -249,9 +261,26 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False) -> None:
         console.print(f"note: {esc(note)}", highlight=False, soft_wrap=True)
     wide.print(pr.crossval_table(cv))
     summary = pr.validation_summary(results)
-    committed = pr.committed_fit().clock
-    console.print(f"in-step clock fitted on every row: {esc(cv['fit'])}; committed (validation/fit.json): "
-                  f"{esc(committed or 'none')}" + ("" if committed == cv["fit"] else ": stale, rerun with --write-fit"),
+    console.print(esc(fit_line(used)), highlight=False, soft_wrap=True)
+    if summary["priced"]:
+        held = summary["held_out"]
+        console.print(f"{'in-sample' if refit else 'at the committed fit'}: mean |error| {summary['mean_abs_error']:.1%}, "
+                      f"max {summary['max_abs_error']:.1%} over {summary['priced']} rows"
+                      + ("" if refit else f"; {summary['in_fit_set']} of them in its fit set (in-sample), "
+                         + (f"{held['rows']} held out: mean |error| {held['mean_abs_error']:.1%}, max "
+                            f"{held['max_abs_error']:.1%}" if held["rows"] else "none held out")),
+                      highlight=False, soft_wrap=True)
+    console.print(f"leave-one-source-out (the clock refitted on the other sources of {esc(path)}): mean |error| "
+                  + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over {cv['loso']['rows']} rows "
+                     f"of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
                   highlight=False, soft_wrap=True)
-    console.print(f"assumed values: {summary['inside_range']} of the {summary['ranged']} rows with a range hold their "
-                  "published step inside it", highlight=False)
+    committed = pr.committed_fit()
+    if set(committed.fitted_on) == set(cv["in_sample_errors"]) and committed.clock != cv["fit"]:
+        console.print(f"the committed fit is stale for these rows (refitted: {esc(cv['fit'])}): rerun with --write-fit",
+                      highlight=False, soft_wrap=True)
+    console.print(f"assumed values: {summary['ranged']} rows have a range, {summary['inside_range']} hold their "
+                  f"published step inside it; {summary['inside_interval']} of {summary['priced']} inside their interval "
+                  "(the range widened by the leave-one-source-out residuals)", highlight=False)
+    if summary["over_memory"]:
+        console.print(f"over the device's memory (estimated, priced anyway): {esc(', '.join(summary['over_memory']))}",
+                      highlight=False, soft_wrap=True)

@@ -105,8 +105,10 @@ The package, by what each file is (every name callers use is re-exported here):
     card_traffic.py   a card step's collectives as commvolume.Traffic (card_traffic) and their placement (place_card)
     card_model.py     a card's predicted step: predict_card -> CardPrediction (work_seconds, place, exposed)
     validate.py       `predict --validate`: published rows (load_rows, a strict schema) predicted over
-                      their assumed values (validate -> ValidationRow), validation_summary
-    crossval.py       the fitted term held out a source at a time: crossval, write_fit
+                      their assumed values at a fit (validate -> ValidationRow: the interval, the memory
+                      against the device's), validation_summary
+    crossval.py       the fitted term held out a source at a time: crossval, write_fit; the fit a
+                      validation priced at (fit_used: the committed one, or refit on the file's rows)
     intervals.py      the interval of every prediction, from crossval's residuals
     tables.py         rich tables: prediction_table, comparison_table, validation_table, reference_table
     errors.py         PredictError

@@ -13,7 +13,11 @@ clocks: the fit is a grid search on that surrogate, the errors reported are the 
 fitted clock.
 
 Intervals: the LOSO log-residuals' RESIDUAL_QUANTILES (intervals.py) give how far a prediction
-lands from a published run the model was not fitted on; write_fit commits them with the fit."""
+lands from a published run the model was not fitted on; write_fit commits them with the fit.
+
+`predict --validate FILE` prices FILE's rows at the committed fit, held out for every row outside
+its fit set; `--refit` prices them at the fit on FILE's own rows (refit), an in-sample error.
+fit_used names the fit either way."""
 
 from __future__ import annotations
 
@@ -125,6 +129,44 @@ def crossval(rows: Sequence[Mapping]) -> dict:
             "loso_errors": loso, "in_sample_errors": inside}
 
 
+def refit(result: dict, path: Path | str) -> InStepFit:
+    """The fit on every row of `path` (crossval's `fit`) as the terms its rows are priced at: in-sample."""
+    return InStepFit(result["fit"], tuple(sorted(result["in_sample_errors"])),
+                     f"refitted on every row of {path} (in-sample)")
+
+
+def fit_used(fit: InStepFit | None = None, rows_file: Path | str | None = None, path: Path = FIT_FILE) -> dict:
+    """The fit a validation priced its rows at, for its output: the committed one (`fit` None: the
+    file `path`, its clocks, the file and rows it was fitted on) or a refit on `rows_file` (in-sample)."""
+    if fit is not None:
+        return {"fit": "refit", "in_sample": True, "file": None, "clock": fit.clock, "rows_file": str(rows_file),
+                "fitted_on": len(fit.fitted_on), "source": fit.source}
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return {"fit": "committed", "in_sample": False, "file": _shown(path) if data else None,
+            "clock": data.get("clock", {}), "rows_file": data.get("rows_file"),
+            "fitted_on": len(data.get("fitted_on", ())), "source": data.get("source", f"no {path.name}: no in-step clock fitted")}
+
+
+def fit_line(used: dict) -> str:
+    """fit_used in one line: which fit, its clocks and fit set."""
+    clocks = ", ".join(f"{k} {v:g}" for k, v in used["clock"].items()) or "none"
+    if used["in_sample"]:
+        return (f"IN-SAMPLE: in-step clock refitted on every row of {used['rows_file']} ({clocks}; {used['fitted_on']} "
+                "rows): not a held-out error (without --refit: the committed fit)")
+    if used["file"] is None:
+        return f"in-step clock: none ({used['source']})"
+    return (f"in-step clock: the committed fit {used['file']} ({clocks}; fitted on {used['fitted_on']} rows of "
+            f"{used['rows_file'] or 'its rows file'}), not refitted here")
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the checkout where it is inside it."""
+    try:
+        return str(path.resolve().relative_to(FIT_FILE.parents[1]))
+    except ValueError:
+        return str(path)
+
+
 def quantile(xs: Sequence[float], q: float) -> float:
     """The q-quantile of sorted `xs`, linear between order statistics."""
     i = q * (len(xs) - 1)
@@ -132,12 +174,13 @@ def quantile(xs: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
 
-def write_fit(result: dict, path: Path = FIT_FILE) -> Path:
-    """The committed fit: the in-step clocks fitted on every row, the rows, the residual quantiles
-    and the LOSO figures they come with (devicerates.committed_fit reads it)."""
-    data = {"clock": result["fit"], "fitted_on": sorted(result["in_sample_errors"]),
+def write_fit(result: dict, rows_file: Path | str, path: Path = FIT_FILE) -> Path:
+    """The committed fit: the in-step clocks fitted on every row of `rows_file`, the rows, the
+    residual quantiles and the LOSO figures they come with (devicerates.committed_fit reads it)."""
+    shown = _shown(Path(rows_file))
+    data = {"clock": result["fit"], "fitted_on": sorted(result["in_sample_errors"]), "rows_file": shown,
             "source": (f"echobench predict --validate: the in-step clock per GPU family minimising mean |log error| over "
-                       f"{result['rows']} published rows of {result['sources']} sources (validation/published-runs.yaml); "
+                       f"{result['rows']} published rows of {result['sources']} sources ({shown}); "
                        f"leave-one-source-out mean |error| {result['loso']['mean_abs_error']:.1%}, max "
                        f"{result['loso']['max_abs_error']:.1%}"),
             "residual_quantiles": result["residual_quantiles"], "quantiles": list(RESIDUAL_QUANTILES),

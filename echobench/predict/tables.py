@@ -72,27 +72,38 @@ def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
     return table
 
 
-def validation_table(results: Sequence[ValidationRow], title: str, loso: dict[str, float] | None = None) -> Table:
+def validation_table(results: Sequence[ValidationRow], title: str, loso: dict[str, float] | None = None,
+                     in_sample: bool = False) -> Table:
     """`echobench predict --validate`: predicted vs published step time per published row, the
-    assumed values' range, the error at the fit on every row and left out of the fit (LOSO)."""
-    table = Table(title=esc(title), caption="error = predicted / published - 1 (in-sample: the in-step clock fitted on "
-                  "every row; LOSO: fitted without the row's source); published step = global batch x seq / (tokens/s per "
-                  "GPU x GPUs), from TFLOP/s under the row's own FLOP convention where only that is published (*); range: "
-                  "the row priced over its assumed values (predicted: their middle); refused rows: why below, not counted")
+    assumed values' range, the row's interval against the published step, the error at the fit the
+    rows were priced at (the committed one; in_sample: refitted on these rows) and left out of the
+    fit (LOSO). A row among the fit's rows is marked (fit), one over its device's memory (GiB!)."""
+    at = ("IN-SAMPLE: the in-step clock refitted on these rows" if in_sample else
+          "at the committed fit (validation/fit.json); (fit): the row is in its fit set, its error in-sample")
+    table = Table(title=esc(title), caption=f"error = predicted / published - 1, {at}; LOSO: the clock fitted without the "
+                  "row's source; published step = global batch x seq / (tokens/s per GPU x GPUs), from TFLOP/s under the "
+                  "row's own FLOP convention where only that is published (*); range: the row priced over its assumed "
+                  "values (predicted: their middle); interval: the range widened by the leave-one-source-out residuals, "
+                  "as errors; GiB: estimated memory per GPU (! over the device's); refused rows: why below, not counted")
     table.add_column("row", no_wrap=True)
-    for col in ("source", "GPUs", "device", "layout", "published s", "predicted s", "range s", "error", "LOSO",
-                "MFU pub", "MFU pred"):
+    for col in ("source", "GPUs", "device", "layout", "published s", "predicted s", "range s", "error", "interval",
+                "LOSO", "MFU pub", "MFU pred", "GiB"):
         table.add_column(col, justify="left" if col in ("source", "device") else "right", no_wrap=col != "layout")
     for r in results:
         if r.refused is not None:
-            table.add_row(esc(r.id), esc(r.source), str(r.gpus), "", esc(r.layout), "", "", "", "[yellow]refused[/]", "", "", "")
+            table.add_row(esc(r.id), esc(r.source), str(r.gpus), "", esc(r.layout), "", "", "", "[yellow]refused[/]",
+                          *[""] * 5)
             continue
         derived = "*" if r.published_from.startswith("TFLOP") else ""
-        rng = "-" if r.low_s is None else f"{r.low_s:.3g}-{r.high_s:.3g}"
+        rng = "-" if r.low_s is None or r.low_s == r.high_s else f"{r.low_s:.3g}-{r.high_s:.3g}"
         held = (loso or {}).get(r.id)
+        band = "-" if r.interval_low_s is None else \
+            f"{r.interval_low_s / r.published_step_s - 1:+.1%} .. {r.interval_high_s / r.published_step_s - 1:+.1%}"
+        memory = "-" if r.memory_gib is None else f"{r.memory_gib:.1f}" + ("[red]![/]" if r.over_memory else "")
         table.add_row(esc(r.id), esc(r.source), str(r.gpus), esc(r.device.removeprefix("NVIDIA ")), esc(r.layout),
-                      f"{r.published_step_s:.4g}{derived}", f"{r.predicted_step_s:.4g}", rng, f"{r.error:+.1%}",
-                      "-" if held is None else f"{held:+.1%}", _pct(r.published_mfu), _pct(r.predicted_mfu))
+                      f"{r.published_step_s:.4g}{derived}", f"{r.predicted_step_s:.4g}", rng,
+                      f"{r.error:+.1%}" + (" (fit)" if r.in_fit_set and not in_sample else ""), band,
+                      "-" if held is None else f"{held:+.1%}", _pct(r.published_mfu), _pct(r.predicted_mfu), memory)
     return table
 
 

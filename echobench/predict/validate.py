@@ -12,7 +12,13 @@ key and the row, never dropped. Every `assumed` entry names a field (run.*, mode
 hardware.clock: the sustained clock ratio, hardware.network: a factor on the inter-node bandwidth)
 and its plausible `values`, the row's own among them: the row is priced at each, and the range of
 those predictions (each field's lowest and highest ratio to the row's, multiplied) is its interval.
-The cross-validation (crossval.py) widens it by the model's residuals on sources it was not fitted to."""
+Each row's interval is that range widened by the model's leave-one-source-out residuals
+(intervals.py), so that a row with nothing assumed still has one.
+
+The rows are priced at the committed fit (validation/fit.json) unless a fit is given (crossval.py
+refits on a file's own rows: in-sample); each row says whether it is among the fit's rows. A row's
+memory per GPU (card_memory) is checked against its device's: one that exceeds it is priced but
+flagged, and where the row publishes its memory (published.memory_gib) the estimate's error is given."""
 
 from __future__ import annotations
 
@@ -23,10 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from echobench.hardware.devicerates import run_fit
+from echobench.hardware.memory import device_memory_gib
 from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
+from echobench.predict.card_memory import card_memory_gib
 from echobench.predict.card_model import predict_card
 from echobench.predict.errors import PredictError
+from echobench.predict.intervals import interval
 from echobench.predict.pricing import Rates
 from echobench.records.yamltext import read_yaml
 
@@ -34,7 +43,7 @@ from echobench.records.yamltext import read_yaml
 SECTIONS = {"id": None, "source": {"name", "repo", "commit", "path", "line", "table", "text", "config", "figure"},
             "hardware": {"profile", "gpus", "gpus_per_node"}, "model": None, "run": None,
             "published": {"mfu", "hfu", "tflops_per_gpu", "tokens_per_s_per_gpu", "tokens_per_s", "aggregate_pflops",
-                          "convention", "step_s"},
+                          "convention", "step_s", "memory_gib"},
             "derived": {"flops_per_token", "tokens_per_s_per_gpu", "how"}, "assumed": None}
 REQUIRED = {"source": ("name", "repo", "commit"), "hardware": ("profile", "gpus", "gpus_per_node"),
             "published": ("convention",)}
@@ -86,6 +95,13 @@ class ValidationRow:
     parts: dict[str, float] = field(default_factory=dict)
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
+    interval_low_s: float | None = None  # the assumed range widened by the cross-validated residuals
+    interval_high_s: float | None = None
+    in_fit_set: bool | None = None  # among the rows of the fit it was priced at: its error is in-sample
+    memory_gib: float | None = None  # one GPU's memory, estimated (card_memory)
+    device_memory_gib: float | None = None  # the device's (device_capacity_gib; None: unknown)
+    published_memory_gib: float | None = None
+    memory_error: float | None = None  # estimated / published memory - 1
 
     @property
     def inside(self) -> bool | None:
@@ -93,6 +109,20 @@ class ValidationRow:
         if self.low_s is None or self.published_step_s is None:
             return None
         return self.low_s <= self.published_step_s <= self.high_s
+
+    @property
+    def inside_interval(self) -> bool | None:
+        """Whether the published step lies within the row's interval."""
+        if self.interval_low_s is None or self.published_step_s is None:
+            return None
+        return self.interval_low_s <= self.published_step_s <= self.interval_high_s
+
+    @property
+    def over_memory(self) -> bool | None:
+        """Whether the row's estimated memory exceeds its device's (None: either unknown)."""
+        if self.memory_gib is None or self.device_memory_gib is None:
+            return None
+        return self.memory_gib > self.device_memory_gib
 
 
 def load_rows(path: Path | str) -> list[dict]:
@@ -227,6 +257,26 @@ def layout_text(layout: Layout) -> str:
         (" compiled" if layout.compile else "")
 
 
+# Devices whose name's size is not their HBM's: torch names the 96 GB GH200 "NVIDIA GH200 120GB".
+NAME_NOT_HBM = ("GH200",)
+USABLE = 0.995  # the share of its nominal size a part reports usable: 79.6 GiB of an 80 GB H100
+
+
+def device_capacity_gib(device: str) -> float | None:
+    """A device's memory in GiB: the size its name gives ("A100-SXM4-40GB", "H100 96GB") at USABLE,
+    the table's figure (hardware.memory) where that is the same part (within 5%) or the name gives
+    none (NAME_NOT_HBM: never); None where neither knows it."""
+    try:
+        table = device_memory_gib(device=device)
+    except ValueError:
+        table = None
+    named = re.search(r"(\d+)\s*GB", device)
+    if named is None or any(n.lower() in device.lower() for n in NAME_NOT_HBM):
+        return table
+    size = int(named.group(1)) * USABLE
+    return table if table is not None and abs(size / table - 1) < 0.05 else size
+
+
 def _profile(name: str, profiles: dict[str, HardwareProfile]) -> HardwareProfile:
     if name not in profiles:
         try:
@@ -314,11 +364,15 @@ def central_step(row: Mapping, profiles: dict[str, HardwareProfile], terms=None)
     return math.sqrt(low * high), low, high
 
 
-def validate_row(row: Mapping, profiles: dict[str, HardwareProfile], terms=None, with_range: bool = True) -> ValidationRow:
-    """One row predicted (or refused, with why); `profiles` caches the loaded profiles by name."""
+def validate_row(row: Mapping, profiles: dict[str, HardwareProfile], terms=None, with_range: bool = True,
+                 quantiles=None) -> ValidationRow:
+    """One row predicted (or refused, with why); `profiles` caches the loaded profiles by name;
+    `terms` the fit it is priced at (None: the committed one), `quantiles` its interval's residual
+    quantiles (None: the committed ones)."""
     rid, hw = row["id"], row["hardware"]
     out = ValidationRow(rid, str(row["source"].get("name", "")), hw.get("gpus") if isinstance(hw.get("gpus"), int) else 0,
                         str(row["run"].get("layout")))
+    out.in_fit_set = rid in run_fit(None, terms).fitted_on
     try:
         card = model_card(row["model"], f"row {rid}: model")
         layout = run_layout(row["run"], hw, f"row {rid}: run", f"row {rid}: hardware")
@@ -341,13 +395,36 @@ def validate_row(row: Mapping, profiles: dict[str, HardwareProfile], terms=None,
     out.published_mfu = row["published"].get("mfu")
     out.predicted_mfu = None if p.mfu_row is None else p.mfu_row * p.step_time_s / step
     out.predicted_mfu_echobench = p.mfu * p.step_time_s / step
+    out.interval_low_s, out.interval_high_s = row_interval(out.low_s or step, out.high_s or step, quantiles)
+    check_memory(out, card, layout, profile, row["published"].get("memory_gib"))
     return out
 
 
-def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True) -> list[ValidationRow]:
-    """Every row predicted or refused, in the file's order."""
+def row_interval(low: float, high: float, quantiles=None) -> tuple[float, float]:
+    """A row's interval: its assumed range (low .. high; the prediction itself where nothing is
+    assumed) widened by the cross-validated residuals (intervals.interval: `quantiles`, None: the
+    committed ones) at each end, so that it is never of zero width."""
+    return interval(low, quantiles)[0], interval(high, quantiles)[1]
+
+
+def check_memory(out: ValidationRow, card: ModelCard, layout: Layout, profile: HardwareProfile,
+                 published: float | None) -> None:
+    """The row's estimated memory per GPU against its device's, and against the published figure
+    where the row gives one: a row over its device is priced as published, flagged here."""
+    out.memory_gib = card_memory_gib(card, layout)
+    out.device_memory_gib = device_capacity_gib(profile.device)
+    if published:
+        out.published_memory_gib = float(published)
+        out.memory_error = out.memory_gib / out.published_memory_gib - 1
+    if out.over_memory:
+        out.notes.append(f"memory: estimated {out.memory_gib:.1f} GiB per GPU exceeds the {out.device_memory_gib:.1f} "
+                         f"GiB of {profile.device}: priced as published, flagged")
+
+
+def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True, quantiles=None) -> list[ValidationRow]:
+    """Every row predicted or refused, in the file's order (validate_row)."""
     profiles: dict[str, HardwareProfile] = {}
-    return [validate_row(row, profiles, terms, with_range) for row in rows]
+    return [validate_row(row, profiles, terms, with_range, quantiles) for row in rows]
 
 
 def error_summary(errors: Sequence[float]) -> dict:
@@ -359,22 +436,28 @@ def error_summary(errors: Sequence[float]) -> dict:
 
 
 def validation_summary(results: Sequence[ValidationRow]) -> dict:
-    """In-sample error over the rows priced (per source and overall), the rows refused, and how
-    many published figures lie within their assumed range."""
+    """The error at the fit the rows were priced at over the rows priced (per source and overall;
+    `held_out`: those outside its fit set), the rows refused, how many published figures lie within
+    their assumed range and within their interval, and the rows over their device's memory."""
     priced = [r for r in results if r.error is not None]
     worst = max(priced, key=lambda r: abs(r.error)).id if priced else None
     by_source = {s: error_summary([r.error for r in priced if r.source == s]) for s in dict.fromkeys(r.source for r in priced)}
     ranged = [r for r in priced if r.inside is not None and r.low_s < r.high_s]
     return {"rows": len(results), "priced": len(priced), "refused": len(results) - len(priced),
             **error_summary([r.error for r in priced]), "worst_row": worst, "by_source": by_source,
-            "ranged": len(ranged), "inside_range": sum(bool(r.inside) for r in ranged)}
+            "in_fit_set": sum(bool(r.in_fit_set) for r in priced),
+            "held_out": error_summary([r.error for r in priced if not r.in_fit_set]),
+            "ranged": len(ranged), "inside_range": sum(bool(r.inside) for r in ranged),
+            "inside_interval": sum(bool(r.inside_interval) for r in priced),
+            "over_memory": [r.id for r in priced if r.over_memory]}
 
 
-def as_json(results: Sequence[ValidationRow], crossval: dict | None = None) -> dict:
-    """--json: the rows, the summary and the cross-validation."""
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(r).items()}
-             for r in results]
-    return {"rows": clean, "summary": validation_summary(results), "crossval": crossval}
+def as_json(results: Sequence[ValidationRow], crossval: dict | None = None, fit: dict | None = None) -> dict:
+    """--json: the rows (each with `over_memory`), the summary, the cross-validation and the fit the
+    rows were priced at (crossval.fit_used)."""
+    clean = [{**{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(r).items()},
+              "over_memory": r.over_memory} for r in results]
+    return {"rows": clean, "summary": validation_summary(results), "crossval": crossval, "fit": fit}
 
 
 def replace_run(row: Mapping, **run) -> dict:
