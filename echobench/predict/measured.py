@@ -91,7 +91,7 @@ def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
     if record.card is not None:
-        p, parts = card_prediction(record, cfg, profile, peak), None  # a card run is not traced (no breakdown)
+        p, parts = card_prediction(record, cfg, profile, peak), None  # a card's prediction has no per-category shares
     else:
         p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
         p.run_id = record.run_id

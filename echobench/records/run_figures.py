@@ -30,7 +30,7 @@ def window_figures(*, measured_time_s: float, samples: int, model_flops: int, ha
 
 def padding_figures(*, padded_flops: int, hardware_flops: int, tokens: dict[str, list[int]]) -> dict:
     """What the padding cost over the measured window (docs/explanation/mfu.md), from the counts
-    of bench.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
+    of bench_echo.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
     lengths (flops.padded_flops); padded_flops_frac = (padded - hardware FLOPs) / padded FLOPs, the
     share of the matmul FLOPs executed that went to padded tokens; per stream, padded_frac_<stream>
     = (computed - real tokens) / computed tokens, speaker tokens being patches."""
