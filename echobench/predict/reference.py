@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from echobench.records.run_figures import mfu_of
+
 
 def pct(x: float | None) -> str:
     """An MFU as a percentage to 3 figures (a CPU's 0.437%, a GPU's 46.4%), `-` for none."""
@@ -179,5 +181,5 @@ def reference_row(record, published: dict | None = None, predicted_step_s: float
         row.tokens_spread = (per_gpu_step / row.p90_s, per_gpu_step / row.p10_s)
         flops, peak = card.get("row_flops_per_token"), record.peak_tflops
         if flops and peak:
-            row.mfu_spread = tuple(flops * t / (peak * 1e12) for t in row.tokens_spread)
+            row.mfu_spread = tuple(mfu_of(flops * t, 1, 1, peak) for t in row.tokens_spread)
     return row

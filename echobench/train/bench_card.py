@@ -19,6 +19,7 @@ from echobench.backends import build_training
 from echobench.model.config import CardWorkload
 from echobench.model.decoder import FLOP_CONVENTION, decoder_flops_report, synthetic_tokens
 from echobench.records.config import RunConfig
+from echobench.records.run_figures import mfu_of
 from echobench.train.bench_warmup import profiled_attention_kernels
 from echobench.train.kernels import card_sdpa_choices
 from echobench.train.workload import Normaliser, StepLoss, Workload
@@ -93,7 +94,7 @@ def card_figures(workload: CardWorkload, record) -> dict:
     if workload.row_flops_per_token:
         per_gpu = workload.row_flops_per_token * tokens_per_s_per_gpu
         out.update(row_tflops_per_gpu=per_gpu / 1e12,
-                   row_mfu=per_gpu / (record.peak_tflops * 1e12) if record.peak_tflops else None)
+                   row_mfu=mfu_of(per_gpu, 1, 1, record.peak_tflops) if record.peak_tflops else None)
     return out
 
 
