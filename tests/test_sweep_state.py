@@ -152,3 +152,27 @@ def test_cancel_names_a_missing_directory_apart_from_one_that_is_no_sweep(tmp_pa
     (tmp_path / "plain").mkdir()
     proc = cli("cancel", tmp_path / "plain")
     assert proc.returncode == 2 and "not a sweep directory" in proc.stderr
+
+
+def test_run_states_are_one_vocabulary_whose_words_on_disk_are_unchanged(tmp_path):
+    """The record's statuses, the sweep's states, what a job says and the scheduler's verdicts are
+    RunState's; the words written to records and sweep.json are the ones files always held."""
+    from typing import get_args
+
+    from echobench.records.config import RunConfig
+    from echobench.records.results import Record
+    from echobench.records.states import ACTIVE, ENDED, RunState, Status
+    from echobench.sweep.executors.slurm import ENDED as SLURM_ENDED
+
+    assert [s.value for s in RunState] == ["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted",
+                                           "not started", "queued", "new", "waiting", "pending", "running",
+                                           "corrupt", "exited", "gone"]
+    assert get_args(Status) == tuple(ENDED) and set(SLURM_ENDED.values()) <= set(ENDED)
+    assert set(ACTIVE) == {"pending", "running"}
+    Record.without_run(RunConfig(scale="tiny"), RunState.NODE_FAIL, "lost").save(tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "node_fail"
+    state = SweepState()
+    state.runs["r"] = RunEntry(state=RunState.WAITING)
+    state.save(tmp_path)
+    assert json.loads((tmp_path / SWEEP_FILE).read_text())["runs"]["r"]["state"] == "waiting"
+    assert SweepState.load(tmp_path).runs["r"].state == RunState.WAITING

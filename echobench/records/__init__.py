@@ -2,7 +2,8 @@
 
     config.py       RunConfig: every run setting, typed, with its flag and help (one definition)
     results.py      Record: the versioned result record (schema, migration, load, save), stats over repeats
-    run_figures.py  step and window figures from a run's timings
+    run_figures.py  step and window figures from a run's timings; the MFU convention
+    states.py       RunState: a run's states in one vocabulary (record status, sweep, job, scheduler)
     peaks.py        datasheet peak FLOP/s per device and precision (MFU's denominator)
     paths.py        the cache directory and the files a sweep or tune directory holds
     console.py      records as rich text (escaped)

@@ -21,11 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 from echobench.records.results import configuration_key, over_repeats, peak_notes
+from echobench.records.states import ACTIVE, RunState
 
-NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
-WAITING = "waiting"  # a run's files are written but the scheduler has not taken its job yet (a submit limit): retried
-STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", WAITING: "yellow", "queued": "",
-                NOT_STARTED: ""}  # else: red
+STATE_COLORS = {RunState.OK: "green", RunState.RUNNING: "cyan", RunState.PENDING: "yellow", RunState.WAITING: "yellow",
+                RunState.QUEUED: "", RunState.NOT_STARTED: ""}  # else: red
 
 
 def esc(value: object) -> str:
@@ -93,7 +92,7 @@ class Progress:
     def table(self, rows: list[tuple]):
         """rows: (run id, state, detail[, run directory]); a directory adds what the run last said."""
         states = [row[1] for row in rows]
-        done = sum(1 for s in states if s not in ("queued", "pending", "running", WAITING, NOT_STARTED))
+        done = sum(1 for s in states if s not in (RunState.QUEUED, *ACTIVE, RunState.WAITING, RunState.NOT_STARTED))
         elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.started)) if self.started else None
         table = Table(title=f"sweep: {done}/{len(rows)} finished ({state_counts(states)})"
                             + (f", {elapsed} elapsed" if elapsed else ""))
@@ -102,9 +101,9 @@ class Progress:
         for rid, state, detail, *where in rows:
             said = None
             if where and where[0] is not None:
-                if state == "running":
+                if state == RunState.RUNNING:
                     said = last_progress_line(where[0])
-                elif state == "ok":
+                elif state == RunState.OK:
                     said = self.finished.setdefault(where[0], outcome_text(where[0]))
             table.add_row(esc(rid), state_markup(state), esc((said or detail or "")[:100]))
         return Group(ProgressBar(total=max(len(rows), 1), completed=done, width=60), table)

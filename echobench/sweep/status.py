@@ -10,11 +10,12 @@ import yaml
 from rich.table import Table
 
 from echobench.records.config import RunConfig, upgraded
-from echobench.records.console import NOT_STARTED, WAITING, esc, fmt, log, state_markup
+from echobench.records.console import esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
 from echobench.records.results import Record, export_table, load_records, record_settings, records_frame
+from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.matrix import settings_match
-from echobench.sweep.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
+from echobench.sweep.executors import Executor, JobState, finish_without_record, job_states, make_executor
 from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, run_dir, run_state,
                                    settle,
                                    waiting)
@@ -52,7 +53,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     readable: dict[str, tuple[RunConfig, Path, RunEntry | None]] = {}
     for rid in ids:
         if rid not in state.runs and not (sweep_dir / rid / "run.yaml").exists():
-            rows[rid] = status_row(rid, NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
+            rows[rid] = status_row(rid, RunState.NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
             continue
         try:
             rd = run_dir(sweep_dir, rid)
@@ -76,7 +77,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
 
 
 # States of a run that has not failed: done well, under way, or not begun ("new": files, no record yet).
-NOT_FAILED = ("ok", *ACTIVE, WAITING, NOT_STARTED, "new")
+NOT_FAILED = (RunState.OK, *ACTIVE, RunState.WAITING, RunState.NOT_STARTED, RunState.NEW)
 
 
 def failed_runs(rows: list[dict]) -> list[dict]:
@@ -168,7 +169,7 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
         for rid, (cfg, rd, e) in live.items():
             st = settle(cfg, rd, e, executor, looks.get(rid))
             if st in ACTIVE and why is not None:
-                record = finish_without_record(cfg, rd, "cancelled", why.format(job=e.job_id, detail=e.detail))
+                record = finish_without_record(cfg, rd, RunState.CANCELLED, why.format(job=e.job_id, detail=e.detail))
                 e.settled, e.state, e.finished, st = True, record.status, now_iso(), record.status
             if st in ACTIVE:
                 rest[rid] = (cfg, rd, e)

@@ -30,6 +30,7 @@ from echobench.model.config import CardWorkload
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig
 from echobench.records.results import Record
+from echobench.records.states import RunState
 from echobench.train.bench_card import DecoderWorkload
 from echobench.train.bench_echo import ECHO_LOSS, EchoWorkload
 from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
@@ -387,14 +388,14 @@ def stop_time_limit() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def failure_kind(exc: BaseException) -> str:
+def failure_kind(exc: BaseException) -> RunState:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
+        return RunState.OOM
     if isinstance(exc, RunTimeout):
-        return "timeout"
+        return RunState.TIMEOUT
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a scheduler's SIGINT
-        return "cancelled"
-    return "error"
+        return RunState.CANCELLED
+    return RunState.ERROR
 
 
 def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:

@@ -28,16 +28,16 @@ import yaml
 from echobench.records.atomic import write_json_atomic
 from echobench.records.paths import sweep_profile
 from echobench.records.results import PLAN_FILE, RECORD_FILE, Record
+from echobench.records.states import RunState
 from echobench.sweep.estimate import time_limit
 from echobench.sweep.matrix import Matrix, PlannedRun
 from echobench.train.launch import every_rank, rank_failures
 
-ACTIVE = ("pending", "running")
 
 
 @dataclass
 class JobState:
-    state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
+    state: RunState  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
     detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
     exit_code: int | None = None
     reason: str = ""  # why a pending job waits (the scheduler's reason code: Priority, Dependency, ...)
@@ -163,10 +163,10 @@ def read_job_state(run_dir: Path, job_id: str) -> JobState | None:
         words = (run_dir / "job-state").read_text().split()
     except OSError:
         return None
-    if len(words) >= 3 and words[0] == "exited" and words[1] == job_id:
-        return JobState("exited", f"job exited with code {words[2]}", int(words[2]))
-    if len(words) >= 2 and words[0] == "running" and words[1] == job_id:
-        return JobState("running")
+    if len(words) >= 3 and words[0] == RunState.EXITED and words[1] == job_id:
+        return JobState(RunState.EXITED, f"job exited with code {words[2]}", int(words[2]))
+    if len(words) >= 2 and words[0] == RunState.RUNNING and words[1] == job_id:
+        return JobState(RunState.RUNNING)
     return None
 
 
@@ -265,7 +265,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
     except CorruptRecord as exc:
         own, corrupt = None, str(exc)
         (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
-    if own is not None and (own.status == "ok" or status == "error"):
+    if own is not None and (own.status == RunState.OK or status == RunState.ERROR):
         return own
     tail = log_tail(run_dir)
     record = Record.without_run(cfg, status, why, log_tail=tail)
@@ -275,7 +275,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
         # could): that rank's error is the error; a verdict of the scheduler's other than a plain error (timeout,
         # cancelled, oom) is the status, said after it.
         every_rank(record.fail(failures), cfg.gpus_per_node, run_dir)
-        if status == "error" and corrupt is None:
+        if status == RunState.ERROR and corrupt is None:
             record.save(run_dir)
             return record
         why, record.status = f"{record.error}; {why}", status
