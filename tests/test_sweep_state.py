@@ -166,7 +166,7 @@ def test_run_states_are_one_vocabulary_whose_words_on_disk_are_unchanged(tmp_pat
 
     assert [s.value for s in RunState] == ["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted",
                                            "not started", "queued", "new", "waiting", "pending", "running",
-                                           "corrupt", "exited", "gone"]
+                                           "corrupt", "unreadable", "exited", "gone"]
     assert get_args(Status) == tuple(ENDED) and set(SLURM_ENDED.values()) <= set(ENDED)
     assert set(ACTIVE) == {"pending", "running"}
     Record.without_run(RunConfig(scale="tiny"), RunState.NODE_FAIL, "lost").save(tmp_path)
@@ -176,3 +176,27 @@ def test_run_states_are_one_vocabulary_whose_words_on_disk_are_unchanged(tmp_pat
     state.save(tmp_path)
     assert json.loads((tmp_path / SWEEP_FILE).read_text())["runs"]["r"]["state"] == "waiting"
     assert SweepState.load(tmp_path).runs["r"].state == RunState.WAITING
+
+
+@pytest.mark.parametrize("text", [None, "scale: [", "- a list", "scale: nope"])
+def test_a_run_yaml_missing_or_invalid_is_one_error_naming_it(tmp_path, text):
+    from echobench.records.rundir import RUN_YAML, read_run_config
+
+    if text is not None:
+        (tmp_path / RUN_YAML).write_text(text)
+    with pytest.raises(ValueError, match=f"^{tmp_path / RUN_YAML} is missing or invalid$"):
+        read_run_config(tmp_path)
+
+
+@pytest.mark.parametrize("text,note", [("running 42 2026-12-07T09:00:00Z", ("running", "42", None)),
+                                       ("exited local 3 2026-12-07T09:00:00Z", ("exited", "local", 3)),
+                                       ("", None), ("exited 42", None)])
+def test_the_job_state_a_job_writes_is_read_in_one_place(tmp_path, text, note):
+    from echobench.records.rundir import JOB_STATE, read_job_note
+    from echobench.sweep.executors import read_job_state
+
+    (tmp_path / JOB_STATE).write_text(text)
+    got = read_job_note(tmp_path)
+    assert (got and (got.state, got.job_id, got.exit_code)) == note
+    job = read_job_state(tmp_path, note[1]) if note else None
+    assert (job and (job.state, job.exit_code)) == (note and (note[0], note[2]))

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from echobench.records.results import configuration_key, over_repeats, peak_notes
+from echobench.records.results import RECORD_FILE, configuration_key, over_repeats, peak_notes
 from echobench.records.states import ACTIVE, RunState
 
 STATE_COLORS = {RunState.OK: "green", RunState.RUNNING: "cyan", RunState.PENDING: "yellow", RunState.WAITING: "yellow",
@@ -70,7 +70,7 @@ def outcome_text(run_dir) -> str | None:
     from echobench.records.results import Record  # lazy: console is imported where records are not read
 
     try:
-        record = Record.load(run_dir / "result.json")
+        record = Record.load(run_dir / RECORD_FILE)
     except (OSError, ValueError):
         return None
     if record.status != "ok" or record.mfu is None:
@@ -201,5 +201,5 @@ def repeats_report(records: list, out) -> list:
         out_parts.append(Text(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
                               f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
                               f"({mfu['min']:.2%}-{mfu['max']:.2%})"))
-    paths = ", ".join(str(out / f"repeat-{k}" / "result.json") for k in range(len(records)))
+    paths = ", ".join(str(out / f"repeat-{k}" / RECORD_FILE) for k in range(len(records)))
     return out_parts + [Text(f"wrote {paths}")]

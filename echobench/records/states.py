@@ -26,6 +26,7 @@ class RunState(StrEnum):
     PENDING = "pending"  # queued
     RUNNING = "running"
     CORRUPT = "corrupt"  # a record that cannot be read: a failure, never new
+    UNREADABLE = "unreadable"  # its run.yaml missing or invalid: `status` cannot look at it
     # what a job said before its record: exited (RUN_DIR/job-state), or unknown to the scheduler
     EXITED = "exited"
     GONE = "gone"

@@ -22,6 +22,7 @@ from echobench.records.paths import comm_calibrated
 from echobench.sweep.executors.slurm_script import (comm_log, render_calibration_script, render_comm_calibration_script,
                                               render_script, sbatch_path)
 from echobench.records.peaks import table_peak
+from echobench.records.rundir import read_job_note
 from echobench.records.states import ACTIVE, RunState
 
 # Scheduler states -> record statuses, for a job that is over.
@@ -268,12 +269,8 @@ class SlurmExecutor:
     def queued(self, name: str, script: Path) -> str | None:
         """The job an sbatch that timed out may have queued: its own job-state file, else squeue by
         the job's name (this user's jobs). Raises SubmitLater when squeue does not answer either."""
-        try:
-            words = (script.parent / "job-state").read_text().split()
-            if len(words) >= 2 and words[0] in (RunState.RUNNING, RunState.EXITED) and words[1].isdigit():
-                return words[1]
-        except OSError:
-            pass
+        if (note := read_job_note(script.parent)) is not None and note.job_id.isdigit():
+            return note.job_id
         try:
             proc = _run(["squeue", "-h", "-u", str(os.getuid()), f"--name={name}", "-o", "%i"],
                         timeout=self.query_timeout_s)
