@@ -73,7 +73,7 @@ def outcome_text(run_dir) -> str | None:
         record = Record.load(run_dir / RECORD_FILE)
     except (OSError, ValueError):
         return None
-    if record.status != "ok" or record.mfu is None:
+    if record.status != RunState.OK or record.mfu is None:
         return None
     return f"MFU {record.mfu:.1%}, {record.samples_per_s:.3g} samples/s"
 
@@ -190,12 +190,12 @@ def repeats_report(records: list, out) -> list:
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):
-        ok = r.status == "ok"
+        ok = r.status == RunState.OK
         table.add_row(str(k), esc(r.run_id), esc(r.status), fmt(r.samples_per_s, ".4g") if ok else "-",
                       f"{r.mfu:.2%}" if ok else "-", fmt(r.step_time_s, ".4f") if ok else "-",
                       f"{r.step_time_mean_vs_median:+.1%}" if ok else "-")
     out_parts = [table]
-    ok = [r for r in records if r.status == "ok"]
+    ok = [r for r in records if r.status == RunState.OK]
     if ok:
         sps, mfu = over_repeats(r.samples_per_s for r in ok), over_repeats(r.mfu for r in ok)
         out_parts.append(Text(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "

@@ -421,7 +421,7 @@ def _from_v1(record: dict) -> None:
     times = record.get("step_times_s")
     needed = ("samples_per_s", "step_time_s", "model_flops_per_sample", "audio_seconds_per_s", "peak_tflops",
               "world_size")
-    if record.get("status") != "ok" or not times or any(record.get(k) is None for k in needed):
+    if record.get("status") != RunState.OK or not times or any(record.get(k) is None for k in needed):
         return
     n, median = len(times), record["step_time_s"]
     samples = round(record["samples_per_s"] * median * n)
