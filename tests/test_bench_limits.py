@@ -1,5 +1,6 @@
 """The run's time limit covers warm-up and the measured steps only; --trace's steps, trace export
 and breakdown after them have their own bound (trace_limit_s), and neither loses what was measured.
+Each holds for every workload of the loop: Echo, and a model card's plain decoder.
 
 The runs are in this process (as `echobench run` without --nproc), so that the export or the
 breakdown can be made slow. Where the property is the limits' logic, their timer runs on a fake
@@ -25,17 +26,38 @@ SHAPES = dict(scale="tiny", audio_frames=50, text_tokens=16, speaker_frames=40, 
               device="cpu")
 
 
+class Loop:
+    """A workload's runs in this process: its settings and what run_benchmark is given for it."""
+
+    def __init__(self, settings: dict, card=None):
+        self.settings, self.card = settings, card
+
+    def run(self, out, **settings):
+        return bench.run_benchmark(RunConfig(**self.settings, **settings), out, self.card)
+
+
+@pytest.fixture(scope="module", params=["echo", "card"])
+def loop(request, tmp_path_factory) -> Loop:
+    if request.param == "echo":
+        return Loop(SHAPES)
+    from echobench.predict.card_run import run_card
+    from test_card_runs import write_card
+
+    path = write_card(tmp_path_factory.mktemp("card") / "tiny.yaml")
+    return Loop(dict(card=str(path), micro_batch=2, peak_tflops=1.0, device="cpu"), run_card(str(path)))
+
+
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
+def warm(loop, tmp_path_factory):
     """One unlimited run first: the imports and first-step costs are not in the limited runs."""
-    r = bench.run_benchmark(RunConfig(**SHAPES, steps=1, warmup_steps=1), tmp_path_factory.mktemp("warm"))
+    r = loop.run(tmp_path_factory.mktemp("warm"), steps=1, warmup_steps=1)
     assert r.status == "ok", r.error
 
 
 def assert_measured(r, steps: int) -> None:
     assert r.status == "ok", r.error
     assert r.error == "" and len(r.step_times_s) == steps and r.measured_steps == steps
-    assert r.mfu > 0 and r.samples_per_s > 0 and r.measured_samples == steps
+    assert r.mfu > 0 and r.samples_per_s > 0 and r.measured_samples == steps * r.global_batch
 
 
 class FakeAlarm:
@@ -64,7 +86,7 @@ def alarm(monkeypatch) -> FakeAlarm:
     return fake
 
 
-def test_a_time_limit_that_passes_while_profiling_keeps_the_measured_figures(tmp_path, monkeypatch, alarm):
+def test_a_time_limit_that_passes_while_profiling_keeps_the_measured_figures(loop, tmp_path, monkeypatch, alarm):
     """The run's limit covers warm-up and the measured steps (no time passes in them on the fake
     clock); the breakdown after them takes twice the limit, with no profile bound to replace the
     limit's timer: a limit left running past the measured steps would fire there. The run is ok,
@@ -77,15 +99,14 @@ def test_a_time_limit_that_passes_while_profiling_keeps_the_measured_figures(tmp
         return real(prof, rank)
 
     monkeypatch.setattr(bench_profile, "rank_breakdown", slow_breakdown)
-    cfg = RunConfig(**SHAPES, steps=3, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=None)
-    r = bench.run_benchmark(cfg, tmp_path)
+    r = loop.run(tmp_path, steps=3, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=None)
     assert entered == [0.0] and alarm.now == 4.0  # the breakdown ran, past the limit's deadline
     assert_measured(r, 3)
     assert "fractions" in r.breakdown and (tmp_path / "breakdown.json").is_file()
     assert r.profile_traces == [str(tmp_path / "trace-rank0.json")] and (tmp_path / "trace-rank0.json").is_file()
 
 
-def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(tmp_path, monkeypatch, alarm):
+def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(loop, tmp_path, monkeypatch, alarm):
     """A breakdown that takes a minute on the fake clock, a 1 s bound: profiling stops there, the
     measured steps stand, and the breakdown entry (and `explain`) say why there is none."""
     def stuck_breakdown(prof, rank):
@@ -93,8 +114,7 @@ def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(tmp_path, monkey
         raise AssertionError("the profile bound did not stop the breakdown")
 
     monkeypatch.setattr(bench_profile, "rank_breakdown", stuck_breakdown)
-    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
-    r = bench.run_benchmark(cfg, tmp_path)
+    r = loop.run(tmp_path, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
     assert_measured(r, 2)
     assert "profiling stopped at its 1 s bound (trace_limit_s)" in r.breakdown["error"]
     assert r.breakdown["error"].startswith("rank 0: ")
@@ -108,7 +128,7 @@ def test_the_profile_bound_stops_profiling_and_the_run_stays_ok(tmp_path, monkey
     assert len(p.events()) > 0
 
 
-def test_a_trace_cut_by_the_profile_bound_is_removed(warm, tmp_path, monkeypatch):
+def test_a_trace_cut_by_the_profile_bound_is_removed(loop, warm, tmp_path, monkeypatch):
     """The bound fires while the chrome trace is half written: the file is removed, no trace is listed."""
     def stuck_export(self, path, *args, **kwargs):
         with open(path, "w") as f:
@@ -117,16 +137,23 @@ def test_a_trace_cut_by_the_profile_bound_is_removed(warm, tmp_path, monkeypatch
         raise AssertionError("the profile bound did not stop the export")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", stuck_export)
-    cfg = RunConfig(**SHAPES, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
-    r = bench.run_benchmark(cfg, tmp_path)
+    r = loop.run(tmp_path, steps=2, warmup_steps=1, trace=True, trace_limit_s=1.0)
     assert_measured(r, 2)
     assert "profiling stopped at its 1 s bound" in r.breakdown["error"]
     assert r.profile_traces == [] and not (tmp_path / "trace-rank0.json").exists()
     assert r.per_rank[0].peak_mem_gib > 0
 
 
-def test_the_time_limit_still_fires_in_the_measured_steps_of_a_profiled_run(warm, tmp_path):
-    cfg = RunConfig(**SHAPES, steps=10**6, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=600.0)
-    r = bench.run_benchmark(cfg, tmp_path)  # 10**6 steps: only the limit ends it
+def test_the_time_limit_still_fires_in_the_measured_steps_of_a_profiled_run(loop, warm, tmp_path):
+    # 10**6 steps: only the limit ends it
+    r = loop.run(tmp_path, steps=10**6, warmup_steps=1, trace=True, time_limit_s=2.0, trace_limit_s=600.0)
     assert r.status == "timeout" and "time limit of 2 s reached" in r.error
     assert r.step_times_s is None and r.mfu is None
+
+
+@pytest.mark.parametrize("kind,status,said", [("error", "error", "injected failure"),
+                                              ("oom", "oom", "injected out-of-memory")])
+def test_a_failure_injected_in_the_measured_steps_is_the_record_s_status(loop, warm, tmp_path, kind, status, said):
+    r = loop.run(tmp_path, steps=3, warmup_steps=1, fail_at_step=2, fail_kind=kind)
+    assert r.status == status and r.error.endswith(f"{said} at step 2 on rank 0"), r.error
+    assert r.mfu is None and (tmp_path / "ranks" / "rank-0.json").is_file() and (tmp_path / "result.json").is_file()

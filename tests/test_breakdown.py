@@ -245,11 +245,17 @@ RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--m
 
 @pytest.fixture(scope="module")
 def profiled_runs(tmp_path_factory):
-    """One single-process and one DDP run over 2 gloo processes, both with --trace."""
+    """One single-process and one DDP run over 2 gloo processes of Echo, and a DDP run of a model
+    card's decoder, all with --trace."""
+    from test_card_runs import write_card
+
     root = tmp_path_factory.mktemp("profiled")
+    card = ["--card", write_card(root / "card.yaml"), "--trace", "--steps", "2", "--warmup-steps", "1",
+            "--micro-batch", "2", "--peak-tflops", "1"]
     runs = {}
-    for name, extra in (("single", []), ("ddp", ["--nproc", "2", "--parallelism", "ddp"])):
-        proc = run_cli("run", *RUN, *extra, "--out", root / name, tmp_path=root)
+    for name, args in (("single", RUN), ("ddp", [*RUN, "--nproc", "2", "--parallelism", "ddp"]),
+                       ("card-ddp", [*card, "--nproc", "2", "--parallelism", "ddp"])):
+        proc = run_cli("run", *args, "--out", root / name, tmp_path=root)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         runs[name] = root / name
     return runs
@@ -265,7 +271,7 @@ def profiled_step_us(trace_path):
     return (max(end for _, end in steps) - min(start for start, _ in steps)) / len(steps)
 
 
-@pytest.mark.parametrize("name", ["single", "ddp"])
+@pytest.mark.parametrize("name", ["single", "ddp", "card-ddp"])
 def test_real_cpu_runs_parts_add_up_to_the_step(profiled_runs, name):
     out = profiled_runs[name]
     record = json.loads((out / "result.json").read_text())

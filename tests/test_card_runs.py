@@ -238,7 +238,8 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str,
     from echobench.backends import build_training
     from echobench.backends.torchtitan import ADAMW, build_decoder, clip_grad_norm_
     from echobench.model.decoder import synthetic_tokens
-    from echobench.train.bench_card import card_train_step
+    from echobench.train.bench import train_step
+    from echobench.train.bench_card import CardLoss
     from echobench.train.distributed import DistInfo
 
     cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4,
@@ -254,7 +255,7 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str,
     setup.clip_grad = lambda: norms.append(float(clip())) or norms[-1]
     steps = []
     for _ in range(2):  # a step of each: TP (megatron's clip and AdamW), plain (torch's)
-        tp_loss = float(card_train_step(setup, [tokens], "cpu", 1, 4 * workload.seq))
+        tp_loss = float(train_step(setup, [tokens], "cpu", 1, CardLoss(4 * workload.seq)))
         plain_loss = plain(tokens, reduction="mean")
         plain_loss.backward()
         plain_norm = float(clip_grad_norm_(list(plain.parameters()), 1.0))
@@ -335,7 +336,6 @@ def test_an_echo_run_keeps_its_id():
 
 
 @pytest.mark.parametrize("settings,why", [({"data": "/shards"}, "synthetic token batches"),
-                                          ({"trace": True}, "not traced yet"),
                                           ({"card": "rows.yaml#"}, "give a card file, or FILE#ROW")])
 def test_settings_a_card_run_refuses(settings, why):
     with pytest.raises(ValueError, match=why):

@@ -1,12 +1,13 @@
 """A record's figures: throughput over the whole window, the peak table, fp8 MFU, older records."""
 
+import ast
 import json
 import statistics
 
 import pytest
 import torch
 
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 from echobench.train.bench_record import start_record, summarize
 from echobench.records.config import RunConfig
 from echobench.hardware.device import resolve_peak
@@ -137,3 +138,36 @@ def test_a_record_from_a_newer_echobench_is_reported_not_misread(tmp_path):
     write_json_atomic(tmp_path / "a" / "result.json", {"run_id": "a", "status": "ok", "schema_version": 99})
     records, problems = load_records([tmp_path])
     assert records == [] and "schema_version 99 is not one this echobench reads" in problems[0]
+
+
+# ---- the MFU convention in one place ----
+
+MFU_HOME = "echobench/records/run_figures.py"
+
+
+def mfu_formulas(source: str) -> list[str]:
+    """Divisions whose divisor names a peak or a ceiling (a word of an identifier, as in peak_tflops,
+    row_peak_tflops, ceiling): where an MFU, or a time from one, is written out."""
+    def words(node):
+        for n in ast.walk(node):
+            name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+            yield from name.lower().split("_")
+
+    return [ast.unparse(node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+            and {"peak", "ceiling"} & set(words(node.right))]
+
+
+def test_the_scan_finds_each_way_an_mfu_is_written():
+    written = ["mfu = flops / (step * world * peak_tflops * 1e12)", "x = tflops / self.peak_tflops",
+               "c = ceiling / profile.peak", "t = flops / (n * peak * 1e12 * hw.assumed_mfu)"]
+    assert [len(mfu_formulas(line)) for line in written] == [1, 1, 1, 1]
+    assert mfu_formulas("share = blocks(cfg, m.speaker_layers) / max(m.speaker_layers, 1)") == []
+
+
+def test_the_mfu_formula_is_written_in_one_module():
+    """Every MFU echobench measures, shows or predicts comes from records.run_figures."""
+    elsewhere = {str(path.relative_to(ROOT)): found for path in sorted((ROOT / "echobench").rglob("*.py"))
+                 if str(path.relative_to(ROOT)) != MFU_HOME and (found := mfu_formulas(path.read_text()))}
+    assert elsewhere == {}, f"use records.run_figures (mfu_of, peak_fraction, seconds_at_mfu): {elsewhere}"
+    assert len(mfu_formulas((ROOT / MFU_HOME).read_text())) >= 3  # its own: the scan reads it

@@ -155,10 +155,10 @@ def padded_batch(cfg, audio_frames, text_tokens, speaker_frames):
 def test_padded_flops_are_what_the_padded_batch_costs(ac):
     """The counter on a collated batch (masks change no shape) sees every row at the padded lengths:
     the FLOP model at the run's maxima, speaker_frames 42 padded to 44 frames, 11 patches; with full
-    AC the blocks' recompute too. bench.count_measured counts that for every row, stand-in included."""
+    AC the blocks' recompute too. bench_echo.count_measured counts that for every row, stand-in included."""
     from torch.utils.checkpoint import checkpoint
 
-    from echobench.train.bench import count_measured
+    from echobench.train.bench_echo import count_measured
     from echobench.model.flops import padded_flops
 
     cfg, padded = PRESETS["tiny"], (60, 20, 42)
@@ -188,7 +188,7 @@ def test_padded_flops_with_attention_that_skips_padded_keys():
     """TransformerEngine's fused attention (megatron, te) scores the padded latent queries against
     the real keys only: only the DiT's attention scores and values change, forward, backward and
     recompute."""
-    from echobench.train.bench import count_measured
+    from echobench.train.bench_echo import count_measured
     from echobench.model.flops import padded_flops
 
     cfg, padded, real_keys = PRESETS["tiny"], (60, 20, 42), 37 + 5 + 4

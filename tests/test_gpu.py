@@ -52,7 +52,7 @@ def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
     cfg = RunConfig(scale="tiny", steps=3, warmup_steps=2, micro_batch=4, audio_frames=200, text_tokens=64,
                     speaker_frames=200, precision="bf16", device="cuda")
     try:
-        mine = bench.run_loop(cfg, DistInfo(device=torch.device("cuda", 0)), tmp_path)
+        mine = bench.run_loop(cfg, DistInfo(device=torch.device("cuda", 0)), tmp_path, bench.EchoWorkload(cfg))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert len(mine["step_times_s"]) == 3 and all(t > 0 for t in mine["step_times_s"])

@@ -3,6 +3,7 @@ reading it costs no device sync, and in a real run's output."""
 
 import re
 
+import pytest
 import torch
 
 from echobench.train.progress import Progress
@@ -53,9 +54,16 @@ def test_a_measured_line_without_the_loss_says_its_clock_is_the_host_s():
     assert "loss -" in lines[0] and lines[0].endswith("(host clock)")
 
 
-def test_a_run_prints_its_phases_and_its_steps_at_the_rate_asked(cli, tmp_path):
-    tiny = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "2", "--micro-batch", "1", "--audio-frames", "30", "--text-tokens", "8",
-            "--speaker-frames", "30", "--peak-tflops", "0.5"]
+@pytest.mark.parametrize("workload", ["echo", "card"])
+def test_a_run_prints_its_phases_and_its_steps_at_the_rate_asked(cli, tmp_path, workload):
+    """Echo's run and a model card's decoder alike."""
+    from test_card_runs import write_card
+
+    steps = ["--steps", "3", "--warmup-steps", "2", "--micro-batch", "1", "--peak-tflops", "0.5"]
+    tiny = {"echo": ["--scale", "tiny", "--audio-frames", "30", "--text-tokens", "8", "--speaker-frames", "30"],
+            "card": ["--card", write_card(tmp_path / "tiny.yaml")]}[workload] + steps
+    building = {"echo": "[echobench] building tiny torchtitan single on 1 rank(s), cpu",
+                "card": "[echobench] building card tiny (2 layers, hidden 64, seq 32) torchtitan single on 1 rank(s), cpu"}
     every = cli("run", *tiny, "--progress-every-s", "0", "--out", tmp_path / "every")
     assert every.returncode == 0, every.stderr
     steps = [line for line in every.stdout.splitlines() if line.startswith("[echobench] step ")]
@@ -63,7 +71,7 @@ def test_a_run_prints_its_phases_and_its_steps_at_the_rate_asked(cli, tmp_path):
         "[echobench] step 1/5 warm-up", "[echobench] step 2/5 warm-up", "[echobench] step 3/5 measured",
         "[echobench] step 4/5 measured", "[echobench] step 5/5 measured"]
     assert all(re.search(r"loss \d+\.\d{4}, .* MFU \d", line) for line in steps), steps  # on the CPU: the loss too
-    for phase in ("[echobench] building tiny torchtitan single on 1 rank(s), cpu", "[echobench] warm-up: ",
+    for phase in (building[workload], "[echobench] warm-up: ",
                   "[echobench] measuring 3 step(s)"):
         assert phase in every.stdout, phase
     rare = cli("run", *tiny, "--progress-every-s", "100000", "--out", tmp_path / "rare")

@@ -125,7 +125,7 @@ def test_data_wait_and_step_time_share_one_clock(monkeypatch, tmp_path):
     ticks = iter(range(10**6))
     monkeypatch.setattr(bench.StepTimer, "stamp", lambda self: float(next(ticks)))
     cfg = RunConfig(steps=3, warmup_steps=1, peak_tflops=1.0, **SHAPES)
-    mine = bench.run_loop(cfg, DistInfo(device=torch.device("cpu")), tmp_path)
+    mine = bench.run_loop(cfg, DistInfo(device=torch.device("cpu")), tmp_path, bench.EchoWorkload(cfg))
     assert mine["step_times_s"] == [3.0, 3.0, 3.0]
     assert mine["data_wait_s"] == [1.0, 1.0, 1.0]
     assert mine["data_wait_frac"] == pytest.approx(1 / 3) and mine["data_wait_clock"] == "host"

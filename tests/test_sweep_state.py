@@ -152,3 +152,51 @@ def test_cancel_names_a_missing_directory_apart_from_one_that_is_no_sweep(tmp_pa
     (tmp_path / "plain").mkdir()
     proc = cli("cancel", tmp_path / "plain")
     assert proc.returncode == 2 and "not a sweep directory" in proc.stderr
+
+
+def test_run_states_are_one_vocabulary_whose_words_on_disk_are_unchanged(tmp_path):
+    """The record's statuses, the sweep's states, what a job says and the scheduler's verdicts are
+    RunState's; the words written to records and sweep.json are the ones files always held."""
+    from typing import get_args
+
+    from echobench.records.config import RunConfig
+    from echobench.records.results import Record
+    from echobench.records.states import ACTIVE, ENDED, RunState, Status
+    from echobench.sweep.executors.slurm import ENDED as SLURM_ENDED
+
+    assert [s.value for s in RunState] == ["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted",
+                                           "not started", "queued", "new", "waiting", "pending", "running",
+                                           "corrupt", "unreadable", "exited", "gone"]
+    assert get_args(Status) == tuple(ENDED) and set(SLURM_ENDED.values()) <= set(ENDED)
+    assert set(ACTIVE) == {"pending", "running"}
+    Record.without_run(RunConfig(scale="tiny"), RunState.NODE_FAIL, "lost").save(tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "node_fail"
+    state = SweepState()
+    state.runs["r"] = RunEntry(state=RunState.WAITING)
+    state.save(tmp_path)
+    assert json.loads((tmp_path / SWEEP_FILE).read_text())["runs"]["r"]["state"] == "waiting"
+    assert SweepState.load(tmp_path).runs["r"].state == RunState.WAITING
+
+
+@pytest.mark.parametrize("text", [None, "scale: [", "- a list", "scale: nope"])
+def test_a_run_yaml_missing_or_invalid_is_one_error_naming_it(tmp_path, text):
+    from echobench.records.rundir import RUN_YAML, read_run_config
+
+    if text is not None:
+        (tmp_path / RUN_YAML).write_text(text)
+    with pytest.raises(ValueError, match=f"^{tmp_path / RUN_YAML} is missing or invalid$"):
+        read_run_config(tmp_path)
+
+
+@pytest.mark.parametrize("text,note", [("running 42 2026-12-07T09:00:00Z", ("running", "42", None)),
+                                       ("exited local 3 2026-12-07T09:00:00Z", ("exited", "local", 3)),
+                                       ("", None), ("exited 42", None)])
+def test_the_job_state_a_job_writes_is_read_in_one_place(tmp_path, text, note):
+    from echobench.records.rundir import JOB_STATE, read_job_note
+    from echobench.sweep.executors import read_job_state
+
+    (tmp_path / JOB_STATE).write_text(text)
+    got = read_job_note(tmp_path)
+    assert (got and (got.state, got.job_id, got.exit_code)) == note
+    job = read_job_state(tmp_path, note[1]) if note else None
+    assert (job and (job.state, job.exit_code)) == (note and (note[0], note[2]))

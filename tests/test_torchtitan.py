@@ -135,7 +135,7 @@ def _bf16_worker(rank: int, world: int, store: str, settings: dict, out_dir: str
     meet through a file store (no port to race for)."""
     import os
 
-    from echobench.train.bench import run_loop
+    from echobench.train.bench import EchoWorkload, run_loop
     from echobench.train.distributed import dist_info, shutdown
     from echobench.model.components import SelfAttention
     from echobench.model.dit import JointAttention
@@ -151,7 +151,8 @@ def _bf16_worker(rank: int, world: int, store: str, settings: dict, out_dir: str
     torch.nn.modules.module.register_module_forward_pre_hook(hook)
     info = dist_info("cpu")
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    mine = run_loop(RunConfig(**settings, gpus_per_node=world), info, out_dir)
+    cfg = RunConfig(**settings, gpus_per_node=world)
+    mine = run_loop(cfg, info, out_dir, EchoWorkload(cfg))
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump({"losses": mine["losses"], "freqs": sorted(freqs_dtypes)}, f)
     shutdown()

@@ -64,9 +64,10 @@ def run_without_warming_variants(tmp_path, monkeypatch, windows: int):
     import torch._dynamo
 
     import echobench.train.bench as bench
+    import echobench.train.bench_echo as bench_echo
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    monkeypatch.setattr(bench, "warmup_variants", lambda cfg, shapes, tok: [])
+    monkeypatch.setattr(bench_echo, "warmup_variants", lambda cfg, shapes, tok: [])
     monkeypatch.setattr(bench, "MAX_WINDOWS", windows)
     seed = first_masked_after_warmup(1, 2, PRESETS["tiny"].cfg_dropout)
     cfg = RunConfig(**TINY, steps=3, warmup_steps=1, compile=True, seed=seed)

@@ -62,7 +62,7 @@ def phase_ops(settings: dict, rank: int, world: int, store: str | None) -> dict[
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
                          tokenizer=build_tokenizer(model_cfg.text_encoder.vocab, None), rank=rank // cfg.tp,
                          world_size=dp, seed=0)
-    from echobench.train.bench import global_frame_count
+    from echobench.train.bench_echo import global_frame_count
 
     counts = {}
     try:

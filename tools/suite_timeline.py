@@ -6,10 +6,31 @@
 Prints each pytest-xdist worker's busy time and when it finished (the last one sets the suite's
 wall time), the slowest tests (setup + call + teardown, shared fixtures included), the tests that
 used the most CPU (the suite's bound on a 2-core machine), and the tests of the worker that
-finished last."""
+finished last. With --files N, only the N test files that cost the most CPU seconds: what
+scripts/test.sh prints after every run, so that a growing suite is seen the day it grows."""
 import argparse
 import collections
 import json
+
+
+def file_costs(rows: list[dict]) -> list[tuple[str, float, float, int]]:
+    """Per test file, most CPU first: (file, CPU seconds, wall seconds, tests), summed over its tests."""
+    costs = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    for r in rows:
+        c = costs[r["test"].split("::")[0]]
+        c[0] += r.get("cpu_s", 0.0)
+        c[1] += r["end"] - r["start"]
+        c[2] += 1
+    return sorted(((f, cpu, wall, n) for f, (cpu, wall, n) in costs.items()), key=lambda c: (-c[1], c[0]))
+
+
+def print_files(rows: list[dict], top: int) -> None:
+    costs = file_costs(rows)
+    total = sum(c[1] for c in costs)
+    print(f"the {min(top, len(costs))} test files that cost the most CPU (of {len(costs)}; {total:.0f} CPU s in all):")
+    print("  CPU s  wall s  tests  file")
+    for f, cpu, wall, n in costs[:top]:
+        print(f"{cpu:7.0f} {wall:7.0f} {n:6}  {f}")
 
 
 def main():
@@ -17,8 +38,15 @@ def main():
     ap.add_argument("timeline")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--markdown", action="store_true", help="only the slowest tests, as a markdown table (reports/)")
+    ap.add_argument("--files", type=int, metavar="N", help="only the N test files that cost the most CPU seconds")
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.timeline) if line.strip()]
+    if not rows:
+        print(f"{args.timeline}: no test in the timeline")
+        return
+    if args.files is not None:
+        print_files(rows, args.files)
+        return
     if args.markdown:
         print("| wall s | CPU s | test (setup + call + teardown) |\n| ---: | ---: | --- |")
         for r in sorted(rows, key=lambda r: r["start"] - r["end"])[: args.top]:

@@ -59,7 +59,7 @@ class Backend:
 
     def build(self, cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         module = importlib.import_module(self.module)
-        return module.build(cfg, dist_info, dtype) if workload is None else module.build(cfg, dist_info, dtype, workload)
+        return module.build(cfg, dist_info, dtype, workload)
 
 
 BACKENDS = {b.name: b for b in (

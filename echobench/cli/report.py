@@ -13,6 +13,7 @@ import typer
 from echobench.cli.common import ONLY_HELP, app, console, err_console, fail, load_profiles_or_fail, writable_dir
 from echobench.sweep.matrix import MatrixError, parse_only
 from echobench.records.console import esc
+from echobench.records.results import RECORD_FILE
 
 
 @app.command()
@@ -139,7 +140,7 @@ def explain(
     same device, and so whether an Echo gap is the model's or the cluster's."""
     from echobench.train.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
 
-    if run_dir.is_dir() and not (run_dir / "result.json").is_file() and explain_references(run_dir, as_json):
+    if run_dir.is_dir() and not (run_dir / RECORD_FILE).is_file() and explain_references(run_dir, as_json):
         return
     try:
         record, bd = read_profiled_run(run_dir)

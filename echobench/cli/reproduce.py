@@ -15,6 +15,7 @@ from rich.console import Console
 from echobench.cli.common import app, console, err_console, fail, load_profiles_or_fail, writable_dir
 from echobench.cli.sweep import ask_on_a_terminal
 from echobench.records.console import esc
+from echobench.records.results import RECORD_FILE
 from echobench.sweep.matrix import ExecutorName, MatrixError
 
 
@@ -108,7 +109,7 @@ def reproduce(
         fail(str(exc))
     records = {}
     for rid in runs.values():
-        path = run_dir(out.resolve(), rid) / "result.json"
+        path = run_dir(out.resolve(), rid) / RECORD_FILE
         try:
             records[rid] = Record.load(path)
         except (OSError, ValueError):

@@ -15,6 +15,7 @@ from echobench.backends import parallelism_problem
 from echobench.cli.common import app, console, err_console, fail, settings_options, writable_dir
 from echobench.records.config import RunConfig, auto_switch
 from echobench.records.console import esc, record_report, repeats_report
+from echobench.records.results import RECORD_FILE
 from echobench.records.yamltext import yaml_problem
 
 
@@ -171,7 +172,7 @@ def print_record(record, out: Path) -> None:
     else:
         for part in record_report(record):
             console.print(part)
-    console.print(f"wrote {esc(out / 'result.json')}", highlight=False)
+    console.print(f"wrote {esc(out / RECORD_FILE)}", highlight=False)
 
 
 @app.command()

@@ -29,6 +29,7 @@ from echobench.predict.frameworks import framework, resolved
 from echobench.predict.intervals import interval
 from echobench.predict.pipeline import bubble_fraction, interleaved_grad_exposed, pipeline_seconds
 from echobench.predict.pricing import Rates, attention_notes, in_step_note, is_cpu, profile_peak, work_seconds
+from echobench.records.run_figures import mfu_of
 
 
 @dataclass
@@ -154,12 +155,12 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
              "host": max(0.0, host - device)}
     mfu_row = None
     if row_flops_per_token is not None and row_peak_tflops:
-        mfu_row = row_flops_per_token * tokens / (step * layout.gpus * row_peak_tflops * 1e12)
+        mfu_row = mfu_of(row_flops_per_token * tokens, step, layout.gpus, row_peak_tflops)
     low, high = interval(step)
     return CardPrediction(
         step_time_s=step, step_time_low_s=low, step_time_high_s=high, device_s=device, host_s=host, parts=parts,
         communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once) + p2p_all,
         tokens_per_step=tokens, model_flops_per_token=flops,
-        mfu=flops * tokens / (step * layout.gpus * peak * 1e12), hfu=hardware * tokens / (step * layout.gpus * peak * 1e12),
+        mfu=mfu_of(flops * tokens, step, layout.gpus, peak), hfu=mfu_of(hardware * tokens, step, layout.gpus, peak),
         peak_tflops=peak, peak_source=peak_source, mfu_row=mfu_row, memory_gib=card_memory_gib(card, layout),
         collectives=micro + once, notes=notes)

@@ -19,6 +19,7 @@ from echobench.predict.pricing import SDPA_SETTINGS, is_cpu_name, priced
 from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
 from echobench.predict.work import host_ops, run_work
 from echobench.records.results import Record, record_settings
+from echobench.records.states import RunState
 
 # The breakdown's categories (echobench.train.breakdown) each predicted part is held against.
 BREAKDOWN_PARTS = {"gemm": ("gemm",), "attention": ("attention",), "optimizer": ("optimizer",),
@@ -85,13 +86,13 @@ def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     """The prediction of a measured run (an ok Record with a median step time), on the profile
     choose_profile picks, with the record's own peak and model FLOPs per sample (its real lengths),
     so that the MFUs compare under one convention."""
-    if record.status != "ok" or not record.step_time_s:
+    if record.status != RunState.OK or not record.step_time_s:
         raise PredictError(f"{record.run_id}: status {record.status}, no measured step time to compare")
     cfg = recorded_sdpa(RunConfig.from_dict({**record_settings(record), "repeat": 0}), record)
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
     if record.card is not None:
-        p, parts = card_prediction(record, cfg, profile, peak), None  # a card run is not traced (no breakdown)
+        p, parts = card_prediction(record, cfg, profile, peak), None  # a card's prediction has no per-category shares
     else:
         p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
         p.run_id = record.run_id
@@ -146,7 +147,7 @@ class AgainstRecords:
 def against_records(records: Sequence[Record], profiles: Sequence[HardwareProfile]) -> AgainstRecords:
     """Each successful record held against its prediction: on `profiles` if given, else on the profile
     of its device (its sweep's own first). No record to predict, or no profile for any, is a PredictError."""
-    ok = [r for r in records if r.status == "ok" and r.step_time_s]
+    ok = [r for r in records if r.status == RunState.OK and r.step_time_s]
     if not ok:
         raise PredictError("no successful runs to predict")
     each, missing = ({r.run_id: list(profiles) for r in ok}, []) if profiles else profiles_for_records(ok)

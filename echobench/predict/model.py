@@ -38,6 +38,7 @@ from echobench.predict.pricing import (
 )
 from echobench.predict.profiles import choose_profile
 from echobench.predict.work import host_ops, run_work
+from echobench.records.run_figures import mfu_of
 
 
 @dataclass
@@ -173,8 +174,8 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
         exposed_communication_s=mid["exposed_s"], collectives=mid["comm"], link_bytes=link_bytes(mid["comm"]),
         hide_gbps=hide_gbps(mid["comm"], {"forward": mid["forward"], "backward": mid["backward"]}),
         samples_per_s=cfg.global_batch / step, model_flops_per_sample=int(mflops), hardware_flops_per_sample=int(hflops),
-        mfu=mflops * cfg.global_batch / (step * world * peak_tflops * 1e12),
-        hfu=hflops * cfg.global_batch / (step * world * peak_tflops * 1e12),
+        mfu=mfu_of(mflops * cfg.global_batch, step, world, peak_tflops),
+        hfu=mfu_of(hflops * cfg.global_batch, step, world, peak_tflops),
         peak_tflops=peak_tflops, peak_source=peak_source, memory_gib=mem.total_gib,
         fits=None if capacity is None else mem.total_gib <= capacity, notes=notes)
 

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from echobench.records.run_figures import mfu_of
+from echobench.records.states import RunState
+
 
 def pct(x: float | None) -> str:
     """An MFU as a percentage to 3 figures (a CPU's 0.437%, a GPU's 46.4%), `-` for none."""
@@ -90,7 +93,7 @@ class ReferenceRow:
     def sentence(self) -> str:
         """One line: what the reference reaches against what it published, and whether that is beyond
         the run's spread."""
-        if self.status != "ok":
+        if self.status != RunState.OK:
             return f"{self.label}: not measured (status {self.status})"
         if self.ratio is None:
             return (f"{self.label}: measured {self.tokens_per_s_per_gpu:.4g} tokens/s per GPU; no published figure to "
@@ -123,7 +126,7 @@ class ReferenceRow:
     def stands(self) -> bool | None:
         """Whether the reference stands where it was published (the cluster and the stack are fine):
         within its spread, or at NEAR of its published figure or more; None where nothing compares."""
-        if self.status != "ok" or self.ratio is None:
+        if self.status != RunState.OK or self.ratio is None:
             return None
         return self.verdict == "within" or self.ratio >= NEAR
 
@@ -134,7 +137,7 @@ class ReferenceRow:
         head = (f"Echo {echo.scale} reaches {pct(echo.mfu)} MFU here ({echo.framework} {echo.parallelism}, "
                 f"{echo.nodes} x {echo.gpus_per_node}: the best Echo run on {echo.env.device_name})"
                 if echo is not None else "no Echo run on its device beside it")
-        if self.status != "ok" or self.ratio is None:
+        if self.status != RunState.OK or self.ratio is None:
             return f"{head}; the reference {self.sentence()}"
         verdict = ("the cluster and the stack are fine, the gap is the model's" if self.stands and echo is not None
                    else "the cluster and the stack are fine" if self.stands else "look at the cluster first")
@@ -148,7 +151,7 @@ NEAR = 0.9
 
 def best_echo(records: list, device: str | None):
     """The Echo run (no card) on `device` with the highest MFU, among the ok ones; None without one."""
-    echo = [r for r in records if not r.card and r.status == "ok" and r.mfu is not None
+    echo = [r for r in records if not r.card and r.status == RunState.OK and r.mfu is not None
             and r.env.device_name == device]
     return max(echo, key=lambda r: (r.mfu, r.run_id), default=None)
 
@@ -170,7 +173,7 @@ def reference_row(record, published: dict | None = None, predicted_step_s: float
         row.predicted_step_s = predicted_step_s
         row.predicted_tokens_per_s_per_gpu = per_gpu_step / predicted_step_s
     row.predicted_mfu = predicted_mfu
-    if record.status != "ok" or not record.step_time_s:
+    if record.status != RunState.OK or not record.step_time_s:
         return row
     row.steps = len(record.step_times_s or [])
     row.step_s, row.p10_s, row.p90_s = record.step_time_s, record.step_time_p10_s, record.step_time_p90_s
@@ -179,5 +182,5 @@ def reference_row(record, published: dict | None = None, predicted_step_s: float
         row.tokens_spread = (per_gpu_step / row.p90_s, per_gpu_step / row.p10_s)
         flops, peak = card.get("row_flops_per_token"), record.peak_tflops
         if flops and peak:
-            row.mfu_spread = tuple(flops * t / (peak * 1e12) for t in row.tokens_spread)
+            row.mfu_spread = tuple(mfu_of(flops * t, 1, 1, peak) for t in row.tokens_spread)
     return row

@@ -23,6 +23,7 @@ from __future__ import annotations
 from echobench.hardware import devicerates
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.stepcount import StepCount
+from echobench.records.run_figures import mfu_of
 
 # stepcount's attention kernels -> the profiles' (hwprofile.ATTENTION_KERNELS): SDPA's flash backend is
 # FlashAttention-2; an attention call that escaped the GPU emulation is priced as it.
@@ -79,7 +80,7 @@ def project(variants: list[tuple[StepCount, float]], profile: HardwareProfile, p
             "memory_ms": grad_accum * mix("memory_s") * 1e3, "gaps_ms": grad_accum * mix("gaps_s") * 1e3,
             "kernels": grad_accum * mix("kernels"),
             "optimizer_ms": optimizer_s * 1e3, "step_ms": step_s * 1e3, "model_tflop": model_flops / 1e12,
-            "mfu": model_flops / (step_s * peak.value * 1e12), "peak_tflops": peak.value, "peak_source": peak.source,
+            "mfu": mfu_of(model_flops, step_s, 1, peak.value), "peak_tflops": peak.value, "peak_source": peak.source,
             "masked_share": sum(share for c, share in variants if c.settings.get("masked")),
             "rates": rate_sources(variants, profile, fit)}
 

@@ -37,6 +37,7 @@ from echobench.predict.card_model import predict_card
 from echobench.predict.errors import PredictError
 from echobench.predict.intervals import interval
 from echobench.predict.pricing import Rates
+from echobench.records.run_figures import mfu_of, peak_fraction
 from echobench.records.yamltext import read_yaml
 
 # The keys a row's sections may have (model and run: card.model_card and card.run_layout check theirs).
@@ -236,9 +237,10 @@ def published_figures(row: Mapping, card: ModelCard, layout: Layout) -> dict:
     if pub.get("mfu"):
         mfu, mfu_from = float(pub["mfu"]), "mfu"
     elif peak and pub.get("tflops_per_gpu"):
-        mfu, mfu_from = pub["tflops_per_gpu"] / peak, "tflops_per_gpu / the convention's peak"
+        mfu, mfu_from = peak_fraction(pub["tflops_per_gpu"], peak), "tflops_per_gpu / the convention's peak"
     elif peak and formula:
-        mfu, mfu_from = formula(card, layout) * per_gpu / (peak * 1e12), "tokens/s per GPU x FLOPs per token / peak"
+        mfu, mfu_from = (mfu_of(formula(card, layout) * per_gpu, 1, 1, peak),
+                         "tokens/s per GPU x FLOPs per token / peak")
     return {"step_s": step, "step_from": step_from, "tokens_per_s_per_gpu": per_gpu, "mfu": mfu, "mfu_from": mfu_from,
             "peak_tflops": peak, "gpus": layout.gpus, "global_batch": layout.global_batch,
             "tokens_per_gpu_step": tokens / layout.gpus}

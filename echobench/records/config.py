@@ -177,9 +177,6 @@ class RunConfig:
             if self.data != "synthetic":
                 raise ValueError(f"card with data={self.data!r}: a card run trains on synthetic token batches at the "
                                  "card's sequence length: drop data")
-            if self.trace:
-                raise ValueError("card with trace: the time breakdown reads Echo's parts; a card run is not traced yet: "
-                                 "drop trace")
         if self.buckets is not None:
             parse_buckets(self.buckets, self.audio_frames)
             if self.batching != "bucket":

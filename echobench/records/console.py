@@ -20,12 +20,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from echobench.records.results import configuration_key, over_repeats, peak_notes
+from echobench.records.results import RECORD_FILE, configuration_key, over_repeats, peak_notes
+from echobench.records.states import ACTIVE, RunState
 
-NOT_STARTED = "not started"  # a planned run no job ever ran: the next `sweep` of the matrix runs it
-WAITING = "waiting"  # a run's files are written but the scheduler has not taken its job yet (a submit limit): retried
-STATE_COLORS = {"ok": "green", "running": "cyan", "pending": "yellow", WAITING: "yellow", "queued": "",
-                NOT_STARTED: ""}  # else: red
+STATE_COLORS = {RunState.OK: "green", RunState.RUNNING: "cyan", RunState.PENDING: "yellow", RunState.WAITING: "yellow",
+                RunState.QUEUED: "", RunState.NOT_STARTED: ""}  # else: red
 
 
 def esc(value: object) -> str:
@@ -71,10 +70,10 @@ def outcome_text(run_dir) -> str | None:
     from echobench.records.results import Record  # lazy: console is imported where records are not read
 
     try:
-        record = Record.load(run_dir / "result.json")
+        record = Record.load(run_dir / RECORD_FILE)
     except (OSError, ValueError):
         return None
-    if record.status != "ok" or record.mfu is None:
+    if record.status != RunState.OK or record.mfu is None:
         return None
     return f"MFU {record.mfu:.1%}, {record.samples_per_s:.3g} samples/s"
 
@@ -93,7 +92,7 @@ class Progress:
     def table(self, rows: list[tuple]):
         """rows: (run id, state, detail[, run directory]); a directory adds what the run last said."""
         states = [row[1] for row in rows]
-        done = sum(1 for s in states if s not in ("queued", "pending", "running", WAITING, NOT_STARTED))
+        done = sum(1 for s in states if s not in (RunState.QUEUED, *ACTIVE, RunState.WAITING, RunState.NOT_STARTED))
         elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.started)) if self.started else None
         table = Table(title=f"sweep: {done}/{len(rows)} finished ({state_counts(states)})"
                             + (f", {elapsed} elapsed" if elapsed else ""))
@@ -102,9 +101,9 @@ class Progress:
         for rid, state, detail, *where in rows:
             said = None
             if where and where[0] is not None:
-                if state == "running":
+                if state == RunState.RUNNING:
                     said = last_progress_line(where[0])
-                elif state == "ok":
+                elif state == RunState.OK:
                     said = self.finished.setdefault(where[0], outcome_text(where[0]))
             table.add_row(esc(rid), state_markup(state), esc((said or detail or "")[:100]))
         return Group(ProgressBar(total=max(len(rows), 1), completed=done, width=60), table)
@@ -191,16 +190,16 @@ def repeats_report(records: list, out) -> list:
     for col in ("repeat", "run id", "status", "samples/s", "MFU", "step time median s", "mean vs median"):
         table.add_column(col, justify="left" if col in ("run id", "status") else "right")
     for k, r in enumerate(records):
-        ok = r.status == "ok"
+        ok = r.status == RunState.OK
         table.add_row(str(k), esc(r.run_id), esc(r.status), fmt(r.samples_per_s, ".4g") if ok else "-",
                       f"{r.mfu:.2%}" if ok else "-", fmt(r.step_time_s, ".4f") if ok else "-",
                       f"{r.step_time_mean_vs_median:+.1%}" if ok else "-")
     out_parts = [table]
-    ok = [r for r in records if r.status == "ok"]
+    ok = [r for r in records if r.status == RunState.OK]
     if ok:
         sps, mfu = over_repeats(r.samples_per_s for r in ok), over_repeats(r.mfu for r in ok)
         out_parts.append(Text(f"median over {len(ok)} ok repeat(s): samples/s {sps['median']:.4g} "
                               f"({sps['min']:.4g}-{sps['max']:.4g}), MFU {mfu['median']:.2%} "
                               f"({mfu['min']:.2%}-{mfu['max']:.2%})"))
-    paths = ", ".join(str(out / f"repeat-{k}" / "result.json") for k in range(len(records)))
+    paths = ", ".join(str(out / f"repeat-{k}" / RECORD_FILE) for k in range(len(records)))
     return out_parts + [Text(f"wrote {paths}")]

@@ -25,6 +25,7 @@ from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig, configuration_id, run_id, upgraded
 from echobench.records.peaks import peak_precision_of, table_peak
 from echobench.records.run_figures import max_of, peak_mem_figures, step_figures, window_figures
+from echobench.records.states import RunState, Status
 
 # 2: throughput and MFU over the whole measured window (1: from the median step); repeats,
 #    peak_precision, fp8 MFU, allocator counters. Readers migrate older records (migrate()).
@@ -34,7 +35,6 @@ from echobench.records.run_figures import max_of, peak_mem_figures, step_figures
 #    run: not a kernel seen running; attention_kernels holds those); compiles inside the measured window
 #    counted (compiles_in_window: unknown, None, in an older record).
 SCHEMA_VERSION = 3
-Status = Literal["ok", "oom", "error", "timeout", "cancelled", "node_fail", "preempted"]  # preempted: SLURM PREEMPTED
 RECORD_FILE = "result.json"
 PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory estimate), beside its record
 
@@ -384,7 +384,7 @@ def validation_text(exc: ValidationError) -> str:
 # ---- failures: which rank explains a run ----
 
 # An OOM or a time limit anywhere explains the other ranks' errors.
-STATUS_RANK = {"oom": 0, "timeout": 1, "cancelled": 2, "preempted": 2, "error": 3}
+STATUS_RANK = {RunState.OOM: 0, RunState.TIMEOUT: 1, RunState.CANCELLED: 2, RunState.PREEMPTED: 2, RunState.ERROR: 3}
 # What a rank says when another one is gone (gloo, NCCL, c10d's store): a consequence, not a cause.
 PEER_LOST = re.compile(r"connection (?:reset|closed|refused)|broken pipe|remote process exited|"
                        r"communicator was aborted|watchdog caught|timed out (?:after \d+ seconds )?waiting|wait timeout|got 0 bytes|"
@@ -421,7 +421,7 @@ def _from_v1(record: dict) -> None:
     times = record.get("step_times_s")
     needed = ("samples_per_s", "step_time_s", "model_flops_per_sample", "audio_seconds_per_s", "peak_tflops",
               "world_size")
-    if record.get("status") != "ok" or not times or any(record.get(k) is None for k in needed):
+    if record.get("status") != RunState.OK or not times or any(record.get(k) is None for k in needed):
         return
     n, median = len(times), record["step_time_s"]
     samples = round(record["samples_per_s"] * median * n)

@@ -1,15 +1,33 @@
 """A run's figures from its measurements, as its record (echobench.records.results) holds them: throughput
-and MFU over the measured window, step-time statistics, padding, peak memory."""
+and MFU over the measured window, step-time statistics, padding, peak memory. The MFU convention lives
+here (mfu_of, peak_fraction, seconds_at_mfu): what a run measures, shows while it runs and predict
+predicts all import it (tests/test_figures.py fails where the formula is written elsewhere)."""
 
 from __future__ import annotations
 
 import statistics
 
 
+def mfu_of(flops: float, seconds: float, devices: int, peak_tflops: float) -> float:
+    """FLOPs done in `seconds` by `devices` devices over what their peak (TFLOP/s per device) could do
+    in that time: the MFU of model FLOPs, the HFU of hardware FLOPs."""
+    return flops / (seconds * devices * peak_tflops * 1e12)
+
+
+def peak_fraction(tflops_per_device: float, peak_tflops: float) -> float:
+    """The MFU of a rate: TFLOP/s per device over the peak (or a ceiling) per device."""
+    return tflops_per_device / peak_tflops
+
+
+def seconds_at_mfu(flops: float, devices: int, peak_tflops: float, at_mfu: float) -> float:
+    """How long `devices` devices take for `flops` at MFU at_mfu of their peak: mfu() solved for the time."""
+    return flops / (devices * peak_tflops * 1e12 * at_mfu)
+
+
 def window_figures(*, measured_time_s: float, samples: int, model_flops: int, hardware_flops: int,
                    audio_seconds: float, world_size: int, peak_tflops: float, ceiling_tflops: float | None = None,
                    peak_fp8_tflops: float | None = None) -> dict:
-    """Throughput and MFU over the whole measured window: the one place of this convention.
+    """Throughput and MFU over the whole measured window.
 
     measured_time_s is the sum of the measured steps, each at its slowest rank; samples and
     FLOPs are those of the measured steps (data-parallel replicas, real lengths).
@@ -21,16 +39,16 @@ def window_figures(*, measured_time_s: float, samples: int, model_flops: int, ha
         "model_flops_per_sample": model_flops / samples,
         "hardware_flops_per_sample": hardware_flops / samples,
         "tflops_per_gpu": tflops_per_gpu,
-        "mfu": model_flops / (measured_time_s * world_size * peak_tflops * 1e12),
-        "hfu": hardware_flops / (measured_time_s * world_size * peak_tflops * 1e12),
-        "mfu_vs_ceiling": tflops_per_gpu / ceiling_tflops if ceiling_tflops else None,
-        "mfu_fp8_peak": tflops_per_gpu / peak_fp8_tflops if peak_fp8_tflops else None,
+        "mfu": mfu_of(model_flops, measured_time_s, world_size, peak_tflops),
+        "hfu": mfu_of(hardware_flops, measured_time_s, world_size, peak_tflops),
+        "mfu_vs_ceiling": peak_fraction(tflops_per_gpu, ceiling_tflops) if ceiling_tflops else None,
+        "mfu_fp8_peak": peak_fraction(tflops_per_gpu, peak_fp8_tflops) if peak_fp8_tflops else None,
     }
 
 
 def padding_figures(*, padded_flops: int, hardware_flops: int, tokens: dict[str, list[int]]) -> dict:
     """What the padding cost over the measured window (docs/explanation/mfu.md), from the counts
-    of bench.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
+    of bench_echo.count_measured: measured_padded_flops, the hardware FLOPs of every row at the padded
     lengths (flops.padded_flops); padded_flops_frac = (padded - hardware FLOPs) / padded FLOPs, the
     share of the matmul FLOPs executed that went to padded tokens; per stream, padded_frac_<stream>
     = (computed - real tokens) / computed tokens, speaker tokens being patches."""

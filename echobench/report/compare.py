@@ -22,6 +22,7 @@ from rich.text import Text
 
 from echobench.records.console import esc, fmt
 from echobench.records.results import Record, configuration_key, over_repeats, slower_p_value
+from echobench.records.states import RunState
 
 MIN_STEPS = 5  # below this per side, even a 2x slowdown could be chance: no verdict
 DEFAULT_ALPHA = 0.01
@@ -78,7 +79,7 @@ def _change(old: float | None, new: float | None) -> float | None:
 
 
 def _ok(record: Record) -> bool:
-    return record.status == "ok" and record.mfu is not None
+    return record.status == RunState.OK and record.mfu is not None
 
 
 def _status(records: list[Record]) -> str:

@@ -38,6 +38,7 @@ from echobench.report.reference_section import reference_section
 from echobench.report.tables import fmt_number
 from echobench.report.time_breakdown import time_section
 from echobench.report.tune_section import tune_section
+from echobench.records.states import RunState
 
 FLOP_CONVENTION = (
     "Model FLOPs of one training sample: every matmul of the trainable parts (DiT, speaker encoder, "
@@ -198,7 +199,7 @@ def mfu_table(data: ReportInput, scales: list[str], flags: dict) -> dict:
         cells = []
         for nodes in counts:
             at = mine[numeric(mine["nodes"]) == nodes]
-            down = runs[(numeric(runs["nodes"]) == nodes) & (runs["status"] != "ok")]
+            down = runs[(numeric(runs["nodes"]) == nodes) & (runs["status"] != RunState.OK)]
             lost = Counter(down["status"].astype(str))
             lost_text = ", ".join(f"{n} {s}" for s, n in lost.most_common())
             if at.empty:

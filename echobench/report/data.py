@@ -24,6 +24,7 @@ from echobench.records.results import (Record, configuration_key, load_records, 
 from echobench.sweep.matrix import settings_match
 from echobench.sweep.state import CorruptSweepState, SweepState
 from echobench.records.paths import TUNE_FILE
+from echobench.records.states import RunState
 
 # Labels: framework and parallelism always name a configuration (echobench.records.config.configuration);
 # then the settings that differ between the configurations of that framework and parallelism,
@@ -53,7 +54,7 @@ class ReportInput:
 
     @property
     def failed(self) -> pd.DataFrame:
-        return self.frame[self.frame["status"] != "ok"]
+        return self.frame[self.frame["status"] != RunState.OK]
 
     @cached_property
     def configurations(self) -> pd.DataFrame:
@@ -63,7 +64,7 @@ class ReportInput:
 
 def successful(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of runs that ended ok with an MFU: what figures and tables are drawn from."""
-    return frame[(frame["status"] == "ok") & frame["mfu"].notna()]
+    return frame[(frame["status"] == RunState.OK) & frame["mfu"].notna()]
 
 
 def sweep_matrix_names(paths) -> tuple[dict[Path, str], list[str]]:
@@ -138,7 +139,7 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
         frame[column] = None
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
-    ok = [r.status == "ok" for r in records]
+    ok = [r.status == RunState.OK for r in records]
     frame["config"] = config_labels(settings, among=[s for s, good in zip(settings, ok) if good] or settings)
     return frame
 
@@ -165,7 +166,7 @@ def with_predictions(data: ReportInput, profiles: list | dict[str, list], margin
     used = {}  # the names of the profiles that priced a run, in order
     for index, row in frame.iterrows():
         record = by_id.get(row["run_id"])
-        if record is None or record.status != "ok" or not record.step_time_s:
+        if record is None or record.status != RunState.OK or not record.step_time_s:
             continue
         mine = profiles.get(record.run_id) if isinstance(profiles, dict) else profiles
         if not mine:
@@ -194,7 +195,7 @@ def with_device_predictions(data: ReportInput, margin: float) -> ReportInput:
     for which device, or, in one line, that none matches."""
     from echobench.predict.profiles import profiles_for_records  # lazy: hardware profiles, yaml
 
-    ok = [r for r in data.records if r.status == "ok" and r.step_time_s]
+    ok = [r for r in data.records if r.status == RunState.OK and r.step_time_s]
     if not ok:
         return data
     devices = sorted({r.env.device_name or "an unnamed device" for r in ok})
@@ -394,7 +395,7 @@ def tune_candidate(c: dict) -> dict:
     """One ranked candidate, its figures as numbers (a wrong type raises here, on load, not while
     drawing); measured_ok as echobench.tune.loop.Measured.ok has it."""
     p, m = c["predicted"], c["measured"]
-    ok = m is not None and m["status"] == "ok" and bool(m["samples_per_s"])
+    ok = m is not None and m["status"] == RunState.OK and bool(m["samples_per_s"])
     return {"rank": int(c["rank"]), "run_id": str(c["run_id"]), "family": str(c["family"]),
             "settings": {k: c["settings"].get(k) for k, _ in TUNE_SETTINGS},
             "layout": f"{c['settings'].get('framework')} {c['settings'].get('parallelism')}",

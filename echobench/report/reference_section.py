@@ -14,6 +14,7 @@ from echobench.predict.card import Layout
 from echobench.predict.reference import best_echo, pct, reference_row
 from echobench.predict.validate import layout_text
 from echobench.report.data import ReportInput
+from echobench.records.states import RunState
 
 CAPTION = ("Card runs (echobench run --card, echobench reproduce): a published row's model trained through the same "
            "harness, on the same nodes, as the Echo runs. MFU under the row's own FLOP convention (each against its "
@@ -57,10 +58,10 @@ def reference_section(data: ReportInput, reference: pd.DataFrame | None = None) 
         diff = "-" if ref.mfu_diff is None else f"{ref.mfu_diff * 100:+.1f}" + (f" {ref.verdict}" if ref.verdict else "")
         tokens = f"{ref.tokens_per_s_per_gpu:.4g}" if ref.tokens_per_s_per_gpu is not None else "-"
         published_tokens = ref.pub("tokens_per_s_per_gpu")
-        rows.append({"card": ref.label, "source": ref.source, "run_id": ref.run_id, "ok": ref.status == "ok",
+        rows.append({"card": ref.label, "source": ref.source, "run_id": ref.run_id, "ok": ref.status == RunState.OK,
                      "layout": ref.ran, "published_layout": _published_layout(record.card),
                      "gpus": f"{ref.gpus}" + (f" of {ref.published_gpus}" if ref.published_gpus else ""),
-                     "measured": pct(ref.mfu) + spread if ref.status == "ok" else ref.status,
+                     "measured": pct(ref.mfu) + spread if ref.status == RunState.OK else ref.status,
                      "published": pct(ref.pub("mfu")), "predicted": pct(ref.predicted_mfu), "diff": diff,
                      "tokens": tokens + " / " + (f"{published_tokens:.4g}" if published_tokens is not None else "-"),
                      "convention": ref.convention or "echobench's (a card file: no published row)",

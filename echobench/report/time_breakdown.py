@@ -15,6 +15,7 @@ from echobench.train.breakdown import CATEGORIES, LABELS, waterfall
 from echobench.report.data import ReportInput
 from echobench.report.plotting import PLOT_CONFIG, esc, figure_html, layout, panel
 from echobench.records.results import Record
+from echobench.records.states import RunState
 
 COLORS = {"gemm": "#1f77b4", "attention": "#17becf", "optimizer": "#9467bd", "other_compute": "#ff7f0e",
           "memcpy": "#8c564b", "communication": "#d62728", "data_wait": "#bcbd22", "idle": "#c7c7c7"}
@@ -35,7 +36,7 @@ def profiled_rows(data: ReportInput) -> pd.DataFrame:
     frame = data.frame
     for i, r in enumerate(data.records):
         fractions = (r.breakdown or {}).get("fractions")
-        if r.status != "ok" or not fractions or r.mfu is None:
+        if r.status != RunState.OK or not fractions or r.mfu is None:
             continue
         row = frame.iloc[i]
         rows.append({"run_id": r.run_id, "scale": r.scale, "config": row["config"],

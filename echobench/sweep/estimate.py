@@ -15,6 +15,7 @@ import math
 from echobench.model.flops import hardware_flops, model_flops
 from echobench.sweep.matrix import Matrix, PlannedRun, parse_time
 from echobench.records.peaks import table_peak
+from echobench.records.run_figures import seconds_at_mfu
 
 # What a job spends before its first measured step, beyond the steps themselves (assumed, not measured:
 # generous, since a limit that is too short throws the run away).
@@ -71,7 +72,7 @@ def estimated_seconds(run: PlannedRun, matrix: Matrix, peak: float | None = None
         return None
     model = cfg.model_config()
     per_sample = hardware_flops(model, model_flops(model, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames), cfg.ac)
-    return startup + steps * cfg.global_batch * per_sample / (cfg.world_size * peak * 1e12 * hw.assumed_mfu)
+    return startup + seconds_at_mfu(steps * cfg.global_batch * per_sample, cfg.world_size, peak, hw.assumed_mfu)
 
 
 def format_time(seconds: int) -> str:

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Callable
 
 from echobench.records.atomic import write_json_atomic
-from echobench.records.console import WAITING, Progress, esc, log, state_counts, state_markup
+from echobench.records.console import Progress, esc, log, state_counts, state_markup
 from echobench.records.paths import comm_calibrated
+from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.estimate import time_limit_s
-from echobench.sweep.executors import (ACTIVE, Executor, JobState, SubmitLater, archive_attempt, finish_without_record,
+from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_attempt, finish_without_record,
                                        make_executor, write_run_files)
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
@@ -161,13 +162,13 @@ class Sweep:
         for run in runs:
             st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor,
                                      looks.get(run.id))
-            if st in ("new", WAITING):
+            if st in (RunState.NEW, RunState.WAITING):
                 to_submit.append(run)
             elif st in ACTIVE:
                 self.tracked[run.id] = run
-            elif st != "ok":
+            elif st != RunState.OK:
                 (to_submit if retry_failed else failed_before).append(run)
-                if st == "corrupt":
+                if st == RunState.CORRUPT:
                     self.log(f"{run.id}: [red]{esc(error)}[/]"
                              + ("" if retry_failed else " (--retry-failed reruns it; the file moves to attempts/)"))
         self.save()
@@ -239,12 +240,12 @@ class Sweep:
         try:
             entry.job_id = self.executor.submit(run, rd, time_limit_s(self.matrix, self.executor.name, run))
         except SubmitLater as exc:
-            entry.state, entry.detail = WAITING, f"not submitted yet: {exc}"
+            entry.state, entry.detail = RunState.WAITING, f"not submitted yet: {exc}"
             self.refused(run.id, str(exc))
             self.save()
             return False
         except Exception as exc:  # noqa: BLE001 - a rejected submission becomes this run's record
-            record = finish_without_record(run.cfg, rd, "error", f"submission failed: {exc}")
+            record = finish_without_record(run.cfg, rd, RunState.ERROR, f"submission failed: {exc}")
             entry.settled, entry.state = True, record.status
             self.log(f"{run.id}: [red]not submitted[/]: {esc(exc)}")
         else:
@@ -306,7 +307,7 @@ class Sweep:
                 continue
             del self.tracked[rid]
             changed, self.retry_at = True, 0.0  # room in the queue: a limit that refused a run may take it now
-            note = "" if st == "ok" else f": {esc(record_state(self.run_dir(run))[2][:300])}"
+            note = "" if st == RunState.OK else f": {esc(record_state(self.run_dir(run))[2][:300])}"
             self.log(f"{rid}: {state_markup(st)}{note}")
         self.save()
         return changed
@@ -324,7 +325,7 @@ class Sweep:
                         changed = True
                         self.submit_ready(queue)  # room freed: the next runs at once
                     progress.update([(r.id, e.state, e.detail, self.run_dir(r)) if (e := self.state.runs.get(r.id))
-                                     else (r.id, "queued", "", None) for r in runs])
+                                     else (r.id, RunState.QUEUED, "", None) for r in runs])
                     if queue or self.tracked:
                         longest = longest_poll(poll_s, {self.state.runs[rid].state for rid in self.tracked}) \
                             if detached(self.executor) else poll_s
@@ -348,8 +349,8 @@ class Sweep:
             during = f"while waiting for its jobs ({state_counts(self.state.runs[rid].state for rid in self.tracked)})"
         for job_id in self.executor.cancel_all():
             rid, run = next((rid, run) for rid, run in self.tracked.items() if self.state.runs[rid].job_id == job_id)
-            finish_without_record(run.cfg, self.run_dir(run), "cancelled", f"interrupted ({self.stopped_by}) while running")
-            self.state.runs[rid].settled, self.state.runs[rid].state = True, "cancelled"
+            finish_without_record(run.cfg, self.run_dir(run), RunState.CANCELLED, f"interrupted ({self.stopped_by}) while running")
+            self.state.runs[rid].settled, self.state.runs[rid].state = True, RunState.CANCELLED
             del self.tracked[rid]
         self.save()
         left = sum(r.id not in self.state.runs or waiting(self.state.runs[r.id]) for r in runs)
@@ -434,7 +435,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
         return STOPPED_BY[sweep.stopped_by]
-    return 0 if all(statuses.get(r.id) == "ok" for r in runs) else 1
+    return 0 if all(statuses.get(r.id) == RunState.OK for r in runs) else 1
 
 
 def submitted_words(sweep: Sweep, to_submit: int, done: int, failed: int) -> str:

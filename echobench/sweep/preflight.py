@@ -27,8 +27,9 @@ from pydantic import BaseModel
 
 from echobench.records.atomic import write_json_atomic
 from echobench.records.console import esc, log
+from echobench.records.states import ACTIVE
 from echobench.sweep.estimate import startup_parts
-from echobench.sweep.executors import ACTIVE, PREFLIGHT_FILE, explaining_lines, job_states, transport_label
+from echobench.sweep.executors import PREFLIGHT_FILE, explaining_lines, job_states, transport_label
 from echobench.sweep.executors.slurm_script import preflight_log, render_preflight_script
 from echobench.train.launch import with_source_path
 from echobench.sweep.matrix import Matrix, PlannedRun, gpu_run

@@ -35,6 +35,7 @@ from echobench.predict.card import Layout, ModelCard, model_card, run_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import layout_text, load_rows
 from echobench.records.config import RunConfig
+from echobench.records.states import RunState
 from echobench.sweep.matrix import card_run_problem
 
 RECIPES = ("tensorwise", "rowwise")  # echobench's float8 (torchao); delayed / current are TransformerEngine's
@@ -296,7 +297,7 @@ def reference_rows(plans: list[RowPlan], runs: dict[str, str], records: dict, pr
     from echobench.predict.validate import published_figures
 
     lines, rows = [], []
-    ok = [r for r in records.values() if r.status == "ok" and r.step_time_s]
+    ok = [r for r in records.values() if r.status == RunState.OK and r.step_time_s]
     each: dict = {r.run_id: list(profiles) for r in ok}
     if ok and not profiles:
         try:
@@ -319,7 +320,7 @@ def reference_rows(plans: list[RowPlan], runs: dict[str, str], records: dict, pr
                 used[prediction.profile] = next(q for q in each[record.run_id] if q.name == prediction.profile)
             except (PredictError, ValueError) as exc:
                 lines.append(f"row {p.id}: not predicted: {exc}")
-        elif record.status == "ok":
+        elif record.status == RunState.OK:
             lines.append(f"row {p.id}: not predicted: no hardware profile for its device {record.env.device_name!r} "
                          "(--profile NAME|FILE)")
         card, layout = model_card(p.row["model"]), run_layout(p.row["run"], p.row["hardware"])

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ValidationError
 
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig, run_id
-from echobench.records.console import WAITING
-from echobench.sweep.executors import (ACTIVE, CorruptRecord, Executor, JobState, current_record, finish_without_record, job_states, sweep_transport)
+from echobench.sweep.executors import (CorruptRecord, Executor, JobState, current_record, finish_without_record, job_states, sweep_transport)
 from echobench.records.paths import SWEEP_FILE
 from echobench.train.launch import lost_node_record
 from echobench.records.results import Record, validation_text
+from echobench.records.states import ACTIVE, RunState
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 # A scheduler's jobs: the poll interval doubles while nothing changes, up to MAX_POLL_S while every job waits
 # in the queue, up to RUNNING_POLL_S once one runs (a failure then shows within that).
@@ -41,7 +41,7 @@ def poll_cap(cap: float) -> float:
 def longest_poll(poll_s: float, states) -> float:
     """The poll back-off's cap for jobs in these states (pending, running, ...): RUNNING_POLL_S once one
     runs, MAX_POLL_S while none does (both at most ECHOBENCH_MAX_POLL_S); never below poll_s."""
-    return max(poll_s, poll_cap(RUNNING_POLL_S if "running" in states else MAX_POLL_S))
+    return max(poll_s, poll_cap(RUNNING_POLL_S if RunState.RUNNING in states else MAX_POLL_S))
 
 
 def now_iso() -> str:
@@ -67,7 +67,7 @@ class RunEntry(BaseModel):
     attempt: int = 0  # 1 for the first submission; each --retry-failed adds one
     submitted: str | None = None
     # pending | running | waiting (files written, not taken yet: a submit limit, a busy scheduler) | the record's status
-    state: str = "pending"
+    state: str = RunState.PENDING
     job_id: str | None = None  # None: the submission was refused (settled: the record says why), or waiting
     settled: bool = False  # the record is final: the scheduler is not asked again
     detail: str = ""  # the scheduler's words at the last look
@@ -134,8 +134,8 @@ def record_state(rd: Path) -> tuple[str, Record | None, str]:
     try:
         record = current_record(rd)
     except CorruptRecord as exc:
-        return "corrupt", None, f"corrupt record: {exc}"
-    return (record.status, record, record.error) if record else ("new", None, "")
+        return RunState.CORRUPT, None, f"corrupt record: {exc}"
+    return (record.status, record, record.error) if record else (RunState.NEW, None, "")
 
 
 def waiting(entry: RunEntry | None) -> bool:
@@ -178,8 +178,8 @@ def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: J
         return job.state
     # exited or gone without a record of its own: an error; else the scheduler's verdict
     # (timeout, cancelled, node_fail, oom, error).
-    status, why = {"exited": ("error", f"{entry.job_id}: {job.detail} without writing a record"),
-                   "gone": ("error", job.detail)}.get(job.state, (job.state, job.detail))
+    status, why = {RunState.EXITED: (RunState.ERROR, f"{entry.job_id}: {job.detail} without writing a record"),
+                   RunState.GONE: (RunState.ERROR, job.detail)}.get(job.state, (job.state, job.detail))
     record = finish_without_record(cfg, rd, status, why)
     entry.settled, entry.state, entry.finished = True, record.status, now_iso()
     return record.status
@@ -192,7 +192,7 @@ def ended_early(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, j
     Running: a node went down (its launcher's record, or, when node 0 was the one, the ranks' files
     say so: at once, not at the scheduler's node timeout), or its launcher wrote a failure record
     TEARDOWN_S ago (srun's --wait is over: something hangs)."""
-    if job.state == "pending":
+    if job.state == RunState.PENDING:
         if not job.never:
             entry.blocked_since = None
             return None
@@ -202,15 +202,15 @@ def ended_early(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, j
             return None
         why = (f"SLURM job {entry.job_id} can never start as it is: {job.detail} for {held:.0f} s: {job.never}; "
                f"cancelled (fix it, then `echobench sweep --retry-failed` reruns it)")
-        record = finish_without_record(cfg, rd, "error", why)
+        record = finish_without_record(cfg, rd, RunState.ERROR, why)
     else:
         try:
             own = current_record(rd)
         except CorruptRecord:
             return None
         record = own or lost_node_record(cfg, rd)
-        if record is None or record.status == "ok" or (
-                own is not None and own.status != "node_fail" and time.time() - own.path.stat().st_mtime < TEARDOWN_S):
+        if record is None or record.status == RunState.OK or (
+                own is not None and own.status != RunState.NODE_FAIL and time.time() - own.path.stat().st_mtime < TEARDOWN_S):
             return None
         if own is None:  # node 0 went down with the launcher that would have written it
             record.env.nccl_transport = sweep_transport(rd.parent)
@@ -230,7 +230,7 @@ def run_state(cfg: RunConfig, rd: Path, entry: RunEntry | None, executor: Execut
     current record as record_state reads it (once: `status --wait` asks again at every poll).
     `job`: the job's state at this look (`look`)."""
     if waiting(entry):
-        return WAITING, None, entry.detail
+        return RunState.WAITING, None, entry.detail
     if entry is None or not entry.job_id or entry.settled:
         return record_state(rd)
     state = settle(cfg, rd, entry, executor, job)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
 from rich.table import Table
 
-from echobench.records.config import RunConfig, upgraded
-from echobench.records.console import NOT_STARTED, WAITING, esc, fmt, log, state_markup
+from echobench.records.config import RunConfig
+from echobench.records.console import esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
-from echobench.records.results import Record, export_table, load_records, record_settings, records_frame
+from echobench.records.results import RECORD_FILE, Record, export_table, load_records, record_settings, records_frame
+from echobench.records.rundir import RUN_YAML, read_run_config, read_run_settings
+from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.matrix import settings_match
-from echobench.sweep.executors import ACTIVE, Executor, JobState, finish_without_record, job_states, make_executor
+from echobench.sweep.executors import Executor, JobState, finish_without_record, job_states, make_executor
 from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, run_dir, run_state,
                                    settle,
                                    waiting)
@@ -22,14 +23,14 @@ from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll,
 
 def table_of(run_dirs: list[Path], out_dir: Path) -> tuple[list[dict], list[Path], list[str]]:
     """The runs' current records -> OUT/results.csv and .parquet: (records, paths, unreadable ones)."""
-    records, problems = load_records([d / "result.json" for d in run_dirs if (d / "result.json").exists()])
+    records, problems = load_records([d / RECORD_FILE for d in run_dirs if (d / RECORD_FILE).exists()])
     return records, export_table(records_frame(records), out_dir) if records else [], problems
 
 
 # ---- status ----
 
 def is_sweep(d: Path) -> bool:
-    return (d / SWEEP_FILE).exists() or any(d.glob("*/run.yaml"))
+    return (d / SWEEP_FILE).exists() or any(d.glob(f"*/{RUN_YAML}"))
 
 
 def status_row(rid: str, state: str, record: Record | None, error: str = "", entry: RunEntry | None = None) -> dict:
@@ -47,19 +48,18 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     sweep_dir = sweep_dir.resolve()
     state = SweepState.load(sweep_dir)
     ids = list(dict.fromkeys(state.planned + list(state.runs)))
-    ids += sorted(p.parent.name for p in sweep_dir.glob("*/run.yaml") if p.parent.name not in ids)
+    ids += sorted(p.parent.name for p in sweep_dir.glob(f"*/{RUN_YAML}") if p.parent.name not in ids)
     rows: dict[str, dict] = {}
     readable: dict[str, tuple[RunConfig, Path, RunEntry | None]] = {}
     for rid in ids:
-        if rid not in state.runs and not (sweep_dir / rid / "run.yaml").exists():
-            rows[rid] = status_row(rid, NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
+        if rid not in state.runs and not (sweep_dir / rid / RUN_YAML).exists():
+            rows[rid] = status_row(rid, RunState.NOT_STARTED, None)  # planned, never submitted (an interrupted sweep)
             continue
         try:
             rd = run_dir(sweep_dir, rid)
-            readable[rid] = RunConfig.from_dict(upgraded(yaml.safe_load((rd / "run.yaml").read_text()))), rd, state.runs.get(rid)
-        except (OSError, ValueError, TypeError, yaml.YAMLError):
-            rows[rid] = {"run_id": rid, "state": "unreadable",
-                         "error": f"{sweep_dir / rid / 'run.yaml'} is missing or invalid"}
+            readable[rid] = read_run_config(rd), rd, state.runs.get(rid)
+        except ValueError as exc:
+            rows[rid] = {"run_id": rid, "state": RunState.UNREADABLE, "error": str(exc)}
     executors: dict[str, Executor] = {}
     looks: dict[str, JobState | None] = {}
     for name in {entry.executor for _, _, entry in readable.values() if entry}:
@@ -76,7 +76,7 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
 
 
 # States of a run that has not failed: done well, under way, or not begun ("new": files, no record yet).
-NOT_FAILED = ("ok", *ACTIVE, WAITING, NOT_STARTED, "new")
+NOT_FAILED = (RunState.OK, *ACTIVE, RunState.WAITING, RunState.NOT_STARTED, RunState.NEW)
 
 
 def failed_runs(rows: list[dict]) -> list[dict]:
@@ -110,8 +110,8 @@ def status(runs_dir: Path, wait: bool = False, poll_s: float = 5.0,
 def stored_match(sweep_dir: Path, row: dict, only: dict[str, list]) -> bool:
     """Whether a sweep's run has the --only values in its run.yaml (False where there is none)."""
     try:
-        return settings_match(yaml.safe_load((run_dir(sweep_dir, row["run_id"]) / "run.yaml").read_text()), only)
-    except (OSError, ValueError, TypeError, yaml.YAMLError, AttributeError):
+        return settings_match(read_run_settings(run_dir(sweep_dir, row["run_id"])), only)
+    except ValueError:
         return False
 
 
@@ -155,10 +155,9 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
             if e.job_id and not e.settled:
                 try:
                     rd = run_dir(sweep_dir, rid)
-                    out[rid] = RunConfig.from_dict(upgraded(yaml.safe_load((rd / "run.yaml").read_text()))), rd, e
-                except (OSError, ValueError, TypeError, yaml.YAMLError):
-                    log(console, f"{esc(rid)}: [red]{esc(sweep_dir / rid / 'run.yaml')} is missing or invalid[/]: "
-                                 f"job {esc(e.job_id)} left as it is")
+                    out[rid] = read_run_config(rd), rd, e
+                except ValueError as exc:
+                    log(console, f"{esc(rid)}: [red]{esc(exc)}[/]: job {esc(e.job_id)} left as it is")
         return out
 
     def settle_all(live: dict, executor: Executor, why: str | None = None) -> dict:
@@ -168,7 +167,7 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
         for rid, (cfg, rd, e) in live.items():
             st = settle(cfg, rd, e, executor, looks.get(rid))
             if st in ACTIVE and why is not None:
-                record = finish_without_record(cfg, rd, "cancelled", why.format(job=e.job_id, detail=e.detail))
+                record = finish_without_record(cfg, rd, RunState.CANCELLED, why.format(job=e.job_id, detail=e.detail))
                 e.settled, e.state, e.finished, st = True, record.status, now_iso(), record.status
             if st in ACTIVE:
                 rest[rid] = (cfg, rd, e)

@@ -4,7 +4,9 @@
     torchrun.py       torchrun with a worker's death reported (signal, exit code)
     distributed.py    the process group, device choice
     bench.py          the benchmark: build, warm up, measure windows of real steps, write the record
-    bench_card.py     a card run's token batches, step and counts (bench.run_card_loop)
+    workload.py       what the loop trains (Workload): its FLOPs, batches, warm-up, loss, counts
+    bench_echo.py     Echo's workload: its data, draws, loss over real frames, counts
+    bench_card.py     a card run's workload: a plain decoder on synthetic tokens
     bench_warmup.py   the micro-batch variants warm-up runs so nothing compiles in the window
     bench_profile.py  the profiled steps after the window
     bench_record.py   the record's figures from the loop's timings

@@ -1,16 +1,13 @@
 """The measured training loop: the one place that owns timing and FLOPs (echobench.train.bench_record turns
-the ranks' figures into the result record).
+the ranks' figures into the result record). It trains a Workload (train.workload): Echo (bench_echo) or
+a model card's plain decoder (bench_card), through one loop, one train_step and one run_benchmark.
 
-Timing (docs/explanation/mfu.md): warm-up (every micro-batch variant the window can meet, then the
+Timing (docs/explanation/mfu.md): warm-up (every micro-batch shape the window can meet, then the
 warm-up steps: compile happens there) is excluded, and a measured window in which torch compiled
 anything is measured again; on GPU each step is timed by CUDA events on the compute stream (no host
 sync inside the loop), on CPU by the host clock; each step counts at its slowest rank. The data wait is on the same clock: on GPU the
 time the GPU sat idle while the host waited for the loader, on CPU the host's wait. Model FLOPs
-are counted on the real lengths of every measured sample; padded FLOPs on every row at the padded
-lengths (count_measured).
-
-A card run (setting card) trains a plain decoder instead (run_card_loop; its batches, step and counts
-in bench_card.py) through the same warm-up, measured windows and step timer.
+are counted by the workload on every measured sample (bench_echo.count_measured, bench_card.card_counts).
 """
 
 from __future__ import annotations
@@ -22,37 +19,29 @@ import signal
 import statistics
 import time
 import traceback
-from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from echobench.model import flops as flops_model
-from echobench.records.atomic import write_json_atomic
-from echobench.backends import build_training
-from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
-                                     profiling_stopped, trace_path)
-from echobench.train.bench_card import TokenBatches, card_counts, card_train_step, card_warmup
-from echobench.train.bench_record import start_record, summarize
-from echobench.train.bench_warmup import (profile_variants, profiled_attention_kernels, variant_label, warm_variants,
-                                         warmup_variants)
-from echobench.train.breakdown import DATA_WAIT, write_breakdown
-from echobench.records.config import RunConfig
-from echobench.data import build_tokenizer, make_loader
-from echobench.records.config import parse_buckets
-from echobench.data.dataset import Padding
-from echobench.train.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
 from echobench.hardware.device import default_dtype, resolve_peak
+from echobench.model.config import CardWorkload
+from echobench.records.atomic import write_json_atomic
+from echobench.records.config import RunConfig
+from echobench.records.results import Record
+from echobench.records.states import RunState
+from echobench.train.bench_card import DecoderWorkload
+from echobench.train.bench_echo import ECHO_LOSS, EchoWorkload
+from echobench.train.bench_profile import (PROFILED_STEPS, PROFILER_WARMUP, discard_profiler, make_profiler, profiled_steps,
+                                           profiling_stopped, trace_path)
+from echobench.train.bench_record import start_record, summarize
+from echobench.train.breakdown import DATA_WAIT, write_breakdown
+from echobench.train.distributed import DistInfo, all_gather_object, dist_info, form_process_group, shutdown
+from echobench.train.kernels import CompileWatch, compile_counts, pin_sdpa_backend
 from echobench.train.metrics_log import finish as finish_metrics, open_metrics_log, result_figures
 from echobench.train.progress import Progress
-from echobench.train.kernels import (CompileWatch, card_sdpa_choices, compile_counts, compile_graphs, pin_sdpa_backend,
-                               sdpa_choices, size_recompile_limit)
-from echobench.model.decoder import FLOP_CONVENTION, decoder_flops_report
-from echobench.model.echo import diffusion_draws, loss_frames
-from echobench.records.results import Record
+from echobench.train.workload import StepLoss, Workload
 
 GIB = 1024**3
 
@@ -138,99 +127,31 @@ class StepTimer:
         return [self.elapsed(a, b) for a, b in self.waits]
 
 
-def train_step(setup, micro_batches: list, device_type: str, dp_size: int) -> torch.Tensor:
-    """One optimizer step over its micro-batches, (batch, draws) pairs (grad_accum of them): each
-    forward under autocast and backward, the gradients reduced across replicas in the last backward
-    only; then clip and update. Returns the step's loss, on the device."""
-    frames, reduce_frames = global_frame_count([batch for batch, _ in micro_batches], setup.dp_group)
+def train_step(setup, micro_batches: list, device_type: str, dp_size: int,
+               objective: StepLoss = ECHO_LOSS) -> torch.Tensor:
+    """One optimizer step over its micro-batches (grad_accum of them; Echo's: (batch, draws) pairs):
+    each forward under autocast and backward, the gradients reduced across replicas in the last
+    backward only; then clip and update. Returns the step's loss, on the device."""
+    normaliser = objective.normaliser(micro_batches, setup.dp_group)
     total = None
-    for k, (batch, draws) in enumerate(micro_batches):
+    for k, micro_batch in enumerate(micro_batches):
         last = k == len(micro_batches) - 1
         if setup.gradient_sync is not None and len(micro_batches) > 1:
             setup.gradient_sync(last)
         with torch.autocast(device_type, dtype=setup.autocast_dtype or torch.float32,
                             enabled=setup.autocast_dtype is not None):
-            err = setup.model(batch, draws=draws, reduction="sum")
-        if reduce_frames is not None and k == 0:
-            reduce_frames.wait()  # on GPU the stream waits, not the host
-        # Every micro-batch over the step's frames: the accumulated gradient is the whole step's mean;
+            err = objective.loss_sum(setup.model, micro_batch)
+        if k == 0:
+            normaliser.wait()  # the count's all-reduce overlapped the first forward
+        # Every micro-batch over the step's count: the accumulated gradient is the whole step's mean;
         # the replicas average their gradients: x dp_size makes that the global batch's mean.
-        loss = err / frames.clamp(min=1) * dp_size
+        loss = err / normaliser.value() * dp_size
         loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
     setup.clip_grad()
     setup.optimizer.step()
     setup.optimizer.zero_grad(set_to_none=True)
     return total
-
-
-@lru_cache(maxsize=4096)
-def _sample_flops(model_cfg, ac: str, la: int, lt: int, ls: int) -> tuple[int, int]:
-    f = flops_model.model_flops(model_cfg, la, lt, ls)
-    return f.total, flops_model.hardware_flops(model_cfg, f, ac)
-
-
-@lru_cache(maxsize=4096)
-def _padded_row_flops(model_cfg, ac: str, padded: tuple[int, int, int], real_keys: int | None) -> int:
-    return flops_model.padded_flops(model_cfg, *padded, ac, real_keys)
-
-
-def skips_padded_keys(backend_info: dict) -> bool:
-    """Whether the DiT's joint attention skips padded keys: TransformerEngine's fused attention
-    (megatron with te) reads the key mask as a count of valid keys per sample (model.megatron
-    .TECoreAttention); torch SDPA scores every key, masked."""
-    return backend_info.get("backend") == "megatron" and bool(backend_info.get("te"))
-
-
-def count_measured(model_cfg, ac: str, lengths, padded, real_keys_only: bool = False) -> dict:
-    """The counts of the measured steps' batches: samples, model and hardware FLOPs on each sample's
-    real lengths, padded FLOPs of every row at the padded lengths (flops.padded_flops), audio frames,
-    and per stream [real tokens, computed tokens] (flops.stream_tokens).
-
-    lengths: per step, the batch's real (audio, text, reference) lengths, one per row; padded: per
-    step, the lengths every row is padded to (audio frames: audio_frames, or the batch's bucket;
-    text_tokens; speaker_frames). A stand-in for a
-    skipped sample (data.STAND_IN, no audio frames) is no sample: no model FLOPs, no real tokens,
-    but its row is computed, so it counts in the padded FLOPs and the computed tokens.
-    real_keys_only: skips_padded_keys.
-    """
-    tokens = {s: [0, 0] for s in flops_model.STREAMS}
-    counts = {"samples": 0, "model_flops": 0, "hardware_flops": 0, "padded_flops": 0, "audio_frames": 0}
-    for (la, lt, ls), shape in zip(lengths, padded, strict=True):
-        row_tokens = flops_model.stream_tokens(model_cfg, *shape)
-        for a, t, s in zip(la, lt, ls):
-            real = flops_model.stream_tokens(model_cfg, a, t, s)
-            counts["padded_flops"] += _padded_row_flops(model_cfg, ac, shape,
-                                                        sum(real.values()) if real_keys_only else None)
-            for stream, n in row_tokens.items():
-                tokens[stream][1] += n
-            if a == 0:  # a stand-in for a skipped sample (data.STAND_IN): no work to count
-                continue
-            m, h = _sample_flops(model_cfg, ac, a, t, s)
-            counts["model_flops"] += m
-            counts["hardware_flops"] += h
-            counts["samples"] += 1
-            counts["audio_frames"] += a
-            for stream, n in real.items():
-                tokens[stream][0] += n
-    return {**counts, "tokens": tokens}
-
-
-def attention_flops_by_path(model_cfg, paths: list[dict], padded: list[tuple]) -> dict[str, dict[str, int]]:
-    """Per attention and path, the attention FLOPs of the measured micro-batches that took it (each at
-    the shape it was padded to: what its kernel was given, every key counted): the record's shares
-    (bench_record.attention_figures)."""
-    out: dict[str, Counter] = {}
-    for took, shape in zip(paths, padded, strict=True):
-        per_sample = _attention_flops(model_cfg, *shape)
-        for part, path in took.items():
-            out.setdefault(part, Counter())[path] += per_sample[part]
-    return {part: dict(c) for part, c in out.items()}
-
-
-@lru_cache(maxsize=256)
-def _attention_flops(model_cfg, la: int, lt: int, ls: int) -> dict[str, int]:
-    return flops_model.attention_flops(model_cfg, la, lt, ls)
 
 
 # A measured window in which torch compiled something (on any rank) is measured again, up to this many
@@ -241,22 +162,18 @@ MAX_WINDOWS = 3
 @dataclass
 class Window:
     """One measured window: its step boundaries and data waits (StepTimer); per measured micro-batch
-    its real lengths, the shape it was padded to and the attention path of each part; per step the
-    compiles seen so far in the window (CompileWatch)."""
+    what the workload noted of it (Workload.prepare: Echo's real lengths, padded shape and attention
+    paths); per step the compiles seen so far in the window (CompileWatch)."""
 
     timer: StepTimer
     compiles_at_start: int
-    lengths: list = field(default_factory=list)
-    padded: list = field(default_factory=list)
-    paths: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
     compiles: list = field(default_factory=list)
 
-    def take(self, before, batch, took: dict, speaker_frames: int) -> None:
-        """A measured micro-batch, taken from the loader since `before` (a timer stamp)."""
+    def take(self, before, note) -> None:
+        """A measured micro-batch, taken from the data since `before` (a timer stamp)."""
         self.timer.waits.append((before, self.timer.stamp()))
-        self.lengths.append((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()))
-        self.padded.append((batch.latent.shape[1], batch.text_ids.shape[1], speaker_frames))
-        self.paths.append(took)
+        self.notes.append(note)
 
     def step_done(self, compiles_total: int) -> None:
         self.timer.mark()
@@ -295,12 +212,12 @@ def measure_windows(cfg: RunConfig, info: DistInfo, run_step, current_step, watc
     return window, restarts
 
 
-def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float | None = None,
-             flops_per_sample: float | None = None, metrics=None) -> dict:
-    """Builds the training setup, warms every micro-batch variant the window can meet
-    (bench_warmup), runs the warm-up steps, then the measured window: `steps` steps, measured again
-    (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch, read
-    on the host after each step; the ranks compare after the window, outside it). Returns this
+def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak_tflops: float | None = None,
+             metrics=None) -> dict:
+    """Builds the workload's training setup, warms every micro-batch shape the window can meet
+    (Workload.warm_up), runs the warm-up steps, then the measured window: `steps` steps, measured
+    again (at most MAX_WINDOWS in all) where torch compiled anything in it on any rank (CompileWatch,
+    read on the host after each step; the ranks compare after the window, outside it). Returns this
     rank's figures. `metrics`: rank 0's metrics_log logger (log_metrics), fed by the progress lines.
 
     The run's time limit (run_benchmark) ends with the last measured window; --trace's steps,
@@ -310,35 +227,16 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
     dtype = resolve_dtype(cfg.precision, info.device)
     pin_sdpa_backend(cfg.sdpa_backend)
     watch = CompileWatch().start()  # before the backend compiles anything
-    # Rank 0's progress lines (progress_every_s): a step's model FLOPs, shared by the ranks (the
-    # record's per-sample count, run_benchmark's; counted here for a loop called on its own).
-    if flops_per_sample is None:
-        flops_per_sample = flops_model.model_flops(cfg.model_config(), cfg.audio_frames, cfg.text_tokens,
-                                                   cfg.speaker_frames).total
+    # Rank 0's progress lines (progress_every_s): a step's model FLOPs, shared by the ranks.
+    flops_per_sample = work.flops_report(cfg.ac)["model_flops_per_sample"]
     progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
                         flops_per_sample * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
                         enabled=info.is_main, metrics=metrics)
-    progress.phase(f"building {cfg.scale} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
+    progress.phase(f"building {work.title()} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
                    f"{info.device.type}")
-    setup = build_training(cfg, info, dtype)
-    echo = getattr(setup.model, "module", setup.model)  # the EchoTTS inside a DDP wrapper
-    model_cfg = cfg.model_config()
-    tokenizer = build_tokenizer(model_cfg.text_encoder.vocab, cfg.tokenizer)
+    setup = work.build(info, dtype)
     # Data-parallel rank: tensor-parallel peers read the same batch.
     dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
-    loader = make_loader(
-        cfg.data, micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames, text_tokens=cfg.text_tokens,
-        speaker_frames=cfg.speaker_frames, tokenizer=tokenizer, rank=dp_rank, world_size=dp_size,
-        seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
-        buckets=parse_buckets(cfg.buckets) if cfg.buckets else None, num_workers=cfg.loader_workers,
-    )
-    # Eager runs compile too (FlexAttention's kernel, megatron's fused SwiGLU): a graph per shape.
-    size_recompile_limit(compile_graphs(loader.bucket_frames))
-    variants = warmup_variants(cfg, loader.bucket_frames, tokenizer)
-    # Every layout reads one global sample order (data.LocalTarDataset); noise, time and CFG draws
-    # are a function of (seed, global sample index): the same samples get the same draws whatever
-    # the number of ranks (diffusion_draws).
-    generator = torch.Generator(device=info.device)
     setup.model.train()
     device_type = info.device.type
     losses, profiled = [], {}
@@ -354,16 +252,13 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
             before = window.timer.stamp() if window else None
             # The breakdown's data wait: only in the profiled steps, so that the timed steps stay bare.
             with torch.profiler.record_function(DATA_WAIT) if traced else nullcontext():
-                batch = next(loader)
-            sample_ids = batch.index.tolist()  # still on the host: no device sync
-            draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
-                                    model_cfg.cfg_dropout, info.device, generator)
+                batch = work.next_batch()
+            item, note = work.prepare(batch)
             if window is not None:
-                window.take(before, batch, echo.attention_paths(batch.padding, not draws.keep.all(),
-                                                                batch.text_ids.shape[1]), cfg.speaker_frames)
-            micro_batches.append((batch.to(info.device), draws))
+                window.take(before, note)
+            micro_batches.append(work.to_device(item))
         maybe_inject_failure(cfg, step, info.rank)
-        loss = train_step(setup, micro_batches, device_type, dp_size)
+        loss = train_step(setup, micro_batches, device_type, dp_size, work.loss)
         if not traced:  # the record's losses: warm-up and measured steps, not the profiled ones
             losses.append(loss.detach())
         step += 1
@@ -377,17 +272,17 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         gc.disable()
         gc.collect()
     try:
-        progress.phase(f"warm-up: {len(variants)} shape(s), then {cfg.warmup_steps} step(s)"
+        work.open(setup, dp_rank, dp_size)
+        progress.phase(f"warm-up: {work.warmup_label()}, then {cfg.warmup_steps} step(s)"
                        + (" (compiling)" if str(setup.info.get("compiled", "")).startswith("torch.compile") else ""))
         progress.start()
-        warm_variants(setup, cfg, variants, tokenizer, info.device, generator)
+        work.warm_up(setup)
         for _ in range(cfg.warmup_steps):
             run_step()
         progress.phase(f"measuring {cfg.steps} step(s)")
         window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
-        kernels = (profile_variants(setup, echo, cfg, variants, tokenizer, info.device, generator)
-                   if device_type == "cuda" else None)
+        kernels = work.profile_kernels(setup) if device_type == "cuda" else None
         if cfg.trace:
             progress.phase(f"profiling {PROFILER_WARMUP + PROFILED_STEPS} step(s) after the measured ones (untimed)")
             profiler = make_profiler(cfg, info, out_dir, profiled)
@@ -402,38 +297,22 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
                 stop_time_limit()
                 profiling_stopped(profiled, exc, trace_path(out_dir, info.rank), info.rank)
     finally:
-        loader.close()
+        work.close()
         gc.enable()
         watch.stop()
         if profiler is not None:
             discard_profiler(profiler)
 
-    counts = count_measured(model_cfg, setup.info.get("ac_mode", cfg.ac), window.lengths, window.padded,
-                            skips_padded_keys(setup.info))
-    paths: dict[str, Counter] = {}
-    for took in window.paths:
-        for part, path in took.items():
-            paths.setdefault(part, Counter())[path] += 1
     return {
         **window_figures(info, window, losses),
-        **counts,  # samples, model / hardware / padded FLOPs, audio frames, tokens per stream
-        "padded_audio_frames": [shape[0] for shape in window.padded],  # per measured micro-batch: its bucket
-        "skipped_samples": getattr(loader, "skipped", 0),
+        # samples, model / hardware / padded FLOPs, tokens per stream, the workload's own figures
+        **work.figures(setup, window.notes, dtype),
         "backend_info": setup.info,
-        "attention_paths": {part: dict(c) for part, c in paths.items()},
-        "attention_flops": attention_flops_by_path(model_cfg, window.paths, window.padded),
         "attention_kernels": kernels,
-        "sdpa_backends_predicted": sdpa_choices(model_cfg, cfg.micro_batch, max(shape[0] for shape in window.padded),
-                                                cfg.text_tokens, cfg.speaker_frames, info.device,
-                                                setup.autocast_dtype or dtype, tp=cfg.tp,
-                                                paths={p for took in window.paths for p in took.items()},
-                                                te=bool(setup.info.get("te"))),
         "compile_counts": compile_counts(),
         "compiles": dict(watch.events),
         "compiles_in_window": sum(window.compile_steps().values()),
         "window_restarts": restarts,
-        "warmup_variants": [variant_label(v, echo.attention_paths(Padding(v.latent, v.text, v.speaker), v.dropped,
-                                                                  cfg.text_tokens)) for v in variants],
         "profiled_steps": profiled.get("steps"),
         # The chrome trace, when its export completed (profiling stopped by its bound may leave none).
         "trace": profiled.get("trace"),
@@ -441,113 +320,6 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, peak_tflops: float |
         "breakdown": profiled.get("breakdown") or ({"rank": info.rank, "error": "the profiler wrote no trace"}
                                                    if profiler is not None else None),
     }
-
-
-def run_card_loop(cfg: RunConfig, info: DistInfo, workload, peak_tflops: float | None = None,
-                  metrics=None) -> dict:
-    """run_loop for a card run (setting card: a plain decoder, bench_card): the backend builds the
-    decoder; warm-up is one forward and backward of the run's one shape, then the warm-up steps;
-    the measured windows and the step timer are Echo's (measure_windows); on a GPU that shape's
-    attention kernels profiled after the window, as Echo's variants are. Returns this rank's figures
-    in run_loop's keys (Echo's streams and attention paths left empty; the decoder's SDPA choice
-    predicted: kernels.card_sdpa_choices)."""
-    dtype = resolve_dtype(cfg.precision, info.device)
-    pin_sdpa_backend(cfg.sdpa_backend)
-    watch = CompileWatch().start()  # before the backend compiles anything
-    per_sample = decoder_flops_report(workload.card, workload.seq, cfg.ac)["model_flops_per_sample"]
-    progress = Progress(cfg.progress_every_s, cfg.warmup_steps + cfg.steps, cfg.global_batch,
-                        per_sample * cfg.global_batch / max(1, info.world_size), peak_tflops, info.device,
-                        enabled=info.is_main, metrics=metrics)
-    card = workload.card
-    progress.phase(f"building card {workload.label} ({card.layers} layers, hidden {card.hidden}, seq {workload.seq}) "
-                   f"{cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), {info.device.type}")
-    setup = build_training(cfg, info, dtype, workload)
-    flops_report = decoder_flops_report(card, workload.seq, setup.info.get("ac_mode", cfg.ac))
-    # Data-parallel rank: tensor-parallel peers read the same batch.
-    dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
-    batches = TokenBatches(workload, cfg.micro_batch, cfg.grad_accum, cfg.seed, dp_rank, dp_size)
-    step_tokens = cfg.global_batch * workload.seq
-    setup.model.train()
-    device_type = info.device.type
-    variant = f"{cfg.micro_batch} x {workload.seq} tokens"  # the run's one micro-batch shape
-    losses = []
-    step = 0
-
-    def run_step(window: Window | None = None) -> None:
-        nonlocal step
-        if cfg.gc_every and step and step % cfg.gc_every == 0:
-            gc.collect(1)
-        micro_batches = []
-        for _ in range(cfg.grad_accum):
-            before = window.timer.stamp() if window else None
-            tokens = next(batches)
-            if window is not None:
-                window.timer.waits.append((before, window.timer.stamp()))
-            micro_batches.append(tokens.to(info.device))
-        maybe_inject_failure(cfg, step, info.rank)
-        loss = card_train_step(setup, micro_batches, device_type, dp_size, step_tokens)
-        losses.append(loss.detach())
-        step += 1
-        if window is not None:
-            window.step_done(watch.total)
-        progress.step(step, "measured" if window else "warm-up", loss if window is None or device_type == "cpu" else None)
-
-    if cfg.gc_every:
-        gc.disable()
-        gc.collect()
-    try:
-        progress.phase(f"warm-up: 1 shape ({cfg.micro_batch} x {workload.seq} tokens), then {cfg.warmup_steps} step(s)"
-                       + (" (compiling)" if str(setup.info.get("compiled", "")).startswith("torch.compile") else ""))
-        progress.start()
-        card_warmup(setup, workload, cfg.micro_batch, info.device)
-        for _ in range(cfg.warmup_steps):
-            run_step()
-        progress.phase(f"measuring {cfg.steps} step(s)")
-        window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
-        stop_time_limit()
-        # As Echo's warm-up variants: the run's one micro-batch shape once more after the window,
-        # profiled (one forward and backward; every rank runs it, so its collectives match).
-        kernels = ({variant: profiled_attention_kernels(lambda: card_warmup(setup, workload, cfg.micro_batch,
-                                                                            info.device), info.device)}
-                   if device_type == "cuda" else None)
-    finally:
-        gc.enable()
-        watch.stop()
-    return {
-        **window_figures(info, window, losses),
-        **card_counts(len(window.timer.wait_durations()), cfg.micro_batch, flops_report),
-        "padded_audio_frames": [],
-        "skipped_samples": 0,
-        "backend_info": setup.info,
-        "attention_kernels": kernels,
-        "sdpa_backends_predicted": card_sdpa_choices(card, cfg.micro_batch, workload.seq, info.device,
-                                                     setup.autocast_dtype or dtype, tp=cfg.tp),
-        "compile_counts": compile_counts(),
-        "compiles": dict(watch.events),
-        "compiles_in_window": sum(window.compile_steps().values()),
-        "window_restarts": restarts,
-        "warmup_variants": [variant],
-        "profiled_steps": None,
-        "trace": None,
-        "breakdown": None,
-    }
-
-
-def card_figures(workload, record: Record) -> dict:
-    """The record's `card`: the workload (config.CardWorkload.as_record), echobench's FLOP convention
-    (the MFU's) and, for a published row with a FLOP formula, the measured throughput and MFU under
-    the row's own convention (its FLOPs per token x the measured tokens, the same peak); the tokens
-    per second per device."""
-    out = {**workload.as_record(), "flops_convention": FLOP_CONVENTION}
-    if record.status != "ok":
-        return out
-    tokens_per_s_per_gpu = record.measured_samples * workload.seq / record.measured_time_s / record.world_size
-    out["tokens_per_s_per_gpu"] = tokens_per_s_per_gpu
-    if workload.row_flops_per_token:
-        per_gpu = workload.row_flops_per_token * tokens_per_s_per_gpu
-        out.update(row_tflops_per_gpu=per_gpu / 1e12,
-                   row_mfu=per_gpu / (record.peak_tflops * 1e12) if record.peak_tflops else None)
-    return out
 
 
 def window_figures(info: DistInfo, window, losses: list) -> dict:
@@ -565,17 +337,6 @@ def window_figures(info: DistInfo, window, losses: list) -> dict:
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "memory": memory_stats(info.device),
     }
-
-
-def global_frame_count(batches: list, dp_group):
-    """The loss's frame count (loss_frames) of a step's micro-batches summed over the data-parallel
-    replicas: started before the forward, which it overlaps; wait() the returned work (None: one
-    replica) before using it. The count stays on the device (no .item()), so the step gains no
-    host sync."""
-    frames = sum(loss_frames(batch) for batch in batches)
-    if dp_group is None:
-        return frames, None
-    return frames, torch.distributed.all_reduce(frames, group=dp_group, async_op=True)
 
 
 class RunTimeout(BaseException):
@@ -627,14 +388,14 @@ def stop_time_limit() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def failure_kind(exc: BaseException) -> str:
+def failure_kind(exc: BaseException) -> RunState:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
+        return RunState.OOM
     if isinstance(exc, RunTimeout):
-        return "timeout"
+        return RunState.TIMEOUT
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a scheduler's SIGINT
-        return "cancelled"
-    return "error"
+        return RunState.CANCELLED
+    return RunState.ERROR
 
 
 def match_process_group(cfg: RunConfig, info: DistInfo) -> RunConfig:
@@ -684,7 +445,13 @@ def no_gpu_problem(cfg: RunConfig) -> str | None:
             f"install a CUDA build (scripts/setup.sh) or set device: cpu")
 
 
-def run_benchmark(cfg: RunConfig, out_dir: Path, workload=None) -> Record:
+def loop_workload(cfg: RunConfig, card: CardWorkload | None) -> Workload:
+    """What the loop trains: Echo at cfg.scale, or the card run's decoder (setting card; `card` is
+    its model.config.CardWorkload, read by the command: predict.card_run)."""
+    return EchoWorkload(cfg) if card is None else DecoderWorkload(cfg, card)
+
+
+def run_benchmark(cfg: RunConfig, out_dir: Path, workload: CardWorkload | None = None) -> Record:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json. `workload`: a
     card run's (setting card) model.config.CardWorkload, read by the command (predict.card_run).
 
@@ -702,8 +469,8 @@ def run_benchmark(cfg: RunConfig, out_dir: Path, workload=None) -> Record:
     info = dist_info("cpu" if no_gpu else cfg.device)
     cfg = match_process_group(cfg, info)
     record = start_record(cfg, info.device)
-    if workload is not None:
-        record.card = workload.as_record()
+    work = loop_workload(cfg, workload)
+    record.update(**work.start_fields())
     start_time_limit(cfg.time_limit_s)
     metrics = None
     try:
@@ -711,20 +478,12 @@ def run_benchmark(cfg: RunConfig, out_dir: Path, workload=None) -> Record:
             raise NoGpuError(no_gpu)
         maybe_inject_failure(cfg, STARTUP_STEP, info.rank)
         form_process_group(info, cfg.collective_timeout_s)
-        if workload is None:
-            record.flops_breakdown = flops_model.flops_report(
-                cfg.model_config(), cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames, cfg.ac)
-        else:
-            record.flops_breakdown = decoder_flops_report(workload.card, workload.seq, cfg.ac)
+        record.flops_breakdown = work.flops_report(cfg.ac)
         record.update(**resolve_peak(record.env.device_name, resolve_dtype(cfg.precision, info.device),
                                      cfg.peak_tflops, record.precision))
         if info.is_main:
             metrics = open_metrics_log(cfg.log_metrics, out_dir, record.run_id, cfg.to_dict())
-        if workload is None:
-            mine = run_loop(cfg, info, out_dir, record.peak_tflops, record.flops_breakdown["model_flops_per_sample"],
-                            metrics)
-        else:
-            mine = run_card_loop(cfg, info, workload, record.peak_tflops, metrics)
+        mine = run_loop(cfg, info, out_dir, work, record.peak_tflops, metrics)
         stop_time_limit()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record
         stop_time_limit()
@@ -748,8 +507,7 @@ def run_benchmark(cfg: RunConfig, out_dir: Path, workload=None) -> Record:
         return record
     ranks = all_gather_object(mine, info)
     summarize(cfg, record, ranks)  # on every rank: each returns the run's status
-    if workload is not None:  # no audio; the card and the MFU under a published row's convention
-        record.update(audio_seconds_per_s=None, card=card_figures(workload, record))
+    record.update(**work.record_fields(record))
     if info.is_main:
         if "fractions" in (record.breakdown or {}):
             write_breakdown(out_dir, record, [r["breakdown"] for r in ranks])

@@ -14,6 +14,7 @@ from echobench.hardware.device import env_info, precision_name
 from echobench.records.peaks import peak_precision_of
 from echobench.records.results import Record
 from echobench.records.run_figures import padding_figures, peak_mem_figures, peak_mem_gib, step_figures, window_figures
+from echobench.records.states import RunState
 
 
 def start_record(cfg: RunConfig, device) -> Record:
@@ -21,7 +22,7 @@ def start_record(cfg: RunConfig, device) -> Record:
     fill it (bench.summarize), so a run that dies at any point still has a complete record."""
     source = "flag" if cfg.peak_tflops else None
     resolved = {"compile": cfg.compiled_on(device.type), "sequence_parallel": cfg.sequence_parallel_on(device.type)}
-    return Record.of_settings(cfg, resolved, status="error", precision=precision_name(cfg.precision, device),
+    return Record.of_settings(cfg, resolved, status=RunState.ERROR, precision=precision_name(cfg.precision, device),
                               peak_tflops=cfg.peak_tflops, peak_source=source,
                               peak_precision=peak_precision_of(source), env=env_info(device))
 
@@ -51,7 +52,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
     tokens = {s: [sum(r["tokens"][s][i] for r in dp_ranks) for i in (0, 1)] for s in dp_ranks[0]["tokens"]}
     slowest_rank = max(ranks, key=lambda r: r["median_step_time_s"])
     record.update(
-        status="ok",
+        status=RunState.OK,
         error="",
         step_times_s=slowest,
         **steps,
@@ -102,7 +103,7 @@ def summarize(cfg: RunConfig, record: Record, ranks: list[dict]) -> Record:
         record.update(profile_traces=[r["trace"] for r in ranks if r.get("trace")],
                       profiled_steps=ranks[0]["profiled_steps"], breakdown=breakdown_summary([r["breakdown"] for r in ranks]))
     if record.compiles_in_window:
-        record.update(status="error", error=compiled_in_window_error(record))
+        record.update(status=RunState.ERROR, error=compiled_in_window_error(record))
     return record
 
 

@@ -35,6 +35,7 @@ from rich.text import Text
 from echobench.records.atomic import write_json_atomic
 from echobench.records.console import attention_text, esc
 from echobench.records.results import RECORD_FILE, Record, find_record_files, peak_notes
+from echobench.records.run_figures import peak_fraction
 
 CATEGORIES = ("gemm", "attention", "optimizer", "other_compute", "memcpy", "communication", "data_wait", "idle")
 # Highest first: an interval where several are active goes to the first; idle is what is left.
@@ -415,7 +416,7 @@ def waterfall(record: Record) -> list[dict] | None:
     if not f or mfu is None or not peak:
         return None
     ceiling = record.ceiling_tflops
-    c = ceiling / peak if ceiling else 1.0
+    c = peak_fraction(ceiling, peak) if ceiling else 1.0
     source = record.peak_source or ""
     peak_label = ("peak (calibrated GEMM rate)" if source.startswith("calibrated")
                   else "given peak (flag / matrix)" if source == "flag" else "datasheet peak")

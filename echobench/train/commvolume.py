@@ -261,7 +261,7 @@ def megatron_ddp_bucket_bytes(cfg) -> tuple[int, int]:
 # echobench.model.megatron.TPStateDictAdapter.SHARDED (kept here: no megatron-core import).
 TP_SHARDED = ("attn.in_proj.weight", "attn.wkv_text.weight", "attn.wkv_speaker.weight", "attn.wo.weight",
               "mlp.gate_up.weight", "mlp.down.weight")
-FRAME_COUNT_BYTES = 8  # bench.global_frame_count: the int64 count of real frames, summed over the replicas
+FRAME_COUNT_BYTES = 8  # bench_echo.global_frame_count: the int64 count of real frames, summed over the replicas
 FP32 = 4
 
 
@@ -358,7 +358,7 @@ def _link(spans_nodes: bool) -> str:
 
 def _frame_count(group: str, size: int, spans_nodes: bool, per_node: int) -> Traffic:
     return Traffic("all_reduce", group, size, 1, FRAME_COUNT_BYTES, "int64", _link(spans_nodes),
-                   "frame count of the loss (bench.global_frame_count)", per_node)
+                   "frame count of the loss (bench_echo.global_frame_count)", per_node)
 
 
 def ddp_bytes(cfg) -> list[Traffic]:

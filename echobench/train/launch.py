@@ -35,6 +35,7 @@ import yaml
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig
 from echobench.records.results import RECORD_FILE, Env, Record, now_iso, scheduler_context
+from echobench.records.states import RunState
 from echobench.train.fabric import launch_env
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
@@ -146,7 +147,7 @@ def silent_failure(worker: dict, note: dict, node_rank: int) -> dict:
     rank, code, sig = worker["rank"], worker.get("exit_code"), worker.get("signal")
     how = f"killed by {sig} (exit code {code})" if sig else f"exited with code {code}"
     where = note.get("node") or note.get("host")
-    return {"rank": rank, "status": "error", "failed_at": note.get("at"), "node_rank": node_rank,
+    return {"rank": rank, "status": RunState.ERROR, "failed_at": note.get("at"), "node_rank": node_rank,
             "local_rank": worker.get("local_rank"), "hostname": note.get("host"), "pid": worker.get("pid"),
             "exit_code": code, "signal": sig,
             "error": f"rank {rank} (node {node_rank}, {where}, pid {worker.get('pid')}): {how}, "
@@ -161,7 +162,7 @@ def every_rank(record: Record, nproc: int, out_dir: Path) -> Record:
     if not record.failed_ranks:
         return record
     heard = set(record.failed_ranks)
-    quiet = [{"rank": r, "status": "error", "node_rank": r // nproc, "local_rank": r % nproc, "stopped": True,
+    quiet = [{"rank": r, "status": RunState.ERROR, "node_rank": r // nproc, "local_rank": r % nproc, "stopped": True,
               "error": f"rank {r} ({', '.join(filter(None, [f'node {r // nproc}', beat_name(out_dir, r // nproc)]))}): "
                        f"stopped with the run, leaving no error of its own"}
              for r in range(record.world_size) if r not in heard]
@@ -239,10 +240,10 @@ def blame_lost_nodes(record: Record, lost: list[int], nproc: int, out_dir: Path)
     the surviving ranks' errors (a peer's "Connection reset by peer", a collective timeout) said to follow
     from it. Each rank of a lost node gets a line in per_rank."""
     peers = f"; the other ranks' errors follow from it (first: {record.error})" if record.error else ""
-    gone = [{"rank": k * nproc + i, "status": "node_fail", "node_rank": k, "local_rank": i,
+    gone = [{"rank": k * nproc + i, "status": RunState.NODE_FAIL, "node_rank": k, "local_rank": i,
              "error": f"lost with {node_name(out_dir, k)}"} for k in lost for i in range(nproc)]
     return record.update(
-        status="node_fail", cause_rank=gone[0]["rank"],
+        status=RunState.NODE_FAIL, cause_rank=gone[0]["rank"],
         error=f"{', '.join(node_name(out_dir, k) for k in lost)} went down: its launcher, torchrun and workers "
               f"stopped at once, leaving no word (silent over {LOST_AFTER_S:.0f} s){peers}",
         failed_ranks=sorted({*(record.failed_ranks or []), *(g["rank"] for g in gone)}),
@@ -259,7 +260,7 @@ def lost_node_record(cfg: RunConfig, out_dir: Path) -> Record | None:
         return None  # nothing says the run failed: a silent node may be a slow one
     if not (lost := lost_nodes(out_dir, list(range(cfg.nodes)))):
         return None
-    record = Record.without_run(cfg, "node_fail", "")
+    record = Record.without_run(cfg, RunState.NODE_FAIL, "")
     if failures:
         record.fail(failures)
     return every_rank(blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir), cfg.gpus_per_node, out_dir)
@@ -474,7 +475,7 @@ def stopped_record(cfg: RunConfig, out_dir: Path, started: float, nnodes: int = 
     while nnodes > 1 and missing_notes(out_dir, nnodes) and time.monotonic() < deadline:
         time.sleep(0.1)
     lost = lost_nodes(out_dir, missing_notes(out_dir, nnodes)) if nnodes > 1 else []
-    record = Record.without_run(cfg, "error", "", env=launcher_env(
+    record = Record.without_run(cfg, RunState.ERROR, "", env=launcher_env(
         "echobench launcher, node 0 (stopped by SIGTERM: srun ending the job step, scancel or a time limit)"))
     assemble(record, cfg, out_dir, lost, "the launcher was stopped by SIGTERM (srun ending the job step, scancel or "
                                          "a time limit) before any rank failed; see the log")
@@ -495,7 +496,7 @@ def assemble(record: Record, cfg: RunConfig, out_dir: Path, lost: list[int], no_
     if failures := rank_failures(out_dir):
         record.fail(failures)
     elif not lost:
-        record.update(status="error", error=no_failure)
+        record.update(status=RunState.ERROR, error=no_failure)
     if lost:
         blame_lost_nodes(record, lost, cfg.gpus_per_node, out_dir)
     return every_rank(record, cfg.gpus_per_node, out_dir)

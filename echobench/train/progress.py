@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from echobench.records.run_figures import peak_fraction
+
 GIB = 1024**3
 
 
@@ -72,7 +74,7 @@ class Progress:
         step_s = (now - then) / (step - then_step)
         tflops = self.flops_per_step / step_s / 1e12
         figures = {"step_time_s": step_s, "samples_per_s": self.samples_per_step / step_s, "tflops": tflops,
-                   **({"mfu": tflops / self.peak_tflops} if self.peak_tflops else {}),
+                   **({"mfu": peak_fraction(tflops, self.peak_tflops)} if self.peak_tflops else {}),
                    "memory_gib": memory_gib(self.device), **({"loss": float(loss)} if loss is not None else {})}
         parts = [f"step {step}/{self.total_steps} {phase}",
                  f"loss {figures['loss']:.4f}" if loss is not None else "loss -",

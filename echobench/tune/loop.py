@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from echobench.records.config import RunConfig
+from echobench.records.states import RunState
 from echobench.hardware.profile import HardwareProfile, InStepFactor, save_profile
 from echobench.sweep.matrix import expand, parse_matrix
 from echobench.predict import predict
@@ -53,7 +54,7 @@ class Measured:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok" and bool(self.samples_per_s)
+        return self.status == RunState.OK and bool(self.samples_per_s)
 
 
 @dataclass
@@ -134,7 +135,7 @@ def read_measured(sweep_dir: Path, run_ids: Sequence[str]) -> dict[str, Measured
     out = {}
     for rid in run_ids:
         state, record, error = record_state(run_dir(sweep_dir, rid))
-        if record is None and state == "new":
+        if record is None and state == RunState.NEW:
             continue
         out[rid] = Measured(rid, state, record.samples_per_s if record else None,
                             record.step_time_s if record else None, record.mfu if record else None,

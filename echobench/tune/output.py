@@ -16,6 +16,7 @@ from echobench.records.console import esc
 from echobench.sweep.state import now_iso
 from echobench.records.results import slower_p_value
 from echobench.records.paths import TUNE_FILE
+from echobench.records.states import RunState
 from echobench.tune.cards import CardProblem, card_entry
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
 from echobench.tune.space import Candidate, Problem, TuneFile
@@ -202,7 +203,8 @@ def report_markdown(doc: dict) -> str:
             if c["measured"] is None:
                 continue
             pr, m = c["predicted"], c["measured"]
-            got = _num(m["samples_per_s"], ".4g") if m["status"] == "ok" else f"{m['status']}: {_md(m['error'])[:80]}"
+            got = (_num(m["samples_per_s"], ".4g") if m["status"] == RunState.OK
+                   else f"{m['status']}: {_md(m['error'])[:80]}")
             lines.append(f"| {c['rank']} | {c['run_id']} | {c['family']} | {_md(_settings_text(c['settings']))} | "
                          f"{pr['samples_per_s']:.4g} [{pr['samples_per_s_low']:.4g}, {pr['samples_per_s_high']:.4g}] | "
                          f"{got} | {_num(c['residual'], '+.1%')} | {c['round']} |")
@@ -236,7 +238,8 @@ def report_markdown(doc: dict) -> str:
             m = c["measured"]
             if c["rank"] > 15 and m is None:
                 continue
-            got = ("-" if m is None else f"{m['samples_per_s']:.4g} ({m['step_time_s']:.4g})" if m["status"] == "ok"
+            got = ("-" if m is None
+                   else f"{m['samples_per_s']:.4g} ({m['step_time_s']:.4g})" if m["status"] == RunState.OK
                    else f"{m['status']}: {_md(m['error'])[:80]}")
             lines.append(f"| {c['rank']} | {c['name']} | {c['family']} | {c['grad_accum']} | {c['memory_gib']:.1f} | "
                          f"{c['samples_per_s']:.4g} ({c['step_time_s']:.4g}) | {c['tokens_per_s']:.4g} | {c['mfu']:.1%} | "

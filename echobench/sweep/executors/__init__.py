@@ -1,5 +1,6 @@
 """Executors: how a sweep's runs get run. `local` (this machine, one run after another) and
-`slurm` (one sbatch job per run). Both write the same files into a run's directory:
+`slurm` (one sbatch job per run). Both write the same files into a run's directory (named and read
+in echobench.records.rundir):
 
     RUN_DIR/run.yaml      the run's settings (RunConfig keys)
     RUN_DIR/job.sh        the exact script that runs it
@@ -23,21 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-import yaml
-
 from echobench.records.atomic import write_json_atomic
 from echobench.records.paths import sweep_profile
 from echobench.records.results import PLAN_FILE, RECORD_FILE, Record
+from echobench.records.rundir import JOB_STATE, read_job_note, write_run_yaml
+from echobench.records.states import RunState
 from echobench.sweep.estimate import time_limit
 from echobench.sweep.matrix import Matrix, PlannedRun
 from echobench.train.launch import every_rank, rank_failures
 
-ACTIVE = ("pending", "running")
 
 
 @dataclass
 class JobState:
-    state: str  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
+    state: RunState  # pending | running | exited | gone, or a record status (timeout, cancelled, preempted, node_fail, oom, error)
     detail: str = ""  # scheduler's words: "TIMEOUT (TimeLimit) exit 0:0"
     exit_code: int | None = None
     reason: str = ""  # why a pending job waits (the scheduler's reason code: Priority, Dependency, ...)
@@ -158,16 +158,13 @@ def comm_command(sweep_dir: Path, matrix: Matrix, device: str) -> list[str]:
 
 
 def read_job_state(run_dir: Path, job_id: str) -> JobState | None:
-    """The job's own status file, when it is about this job."""
-    try:
-        words = (run_dir / "job-state").read_text().split()
-    except OSError:
+    """The job's own status file (records.rundir.read_job_note), when it is about this job."""
+    note = read_job_note(run_dir)
+    if note is None or note.job_id != job_id:
         return None
-    if len(words) >= 3 and words[0] == "exited" and words[1] == job_id:
-        return JobState("exited", f"job exited with code {words[2]}", int(words[2]))
-    if len(words) >= 2 and words[0] == "running" and words[1] == job_id:
-        return JobState("running")
-    return None
+    if note.state == RunState.EXITED:
+        return JobState(RunState.EXITED, f"job exited with code {note.exit_code}", note.exit_code)
+    return JobState(RunState.RUNNING)
 
 
 def log_tail(run_dir: Path, lines: int = 40) -> str:
@@ -210,7 +207,7 @@ def short_tail(tail: str, lines: int = 3, limit: int = 400) -> str:
 
 def archive_attempt(rd: Path, attempt: int) -> None:
     """Moves an earlier attempt's record, status and logs aside: nothing measured is lost."""
-    names = ["result.json", "result.json.corrupt", "job-state", "logs", "ranks"]
+    names = [RECORD_FILE, f"{RECORD_FILE}.corrupt", JOB_STATE, "logs", "ranks"]
     if not any((rd / n).exists() for n in names):
         return
     dest = rd / "attempts" / str(attempt)
@@ -225,7 +222,7 @@ def write_run_files(run: PlannedRun, rd: Path, matrix: Matrix, executor: Executo
     limit = time_limit(matrix, executor.name, run)
     rd.mkdir(parents=True, exist_ok=True)
     (rd / "logs").mkdir(exist_ok=True)
-    (rd / "run.yaml").write_text(yaml.safe_dump(run.cfg.to_dict(), sort_keys=False))
+    write_run_yaml(rd, run.cfg)
     (rd / "job.sh").write_text(executor.job_script(run, rd, matrix, limit))
     # What the plan said about this run (the report shows the estimate beside the measured peak).
     write_json_atomic(rd / PLAN_FILE, {
@@ -264,8 +261,8 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
         own, corrupt = current_record(run_dir), None
     except CorruptRecord as exc:
         own, corrupt = None, str(exc)
-        (run_dir / "result.json").replace(run_dir / "result.json.corrupt")
-    if own is not None and (own.status == "ok" or status == "error"):
+        (run_dir / RECORD_FILE).replace(run_dir / f"{RECORD_FILE}.corrupt")
+    if own is not None and (own.status == RunState.OK or status == RunState.ERROR):
         return own
     tail = log_tail(run_dir)
     record = Record.without_run(cfg, status, why, log_tail=tail)
@@ -275,7 +272,7 @@ def finish_without_record(cfg, run_dir: Path, status: str, why: str) -> Record:
         # could): that rank's error is the error; a verdict of the scheduler's other than a plain error (timeout,
         # cancelled, oom) is the status, said after it.
         every_rank(record.fail(failures), cfg.gpus_per_node, run_dir)
-        if status == "error" and corrupt is None:
+        if status == RunState.ERROR and corrupt is None:
             record.save(run_dir)
             return record
         why, record.status = f"{record.error}; {why}", status

@@ -16,6 +16,7 @@ from echobench.records.console import esc
 from echobench.sweep.estimate import time_limit_s
 from echobench.sweep.executors import JobState, calibrated, comm_command, comm_size, sweep_cache
 from echobench.records.paths import comm_calibrated
+from echobench.records.states import RunState
 from echobench.train.launch import source_root, with_source_path
 
 KILL_GRACE_S = 30
@@ -181,18 +182,18 @@ class LocalExecutor:
     def state(self, job_id: str, run_dir: Path) -> JobState:
         if job_id not in self.jobs:
             if job_alive(job_id, run_dir):  # run by another sweep process that is still going
-                return JobState("running", "run by another echobench process")
-            return JobState("gone", "the local sweep that ran it stopped before it finished")
+                return JobState(RunState.RUNNING, "run by another echobench process")
+            return JobState(RunState.GONE, "the local sweep that ran it stopped before it finished")
         proc, deadline, limit, _ = self.jobs[job_id]
         code = proc.poll()
         if code is not None:
             del self.jobs[job_id]
-            return JobState("exited", f"job exited with code {code}", code)
+            return JobState(RunState.EXITED, f"job exited with code {code}", code)
         if time.monotonic() > deadline:
             stop_group(proc, run_dir)
             del self.jobs[job_id]
-            return JobState("timeout", f"local time limit of {limit} s exceeded: stopped")
-        return JobState("running")
+            return JobState(RunState.TIMEOUT, f"local time limit of {limit} s exceeded: stopped")
+        return JobState(RunState.RUNNING)
 
     def cancel_all(self) -> list[str]:
         """Ctrl-C: stop every running job; returns their ids."""

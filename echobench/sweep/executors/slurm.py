@@ -17,25 +17,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echobench.records.console import esc
-from echobench.sweep.executors import ACTIVE, JobState, SubmitLater, calibrated, comm_size, read_job_state, sweep_cache
+from echobench.sweep.executors import JobState, SubmitLater, calibrated, comm_size, read_job_state, sweep_cache
 from echobench.records.paths import comm_calibrated
 from echobench.sweep.executors.slurm_script import (comm_log, render_calibration_script, render_comm_calibration_script,
                                               render_script, sbatch_path)
 from echobench.records.peaks import table_peak
+from echobench.records.rundir import read_job_note
+from echobench.records.states import ACTIVE, RunState
 
 # Scheduler states -> record statuses, for a job that is over.
 ENDED = {
-    "TIMEOUT": "timeout",
-    "DEADLINE": "timeout",
-    "CANCELLED": "cancelled",
-    "PREEMPTED": "preempted",  # its own status: the cluster took the nodes back, not the user
-    "REVOKED": "cancelled",
-    "NODE_FAIL": "node_fail",
-    "BOOT_FAIL": "node_fail",
-    "OUT_OF_MEMORY": "oom",
-    "FAILED": "error",
-    "COMPLETED": "error",  # completed without a record of its own
-    "SPECIAL_EXIT": "error",
+    "TIMEOUT": RunState.TIMEOUT,
+    "DEADLINE": RunState.TIMEOUT,
+    "CANCELLED": RunState.CANCELLED,
+    "PREEMPTED": RunState.PREEMPTED,  # its own status: the cluster took the nodes back, not the user
+    "REVOKED": RunState.CANCELLED,
+    "NODE_FAIL": RunState.NODE_FAIL,
+    "BOOT_FAIL": RunState.NODE_FAIL,
+    "OUT_OF_MEMORY": RunState.OOM,
+    "FAILED": RunState.ERROR,
+    "COMPLETED": RunState.ERROR,  # completed without a record of its own
+    "SPECIAL_EXIT": RunState.ERROR,
 }
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "SUSPENDED",
            "STOPPED", "RESIZING"}
@@ -267,12 +269,8 @@ class SlurmExecutor:
     def queued(self, name: str, script: Path) -> str | None:
         """The job an sbatch that timed out may have queued: its own job-state file, else squeue by
         the job's name (this user's jobs). Raises SubmitLater when squeue does not answer either."""
-        try:
-            words = (script.parent / "job-state").read_text().split()
-            if len(words) >= 2 and words[0] in ("running", "exited") and words[1].isdigit():
-                return words[1]
-        except OSError:
-            pass
+        if (note := read_job_note(script.parent)) is not None and note.job_id.isdigit():
+            return note.job_id
         try:
             proc = _run(["squeue", "-h", "-u", str(os.getuid()), f"--name={name}", "-o", "%i"],
                         timeout=self.query_timeout_s)
@@ -345,7 +343,7 @@ class SlurmExecutor:
         ask = []
         for job_id, run_dir in jobs.items():
             own = read_job_state(run_dir, job_id)
-            if own is not None and own.state == "exited":
+            if own is not None and own.state == RunState.EXITED:
                 out[job_id] = own
             else:
                 ask.append(job_id)
@@ -362,7 +360,7 @@ class SlurmExecutor:
             if job_id in seen:
                 out[job_id] = self.job_state(job_id, seen[job_id], down)
             elif sure:
-                out[job_id] = JobState("gone", f"SLURM job {job_id} is unknown to the scheduler (purged?) and left "
+                out[job_id] = JobState(RunState.GONE, f"SLURM job {job_id} is unknown to the scheduler (purged?) and left "
                                                f"no exit status")
         return out
 
@@ -386,19 +384,19 @@ class SlurmExecutor:
         reason = seen.reason if said(seen.reason) else ""
         words = " ".join(filter(None, [seen.state, f"({reason})" if reason else "", seen.detail]))
         if seen.state in PENDING:
-            return JobState("pending", words, reason=reason, never=never_starts(reason) or "")
+            return JobState(RunState.PENDING, words, reason=reason, never=never_starts(reason) or "")
         if seen.state in RUNNING:
-            return JobState("running", words)
+            return JobState(RunState.RUNNING, words)
         why = f"({', '.join(filter(None, [reason, seen.detail]))})" if reason or seen.detail else ""
         lost = [f"{node} {state}" for node, state in (down or {}).items()
                 if node in hostlist(seen.nodes)] if seen.state in ("NODE_FAIL", "BOOT_FAIL") else []
         where = f": lost node {', '.join(lost)}" if lost else ""
-        return JobState(ENDED.get(seen.state, "error"), f"SLURM job {job_id} ended {seen.state} {why}".rstrip() + where)
+        return JobState(ENDED.get(seen.state, RunState.ERROR), f"SLURM job {job_id} ended {seen.state} {why}".rstrip() + where)
 
     def state(self, job_id: str, run_dir: Path) -> JobState:
         """One job's state (the sweep asks `states` for all at once)."""
         return self.states({job_id: run_dir}).get(job_id) or JobState(
-            "pending", "the scheduler did not answer (sacct / squeue): asked again at the next look")
+            RunState.PENDING, "the scheduler did not answer (sacct / squeue): asked again at the next look")
 
     def cancel(self, job_ids: list[str]) -> None:
         """scancel of these jobs, in one call. Ids already over are no error (cancelling twice is
