@@ -253,9 +253,9 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
             # The breakdown's data wait: only in the profiled steps, so that the timed steps stay bare.
             with torch.profiler.record_function(DATA_WAIT) if traced else nullcontext():
                 batch = work.next_batch()
-            item, note = work.prepare(batch)
+            item = work.prepare(batch)
             if window is not None:
-                window.take(before, note)
+                window.take(before, work.note(item))
             micro_batches.append(work.to_device(item))
         maybe_inject_failure(cfg, step, info.rank)
         loss = train_step(setup, micro_batches, device_type, dp_size, work.loss)

@@ -134,7 +134,7 @@ class DecoderWorkload(Workload):
         return next(self.batches)
 
     def prepare(self, batch):
-        return batch, None  # every micro-batch is the one shape: nothing to note
+        return batch  # every micro-batch is the one shape: nothing to note
 
     def to_device(self, item):
         return item.to(self.info.device)

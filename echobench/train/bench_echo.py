@@ -169,16 +169,20 @@ class EchoWorkload(Workload):
         return next(self.loader)
 
     def prepare(self, batch):
-        """The batch's draws, and its note: real lengths, the shape it was padded to, the attention
-        path each part takes."""
+        """The batch (still on the host) and its draws."""
         cfg, model_cfg = self.cfg, self.model_cfg
         sample_ids = batch.index.tolist()  # still on the host: no device sync
         draws = diffusion_draws(cfg.seed, sample_ids, batch.latent.shape[1], model_cfg.latent_dim,
                                 model_cfg.cfg_dropout, self.info.device, self.generator)
-        note = ((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()),
-                (batch.latent.shape[1], batch.text_ids.shape[1], cfg.speaker_frames),
+        return batch, draws
+
+    def note(self, item):
+        """A measured micro-batch's real lengths, the shape it was padded to, the attention path each
+        part takes."""
+        batch, draws = item
+        return ((batch.audio_len.tolist(), batch.text_len.tolist(), batch.ref_len.tolist()),
+                (batch.latent.shape[1], batch.text_ids.shape[1], self.cfg.speaker_frames),
                 self.echo.attention_paths(batch.padding, not draws.keep.all(), batch.text_ids.shape[1]))
-        return (batch, draws), note
 
     def to_device(self, item):
         batch, draws = item

@@ -83,9 +83,13 @@ class Workload:
         traced step)."""
         raise NotImplementedError
 
-    def prepare(self, batch) -> tuple[object, object]:
-        """(the micro-batch train_step takes, before to_device; what the measured window notes of it)."""
+    def prepare(self, batch):
+        """The micro-batch train_step takes, before to_device."""
         raise NotImplementedError
+
+    def note(self, item):
+        """What the measured window keeps of a prepared micro-batch, for figures()."""
+        return None
 
     def to_device(self, item):
         raise NotImplementedError
@@ -95,7 +99,7 @@ class Workload:
         raise NotImplementedError
 
     def figures(self, setup, notes: list, dtype: torch.dtype) -> dict:
-        """This rank's counts of its measured micro-batches (`notes`: what prepare() noted of each) and
+        """This rank's counts of its measured micro-batches (`notes`: what note() kept of each) and
         the workload's own per-rank fields (bench_record.summarize reads them)."""
         raise NotImplementedError
 
