@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
-from echobench.cli.common import MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, writable_dir
+from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, print_error,
+                                  writable_dir)
 from echobench.records.console import esc, state_counts
 from echobench.sweep.matrix import MatrixError, parse_only
 
@@ -36,9 +37,10 @@ def sweep(
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results.
 
-    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C; with --no-wait, 0 once every
-    run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit): the same
-    command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
+    Exit 0 when every run is ok; 1 when some failed, the preflight failed or sbatch refused a job for
+    good, or there is nothing to run; 75 when runs wait to be submitted (with --no-wait: slurm.max_submitted,
+    a submit limit; the same command again submits them), 130 on Ctrl-C; with --no-wait, 0 once every
+    run is submitted, queued or ok. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
     terminal; elsewhere they keep running: `echobench cancel DIR`)."""
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
@@ -72,7 +74,8 @@ def preflight_command(
     """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
     CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
     network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
-    otherwise. A sweep of the same matrix into the same directory then does not check again."""
+    when one failed or sbatch refused the job, 75 when sbatch takes it later (a submit limit), 130 on
+    Ctrl-C. A sweep of the same matrix into the same directory then does not check again."""
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.executors import make_executor  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
@@ -91,10 +94,12 @@ def preflight_command(
         made.check_dir(sweep_dir)
         result = run_preflight(matrix, runs, made, sweep_dir, console)
     except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C): the preflight job was cancelled", 130)
-    except Exception as exc:  # noqa: BLE001 - sbatch's refusal, a path SLURM cannot take: one line
-        fail(f"the preflight job was not submitted: {exc}")
-    raise typer.Exit(0 if result.passed else 1)
+        fail("interrupted (Ctrl-C): the preflight job was cancelled", sw.INTERRUPTED)
+    except ValueError as exc:  # check_dir: a sweep directory the executor cannot use
+        fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - sbatch's refusal: one line
+        fail(f"the preflight job was not submitted: {exc}", sw.refusal_code(exc))
+    raise typer.Exit(sw.DONE if result.passed else sw.FAILED)
 
 
 def ask_on_a_terminal() -> Callable[[str], bool] | None:
@@ -138,9 +143,10 @@ def status(
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error.
 
-    Exit 0 when no run has failed (every one ok, or pending, running, waiting or not started yet);
-    1 when any has: its record says error, oom, timeout, node_fail, cancelled or preempted, or it
-    cannot be read (corrupt); 2 for bad input."""
+    Exit 0 when no run has failed (every one ok, or pending, running, waiting or not started yet;
+    with --wait: every one ok); 1 when any has: its record says error, oom, timeout, node_fail,
+    cancelled or preempted, or it cannot be read (corrupt), or there is no run; with --wait, 75 when
+    runs are left never submitted (the same `echobench sweep` submits them); 2 for bad input."""
     from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
     from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
@@ -165,8 +171,25 @@ def status(
         print(json.dumps(rows, indent=2, default=str))
     else:
         show_status(runs_dir, rows, paths)
+    raise typer.Exit(status_code(runs_dir, rows, problems, wait))
+
+
+def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: bool) -> int:
+    """`status`'s exit code (echobench.sweep.loop's codes), what is not DONE said on stderr."""
+    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+
     if sws.failed_runs(rows) or problems:
-        raise typer.Exit(1)
+        return sw.FAILED
+    if not rows:
+        print_error(f"{runs_dir}: no runs here (neither a sweep directory nor one of result.json)")
+        return sw.FAILED
+    if waited and (left := [r for r in rows if r["state"] != "ok"]):
+        states = state_counts(r["state"] for r in left)
+        err_console.print(f"[yellow]{len(left)} of {len(rows)} runs never submitted[/] ({esc(states)}): the same "
+                          f"`echobench sweep` submits them", highlight=False, soft_wrap=True)
+        return sw.NOT_ALL_SUBMITTED
+    return sw.DONE
 
 
 def show_status(runs_dir: Path, rows: list[dict], paths: list[Path]) -> None:
