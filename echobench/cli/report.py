@@ -66,7 +66,12 @@ def report(
                                  "(given with --profile).")
         else:
             data = with_device_predictions(data, margin / 100)
-    for problem in data.problems:
+    problems = list(data.problems)
+    if ref is not None:
+        from echobench.report.tables import unmatched_rows  # lazy: pandas
+
+        problems += unmatched_rows(ref, data.frame, reference)
+    for problem in problems:
         err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     if not data.records:
         err_console.print(f"no result records under {esc(', '.join(map(str, paths)))}", highlight=False)
