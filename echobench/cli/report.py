@@ -120,7 +120,8 @@ def compare(
     result = compare_records(old_records, new_records, threshold, alpha)
     if not result.changes:
         fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
-             f"({len(new_records)} records)")
+             f"({len(new_records)} records): compare pairs the same configuration before and after a change; to "
+             f"set different layouts side by side: echobench report {old} {new}")
 
     table, *lines = comparison_report(result, f"{old} -> {new}")
     console.print(table)
