@@ -274,3 +274,38 @@ def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs
     assert passed_before(tmp_path, m, runs, "slurm") is None  # the 2-node runs need a 2-node preflight
     other = parse_matrix(m.text + "# edited\n", "m.yaml")
     assert passed_before(tmp_path, other, one_node, "slurm") is None  # another matrix file
+
+
+def test_plan_writes_the_preflight_script_and_preflight_dry_run_prints_it(tmp_path):
+    """The first job of a sweep can be read before it runs: `plan --write-scripts` writes it beside the
+    runs' (its log in DIR/logs), `preflight --dry-run` prints the very script the sweep would submit
+    into its directory, and writes nothing."""
+    from echobench.sweep.matrix import load_matrix
+    from echobench.sweep.preflight import preflight_script
+
+    matrix, sweep, scripts = cpu_matrix(tmp_path / "m.yaml", {"setup": ["echo from-setup"]}, [{"seed": 1}]), \
+        tmp_path / "sweep", tmp_path / "scripts"
+    proc = run_cli("plan", matrix, "--out", sweep, "--write-scripts", scripts, tmp_path=tmp_path, check=True)
+    assert "and the preflight job's, preflight.sh," in flat(proc.stdout), proc.stdout
+    written = (scripts / "preflight.sh").read_text()
+    assert "echobench.train.nodecheck node" in written and "echo from-setup" in written
+    assert f"#SBATCH --output={scripts.resolve() / 'logs' / 'preflight-%j.out'}" in written
+    proc = run_cli("preflight", matrix, "--out", sweep, "--dry-run", tmp_path=tmp_path, check=True)
+    m = load_matrix(matrix)
+    assert proc.stdout == preflight_script(m, expand(m, "slurm").runs, sweep.resolve())
+    assert [line for line in proc.stdout.splitlines() if not line.startswith("#SBATCH --output=")] == \
+        [line for line in written.splitlines() if not line.startswith("#SBATCH --output=")]
+    assert not sweep.exists()  # nothing written, nothing submitted
+    local = run_cli("preflight", matrix, "--executor", "local", "--out", sweep, "--dry-run", tmp_path=tmp_path,
+                    check=True)
+    assert "-m echobench.train.nodecheck node --spec" in local.stdout and not sweep.exists()
+
+
+@pytest.mark.slurm
+def test_the_written_preflight_script_passes_when_submitted_by_hand(tmp_path, cluster):
+    matrix, scripts = cpu_matrix(tmp_path / "m.yaml", {}, [{"seed": 1}]), tmp_path / "scripts"
+    run_cli("plan", matrix, "--out", tmp_path / "sweep", "--write-scripts", scripts, tmp_path=tmp_path, check=True)
+    subprocess.run(["sbatch", "--wait", str(scripts / "preflight.sh")], check=True, capture_output=True, timeout=600)
+    (log,) = (scripts / "logs").glob("preflight-*.out")
+    checks = parse_checks(log.read_text())
+    assert checks and all(c["ok"] is not False for c in checks), log.read_text()[-3000:]

@@ -329,8 +329,9 @@ def test_plan_writes_every_job_script_without_submitting(tmp_path):
     proc = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--write-scripts", out, "--out", tmp_path / "sw",
                    tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    scripts = sorted(out.glob("*.sh"))
+    scripts = sorted(p for p in out.glob("*.sh") if p.name != "preflight.sh")  # and the preflight job's
     assert len(scripts) == 12 and not (tmp_path / "sw").exists()  # nothing submitted, no sweep directory
+    assert "echobench.train.nodecheck node" in (out / "preflight.sh").read_text()
     rid = scripts[0].stem
     one = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--script", rid, "--out", tmp_path / "sw",
                   tmp_path=tmp_path)

@@ -70,6 +70,8 @@ def preflight_command(
                                        "log and preflight.json go there."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only for runs with this setting."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the preflight job's script (local: its command) "
+                                 "and submit nothing, write nothing."),
 ):
     """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
     CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
@@ -88,8 +90,11 @@ def preflight_command(
         fail(str(exc))
     if not runs:
         fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
-    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
     made = make_executor(executor, matrix)
+    if dry_run:
+        show_preflight(matrix, runs, made, (out or default_out(matrix)).resolve())
+        return
+    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
     try:
         made.check_dir(sweep_dir)
         result = run_preflight(matrix, runs, made, sweep_dir, console)
@@ -100,6 +105,23 @@ def preflight_command(
     except Exception as exc:  # noqa: BLE001 - sbatch's refusal: one line
         fail(f"the preflight job was not submitted: {exc}", sw.refusal_code(exc))
     raise typer.Exit(sw.DONE if result.passed else sw.FAILED)
+
+
+def show_preflight(matrix, runs, executor, sweep_dir: Path) -> None:
+    """`preflight --dry-run`: the script the preflight job would be (SLURM), or the command it would
+    run here (local), on stdout; nothing written or submitted."""
+    import shlex
+
+    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec  # lazy: start-up time
+
+    try:
+        executor.check_dir(sweep_dir)
+        if executor.name == "slurm":
+            sys.stdout.write(preflight_script(matrix, runs, sweep_dir))
+        else:
+            print(shlex.join(local_command(preflight_spec(matrix, runs, executor.name))))
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def ask_on_a_terminal() -> Callable[[str], bool] | None:

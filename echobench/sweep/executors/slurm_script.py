@@ -329,14 +329,15 @@ def preflight_log(sweep_dir: Path, job: str = "%j") -> Path:
     return sweep_dir.resolve() / "logs" / f"preflight-{job}.out"
 
 
-def render_preflight_script(sweep_dir: Path, slurm, spec: dict, limit_s: int) -> str:
+def render_preflight_script(sweep_dir: Path, slurm, spec: dict, limit_s: int, log: Path | None = None) -> str:
     """The preflight job (echobench.sweep.preflight): `spec["nodes"]` nodes in the matrix's exact environment
     (its #SBATCH options, setup lines, fabric variables, container or uenv, srun options), one
     `python -m echobench.train.nodecheck node` per node. `spec` reaches them as one quoted argument (JSON),
-    never as code; each node prints its lines (echobench-check {...})."""
+    never as code; each node prints its lines (echobench-check {...}). `log`: where SLURM writes its
+    output when not SWEEP/logs (a script to submit by hand)."""
     return per_node_job(
         calibration_time(slurm, limit_s), sweep_dir, f"eb-preflight-{sweep_dir.name}", spec["nodes"], spec["nproc"],
-        preflight_log(Path(sbatch_path(sweep_dir))), f"preflight: what the runs need, checked on {int(spec['nodes'])} "
+        log or preflight_log(Path(sbatch_path(sweep_dir))), f"preflight: what the runs need, checked on {int(spec['nodes'])} "
         f"node(s) x {int(spec['nproc'])} processes before any run is submitted (`echobench preflight`)", [],
         '-m echobench.train.nodecheck node --spec "$1" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
         '--master-addr "$2" --master-port "$3"', f'{shlex.quote(json.dumps(spec))} "$MASTER_ADDR" "$MASTER_PORT"')
