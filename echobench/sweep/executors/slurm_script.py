@@ -32,7 +32,12 @@ from echobench.train.nodecheck import backend_imports
 # The rendezvous host and log settings of a job that starts one launcher per node (runs, the comm calibration).
 # sed, not head: head closes the pipe after one line, and under pipefail scontrol's SIGPIPE on a long
 # node list would fail the job (exit 141).
-NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+# slurm.rendezvous (job_environment sets EB_RENDEZVOUS_*) changes the address the nodes meet at, after the setup lines.
+NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)${EB_RENDEZVOUS_SUFFIX:-}
+if [ -n "${EB_RENDEZVOUS_COMMAND:-}" ]; then
+  MASTER_ADDR=$(eval "$EB_RENDEZVOUS_COMMAND" | sed -n 1p)
+  [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.command printed no address: $EB_RENDEZVOUS_COMMAND" >&2; exit 1; }
+fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash dumps its stack
 """
 # The srun that starts one launcher per node, up to `bash -c`: the launcher's command and arguments follow.
@@ -223,6 +228,8 @@ def job_environment(slurm) -> list[str]:
         if not slurm.python:
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          'PYTHON=$(command -v python3 || command -v python); fi')
+    if rdv := slurm.rendezvous:  # read where the address is made (NODE_LAUNCH_ENV), after the setup lines
+        lines.append(f"EB_RENDEZVOUS_SUFFIX={q(rdv.suffix)}" if rdv.suffix else f"EB_RENDEZVOUS_COMMAND={q(rdv.command)}")
     return lines
 
 
