@@ -276,3 +276,29 @@ def test_the_page_renders_without_successful_runs_and_escapes_the_top(tmp_path):
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     matrix = page[page.index('<table id="mfu-matrix">'):page.index("</table>", page.index('<table id="mfu-matrix">'))]
     assert '<td class="failed-cell" title="&lt;script&gt;alert(1)&lt;/script&gt;">error</td>' in matrix  # not 0
+
+
+@pytest.mark.browser
+def test_ties_in_chromium(tmp_path, cli):
+    """On the page: one star (8B), tie marks where the steps cannot tell (800M, 3B) with the reason
+    in their titles, and the layouts' bars outlined only for the star."""
+    for rec in tie_records():
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "report.html"
+    cli("report", tmp_path / "runs", "-o", out, check=True)
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        stars = page.evaluate("Array.from(document.querySelectorAll('#mfu-matrix td.winner')).map(td => "
+                              "td.parentElement.cells[0].textContent)")
+        ties = page.evaluate("Array.from(document.querySelectorAll('#mfu-matrix td.tie')).map(td => "
+                             "[td.parentElement.cells[0].textContent, td.textContent.trim().slice(0, 1), td.title])")
+        assert stars == ["8B"] and sorted(t[0] for t in ties) == ["3B", "3B", "800M", "800M"]
+        assert all(mark == "\u2248" and "tied for best" in title for _, mark, title in ties), ties
+        spans = page.evaluate("Array.from(document.querySelectorAll('#best-table span.tie')).map(s => "
+                              "[s.checkVisibility(), s.textContent, s.title])")
+        assert len(spans) == 2 and all(visible and text == "\u2248 tied with 1" for visible, text, _ in spans), spans
+        assert any("too few steps stored to tell" in title for *_, title in spans)
+        outlined = [page.evaluate(f"document.getElementById('fig-layouts-{i}')._fullData.flatMap(t => "
+                                  "[].concat(t.marker.line.width)).filter(w => w === 3).length") for i in range(3)]
+        assert outlined == [0, 0, 1]
