@@ -22,7 +22,11 @@ EXPECT_GPU=${EXPECT_GPU:-$([ -n "${SLURM_GPUS_ON_NODE:-}" ] && echo 1 || echo 0)
 IMPORTS=${IMPORTS:-}
 # No container by hand (`echobench plan --script` writes a run's job.sh with the matrix's container and srun_args).
 SRUN_ARGS=() IN_CONTAINER=() ON_FIRST_NODE=()
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)${EB_RENDEZVOUS_SUFFIX:-}
+if [ -n "${EB_RENDEZVOUS_COMMAND:-}" ]; then
+  MASTER_ADDR=$(eval "$EB_RENDEZVOUS_COMMAND" | sed -n 1p)
+  [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.command printed no address: $EB_RENDEZVOUS_COMMAND" >&2; exit 1; }
+fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash dumps its stack
 mkdir -p "$RUN_DIR"
 echo "running $SLURM_JOB_ID $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$RUN_DIR/job-state"

@@ -19,23 +19,44 @@ HOSTILE_ID = "run<script>alert(5)</script>"
 HOSTILE_SOURCE = "calibrated:<img src=x onerror=alert(6)>"
 
 
+def steps(mfu: float, n: int = 10, spread: float = 0.01) -> dict:
+    """A run's measured steps as its MFU makes them: each 1 / MFU seconds, within +-spread."""
+    return {"step_times_s": [(1 + spread * ((i * 7) % 5 - 2) / 2) / mfu for i in range(n)]}
+
+
 def top_records() -> list:
-    """Records whose answers are known: at each scale and node count a set winner; a configuration
-    that failed (oom) where the others ran; a scale and node count where every run failed; an MFU of
-    350%; a configuration scaling to 150% per GPU; hostile text in a run id, an error and a peak source."""
+    """Records whose answers are known: at each scale and node count a set winner (its steps
+    significantly faster); a configuration that failed (oom) where the others ran; a scale and node
+    count where every run failed; an MFU of 350%; a configuration scaling to 150% per GPU; hostile
+    text in a run id, an error and a peak source."""
     return [
-        record("800m-fsdp2-n1", mfu=0.40, samples_per_s=100.0),
-        record("800m-ddp-n1", parallelism="ddp", mfu=0.35, samples_per_s=90.0),
-        record("800m-fsdp2-compile-n1", compile=True, mfu=0.45, samples_per_s=110.0),
+        record("800m-fsdp2-n1", mfu=0.40, samples_per_s=100.0, **steps(0.40)),
+        record("800m-ddp-n1", parallelism="ddp", mfu=0.35, samples_per_s=90.0, **steps(0.35)),
+        record("800m-fsdp2-compile-n1", compile=True, mfu=0.45, samples_per_s=110.0, **steps(0.45)),
         record("800m-ddp-acfull-n1", parallelism="ddp", ac="full", status="oom", error=XSS),
-        record("800m-fsdp2-n2", nodes=2, mfu=0.38, samples_per_s=190.0),
-        record("800m-ddp-n2", parallelism="ddp", nodes=2, mfu=0.33, samples_per_s=170.0),
-        record(HOSTILE_ID, nodes=2, compile=True, mfu=0.39, samples_per_s=200.0, peak_source=HOSTILE_SOURCE),
-        record("3b-fsdp2-n1", scale="3B", mfu=0.41, samples_per_s=20.0),
+        record("800m-fsdp2-n2", nodes=2, mfu=0.38, samples_per_s=190.0, **steps(0.38)),
+        record("800m-ddp-n2", parallelism="ddp", nodes=2, mfu=0.33, samples_per_s=170.0, **steps(0.33)),
+        record(HOSTILE_ID, nodes=2, compile=True, mfu=0.39, samples_per_s=200.0, peak_source=HOSTILE_SOURCE,
+               **steps(0.39)),
+        record("3b-fsdp2-n1", scale="3B", mfu=0.41, samples_per_s=20.0, **steps(0.41)),
         record("3b-fsdp2-n2", scale="3B", nodes=2, status="timeout", error="time limit"),
-        record("8b-ddp-n1", scale="8B", parallelism="ddp", mfu=3.5, samples_per_s=10.0),  # 350%: impossible
-        record("8b-fsdp2-n1", scale="8B", mfu=0.30, samples_per_s=10.0),
-        record("8b-fsdp2-n2", scale="8B", nodes=2, mfu=0.45, samples_per_s=30.0),  # 150% of its per-GPU rate
+        record("8b-ddp-n1", scale="8B", parallelism="ddp", mfu=3.5, samples_per_s=10.0, **steps(3.5)),  # 350%
+        record("8b-fsdp2-n1", scale="8B", mfu=0.30, samples_per_s=10.0, **steps(0.30)),
+        record("8b-fsdp2-n2", scale="8B", nodes=2, mfu=0.45, samples_per_s=30.0, **steps(0.45)),  # 150% per GPU
+    ]
+
+
+def tie_records() -> list:
+    """At 800M on 1 node, two single runs 0.05 points apart whose steps overlap (no significant
+    difference); at 3B, a 10-point lead measured over 3 steps (too few to tell); at 8B, a lead the
+    steps bear out."""
+    return [
+        record("800m-fsdp2-n1", mfu=0.4000, samples_per_s=100.0, **steps(0.4000, spread=0.05)),
+        record("800m-ddp-n1", parallelism="ddp", mfu=0.4005, samples_per_s=100.1, **steps(0.4005, spread=0.05)),
+        record("3b-fsdp2-n1", scale="3B", mfu=0.40, samples_per_s=20.0, **steps(0.40, n=3)),
+        record("3b-ddp-n1", scale="3B", parallelism="ddp", mfu=0.30, samples_per_s=15.0, **steps(0.30, n=3)),
+        record("8b-fsdp2-n1", scale="8B", mfu=0.40, samples_per_s=10.0, **steps(0.40)),
+        record("8b-ddp-n1", scale="8B", parallelism="ddp", mfu=0.38, samples_per_s=9.5, **steps(0.38)),
     ]
 
 
@@ -93,6 +114,29 @@ def test_best_rows_and_the_mfu_table_crown_the_highest_mfu_and_show_failures(tmp
     assert cells[("800M", "torchtitan", "ddp", "off", "full")][0] == {"text": "oom", "failed": True, "title": XSS}
     assert cells[("3B", "torchtitan", "fsdp2", "off", "none")][1]["text"] == "timeout"  # a status, not 0
     assert cells[("800M", "torchtitan", "fsdp2", "on", "none")][0]["text"] == "45.0"
+
+
+def test_the_best_is_crowned_only_where_its_steps_are_significantly_faster_else_a_tie(tmp_path):
+    """compare's test decides: a 0.05-point lead of overlapping steps is a tie, as is a lead of 3
+    steps a side; only the 8B lead gets the star (best_rows, the MFU table, the layouts' bars)."""
+    for rec in tie_records():
+        write(tmp_path, rec)
+    data = load_report_input([tmp_path])
+    marks = {(data.configurations.at[i, "scale"], data.configurations.at[i, "parallelism"]): c.mark
+             for i, c in data.crowns.items()}
+    assert marks == {("800M", "fsdp2"): "tie", ("800M", "ddp"): "tie", ("3B", "fsdp2"): "tie", ("3B", "ddp"): "tie",
+                     ("8B", "fsdp2"): "best"}
+    rows = {r["scale"]: r for r in best_rows(data.configurations, ["800M", "3B", "8B"], crowns=data.crowns)}
+    assert rows["800M"]["run_id"] == "800m-ddp-n1" and "not significantly behind (p=" in rows["800M"]["tie"][0]
+    assert "too few steps stored to tell (3 / 3, need 5 a side)" in rows["3B"]["tie"][0]
+    assert rows["8B"]["tie"] == []
+    table = mfu_table(data, ["800M", "3B", "8B"], {})
+    cells = {(r["scale"], r["parallelism"]): r["cells"][0] for r in table["rows"]}
+    assert [k for k, c in cells.items() if c["winner"]] == [("8B", "fsdp2")]
+    assert {k for k, c in cells.items() if c["tie"]} == {("800M", "fsdp2"), ("800M", "ddp"), ("3B", "fsdp2"),
+                                                         ("3B", "ddp")}
+    page = render_dashboard(data)
+    assert page.count("&#9733; 40.0") == 1 and page.count("&#8776; 40.0") == 2  # 8B's star; 800M's and 3B's tie
 
 
 @pytest.mark.browser
@@ -232,3 +276,29 @@ def test_the_page_renders_without_successful_runs_and_escapes_the_top(tmp_path):
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     matrix = page[page.index('<table id="mfu-matrix">'):page.index("</table>", page.index('<table id="mfu-matrix">'))]
     assert '<td class="failed-cell" title="&lt;script&gt;alert(1)&lt;/script&gt;">error</td>' in matrix  # not 0
+
+
+@pytest.mark.browser
+def test_ties_in_chromium(tmp_path, cli):
+    """On the page: one star (8B), tie marks where the steps cannot tell (800M, 3B) with the reason
+    in their titles, and the layouts' bars outlined only for the star."""
+    for rec in tie_records():
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "report.html"
+    cli("report", tmp_path / "runs", "-o", out, check=True)
+    with browser_or_skip() as page:
+        page.open(out)
+        assert_clean(page)
+        stars = page.evaluate("Array.from(document.querySelectorAll('#mfu-matrix td.winner')).map(td => "
+                              "td.parentElement.cells[0].textContent)")
+        ties = page.evaluate("Array.from(document.querySelectorAll('#mfu-matrix td.tie')).map(td => "
+                             "[td.parentElement.cells[0].textContent, td.textContent.trim().slice(0, 1), td.title])")
+        assert stars == ["8B"] and sorted(t[0] for t in ties) == ["3B", "3B", "800M", "800M"]
+        assert all(mark == "\u2248" and "tied for best" in title for _, mark, title in ties), ties
+        spans = page.evaluate("Array.from(document.querySelectorAll('#best-table span.tie')).map(s => "
+                              "[s.checkVisibility(), s.textContent, s.title])")
+        assert len(spans) == 2 and all(visible and text == "\u2248 tied with 1" for visible, text, _ in spans), spans
+        assert any("too few steps stored to tell" in title for *_, title in spans)
+        outlined = [page.evaluate(f"document.getElementById('fig-layouts-{i}')._fullData.flatMap(t => "
+                                  "[].concat(t.marker.line.width)).filter(w => w === 3).length") for i in range(3)]
+        assert outlined == [0, 0, 1]

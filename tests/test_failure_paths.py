@@ -200,6 +200,22 @@ def test_a_failing_rank_on_node_1_fails_both_launchers(tmp_path):
         assert f"echobench: node {rank} of 2: waiting for the other nodes at 127.0.0.1:" in output, output[-3000:]
 
 
+def test_a_failed_run_says_its_cause_last_and_keeps_torchruns_traceback_in_the_launchers_log(cli, tmp_path):
+    """Rank 1 of 2 fails: stderr ends with echobench's line on the cause, after one line naming the
+    launcher's log; torchrun's ChildFailedError traceback and its "failed (exitcode" line are in that
+    log, not on stderr."""
+    out = tmp_path / "run"
+    proc = cli("run", *TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", "--nproc", "2", "--fail-at-step", "1",
+               "--fail-rank", "1", "--out", out, env={"OMP_NUM_THREADS": "1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) >= 2, proc.stderr
+    assert "ChildFailedError" not in proc.stderr and "failed (exitcode" not in proc.stderr, proc.stderr
+    assert lines[-1].startswith("error: rank 1: InjectedFailure: injected failure at step 1"), proc.stderr
+    log = out / "ranks" / "node-0.log"
+    assert "workers failed (" in lines[-2] and lines[-2].endswith(f"torchrun's traceback: {log}"), proc.stderr
+    assert "ChildFailedError" in log.read_text() and "failed (exitcode: 1)" in log.read_text()
+
+
 def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, monkeypatch):
     """torchrun prints nothing while it waits for the other nodes: the launcher says where, once."""
     from echobench.calibrate import commcalibrate

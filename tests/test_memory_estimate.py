@@ -324,3 +324,16 @@ def test_checkpointed_backward_peaks_at_one_recomputed_block(ac):
     after, recompute = saved_elements(cfg)
     assert recompute > 0
     assert (after + recompute) * 2 + autocast_weight_bytes(cfg) == pytest.approx(peak, rel=0.05)
+
+
+def test_the_gh200_memory_variants_are_hardware_choices():
+    """hardware.device GH200 is the 96 GB HBM3 part, `GH200 144G` the HBM3e one; a GPU's own name
+    picks its row too; the docs name each row of the table."""
+    from conftest import ROOT
+    from echobench.hardware.memory import DEVICE_MEMORY_GIB, device_memory_gib
+
+    assert device_memory_gib(None, "GH200") == device_memory_gib(None, "NVIDIA GH200 120GB") == 95.0
+    assert device_memory_gib(None, "GH200 144G") == device_memory_gib(None, "NVIDIA GH200 144G HBM3e") == 141.0
+    assert device_memory_gib(100.0, "GH200") == 100.0  # hardware.memory_gib wins
+    page = (ROOT / "docs" / "reference" / "matrix.md").read_text()
+    assert all(f"`{name}`" in page for name, _ in DEVICE_MEMORY_GIB)

@@ -61,3 +61,29 @@ def test_the_report_frame_compares_the_estimate_with_the_allocated_peak(tmp_path
     frame = report_frame([gpu, cpu])
     assert list(frame["memory_vs_estimate_gib"]) == [1.0, 3.0]
     assert list(frame["peak_mem_gib"]) == [2.0, 3.0]
+
+
+def test_the_estimates_error_against_the_peak_is_shown_and_a_cpu_run_says_why_it_is_off(tmp_path):
+    """A GPU run: the estimate's tensors (1.1 GiB) against the allocated peak (1.0): +10%. A CPU run:
+    its total (1.51 GiB, a GPU's 1.5 GiB context and workspaces in it, as for the smoke runs) against
+    the resident set (0.46 GiB): +228%, outside the stated +-30%, in a note that says why."""
+    from echobench.records.atomic import write_json_atomic
+    from echobench.records.results import PLAN_FILE
+    from echobench.report import load_report_input, render_dashboard
+
+    gpu = summarized([measured_rank([0.1] * 3, memory=dict(GPU))])
+    cpu = summarized([measured_rank([0.1] * 3, memory={"peak_rss_gib": 0.46})])
+    for name, rec, plan in (("gpu", gpu, {"memory_estimate_gib": 2.7, "memory_estimate": {"tensors": 1.1}}),
+                            ("cpu", cpu, {"memory_estimate_gib": 1.51, "memory_estimate": {"tensors": 0.01}})):
+        rec.run_id = name
+        path = rec.save(tmp_path / name)
+        write_json_atomic(path.with_name(PLAN_FILE), {"run_id": name, **plan})
+    data = load_report_input([tmp_path])
+    frame = data.frame.set_index("run_id")
+    assert frame.loc["gpu", "memory_estimate_held_gib"] == 1.1 and frame.loc["cpu", "memory_estimate_held_gib"] == 1.51
+    assert frame.loc["gpu", "memory_estimate_error"] == pytest.approx(0.10)
+    assert frame.loc["cpu", "memory_estimate_error"] == pytest.approx(1.51 / 0.46 - 1)
+    page = " ".join(render_dashboard(data).split())
+    assert ("memory estimate is off the measured peak by more than its stated +-30% for 1 of 2 run(s) (furthest: "
+            "cpu, 1.51 GiB estimated against 0.46 GiB measured, +228%); 1 of them on a CPU, where a CPU run&#39;s "
+            "measured peak is its process&#39;s resident set") in page

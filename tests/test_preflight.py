@@ -274,3 +274,103 @@ def test_a_passed_preflight_is_not_run_again_for_the_same_matrix_unless_the_runs
     assert passed_before(tmp_path, m, runs, "slurm") is None  # the 2-node runs need a 2-node preflight
     other = parse_matrix(m.text + "# edited\n", "m.yaml")
     assert passed_before(tmp_path, other, one_node, "slurm") is None  # another matrix file
+
+
+def test_plan_writes_the_preflight_script_and_preflight_dry_run_prints_it(tmp_path):
+    """The first job of a sweep can be read before it runs: `plan --write-scripts` writes it beside the
+    runs' (its log in DIR/logs), `preflight --dry-run` prints the very script the sweep would submit
+    into its directory, and writes nothing."""
+    from echobench.sweep.matrix import load_matrix
+    from echobench.sweep.preflight import preflight_script
+
+    matrix, sweep, scripts = cpu_matrix(tmp_path / "m.yaml", {"setup": ["echo from-setup"]}, [{"seed": 1}]), \
+        tmp_path / "sweep", tmp_path / "scripts"
+    proc = run_cli("plan", matrix, "--out", sweep, "--write-scripts", scripts, tmp_path=tmp_path, check=True)
+    assert "and the preflight job's, preflight.sh," in flat(proc.stdout), proc.stdout
+    written = (scripts / "preflight.sh").read_text()
+    assert "echobench.train.nodecheck node" in written and "echo from-setup" in written
+    assert f"#SBATCH --output={scripts.resolve() / 'logs' / 'preflight-%j.out'}" in written
+    proc = run_cli("preflight", matrix, "--out", sweep, "--dry-run", tmp_path=tmp_path, check=True)
+    m = load_matrix(matrix)
+    assert proc.stdout == preflight_script(m, expand(m, "slurm").runs, sweep.resolve())
+    assert [line for line in proc.stdout.splitlines() if not line.startswith("#SBATCH --output=")] == \
+        [line for line in written.splitlines() if not line.startswith("#SBATCH --output=")]
+    assert not sweep.exists()  # nothing written, nothing submitted
+    local = run_cli("preflight", matrix, "--executor", "local", "--out", sweep, "--dry-run", tmp_path=tmp_path,
+                    check=True)
+    assert "-m echobench.train.nodecheck node --spec" in local.stdout and not sweep.exists()
+
+
+@pytest.mark.slurm
+def test_the_written_preflight_script_passes_when_submitted_by_hand(tmp_path, cluster):
+    matrix, scripts = cpu_matrix(tmp_path / "m.yaml", {}, [{"seed": 1}]), tmp_path / "scripts"
+    run_cli("plan", matrix, "--out", tmp_path / "sweep", "--write-scripts", scripts, tmp_path=tmp_path, check=True)
+    subprocess.run(["sbatch", "--wait", str(scripts / "preflight.sh")], check=True, capture_output=True, timeout=600)
+    (log,) = (scripts / "logs").glob("preflight-*.out")
+    checks = parse_checks(log.read_text())
+    assert checks and all(c["ok"] is not False for c in checks), log.read_text()[-3000:]
+
+
+def rendezvous_lines(script: str) -> str:
+    """The lines of a job script that make MASTER_ADDR: slurm.rendezvous's assignment and NODE_LAUNCH_ENV's."""
+    lines = script.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("MASTER_ADDR="))
+    return "\n".join([x for x in lines if x.startswith("EB_RENDEZVOUS_")] + lines[start:start + 5])
+
+
+@pytest.mark.parametrize("rendezvous, address", [({"suffix": "i"}, "node1i"),
+                                                 ({"command": "echo \"$MASTER_ADDR.ib.example\""}, "node1.ib.example"),
+                                                 (None, "node1")])
+def test_the_site_sets_the_rendezvous_address_after_the_setup_lines_in_every_job(tmp_path, rendezvous, address):
+    """slurm.rendezvous (a suffix to the first node's name, or a command) makes MASTER_ADDR in the
+    runs' jobs, the preflight's and the comm calibration's alike, after the setup lines."""
+    from echobench.sweep.executors.slurm_script import render_comm_calibration_script, render_script
+    from echobench.sweep.preflight import preflight_script
+
+    slurm = {"setup": ["export SITE=1"], **({"rendezvous": rendezvous} if rendezvous else {})}
+    m = parse_matrix(cpu_matrix(tmp_path / "m.yaml", slurm, [{"seed": 1, "nodes": 2, "parallelism": "ddp",
+                                                                "gpus_per_node": 1}]).read_text(), "m.yaml")
+    runs = expand(m, "slurm").runs
+    stub = tmp_path / "bin" / "scontrol"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/bash\necho node1\necho node2\n")
+    stub.chmod(0o755)
+    for script in (render_script(runs[0].cfg, tmp_path / "sw" / runs[0].id, m.spec.slurm),
+                   preflight_script(m, runs, tmp_path / "sw"),
+                   render_comm_calibration_script(tmp_path / "sw", m, 2, 1)):
+        lines = script.splitlines()
+        assert lines.index("export SITE=1") < next(i for i, x in enumerate(lines) if x.startswith("MASTER_ADDR="))
+        proc = subprocess.run(["bash", "-c", f"set -euo pipefail\n{rendezvous_lines(script)}\necho \"$MASTER_ADDR\""],
+                              capture_output=True, text=True, env={**os.environ, "SLURM_JOB_NODELIST": "node[1-2]",
+                                                                   "PATH": f"{stub.parent}:{os.environ['PATH']}"})
+        assert (proc.returncode, proc.stdout.strip()) == (0, address), proc.stderr
+
+
+@pytest.mark.parametrize("rendezvous, said", [({}, "give one of suffix (e.g. i) and command"),
+                                              ({"suffix": "i", "command": "hostname"}, "give one of suffix"),
+                                              ({"suffix": "i b"}, "is not a valid rendezvous.suffix")])
+def test_a_rendezvous_setting_that_cannot_work_is_one_line(tmp_path, rendezvous, said):
+    proc = run_cli("plan", cpu_matrix(tmp_path / "m.yaml", {"rendezvous": rendezvous}, [{"seed": 1}]),
+                   tmp_path=tmp_path)
+    assert proc.returncode == 2 and said in flat(proc.stderr), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2  # one line (a long one may wrap once)
+
+
+@pytest.mark.slurm
+def test_two_nodes_meet_at_the_address_the_sites_command_gives(tmp_path):
+    """On the local cluster, with the address from a command that resolves the first node's name
+    (as a site resolves its InfiniBand name): the preflight's all-reduce across 2 nodes passes."""
+    from test_slurm_submit import answering_cluster
+
+    gen = answering_cluster(tmp_path, min_nodes=2)
+    next(gen)
+    try:
+        m = cpu_matrix(tmp_path / "m.yaml", {"rendezvous": {"command": "getent hosts \"$MASTER_ADDR\" | awk '{print $1}'"}},
+                       [{"seed": 1, "nodes": 2, "parallelism": "ddp", "gpus_per_node": 1}])
+        proc = run_cli("preflight", m, "--out", tmp_path / "sweep", tmp_path=tmp_path, timeout=600)
+        assert proc.returncode == 0 and "preflight passed" in flat(proc.stdout), proc.stdout + proc.stderr
+        log = next((tmp_path / "sweep" / "logs").glob("preflight-*.out")).read_text()
+        checks = parse_checks(log)
+        assert {c["node"] for c in checks} == {0, 1} and all(c["ok"] is not False for c in checks), log[-3000:]
+    finally:
+        next(gen, None)

@@ -113,3 +113,48 @@ def test_the_docs_list_the_columns_read_reference_reads(tmp_path):
 def test_the_page_shows_the_example_file_itself():
     assert '--8<-- "validation/reference-example.csv"' in PAGE.read_text()
     assert "reference/reference-csv.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+@pytest.mark.parametrize("row, said", [
+    ("3b,torchtitan,fsdp2,1,0.3", "line 2: scale='3b' is not valid: allowed tiny, 800M, 3B, 8B (did you mean '3B'?)"),
+    ("3B,torchtitan,fsdp,1,0.3", "line 2: parallelism='fsdp' is not valid: allowed single, ddp, fsdp2, hsdp "
+                                 "(torchtitan); tpN with N >= 1 (megatron) (did you mean 'fsdp2'?)"),
+    ("3B,Megatron,TP2,1,0.3", "line 2: framework='Megatron' is not valid: allowed torchtitan, megatron (did you mean "
+                              "'megatron'?)"),
+])
+def test_a_slip_of_a_scale_framework_or_layout_is_refused_in_one_line_as_a_matrix_refuses_it(tmp_path, row, said):
+    """The hand-typed row of a published table (`3b`) used to stand unmatched, silently; the matrix
+    refuses the same value with the same words."""
+    path = tmp_path / "ref.csv"
+    path.write_text(f"scale,framework,parallelism,nodes,mfu\n{row}\n")
+    with pytest.raises(ReferenceError) as exc:
+        read_reference(path)
+    assert str(exc.value) == f"{path}: {said}"
+    proc = run_cli("report", FIXTURES, "--table", "md", "--reference", path, tmp_path=tmp_path)
+    assert proc.returncode == 2 and said in " ".join(proc.stderr.split()), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr  # one line, maybe wrapped
+    matrix = tmp_path / "m.yaml"
+    key, value = re.search(r"(\w+)='([^']+)'", said).groups()
+    matrix.write_text(json.dumps({"name": "m", "defaults": {key: value}}))
+    refused = run_cli("plan", matrix, tmp_path=tmp_path)
+    assert refused.returncode == 2 and f"{key}='{value}' is not valid" in " ".join(refused.stderr.split())
+
+
+def test_a_row_of_echobench_keys_that_pairs_with_no_run_is_warned_naming_the_nearest_measured_one(tmp_path):
+    """A row of valid keys that no run matches (another node count) is listed published-only, with a
+    warning naming it and the measured configuration nearest to it; another model's row (the
+    example's GPT-1.7B) stands published-only without one."""
+    runs = tmp_path / "runs" / "a"
+    runs.mkdir(parents=True)
+    shutil.copy(FIXTURES / "record-v2.json", runs / "result.json")  # tiny, torchtitan, single, 1 node
+    path = tmp_path / "ref.csv"
+    path.write_text("scale,framework,parallelism,nodes,mfu\ntiny,torchtitan,single,1,0.3\ntiny,torchtitan,single,2,0.3\n"
+                    "GPT-1.7B,megatron,tp1,6,0.41\n")
+    proc = run_cli("report", runs.parent, "--table", "csv", "--reference", path, tmp_path=tmp_path, check=True)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, proc.stderr
+    assert " ".join(proc.stderr.split()).count(
+        f"warning: {path}: line 3 (tiny, torchtitan, single, 2 node(s)): no measured run has these keys, so its figures "
+        f"stand alone; nearest measured: tiny, torchtitan, single, 1 node(s)") == 1, proc.stderr
+    table = pd.read_csv(io.StringIO(proc.stdout))
+    assert len(table) == 3  # paired, and the two published-only rows

@@ -844,6 +844,9 @@ def test_compare_gates_on_threshold_and_significance(tmp_path, cli):
     write(tmp_path / "other", record("z", scale="3B"))
     proc = cli("compare", tmp_path / "old", tmp_path / "other")
     assert proc.returncode == 2 and "no configurations in common" in proc.stderr
+    # two layouts are for the report, side by side: the line says so, with the command
+    said = " ".join(proc.stderr.split())
+    assert f"to set different layouts side by side: echobench report {tmp_path / 'old'} {tmp_path / 'other'}" in said
 
 
 def test_two_samples_of_one_noisy_distribution_do_not_flag(tmp_path, cli):
@@ -966,3 +969,16 @@ def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):
         ("8B", "ddp", "8B does not fit with DDP")]
     shutil.rmtree(tmp_path / "a")
     assert load_report_input([tmp_path]).skipped  # a skipped list alone still reads
+
+
+def test_an_empty_skipped_list_is_said_as_nothing_skipped_not_as_no_list(tmp_path):
+    from echobench.report import render_dashboard
+
+    write(tmp_path, record("a"))
+    assert "no <code>skipped.json</code> in the inputs" in render_dashboard(load_report_input([tmp_path]))
+    (tmp_path / "skipped.json").write_text(json.dumps({"matrix": "m", "skipped": []}))
+    data = load_report_input([tmp_path])
+    assert data.skipped == [] and data.skipped_files == [str(tmp_path / "skipped.json")]
+    page = render_dashboard(data)
+    assert "no <code>skipped.json</code> in the inputs" not in page
+    assert "No run skipped: the plan ran every combination (<code>skipped.json</code> empty in 1 sweep)" in page

@@ -179,3 +179,28 @@ def test_record_text_is_printed_literally(tmp_path):
     bad.write_text("[bold]not json")
     proc = results(root, check=True)
     assert f"unreadable: {bad}" in proc.stdout
+
+
+def test_the_setting_that_tells_two_rows_apart_is_shown_and_columns_chooses(tmp_path):
+    """Two runs of one scale, layout and size that differ in ac and compile: both columns appear
+    after parallelism (they did not: the rows looked the same); --columns picks the table's columns
+    and any run setting, in order, for the table, CSV and JSON; a column that does not exist is one line."""
+    root = tmp_path / "runs"
+    record("a", ac="full", compile=True, mfu=0.30).save(root / "a")
+    record("b", mfu=0.40).save(root / "b")
+    header = next(line for line in results(root, check=True).stdout.splitlines() if "┃" in line)
+    names = [c.strip() for c in header.split("┃")[1:-1]]
+    assert names[names.index("parallelism") + 1:names.index("nodes")] == ["compile", "ac"], names
+    rows = csv_rows(results(root, "--csv", "-", check=True).stdout)
+    assert {(r["run_id"], r["compile"], r["ac"]) for r in rows} == {("a", "True", "full"), ("b", "False", "none")}
+    rows = csv_rows(results(root, "--columns", "run_id,ac", "--columns", "micro_batch,mfu", "--csv", "-",
+                            check=True).stdout)
+    assert list(rows[0]) == ["run_id", "ac", "micro_batch", "mfu", "error", "path"]
+    table = results(root, "--columns", "run_id,ac,mfu", check=True).stdout
+    header = next(line for line in table.splitlines() if "┃" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["run id", "ac", "MFU"]
+    data = json.loads(results(root, "--columns", "run_id,compile", "--json", check=True).stdout)
+    assert {(d["run_id"], d["compile"]) for d in data} == {("a", True), ("b", False)}
+    bad = results(root, "--columns", "run_id,acc")
+    assert bad.returncode == 2 and "--columns: unknown column 'acc' (did you mean 'ac'?)" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -222,7 +222,7 @@ def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(
     scripts, target = base / "scripts", base / "by-hand-sweep"
     proc = run_cli("plan", matrix, "--write-scripts", scripts, "--out", target, tmp_path=base)
     assert proc.returncode == 0 and not target.exists(), proc.stdout + proc.stderr
-    (script,) = scripts.glob("*.sh")
+    (script,) = [p for p in scripts.glob("*.sh") if p.name != "preflight.sh"]  # the run's (and the preflight's)
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=base, check=True,
                          env=cli_env()).stdout.strip()
     ended = in_state(job, *ENDED)
@@ -374,7 +374,8 @@ def test_second_sweep_submits_nothing_then_retry_failed_resubmits_exactly_the_fa
     out, matrix, base = sweep["dir"], sweep["matrix"], sweep["base"]
     before = runs(out)
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=base)
-    assert proc.returncode == 0 and "0 to run" in proc.stdout and "submitted as" not in proc.stdout
+    # 1: runs failed and are not rerun (docs/reference/failures.md#exit-codes)
+    assert proc.returncode == 1 and "0 to run" in proc.stdout and "submitted as" not in proc.stdout
     assert "nothing to submit: 7 runs already have records (2 ok, 5 failed: --retry-failed reruns them)" in \
         " ".join(proc.stdout.split()), proc.stdout
     assert runs(out) == before

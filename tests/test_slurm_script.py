@@ -68,10 +68,12 @@ def test_shipped_gpu_matrices_choose_a_profile_instead_of_overriding_its_variabl
 
 
 def test_the_seeds_cluster_is_gh200_on_infiniband_with_its_own_settings_and_slingshot_has_its_own_matrix():
-    """The seed's runs: quad-GH200 nodes on InfiniBand, docs/guides/route-1-gh200-infiniband.md's NCCL_IB_HCA=mlx5 and
-    NCCL_SOCKET_IFNAME=ib0; NCCL's IB transport required. Slingshot: another matrix, CSCS's variables."""
+    """The published runs: quad-GH200 nodes on InfiniBand, docs/guides/route-1-gh200-infiniband.md's four HCAs
+    (an exact list) and NCCL_SOCKET_IFNAME=ib0; NCCL's IB transport required. Slingshot: another matrix, CSCS's
+    variables."""
     seed = exported(rendered(ROOT / "matrices" / "gh200-published.yaml"))
-    assert (seed["NCCL_NET"], seed["NCCL_IB_HCA"], seed["NCCL_SOCKET_IFNAME"]) == ("IB", "mlx5", "ib0")
+    assert (seed["NCCL_NET"], seed["NCCL_IB_HCA"], seed["NCCL_SOCKET_IFNAME"]) == ("IB", "=mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+                                                                                   "ib0")
     alps = exported(rendered(ROOT / "matrices" / "gh200-slingshot.yaml"))
     assert alps["NCCL_SOCKET_IFNAME"] == "hsn" and alps["GLOO_SOCKET_IFNAME"] == "hsn0"
     assert "NCCL_IB_HCA" not in alps and alps["ECHOBENCH_FABRIC"] == "slingshot"
@@ -327,8 +329,9 @@ def test_plan_writes_every_job_script_without_submitting(tmp_path):
     proc = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--write-scripts", out, "--out", tmp_path / "sw",
                    tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    scripts = sorted(out.glob("*.sh"))
+    scripts = sorted(p for p in out.glob("*.sh") if p.name != "preflight.sh")  # and the preflight job's
     assert len(scripts) == 12 and not (tmp_path / "sw").exists()  # nothing submitted, no sweep directory
+    assert "echobench.train.nodecheck node" in (out / "preflight.sh").read_text()
     rid = scripts[0].stem
     one = run_cli("plan", ROOT / "matrices" / "gh200-published.yaml", "--script", rid, "--out", tmp_path / "sw",
                   tmp_path=tmp_path)

@@ -45,7 +45,10 @@ def main() -> None:
     quiet_third_party_logs()
     try:
         code = app(standalone_mode=False)
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C where no command caught it (status --wait)
+            err_console.print("interrupted (Ctrl-C)", highlight=False)
+            sys.exit(130)
         err_console.print("aborted", highlight=False)
         sys.exit(1)
     except typer.TyperException as exc:  # typer's click exceptions (it vendors click)

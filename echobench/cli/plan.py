@@ -33,7 +33,8 @@ def plan(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep directory (default runs/NAME): paths in --script."),
     script: Optional[str] = typer.Option(None, "--script", metavar="RUN_ID", help="Print this run's exact job script."),
     write_scripts: Optional[Path] = typer.Option(None, "--write-scripts", metavar="DIR",
-                                                 help="Write every run's job script to DIR/RUN_ID.sh, submit nothing."),
+                                                 help="Write every run's job script to DIR/RUN_ID.sh (slurm: and the "
+                                                 "preflight job's to DIR/preflight.sh), submit nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP),
@@ -60,13 +61,20 @@ def plan(
                 log = logs.resolve() / f"{run.id}-%j.out" if executor == "slurm" else None
                 path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
+            if executor == "slurm" and the_plan.runs:  # the job a sweep submits first: to read, or sbatch by hand
+                from echobench.sweep.preflight import preflight_script  # lazy: start-up time of `echobench --help`
+
+                (path := dest / "preflight.sh").write_text(
+                    preflight_script(matrix, the_plan.runs, sweep_dir, logs.resolve() / "preflight-%j.out"))
+                path.chmod(0o755)
         except OSError as exc:
             fail(f"--write-scripts {write_scripts}: cannot write {exc.filename} ({exc.strerror or exc}): "
                  "choose another directory")
         except ValueError as exc:
             fail(str(exc))
-        console.print(f"{len(the_plan.runs)} job scripts in {esc(dest)} (paths as for `echobench sweep --out "
-                      f"{esc(sweep_dir)}`; each writes its run.yaml there, its log goes to {esc(dest / 'logs')}); "
+        preflight = " and the preflight job's, preflight.sh," if executor == "slurm" and the_plan.runs else ""
+        console.print(f"{len(the_plan.runs)} job scripts{preflight} in {esc(dest)} (paths as for `echobench sweep "
+                      f"--out {esc(sweep_dir)}`; each writes its run.yaml there, its log goes to {esc(dest / 'logs')}); "
                       f"nothing submitted", highlight=False)
         return
     if script is not None:

@@ -67,7 +67,12 @@ def report(
                                  "(given with --profile).")
         else:
             data = with_device_predictions(data, margin / 100)
-    for problem in data.problems:
+    problems = list(data.problems)
+    if ref is not None:
+        from echobench.report.tables import unmatched_rows  # lazy: pandas
+
+        problems += unmatched_rows(ref, data.frame, reference)
+    for problem in problems:
         err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
     if not data.records:
         err_console.print(f"no result records under {esc(', '.join(map(str, paths)))}", highlight=False)
@@ -116,7 +121,8 @@ def compare(
     result = compare_records(old_records, new_records, threshold, alpha)
     if not result.changes:
         fail(f"no configurations in common between {old} ({len(old_records)} records) and {new} "
-             f"({len(new_records)} records)")
+             f"({len(new_records)} records): compare pairs the same configuration before and after a change; to "
+             f"set different layouts side by side: echobench report {old} {new}")
 
     table, *lines = comparison_report(result, f"{old} -> {new}")
     console.print(table)

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
-from echobench.cli.common import MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, writable_dir
+from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, print_error,
+                                  writable_dir)
 from echobench.records.console import esc, state_counts
 from echobench.sweep.matrix import MatrixError, parse_only
 
@@ -36,11 +37,12 @@ def sweep(
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results.
 
-    Exit 0 when every run is ok, 1 when some failed, 130 on Ctrl-C, 143 on SIGTERM; with --no-wait, 0
-    once every run is submitted and 75 when some wait to be (slurm.max_submitted, a submit limit):
-    the same command again submits them. Ctrl-C with SLURM jobs queued asks whether to cancel them
-    (on a terminal; elsewhere they keep running: `echobench cancel DIR`). Started with SIGINT
-    ignored (a background job of a script, nohup), it keeps ignoring it: SIGTERM stops it."""
+    Exit 0 when every run is ok; 1 when some failed, the preflight failed or sbatch refused a job for
+    good, or there is nothing to run; 75 when runs wait to be submitted (with --no-wait: slurm.max_submitted,
+    a submit limit; the same command again submits them), 130 on Ctrl-C, 143 on SIGTERM; with --no-wait, 0 once every
+    run is submitted, queued or ok. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
+    terminal; elsewhere they keep running: `echobench cancel DIR`). Started with SIGINT ignored (a
+    background job of a script, nohup), it keeps ignoring it: SIGTERM stops it."""
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
 
@@ -70,11 +72,14 @@ def preflight_command(
                                        "log and preflight.json go there."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help="Only for runs with this setting."),
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the preflight job's script (local: its command) "
+                                 "and submit nothing, write nothing."),
 ):
     """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
     CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
     network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
-    otherwise. A sweep of the same matrix into the same directory then does not check again."""
+    when one failed or sbatch refused the job, 75 when sbatch takes it later (a submit limit), 130 on
+    Ctrl-C. A sweep of the same matrix into the same directory then does not check again."""
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.executors import make_executor  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
@@ -87,16 +92,38 @@ def preflight_command(
         fail(str(exc))
     if not runs:
         fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
-    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
     made = make_executor(executor, matrix)
+    if dry_run:
+        show_preflight(matrix, runs, made, (out or default_out(matrix)).resolve())
+        return
+    sweep_dir = writable_dir(out or default_out(matrix)).resolve()
     try:
         made.check_dir(sweep_dir)
         result = run_preflight(matrix, runs, made, sweep_dir, console)
     except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C): the preflight job was cancelled", 130)
-    except Exception as exc:  # noqa: BLE001 - sbatch's refusal, a path SLURM cannot take: one line
-        fail(f"the preflight job was not submitted: {exc}")
-    raise typer.Exit(0 if result.passed else 1)
+        fail("interrupted (Ctrl-C): the preflight job was cancelled", sw.INTERRUPTED)
+    except ValueError as exc:  # check_dir: a sweep directory the executor cannot use
+        fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - sbatch's refusal: one line
+        fail(f"the preflight job was not submitted: {exc}", sw.refusal_code(exc))
+    raise typer.Exit(sw.DONE if result.passed else sw.FAILED)
+
+
+def show_preflight(matrix, runs, executor, sweep_dir: Path) -> None:
+    """`preflight --dry-run`: the script the preflight job would be (SLURM), or the command it would
+    run here (local), on stdout; nothing written or submitted."""
+    import shlex
+
+    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec  # lazy: start-up time
+
+    try:
+        executor.check_dir(sweep_dir)
+        if executor.name == "slurm":
+            sys.stdout.write(preflight_script(matrix, runs, sweep_dir))
+        else:
+            print(shlex.join(local_command(preflight_spec(matrix, runs, executor.name))))
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def ask_on_a_terminal() -> Callable[[str], bool] | None:
@@ -140,9 +167,10 @@ def status(
 ):
     """One row per run: state (refreshed from the scheduler), step time, MFU; then each failure's error.
 
-    Exit 0 when no run has failed (every one ok, or pending, running, waiting or not started yet);
-    1 when any has: its record says error, oom, timeout, node_fail, cancelled or preempted, or it
-    cannot be read (corrupt); 2 for bad input."""
+    Exit 0 when no run has failed (every one ok, or pending, running, waiting or not started yet;
+    with --wait: every one ok); 1 when any has: its record says error, oom, timeout, node_fail,
+    cancelled or preempted, or it cannot be read (corrupt), or there is no run; with --wait, 75 when
+    runs are left never submitted (the same `echobench sweep` submits them); 2 for bad input."""
     from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
     from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
 
@@ -167,8 +195,25 @@ def status(
         print(json.dumps(rows, indent=2, default=str))
     else:
         show_status(runs_dir, rows, paths)
+    raise typer.Exit(status_code(runs_dir, rows, problems, wait))
+
+
+def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: bool) -> int:
+    """`status`'s exit code (echobench.sweep.loop's codes), what is not DONE said on stderr."""
+    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+
     if sws.failed_runs(rows) or problems:
-        raise typer.Exit(1)
+        return sw.FAILED
+    if not rows:
+        print_error(f"{runs_dir}: no runs here (neither a sweep directory nor one of result.json)")
+        return sw.FAILED
+    if waited and (left := [r for r in rows if r["state"] != "ok"]):
+        states = state_counts(r["state"] for r in left)
+        err_console.print(f"[yellow]{len(left)} of {len(rows)} runs never submitted[/] ({esc(states)}): the same "
+                          f"`echobench sweep` submits them", highlight=False, soft_wrap=True)
+        return sw.NOT_ALL_SUBMITTED
+    return sw.DONE
 
 
 def show_status(runs_dir: Path, rows: list[dict], paths: list[Path]) -> None:

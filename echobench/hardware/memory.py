@@ -38,7 +38,8 @@ GIB = 2**30
 
 # Usable device memory in GiB, by device name (first match wins; specific names first).
 DEVICE_MEMORY_GIB: list[tuple[str, float]] = [
-    ("GH200", 95.0),  # 96 GB HBM3 (the 144 GB HBM3e variant: set hardware.memory_gib)
+    ("GH200 144G", 141.0),  # the 144 GB HBM3e variant (hardware.device: GH200 144G; torch sees 141 GiB)
+    ("GH200", 95.0),  # the 96 GB HBM3 variant (its name says 120GB: the LPDDR5X beside it)
     ("GB200", 184.0),
     ("B200", 179.0),
     ("H200", 139.8),

@@ -31,7 +31,8 @@ import pandas as pd
 from plotly.offline import get_plotlyjs
 
 from echobench.report.checks import Flag, run_flags
-from echobench.report.data import ReportInput, flagged, scale_order, varying_keys
+from echobench.report.data import (CPU_MEMORY_CAVEAT, MEMORY_ESTIMATE_ERROR, ReportInput, flagged, scale_order,
+                                   varying_keys)
 from echobench.report.figures import Figures, numeric
 from echobench.report.plotting import figure_html, panel
 from echobench.report.reference_section import reference_section
@@ -98,9 +99,10 @@ def header_facts(data: ReportInput) -> dict:
 
 
 def page_notes(data: ReportInput) -> list[str]:
-    """Notes shown above the figures: what makes some MFU figures not comparable with others."""
+    """Notes shown above the figures: what makes some MFU figures not comparable with others, and
+    memory estimates off by more than their stated error."""
     ok = data.ok
-    notes = []
+    notes = memory_notes(ok)
     calibrated = ok[ok["peak_source"].fillna("").str.startswith("calibrated")]
     if len(calibrated):
         notes.append(f"{len(calibrated)} of {len(ok)} successful run(s) report MFU against a calibrated GEMM rate "
@@ -134,13 +136,30 @@ def page_notes(data: ReportInput) -> list[str]:
     return notes
 
 
+def memory_notes(ok: pd.DataFrame) -> list[str]:
+    """One note when runs' memory estimates are off their measured peaks by more than the stated
+    error: how many, the furthest, and (CPU runs among them) why those cannot agree."""
+    error = numeric(ok["memory_estimate_error"])
+    off = ok[error.abs() > MEMORY_ESTIMATE_ERROR]
+    if off.empty:
+        return []
+    worst = off.loc[numeric(off["memory_estimate_error"]).abs().idxmax()]
+    cpu = numeric(off["device_memory_gib"]).isna().sum()
+    return [f"The plan's memory estimate is off the measured peak by more than its stated "
+            f"+-{MEMORY_ESTIMATE_ERROR:.0%} for {len(off)} of {int(error.notna().sum())} run(s) (furthest: "
+            f"{worst['run_id']}, {fmt_number(worst['memory_estimate_held_gib'])} GiB estimated against "
+            f"{fmt_number(worst['memory_vs_estimate_gib'])} GiB measured, {float(worst['memory_estimate_error']):+.0%})"
+            + (f"; {cpu} of them on a CPU, where {CPU_MEMORY_CAVEAT}" if cpu else "") + "."]
+
+
 def best_rows(configs: pd.DataFrame, scales: list[str], reference: pd.DataFrame | None = None,
-              failed: pd.DataFrame | None = None, flags: dict | None = None) -> list[dict]:
+              failed: pd.DataFrame | None = None, flags: dict | None = None, crowns: dict | None = None) -> list[dict]:
     """Per scale and node count, the configuration of the highest median MFU over its runs (`configs`:
     ReportInput.configurations); with a reference, the published MFU of that layout (else the best
     published at that scale and node count, its layout named) and the difference in points. A scale
     and node count where every run failed (`failed`: the frame's failed rows) is a row saying so;
-    `flags` (configs index -> checks.Flag) marks the best's suspicious values."""
+    `flags` (configs index -> checks.Flag) marks the best's suspicious values; `crowns`
+    (ReportInput.crowns) says where the highest is tied with others (`tie`: those, with why)."""
     failed = failed if failed is not None else configs.iloc[0:0]
     rows = []
     for scale in scales:
@@ -166,7 +185,8 @@ def best_rows(configs: pd.DataFrame, scales: list[str], reference: pd.DataFrame 
                    "tflops": fmt_number(best["tflops_per_gpu"]),
                    "samples": fmt_number(best["samples_per_s"]), "config": best["config"],
                    "run_id": best["run_id"], "notes": "; ".join(best["notes"]), "n": len(at),
-                   "flags": [f.reason for f in (flags or {}).get(index, [])]}
+                   "flags": [f.reason for f in (flags or {}).get(index, [])],
+                   "tie": crown.tied_with if (crown := (crowns or {}).get(index)) and crown.mark == "tie" else []}
             if reference is not None:
                 row.update(published_beside(reference, best))
             rows.append(row)
@@ -189,8 +209,7 @@ def mfu_table(data: ReportInput, scales: list[str], flags: dict) -> dict:
     frame, configs = data.frame, data.configurations
     keys = varying_keys(list(frame["settings"]), ignore=("scale", "nodes", "framework", "parallelism"))
     counts = sorted({int(n) for n in numeric(frame["nodes"]).dropna()})
-    best = {(scale, int(nodes)): numeric(at["mfu"]).idxmax()  # as best_rows picks it
-            for (scale, nodes), at in configs.groupby(["scale", numeric(configs["nodes"])])}
+    crowns = data.crowns
     rank = {s: i for i, s in enumerate(scales)}
     rows = []
     for layout, runs in frame.groupby("layout", sort=False):
@@ -208,7 +227,9 @@ def mfu_table(data: ReportInput, scales: list[str], flags: dict) -> dict:
                 continue
             index, c = at.index[0], at.iloc[0]
             reasons = [f.reason for f in flags.get(index, []) if f.column in ("mfu", "efficiency")]
-            cells.append({"text": fmt_number(c["mfu"], percent=True), "winner": best.get((c["scale"], nodes)) == index,
+            crown = crowns.get(index)
+            cells.append({"text": fmt_number(c["mfu"], percent=True), "winner": bool(crown and crown.mark == "best"),
+                          "tie": "; ".join(crown.tied_with) if crown and crown.mark == "tie" else "",
                           "predicted": fmt_number(c.get("predicted_mfu"), percent=True)
                           if data.predicted_by and pd.notna(c.get("predicted_mfu")) else "",
                           "title": f"median of {int(c['repeats'])} run(s), min-max "
@@ -270,7 +291,7 @@ EXTRA_RUN_COLUMNS = [
     ("tflops_per_gpu", "TFLOP/s/GPU", "num"), ("hfu", "HFU (%)", "pct"),
     ("mfu_fp8_peak", "MFU fp8 peak (%)", "pct"), ("peak_label", "peak", "text"),
     ("peak_mem_gib", "memory (GiB)", "num"), ("peak_mem_allocated_gib", "allocated (GiB)", "num"),
-    ("memory_estimate_gib", "estimate (GiB)", "num"),
+    ("memory_estimate_gib", "estimate (GiB)", "num"), ("memory_estimate_error", "estimate vs peak (%)", "pct"),
     ("num_alloc_retries", "alloc retries", "int"),
     ("lengths", "lengths a/t/s", "text"), ("padded_flops_frac", "padded FLOPs (%)", "pct"),
     ("padded_tokens", "padded tokens a/t/s (%)", "text"), ("precision", "precision", "text"),
@@ -428,8 +449,10 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
          "window throughput pays (far right of the median: stalls).", figs.step_time, figs.ok),
         ("memory", "Peak memory per GPU",
          "Measured peak (max over ranks; GPU: reserved by the allocator, its cache included) against the device "
-         "memory (where the record has it: GPU runs) and, where the plan gave one, its estimate, to compare with "
-         "the allocated peak (GPU runs: the diamond; else the bar).",
+         "memory (where the record has it: GPU runs) and, where the plan gave one, its estimate (x; it states "
+         "+-30%), to compare with the allocated peak (GPU runs: the diamond, against the estimate's tensors; else "
+         "the bar, against its total); hover for the estimate's error. On a CPU the two are not comparable at small "
+         "scales: the bar is the process's resident set, the estimate counts a GPU's CUDA context.",
          figs.memory, figs.ok),
     ]
     sections = []
@@ -470,7 +493,8 @@ def failed_rows(data: ReportInput) -> list[dict]:
 
 
 LAYOUTS_CAPTION = ("At each node count, one bar per configuration: its median MFU over its runs there, bars min-max; "
-                   "\u2605 and a black outline: the best (as in the tables above). A configuration whose runs at a "
+                   "\u2605 and a black outline: the best (as in the tables above); \u2248: tied for best (its steps "
+                   "not significantly faster than the others marked so: hover for why). A configuration whose runs at a "
                    "node count all failed stands there as an empty bar labelled with the status. "
                    "\u26a0: a flagged value (hover: why).")
 
@@ -521,7 +545,7 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
     sections = build_sections(data, figs)
     links = next((s["links"] for s in sections if s["id"] == "time"), {})  # best-MFU row -> its waterfall
     best = [{**b, "waterfall": links.get(b.get("run_id"))}
-            for b in best_rows(figs.configs, scales, reference, data.failed, figs.config_flags)]
+            for b in best_rows(figs.configs, scales, reference, data.failed, figs.config_flags, data.crowns)]
     columns = run_columns(data)
     return template.render(
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -535,7 +559,7 @@ def render_dashboard(data: ReportInput, reference: pd.DataFrame | None = None, r
         layouts=layouts_section(data, figs), sections=sections,
         reference=reference_path if reference is not None else None,
         unplotted=unplotted_published(reference, figs.configs),
-        tune=tune_section(data.tunes), failed=failed_rows(data), skipped=data.skipped,
+        tune=tune_section(data.tunes), failed=failed_rows(data), skipped=data.skipped, skipped_files=data.skipped_files,
         run_headers=columns, runs=run_rows(data.frame, scales, columns, figs.run_flags),
         run_flags=flag_list(data.frame, figs.run_flags, scales),
         runs_csv=quote(runs_csv(data), safe=""),

@@ -20,7 +20,7 @@ from echobench.records.config import configuration
 from echobench.records.paths import SWEEP_FILE
 from echobench.predict import PredictError, against
 from echobench.records.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
-                               peak_notes, read_plan, record_settings, records_frame)
+                               peak_notes, read_plan, record_settings, records_frame, slower_p_value)
 from echobench.sweep.matrix import settings_match
 from echobench.sweep.state import CorruptSweepState, SweepState
 from echobench.records.paths import TUNE_FILE
@@ -47,6 +47,7 @@ class ReportInput:
     profile_line: str = ""  # which profile the predictions are from and how it was chosen, or why there are none
     margin: float | None = None  # runs this far below their prediction are flagged (a fraction)
     tunes: list[TuneDoc] = field(default_factory=list)  # the tune.json files among the paths (load_tunes)
+    skipped_files: list[str] = field(default_factory=list)  # the skipped.json files read (load_skipped)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -60,6 +61,64 @@ class ReportInput:
     def configurations(self) -> pd.DataFrame:
         """One row per configuration of the successful runs: medians over its repeats."""
         return over_configurations(self.ok)
+
+    @cached_property
+    def crowns(self) -> dict:
+        """configurations index -> Crown: the best at each scale and node count, or a tie (crowns)."""
+        return crowns(self.configurations, self.records)
+
+
+@dataclass
+class Crown:
+    """The mark of a configuration at its scale and node count: "best" where its MFU is the highest
+    and its steps are significantly faster than every other's there; "tie" for the highest and
+    each it cannot be told from (`tied_with`: the others' labels, each with why)."""
+
+    mark: str
+    tied_with: list[str] = field(default_factory=list)
+
+
+def step_mfus(row, by_id: dict[str, Record]) -> list[float]:
+    """Each measured step's MFU over a configuration's runs: its run's MFU, scaled by the run's mean
+    step time over the step's."""
+    out = []
+    for rid in row["run_ids"]:
+        r = by_id.get(rid)
+        if r is None or not r.step_times_s or not r.mfu:
+            continue
+        mean = sum(r.step_times_s) / len(r.step_times_s)
+        out += [r.mfu * mean / t for t in r.step_times_s if t > 0]
+    return out
+
+
+def behind_by(best: list[float], other: list[float]) -> str | None:
+    """Why a configuration of these step MFUs cannot be told from the best's, or None when it is
+    significantly behind: `compare`'s test (one-sided Mann-Whitney U on the steps, at its alpha,
+    MIN_STEPS a side at least), on each step's work time (1 / its MFU)."""
+    from echobench.report.compare import DEFAULT_ALPHA, MIN_STEPS  # lazy: compare's constants, rich
+
+    if min(len(best), len(other)) < MIN_STEPS:
+        return f"too few steps stored to tell ({len(best)} / {len(other)}, need {MIN_STEPS} a side)"
+    p = slower_p_value([1 / m for m in best], [1 / m for m in other])
+    return f"not significantly behind (p={p:.2g} >= {DEFAULT_ALPHA:g})" if p >= DEFAULT_ALPHA else None
+
+
+def crowns(configs: pd.DataFrame, records: list[Record]) -> dict[object, Crown]:
+    """Per scale and node count, the configuration of the highest median MFU: "best" where every
+    other there is significantly behind it (behind_by), else "tie", with every one it ties with."""
+    by_id = {r.run_id: r for r in records}
+    out = {}
+    for _, at in configs.groupby(["scale", pd.to_numeric(configs["nodes"], errors="coerce")]):
+        top = pd.to_numeric(at["mfu"], errors="coerce").idxmax()
+        best = step_mfus(at.loc[top], by_id)
+        tied = {i: why for i in at.index if i != top and (why := behind_by(best, step_mfus(at.loc[i], by_id)))}
+        if not tied:
+            out[top] = Crown("best")
+            continue
+        out[top] = Crown("tie", [f"{at.at[i, 'config']}: {why}" for i, why in tied.items()])
+        for i in tied:
+            out[i] = Crown("tie", [f"{at.at[top, 'config']} (the highest MFU)"])
+    return out
 
 
 def successful(frame: pd.DataFrame) -> pd.DataFrame:
@@ -90,12 +149,12 @@ def load_report_input(paths, only: dict[str, list] | None = None) -> ReportInput
     records, problems = load_records(paths)
     if only:
         records = [r for r in records if settings_match(record_settings(r), only)]
-    skipped, skip_problems = load_skipped(paths)
+    skipped, skip_problems, skip_files = load_skipped(paths)
     sweeps, sweep_problems = sweep_matrix_names(paths)
     tunes, tune_problems = load_tunes(paths)
     frame = report_frame(records, sweeps)
     return ReportInput(paths, records, frame, skipped, problems + skip_problems + sweep_problems + tune_problems,
-                       tunes=tunes)
+                       tunes=tunes, skipped_files=skip_files)
 
 
 # ---- the frame: records_frame plus what the report needs ----
@@ -105,6 +164,22 @@ def _device_memory(record: Record) -> float | None:
     totals = [r.memory.get("device_total_gib") for r in record.per_rank]
     totals = [t for t in totals if t]
     return min(totals) if totals else None
+
+
+MEMORY_ESTIMATE_ERROR = 0.30  # the error echobench.hardware.memory states for its estimate (+-30%)
+CPU_MEMORY_CAVEAT = ("a CPU run's measured peak is its process's resident set (the interpreter and libraries "
+                     "included), and the estimate counts a GPU's CUDA context and workspaces (1.5 GiB): at small "
+                     "scales the two are not comparable")
+
+
+def held_estimate(record: Record) -> float | None:
+    """The plan's memory estimate held against the measured peak (peak_mem_for_estimate): on a GPU
+    run its tensors (the allocated peak's counterpart), elsewhere its total; None without both."""
+    plan = read_plan(record)
+    if plan.get("memory_estimate_gib") is None or peak_mem_for_estimate(record) is None:
+        return None
+    tensors = (plan.get("memory_estimate") or {}).get("tensors")
+    return tensors if tensors is not None and _device_memory(record) is not None else plan["memory_estimate_gib"]
 
 
 def _trainable_params(record: Record) -> float | None:
@@ -126,6 +201,7 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
         "memory_estimate_gib": [read_plan(r).get("memory_estimate_gib") for r in records],
         # what the estimate is compared with: the allocated peak where there is one (GPU)
         "memory_vs_estimate_gib": [peak_mem_for_estimate(r) for r in records],
+        "memory_estimate_held_gib": [held_estimate(r) for r in records],
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
         "matrix": [_matrix_name(r, sweeps or {}) for r in records],
@@ -138,6 +214,9 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
     for column in PREDICTED_COLUMNS:  # filled by with_predictions (report --profile)
         frame[column] = None
     ws = pd.to_numeric(frame["world_size"], errors="coerce")
+    # the estimate's error against the measured peak (a fraction: +1.3 is 2.3x), where both exist
+    frame["memory_estimate_error"] = (pd.to_numeric(frame["memory_estimate_held_gib"], errors="coerce")
+                                      / pd.to_numeric(frame["memory_vs_estimate_gib"], errors="coerce") - 1)
     frame["audio_seconds_per_s_per_gpu"] = pd.to_numeric(frame["audio_seconds_per_s"], errors="coerce") / ws
     ok = [r.status == RunState.OK for r in records]
     frame["config"] = config_labels(settings, among=[s for s, good in zip(settings, ok) if good] or settings)
@@ -328,13 +407,14 @@ def _skipped_entries(obj) -> list:
     return obj if isinstance(obj, list) else []
 
 
-def load_skipped(paths) -> tuple[list[dict], list[str]]:
-    """Entries of every `skipped.json` under paths: the run's settings and the reason it was skipped.
+def load_skipped(paths) -> tuple[list[dict], list[str], list[str]]:
+    """Entries of every `skipped.json` under paths: the run's settings and the reason it was skipped;
+    the problems; the files read (an empty list in one says the plan skipped nothing).
 
     Accepts a list of entries or {"skipped": [...]}; an entry's settings may sit at its top level or
     under "run" / "spec" / "config" / "settings". A missing file is normal (not every sweep skips runs).
     """
-    entries, problems, seen = [], [], set()
+    entries, problems, seen, read = [], [], set(), []
     files = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -347,6 +427,7 @@ def load_skipped(paths) -> tuple[list[dict], list[str]]:
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: unreadable skipped list ({exc})")
             continue
+        read.append(str(path))
         for entry in _skipped_entries(obj):
             if not isinstance(entry, dict):
                 entry = {"reason": str(entry)}
@@ -361,7 +442,7 @@ def load_skipped(paths) -> tuple[list[dict], list[str]]:
             if key not in seen:
                 seen.add(key)
                 entries.append(row)
-    return entries, problems
+    return entries, problems, read
 
 
 # ---- a tune's tune.json (echobench.tune.output.write_outputs) ----

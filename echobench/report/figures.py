@@ -241,7 +241,7 @@ class Figures:
                                    index=failed.index, dtype=bool)]
         failed = failed.assign(_label=failed["config"], config=self._failed_labels(group, failed))
         category = {n: f"{n} node{'s' if n != 1 else ''}" for n in sorted(set(group["_n"]) | set(failed["_n"]))}
-        best = {n: numeric(at["mfu"]).idxmax() for n, at in group.groupby("_n")}
+        crowns = self.data.crowns
         lost_label = dict(zip(failed["config"], failed["_label"]))  # a failed one's label -> the page's label
         fig, top = go.Figure(), 1.0
         for config in sorted(set(group["config"]) | set(failed["config"])):
@@ -249,11 +249,14 @@ class Figures:
             for index, r in group[group["config"] == config].sort_values("_n").iterrows():
                 mfu, low, high = (float(r[c]) * 100 for c in ("mfu", "mfu_min", "mfu_max"))
                 reasons = [f.reason for f in self.config_flags.get(index, []) if f.column == "mfu"]
-                winner = best[r["_n"]] == index
-                label = ("\u2605 " if winner else "") + (f"{mfu:.3g}%" if winner or reasons else "") \
+                mark = crowns[index].mark if index in crowns else ""
+                winner = mark == "best"
+                label = {"best": "\u2605 ", "tie": "\u2248 "}.get(mark, "") + (f"{mfu:.3g}%" if mark or reasons else "") \
                     + (" \u26a0" if reasons else "")
                 runs = f"median of {r['repeats']} runs" if r["repeats"] > 1 else "1 run"
-                hover = (f"<b>{esc(config)}</b>{' (best at this node count)' if winner else ''}<br>{r['_n']} node(s), "
+                said = (" (best at this node count)" if winner else " (tied for best at this node count: "
+                        + esc("; ".join(crowns[index].tied_with)) + ")" if mark == "tie" else "")
+                hover = (f"<b>{esc(config)}</b>{said}<br>{r['_n']} node(s), "
                          f"{r['world_size']} GPUs<br>MFU {mfu:.3g}% ({runs}, {low:.3g}-{high:.3g}%)<br>samples/s "
                          f"{float(r['samples_per_s']):.4g}" + "".join(f"<br>\u26a0 {esc(x)}" for x in reasons))
                 bars.append((r["_n"], mfu, max(mfu - low, 0), max(high - mfu, 0), 3 if winner else 0, label, hover))
@@ -367,13 +370,16 @@ class Figures:
             fig.add_trace(go.Scatter(x=allocated, y=labels, mode="markers", name="allocated peak",
                                      marker={"symbol": "diamond-open", "size": 10, "color": "#222"},
                                      hovertemplate="allocated %{x:.3g} GiB (bar: reserved)<extra></extra>"))
-        estimate = numeric(rows["memory_estimate_gib"])
+        estimate = numeric(rows["memory_estimate_held_gib"])
         if estimate.notna().any():
+            cpu = numeric(rows["device_memory_gib"]).isna()
+            said = [f"estimate {e:.3g} GiB vs measured {m:.3g} GiB: {err:+.0%}" + (" (CPU: not comparable)" if c else "")
+                    if pd.notna(e) and pd.notna(m) else ""
+                    for e, m, err, c in zip(estimate, numeric(rows["memory_vs_estimate_gib"]),
+                                            numeric(rows["memory_estimate_error"]), cpu)]
             fig.add_trace(go.Scatter(x=estimate, y=labels, mode="markers", name="plan estimate",
                                      marker={"symbol": "x", "size": 11, "color": "#222"},
-                                     customdata=numeric(rows["memory_vs_estimate_gib"]),
-                                     hovertemplate="estimate %{x:.3g} GiB vs measured %{customdata:.3g} GiB"
-                                                   "<extra></extra>"))
+                                     hovertext=said, hovertemplate="%{hovertext}<extra></extra>"))
         device = numeric(rows["device_memory_gib"])
         if device.notna().any():
             fig.add_trace(go.Scatter(x=device, y=labels, mode="markers", name="device memory",

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from rich.table import Table
 
+from echobench.records.config import FIELDS, configuration, unknown_key
 from echobench.records.console import esc, fmt, state_markup
 from echobench.records.results import (Record, Status, find_record_files, gpu_hours_per_million_samples,
                                        record_settings)
-from echobench.report.data import scale_size
+from echobench.report.data import scale_size, varying_keys
 from echobench.sweep.matrix import MatrixError, parse_only
 
 UNREADABLE = "unreadable"
@@ -159,6 +160,45 @@ def sort_rows(rows: list[dict], keys: list[tuple[str, bool]]) -> list[dict]:
     return rows
 
 
+# ---- --columns ----
+
+STANDARD = ("scale", "framework", "parallelism", "nodes", "gpus")  # what tells runs apart without a setting
+
+
+def telling_settings(rows: list[dict]) -> list[str]:
+    """The run settings that differ between rows the standard columns cannot tell apart (the same
+    scale, layout, nodes and GPUs; ac, compile, micro_batch, ...): shown beside them by default."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if "_settings" in row:
+            groups.setdefault(tuple(str(row.get(k)) for k in STANDARD), []).append(row)
+    keys: list[str] = []
+    for group in groups.values():
+        if len(group) > 1:
+            settings = [configuration(r["_settings"], with_nodes=False) for r in group]
+            keys += [k for k in varying_keys(settings, ignore=STANDARD) if k not in keys]
+    return keys
+
+
+def parse_columns(items: list[str], rows: list[dict]) -> list[str]:
+    """--columns A,B (repeatable) -> the columns to show: the table's (COLUMNS) and run settings; none
+    given: COLUMNS with telling_settings after `parallelism`."""
+    names = [name.strip() for item in items for name in item.split(",") if name.strip()]
+    if not names:
+        shown = [k for k, _ in COLUMNS]
+        at = shown.index("parallelism") + 1
+        return shown[:at] + telling_settings(rows) + shown[at:]
+    allowed = [k for k, _ in COLUMNS] + [k for k in FIELDS if k not in STANDARD]
+    if bad := [n for n in names if n not in allowed]:
+        raise ListingError(f"--columns: {unknown_key(bad, allowed, 'column')}")
+    return list(dict.fromkeys(names))
+
+
+def value_of(row: dict, key: str):
+    """A column's value in a row: its own, else the run setting's."""
+    return row[key] if key in row else row.get("_settings", {}).get(key)
+
+
 def select_and_sort(listing: Listing, only: list[str], sort: list[str]) -> list[dict]:
     """The rows --only keeps, sorted by --sort (default DEFAULT_SORT), then the unreadable records,
     which no filter can judge and which are never left out."""
@@ -170,17 +210,19 @@ def select_and_sort(listing: Listing, only: list[str], sort: list[str]) -> list[
 
 # ---- output ----
 
-def public(row: dict) -> dict:
-    """A row as CSV and JSON give it: KEYS only, numbers as recorded (MFU a fraction)."""
-    return {k: row.get(k) for k in KEYS}
+def public(row: dict, columns: list[str] | None = None) -> dict:
+    """A row as CSV and JSON give it: the columns (default KEYS) and ERROR_KEYS, numbers as recorded
+    (MFU a fraction)."""
+    keys = list(dict.fromkeys((columns or [k for k, _ in COLUMNS]) + ERROR_KEYS))
+    return {k: value_of(row, k) for k in keys}
 
 
-def to_csv(rows: list[dict]) -> str:
+def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=KEYS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(public({}, columns)), lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in public(row).items()})
+        writer.writerow({k: "" if v is None else v for k, v in public(row, columns).items()})
     return buf.getvalue()
 
 
@@ -198,14 +240,17 @@ def cell(key: str, value) -> str:
         return fmt(value, ".4f")
     if key == "date":
         return esc(str(value)[:16].replace("T", " "))  # minutes are enough to tell runs apart
-    return esc(value)
+    return esc(str(value))
 
 
-def results_table(rows: list[dict], title: str) -> Table:
+def results_table(rows: list[dict], title: str, columns: list[str] | None = None) -> Table:
+    """The terminal table of these columns (default COLUMNS); a setting's header is its name."""
+    columns = columns or [k for k, _ in COLUMNS]
+    headers = dict(COLUMNS)
     table = Table(title=esc(title))
-    for key, header in COLUMNS:
+    for key in columns:
         numeric = key in ("nodes", "gpus", "mfu", "samples_per_s", "gpu_h_per_1m_samples", "step_time_s", "peak_mem_gib")
-        table.add_column(header, justify="right" if numeric else "left")
+        table.add_column(esc(headers.get(key, key)), justify="right" if numeric else "left")
     for row in rows:
-        table.add_row(*(cell(key, row.get(key)) for key, _ in COLUMNS))
+        table.add_row(*(cell(key, value_of(row, key)) for key in columns))
     return table

@@ -23,11 +23,14 @@ row with no measured run appears with empty measured columns.
 
 from __future__ import annotations
 
+import difflib
 import io
+import re
 from pathlib import Path
 
 import pandas as pd
 
+from echobench.records.config import check_value, choices
 from echobench.report.data import over_configurations, scale_order, successful, varying_keys
 
 KEYS = ["scale", "framework", "parallelism", "nodes"]
@@ -87,8 +90,60 @@ def read_reference(path: Path) -> pd.DataFrame:
             ref[c] = None
     for k in ("scale", "framework", "parallelism"):
         ref[k] = ref[k].str.strip()
+    for i, row in ref.iterrows():
+        for k in ("scale", "framework", "parallelism"):
+            if problem := slip(k, row[k]):
+                raise ReferenceError(f"{path}: line {i + 2}: {problem}")
     return ref[KEYS + REFERENCE_FIGURES + ["source"]].rename(
         columns={c: f"ref_{c}" for c in REFERENCE_FIGURES + ["source"]})
+
+
+def slip(key: str, value) -> str | None:
+    """Why `value` of a reference row's key is refused, as a matrix refuses it (check_value's words),
+    when it is a slip of a valid run setting ('3b' for 3B, 'fsdp' for fsdp2, 'Megatron' for megatron):
+    such a row would stand unmatched. None for a valid value, or one near none (another model's
+    name, GPT-1.7B: a published-only row)."""
+    try:
+        check_value(key, value)
+        return None
+    except ValueError as exc:
+        problem = str(exc)
+    text = str(value).lower()
+    allowed = [c for c in choices(key) if c != "tpN"]
+    if key == "parallelism" and re.fullmatch(r"tp\d+", text):
+        allowed.append(text)
+    near = [c for c in allowed if c.lower() == text] or [
+        c for c in allowed if difflib.SequenceMatcher(None, text, c.lower()).ratio() >= NEAR]
+    return f"{problem} (did you mean {near[0]!r}?)" if near else None
+
+
+NEAR = 0.75  # how alike (difflib's ratio, ignoring case) a reference key is to a valid value to count as a slip of it
+
+
+def unmatched_rows(reference: pd.DataFrame, frame: pd.DataFrame, path: Path) -> list[str]:
+    """One line per reference row of echobench's own scales and layouts that no measured
+    configuration pairs with (it stands published-only), naming the row and the nearest measured
+    configuration (the most keys in common). Rows of other models' names are published-only by design."""
+    measured = over_configurations(successful(frame))[KEYS].drop_duplicates() if not frame.empty else pd.DataFrame()
+    have = [tuple(str(v) for v in row) for row in measured.itertuples(index=False)]
+    lines = []
+    for i, row in reference.iterrows():
+        key = tuple(str(row[k]) for k in KEYS)
+        if key in have or any(not valid(k, row[k]) for k in ("scale", "framework", "parallelism")):
+            continue
+        nearest = max(have, key=lambda h: sum(a == b for a, b in zip(h, key)), default=None)
+        lines.append(f"{path}: line {i + 2} ({', '.join(key[:3])}, {key[3]} node(s)): no measured run has these keys, "
+                     f"so its figures stand alone; " + (f"nearest measured: {', '.join(nearest[:3])}, {nearest[3]} "
+                                                        f"node(s)" if nearest else "no run measured"))
+    return lines
+
+
+def valid(key: str, value) -> bool:
+    try:
+        check_value(key, value)
+        return True
+    except ValueError:
+        return False
 
 
 def read_reference_rows(path: Path) -> pd.DataFrame:

@@ -51,7 +51,18 @@ from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll,
 from echobench.sweep.status import cancel_sweep, table_of
 
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
-NOT_ALL_SUBMITTED = 75  # `sweep --no-wait` left runs waiting to be submitted (sysexits' EX_TEMPFAIL: try again later)
+# The exit codes of `sweep`, `sweep --no-wait`, `status` and `preflight` (one table in
+# docs/reference/failures.md#exit-codes): 0 only when what was asked happened.
+DONE = 0
+FAILED = 1  # a run failed or was refused for good, a preflight failed, nothing to do
+NOT_ALL_SUBMITTED = 75  # runs wait to be submitted (sysexits' EX_TEMPFAIL: the same command later)
+INTERRUPTED = 130  # Ctrl-C
+
+
+def refusal_code(exc: BaseException) -> int:
+    """The exit code of a job sbatch would not take: NOT_ALL_SUBMITTED for a refusal that passes with
+    time (a submit limit, a busy controller), FAILED for one that does not (the job's own options)."""
+    return NOT_ALL_SUBMITTED if isinstance(exc, SubmitLater) else FAILED
 
 
 def one_device(runs: list[PlannedRun]) -> str:
@@ -103,7 +114,7 @@ class Terminated(KeyboardInterrupt):
 
 
 # How an interrupted sweep says it was stopped, and its exit code (as a shell reports the signal).
-STOPPED_BY = {"Ctrl-C": 130, "SIGTERM": 128 + signal.SIGTERM}
+STOPPED_BY = {"Ctrl-C": INTERRUPTED, "SIGTERM": 128 + signal.SIGTERM}
 
 
 def stopped_by(exc: KeyboardInterrupt) -> str:
@@ -179,11 +190,12 @@ class Sweep:
         return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))},
                     self.state)
 
-    def preflight(self, runs: list[PlannedRun]) -> bool:
+    def preflight(self, runs: list[PlannedRun]) -> int:
         """SLURM, with runs to submit: the preflight job first (echobench.sweep.preflight), unless this very
-        matrix passed it before. Whether the runs may go; the network it saw goes into their records."""
+        matrix passed it before. DONE when the runs may go (the network it saw goes into their records),
+        else the sweep's exit code: FAILED, or NOT_ALL_SUBMITTED when sbatch will take the job later."""
         if not runs or self.executor.name != "slurm":
-            return True
+            return DONE
         result = passed_before(self.dir, self.matrix, runs, self.executor.name)
         if result is not None:
             self.log(f"preflight passed before for this matrix (job {esc(result.job)}, {esc(result.time)}): not run "
@@ -196,13 +208,15 @@ class Sweep:
             try:
                 result = run_preflight(self.matrix, runs, self.executor, self.dir, self.console, keep)
             except Exception as exc:  # noqa: BLE001 - sbatch's refusal (SubmitLater, SlurmError), one line
-                raise ValueError(f"the preflight job was not submitted: {exc}; no run submitted") from None
+                self.log(f"[red]the preflight job was not submitted[/]: {esc(exc)}; no run submitted (the same "
+                         f"`echobench sweep` tries again)")
+                return refusal_code(exc)
             if not result.passed:
                 self.log(f"[red]no run submitted[/]: {len(runs)} runs wait for a passing preflight (nothing measured "
                          f"is lost); fix what it says, then run the same `echobench sweep` again")
-                return False
+                return FAILED
         self.executor.transport = result.record_label()
-        return True
+        return DONE
 
     def calibrate(self, runs: list[PlannedRun]) -> None:
         """Runs to submit without a peak of their own: the executor measures one where they run. With
@@ -390,9 +404,8 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
 def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, console,
               skipped: list[dict] | None = None) -> int:
     """Submits what is missing (or failed, with retry), waits, collects. Returns the exit code:
-    0 when every run of the selection is ok, 1 when some failed, 130 on Ctrl-C (143 on SIGTERM); with --no-wait 0
-    once every run is submitted, NOT_ALL_SUBMITTED when some wait to be (slurm.max_submitted, a
-    submit limit, a busy scheduler: the same `sweep` again submits them).
+    DONE when every run of the selection is ok, FAILED when some failed (or the preflight did),
+    INTERRUPTED on Ctrl-C (STOPPED_BY: 143 on SIGTERM); with --no-wait (no_wait_code) DONE once every run is submitted or ok.
     `skipped` (skipped_entry dicts) goes to SWEEP/skipped.json for the report."""
     sweep = open_sweep(matrix, opts, console, skipped)
     sweep.state.plan([r.id for r in runs])
@@ -407,8 +420,8 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     queue = list(to_submit)
     try:
         during = "during the preflight, before any run was submitted"
-        if opts.preflight and not sweep.preflight(to_submit):
-            return 1
+        if opts.preflight and (code := sweep.preflight(to_submit)) != DONE:
+            return code
         during = "while calibrating, before any run was submitted"
         sweep.calibrate(to_submit)
         during = "while submitting"
@@ -419,14 +432,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         sweep.interrupt(runs, during, opts.ask)
         return STOPPED_BY[sweep.stopped_by]
     if not opts.wait:
-        if queue:
-            sweep.log(f"[yellow]{len(queue)} of {len(runs)} runs not submitted yet[/] ({esc(sweep.held_because())}): "
-                      f"nothing is lost; the same `echobench sweep` submits them (without --no-wait it stays and "
-                      f"submits them as jobs end); follow with: echobench status {esc(sweep.dir)}")
-            return NOT_ALL_SUBMITTED
-        sweep.log(f"{submitted_words(sweep, len(to_submit), done, len(failed_before))}; follow with: echobench status "
-                  f"{esc(sweep.dir)}")
-        return 0
+        return no_wait_code(sweep, queue, runs, len(to_submit), done, len(failed_before))
     finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
     if not finished:
         sweep.interrupt(runs, None, opts.ask)
@@ -435,13 +441,31 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
     statuses = collect(sweep.dir, [sweep.run_dir(r) for r in runs], console)
     if not finished:
         return STOPPED_BY[sweep.stopped_by]
-    return 0 if all(statuses.get(r.id) == RunState.OK for r in runs) else 1
+    return DONE if all(statuses.get(r.id) == RunState.OK for r in runs) else FAILED
 
 
-def submitted_words(sweep: Sweep, to_submit: int, done: int, failed: int) -> str:
-    """What `sweep --no-wait` did, once every run it had to submit is (or was refused for good): how
-    many it submitted, and why the others needed nothing."""
-    rejected = to_submit - sweep.submitted  # refused for the job's own reasons: each run's record says why
+def no_wait_code(sweep: Sweep, queue: list[PlannedRun], runs: list[PlannedRun], to_submit: int, done: int,
+                 failed: int) -> int:
+    """`sweep --no-wait`'s last line and exit code: DONE when every run is submitted, queued or ok;
+    FAILED when sbatch refused some for good or some failed earlier (not rerun); else
+    NOT_ALL_SUBMITTED when some wait to be submitted (slurm.max_submitted, a submit limit, a busy
+    scheduler: the same `sweep` again submits them)."""
+    follow = f"follow with: echobench status {esc(sweep.dir)}"
+    if queue:
+        sweep.log(f"[yellow]{len(queue)} of {len(runs)} runs not submitted yet[/] ({esc(sweep.held_because())}): "
+                  f"nothing is lost; the same `echobench sweep` submits them (without --no-wait it stays and "
+                  f"submits them as jobs end); {follow}")
+    rejected = to_submit - len(queue) - sweep.submitted
+    if rejected or failed or not queue:
+        sweep.log(f"{submitted_words(sweep, rejected, done, failed)}; {follow}")
+    if rejected or failed:
+        return FAILED
+    return NOT_ALL_SUBMITTED if queue else DONE
+
+
+def submitted_words(sweep: Sweep, rejected: int, done: int, failed: int) -> str:
+    """What `sweep --no-wait` did: how many runs it submitted, and why the others needed nothing or
+    were not taken; `rejected`: refused for the job's own reasons (each run's record says why)."""
     have, going = done + failed, len(sweep.tracked) - sweep.submitted
     why = ([f"{have} runs already have records ({done} ok"
             + (f", {failed} failed: --retry-failed reruns them" if failed else "") + ")"] if have else []) \

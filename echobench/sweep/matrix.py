@@ -149,6 +149,34 @@ class UenvSettings(Strict):
         return v if v is None else _check(r"^[A-Za-z0-9_.,:+/@=-]{1,256}$", f"uenv.{info.field_name}", v)
 
 
+class RendezvousSettings(Strict):
+    """Where the nodes meet (torchrun's MASTER_ADDR), where the first node's SLURM name is not the
+    address they reach each other at: a suffix to that name (JSC's boosters: `i`, the InfiniBand
+    name), or a command run in the job after the setup lines whose first line of output is the
+    address ($MASTER_ADDR holds the first node's name). The runs' jobs, the preflight and the comm
+    calibration all meet there."""
+    suffix: str | None = None
+    command: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v):
+        return v if v is None else _check(r"^[A-Za-z0-9.-]{1,64}$", "rendezvous.suffix (hostname characters)", v)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if v is not None and ("\0" in v or "\n" in v or not v.strip()):
+            raise ValueError("rendezvous.command: one line of shell")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.suffix is None) == (self.command is None):
+            raise ValueError("rendezvous: give one of suffix (e.g. i) and command")
+        return self
+
+
 class TimeFromEstimate(Strict):
     """Per-run time limits from the plan's estimate (echobench.sweep.estimate): factor x estimate, at
     least floor, at most slurm.time (which stays the limit of runs the plan cannot estimate)."""
@@ -184,6 +212,7 @@ class SlurmSettings(Strict):
     setup: list[str] = []  # shell commands run before the launch (module load ..., source venv); yours, as written
     env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
+    rendezvous: RendezvousSettings | None = None  # the address the nodes meet at; default: the first node's name
     python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
     # Jobs of the sweep in the queue at once (pending or running): more are submitted as they end.
     # None: no cap (a refusal for a submit limit still only delays a run: it is retried).

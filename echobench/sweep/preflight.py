@@ -218,6 +218,19 @@ def run_preflight(matrix: Matrix, runs: list[PlannedRun], executor, sweep_dir: P
     return result
 
 
+def preflight_script(matrix: Matrix, runs: list[PlannedRun], sweep_dir: Path, log: Path | None = None) -> str:
+    """The SLURM preflight job's script for these runs, exactly as `sweep` and `preflight` submit it
+    into sweep_dir (`plan --write-scripts` and `preflight --dry-run` show it; `log`: its output elsewhere)."""
+    return render_preflight_script(sweep_dir, matrix.spec.slurm, preflight_spec(matrix, runs, "slurm"), limit_s(matrix),
+                                   log)
+
+
+def local_command(spec: dict) -> list[str]:
+    """The local executor's preflight: the node check on this machine."""
+    return [sys.executable, "-m", "echobench.train.nodecheck", "node", "--spec", json.dumps(spec), "--nnodes", "1",
+            "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "0"]
+
+
 def on_slurm(matrix: Matrix, spec: dict, executor, sweep_dir: Path, console, on_job) -> Preflight:
     script = sweep_dir / "preflight.sh"
     script.write_text(render_preflight_script(sweep_dir, matrix.spec.slurm, spec, limit_s(matrix)))
@@ -265,8 +278,7 @@ def here(matrix: Matrix, spec: dict, sweep_dir: Path, console) -> Preflight:
     """The local executor's preflight: the node check on this machine, with the matrix's env."""
     out = sweep_dir / "logs" / "preflight-local.out"
     log(console, f"preflight: checking the runs' environment on this machine (log {esc(out)})")
-    cmd = [sys.executable, "-m", "echobench.train.nodecheck", "node", "--spec", json.dumps(spec), "--nnodes", "1",
-           "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "0"]
+    cmd = local_command(spec)
     env = with_source_path({**os.environ, **matrix.spec.slurm.env})
     with open(out, "w") as sink:
         code = subprocess.call(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)

@@ -32,7 +32,12 @@ from echobench.train.nodecheck import backend_imports
 # The rendezvous host and log settings of a job that starts one launcher per node (runs, the comm calibration).
 # sed, not head: head closes the pipe after one line, and under pipefail scontrol's SIGPIPE on a long
 # node list would fail the job (exit 141).
-NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+# slurm.rendezvous (job_environment sets EB_RENDEZVOUS_*) changes the address the nodes meet at, after the setup lines.
+NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)${EB_RENDEZVOUS_SUFFIX:-}
+if [ -n "${EB_RENDEZVOUS_COMMAND:-}" ]; then
+  MASTER_ADDR=$(eval "$EB_RENDEZVOUS_COMMAND" | sed -n 1p)
+  [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.command printed no address: $EB_RENDEZVOUS_COMMAND" >&2; exit 1; }
+fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash dumps its stack
 """
 # The srun that starts one launcher per node, up to `bash -c`: the launcher's command and arguments follow.
@@ -223,6 +228,8 @@ def job_environment(slurm) -> list[str]:
         if not slurm.python:
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          'PYTHON=$(command -v python3 || command -v python); fi')
+    if rdv := slurm.rendezvous:  # read where the address is made (NODE_LAUNCH_ENV), after the setup lines
+        lines.append(f"EB_RENDEZVOUS_SUFFIX={q(rdv.suffix)}" if rdv.suffix else f"EB_RENDEZVOUS_COMMAND={q(rdv.command)}")
     return lines
 
 
@@ -329,14 +336,15 @@ def preflight_log(sweep_dir: Path, job: str = "%j") -> Path:
     return sweep_dir.resolve() / "logs" / f"preflight-{job}.out"
 
 
-def render_preflight_script(sweep_dir: Path, slurm, spec: dict, limit_s: int) -> str:
+def render_preflight_script(sweep_dir: Path, slurm, spec: dict, limit_s: int, log: Path | None = None) -> str:
     """The preflight job (echobench.sweep.preflight): `spec["nodes"]` nodes in the matrix's exact environment
     (its #SBATCH options, setup lines, fabric variables, container or uenv, srun options), one
     `python -m echobench.train.nodecheck node` per node. `spec` reaches them as one quoted argument (JSON),
-    never as code; each node prints its lines (echobench-check {...})."""
+    never as code; each node prints its lines (echobench-check {...}). `log`: where SLURM writes its
+    output when not SWEEP/logs (a script to submit by hand)."""
     return per_node_job(
         calibration_time(slurm, limit_s), sweep_dir, f"eb-preflight-{sweep_dir.name}", spec["nodes"], spec["nproc"],
-        preflight_log(Path(sbatch_path(sweep_dir))), f"preflight: what the runs need, checked on {int(spec['nodes'])} "
+        log or preflight_log(Path(sbatch_path(sweep_dir))), f"preflight: what the runs need, checked on {int(spec['nodes'])} "
         f"node(s) x {int(spec['nproc'])} processes before any run is submitted (`echobench preflight`)", [],
         '-m echobench.train.nodecheck node --spec "$1" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
         '--master-addr "$2" --master-port "$3"', f'{shlex.quote(json.dumps(spec))} "$MASTER_ADDR" "$MASTER_PORT"')
