@@ -135,14 +135,8 @@ def test_bad_input(tmp_path):
     assert proc.returncode == 2 and "is not a directory" in said(proc), said(proc)
 
 
-def test_interrupted(tmp_path, monkeypatch):
-    """Ctrl-C: `sweep` and `sweep --no-wait` 130 (while submitting), `preflight` 130, `status` 130."""
-    from rich.console import Console
-    import io
-
-    from echobench.sweep import loop as sw
-    from echobench.sweep.matrix import expand, load_matrix
-
+def stopped_while_submitting(exc: type[BaseException]):
+    """An executor whose submit is interrupted by `exc` (Ctrl-C's KeyboardInterrupt, SIGTERM's Terminated)."""
     class Stopped:
         name, poll_s, max_active = "slurm", 5.0, None
 
@@ -153,7 +147,7 @@ def test_interrupted(tmp_path, monkeypatch):
             return "#!/bin/bash\n"
 
         def submit(self, run, run_dir, time_limit_s):
-            raise KeyboardInterrupt
+            raise exc()
 
         def cancel_all(self):
             return []
@@ -161,7 +155,18 @@ def test_interrupted(tmp_path, monkeypatch):
         def detach_message(self):
             return "its jobs keep running"
 
-    monkeypatch.setattr(sw, "make_executor", lambda name, matrix=None: Stopped())
+    return Stopped()
+
+
+def test_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C: `sweep` and `sweep --no-wait` 130 (while submitting), `preflight` 130, `status` 130."""
+    from rich.console import Console
+    import io
+
+    from echobench.sweep import loop as sw
+    from echobench.sweep.matrix import expand, load_matrix
+
+    monkeypatch.setattr(sw, "make_executor", lambda name, matrix=None: stopped_while_submitting(KeyboardInterrupt))
     the_matrix = load_matrix(matrix(tmp_path / "m.yaml"))
     runs = expand(the_matrix, "slurm").runs
     for wait in (True, False):
@@ -185,10 +190,32 @@ def test_interrupted(tmp_path, monkeypatch):
     assert ended.value.code == 130
 
 
+def test_sigterm(tmp_path, monkeypatch):
+    """SIGTERM (`kill PID`): `sweep` and `sweep --no-wait` stop as after Ctrl-C, exit 143, said as
+    SIGTERM, and no question asked (the real signal through a whole sweep: tests/test_sweep_local.py)."""
+    from rich.console import Console
+    import io
+
+    from echobench.sweep import loop as sw
+    from echobench.sweep.matrix import expand, load_matrix
+
+    monkeypatch.setattr(sw, "make_executor", lambda name, matrix=None: stopped_while_submitting(sw.Terminated))
+    the_matrix = load_matrix(matrix(tmp_path / "m.yaml"))
+    runs = expand(the_matrix, "slurm").runs
+    for wait in (True, False):
+        out = io.StringIO()
+        asked = []
+        opts = sw.SweepOptions(executor="slurm", out=tmp_path / f"s{wait}", wait=wait, preflight=False,
+                               ask=lambda q: asked.append(q) or True)
+        assert sw.run_sweep(the_matrix, runs, opts, Console(file=out, width=200)) == 143
+        assert "interrupted (SIGTERM) while submitting" in out.getvalue() and asked == [], out.getvalue()
+
+
 ROWS = {"what was asked happened": test_done, "a run failed": test_run_failed,
         "sbatch refused a job for good": test_refused, "sbatch takes a job later": test_later,
         "the preflight failed": test_preflight_failed, "nothing to do": test_nothing_to_do,
-        "bad input": test_bad_input, "Ctrl-C": test_interrupted}
+        "bad input": test_bad_input, "Ctrl-C": test_interrupted,
+        "SIGTERM": test_sigterm}
 
 
 def test_every_row_of_the_exit_code_table_has_a_test():
