@@ -26,6 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
 from echobench.backends.checks import DATA_PARALLEL
+from echobench.model.components import merged_attention_runs
 from echobench.model.config import LATENT_DIM
 from echobench.model.decoder import Decoder
 from echobench.model.echo import EchoTTS
@@ -47,12 +48,26 @@ def key_masking(cfg, device: torch.device) -> str:
     return cfg.key_masking
 
 
+def cfg_drop_attention(cfg, device: torch.device, dtype: torch.dtype) -> tuple[str, str | None]:
+    """How the DiT attends where samples drop their conditioning and nothing is padded
+    (model.echo.CFG_DROP_ATTENTIONS), and why split runs masked here (None where it runs as set):
+    split calls SDPA's flash kernel (components.merged_attention), so it runs where that kernel can
+    and where no other SDPA kernel is pinned."""
+    if cfg.cfg_drop_attention == "masked":
+        return "masked", None
+    if cfg.sdpa_backend not in ("auto", "flash"):
+        return "masked", f"split calls the flash kernel: sdpa_backend {cfg.sdpa_backend} pins another"
+    problem = merged_attention_runs(device, dtype, cfg.model_config().head_dim)
+    return ("masked", f"split runs masked: {problem}") if problem else ("split", None)
+
+
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # Same initial weights on every rank and in every backend. Built directly on the device:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop)
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop,
+                        cfg_drop_attention(cfg, device, dtype)[0])
     if cfg.frozen_encoder:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
@@ -411,7 +426,9 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     if workload is None:
         model = build_model(cfg, device, dtype)
         info.update(text_encoder=text_encoder_layout(cfg, dtype), key_masking=model.key_masking, cfg_drop=model.cfg_drop,
-                    recompute=RECOMPUTE[ac])
+                    cfg_drop_attention=model.cfg_drop_attention, recompute=RECOMPUTE[ac])
+        if note := cfg_drop_attention(cfg, device, dtype)[1]:
+            info["cfg_drop_attention_note"] = note
     else:
         model = build_decoder(cfg, workload, device)
         info.update(model=f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",

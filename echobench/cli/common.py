@@ -48,7 +48,7 @@ RUN_PANELS = {
                          "speaker_frames", "batching", "buckets"],
     "Performance": ["compile", "ac", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
                     "sequence_parallel", "distributed_optimizer", "float8_recipe", "key_masking", "cfg_drop",
-                    "loader_workers", "gc_every"],
+                    "cfg_drop_attention", "loader_workers", "gc_every"],
     "Data and text encoder": ["data", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
                               "t5_hidden_dim", "tokenizer"],
     "Measurement": ["peak_tflops", "trace", "time_limit_s", "trace_limit_s", "progress_every_s", "log_metrics"],

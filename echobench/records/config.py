@@ -95,6 +95,13 @@ class RunConfig:
         "mask", "How classifier-free guidance drops a sample's text and speaker conditioning (10% of samples): mask, "
         "their keys masked out of the DiT's attention, as the reference Echo TTS does (a micro-batch with a dropped "
         "sample attends over a key mask); null, the streams replaced by zeros and attended (no mask).")
+    cfg_drop_attention: Literal["split", "masked"] = setting(
+        "split", "How the DiT attends in a micro-batch where samples drop their conditioning (cfg_drop mask) and "
+        "no stream is padded: split, with no mask, the latent keys and the conditioning keys in two flash-attention "
+        "calls merged by their log-sum-exp, a dropped sample's conditioning weighted zero (the masked result); "
+        "masked, over the key mask (key_masking), as a padded micro-batch does. Split runs masked where the flash "
+        "kernel cannot (a GPU in fp32, another sdpa_backend pinned, megatron); the record says which ran "
+        "(backend_info, attention_paths).")
     sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
         "auto", "Pins the SDPA kernel (auto: torch's choice; the record says what torch predicts, "
         "sdpa_backends_predicted, and on a GPU which kernels ran, attention_kernels).")
@@ -410,7 +417,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise", "card": None}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "float8_recipe": "tensorwise", "card": None}
 
 
 def config_id(cfg: RunConfig) -> str:
