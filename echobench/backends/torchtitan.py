@@ -26,6 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
 from echobench.backends.checks import DATA_PARALLEL
+from echobench.backends.master import RECIPES, MasterWeights
 from echobench.model.components import merged_attention_runs
 from echobench.model.config import LATENT_DIM
 from echobench.model.decoder import Decoder
@@ -444,6 +445,11 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each "
                             + ("DiT, speaker-encoder and text-encoder block" if workload is None else "decoder block")
                             + " and of the top level's functions")
+    recipe = cfg.master_weights_on(device.type)
+    info.update(master_weights=recipe, master_weights_recipe=RECIPES[recipe])
+    # bf16-compute turns the parameters into bf16 before DDP makes its buckets of them.
+    master = (MasterWeights(model.trainable_parameters(), lambda masters: build_optimizer(masters, device))
+              if recipe == "bf16-compute" else None)
     if cfg.parallelism in DATA_PARALLEL:
         mesh = build_mesh(cfg, device)
         info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
@@ -463,15 +469,21 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
             info["reshard_after_forward"] = cfg.reshard_after_forward
             if force_sum:
                 info["reduce_op"] = "sum (gloo lacks PREMUL_SUM)"
-    params = model.trainable_parameters()
-    optimizer = build_optimizer(params, device)
+    if master is None:
+        params = model.trainable_parameters()
+        optimizer = build_optimizer(params, device)
+        clip_grad = partial(clip_grad_norm_, params, 1.0, optimizer)
+    else:  # clipping reads the fp32 gradients the step loads into the masters
+        optimizer = master
+        clip_grad = lambda: clip_grad_norm_(master.load_grads(), 1.0, master.optimizer)  # noqa: E731
     # Every rank is a data-parallel replica (HSDP: both mesh dimensions).
     dp_group = torch.distributed.group.WORLD if cfg.parallelism in DATA_PARALLEL else None
     return TrainSetup(
         model=model,
         optimizer=optimizer,
-        clip_grad=partial(clip_grad_norm_, params, 1.0, optimizer),
-        # bf16 runs under autocast in every layout (FSDP2 also stores the gathered params in bf16).
+        clip_grad=clip_grad,
+        # bf16 runs under autocast in every layout (FSDP2 gathers its params in bf16; bf16-compute holds
+        # them in bf16: autocast then casts activations only).
         autocast_dtype=dtype if dtype != torch.float32 else None,
         info=info,
         dp_group=dp_group,
