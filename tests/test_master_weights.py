@@ -147,3 +147,26 @@ def test_master_weights_resolves_per_layout_and_device():
 ])
 def test_a_master_weights_setting_that_cannot_run_is_refused(settings, problem):
     assert problem in parallelism_problem(RunConfig(scale="tiny", **settings))
+
+
+def test_ddp_with_bf16_compute_follows_one_process(tmp_path):
+    """2 DDP ranks x micro-batch 1 x 2 accumulated against one process x micro-batch 2 x 2, both
+    bf16-compute: the same samples and draws; DDP reduces the bf16 gradients in bf16 (no compression
+    hook: they are bf16 already), so the losses agree to bf16's rounding, not bit for bit."""
+    from conftest import ONE_THREAD, record, run_cli
+
+    shape = ["--scale", "tiny", "--audio-frames", "48", "--text-tokens", "16", "--speaker-frames", "32",
+             "--peak-tflops", "1", "--steps", "3", "--warmup-steps", "0", "--precision", "bf16", "--device", "cpu",
+             "--master-weights", "bf16-compute", "--grad-accum", "2"]
+    runs = {}
+    for name, args in (("one", ["--micro-batch", "2"]),
+                       ("ddp", ["--micro-batch", "1", "--nproc", "2", "--parallelism", "ddp",
+                                "--grad-reduce-dtype", "bf16"])):
+        out = tmp_path / name
+        proc = run_cli("run", *shape, *args, "--out", out, tmp_path=tmp_path, timeout=600, env=ONE_THREAD)
+        runs[name] = record(out)
+        assert proc.returncode == 0, runs[name]["error"] + proc.stderr[-3000:]
+        assert runs[name]["backend"]["master_weights"] == "bf16-compute"
+    assert "bfloat16 gradient all-reduce" in runs["ddp"]["backend"]["sharding"]
+    assert runs["ddp"]["losses"] == pytest.approx(runs["one"]["losses"], rel=2e-3, abs=0)
+    assert runs["one"]["losses"][0] != runs["one"]["losses"][1]

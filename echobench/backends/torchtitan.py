@@ -361,7 +361,8 @@ def apply_ddp(model: EchoTTS, mesh, reduce_dtype: torch.dtype) -> None:
     """DDP: gradients written straight into the reduction buckets (gradient_as_bucket_view: no copy
     per step, no second copy of the gradients in memory); bf16 reduction by DDP's compression hook."""
     replicate(model, device_mesh=mesh, bucket_cap_mb=100, gradient_as_bucket_view=True)
-    if reduce_dtype == torch.bfloat16:
+    # bf16 parameters (master_weights bf16-compute) have bf16 gradients: DDP reduces them as they are.
+    if reduce_dtype == torch.bfloat16 and any(p.dtype != torch.bfloat16 for p in model.trainable_parameters()):
         model.register_comm_hook(None, bf16_compress_hook)
 
 
