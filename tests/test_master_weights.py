@@ -167,6 +167,7 @@ def test_ddp_with_bf16_compute_follows_one_process(tmp_path):
         runs[name] = record(out)
         assert proc.returncode == 0, runs[name]["error"] + proc.stderr[-3000:]
         assert runs[name]["backend"]["master_weights"] == "bf16-compute"
+        assert "bf16-compute" in proc.stdout  # the run's printed record says which recipe ran
     assert "bfloat16 gradient all-reduce" in runs["ddp"]["backend"]["sharding"]
     assert runs["ddp"]["losses"] == pytest.approx(runs["one"]["losses"], rel=2e-3, abs=0)
     assert runs["one"]["losses"][0] != runs["one"]["losses"][1]

@@ -284,6 +284,9 @@ def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
     # down; and the text and patch projections (the latent in / out, K or N of 128, stay high precision).
     assert r["backend"]["float8_linears"] == 2 * 4 + 2 * 4 + 2
     assert all(math.isfinite(x) for x in r["losses"])
+    # its MFU is labelled as a float8 run's (against the bf16 peak), beside its MFU against the fp8 peak
+    assert "float8 run, vs the bf16 peak" in proc.stdout and "MFU vs fp8 peak" in proc.stdout
+    assert r["backend"]["master_weights"] == "fp32-autocast"
 
 
 def test_fp8_shape_that_cannot_run_is_refused_before_launch(cli, tmp_path):
