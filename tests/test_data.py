@@ -32,6 +32,21 @@ def keys_of(samples):
 
 # --- format and synth ---------------------------------------------------------------------------
 
+def test_synth_draws_the_lengths_its_docs_state():
+    """docs/explanation/data.md and `data synth --help` state the distribution: audio median 8 s,
+    reference median 10 s (log-normal, clipped to [2 s, max]), about 14 characters per second."""
+    from echobench.data.synth import synth_sample
+
+    rng = np.random.default_rng(0)
+    samples = [synth_sample(rng, str(i)) for i in range(400)]
+    seconds = np.array([s["target_duration"] for s in samples])
+    refs = np.array([len(s["ref"]) for s in samples]) / FRAME_RATE
+    assert 7.0 < np.median(seconds) < 9.0 and 9.0 < np.median(refs) < 11.0
+    assert seconds.min() >= 2.0 and max(seconds.max(), refs.max()) <= 30.0
+    chars = np.array([len(s["text"]) for s in samples])
+    assert 12 < np.median(chars / seconds) < 17
+
+
 def test_synth_writes_triplets_with_a_spread_of_lengths(tmp_path):
     paths = synth_shards(tmp_path, num_shards=2, samples_per_shard=40, seed=3, max_seconds=20.0)
     assert [p.name for p in paths] == ["shard-000000.tar", "shard-000001.tar"]

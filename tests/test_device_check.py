@@ -19,27 +19,74 @@ import device_check  # noqa: E402
 import device_summary  # noqa: E402
 
 def test_the_always_attempted_steps_fit_the_call_with_a_margin():
-    setup = device_check.WHEELS_S + device_check.PROBE_S  # the launcher check takes no time
+    setup = device_check.WHEELS_S + device_check.PROBE_S + device_check.SHARDS_S  # the launcher check takes no time
     need = setup + device_check.always_minimum_s() + device_check.RESERVE_S
     assert device_check.DEADLINE_S <= device_check.CALL_S - 45
     assert need <= device_check.DEADLINE_S - 45, need  # at worst 45 s to spare inside the deadline
 
 
-def test_the_headline_runs_come_first():
+def test_the_speed_steps_come_first_and_wait_on_no_step():
     order = device_check.steps(dry=False)
     always = [s.name for s in order if s.always]
-    assert [s.name for s in order[:len(always)]] == always  # nothing optional before a headline step
+    assert [s.name for s in order[:len(always)]] == always  # nothing optional before an always step
     assert always[0] == "calibrate"
-    runs = [s for s in order[:len(always)] if s.kind == "run" and "--scale" in s.args]
-    assert {s.args[s.args.index("--scale") + 1] for s in runs} == {"3B", "800M"}
-    cards = [s for s in order[:len(always)] if "--card" in s.args]  # a published row's 1-GPU slice (issue 45)
-    assert [s.args[s.args.index("--card") + 1].split("#")[0] for s in cards] == ["validation/published-runs.yaml"]
-    rows = {r["id"] for r in yaml.safe_load((ROOT / "validation/published-runs.yaml").read_text())}
-    named = [s.args[s.args.index("--card") + 1].split("#")[1] for s in order if "--card" in s.args]
-    assert named and set(named) <= rows, set(named) - rows
-    assert any("megatron" in s.args for s in runs)
-    assert [s.compiles for s in runs] == sorted(s.compiles for s in runs)  # eager ones before the compiles
+    speed = [s.name for s in order[1:7]]
+    assert speed == ["3b-compile-mb16-accum4", "3b-compile-mb16-accum4-masked", "3b-compile-mb8-baseline",
+                     "3b-fp8-rowwise-compile-mb16-accum4", "800m-compile-mb16-accum4", "3b-compile-mb8-padded"]
+    by = {s.name: s for s in order}
+    lean, masked, baseline = (by[n].args for n in speed[:3])
+    assert "--master-weights" not in lean and "--cfg-drop-attention" not in lean  # the defaults: the lean recipe
+    assert [a for a in masked if a not in lean] == ["--cfg-drop-attention", "masked"]
+    assert baseline[baseline.index("--master-weights") + 1] == "fp32-autocast" and "--trace" in baseline
+    fp8 = by[speed[3]].args
+    assert fp8[fp8.index("--float8-recipe") + 1] == "rowwise"
+    assert device_check.SHARDS in by[speed[5]].args
+    # No step waits on another step, only on the set-up, which is never skipped.
+    assert all(set(s.needs) <= set(device_check.SETUP_STEPS) for s in order), \
+        [(s.name, s.needs) for s in order if not set(s.needs) <= set(device_check.SETUP_STEPS)]
     assert all("launcher" in s.needs for s in order if s.compiles)
+    cards = [s for s in order if "--card" in s.args]  # published rows' 1-GPU slices
+    rows = {r["id"] for r in yaml.safe_load((ROOT / "validation/published-runs.yaml").read_text())}
+    named = [s.args[s.args.index("--card") + 1].split("#")[1] for s in cards]
+    assert named and set(named) <= rows, set(named) - rows
+    # The gpu tests' per-test limit fits a compiled tiny model's graphs, inside the step's own.
+    pytest_step = by["pytest-gpu"]
+    assert 100 <= device_check.PYTEST_TEST_S <= pytest_step.limit_s
+
+
+def test_the_dry_plan_walks_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
+    """DEVICE_CHECK_DRY's pass, its commands faked to take each step's least time: the steps run in
+    steps()' order, every always step runs, the padded run reads the set-up's shards, and the pass
+    ends inside the deadline (skipping, for time, what does not fit)."""
+    check = make_check(tmp_path, deadline=device_check.DEADLINE_S)
+    clock = {"t": 0.0}
+    monkeypatch.setattr(device_check.time, "monotonic", lambda: clock["t"])
+    check.start = 0.0
+    ran = []
+
+    def fake(cmd, log, limit, stdout=None):
+        step = next(s for s in device_check.steps(dry=True) if s.name == log.stem)
+        clock["t"] += step.min_s
+        ran.append((step.name, cmd))
+        return 1, step.min_s
+
+    monkeypatch.setattr(check, "execute", fake)
+    check.note(kind="setup", name="shards", rc=0)
+    order = device_check.steps(dry=True)
+    for step in order:
+        check.run_step(step)
+    names = [n for n, _ in ran]
+    assert names == [s.name for s in order if s.name in names]  # in order
+    assert {s.name for s in order if s.always} <= set(names)
+    assert clock["t"] <= device_check.DEADLINE_S - check.reserve
+    skipped = [ln for ln in device_summary.read_lines(check.records) if ln["kind"] == "skipped"]
+    assert all(ln["note"].startswith("time:") for ln in skipped)
+    # Alone (DEVICE_CHECK_ONLY), the padded run reads the set-up's shards.
+    ran.clear()
+    check.deadline = clock["t"] + 500
+    check.run_step(next(s for s in order if s.name == "tiny-compile-mb2-padded"))
+    (_, padded), = ran
+    assert padded[padded.index("--data") + 1] == str(check.work / "shards")
 
 
 def test_dry_steps_are_the_same_steps():
@@ -61,17 +108,18 @@ def test_a_step_that_cannot_run_is_skipped_at_once_with_its_reason(tmp_path, mon
     ran = []
     monkeypatch.setattr(check, "execute", lambda cmd, log, limit, stdout=None: ran.append(cmd) or (0, 0.1))
     by = {s.name: s for s in device_check.steps(dry=True)}
-    check.run_step(by["tiny-compile-mb2"])  # no launcher
+    check.run_step(by["tiny-compile-mb2-baseline"])  # no launcher
     check.launcher_reason = ""
-    check.run_step(by["bare-tiny-compile-mb2"])  # its compiled run did not pass
+    check.note(kind="setup", name="shards", rc=1)
+    check.run_step(by["tiny-compile-mb2-padded"])  # no shards
     check.run_step(by["tiny-compile-sac-mb2"])  # 170 s left, 100 needed: runs
     check.deadline = 50.0
     check.run_step(by["tiny-eager-mb4"])  # 20 s left, 35 needed
     assert len(ran) == 1 and "--compile" in ran[0] and "selective" in ran[0]
     lines = device_summary.read_lines(check.records)
     notes = {ln["name"]: ln.get("note", "") for ln in lines if ln["kind"] == "skipped"}
-    assert notes == {"tiny-compile-mb2": "no C compiler (cc, gcc or clang; or $CC)",
-                     "bare-tiny-compile-mb2": "tiny-compile-mb2 skipped",
+    assert notes == {"tiny-compile-mb2-baseline": "no C compiler (cc, gcc or clang; or $CC)",
+                     "tiny-compile-mb2-padded": "shards failed",
                      "tiny-eager-mb4": "time: 20 s left for it, it needs 35 s"}
     assert check.outcome["tiny-compile-sac-mb2"] == "failed"  # it ran (a fake) and left no record
 
@@ -178,8 +226,8 @@ def test_the_dry_pass_end_to_end(tmp_path):
     assert lines["report"]["outcome"] == "passed"
     summary = (out / "summary.md").read_text()
     assert "## echobench report --table md" in summary and "tiny" in summary.split("## echobench report")[1]
-    assert sorted(p.name for p in out.iterdir()) == ["device-check.log", "env.txt", "logs.tar.gz", "records.jsonl",
-                                                     "summary.md"]
+    assert sorted(p.name for p in out.iterdir() if p.name != "inductor-cache.tar.gz") == [
+        "device-check.log", "env.txt", "logs.tar.gz", "records.jsonl", "summary.md"]
 
 
 def test_no_compiler_means_no_compile_steps(monkeypatch):

@@ -33,11 +33,19 @@ SMALL = ["--scale", "tiny", "--audio-frames", "200", "--text-tokens", "64", "--s
 
 def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
     """bench.run_loop with sync debug mode "error" from the first measured step's start until the
-    timer reads its events: any host sync in a measured step (data, draws, training step) raises."""
+    timer reads its events: any host sync in a measured step (data, draws, training step) raises.
+    Off again once the measured window ends (the kernel profile of the warm-up variants after it
+    reads its events on the host)."""
     from echobench.train import bench
     from echobench.train.distributed import DistInfo
 
-    mark, durations = bench.StepTimer.mark, bench.StepTimer.durations
+    mark, durations, windows = bench.StepTimer.mark, bench.StepTimer.durations, bench.measure_windows
+
+    def windows_then_unwatched(*args, **kwargs):
+        try:
+            return windows(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
     def mark_then_watch(self):
         mark(self)
@@ -49,6 +57,7 @@ def test_measured_steps_make_no_host_sync(monkeypatch, tmp_path):
 
     monkeypatch.setattr(bench.StepTimer, "mark", mark_then_watch)
     monkeypatch.setattr(bench.StepTimer, "durations", durations_unwatched)
+    monkeypatch.setattr(bench, "measure_windows", windows_then_unwatched)
     cfg = RunConfig(scale="tiny", steps=3, warmup_steps=2, micro_batch=4, audio_frames=200, text_tokens=64,
                     speaker_frames=200, precision="bf16", device="cuda")
     try:
@@ -185,6 +194,35 @@ def test_flex_and_dense_key_masks_give_the_same_outputs_and_gradients():
     assert torch.allclose(grads[0], grads[1], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_merged_attention_on_the_gpu_flash_kernel_equals_the_masked_reference(compiled):
+    """bf16 on the GPU's flash kernel (eager, and compiled by inductor as a DiT block is): the merged
+    attention's outputs and gradients within twice the masked bf16 SDPA's own error against float32."""
+    import torch.nn.functional as F
+
+    from echobench.model.components import merged_attention
+
+    g = torch.Generator("cuda").manual_seed(0)
+    b, h, la, lc, d = 4, 4, 200, 77, 128
+    shapes = [(b, h, la, d)] * 3 + [(b, h, lc, d)] * 2
+    exact = [torch.randn(s, device="cuda", generator=g).requires_grad_() for s in shapes]
+    half = [t.detach().bfloat16().requires_grad_() for t in exact]
+    keep = torch.tensor([True, False, False, True], device="cuda")
+    mask = torch.cat([torch.ones(b, la, dtype=torch.bool, device="cuda"), keep[:, None].expand(-1, lc)], 1)[:, None, None]
+    grad = torch.randn(b, h, la, d, device="cuda", generator=g)
+
+    def masked(q, k_a, v_a, k_b, v_b):
+        return F.scaled_dot_product_attention(q, torch.cat([k_a, k_b], 2), torch.cat([v_a, v_b], 2), attn_mask=mask)
+
+    fn = torch.compile(merged_attention, fullgraph=True, dynamic=False) if compiled else merged_attention
+    results = []
+    for f, inputs in ((masked, exact), (masked, half), (lambda *a: fn(*a, keep), half)):
+        out = f(*inputs)
+        results.append([out.float(), *(x.float() for x in torch.autograd.grad(out, inputs, grad.to(out.dtype)))])
+    for ref, bf16, merged in zip(*results):
+        assert (merged - ref).abs().max() <= 2 * max((bf16 - ref).abs().max(), 2 ** -8)
+
+
 def test_a_synthetic_run_attends_without_a_mask_on_flash_attention(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("run", *SMALL, "--steps", "3", "--warmup-steps", "1", "--micro-batch", "2", "--no-compile",
@@ -196,4 +234,6 @@ def test_a_synthetic_run_attends_without_a_mask_on_flash_attention(tmp_path):
     assert unmasked and any("flash" in k or "cudnn" in k or "fmha" in k for k in unmasked[0]), r["attention_kernels"]
     assert r["compiles_in_window"] == 0 and not r["window_restarts"]
     assert r["attention_paths"]["speaker_encoder"] == {"none": 3} and r["attention_paths"]["text_encoder"] == {"none": 3}
-    assert set(r["attention_paths"]["dit"]) <= {"none", "flex"}  # flex where a sample dropped its conditioning
+    # split (no mask) where a sample dropped its conditioning: nothing is padded
+    assert set(r["attention_paths"]["dit"]) <= {"none", "split"}
+    assert r["backend"]["cfg_drop_attention"] == "split"

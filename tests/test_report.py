@@ -956,6 +956,16 @@ def test_runs_of_one_configuration_against_different_peaks_are_noted(tmp_path):
     assert any(n.startswith("1 configuration(s) pool runs measured against different peaks") for n in page_notes(data))
 
 
+def test_runs_on_synthetic_data_are_noted_as_an_upper_bound(tmp_path):
+    from echobench.records.config import RunConfig
+    from echobench.report.dashboard import page_notes
+
+    write(tmp_path, record("a", config=RunConfig(scale="800M").to_dict()))
+    write(tmp_path, record("b", config=RunConfig(scale="800M", data=str(tmp_path / "shards")).to_dict()))
+    notes = [n for n in page_notes(load_report_input([tmp_path])) if "synthetic data" in n]
+    assert len(notes) == 1 and notes[0].startswith("1 run(s) trained on synthetic data") and "upper bound" in notes[0]
+
+
 def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):
     write(tmp_path, record("a"))
     assert load_report_input([tmp_path]).skipped == []

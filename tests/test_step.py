@@ -45,6 +45,7 @@ def measured_step_ops(cfg: RunConfig, steps: int = 2) -> list[str]:
     """Builds the run's training setup and returns the data-dependent ops of `steps` training
     steps: the draws and the step exactly as bench.run_loop runs them (after the batch arrives)."""
     from echobench.backends import build_training
+    from echobench.backends.master import MasterWeights
     from echobench.backends.torchtitan import build_optimizer
     from echobench.train.bench import resolve_dtype, train_step
     from echobench.data import build_tokenizer, make_loader
@@ -58,6 +59,8 @@ def measured_step_ops(cfg: RunConfig, steps: int = 2) -> list[str]:
     # (megatron's runs fused AdamW inside megatron-core's optimizer on every device: kept.)
     if isinstance(setup.optimizer, torch.optim.Optimizer):
         setup.optimizer = build_optimizer(setup.model.trainable_parameters(), torch.device("cuda"))
+    elif isinstance(setup.optimizer, MasterWeights):  # bf16-compute: the same, over the fp32 masters
+        setup.optimizer.optimizer = build_optimizer(setup.optimizer.masters, torch.device("cuda"))
     model_cfg = cfg.model_config()
     loader = make_loader("synthetic", micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames,
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
@@ -91,6 +94,13 @@ def test_recorder_catches_a_boolean_mask_write():
 @pytest.mark.parametrize("encoder", [None, "tiny-t5"])
 def test_torchtitan_step_has_no_data_dependent_ops(encoder):
     found = measured_step_ops(RunConfig(encoder_model=encoder, **SHAPES))
+    assert found == []
+
+
+def test_bf16_compute_step_has_no_data_dependent_ops():
+    """bf16 weights with fp32 masters (master_weights bf16-compute): loading the gradients into the
+    masters, clipping through the fused optimizer's grad_scale and copying back read nothing."""
+    found = measured_step_ops(RunConfig(**{**SHAPES, "precision": "bf16"}, master_weights="bf16-compute"))
     assert found == []
 
 

@@ -242,21 +242,23 @@ def test_compiled_tiny_run_compiles_nothing_inside_the_measured_window(tmp_path,
     assert r.status == "ok", r.error
     assert r.compiles_in_window == 0 and r.window_restarts == [] and r.compiles["dynamo"] == graphs
     assert r.warmup_variants == ["50 frames: dit none, speaker_encoder none, text_encoder none",
-                                 "50 frames: dit dense, speaker_encoder none, text_encoder none"]
-    # the measured micro-batches' paths are the draws': masked where a sample dropped its conditioning
+                                 "50 frames: dit split, speaker_encoder none, text_encoder none"]
+    assert r.backend["cfg_drop_attention"] == "split"
+    # the measured micro-batches' paths are the draws': split (dropped conditioning, no mask: nothing
+    # is padded) where a sample dropped its conditioning
     masked = [not diffusion_draws(seed, range(s * 2, s * 2 + 2), 1, 1, PRESETS["tiny"].cfg_dropout,
                                   torch.device("cpu")).keep.all() for s in (1, 2, 3)]
-    assert masked[0] and r.attention_paths["dit"] == {p: n for p, n in (("dense", sum(masked)),
+    assert masked[0] and r.attention_paths["dit"] == {p: n for p, n in (("split", sum(masked)),
                                                                         ("none", 3 - sum(masked))) if n}
     shares = r.attention_flop_shares
     assert sum(v for part in shares.values() for v in part.values()) == pytest.approx(1, rel=1e-12)
     if "none" in shares["dit"]:  # every micro-batch has the same shapes: the DiT's shares split as its counts
-        assert shares["dit"]["dense"] / shares["dit"]["none"] == pytest.approx(sum(masked) / (3 - sum(masked)))
+        assert shares["dit"]["split"] / shares["dit"]["none"] == pytest.approx(sum(masked) / (3 - sum(masked)))
     assert r.compile is True and r.mfu > 0
     # One graph per block kind (text-encoder layer, speaker-encoder block, DiT block: the blocks
     # of a kind share it; more would mean a recompile per block) and per top-level function
     # (EchoDiT.embed / head, EchoTTS.noised / squared_error); the DiT block once more for its
-    # masked path, and not one graph break.
+    # split path (merged_attention traced whole), and not one graph break.
     assert graphs == 3 + 4 + 1, dict(counters["stats"])
     assert r.compile_graphs == graphs and r.compile_graph_breaks == 0
 
@@ -283,6 +285,9 @@ def test_fp8_emulated_tiny_run_completes(cli, tmp_path):
     # down; and the text and patch projections (the latent in / out, K or N of 128, stay high precision).
     assert r["backend"]["float8_linears"] == 2 * 4 + 2 * 4 + 2
     assert all(math.isfinite(x) for x in r["losses"])
+    # its MFU is labelled as a float8 run's (against the bf16 peak), beside its MFU against the fp8 peak
+    assert "float8 run, vs the bf16 peak" in proc.stdout and "MFU vs fp8 peak" in proc.stdout
+    assert r["backend"]["master_weights"] == "fp32-autocast"
 
 
 def test_fp8_shape_that_cannot_run_is_refused_before_launch(cli, tmp_path):

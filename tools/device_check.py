@@ -1,18 +1,21 @@
 """One prepared measurement pass on a single GPU, made for the lent H200: one device call of at most
 10 minutes, on a machine with no network. `tools/device-check.sh OUTDIR` runs it.
 
-The steps, in priority order (STEPS): the carried wheels installed as the device installs them
-(pip --no-index --no-deps --target), the environment, whether triton can build its launcher (a C
-compiler and Python.h), the GEMM ceiling, the kernel probe (tools/kernel_probe.py: SDPA's choice
-and each attention kernel's time at the 3B shapes, a 3B block eager vs compiled, a fused AdamW step);
-then the headline runs, eager first (3B on torchtitan, megatron TP=1 on local layers), then compiled
-(3B profiled, 800M), a published row's 1-GPU slice (llm-foundry's MPT-1B at seq 8192 as a card run), the
-`gpu` tests; and while time is left the comparisons (MPT-3B's slice, bare PyTorch loop, fp8, selective
-AC, micro-batch 16, 800M eager, ...).
+The steps, in priority order (steps()): the set-up (the carried wheels installed as the device
+installs them, pip --no-index --no-deps --target; the environment; whether triton can build its
+launcher, a C compiler and Python.h; shards of realistic lengths for the padded-data run), then the
+speed steps: 3B compiled at micro-batch 16 x 4 accumulated in the lean recipe (bf16 master weights,
+dropped conditioning without a mask), the same with the key mask, the micro-batch 8 baseline in the
+former recipe (fp32 autocast, masked; profiled), float8 rowwise, 800M at its best setting, a
+padded-data run; then the `gpu` tests, the kernel probe (tools/kernel_probe.py), the eager and
+megatron runs, published rows' 1-GPU slices, the device's profile and the other comparisons, while
+time is left. No step waits on another that may be skipped (only on the set-up).
 Every step has its own limit and the least time worth starting it; one global deadline gives each
 step min(its limit, time left - the reserve), and a step that cannot get its minimum, or whose
-prerequisite failed (a failed compile run, no compiler), is skipped at once with the reason. The
-steps marked `always` fit the call with a margin (tests/test_device_check.py checks the sum).
+prerequisite in the set-up failed (no compiler, no shards), is skipped at once with the reason. The
+steps marked `always` fit the call with a margin (tests/test_device_check.py checks the sum, and
+DEVICE_CHECK_DRY=1 walks the same steps on the CPU with the tiny model). The runs share one
+torch.compile cache (inductor's, triton's inside it), packed into OUTDIR at the end.
 
 After every step the summary, the records and the logs archive are rewritten in OUTDIR, so whatever
 stops the call still returns them:
@@ -23,6 +26,7 @@ stops the call still returns them:
   trace-NAME.json.gz  the best profiled 3B run's chrome trace
   logs.tar.gz       every step's log and the runs' records
   device-check.log  this script's whole output
+  inductor-cache.tar.gz  the runs' torch.compile caches (inductor, triton), for a later call
 
   tools/device-check.sh OUTDIR                      # on the device (carry .whl)
   DEVICE_CHECK_DRY=1 tools/device-check.sh /tmp/dry  # CPU: the same steps on the tiny model
@@ -61,7 +65,10 @@ DEADLINE_S = 555  # this script's own end: a margin under the call for the retur
 RESERVE_S = 30  # kept at the end for the report table and the last summary
 PROFILE_S = 45  # the profiled steps' own bound (--trace-limit-s), after the measured steps
 END_S = 10  # after a run's limit: the record, the teardown
-WHEELS_S, PROBE_S = 30, 30  # the set-up's limits: the wheels' install, the environment probe
+WHEELS_S, PROBE_S, SHARDS_S = 30, 30, 30  # the set-up's limits: the wheels, the environment probe, the shards
+PYTEST_TEST_S = 120  # one gpu test's limit: a compiled tiny model's graph set compiles in about 50 s
+SHARDS = "@shards"  # in a step's arguments: the set-up's shards of realistic lengths (make_shards)
+SETUP_STEPS = ("wheels", "env", "launcher", "shards")  # set-up lines: never skipped, so a step may need them
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,10 @@ def steps(dry: bool) -> list[Step]:
     the tiny preset at short lengths (96 audio frames and 32 speaker patches: at mb 2 the fp8 step's
     rows are multiples of 16, as 750 frames x mb 8 are on the GPU)."""
     s3, s8, mb, mb2, mb8 = ("tiny", "tiny", 2, 4, 3) if dry else ("3B", "800M", 8, 16, 16)
-    common = (("--steps", "3", "--warmup-steps", "2", "--audio-frames", "96", "--text-tokens", "32",
-               "--speaker-frames", "128") if dry else ("--steps", "20", "--warmup-steps", "5"))
+    shapes = ("--audio-frames", "96", "--text-tokens", "32", "--speaker-frames", "128") if dry else ()
+    common = ("--steps", "3", "--warmup-steps", "2", *shapes) if dry else ("--steps", "20", "--warmup-steps", "5")
+    # 4 micro-batches a step: fewer steps for as many micro-batches
+    accum = ("--steps", "3", "--warmup-steps", "1", *shapes) if dry else ("--steps", "8", "--warmup-steps", "3")
     n3, n8 = s3.lower(), s8.lower()
 
     def run(name, *args, limit, least, always=False, needs=(), base=common):
@@ -109,39 +118,45 @@ def steps(dry: bool) -> list[Step]:
     probe = ("--scale", s3, "--micro-batch", str(mb)) + (
         ("--audio-frames", "96", "--text-tokens", "32", "--speaker-frames", "128", "--iters", "3", "--warmup", "1")
         if dry else ())
+    # The speed steps first (3B compiled at micro-batch 16 x 4 accumulated, the lean recipe: bf16
+    # master weights, dropped conditioning unmasked; the same with the key mask; the micro-batch 8
+    # baseline in the former recipe, profiled; float8 rowwise; 800M at its best setting; a padded-data
+    # run), none waiting on another: each compiles what it needs (the inductor cache under OUTDIR
+    # makes a later one's compile shorter, and comes back).
     return [
         Step("calibrate", "calibrate", cal, 40, 15, always=True),
+        run(f"{n3}-compile-mb{mb2}-accum4", "--scale", s3, "--compile", "--micro-batch", str(mb2), "--grad-accum", "4",
+            limit=200, least=120, always=True, base=accum),
+        run(f"{n3}-compile-mb{mb2}-accum4-masked", "--scale", s3, "--compile", "--micro-batch", str(mb2),
+            "--grad-accum", "4", "--cfg-drop-attention", "masked", limit=170, least=90, always=True,
+            base=accum),
+        run(f"{n3}-compile-mb{mb}-baseline", "--scale", s3, "--compile", "--micro-batch", str(mb), "--master-weights",
+            "fp32-autocast", "--cfg-drop-attention", "masked", "--trace", limit=200, least=110, always=True),
+        run(f"{n3}-fp8-rowwise-compile-mb{mb2}-accum4", "--scale", s3, "--compile", "--precision", "fp8",
+            "--float8-recipe", "rowwise", "--micro-batch", str(mb2), "--grad-accum", "4", limit=200, least=110,
+            base=accum),
+        run(f"{n8}-compile-mb{mb8}-accum4", "--scale", s8, "--compile", "--micro-batch", str(mb8), "--grad-accum", "4",
+            limit=150, least=80, base=accum),
+        # Data like a user's (echobench data synth's lengths, made in the set-up): every micro-batch padded.
+        run(f"{n3}-compile-mb{mb}-padded", "--scale", s3, "--compile", "--micro-batch", str(mb), "--data", SHARDS,
+            limit=150, least=90, needs=("shards",)),
+        # Per test a limit that a compiled model's graphs fit (PYTEST_TEST_S).
+        Step("pytest-gpu", "pytest", ("-m", "gpu"), 150, 60),
         # What the CPU cannot show: SDPA's choice and each attention kernel's time at the run's
         # shapes, a block eager vs compiled, a fused AdamW step (tools/kernel_probe.py).
-        Step("kernel-probe", "probe", probe, 100, 30, always=True, needs=("launcher",)),
-        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=35,
-            always=True),
+        Step("kernel-probe", "probe", probe, 100, 30, needs=("launcher",)),
+        run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=35),
         run(f"{n3}-megatron-tp1-mb{mb}", "--scale", s3, "--framework", "megatron", "--parallelism", "tp1",
-            "--no-compile", "--micro-batch", str(mb), limit=90, least=35, always=True),
-        run(f"{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), "--trace",
-            limit=240, least=130, always=True),
-        run(f"{n8}-compile-mb{mb8}", "--scale", s8, "--compile", "--micro-batch", str(mb8),
-            limit=180, least=90, always=True),
-        card("card-mpt-1b-h100-s8192", "lf-mpt-1b-h100-8gpu-s8192", 2 if dry else 3, 4, limit=110, least=40,
-             always=True),
-        Step("pytest-gpu", "pytest", ("-m", "gpu"), 100, 45, always=True),
+            "--no-compile", "--micro-batch", str(mb), limit=90, least=35),
+        card("card-mpt-1b-h100-s8192", "lf-mpt-1b-h100-8gpu-s8192", 2 if dry else 3, 4, limit=110, least=40),
         # A measured hardware profile of the device (GEMMs at the 3B shapes, attention, memory
         # bandwidth; one process: no collectives) for `predict --profile`, in place of the datasheet's.
         Step("calibrate-profile", "profile", cal + ("--budget-s", "3" if dry else "8", "--comm-budget-s", "1"), 90, 40),
         card("card-mpt-3b-h100-s512", "lf-mpt-3b-h100-8gpu-s512", 4 if dry else 40, 6, limit=120, least=55),
-        # While time is left: the comparisons. The bare loop finds the compiled run's graphs cached.
-        bare(f"bare-{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb),
-             limit=90, least=40, needs=(f"{n3}-compile-mb{mb}",)),
+        bare(f"bare-{n3}-compile-mb{mb}", "--scale", s3, "--compile", "--micro-batch", str(mb), limit=90, least=40),
         run(f"{n3}-fp8-compile-mb{mb}", "--scale", s3, "--compile", "--precision", "fp8", "--micro-batch", str(mb),
             limit=180, least=100),
-        # what reports/step-count-2026-12-03.md projects best: float8 rowwise, 4 micro-batches per step
-        run(f"{n3}-fp8-rowwise-compile-mb{mb2}-accum4", "--scale", s3, "--compile", "--precision", "fp8",
-            "--float8-recipe", "rowwise", "--micro-batch", str(mb2), "--grad-accum", "4", limit=200, least=110),
-        run(f"{n3}-compile-mb{mb}-accum4", "--scale", s3, "--compile", "--micro-batch", str(mb), "--grad-accum", "4",
-            limit=150, least=80, needs=(f"{n3}-compile-mb{mb}",)),
         run(f"{n3}-compile-sac-mb{mb}", "--scale", s3, "--compile", "--ac", "selective", "--micro-batch", str(mb),
-            limit=180, least=100),
-        run(f"{n3}-compile-mb{mb2}", "--scale", s3, "--compile", "--micro-batch", str(mb2), "--trace",
             limit=180, least=100),
         run(f"{n8}-eager-mb{mb8}", "--scale", s8, "--no-compile", "--micro-batch", str(mb8), limit=70, least=35),
         bare(f"bare-{n3}-eager-mb{mb}", "--scale", s3, "--micro-batch", str(mb), limit=60, least=30),
@@ -247,12 +262,13 @@ class Check:
             return self.skip(step, f"time: {max(limit, 0):.0f} s left for it, it needs {least:.0f} s")
         log = self.work / "logs" / f"{step.name}.log"
         extra: dict = {}
+        args = tuple(str(self.work / "shards") if a == SHARDS else a for a in step.args)
         if step.kind == "run":
             run_dir = self.work / "runs" / step.name
             profile_s = PROFILE_S * self.scale if "--trace" in step.args else 0
             # The run stops itself at its limit (status timeout, record written) before the backstop;
             # the profiled steps after the measured ones have their own bound.
-            cmd = self.echobench("run", *step.args, "--time-limit-s", f"{limit - END_S - profile_s:.0f}",
+            cmd = self.echobench("run", *args, "--time-limit-s", f"{limit - END_S - profile_s:.0f}",
                                  *(("--trace-limit-s", f"{profile_s:.0f}") if profile_s else ()),
                                  "--out", str(run_dir))
             extra["run_dir"] = run_dir
@@ -276,7 +292,8 @@ class Check:
             cmd = self.echobench("plan", *step.args)
         elif step.kind == "pytest":
             # One stuck test must not take the others' time (pytest-timeout is on the image).
-            per_test = ("--timeout", f"{limit / 2:.0f}") if importlib.util.find_spec("pytest_timeout") else ()
+            per_test = (("--timeout", f"{min(PYTEST_TEST_S * self.scale, limit):.0f}")
+                        if importlib.util.find_spec("pytest_timeout") else ())
             # -v names each test as it ends; ECHOBENCH_LIVE_FAILURES (set in main) prints a failure's cause at once.
             cmd = [self.python, "-m", "pytest", *step.args, *per_test, "-v", "-p", "no:cacheprovider", "tests"]
         else:
@@ -335,6 +352,19 @@ def pack_logs(work: Path, dest: Path) -> None:
                 if (run / part).exists():
                     tar.add(run / part, arcname=f"runs/{run.name}/{part}")
     tmp.replace(dest)
+
+
+def pack_cache(cache: Path, dest: Path, check: Check) -> None:
+    """torch.compile's caches (inductor's, triton's inside it) as one archive in OUTDIR, for a later
+    call to start warm (TORCHINDUCTOR_CACHE_DIR unpacked there); none where nothing compiled."""
+    if not cache.is_dir() or not any(cache.iterdir()):
+        return
+    try:
+        with tarfile.open(dest, "w:gz") as tar:
+            tar.add(cache, arcname="inductor")
+        check.say(f"compile caches: {dest.name}, {dest.stat().st_size / 2**20:.1f} MiB")
+    except OSError as exc:
+        check.say(f"compile caches not packed: {exc}")
 
 
 def launcher_problem() -> str | None:
@@ -420,6 +450,17 @@ def record_env(check: Check, command: str) -> None:
     print(env.read_text(), flush=True)
 
 
+def make_shards(check: Check) -> None:
+    """The padded-data run's shards: `echobench data synth` (lengths drawn as docs/explanation/data.md
+    states), at most as long as the runs' audio frames (96 dry, 750 on the GPU: 25 frames/s)."""
+    seconds = "3.84" if check.dry else "30"
+    cmd = check.echobench("data", "synth", "--out", str(check.work / "shards"), "--shards", "2",
+                          "--samples-per-shard", "48", "--max-seconds", seconds)
+    rc, wall = check.execute(cmd, check.work / "logs" / "shards.log", min(SHARDS_S * check.scale, check.left()))
+    check.note(kind="setup", name="shards", command=shlex.join(cmd), rc=rc, wall_s=round(wall, 1),
+               note="96 samples of realistic lengths" if rc == 0 else "no shards: the padded-data run is skipped")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -442,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                   only=set((os.environ.get("DEVICE_CHECK_ONLY") or "").split()))
     os.environ.update(PYTHONUNBUFFERED="1", ECHOBENCH_CACHE=str(work / "cache"), ECHOBENCH_LIVE_FAILURES="1")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))  # one cache for every run
-    os.environ.setdefault("TRITON_CACHE_DIR", str(work / "triton"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(work / "inductor" / "triton"))
     if not dry:
         os.environ["ECHOBENCH_REQUIRE_GPU"] = "1"  # a gpu test that finds no CUDA fails instead of skipping
     command = f"{'DEVICE_CHECK_DRY=1 ' if dry else ''}tools/device-check.sh {argv[0]}"
@@ -458,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     check.launcher_reason = problem or ""
     check.note(kind="setup", name="launcher", rc=1 if problem else 0,
                note=problem or "a C compiler and Python.h: triton can build its launcher")
+    make_shards(check)
 
     for step in steps(dry):
         if check.only and step.name not in check.only:
@@ -479,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     check.note(kind="report", name="report", command="echobench report RUNS --table md", rc=rc, wall_s=round(wall, 1),
                note=errors[-1][:200] if rc and errors else "")
     check.write_summary(final=True)
+    pack_cache(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]), out / "inductor-cache.tar.gz", check)
     print((out / "summary.md").read_text(), flush=True)
     check.say(f"done; files in {out}: {' '.join(sorted(p.name for p in out.iterdir()))}")
     return 0

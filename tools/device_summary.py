@@ -218,13 +218,22 @@ def comparisons(lines: list[dict]) -> list[str]:
     if probe:
         out += probe_lines(probe)
 
+    def compare(label, x, y):
+        rx, ry = x["record"], y["record"]
+        out.append(f"- {label}: {y['name']} vs {x['name']}: step {ry['step_time_s']:.4f} s vs "
+                   f"{rx['step_time_s']:.4f} s = {rx['step_time_s'] / ry['step_time_s']:.2f}x speed-up; "
+                   f"MFU {pct(ry['mfu'])} vs {pct(rx['mfu'])}; peak mem {ry['peak_mem_gib']:.1f} vs "
+                   f"{rx['peak_mem_gib']:.1f} GiB; wall {y['wall_s']:.0f} vs {x['wall_s']:.0f} s")
+
     def speed(label, field, a, b, same):
         for x, y in pairs(runs, field, a, b, same):
-            rx, ry = x["record"], y["record"]
-            out.append(f"- {label}: {y['name']} vs {x['name']}: step {ry['step_time_s']:.4f} s vs "
-                       f"{rx['step_time_s']:.4f} s = {rx['step_time_s'] / ry['step_time_s']:.2f}x speed-up; "
-                       f"MFU {pct(ry['mfu'])} vs {pct(rx['mfu'])}; peak mem {ry['peak_mem_gib']:.1f} vs "
-                       f"{rx['peak_mem_gib']:.1f} GiB; wall {y['wall_s']:.0f} vs {x['wall_s']:.0f} s")
+            compare(label, x, y)
+
+    # A step NAME-masked is step NAME with cfg_drop_attention masked (device_check.steps).
+    by_name = {x["name"]: x for x in runs}
+    for name, x in by_name.items():
+        if name.endswith("-masked") and (y := by_name.get(name.removesuffix("-masked"))):
+            compare("dropped conditioning unmasked (split) vs masked", x, y)
 
     base = ("scale", "framework", "micro_batch", "precision")
     speed("compile", "compile", False, True, base + ("ac",))

@@ -33,6 +33,26 @@ def torchtitan_problem(cfg) -> str | None:
         return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
     if cfg.parallelism == "hsdp" and cfg.nodes < 2:
         return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
+    return master_weights_problem(cfg)
+
+
+def master_weights_problem(cfg) -> str | None:
+    """Why this run's master_weights setting cannot run (None when it can)."""
+    if cfg.master_weights == "auto":
+        return None
+    if cfg.parallelism in ("fsdp2", "hsdp"):
+        return (f"master_weights {cfg.master_weights}: {cfg.parallelism} gathers bf16 weights from its fp32 shards "
+                "(FSDP2's MixedPrecisionPolicy) whatever it is set to: use master_weights auto")
+    if cfg.master_weights != "bf16-compute":
+        return None
+    if cfg.precision == "fp8":
+        return ("master_weights bf16-compute: fp8 runs keep fp32 weights for torchao's float8 linears: use "
+                "master_weights auto or fp32-autocast")
+    if cfg.precision == "fp32":
+        return "master_weights bf16-compute: precision fp32 computes in fp32: use precision bf16 (or auto on a GPU)"
+    if cfg.parallelism == "ddp" and cfg.grad_reduce_dtype != "bf16":
+        return ("master_weights bf16-compute: DDP reduces the bf16 gradients in bf16, not grad_reduce_dtype "
+                f"{cfg.grad_reduce_dtype}: add --grad-reduce-dtype bf16")
     return None
 
 

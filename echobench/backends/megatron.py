@@ -375,6 +375,7 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
     # is then replaced by the TP DiT holding this rank's shards of the same weights.
     model = build_model(cfg, device, dtype)
+    model.cfg_drop_attention = "masked"  # the TP DiT's attention (TE's or SDPA's) takes the key mask
     if te:  # TE's fused attention reads a dense key mask (TECoreAttention packs the valid keys)
         model.key_masking = "dense"
     plain_dit = model.dit
@@ -463,6 +464,7 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
             else "the main gradients scaled in place"),
         "key_masking": key_masking,
         "cfg_drop": cfg.cfg_drop,
+        "cfg_drop_attention": "masked",
         "ac": cfg.ac,
         "ac_mode": ac,
         "recompute": RECOMPUTE[ac],

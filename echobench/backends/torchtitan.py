@@ -26,6 +26,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
 from echobench.backends.checks import DATA_PARALLEL
+from echobench.backends.master import RECIPES, MasterWeights
+from echobench.model.components import merged_attention_runs
 from echobench.model.config import LATENT_DIM
 from echobench.model.decoder import Decoder
 from echobench.model.echo import EchoTTS
@@ -47,12 +49,26 @@ def key_masking(cfg, device: torch.device) -> str:
     return cfg.key_masking
 
 
+def cfg_drop_attention(cfg, device: torch.device, dtype: torch.dtype) -> tuple[str, str | None]:
+    """How the DiT attends where samples drop their conditioning and nothing is padded
+    (model.echo.CFG_DROP_ATTENTIONS), and why split runs masked here (None where it runs as set):
+    split calls SDPA's flash kernel (components.merged_attention), so it runs where that kernel can
+    and where no other SDPA kernel is pinned."""
+    if cfg.cfg_drop_attention == "masked":
+        return "masked", None
+    if cfg.sdpa_backend not in ("auto", "flash"):
+        return "masked", f"split calls the flash kernel: sdpa_backend {cfg.sdpa_backend} pins another"
+    problem = merged_attention_runs(device, dtype, cfg.model_config().head_dim)
+    return ("masked", f"split runs masked: {problem}") if problem else ("split", None)
+
+
 def build_model(cfg, device: torch.device, dtype: torch.dtype) -> EchoTTS:
     # Same initial weights on every rank and in every backend. Built directly on the device:
     # an 8B model in fp32 fits on one GPU before it is sharded.
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop)
+        model = EchoTTS(cfg.model_config(), cfg.encoder_checkpoint, key_masking(cfg, device), cfg.cfg_drop,
+                        cfg_drop_attention(cfg, device, dtype)[0])
     if cfg.frozen_encoder:
         # A frozen encoder keeps no fp32 master copy: store it in the compute dtype.
         model.text_encoder.to(dtype)
@@ -345,7 +361,8 @@ def apply_ddp(model: EchoTTS, mesh, reduce_dtype: torch.dtype) -> None:
     """DDP: gradients written straight into the reduction buckets (gradient_as_bucket_view: no copy
     per step, no second copy of the gradients in memory); bf16 reduction by DDP's compression hook."""
     replicate(model, device_mesh=mesh, bucket_cap_mb=100, gradient_as_bucket_view=True)
-    if reduce_dtype == torch.bfloat16:
+    # bf16 parameters (master_weights bf16-compute) have bf16 gradients: DDP reduces them as they are.
+    if reduce_dtype == torch.bfloat16 and any(p.dtype != torch.bfloat16 for p in model.trainable_parameters()):
         model.register_comm_hook(None, bf16_compress_hook)
 
 
@@ -411,7 +428,9 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     if workload is None:
         model = build_model(cfg, device, dtype)
         info.update(text_encoder=text_encoder_layout(cfg, dtype), key_masking=model.key_masking, cfg_drop=model.cfg_drop,
-                    recompute=RECOMPUTE[ac])
+                    cfg_drop_attention=model.cfg_drop_attention, recompute=RECOMPUTE[ac])
+        if note := cfg_drop_attention(cfg, device, dtype)[1]:
+            info["cfg_drop_attention_note"] = note
     else:
         model = build_decoder(cfg, workload, device)
         info.update(model=f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
@@ -427,6 +446,11 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each "
                             + ("DiT, speaker-encoder and text-encoder block" if workload is None else "decoder block")
                             + " and of the top level's functions")
+    recipe = cfg.master_weights_on(device.type)
+    info.update(master_weights=recipe, master_weights_recipe=RECIPES[recipe])
+    # bf16-compute turns the parameters into bf16 before DDP makes its buckets of them.
+    master = (MasterWeights(model.trainable_parameters(), lambda masters: build_optimizer(masters, device))
+              if recipe == "bf16-compute" else None)
     if cfg.parallelism in DATA_PARALLEL:
         mesh = build_mesh(cfg, device)
         info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
@@ -446,15 +470,21 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
             info["reshard_after_forward"] = cfg.reshard_after_forward
             if force_sum:
                 info["reduce_op"] = "sum (gloo lacks PREMUL_SUM)"
-    params = model.trainable_parameters()
-    optimizer = build_optimizer(params, device)
+    if master is None:
+        params = model.trainable_parameters()
+        optimizer = build_optimizer(params, device)
+        clip_grad = partial(clip_grad_norm_, params, 1.0, optimizer)
+    else:  # clipping reads the fp32 gradients the step loads into the masters
+        optimizer = master
+        clip_grad = lambda: clip_grad_norm_(master.load_grads(), 1.0, master.optimizer)  # noqa: E731
     # Every rank is a data-parallel replica (HSDP: both mesh dimensions).
     dp_group = torch.distributed.group.WORLD if cfg.parallelism in DATA_PARALLEL else None
     return TrainSetup(
         model=model,
         optimizer=optimizer,
-        clip_grad=partial(clip_grad_norm_, params, 1.0, optimizer),
-        # bf16 runs under autocast in every layout (FSDP2 also stores the gathered params in bf16).
+        clip_grad=clip_grad,
+        # bf16 runs under autocast in every layout (FSDP2 gathers its params in bf16; bf16-compute holds
+        # them in bf16: autocast then casts activations only).
         autocast_dtype=dtype if dtype != torch.float32 else None,
         info=info,
         dp_group=dp_group,

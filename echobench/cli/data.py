@@ -11,7 +11,8 @@ from echobench.cli.common import console, data_app, fail, writable_dir
 from echobench.records.console import esc
 
 
-@data_app.command("synth")
+@data_app.command("synth", short_help="Write tar shards of (latent, speaker reference, text) triplets with lengths "
+                                      "like real data's.")
 def data_synth(
     out: Path = typer.Option(..., "--out", help="Directory for the shards (created)."),
     shards: int = typer.Option(4, help="Number of tar shards."),
@@ -19,7 +20,10 @@ def data_synth(
     seed: int = typer.Option(0),
     max_seconds: float = typer.Option(30.0, help="Longest audio clip in seconds (25 latent frames/s)."),
 ):
-    """Write tar shards of (latent, speaker reference, text) triplets in the training format."""
+    """Write tar shards of (latent, speaker reference, text) triplets in the training format, with lengths like
+    real data's: audio log-normal (median 8 s, sigma 0.6) and reference log-normal (median 10 s, sigma 0.5), both
+    clipped to [2 s, --max-seconds]; text at 14 characters per second of audio (x a log-normal factor, sigma 0.15).
+    A run on them pads as a user's data does (--data DIR, --batching pad or bucket)."""
     from echobench.data import synth_shards  # lazy: torch, for the commands that need it
 
     paths = synth_shards(writable_dir(out), shards, samples_per_shard, seed=seed, max_seconds=max_seconds)

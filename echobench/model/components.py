@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -158,6 +159,89 @@ def attention(q, k, v, mask=None) -> torch.Tensor:
         flex = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
         return flex(q, k, v, block_mask=mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+
+
+class ConditioningDrop(NamedTuple):
+    """The key mask of a micro-batch whose streams have no padding but some of whose samples drop
+    their text and speaker conditioning (cfg_drop mask): every sample attends to the latent keys,
+    only the kept ones to the conditioning keys. keep: (B,) bool on the device. joint_attention
+    gives it to merged_attention: no mask reaches a kernel."""
+
+    keep: torch.Tensor
+
+
+def _flash_forward(q, k, v):
+    """SDPA's flash kernel with its log-sum-exp: (out, lse, what its backward needs besides)."""
+    if q.is_cuda:
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, False, False)
+        return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+    return out, lse, ()
+
+
+def _flash_backward(grad, q, k, v, out, lse, extra):
+    if q.is_cuda:
+        cum_q, cum_k, max_q, max_k, seed, offset = extra
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, False, seed, offset)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, False)
+
+
+def merged_attention_runs(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why merged_attention cannot run here (None when it can): it calls SDPA's flash kernel, which a
+    GPU has for bf16 and fp16 at head_dim <= 256 only (the CPU's for any float dtype)."""
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        return f"no flash attention kernel with its log-sum-exp on {device.type}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"the GPU's flash attention kernel takes bf16 or fp16, not {str(dtype).removeprefix('torch.')}"
+    if head_dim > 256:
+        return f"the GPU's flash attention kernel takes head_dim <= 256, not {head_dim}"
+    return None
+
+
+class _MergedAttention(torch.autograd.Function):
+    """Attention over [a; b] keys as two flash calls, one per key set, merged by their log-sum-exp;
+    the b keys count only for the rows of `keep` (the others' b log-sum-exp is -inf).
+
+    Backward is flash's backward of each key set given the MERGED output and log-sum-exp: a
+    softmax over the union recomputes each key set's probabilities from the merged log-sum-exp,
+    so the two backward calls give exactly the union's key and value gradients and the two parts
+    of its query gradient. A dropped row's b probabilities come out zero (its log-sum-exp given
+    as +inf there)."""
+
+    @staticmethod
+    def forward(ctx, q, k_a, v_a, k_b, v_b, keep):
+        out_a, lse_a, extra_a = _flash_forward(q, k_a, v_a)
+        out_b, lse_b, extra_b = _flash_forward(q, k_b, v_b)
+        dropped = ~keep.view(-1, *([1] * (lse_b.dim() - 1)))
+        lse_b = lse_b.masked_fill(dropped, -math.inf)
+        lse = torch.logaddexp(lse_a, lse_b)
+        out = (out_a.float() * (lse_a - lse).exp().unsqueeze(-1)
+               + out_b.float() * (lse_b - lse).exp().unsqueeze(-1)).to(q.dtype)
+        lse_for_b = lse.masked_fill(dropped, math.inf)  # exp(score - inf) = 0: no gradient reaches b
+        ctx.save_for_backward(q, k_a, v_a, k_b, v_b, out, lse, lse_for_b, *extra_a, *extra_b)
+        ctx.extra = len(extra_a)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k_a, v_a, k_b, v_b, out, lse, lse_for_b, *extra = ctx.saved_tensors
+        n = ctx.extra
+        grad = grad.contiguous() if grad.stride(-1) != 1 else grad
+        dq_a, dk_a, dv_a = _flash_backward(grad, q, k_a, v_a, out, lse, extra[:n])
+        dq_b, dk_b, dv_b = _flash_backward(grad, q, k_b, v_b, out, lse_for_b, extra[n:])
+        return dq_a + dq_b, dk_a, dv_a, dk_b, dv_b, None
+
+
+def merged_attention(q, k_a, v_a, k_b, v_b, keep: torch.Tensor) -> torch.Tensor:
+    """Bidirectional attention of (B, H, T, D) queries over the keys [k_a; k_b], the k_b keys only
+    for the samples `keep` (B,) holds True: what `attention` gives over their concatenation with a
+    key mask that hides k_b from the other samples, computed without a mask (two flash calls whose
+    softmaxes are merged; _MergedAttention). merged_attention_runs says where it can run."""
+    return _MergedAttention.apply(q, k_a, v_a, k_b, v_b, keep)
 
 
 class QKNormAttention(nn.Module):

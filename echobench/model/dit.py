@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from echobench.model.components import (
+    ConditioningDrop,
     GatedMLP,
     LowRankAdaLN,
     QKNormAttention,
@@ -23,6 +24,7 @@ from echobench.model.components import (
     apply_rope,
     attention,
     merge_heads,
+    merged_attention,
     modulate,
     rope_frequencies,
     split_heads,
@@ -38,7 +40,8 @@ def joint_attention(attn: nn.Module, x, text, speaker, freqs, key_mask):
     q_norm / k_norm (per head); attend(q, k, v, key_mask) on (B, H, T, D); out(x); and `heads`
     (its number of heads), `seq_first` (activations (T, B, W) rather than (B, T, W)).
     QK-norm per head, shared by the three key streams; RoPE on the latent queries and keys; the
-    output gated by sigmoid(gate) before the output projection.
+    output gated by sigmoid(gate) before the output projection. A ConditioningDrop key mask (no
+    padding, some samples' conditioning dropped) attends through merged_attention: no mask.
     """
     (q, k, v, gate), (k_text, v_text), (k_spk, v_spk) = attn.project(x, text, speaker)
 
@@ -46,11 +49,14 @@ def joint_attention(attn: nn.Module, x, text, speaker, freqs, key_mask):
         return split_heads(t, attn.heads, attn.seq_first)
 
     q = apply_rope(attn.q_norm(heads(q)), freqs)
-    k = torch.cat([apply_rope(attn.k_norm(heads(k)), freqs), attn.k_norm(heads(k_text)), attn.k_norm(heads(k_spk))],
-                  dim=2)
-    v = torch.cat([heads(v), heads(v_text), heads(v_spk)], dim=2)
-    out = merge_heads(attn.attend(q, k, v, key_mask), attn.seq_first)
-    return attn.out(out * torch.sigmoid(gate))
+    k, k_text, k_spk = apply_rope(attn.k_norm(heads(k)), freqs), attn.k_norm(heads(k_text)), attn.k_norm(heads(k_spk))
+    v, v_text, v_spk = heads(v), heads(v_text), heads(v_spk)
+    if isinstance(key_mask, ConditioningDrop):  # the dropped samples attend to the latent keys only
+        out = merged_attention(q, k, v, torch.cat([k_text, k_spk], dim=2), torch.cat([v_text, v_spk], dim=2),
+                               key_mask.keep)
+    else:
+        out = attn.attend(q, torch.cat([k, k_text, k_spk], dim=2), torch.cat([v, v_text, v_spk], dim=2), key_mask)
+    return attn.out(merge_heads(out, attn.seq_first) * torch.sigmoid(gate))
 
 
 class JointAttention(QKNormAttention):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from echobench.model.components import key_mask
+from echobench.model.components import ConditioningDrop, key_mask
 from echobench.model.config import EchoConfig
 from echobench.model.dit import EchoDiT
 from echobench.model.speaker import SpeakerEncoder
@@ -31,13 +31,24 @@ class DiffusionDraws:
     keep: np.ndarray
 
 
-def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_needs_mask: bool) -> dict:
+# How the DiT attends in a micro-batch where samples drop their conditioning (cfg_drop mask) but no
+# stream is padded (RunConfig.cfg_drop_attention): "split", two unmasked flash calls merged by their
+# log-sum-exp (components.merged_attention), the "split" path; "masked", over the key mask
+# (key_masking), as a padded micro-batch does.
+CFG_DROP_ATTENTIONS = ("split", "masked")
+
+
+def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_needs_mask: bool,
+                    split_dropped: bool = False) -> dict:
     """The attention path each attention of a step takes: "none" (SDPA with no mask) where none of
-    its keys is padding, else `key_masking` ("dense" or "flex", components.key_mask); the text
-    encoder (transformers' SDPA) takes a dense mask where it needs one (TextEncoder.needs_mask).
-    padding: the batch's data.Padding (which streams have padded positions)."""
-    dit_masked = padding.latent or padding.text or padding.speaker or conditioning_dropped
-    return {"dit": key_masking if dit_masked else "none",
+    its keys is padding, else `key_masking` ("dense" or "flex", components.key_mask); the DiT's
+    "split" (components.merged_attention, no mask) where its only masked keys are dropped
+    conditioning's and split_dropped; the text encoder (transformers' SDPA) takes a dense mask where
+    it needs one (TextEncoder.needs_mask). padding: the batch's data.Padding (which streams have
+    padded positions)."""
+    padded = padding.latent or padding.text or padding.speaker
+    dit = key_masking if padded else ("split" if split_dropped else key_masking) if conditioning_dropped else "none"
+    return {"dit": dit,
             "speaker_encoder": key_masking if padding.speaker else "none",
             "text_encoder": "dense" if text_needs_mask else "none"}
 
@@ -93,13 +104,17 @@ CFG_DROPS = ("mask", "null")
 
 class EchoTTS(nn.Module):
     def __init__(self, cfg: EchoConfig, encoder_checkpoint: str | None = None, key_masking: str = "dense",
-                 cfg_drop: str = "mask"):
+                 cfg_drop: str = "mask", cfg_drop_attention: str = "masked"):
         super().__init__()
         if cfg_drop not in CFG_DROPS:
             raise ValueError(f"unknown cfg_drop {cfg_drop!r}: allowed {', '.join(CFG_DROPS)}")
+        if cfg_drop_attention not in CFG_DROP_ATTENTIONS:
+            raise ValueError(f"unknown cfg_drop_attention {cfg_drop_attention!r}: allowed "
+                             f"{', '.join(CFG_DROP_ATTENTIONS)}")
         self.cfg = cfg
         self.key_masking = key_masking  # how attention skips padded keys (components.key_mask)
         self.cfg_drop = cfg_drop
+        self.cfg_drop_attention = cfg_drop_attention
         self.text_encoder = TextEncoder(cfg.text_encoder, encoder_checkpoint, frozen=cfg.frozen_encoder)
         self.text_proj = nn.Linear(cfg.text_encoder.hidden, cfg.width)
         self.speaker_encoder = SpeakerEncoder(cfg)
@@ -109,7 +124,8 @@ class EchoTTS(nn.Module):
         """What each attention of a step with this padding takes (attention_paths): the record's counts.
         Dropped conditioning masks keys with cfg_drop mask only."""
         return attention_paths(padding, conditioning_dropped and self.cfg_drop == "mask", self.key_masking,
-                               self.text_encoder.needs_mask(padding.text, text_tokens))
+                               self.text_encoder.needs_mask(padding.text, text_tokens),
+                               split_dropped=self.cfg_drop_attention == "split")
 
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
@@ -145,7 +161,9 @@ class EchoTTS(nn.Module):
             held = keep.to(device, non_blocking=True)[:, None, None]
             text, speaker = text * held.to(text.dtype), speaker * held.to(speaker.dtype)
         keys = None
-        if paths["dit"] != "none":
+        if paths["dit"] == "split":  # dropped conditioning, no padding: no mask (components.merged_attention)
+            keys = ConditioningDrop(keep.to(device, non_blocking=True))
+        elif paths["dit"] != "none":
             # Classifier-free guidance (cfg_drop mask): drop text and speaker conditioning together
             # where keep is False. A row without audio frames (a stand-in for a skipped sample)
             # keeps them, so that its attention has keys: torch's SDPA gives zeros for a row that

@@ -85,6 +85,13 @@ class RunConfig:
         "none", "Activation checkpointing of the blocks: full re-runs every block in backward; selective saves the "
         "matmul and attention outputs and re-runs the element-wise ops where compiled (fused into backward), and "
         "re-runs every second block where eager (re-run element-wise kernels would cost more than they save).")
+    master_weights: Literal["auto", "fp32-autocast", "bf16-compute"] = setting(
+        "auto", "The bf16 recipe of the torchtitan backend's single and ddp runs: fp32-autocast, fp32 parameters "
+        "that autocast casts to bf16 in every micro-batch's forward (torch's AMP); bf16-compute, bf16 parameters "
+        "used as they are, bf16 gradients (accumulated and, with ddp, reduced in bf16: grad_reduce_dtype bf16), "
+        "cast once per step to an fp32 master copy that the optimizer updates and copies back. auto: bf16-compute "
+        "on a GPU where it can run, fp32-autocast on a CPU; fsdp2 / hsdp gather bf16 weights from fp32 shards "
+        "(MixedPrecisionPolicy) either way. The record's backend says which ran (master_weights).")
     grad_accum: int = setting(1, "Micro-batches per optimizer step (gradient accumulation); gradients sync on the "
                               "last. A step and global_batch count all of them.", min=1)
     key_masking: Literal["auto", "dense", "flex"] = setting(
@@ -95,6 +102,13 @@ class RunConfig:
         "mask", "How classifier-free guidance drops a sample's text and speaker conditioning (10% of samples): mask, "
         "their keys masked out of the DiT's attention, as the reference Echo TTS does (a micro-batch with a dropped "
         "sample attends over a key mask); null, the streams replaced by zeros and attended (no mask).")
+    cfg_drop_attention: Literal["split", "masked"] = setting(
+        "split", "How the DiT attends in a micro-batch where samples drop their conditioning (cfg_drop mask) and "
+        "no stream is padded: split, with no mask, the latent keys and the conditioning keys in two flash-attention "
+        "calls merged by their log-sum-exp, a dropped sample's conditioning weighted zero (the masked result); "
+        "masked, over the key mask (key_masking), as a padded micro-batch does. Split runs masked where the flash "
+        "kernel cannot (a GPU in fp32, another sdpa_backend pinned, megatron); the record says which ran "
+        "(backend_info, attention_paths).")
     sdpa_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = setting(
         "auto", "Pins the SDPA kernel (auto: torch's choice; the record says what torch predicts, "
         "sdpa_backends_predicted, and on a GPU which kernels ran, attention_kernels).")
@@ -205,6 +219,24 @@ class RunConfig:
         if self.precision != "auto":
             return self.precision
         return "bf16" if device_type == "cuda" else "fp32"
+
+    def master_weights_on(self, device_type: str) -> str:
+        """The recipe of this run's weights on a device of this type (backends.master.RECIPES): fp32
+        where it trains in fp32; fsdp2 / hsdp's MixedPrecisionPolicy; megatron's own; else the setting,
+        auto being bf16-compute on a GPU in bf16 (with ddp, where gradients reduce in bf16) and
+        fp32-autocast elsewhere (a CPU, fp8: torchao's float8 linears keep fp32 weights)."""
+        precision = self.precision_on(device_type)
+        if self.framework != "torchtitan":
+            return "megatron" if precision != "fp32" else "fp32"
+        if precision == "fp32":
+            return "fp32"
+        if self.parallelism in ("fsdp2", "hsdp"):
+            return "fsdp2"
+        if self.master_weights != "auto":
+            return self.master_weights
+        lean = (device_type == "cuda" and precision == "bf16"
+                and (self.parallelism != "ddp" or self.grad_reduce_dtype == "bf16"))
+        return "bf16-compute" if lean else "fp32-autocast"
 
     def may_compile(self) -> bool:
         """Whether this run compiles as far as a plan can tell: device auto counts as a GPU, so a time
@@ -407,7 +439,7 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "float8_recipe": "tensorwise", "card": None}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None}
 
 
 def config_id(cfg: RunConfig) -> str:

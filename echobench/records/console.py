@@ -143,7 +143,9 @@ def record_report(record) -> list:
         ("model TFLOP/sample", fmt(record.model_flops_per_sample / 1e12, ".4g")),
         ("TFLOP/s per device", fmt(record.tflops_per_gpu, ".4g")),
         ("peak TFLOP/s", f"{record.peak_tflops:.4g} {record.peak_precision} ({record.peak_source})"),
-        ("MFU (window)", f"{record.mfu:.2%}"),
+        # a float8 run's MFU is against the bf16 peak: labelled as float8's, never read as a bf16 run's
+        ("MFU (window)" if record.precision != "fp8" else "MFU (window, float8 run, vs the bf16 peak)",
+         f"{record.mfu:.2%}"),
         *([("MFU vs fp8 peak", "-" if record.mfu_fp8_peak is None else f"{record.mfu_fp8_peak:.2%}")]
           if record.precision == "fp8" else []),
         *([("MFU (row's convention)", f"{record.card['row_mfu']:.2%} ({record.card['row_convention'].split(',')[0]})")]
@@ -154,6 +156,8 @@ def record_report(record) -> list:
         ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
          else f"{record.num_alloc_retries} / {record.num_ooms}"),
         ("data wait", f"{record.data_wait_frac:.1%}"),
+        *([("weights", f"{record.backend['master_weights']}: {record.backend.get('master_weights_recipe', '')}")]
+          if (record.backend or {}).get("master_weights") else []),
         ("compile", compile_text(record)),
         ("attention", attention_text(record)),
     ]

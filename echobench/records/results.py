@@ -162,7 +162,7 @@ class Record(BaseModel):
     ac: str
     grad_accum: int = 1  # micro-batches per optimizer step; global_batch counts them all
     # per attention (dit, speaker_encoder, text_encoder): measured micro-batches per path (none: no
-    # mask; flex; dense) and each path's share of the window's attention FLOPs (bench_record.attention_figures);
+    # mask; split: the DiT's dropped conditioning without a mask, model.components.merged_attention; flex; dense) and each path's share of the window's attention FLOPs (bench_record.attention_figures);
     # on a GPU, the attention kernels each warm-up variant ran (a profiled pass: their names and launches);
     # the SDPA kernels torch would choose at the run's shapes (kernels.sdpa_choices: predicted)
     attention_paths: dict[str, dict[str, int]] | None = None

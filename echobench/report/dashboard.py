@@ -129,6 +129,14 @@ def page_notes(data: ReportInput) -> list[str]:
                      + (f"; mean |residual| {errors.abs().mean():.1%} over {len(errors)} runs" if len(errors) else "")
                      + f". {len(below)} run(s) more than {data.margin:.0%} below their predicted throughput"
                      + (": " + ", ".join(below["run_id"].astype(str)) if len(below) else "") + ".")
+    synthetic = [r for r in data.records if r.status == "ok" and r.config and r.config.get("data") == "synthetic"
+                 and not r.config.get("card")]
+    if synthetic:
+        notes.append(f"{len(synthetic)} run(s) trained on synthetic data: every sample at the maximum lengths, "
+                     "nothing padded, so their MFU is an upper bound of what the same settings measure on a user's "
+                     "variable-length data (padded tokens computed, attention over a key mask). Shards of realistic "
+                     "lengths (echobench data synth, or a user's) measure that: their records give the padding share "
+                     "(padded FLOPs, padded tokens) and the attention path mix.")
     retries = ok[numeric(ok["num_alloc_retries"]).fillna(0) > 0]
     if len(retries):
         notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "

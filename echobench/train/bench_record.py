@@ -127,7 +127,7 @@ def compiled_in_window_error(record: Record) -> str:
 
 def attention_figures(dp_ranks: list[dict]) -> dict:
     """The record's attention: per part, how many measured micro-batches took each path (no mask,
-    flex, dense) and each path's share of the window's attention FLOPs, over the data-parallel ranks;
+    split, flex, dense) and each path's share of the window's attention FLOPs, over the data-parallel ranks;
     the attention kernels each warm-up variant ran (a profiled pass on a GPU, rank 0's; None on a
     CPU) and the SDPA kernels torch would choose at the run's shapes (predicted, rank 0's: every
     rank has the same shapes)."""
