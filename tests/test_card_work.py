@@ -22,7 +22,7 @@ from echobench.predict.card import Layout, card_params, model_card, rank_params,
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.card_work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
-from echobench.predict.frameworks import framework, resolved
+from echobench.predict.frameworks import EAGER_KERNELS, framework, resolved
 from echobench.predict.pipeline import (
     bubble_fraction,
     in_flight,
@@ -249,6 +249,7 @@ def test_an_eager_blocks_element_wise_bytes_are_those_counted_on_its_framework_c
     spec = importlib.util.spec_from_file_location("count_card_blocks", ROOT / "tools" / "count_card_blocks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    assert set(EAGER_KERNELS) == set(ELEMENTWISE_EAGER)  # a layout's elementwise_kernels name a counted block
     for name, block, mha in (("mpt", module.mpt_block, True), ("llama", module.llama_block, False)):
         c = module.coefficients(block, mha)
         assert [*c["forward"], *c["backward"]] == pytest.approx([*ELEMENTWISE_EAGER[name][0], *ELEMENTWISE_EAGER[name][1]],

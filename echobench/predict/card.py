@@ -5,8 +5,9 @@ on a rank is card_work.py's; its collectives card_traffic.py's; pipeline and con
 pipeline.py's.
 
 A layout's ranks: gpus = dp x tp x pp x cp (data, tensor, pipeline and context parallel). Options a
-row leaves out (None) take the framework's default at the version the row names (frameworks.py),
-and the prediction's notes say which.
+row leaves out (None) take the framework's default at the version the row names (frameworks.py;
+none named: its generic default; one it does not know: described by the row's own settings), and
+the prediction's notes say which.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from echobench.predict.errors import PredictError
+from echobench.predict.frameworks import ELEMENTWISE_KERNELS, check_described
 from echobench.predict.recompute import POLICIES
 from echobench.records.yamltext import read_yaml
 
@@ -111,6 +113,8 @@ class Layout:
     framework: str = ""
     framework_version: str | None = None
     attention_kernel: str | None = None  # as the profile's attention points name it (None: the framework's)
+    elementwise_kernels: str | None = None  # fused, or an eager block counted on its code: mpt, llama (None: the framework's)
+    fused_qkv: bool | None = None  # q, k, v one GEMM, a gated MLP's gate and up one (None: the framework's)
     autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (card_memory)
 
     def __post_init__(self) -> None:
@@ -125,6 +129,8 @@ class Layout:
                    f"{', '.join(PRECISION_BYTES)}"),
                   (self.fp8_recipe is None or self.fp8_recipe in FP8_RECIPES, f"unknown fp8_recipe {self.fp8_recipe!r}: "
                    f"give one of {', '.join(FP8_RECIPES)}"),
+                  (self.elementwise_kernels is None or self.elementwise_kernels in ELEMENTWISE_KERNELS,
+                   f"unknown elementwise_kernels {self.elementwise_kernels!r}: give one of {', '.join(ELEMENTWISE_KERNELS)}"),
                   (self.grad_reduce_dtype is None or self.grad_reduce_dtype in REDUCE_BYTES,
                    f"unknown grad_reduce_dtype {self.grad_reduce_dtype!r}: give one of {', '.join(REDUCE_BYTES)}"),
                   (self.gpus % model_parallel == 0, f"tp {self.tp} x pp {self.pp} x cp {self.cp} does not divide "
@@ -148,6 +154,7 @@ class Layout:
         for ok, why in checks:
             if not ok:
                 raise PredictError(f"run: {why}")
+        check_described(self)
 
     @property
     def data_parallel(self) -> int:
