@@ -137,6 +137,38 @@ def test_fsdp_gathers_every_parameter_twice_but_the_root_and_reduce_scatters_eac
         sum(x.nbytes for x in by(t.per_micro, "all_gather", "each block"))
 
 
+def test_fsdp_reducing_once_a_step_moves_1_over_n_of_the_reduce_scatter_and_torchtitan_does_so_under_pp():
+    """fsdp_reduce_once: with N micro-batches the gradients' reduce-scatter runs once a step, not N
+    times: the step's reduce-scatter time is 1/N of the per-micro-batch one; under PP it runs after
+    the schedule, exposed (torch.distributed.pipelining). torchtitan's default: once under PP, every
+    micro-batch without it (its train_step), llm-foundry's every micro-batch."""
+    prof = load_profile(find_profile("h100-96gb-500w"))
+    card, layout = card_of("tt-llama31-405b-h100-512gpu-pp8-1f1b")  # torchtitan FSDP + PP, 8 micro-batches
+    n = layout.grad_accum
+    assert n > 1 and resolved(layout, framework("torchtitan"))[0]["fsdp_reduce_once"]
+
+    def reduce_scatter_s(p, once: bool) -> float:
+        cs = [c for c in p.collectives if c.op == "reduce_scatter" and c.group == "dp_shard"]
+        assert len(cs) == 1 and (cs[0].what.endswith(", once a step") or "once a step," in cs[0].what) == once
+        return cs[0].seconds * (1 if once else n)
+
+    every = predict_card(card, replace(layout, fsdp_reduce_once=False), prof)
+    once = predict_card(card, layout, prof)
+    assert reduce_scatter_s(once, True) == pytest.approx(reduce_scatter_s(every, False) / n, rel=1e-12)
+    (after,) = [c for c in once.collectives if c.op == "reduce_scatter" and c.group == "dp_shard"]
+    assert after.overlaps == "none" and after.floor_s == after.seconds  # after the schedule's last backward
+    t_every, t_once = traffic(card, replace(layout, fsdp_reduce_once=False)), traffic(card, layout)
+    grads = "gradients of each unit"
+    assert by(t_every.per_micro, "reduce_scatter", grads) and not by(t_once.per_micro, "reduce_scatter", grads)
+    assert [x.nbytes for x in by(t_once.per_step, "reduce_scatter", grads)] == \
+        [x.nbytes for x in by(t_every.per_micro, "reduce_scatter", grads)]
+    # without PP: torchtitan and llm-foundry reduce every micro-batch; reducing once overlaps the last backward
+    flat, accum = card_of("lf-mpt-7b-8gpu-s1024")  # grad_accum 2
+    for name in ("torchtitan", "llm-foundry"):
+        assert not resolved(replace(accum, framework=name), framework(name))[0]["fsdp_reduce_once"]
+    one = [c for c in predict_card(flat, replace(accum, fsdp_reduce_once=True), prof).collectives if c.op == "reduce_scatter"]
+    assert [c.overlaps for c in one] == ["backward"] and one[0].floor_s < one[0].seconds
+
 def test_hsdp_reduces_its_shards_across_the_replicas_of_its_shard_group():
     card, layout = card_of("lf-mpt-7b-128gpu")
     n = card_params(card, layout.seq)

@@ -115,6 +115,7 @@ class Layout:
     attention_kernel: str | None = None  # as the profile's attention points name it (None: the framework's)
     elementwise_kernels: str | None = None  # fused, or an eager block counted on its code: mpt, llama (None: the framework's)
     fused_qkv: bool | None = None  # q, k, v one GEMM, a gated MLP's gate and up one (None: the framework's)
+    fsdp_reduce_once: bool | None = None  # fsdp / hsdp: gradients reduced once a step, not per micro-batch (None: the framework's)
     autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (card_memory)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,12 @@ Sources, per framework (the file and commit each default is read at):
   model config (the rows carry them), TransformerEngine with cuDNN fused attention.
 - torchtitan (FSDP2, 2024): mixed_precision_reduce float32 (torchtitan config_manager.py at
   9dec370a), reshard after forward, SDPA (FlashAttention-2 on A100 / H100 at the nightlies of the
-  time), torch.compile per row (training.compile).
+  time), torch.compile per row (training.compile). Gradient accumulation without PP runs each
+  micro-batch's loss.backward() as is, so FSDP2 reduce-scatters every micro-batch (torchtitan/train.py
+  train_step at 000204a4); with PP, torch.distributed.pipelining turns FSDP's gradient sync off for
+  every backward and reduces once after the schedule's last one (pipelining/stage.py
+  backward_maybe_with_nosync, perform_reduce_grad: the REDUCE_GRAD action after all micro-batches'
+  backward), as GENERIC takes it too (every FSDP2 + PP run goes through that schedule).
 
 Element-wise bytes: where a framework runs eager with its own model code (llm-foundry's MPT,
 torchtitan's Llama), its block's bytes as counted on that code (tools/count_card_blocks.py:
@@ -70,6 +75,10 @@ class Framework:
     kernels: tuple[int, int]  # kernel launches per block and micro-batch, forward and backward
     fused_qkv: bool  # q, k, v one GEMM (and a gated MLP's gate and up one)
     source: str
+    # FSDP / HSDP under several micro-batches: the gradients reduced once a step (after the last
+    # micro-batch's backward), not every micro-batch; under plain accumulation and under PP
+    reduce_once: bool = False
+    reduce_once_pp: bool = False
 
 
 FUSED_KERNELS = (12, 24)  # assumed: a fused block's GEMMs, attention and about as many fused kernels
@@ -97,11 +106,13 @@ FRAMEWORKS: dict[str, Framework] = {
                       "NeMo-Framework-Launcher 24.07 configs: distributed_fused_adam, overlap_grad_sync / "
                       "overlap_param_sync true, TransformerEngine with cuDNN fused attention"),
     "torchtitan": Framework("torchtitan", True, True, False, False, "fp32", "flash2", "llama", EAGER_KERNELS["llama"], False,
-                            "torchtitan config_manager.py at 9dec370a: FSDP2, mixed_precision_reduce float32, SDPA"),
+                            "torchtitan config_manager.py at 9dec370a: FSDP2, mixed_precision_reduce float32, SDPA; "
+                            "with PP, FSDP reduces once a step (torch.distributed.pipelining)", reduce_once_pp=True),
 }
 GENERIC = Framework("", True, True, False, True, "fp32", "flash2", None, FUSED_KERNELS, True,
                     "no framework named: the generic default, gradient reduction, parameter gathers and "
-                    "point-to-point overlapped, no TP overlap, fp32 gradients, FlashAttention-2, fused kernels")
+                    "point-to-point overlapped, no TP overlap, fp32 gradients, FlashAttention-2, fused kernels, FSDP "
+                    "with PP reducing once a step", reduce_once_pp=True)
 # The frameworks whose defaults an unnamed row's interval spans (the module docstring).
 SPANNED = ("llm-foundry", "megatron-lm", "nemo", "torchtitan")
 
@@ -137,6 +148,8 @@ def described_settings(layout) -> tuple[str, ...]:
         need.append("tp_comm_overlap")
     if layout.vp > 1:
         need.append("overlap_p2p_comm")
+    if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+        need.append("fsdp_reduce_once")
     return tuple(need)
 
 
@@ -172,8 +185,8 @@ def layout_framework(layout) -> Framework:
 
 
 def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
-    """The layout's options with the framework's defaults where the row leaves them out (None), and a
-    note naming each default taken."""
+    """The layout's options (SETTINGS and fsdp_reduce_once) with the framework's defaults where the
+    row leaves them out (None), and a note naming each default taken."""
     out, taken = {}, []
     for key in SETTINGS:
         value = getattr(layout, key)
@@ -181,6 +194,11 @@ def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
             value = getattr(fw, key)
             taken.append(f"{key} {value}")
         out[key] = value
+    out["fsdp_reduce_once"] = layout.fsdp_reduce_once
+    if layout.fsdp_reduce_once is None:
+        out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once
+        if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+            taken.append(f"fsdp_reduce_once {out['fsdp_reduce_once']}")
     who = fw.name if fw.name else "the generic"
     notes = [f"{who} defaults taken ({fw.source}): {', '.join(taken)}"] if taken else []
     return out, notes
