@@ -18,10 +18,20 @@ import yaml
 from conftest import ROOT
 from echobench.calibrate.commbench import count_ops
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card import Layout, card_params, model_card, rank_params, run_layout
+from echobench.predict.card import (
+    Layout,
+    card_params,
+    layer_params,
+    model_card,
+    rank_blocks,
+    rank_params,
+    run_layout,
+    stage_blocks,
+)
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.card_work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
+from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import EAGER_KERNELS, framework, resolved
 from echobench.predict.pipeline import (
     bubble_fraction,
@@ -168,6 +178,30 @@ def test_fsdp_reducing_once_a_step_moves_1_over_n_of_the_reduce_scatter_and_torc
         assert not resolved(replace(accum, framework=name), framework(name))[0]["fsdp_reduce_once"]
     one = [c for c in predict_card(flat, replace(accum, fsdp_reduce_once=True), prof).collectives if c.op == "reduce_scatter"]
     assert [c.overlaps for c in one] == ["backward"] and one[0].floor_s < one[0].seconds
+
+def test_pipeline_chunks_of_one_layer_with_an_embedding_only_and_a_head_only_chunk_are_priced():
+    """Llama 3.1 405B's 126 layers on pp 8 x vp 16: 128 chunks, one layer each but the first (the
+    embedding alone) and the last (the final norm and head alone). Each rank holds its chunks'
+    blocks (rank 0 and 7 one fewer); the slowest runs 16 blocks and no head, as the head weighs
+    less than a block here; a vocabulary heavier than a block puts the head's rank first. One
+    chunk more than that is refused in one line."""
+    prof = load_profile(find_profile("h100-96gb-500w"))
+    card, layout = card_of("tt-llama31-405b-h100-512gpu-pp8-interleaved")
+    one = replace(layout, vp=16, embedding_chunk=True, head_chunk=True)
+    blocks = rank_blocks(card, one)
+    assert sum(blocks) == card.layers == 126 and blocks == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert stage_blocks(card, one) == (16, False) and card.vocab * card.hidden < layer_params(card)
+    w = work(card, one)
+    assert w.layers == 16 and not w.lm_head and not [m for m in w.matmuls if m.part == "lm_head"]
+    p = predict_card(card, one, prof)
+    assert p.step_time_s > 0 and any("an embedding-only first chunk and a head-only last chunk" in n for n in p.notes)
+    assert p.parts["bubble"] < predict_card(card, layout, prof).parts["bubble"]  # vp 16: (p - 1) / (16 m)
+    heavy = replace(card, vocab=4 * layer_params(card) // card.hidden)
+    assert stage_blocks(heavy, one) == (15, True)
+    assert stage_blocks(card, layout) == (16, True)  # without them: ceil(126 / 8) and the head, as before
+    with pytest.raises(PredictError) as err:
+        work(card, replace(one, head_chunk=False, vp=17))
+    assert "chunks leave 135 for the model's 126 layers" in str(err.value) and "\n" not in str(err.value)
 
 def test_hsdp_reduces_its_shards_across_the_replicas_of_its_shard_group():
     card, layout = card_of("lf-mpt-7b-128gpu")

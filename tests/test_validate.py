@@ -69,6 +69,7 @@ ROW = BY_ID["lf-mpt-7b-8gpu"]
     (lambda r: {**r, "assumed": ["interconnect unstated"]}, "give exactly field, values and why"),
     (lambda r: {**r, "assumed": [{"field": "hardware.nics", "values": [1], "why": "x"}]}, "assumed field 'hardware.nics'"),
     (lambda r: {**r, "run": {k: v for k, v in r["run"].items() if k != "seq"}}, "lacks 'seq'"),
+    (lambda r: {**r, "run": {**r["run"], "head_chunk": True}}, "run: embedding_chunk / head_chunk without pipeline"),
     (lambda r: {**r, "source": {k: v for k, v in r["source"].items() if k != "name"}}, "lacks source.name"),
 ])
 def test_a_row_the_schema_does_not_know_is_refused_in_one_line_naming_the_key_and_the_row(tmp_path, change, said):

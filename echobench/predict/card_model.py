@@ -145,7 +145,10 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     if opts["tp_comm_overlap"] and layout.tp > 1:
         notes.append("TP overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
     if layout.pp > 1:
-        notes.append(f"pipeline: {layout.pp} stages x {layout.vp} chunks, {acc} micro-batches: bubble "
+        ends = [w for w, on in (("an embedding-only first chunk", layout.embedding_chunk),
+                                ("a head-only last chunk", layout.head_chunk)) if on]
+        notes.append(f"pipeline: {layout.pp} stages x {layout.vp} chunks" + (f" ({' and '.join(ends)})" if ends else "") +
+                     f", {acc} micro-batches: bubble "
                      f"{bubble_fraction(layout.pp, layout.vp, acc):.1%} of the slowest stage's compute")
     parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
              "attention": dev["attention_forward"] + dev["attention_backward"],

@@ -45,6 +45,7 @@ from echobench.predict.card import (
     _layer_split,
     layer_params,
     model_parallel_params,
+    stage_blocks,
 )
 from echobench.predict.communication import Collective, place
 from echobench.predict.pipeline import p2p_messages
@@ -93,7 +94,7 @@ def _fsdp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
     r = REDUCE_BYTES[opts["grad_reduce_dtype"]]
     rdtype = DTYPES[opts["grad_reduce_dtype"]]
     mine = model_parallel_params(card, layout)
-    L, twice = -(-card.layers // layout.pp), layout.sharding == "full_shard"
+    L, twice = stage_blocks(card, layout)[0], layout.sharding == "full_shard"
     block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
     root = mine - L * block
     per_micro = [
@@ -132,7 +133,7 @@ def _tp(card: ModelCard, layout: Layout) -> list:
     """The TP collectives of one micro-batch on a stage (the module docstring)."""
     if layout.tp == 1:
         return []
-    tp, L = layout.tp, -(-card.layers // layout.pp)
+    tp, L = layout.tp, stage_blocks(card, layout)[0]
     act = layout.tokens * card.hidden * layout.compute_bytes
     dtype = DTYPES[layout.precision]
     pol = POLICIES[layout.ac]
@@ -159,7 +160,7 @@ def _cp(card: ModelCard, layout: Layout) -> list:
     """Context parallelism's K and V exchange of one micro-batch on a stage."""
     if layout.cp == 1:
         return []
-    L = -(-card.layers // layout.pp)
+    L = stage_blocks(card, layout)[0]
     kv = 2 * layout.micro_batch * layout.seq * card.kv_width // layout.tp * layout.compute_bytes  # gathered K and V
     link, per_node = _group(layout, layout.cp, layout.tp)
     dtype = DTYPES[layout.precision]
