@@ -18,11 +18,21 @@ import yaml
 from conftest import ROOT
 from echobench.calibrate.commbench import count_ops
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card import Layout, card_params, model_card, rank_params, run_layout
+from echobench.predict.card import (
+    Layout,
+    card_params,
+    layer_params,
+    model_card,
+    rank_blocks,
+    rank_params,
+    run_layout,
+    stage_blocks,
+)
 from echobench.predict.card_model import predict_card
 from echobench.predict.card_traffic import card_traffic
 from echobench.predict.card_work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
-from echobench.predict.frameworks import framework, resolved
+from echobench.predict.errors import PredictError
+from echobench.predict.frameworks import EAGER_KERNELS, framework, resolved
 from echobench.predict.pipeline import (
     bubble_fraction,
     in_flight,
@@ -137,6 +147,62 @@ def test_fsdp_gathers_every_parameter_twice_but_the_root_and_reduce_scatters_eac
         sum(x.nbytes for x in by(t.per_micro, "all_gather", "each block"))
 
 
+def test_fsdp_reducing_once_a_step_moves_1_over_n_of_the_reduce_scatter_and_torchtitan_does_so_under_pp():
+    """fsdp_reduce_once: with N micro-batches the gradients' reduce-scatter runs once a step, not N
+    times: the step's reduce-scatter time is 1/N of the per-micro-batch one; under PP it runs after
+    the schedule, exposed (torch.distributed.pipelining). torchtitan's default: once under PP, every
+    micro-batch without it (its train_step), llm-foundry's every micro-batch."""
+    prof = load_profile(find_profile("h100-96gb-500w"))
+    card, layout = card_of("tt-llama31-405b-h100-512gpu-pp8-1f1b")  # torchtitan FSDP + PP, 8 micro-batches
+    n = layout.grad_accum
+    assert n > 1 and resolved(layout, framework("torchtitan"))[0]["fsdp_reduce_once"]
+
+    def reduce_scatter_s(p, once: bool) -> float:
+        cs = [c for c in p.collectives if c.op == "reduce_scatter" and c.group == "dp_shard"]
+        assert len(cs) == 1 and (cs[0].what.endswith(", once a step") or "once a step," in cs[0].what) == once
+        return cs[0].seconds * (1 if once else n)
+
+    every = predict_card(card, replace(layout, fsdp_reduce_once=False), prof)
+    once = predict_card(card, layout, prof)
+    assert reduce_scatter_s(once, True) == pytest.approx(reduce_scatter_s(every, False) / n, rel=1e-12)
+    (after,) = [c for c in once.collectives if c.op == "reduce_scatter" and c.group == "dp_shard"]
+    assert after.overlaps == "none" and after.floor_s == after.seconds  # after the schedule's last backward
+    t_every, t_once = traffic(card, replace(layout, fsdp_reduce_once=False)), traffic(card, layout)
+    grads = "gradients of each unit"
+    assert by(t_every.per_micro, "reduce_scatter", grads) and not by(t_once.per_micro, "reduce_scatter", grads)
+    assert [x.nbytes for x in by(t_once.per_step, "reduce_scatter", grads)] == \
+        [x.nbytes for x in by(t_every.per_micro, "reduce_scatter", grads)]
+    # without PP: torchtitan and llm-foundry reduce every micro-batch; reducing once overlaps the last backward
+    flat, accum = card_of("lf-mpt-7b-8gpu-s1024")  # grad_accum 2
+    for name in ("torchtitan", "llm-foundry"):
+        assert not resolved(replace(accum, framework=name), framework(name))[0]["fsdp_reduce_once"]
+    one = [c for c in predict_card(flat, replace(accum, fsdp_reduce_once=True), prof).collectives if c.op == "reduce_scatter"]
+    assert [c.overlaps for c in one] == ["backward"] and one[0].floor_s < one[0].seconds
+
+def test_pipeline_chunks_of_one_layer_with_an_embedding_only_and_a_head_only_chunk_are_priced():
+    """Llama 3.1 405B's 126 layers on pp 8 x vp 16: 128 chunks, one layer each but the first (the
+    embedding alone) and the last (the final norm and head alone). Each rank holds its chunks'
+    blocks (rank 0 and 7 one fewer); the slowest runs 16 blocks and no head, as the head weighs
+    less than a block here; a vocabulary heavier than a block puts the head's rank first. One
+    chunk more than that is refused in one line."""
+    prof = load_profile(find_profile("h100-96gb-500w"))
+    card, layout = card_of("tt-llama31-405b-h100-512gpu-pp8-interleaved")
+    one = replace(layout, vp=16, embedding_chunk=True, head_chunk=True)
+    blocks = rank_blocks(card, one)
+    assert sum(blocks) == card.layers == 126 and blocks == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert stage_blocks(card, one) == (16, False) and card.vocab * card.hidden < layer_params(card)
+    w = work(card, one)
+    assert w.layers == 16 and not w.lm_head and not [m for m in w.matmuls if m.part == "lm_head"]
+    p = predict_card(card, one, prof)
+    assert p.step_time_s > 0 and any("an embedding-only first chunk and a head-only last chunk" in n for n in p.notes)
+    assert p.parts["bubble"] < predict_card(card, layout, prof).parts["bubble"]  # vp 16: (p - 1) / (16 m)
+    heavy = replace(card, vocab=4 * layer_params(card) // card.hidden)
+    assert stage_blocks(heavy, one) == (15, True)
+    assert stage_blocks(card, layout) == (16, True)  # without them: ceil(126 / 8) and the head, as before
+    with pytest.raises(PredictError) as err:
+        work(card, replace(one, head_chunk=False, vp=17))
+    assert "chunks leave 135 for the model's 126 layers" in str(err.value) and "\n" not in str(err.value)
+
 def test_hsdp_reduces_its_shards_across_the_replicas_of_its_shard_group():
     card, layout = card_of("lf-mpt-7b-128gpu")
     n = card_params(card, layout.seq)
@@ -249,6 +315,7 @@ def test_an_eager_blocks_element_wise_bytes_are_those_counted_on_its_framework_c
     spec = importlib.util.spec_from_file_location("count_card_blocks", ROOT / "tools" / "count_card_blocks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    assert set(EAGER_KERNELS) == set(ELEMENTWISE_EAGER)  # a layout's elementwise_kernels name a counted block
     for name, block, mha in (("mpt", module.mpt_block, True), ("llama", module.llama_block, False)):
         c = module.coefficients(block, mha)
         assert [*c["forward"], *c["backward"]] == pytest.approx([*ELEMENTWISE_EAGER[name][0], *ELEMENTWISE_EAGER[name][1]],

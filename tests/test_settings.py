@@ -38,7 +38,7 @@ OPTIONS = {
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
                   "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
     "report": ["--margin", "--only", "--out", "--profile", "--reference", "--table", "-o", "paths"],
-    "results": ["--csv", "--json", "--only", "--sort", "paths"],
+    "results": ["--columns", "--csv", "--json", "--only", "--sort", "paths"],
     "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
                 "--validate",  # added since: published runs (issue 34)
                 "--write-fit",  # the committed fit of the published runs (issue 42)
@@ -48,7 +48,7 @@ OPTIONS = {
     "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
     "sweep": ["--executor", "--force", "--max-runs", "--no-preflight", "--no-wait", "--only", "--out", "--poll",
               "--preflight", "--retry-failed", "--wait", "matrix_path"],
-    "preflight": ["--executor", "--max-runs", "--only", "--out", "matrix_path"],
+    "preflight": ["--dry-run", "--executor", "--max-runs", "--only", "--out", "matrix_path"],
     "status": ["--export", "--json", "--only", "--poll", "--wait", "runs_dir"],
     "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],

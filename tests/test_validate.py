@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -16,8 +17,11 @@ from rich.console import Console
 
 from conftest import ROOT
 from echobench.predict import PredictError
+from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict.card import load_card_file, model_card, run_layout
+from echobench.predict.card_model import predict_card
 from echobench.predict.crossval import crossval
+from echobench.predict.frameworks import GENERIC, SPANNED
 from echobench.predict.intervals import interval
 from echobench.predict.tables import validation_table
 from echobench.predict.validate import (
@@ -65,6 +69,7 @@ ROW = BY_ID["lf-mpt-7b-8gpu"]
     (lambda r: {**r, "assumed": ["interconnect unstated"]}, "give exactly field, values and why"),
     (lambda r: {**r, "assumed": [{"field": "hardware.nics", "values": [1], "why": "x"}]}, "assumed field 'hardware.nics'"),
     (lambda r: {**r, "run": {k: v for k, v in r["run"].items() if k != "seq"}}, "lacks 'seq'"),
+    (lambda r: {**r, "run": {**r["run"], "head_chunk": True}}, "run: embedding_chunk / head_chunk without pipeline"),
     (lambda r: {**r, "source": {k: v for k, v in r["source"].items() if k != "name"}}, "lacks source.name"),
 ])
 def test_a_row_the_schema_does_not_know_is_refused_in_one_line_naming_the_key_and_the_row(tmp_path, change, said):
@@ -254,6 +259,60 @@ def test_the_validation_table_prints_outside_text_verbatim():
     text = console.export_text()
     assert "[bold]x[/]" in text and "[red]fsdp" in text and "[t]" in text
 
+
+
+def without_framework(row: dict, *drop: str) -> dict:
+    return {**row, "id": f"{row['id']}-unnamed", "run": {k: v for k, v in row["run"].items()
+                                                         if k not in ("framework", "framework_version", *drop)}}
+
+
+def test_a_row_naming_no_framework_takes_the_generic_default_its_interval_spanning_the_named_ones():
+    """A row that names no framework is priced at frameworks.GENERIC (gradient reduction and
+    parameter gathers overlapped, not every overlap off) and its interval spans its price at each
+    current framework's defaults (frameworks.SPANNED): a Megatron-LM interleaved row and a
+    torchtitan FSDP row, their framework and overlap flags dropped."""
+    flags = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_kernel")
+    for rid in ("mlm-gpt-70b-768gpu", "tt-llama3-8b-h100-8gpu"):
+        row = without_framework(BY_ID[rid], *flags)
+        r = validate_row(row, {})
+        assert r.error is not None and any(n.startswith("the generic defaults taken") for n in r.notes), r.notes
+        named = {name: validate_row({**row, "run": {**row["run"], "framework": name}}, {}) for name in SPANNED}
+        for name, n in named.items():
+            assert r.interval_low_s < n.predicted_step_s < r.interval_high_s, (rid, name)
+        assert r.interval_high_s / r.interval_low_s > max(n.interval_high_s / n.interval_low_s for n in named.values())
+        # the card file's path (predict_card) spans them too
+        card, layout = model_card(row["model"]), run_layout(row["run"], row["hardware"])
+        profile = load_profile(find_profile(row["hardware"]["profile"]))
+        p = predict_card(card, layout, profile)
+        steps = [predict_card(card, replace(layout, framework=name), profile).step_time_s for name in SPANNED]
+        assert p.step_time_low_s < min(steps) <= max(steps) < p.step_time_high_s
+        assert p.framework_span_s == (min(p.step_time_s, *steps), max(p.step_time_s, *steps))
+    # with its overlaps unstated, a Megatron row is no longer priced with every overlap off
+    row = without_framework(BY_ID["mlm-gpt-70b-768gpu"], *flags)
+    off = {**row, "run": {**row["run"], **{k: False for k in flags[:3]}, "overlap_p2p_comm": False}}
+    assert validate_row(row, {}).predicted_step_s < validate_row(off, {}).predicted_step_s
+    assert (GENERIC.overlap_grad_reduce, GENERIC.overlap_param_gather, GENERIC.overlap_p2p_comm) == (True, True, True)
+
+
+def test_a_framework_outside_the_list_is_priced_from_its_settings_and_refused_in_one_line_without_them(tmp_path):
+    """A framework echobench does not name, described by its settings, is priced as they say: given
+    torchtitan's (eager Llama block, q, k, v apart, fp32 reduction, FlashAttention-2) it is priced
+    as torchtitan; without them, one line naming the settings to add."""
+    row = BY_ID["tt-llama3-8b-h100-128gpu"]
+    mine = {**row, "run": {**row["run"], "framework": "my-trainer", "grad_reduce_dtype": "fp32",
+                           "attention_kernel": "flash2", "elementwise_kernels": "llama", "fused_qkv": False}}
+    assert load_rows(write_rows(tmp_path, [mine]))
+    assert validate_row(mine, {}).predicted_step_s == pytest.approx(validate_row(row, {}).predicted_step_s, rel=1e-12)
+    fused = validate_row({**mine, "run": {**mine["run"], "elementwise_kernels": "fused"}}, {})
+    assert fused.predicted_step_s < validate_row(mine, {}).predicted_step_s
+    said = one_error(tmp_path, {**BY_ID["mlm-gpt-70b-768gpu"], "run": {**BY_ID["mlm-gpt-70b-768gpu"]["run"],
+                                                                        "framework": "my-trainer"}})
+    assert "row mlm-gpt-70b-768gpu: run: framework 'my-trainer' is not one of" in said
+    assert "describe it by its settings (add attention_kernel, elementwise_kernels, overlap_p2p_comm)" in said
+    bare = {**mine, "run": {k: v for k, v in mine["run"].items() if k not in ("elementwise_kernels", "attention_kernel")}}
+    assert "(add attention_kernel, elementwise_kernels)" in one_error(tmp_path, bare)
+    assert "unknown elementwise_kernels 'eager'" in one_error(tmp_path, {**mine, "run": {**mine["run"],
+                                                                                         "elementwise_kernels": "eager"}})
 
 @pytest.fixture(scope="module")
 def cv():

@@ -99,7 +99,8 @@ The package, by what each file is (every name callers use is re-exported here):
     card_work.py      a card step's work on a rank: card_work (GEMMs, attention, element-wise bytes
                       counted on the framework's eager block or per fused op, float8 casts, host ops)
     frameworks.py     each framework's defaults at its version (overlap flags, reduce dtype, attention
-                      kernel, eager or fused kernels): framework, resolved
+                      kernel, eager or fused kernels), the generic default where a row names none, a
+                      framework described by its settings: framework, layout_framework, resolved
     recompute.py      activation checkpointing as named recompute policies (what each re-runs)
     pipeline.py       pipeline parallelism's 1F1B / interleaved schedule: bubble, point-to-point
     card_traffic.py   a card step's collectives as commvolume.Traffic (card_traffic) and their placement (place_card)

@@ -5,8 +5,9 @@ on a rank is card_work.py's; its collectives card_traffic.py's; pipeline and con
 pipeline.py's.
 
 A layout's ranks: gpus = dp x tp x pp x cp (data, tensor, pipeline and context parallel). Options a
-row leaves out (None) take the framework's default at the version the row names (frameworks.py),
-and the prediction's notes say which.
+row leaves out (None) take the framework's default at the version the row names (frameworks.py;
+none named: its generic default; one it does not know: described by the row's own settings), and
+the prediction's notes say which.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from echobench.predict.errors import PredictError
+from echobench.predict.frameworks import ELEMENTWISE_KERNELS, check_described
 from echobench.predict.recompute import POLICIES
 from echobench.records.yamltext import read_yaml
 
@@ -94,6 +96,8 @@ class Layout:
     tp: int = 1
     pp: int = 1
     vp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    embedding_chunk: bool = False  # pp: the first chunk holds the embedding only (no blocks)
+    head_chunk: bool = False  # pp: the last chunk holds the final norm and LM head only (no blocks)
     cp: int = 1
     dp: int | None = None  # the data-parallel ranks, where the row states them (checked against the rest)
     sequence_parallel: bool = False
@@ -111,6 +115,9 @@ class Layout:
     framework: str = ""
     framework_version: str | None = None
     attention_kernel: str | None = None  # as the profile's attention points name it (None: the framework's)
+    elementwise_kernels: str | None = None  # fused, or an eager block counted on its code: mpt, llama (None: the framework's)
+    fused_qkv: bool | None = None  # q, k, v one GEMM, a gated MLP's gate and up one (None: the framework's)
+    fsdp_reduce_once: bool | None = None  # fsdp / hsdp: gradients reduced once a step, not per micro-batch (None: the framework's)
     autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (card_memory)
 
     def __post_init__(self) -> None:
@@ -125,6 +132,8 @@ class Layout:
                    f"{', '.join(PRECISION_BYTES)}"),
                   (self.fp8_recipe is None or self.fp8_recipe in FP8_RECIPES, f"unknown fp8_recipe {self.fp8_recipe!r}: "
                    f"give one of {', '.join(FP8_RECIPES)}"),
+                  (self.elementwise_kernels is None or self.elementwise_kernels in ELEMENTWISE_KERNELS,
+                   f"unknown elementwise_kernels {self.elementwise_kernels!r}: give one of {', '.join(ELEMENTWISE_KERNELS)}"),
                   (self.grad_reduce_dtype is None or self.grad_reduce_dtype in REDUCE_BYTES,
                    f"unknown grad_reduce_dtype {self.grad_reduce_dtype!r}: give one of {', '.join(REDUCE_BYTES)}"),
                   (self.gpus % model_parallel == 0, f"tp {self.tp} x pp {self.pp} x cp {self.cp} does not divide "
@@ -148,6 +157,7 @@ class Layout:
         for ok, why in checks:
             if not ok:
                 raise PredictError(f"run: {why}")
+        check_described(self)
 
     @property
     def data_parallel(self) -> int:
@@ -187,8 +197,42 @@ def check_card_fits_layout(card: ModelCard, layout: Layout) -> None:
             raise PredictError(f"run: tp {layout.tp} does not divide the model's {name} {value}: give a tp that does")
     if layout.seq % (2 * layout.cp) and layout.cp > 1:
         raise PredictError(f"run: cp {layout.cp} needs seq {layout.seq} divisible by 2 x cp (load-balanced chunks)")
-    if layout.pp * layout.vp > card.layers:
-        raise PredictError(f"run: pp {layout.pp} x vp {layout.vp} stages exceed the model's {card.layers} layers")
+    chunks = block_chunks(layout)
+    if layout.pp > 1 and not 1 <= chunks <= card.layers:
+        raise PredictError(f"run: pp {layout.pp} x vp {layout.vp} chunks leave {chunks} for the model's {card.layers} "
+                           "layers (less an embedding-only and a head-only chunk): give each at least one layer")
+
+
+def block_chunks(layout: Layout) -> int:
+    """The pipeline chunks that hold blocks: pp x vp, less an embedding-only first and a head-only last."""
+    return layout.pp * layout.vp - int(layout.embedding_chunk) - int(layout.head_chunk)
+
+
+def rank_blocks(card: ModelCard, layout: Layout) -> list[int]:
+    """The blocks each pipeline rank holds: chunk i on rank i mod pp (interleaved), the layers spread
+    over the chunks that hold blocks as evenly as they go (the first ones one more)."""
+    first = int(layout.embedding_chunk)
+    base, extra = divmod(card.layers, block_chunks(layout))
+    out = [0] * layout.pp
+    for j in range(block_chunks(layout)):
+        out[(first + j) % layout.pp] += base + (j < extra)
+    return out
+
+
+def stage_blocks(card: ModelCard, layout: Layout) -> tuple[int, bool]:
+    """The slowest pipeline rank's blocks and whether it runs the LM head. Without an embedding- or
+    head-only chunk, ceil(layers / pp) and the head (the last stage taken as the slowest); with one,
+    of the rank holding the most blocks and the last rank (the head's), the one with more weights
+    to run: blocks x a block's parameters, the head's vocab x hidden."""
+    if layout.pp == 1:
+        return card.layers, True
+    if not (layout.embedding_chunk or layout.head_chunk):
+        return -(-card.layers // layout.pp), True
+    blocks = rank_blocks(card, layout)
+    last, most = blocks[-1], max(blocks)
+    if last * layer_params(card) + card.vocab * card.hidden >= most * layer_params(card):
+        return last, True
+    return most, False
 
 
 def _take(d: Mapping, cls, where: str, extra: tuple[str, ...] = (), **fixed) -> dict:
@@ -247,6 +291,9 @@ def run_layout(run: Mapping, hardware: Mapping, where: str = "run", hw_where: st
             raise PredictError(f"{hw_where} lacks an integer {key!r}: add it")
     merged = {**run, "gpus": hardware["gpus"], "gpus_per_node": hardware["gpus_per_node"], "layout": layout}
     fields_ = _take(merged, Layout, where, extra=("note",))
+    if (fields_.get("embedding_chunk") or fields_.get("head_chunk")) and fields_.get("pp", 1) == 1:
+        raise PredictError(f"{where}: embedding_chunk / head_chunk without pipeline parallelism: give pp > 1 or leave "
+                           "them out")
     try:
         return Layout(**fields_)
     except PredictError as exc:
@@ -312,14 +359,14 @@ def tp_split_params(card: ModelCard) -> int:
 
 def model_parallel_params(card: ModelCard, layout: Layout) -> float:
     """The parameters one model-parallel rank holds: TP splits tp_split_params by tp; with pipeline
-    parallelism, the largest stage's: its ceil(layers / pp) blocks and an embedding (the first stage
+    parallelism, the slowest stage's: its blocks (stage_blocks) and an embedding (the first stage
     holds the input embedding, the last the head, or a copy of the tied embedding)."""
     per_tp = card_params(card, layout.seq) - tp_split_params(card) * (1 - 1 / layout.tp)
     if layout.pp == 1:
         return per_tp
     block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
     other = (layout.seq * card.hidden if card.positions == "learned" else 0) + norm_params(card)
-    return -(-card.layers // layout.pp) * block + card.vocab * card.hidden / layout.tp + other
+    return stage_blocks(card, layout)[0] * block + card.vocab * card.hidden / layout.tp + other
 
 
 def rank_params(card: ModelCard, layout: Layout) -> float:

@@ -35,7 +35,15 @@ logits, their float32 copy and log-softmax's float32 output at once, 10 s V / t,
 
 from __future__ import annotations
 
-from echobench.predict.card import Layout, ModelCard, _layer_split, layer_params, model_parallel_params, rank_params
+from echobench.predict.card import (
+    Layout,
+    ModelCard,
+    _layer_split,
+    layer_params,
+    model_parallel_params,
+    rank_params,
+    stage_blocks,
+)
 from echobench.predict.pipeline import in_flight
 
 GIB = 2**30
@@ -59,7 +67,7 @@ def state_parts(card: ModelCard, layout: Layout) -> dict[str, float]:
     gathered = 0.0
     if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
         block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
-        gathered = 2 * (-(-card.layers // layout.pp) if layout.sharding == "shard_grad_op" else 2) * block
+        gathered = 2 * (stage_blocks(card, layout)[0] if layout.sharding == "shard_grad_op" else 2) * block
     return {"weights": 4 * held + gathered, "gradients": 4 * held, "optimizer": 8 * held}
 
 
@@ -84,7 +92,7 @@ def activation_bytes(card: ModelCard, layout: Layout) -> float:
     """Every layer's saved activations for one micro-batch (as AC leaves them), and the logits."""
     s, t = layout.tokens, layout.tp
     one = layer_activation_bytes(card, layout)
-    L = -(-card.layers // layout.pp)
+    L = stage_blocks(card, layout)[0]
     held = in_flight(layout.pp, layout.vp, layout.grad_accum)
     logits = (10 if layout.autocast else 4) * s * card.vocab / t
     if layout.ac == "full":  # every micro-batch in flight keeps its layers' inputs; one layer re-runs at a time

@@ -15,7 +15,7 @@ the defaults it leaves out (frameworks.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from echobench.hardware.devicerates import run_fit
 from echobench.hardware.profile import HardwareProfile
@@ -25,7 +25,7 @@ from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
 from echobench.predict.card_work import card_work, model_flops_per_token
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
-from echobench.predict.frameworks import framework, resolved
+from echobench.predict.frameworks import SPANNED, layout_framework, resolved
 from echobench.predict.intervals import interval
 from echobench.predict.pipeline import bubble_fraction, interleaved_grad_exposed, pipeline_seconds
 from echobench.predict.pricing import Rates, attention_notes, in_step_note, is_cpu, profile_peak, work_seconds
@@ -51,6 +51,7 @@ class CardPrediction:
     peak_source: str
     mfu_row: float | None = None  # under the row's own FLOP convention and peak, where given
     memory_gib: float | None = None  # one GPU's memory (card_memory.card_memory_gib)
+    framework_span_s: tuple[float, float] | None = None  # naming no framework: its step's range over SPANNED's (unnamed_span)
     collectives: list[Collective] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # a measured card run's prediction (measured.against): its run id, settings and profile
@@ -94,7 +95,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     profile's rates to price at (a bound, or fitted terms; default its mid figures); `peak`: the MFU
     denominator (TFLOP/s, its source) in place of the profile's (a measured run's own)."""
     rates = rates or Rates(profile, "mid", run_fit(layout.gpus))  # the fitted in-step clock, none on one GPU
-    fw = framework(layout.framework, layout.compile)
+    fw = layout_framework(layout)
     opts, notes = resolved(layout, fw)
     work = card_work(card, layout, fw)
     kf, kb = fw.kernels
@@ -139,13 +140,16 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     if note := in_step_note(profile, rates.terms):
         notes.append(note)
     notes += attention_notes(work.attention, rates, opts["attention_kernel"])
-    notes.append(f"element-wise bytes counted on {fw.name}'s eager {fw.eager_block} block (card_work.ELEMENTWISE_EAGER)"
+    notes.append(f"element-wise bytes counted on the eager {fw.eager_block} block (card_work.ELEMENTWISE_EAGER)"
                  if fw.eager_block else "element-wise bytes: each op of a pre-norm decoder read and written once, as "
                  "fused kernels do (card_work.ELEMENTWISE_READS_WRITES)")
     if opts["tp_comm_overlap"] and layout.tp > 1:
         notes.append("TP overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
     if layout.pp > 1:
-        notes.append(f"pipeline: {layout.pp} stages x {layout.vp} chunks, {acc} micro-batches: bubble "
+        ends = [w for w, on in (("an embedding-only first chunk", layout.embedding_chunk),
+                                ("a head-only last chunk", layout.head_chunk)) if on]
+        notes.append(f"pipeline: {layout.pp} stages x {layout.vp} chunks" + (f" ({' and '.join(ends)})" if ends else "") +
+                     f", {acc} micro-batches: bubble "
                      f"{bubble_fraction(layout.pp, layout.vp, acc):.1%} of the slowest stage's compute")
     parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
              "attention": dev["attention_forward"] + dev["attention_backward"],
@@ -156,11 +160,24 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     mfu_row = None
     if row_flops_per_token is not None and row_peak_tflops:
         mfu_row = mfu_of(row_flops_per_token * tokens, step, layout.gpus, row_peak_tflops)
-    low, high = interval(step)
+    low, high, span = *interval(step), None
+    if layout.framework == "":
+        span = unnamed_span(card, layout, profile, rates, step)
+        low, high = interval(span[0])[0], interval(span[1])[1]
+        notes.append(f"no framework named: priced at the generic default, its interval spanning {', '.join(SPANNED)}'s "
+                     f"defaults ({span[0]:.4g} .. {span[1]:.4g} s, then the cross-validated residuals)")
     return CardPrediction(
         step_time_s=step, step_time_low_s=low, step_time_high_s=high, device_s=device, host_s=host, parts=parts,
         communication_s=sum(c.seconds for c in micro) * acc + sum(c.seconds for c in once) + p2p_all,
         tokens_per_step=tokens, model_flops_per_token=flops,
         mfu=mfu_of(flops * tokens, step, layout.gpus, peak), hfu=mfu_of(hardware * tokens, step, layout.gpus, peak),
         peak_tflops=peak, peak_source=peak_source, mfu_row=mfu_row, memory_gib=card_memory_gib(card, layout),
-        collectives=micro + once, notes=notes)
+        framework_span_s=span, collectives=micro + once, notes=notes)
+
+
+def unnamed_span(card: ModelCard, layout: Layout, profile: HardwareProfile, rates: Rates, step: float) -> tuple[float, float]:
+    """A layout naming no framework: the lowest and highest of its step at the generic default
+    (`step`) and at each SPANNED framework's defaults (frameworks.py)."""
+    steps = [step] + [predict_card(card, replace(layout, framework=name), profile, rates=rates).step_time_s
+                      for name in SPANNED]
+    return min(steps), max(steps)

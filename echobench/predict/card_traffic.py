@@ -9,8 +9,11 @@ card's frameworks overlap differently). Options come resolved (frameworks.resolv
   the root once; shard_grad_op: once, kept through backward; gradients reduce-scattered per unit in
   the reduce dtype. Every micro-batch: composer's ddp_sync_context returns at once for a model that
   is not DistributedDataParallel (mosaicml/composer composer/distributed/dist_strategy.py), and FSDP2
-  reduces each backward. HSDP adds each unit's gradient shard all-reduced across the replicas.
-  Once per step: the gradient norm's all-reduce (clipping).
+  reduces each backward; once a step where the run reduces once (fsdp_reduce_once: gradient sync
+  off but on the last micro-batch, against its backward; under PP after the schedule's last
+  backward, exposed: torch.distributed.pipelining's REDUCE_GRAD). HSDP adds each unit's gradient
+  shard all-reduced across the replicas, as often. Once per step: the gradient norm's all-reduce
+  (clipping).
 - DDP (torch DDP): the gradients all-reduced in 25 MiB buckets once per step.
 - Tensor parallelism (Megatron's, torchtitan's 2D; a group within a node): without sequence
   parallelism, per layer the all-reduce of the two row-parallel outputs in forward and of the two
@@ -42,6 +45,7 @@ from echobench.predict.card import (
     _layer_split,
     layer_params,
     model_parallel_params,
+    stage_blocks,
 )
 from echobench.predict.communication import Collective, place
 from echobench.predict.pipeline import p2p_messages
@@ -51,6 +55,7 @@ from echobench.predict.recompute import POLICIES
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
 FP32 = 4
+AFTER_SCHEDULE = ", once a step, after the pipeline schedule's last backward"  # FSDP reducing once under PP
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def _fsdp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
     r = REDUCE_BYTES[opts["grad_reduce_dtype"]]
     rdtype = DTYPES[opts["grad_reduce_dtype"]]
     mine = model_parallel_params(card, layout)
-    L, twice = -(-card.layers // layout.pp), layout.sharding == "full_shard"
+    L, twice = stage_blocks(card, layout)[0], layout.sharding == "full_shard"
     block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
     root = mine - L * block
     per_micro = [
@@ -97,15 +102,21 @@ def _fsdp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
                  dtype, link, "parameters of each block" + (", forward and backward" if twice else
                                                               ", gathered in forward, kept through backward"), per_node),
         _traffic("all_gather", "dp_shard", shard, 1, int(root * e), dtype, link,
-                 "parameters of the root (embedding, final norm): once, kept from forward to backward", per_node),
-        _traffic("reduce_scatter", "dp_shard", shard, L + 1, int(mine * r), rdtype, link, "gradients of each unit",
-                 per_node)]
+                 "parameters of the root (embedding, final norm): once, kept from forward to backward", per_node)]
+    once = opts["fsdp_reduce_once"] and layout.grad_accum > 1
+    when = (AFTER_SCHEDULE if layout.pp > 1 else ", once a step") if once else ""
+    grads = [_traffic("reduce_scatter", "dp_shard", shard, L + 1, int(mine * r), rdtype, link,
+                      "gradients of each unit" + when, per_node)]
     replicas = layout.data_parallel // shard
     if hsdp and replicas > 1:
-        per_micro.append(_traffic("all_reduce", "dp_replicate", replicas, L + 1, int(mine * r // shard), rdtype,
-                                  "inter", "gradient shards of each unit across the replicas", 1))
-    per_micro += _tp(card, layout)
+        grads.append(_traffic("all_reduce", "dp_replicate", replicas, L + 1, int(mine * r // shard), rdtype,
+                              "inter", "gradient shards of each unit across the replicas" + when, 1))
     per_step = [_traffic("all_reduce", "dp_shard", shard, 1, FP32, "float32", link, "gradient norm (clipping)", per_node)]
+    if once:
+        per_step = grads + per_step
+    else:
+        per_micro += grads
+    per_micro += _tp(card, layout)
     return StepTraffic(tuple(per_micro), tuple(per_step), (TORCH_DDP_BUCKET_BYTES, TORCH_DDP_BUCKET_BYTES))
 
 
@@ -122,7 +133,7 @@ def _tp(card: ModelCard, layout: Layout) -> list:
     """The TP collectives of one micro-batch on a stage (the module docstring)."""
     if layout.tp == 1:
         return []
-    tp, L = layout.tp, -(-card.layers // layout.pp)
+    tp, L = layout.tp, stage_blocks(card, layout)[0]
     act = layout.tokens * card.hidden * layout.compute_bytes
     dtype = DTYPES[layout.precision]
     pol = POLICIES[layout.ac]
@@ -149,7 +160,7 @@ def _cp(card: ModelCard, layout: Layout) -> list:
     """Context parallelism's K and V exchange of one micro-batch on a stage."""
     if layout.cp == 1:
         return []
-    L = -(-card.layers // layout.pp)
+    L = stage_blocks(card, layout)[0]
     kv = 2 * layout.micro_batch * layout.seq * card.kv_width // layout.tp * layout.compute_bytes  # gathered K and V
     link, per_node = _group(layout, layout.cp, layout.tp)
     dtype = DTYPES[layout.precision]
@@ -207,14 +218,17 @@ def place_card(traffic, rates: Rates, layout: Layout, bucket_caps: tuple[int, in
     """communication.place, then the overlaps the card's frameworks have that Echo's do not:
     shard_grad_op's block gathers all in forward (prefetched, the first exposed); TP overlap
     (Megatron's --tp-comm-overlap, NeMo's userbuffers) hides TP collectives behind the GEMMs of their
-    phase (one call exposed, assumed); context parallelism's exchange overlaps the attention (its
+    phase (one call exposed, assumed); FSDP's gradients reduced once under PP run after the
+    schedule, exposed; context parallelism's exchange overlaps the attention (its
     first call exposed); --overlap-param-gather prefetches the parameter all-gather in the forward
     (its first bucket exposed), without it the all-gather and, without --overlap-grad-reduce, the
     gradient reduction are on the critical path."""
     out = []
     for c in place(traffic, rates, bucket_caps):
         one = c.seconds / c.calls if c.calls else 0.0
-        if "kept through backward" in c.what:
+        if c.what.endswith(AFTER_SCHEDULE):
+            c = replace(c, overlaps="none", floor_s=c.seconds)
+        elif "kept through backward" in c.what:
             c = replace(c, overlaps="forward", floor_s=one if c.overlaps == "backward" else 0.0)
         elif c.group == "tp" and opts["tp_comm_overlap"]:
             c = replace(c, overlaps="backward" if c.what.startswith("backward") else "forward", floor_s=one)

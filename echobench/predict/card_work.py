@@ -3,7 +3,8 @@ Echo's (work.Matmul, work.AttentionWork, element-wise bytes, the parameters a ra
 both go through pricing.work_seconds; plus the host's dispatched ops and the kernels launched.
 
 Counted per micro-batch, then x grad_accum (the step); with pipeline parallelism, for the slowest
-stage (ceil(layers / pp) blocks and the LM head: pipeline.py prices its schedule):
+stage (card.stage_blocks: ceil(layers / pp) blocks and the LM head; with embedding- or head-only
+chunks the rank with the most to run; pipeline.py prices its schedule):
 - GEMMs: x (rows, k) @ W^T (k, n), rows = micro_batch x seq / cp (sequence parallelism gathers
   the sequence before each column-parallel GEMM, so the rows stay whole): q, k, v (one GEMM where
   the framework fuses them, with kv_heads for K and V: GQA), the output projection, the MLP (GELU
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from echobench.predict.card import Layout, ModelCard, check_card_fits_layout, rank_params
+from echobench.predict.card import Layout, ModelCard, check_card_fits_layout, rank_params, stage_blocks
 from echobench.predict.frameworks import Framework
 from echobench.predict.recompute import POLICIES, recomputed_linears
 from echobench.predict.work import FP8_BYTES, AttentionWork, Matmul
@@ -110,8 +111,8 @@ def elementwise_elements(card: ModelCard, layout: Layout) -> tuple[float, float,
 
 
 def stage_layers(card: ModelCard, layout: Layout) -> int:
-    """The blocks of the slowest pipeline stage (ceil(layers / pp); all of them without PP)."""
-    return -(-card.layers // layout.pp)
+    """The blocks of the slowest pipeline stage (card.stage_blocks; all of them without PP)."""
+    return stage_blocks(card, layout)[0]
 
 
 def card_work(card: ModelCard, layout: Layout, fw: Framework, kernel: str | None = None) -> CardWork:
@@ -136,7 +137,7 @@ def card_work(card: ModelCard, layout: Layout, fw: Framework, kernel: str | None
             mm.append(Matmul(part, "recompute", rows, n, k, round(count * re_layers) or 0, prec))
         if fp8:
             fp8_elements += count * (rows * k + rows * n) + L * (acc if fw.name == "torchtitan" else 1) * n * k
-    head = True  # the slowest stage is taken to be the last one, which holds the LM head
+    head = stage_blocks(card, layout)[1]  # the slowest stage runs the LM head (card.stage_blocks)
     if head:
         v = card.vocab // layout.tp
         mm += [Matmul("lm_head", "forward", rows, v, card.hidden, acc), Matmul("lm_head", "backward", v, card.hidden, rows, acc),

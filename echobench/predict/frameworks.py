@@ -25,7 +25,12 @@ Sources, per framework (the file and commit each default is read at):
   model config (the rows carry them), TransformerEngine with cuDNN fused attention.
 - torchtitan (FSDP2, 2024): mixed_precision_reduce float32 (torchtitan config_manager.py at
   9dec370a), reshard after forward, SDPA (FlashAttention-2 on A100 / H100 at the nightlies of the
-  time), torch.compile per row (training.compile).
+  time), torch.compile per row (training.compile). Gradient accumulation without PP runs each
+  micro-batch's loss.backward() as is, so FSDP2 reduce-scatters every micro-batch (torchtitan/train.py
+  train_step at 000204a4); with PP, torch.distributed.pipelining turns FSDP's gradient sync off for
+  every backward and reduces once after the schedule's last one (pipelining/stage.py
+  backward_maybe_with_nosync, perform_reduce_grad: the REDUCE_GRAD action after all micro-batches'
+  backward), as GENERIC takes it too (every FSDP2 + PP run goes through that schedule).
 
 Element-wise bytes: where a framework runs eager with its own model code (llm-foundry's MPT,
 torchtitan's Llama), its block's bytes as counted on that code (tools/count_card_blocks.py:
@@ -35,6 +40,17 @@ torch.compile), the per-op count of a pre-norm block (card_work.ELEMENTWISE_READ
 reads and writes once, what a fused chain does). Kernels per block and micro-batch (forward,
 backward): eager, counted with the bytes; fused, the GEMMs and attention and about as many fused
 kernels (12, 24, assumed).
+
+A row that names no framework takes GENERIC, a stated default: what the current frameworks mostly
+run (gradient reduction and parameter gathers overlapped, as llm-foundry, NeMo and torchtitan do
+and Megatron-LM's published runs turn on; point-to-point overlapped in the interleaved schedule, as
+Megatron-LM and NeMo do; no TP overlap; fp32 reduction; FlashAttention-2; fused element-wise
+kernels; fused QKV), and its interval spans the row priced at each of SPANNED's defaults (the
+frameworks as they run today; the 2021 and 2022 papers' Megatron-LM, without FlashAttention, are
+versions of the past, not a default a row leaves unsaid). A framework outside FRAMEWORKS is
+described by its own settings (described_settings: those its layout uses), and refused in one
+line naming the ones missing; `elementwise_kernels` (fused, or an eager block counted on its
+code: mpt, llama) and `fused_qkv` override any framework's.
 """
 
 from __future__ import annotations
@@ -59,12 +75,23 @@ class Framework:
     kernels: tuple[int, int]  # kernel launches per block and micro-batch, forward and backward
     fused_qkv: bool  # q, k, v one GEMM (and a gated MLP's gate and up one)
     source: str
+    # FSDP / HSDP under several micro-batches: the gradients reduced once a step (after the last
+    # micro-batch's backward), not every micro-batch; under plain accumulation and under PP
+    reduce_once: bool = False
+    reduce_once_pp: bool = False
 
 
 FUSED_KERNELS = (12, 24)  # assumed: a fused block's GEMMs, attention and about as many fused kernels
+# Kernel launches per block and micro-batch (forward, backward) of each counted eager block
+# (card_work.ELEMENTWISE_EAGER holds its bytes): llm-foundry's MPT block, torchtitan's Llama block.
+EAGER_KERNELS = {"mpt": (5, 10), "llama": (26, 48)}
+ELEMENTWISE_KERNELS = ("fused", *EAGER_KERNELS)  # a layout's elementwise_kernels
+# The settings a framework gives a row that leaves them out (frameworks.resolved).
+SETTINGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm", "grad_reduce_dtype",
+            "attention_kernel")
 
 FRAMEWORKS: dict[str, Framework] = {
-    "llm-foundry": Framework("llm-foundry", True, True, False, False, "fp32", "triton", "mpt", (5, 10), True,
+    "llm-foundry": Framework("llm-foundry", True, True, False, False, "fp32", "triton", "mpt", EAGER_KERNELS["mpt"], True,
                              "composer FSDP v1 (overlap is FSDP's prefetch), DEFAULT mixed precision: fp32 reduce"),
     "megatron-lm": Framework("megatron-lm", False, False, False, True, "fp32", "flash2", None, FUSED_KERNELS, True,
                              "megatron/training/arguments.py at f2e5db40: overlap flags off by default, bf16 -> fp32 "
@@ -78,36 +105,100 @@ FRAMEWORKS: dict[str, Framework] = {
     "nemo": Framework("nemo", True, True, False, True, "fp32", "cudnn", None, FUSED_KERNELS, True,
                       "NeMo-Framework-Launcher 24.07 configs: distributed_fused_adam, overlap_grad_sync / "
                       "overlap_param_sync true, TransformerEngine with cuDNN fused attention"),
-    "torchtitan": Framework("torchtitan", True, True, False, False, "fp32", "flash2", "llama", (26, 48), False,
-                            "torchtitan config_manager.py at 9dec370a: FSDP2, mixed_precision_reduce float32, SDPA"),
-    "": Framework("", False, False, False, False, "fp32", "flash2", None, FUSED_KERNELS, True,
-                  "no framework named: every overlap off, fp32 gradients, fused element-wise kernels (assumed)"),
+    "torchtitan": Framework("torchtitan", True, True, False, False, "fp32", "flash2", "llama", EAGER_KERNELS["llama"], False,
+                            "torchtitan config_manager.py at 9dec370a: FSDP2, mixed_precision_reduce float32, SDPA; "
+                            "with PP, FSDP reduces once a step (torch.distributed.pipelining)", reduce_once_pp=True),
 }
+GENERIC = Framework("", True, True, False, True, "fp32", "flash2", None, FUSED_KERNELS, True,
+                    "no framework named: the generic default, gradient reduction, parameter gathers and "
+                    "point-to-point overlapped, no TP overlap, fp32 gradients, FlashAttention-2, fused kernels, FSDP "
+                    "with PP reducing once a step", reduce_once_pp=True)
+# The frameworks whose defaults an unnamed row's interval spans (the module docstring).
+SPANNED = ("llm-foundry", "megatron-lm", "nemo", "torchtitan")
 
 
 def framework(name: str, compile: bool = False) -> Framework:
-    """The framework's defaults (FRAMEWORKS), its element-wise work and kernel launches fused where
-    the run compiles (torch.compile fuses each chain of element-wise ops into one kernel)."""
-    try:
+    """The framework's defaults (FRAMEWORKS; GENERIC where none is named), its element-wise work and
+    kernel launches fused where the run compiles (torch.compile fuses each chain of element-wise ops
+    into one kernel)."""
+    if name == "":
+        fw = GENERIC
+    elif name in FRAMEWORKS:
         fw = FRAMEWORKS[name]
-    except KeyError:
-        raise PredictError(f"unknown framework {name!r}: give one of {', '.join(k for k in FRAMEWORKS if k)} "
-                           "(or leave it out)") from None
-    if compile:
+    else:
+        raise PredictError(f"unknown framework {name!r}: give one of {', '.join(FRAMEWORKS)} (or leave it out, or "
+                           "describe it by its settings in a card's run)")
+    return compiled(fw) if compile else fw
+
+
+def compiled(fw: Framework) -> Framework:
+    return replace(fw, eager_block=None, kernels=FUSED_KERNELS)
+
+
+def described_settings(layout) -> tuple[str, ...]:
+    """The settings a framework outside FRAMEWORKS must give for this layout: those its pricing reads
+    (the overlap flags of Megatron's data-parallel reduction, TP overlap with TP, point-to-point
+    overlap in the interleaved schedule); the rest change nothing in it and take GENERIC's."""
+    need = ["grad_reduce_dtype", "attention_kernel", "elementwise_kernels"]
+    if layout.layout == "megatron":
+        need.append("overlap_grad_reduce")
+        if layout.distributed_optimizer:
+            need.append("overlap_param_gather")
+    if layout.tp > 1:
+        need.append("tp_comm_overlap")
+    if layout.vp > 1:
+        need.append("overlap_p2p_comm")
+    if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+        need.append("fsdp_reduce_once")
+    return tuple(need)
+
+
+def check_described(layout) -> None:
+    """A framework outside FRAMEWORKS with every setting described_settings names (one line naming
+    those missing and the fix)."""
+    if layout.framework in FRAMEWORKS or layout.framework == "":
+        return
+    missing = [k for k in described_settings(layout) if getattr(layout, k) is None]
+    if missing:
+        raise PredictError(f"run: framework {layout.framework!r} is not one of {', '.join(FRAMEWORKS)}: describe it by "
+                           f"its settings (add {', '.join(missing)}), name one of those, or leave it out for the "
+                           "generic default")
+
+
+def layout_framework(layout) -> Framework:
+    """The framework a layout runs as: a named one's defaults, GENERIC where it names none, one outside
+    FRAMEWORKS as its own settings describe it (check_described; GENERIC's where they change nothing);
+    then the layout's elementwise_kernels and fused_qkv over the framework's, and compiled where it
+    compiles."""
+    if layout.framework in FRAMEWORKS or layout.framework == "":
+        fw = framework(layout.framework)
+    else:
+        check_described(layout)
+        fw = replace(GENERIC, name=layout.framework, source="described by the row's own settings")
+    if layout.elementwise_kernels == "fused":
         fw = replace(fw, eager_block=None, kernels=FUSED_KERNELS)
-    return fw
+    elif layout.elementwise_kernels is not None:
+        fw = replace(fw, eager_block=layout.elementwise_kernels, kernels=EAGER_KERNELS[layout.elementwise_kernels])
+    if layout.fused_qkv is not None:
+        fw = replace(fw, fused_qkv=layout.fused_qkv)
+    return compiled(fw) if layout.compile else fw
 
 
 def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
-    """The layout's options with the framework's defaults where the row leaves them out (None), and a
-    note naming each default taken."""
+    """The layout's options (SETTINGS and fsdp_reduce_once) with the framework's defaults where the
+    row leaves them out (None), and a note naming each default taken."""
     out, taken = {}, []
-    for key in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm",
-                "grad_reduce_dtype", "attention_kernel"):
+    for key in SETTINGS:
         value = getattr(layout, key)
         if value is None:
             value = getattr(fw, key)
             taken.append(f"{key} {value}")
         out[key] = value
-    notes = [f"{fw.name or 'no framework'} defaults taken ({fw.source}): {', '.join(taken)}"] if taken else []
+    out["fsdp_reduce_once"] = layout.fsdp_reduce_once
+    if layout.fsdp_reduce_once is None:
+        out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once
+        if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+            taken.append(f"fsdp_reduce_once {out['fsdp_reduce_once']}")
+    who = fw.name if fw.name else "the generic"
+    notes = [f"{who} defaults taken ({fw.source}): {', '.join(taken)}"] if taken else []
     return out, notes

@@ -12,6 +12,8 @@ key and the row, never dropped. Every `assumed` entry names a field (run.*, mode
 hardware.clock: the sustained clock ratio, hardware.network: a factor on the inter-node bandwidth)
 and its plausible `values`, the row's own among them: the row is priced at each, and the range of
 those predictions (each field's lowest and highest ratio to the row's, multiplied) is its interval.
+A row that names no framework is priced at the generic default (frameworks.GENERIC), its interval
+widened to the range of its step over the named frameworks' defaults (frameworks.SPANNED).
 Each row's interval is that range widened by the model's leave-one-source-out residuals
 (intervals.py), so that a row with nothing assumed still has one.
 
@@ -397,7 +399,10 @@ def validate_row(row: Mapping, profiles: dict[str, HardwareProfile], terms=None,
     out.published_mfu = row["published"].get("mfu")
     out.predicted_mfu = None if p.mfu_row is None else p.mfu_row * p.step_time_s / step
     out.predicted_mfu_echobench = p.mfu * p.step_time_s / step
-    out.interval_low_s, out.interval_high_s = row_interval(out.low_s or step, out.high_s or step, quantiles)
+    low, high = out.low_s or step, out.high_s or step
+    if p.framework_span_s:  # no framework named: the generic default's range spans the named ones' (frameworks.py)
+        low, high = low * p.framework_span_s[0] / p.step_time_s, high * p.framework_span_s[1] / p.step_time_s
+    out.interval_low_s, out.interval_high_s = row_interval(low, high, quantiles)
     check_memory(out, card, layout, profile, row["published"].get("memory_gib"))
     return out
 
