@@ -162,7 +162,7 @@ def test_the_comm_calibration_job_starts_one_launcher_per_node_with_its_argument
                  "#SBATCH --partition=cpu", "#SBATCH --time=11", "#SBATCH --no-requeue",
                  f"#SBATCH --output={sweep.resolve()}/logs/calibrate-comm-%j.out", "NPROC=4",
                  "MASTER_PORT=$(( 21000 + SLURM_JOB_ID % 2000 ))", f"export ECHOBENCH_CACHE={sweep.resolve()}/cache",
-                 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)'):
+                 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)${EB_RENDEZVOUS_SUFFIX:-}'):
         assert line in lines, line
     assert SRUN_PER_NODE in script  # the srun of a run's job, one launcher per node
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
