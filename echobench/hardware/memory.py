@@ -29,6 +29,7 @@ tests/test_memory_estimate.py holds them and the activations against counts of r
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from echobench.records.config import RunConfig
@@ -63,6 +64,26 @@ def device_memory_gib(memory_gib: float | None = None, device: str | None = None
         raise ValueError(f"no memory size known for device {device!r}: set hardware.memory_gib in the matrix "
                          f"(known: {', '.join(p for p, _ in DEVICE_MEMORY_GIB)})")
     return None
+
+
+# Devices whose name's size is not their HBM's: torch names the 96 GB GH200 "NVIDIA GH200 120GB".
+NAME_NOT_HBM = ("GH200",)
+USABLE = 0.995  # the share of its nominal size a part reports usable: 79.6 GiB of an 80 GB H100
+
+
+def device_capacity_gib(device: str) -> float | None:
+    """A device's memory in GiB: the size its name gives ("A100-SXM4-40GB", "H100 96GB") at USABLE,
+    the table's figure (device_memory_gib) where that is the same part (within 5%) or the name gives
+    none (NAME_NOT_HBM: never); None where neither knows it."""
+    try:
+        table = device_memory_gib(device=device)
+    except ValueError:
+        table = None
+    named = re.search(r"(\d+)\s*GB", device)
+    if named is None or any(n.lower() in device.lower() for n in NAME_NOT_HBM):
+        return table
+    size = int(named.group(1)) * USABLE
+    return table if table is not None and abs(size / table - 1) < 0.05 else size
 
 
 @dataclass

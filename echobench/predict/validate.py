@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from echobench.hardware.devicerates import run_fit
-from echobench.hardware.memory import device_memory_gib
+from echobench.hardware.memory import device_capacity_gib
 from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
 from echobench.predict.card_memory import card_memory_gib
@@ -259,26 +259,6 @@ def layout_text(layout: Layout) -> str:
             (f" tp{layout.tp}" if layout.tp > 1 else "") + (f" pp{layout.pp}" if layout.pp > 1 else "")
     return text + (f" ac {layout.ac}" if layout.ac != "none" else "") + (" fp8" if layout.precision == "fp8" else "") + \
         (" compiled" if layout.compile else "")
-
-
-# Devices whose name's size is not their HBM's: torch names the 96 GB GH200 "NVIDIA GH200 120GB".
-NAME_NOT_HBM = ("GH200",)
-USABLE = 0.995  # the share of its nominal size a part reports usable: 79.6 GiB of an 80 GB H100
-
-
-def device_capacity_gib(device: str) -> float | None:
-    """A device's memory in GiB: the size its name gives ("A100-SXM4-40GB", "H100 96GB") at USABLE,
-    the table's figure (hardware.memory) where that is the same part (within 5%) or the name gives
-    none (NAME_NOT_HBM: never); None where neither knows it."""
-    try:
-        table = device_memory_gib(device=device)
-    except ValueError:
-        table = None
-    named = re.search(r"(\d+)\s*GB", device)
-    if named is None or any(n.lower() in device.lower() for n in NAME_NOT_HBM):
-        return table
-    size = int(named.group(1)) * USABLE
-    return table if table is not None and abs(size / table - 1) < 0.05 else size
 
 
 def _profile(name: str, profiles: dict[str, HardwareProfile]) -> HardwareProfile:
