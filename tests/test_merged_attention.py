@@ -52,6 +52,33 @@ def test_merged_attention_equals_the_masked_reference_in_fp32(keep):
     assert not grads[3][~keep].any() and not grads[4][~keep].any()
 
 
+def test_merged_attention_carries_the_gpu_kernel_s_extras_to_its_backward(monkeypatch):
+    """The GPU's flash kernel returns, beside its output and log-sum-exp, tensors (cumulative lengths,
+    the philox seed and offset) and ints (max_q, max_k) that its backward takes again; autograd saves
+    tensors only. The CPU's kernel wrapped to return extras of those kinds: the same output and
+    gradients as the masked reference, and each backward given back its own call's extras."""
+    cpu_forward, cpu_backward = components._flash_forward, components._flash_backward
+    given = []
+
+    def forward(q, k, v):
+        out, lse, _, _ = cpu_forward(q, k, v)
+        return out, lse, (torch.tensor(k.shape[2]), torch.tensor(0)), (q.shape[2], k.shape[2])
+
+    def backward(grad, q, k, v, out, lse, tensors, ints):
+        given.append((int(tensors[0]), ints))
+        return cpu_backward(grad, q, k, v, out, lse, (), ())
+
+    monkeypatch.setattr(components, "_flash_forward", forward)
+    monkeypatch.setattr(components, "_flash_backward", backward)
+    inputs, keep = qkv(torch.float32), torch.tensor(KEEPS[2])
+    grad = torch.randn(4, 2, 9, 8, generator=torch.Generator().manual_seed(1))
+    out, grads = outputs_and_grads(merged_attention, inputs, keep, grad)
+    ref, ref_grads = outputs_and_grads(masked_reference, inputs, keep, grad)
+    assert torch.allclose(out, ref, atol=2e-6, rtol=1e-5)
+    assert all(torch.allclose(g, r, atol=5e-6, rtol=1e-5) for g, r in zip(grads, ref_grads))
+    assert given == [(9, (9, 9)), (7, (9, 7))]  # the latent keys' call, then the conditioning's
+
+
 @pytest.mark.parametrize("keep", KEEPS[2:])
 def test_merged_attention_in_bf16_errs_no_more_than_the_masked_kernel(keep):
     """In bf16 both paths round: the merged one (each half's output rounded, then merged in float32)

@@ -171,18 +171,19 @@ class ConditioningDrop(NamedTuple):
 
 
 def _flash_forward(q, k, v):
-    """SDPA's flash kernel with its log-sum-exp: (out, lse, what its backward needs besides)."""
+    """SDPA's flash kernel with its log-sum-exp: (out, lse, the tensors and the ints its backward needs
+    besides). The ints (max_q, max_k) are kept apart: autograd saves tensors only."""
     if q.is_cuda:
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, False, False)
-        return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
+        return out, lse, (cum_q, cum_k, seed, offset), (max_q, max_k)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
-    return out, lse, ()
+    return out, lse, (), ()
 
 
-def _flash_backward(grad, q, k, v, out, lse, extra):
+def _flash_backward(grad, q, k, v, out, lse, tensors, ints):
     if q.is_cuda:
-        cum_q, cum_k, max_q, max_k, seed, offset = extra
+        (cum_q, cum_k, seed, offset), (max_q, max_k) = tensors, ints
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, False, seed, offset)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, False)
@@ -214,8 +215,8 @@ class _MergedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k_a, v_a, k_b, v_b, keep):
-        out_a, lse_a, extra_a = _flash_forward(q, k_a, v_a)
-        out_b, lse_b, extra_b = _flash_forward(q, k_b, v_b)
+        out_a, lse_a, extra_a, ints_a = _flash_forward(q, k_a, v_a)
+        out_b, lse_b, extra_b, ints_b = _flash_forward(q, k_b, v_b)
         dropped = ~keep.view(-1, *([1] * (lse_b.dim() - 1)))
         lse_b = lse_b.masked_fill(dropped, -math.inf)
         lse = torch.logaddexp(lse_a, lse_b)
@@ -223,7 +224,7 @@ class _MergedAttention(torch.autograd.Function):
                + out_b.float() * (lse_b - lse).exp().unsqueeze(-1)).to(q.dtype)
         lse_for_b = lse.masked_fill(dropped, math.inf)  # exp(score - inf) = 0: no gradient reaches b
         ctx.save_for_backward(q, k_a, v_a, k_b, v_b, out, lse, lse_for_b, *extra_a, *extra_b)
-        ctx.extra = len(extra_a)
+        ctx.extra, ctx.ints = len(extra_a), (ints_a, ints_b)
         return out
 
     @staticmethod
@@ -231,8 +232,8 @@ class _MergedAttention(torch.autograd.Function):
         q, k_a, v_a, k_b, v_b, out, lse, lse_for_b, *extra = ctx.saved_tensors
         n = ctx.extra
         grad = grad.contiguous() if grad.stride(-1) != 1 else grad
-        dq_a, dk_a, dv_a = _flash_backward(grad, q, k_a, v_a, out, lse, extra[:n])
-        dq_b, dk_b, dv_b = _flash_backward(grad, q, k_b, v_b, out, lse_for_b, extra[n:])
+        dq_a, dk_a, dv_a = _flash_backward(grad, q, k_a, v_a, out, lse, extra[:n], ctx.ints[0])
+        dq_b, dk_b, dv_b = _flash_backward(grad, q, k_b, v_b, out, lse_for_b, extra[n:], ctx.ints[1])
         return dq_a + dq_b, dk_a, dv_a, dk_b, dv_b, None
 
 
