@@ -47,7 +47,12 @@ def attention_paths(padding, conditioning_dropped: bool, key_masking: str, text_
     it needs one (TextEncoder.needs_mask). padding: the batch's data.Padding (which streams have
     padded positions)."""
     padded = padding.latent or padding.text or padding.speaker
-    dit = key_masking if padded else ("split" if split_dropped else key_masking) if conditioning_dropped else "none"
+    if padded:
+        dit = key_masking
+    elif conditioning_dropped:
+        dit = "split" if split_dropped else key_masking
+    else:
+        dit = "none"
     return {"dit": dit,
             "speaker_encoder": key_masking if padding.speaker else "none",
             "text_encoder": "dense" if text_needs_mask else "none"}
