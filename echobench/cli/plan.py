@@ -24,6 +24,7 @@ from echobench.cli.common import (
     writable_dir,
 )
 from echobench.records.console import esc
+from echobench.records.states import RunState
 
 
 @app.command()
@@ -164,7 +165,7 @@ def predict_command(
         records, problems = load_records(paths)
         for problem in problems:
             err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
-        if not any(r.status == "ok" and r.step_time_s for r in records):
+        if not any(r.status == RunState.OK and r.step_time_s for r in records):
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
         try:
             held = pr.against_records(records, profiles)

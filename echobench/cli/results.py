@@ -12,6 +12,7 @@ from rich.console import Console
 
 from echobench.cli.common import ONLY_HELP, app, err_console, fail, writable_file
 from echobench.records.console import esc
+from echobench.records.states import RunState
 from echobench.records.results import find_record_files
 
 
@@ -69,7 +70,7 @@ def results(
     else:
         # Off a terminal (a pipe, a log) the table takes the width it needs: no cell folded or cut.
         out = Console(width=None if sys.stdout.isatty() else 100_000)
-        read, ok = len(rows) - len(found.unreadable), sum(r["status"] == "ok" for r in rows)
+        read, ok = len(rows) - len(found.unreadable), sum(r["status"] == RunState.OK for r in rows)
         title = (f"{read} records, {ok} ok" + (f", {len(found.unreadable)} unreadable" if found.unreadable else "")
                  + (f" ({len(found.rows) - read} left out by --only)" if only else ""))
         out.print(listing.results_table(rows, title, shown), highlight=False)

@@ -15,6 +15,7 @@ from echobench.backends import parallelism_problem
 from echobench.cli.common import app, console, err_console, fail, settings_options, writable_dir
 from echobench.records.config import RunConfig, auto_switch
 from echobench.records.console import esc, record_report, repeats_report
+from echobench.records.states import RunState
 from echobench.records.results import RECORD_FILE
 from echobench.records.yamltext import yaml_problem
 
@@ -110,12 +111,12 @@ def run(
         if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
-        exit_process(0 if record.status == "ok" else 1)
-        if record.status != "ok":
+        exit_process(0 if record.status == RunState.OK else 1)
+        if record.status != RunState.OK:
             raise typer.Exit(1)
         return
     print_record(record, out)
-    if record.status != "ok" or code:
+    if record.status != RunState.OK or code:
         raise typer.Exit(code or 1)
 
 
@@ -150,7 +151,7 @@ def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
         raise typer.Exit(code)
     for part in repeats_report(records, out):
         console.print(part)
-    if any(r.status != "ok" for r in records):
+    if any(r.status != RunState.OK for r in records):
         raise typer.Exit(1)
 
 
@@ -166,7 +167,7 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
 
 def print_record(record, out: Path) -> None:
     """A run's Record as a table (its error, when it failed), and where it was written."""
-    if record.status != "ok":
+    if record.status != RunState.OK:
         err_console.print(f"[bold red]{esc(record.status)}:[/] {esc(record.error)}", highlight=False,
                           soft_wrap=True)
     else:

@@ -15,6 +15,7 @@ from rich.console import Console
 from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, print_error,
                                   writable_dir)
 from echobench.records.console import esc, state_counts
+from echobench.records.states import RunState
 from echobench.sweep.matrix import MatrixError, parse_only
 
 
@@ -208,7 +209,7 @@ def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: b
     if not rows:
         print_error(f"{runs_dir}: no runs here (neither a sweep directory nor one of result.json)")
         return sw.FAILED
-    if waited and (left := [r for r in rows if r["state"] != "ok"]):
+    if waited and (left := [r for r in rows if r["state"] != RunState.OK]):
         states = state_counts(r["state"] for r in left)
         err_console.print(f"[yellow]{len(left)} of {len(rows)} runs never submitted[/] ({esc(states)}): the same "
                           f"`echobench sweep` submits them", highlight=False, soft_wrap=True)
