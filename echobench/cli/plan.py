@@ -63,9 +63,10 @@ def plan(
                 path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
             if executor == "slurm" and the_plan.runs:  # the job a sweep submits first: to read, or sbatch by hand
+                from echobench.sweep.executors import PREFLIGHT_SCRIPT  # lazy: start-up time of `echobench --help`
                 from echobench.sweep.preflight import preflight_script  # lazy: start-up time of `echobench --help`
 
-                (path := dest / "preflight.sh").write_text(
+                (path := dest / PREFLIGHT_SCRIPT).write_text(
                     preflight_script(matrix, the_plan.runs, sweep_dir, logs.resolve() / "preflight-%j.out"))
                 path.chmod(0o755)
         except OSError as exc:

@@ -29,7 +29,7 @@ from echobench.records.atomic import write_json_atomic
 from echobench.records.console import esc, log
 from echobench.records.states import ACTIVE
 from echobench.sweep.estimate import startup_parts
-from echobench.sweep.executors import PREFLIGHT_FILE, explaining_lines, job_states, transport_label
+from echobench.sweep.executors import PREFLIGHT_FILE, PREFLIGHT_SCRIPT, explaining_lines, job_states, transport_label
 from echobench.sweep.executors.slurm_script import preflight_log, render_preflight_script
 from echobench.train.launch import with_source_path
 from echobench.sweep.matrix import Matrix, PlannedRun, gpu_run
@@ -232,7 +232,7 @@ def local_command(spec: dict) -> list[str]:
 
 
 def on_slurm(matrix: Matrix, spec: dict, executor, sweep_dir: Path, console, on_job) -> Preflight:
-    script = sweep_dir / "preflight.sh"
+    script = sweep_dir / PREFLIGHT_SCRIPT
     script.write_text(render_preflight_script(sweep_dir, matrix.spec.slurm, spec, limit_s(matrix)))
     job = executor.sbatch(script, "the preflight job")  # SubmitLater / SlurmError: the caller says it
     on_job(job)

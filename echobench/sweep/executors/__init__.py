@@ -125,6 +125,7 @@ def calibrated(sweep_dir: Path) -> bool:
 
 
 PREFLIGHT_FILE = "preflight.json"  # a sweep's last preflight (echobench.sweep.preflight.Preflight)
+PREFLIGHT_SCRIPT = "preflight.sh"  # its SLURM job's script (and `plan --write-scripts`' copy)
 
 
 def transport_label(transport: str | None, job: str | None) -> str | None:
