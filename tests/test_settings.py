@@ -14,6 +14,7 @@ from conftest import ROOT
 from echobench.backends import BACKENDS, parallelism_problem
 from echobench.cli import app
 from echobench.records.config import FIELDS, RunConfig, settings_table
+from echobench.records.layout import Layout
 from echobench.sweep.matrix import MatrixError, expand, parse_matrix
 
 # Every command's options (names and secondary names) as they were before the options were
@@ -151,8 +152,8 @@ def test_the_registry_lists_both_backends_and_their_layouts():
     assert {name: b.layouts for name, b in BACKENDS.items()} == {
         "torchtitan": ("single", "ddp", "fsdp2", "hsdp"), "megatron": ("tpN",)}
     megatron = BACKENDS["megatron"]
-    assert megatron.has_layout("tp1") and megatron.has_layout("tp12") and not megatron.has_layout("tp0")
-    assert not BACKENDS["torchtitan"].has_layout("tp2") and not megatron.has_layout("ddp")
+    assert megatron.has_layout(Layout.parse("tp1")) and megatron.has_layout(Layout.parse("tp12"))
+    assert not BACKENDS["torchtitan"].has_layout(Layout.parse("tp2")) and not megatron.has_layout(Layout.parse("ddp"))
     # The framework's allowed values are the registry's names.
     with pytest.raises(ValueError, match="framework='jax' is not valid: allowed torchtitan, megatron"):
         RunConfig(framework="jax")

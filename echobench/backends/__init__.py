@@ -12,7 +12,6 @@ May import: model.
 from __future__ import annotations
 
 import importlib
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,14 +39,14 @@ class TrainSetup:
 @dataclass(frozen=True)
 class Backend:
     name: str
-    layouts: tuple[str, ...]  # values of `parallelism`; "tpN" is tensor parallelism of any width N >= 1
+    layouts: tuple[str, ...]  # the kinds of layout it runs (records.layout.KINDS; tpN: any width N >= 1)
     module: str  # holds build(cfg, dist_info, dtype) -> TrainSetup (imports torch)
     problem: Callable[[Any], str | None]  # why a run of a layout of its own cannot work (checks.py: no torch)
     float8: bool = False  # runs fp8: its module's float8_plan(cfg) says whether this run's can (with torch)
 
-    def has_layout(self, parallelism: str) -> bool:
-        return any(re.fullmatch(r"tp[1-9][0-9]*", parallelism) if p == "tpN" else parallelism == p
-                   for p in self.layouts)
+    def has_layout(self, layout) -> bool:
+        """Whether it runs this layout (a records.layout.Layout, as a RunConfig's `layout`)."""
+        return layout.kind in self.layouts
 
     def validate(self, cfg) -> str | None:
         """Why this run cannot work on this backend (None when it can), its layout being one of its own."""
@@ -81,7 +80,7 @@ def parallelism_problem(cfg) -> str | None:
     the backend lacks, then the backend's own check. `echobench run` asks it before launching, the
     matrix expansion to list skipped runs."""
     backend = BACKENDS[cfg.framework]
-    if not backend.has_layout(cfg.parallelism):
+    if not backend.has_layout(cfg.layout):
         return f"{backend.name} has no parallelism {cfg.parallelism} (it has {', '.join(backend.layouts)})"
     try:
         return backend.validate(cfg)

@@ -1,6 +1,7 @@
 """What a run is and what it recorded: the settings, the record, and the files around them.
 
     config.py       RunConfig: every run setting, typed, with its flag and help (one definition)
+    layout.py       Layout: a run's parallelism parsed once (single, ddp, fsdp2, hsdp, tpN) and what it splits
     results.py      Record: the versioned result record (schema, migration, load, save), stats over repeats
     run_figures.py  step and window figures from a run's timings; the MFU convention
     states.py       RunState: a run's states in one vocabulary (record status, sweep, job, scheduler)

@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import TypeAdapter, ValidationError
 
 from echobench.backends import BACKENDS
+from echobench.records.layout import KINDS, Layout, allowed_text as layouts_text, is_layout
 from echobench.model.config import ENCODER_ALIASES, PRESETS, TEXT_ENCODERS, get_preset
 
 # Choices that live in a table elsewhere: the model presets, the text encoders, the backends.
@@ -230,12 +231,12 @@ class RunConfig:
             return "megatron" if precision != "fp32" else "fp32"
         if precision == "fp32":
             return "fp32"
-        if self.parallelism in ("fsdp2", "hsdp"):
+        if self.layout.shards_parameters:
             return "fsdp2"
         if self.master_weights != "auto":
             return self.master_weights
         lean = (device_type == "cuda" and precision == "bf16"
-                and (self.parallelism != "ddp" or self.grad_reduce_dtype == "bf16"))
+                and (not self.layout.replicates or self.grad_reduce_dtype == "bf16"))
         return "bf16-compute" if lean else "fp32-autocast"
 
     def may_compile(self) -> bool:
@@ -257,12 +258,17 @@ class RunConfig:
         return self.nodes * self.gpus_per_node
 
     @property
+    def layout(self) -> Layout:
+        """The parallelism setting as a Layout (what it splits, over which ranks)."""
+        return Layout.parse(self.parallelism)
+
+    @property
     def tp(self) -> int:
-        return int(self.parallelism[2:]) if self.parallelism.startswith("tp") else 1
+        return self.layout.tp
 
     @property
     def dp(self) -> int:
-        return self.world_size // self.tp
+        return self.layout.dp(self.world_size)
 
     @property
     def global_batch(self) -> int:
@@ -351,7 +357,7 @@ def auto_switch(key: str) -> bool:
 def choices(key: str) -> tuple[str, ...] | None:
     """The values a setting may take, when they are a list: a Literal's, or the backends' layouts."""
     if key == "parallelism":
-        return tuple(p for b in BACKENDS.values() for p in b.layouts)
+        return KINDS
     kind = base_type(key)
     return typing.get_args(kind) if typing.get_origin(kind) is Literal else None
 
@@ -359,8 +365,7 @@ def choices(key: str) -> tuple[str, ...] | None:
 def allowed_text(key: str) -> str:
     """What a setting may be, in words: for its error message, its flag's help and the docs' table."""
     if key == "parallelism":
-        return "; ".join(f"{', '.join(p.replace('tpN', 'tpN with N >= 1') for p in b.layouts)} ({b.name})"
-                         for b in BACKENDS.values())
+        return layouts_text()
     if allowed := choices(key):
         return ", ".join(allowed)
     low = FIELDS[key].metadata["min"]
@@ -384,7 +389,7 @@ def check_value(key: str, value):
     allowed = choices(key)
     if allowed is not None and value is not None:
         if key == "parallelism":
-            ok = isinstance(value, str) and any(b.has_layout(value) for b in BACKENDS.values())
+            ok = is_layout(value)
         else:
             ok = isinstance(value, str) and value in allowed
         if not ok:  # YAML reads a bare on / off / yes / no as a boolean
