@@ -11,7 +11,6 @@ import importlib.util
 
 from echobench.model.config import decoder_problem
 
-DATA_PARALLEL = ("ddp", "fsdp2", "hsdp")  # torchtitan's data-parallel layouts
 DISTRIBUTED_OPTIMIZER_CPU = ("distributed_optimizer runs on a GPU only (megatron-core's distributed optimizer takes "
                              "torch.cuda parameters): drop --distributed-optimizer on the CPU")
 GRAD_REDUCE_BF16 = ("grad_reduce_dtype bf16: megatron reduces gradients in its buffers' dtype, the parameters' when "
@@ -27,11 +26,11 @@ def torchtitan_problem(cfg) -> str | None:
     if cfg.distributed_optimizer:
         return ("distributed_optimizer is megatron-core's: use --framework megatron, or fsdp2 / hsdp to shard the "
                 "optimizer state on torchtitan")
-    if cfg.parallelism == "single" and cfg.world_size != 1:
+    if cfg.layout.single and cfg.world_size != 1:
         return f"single runs on one process, not {cfg.nodes} node(s) x {cfg.gpus_per_node}: use ddp, fsdp2 or hsdp"
-    if cfg.parallelism in DATA_PARALLEL and cfg.world_size < 2:
+    if cfg.layout.data_parallel and cfg.world_size < 2:
         return f"parallelism {cfg.parallelism!r} needs at least 2 processes (--nproc 2): use single for one"
-    if cfg.parallelism == "hsdp" and cfg.nodes < 2:
+    if cfg.layout.hybrid and cfg.nodes < 2:
         return "hsdp replicates across nodes and shards inside one: it needs nodes >= 2 (on one node use fsdp2)"
     return master_weights_problem(cfg)
 
@@ -40,7 +39,7 @@ def master_weights_problem(cfg) -> str | None:
     """Why this run's master_weights setting cannot run (None when it can)."""
     if cfg.master_weights == "auto":
         return None
-    if cfg.parallelism in ("fsdp2", "hsdp"):
+    if cfg.layout.shards_parameters:
         return (f"master_weights {cfg.master_weights}: {cfg.parallelism} gathers bf16 weights from its fp32 shards "
                 "(FSDP2's MixedPrecisionPolicy) whatever it is set to: use master_weights auto")
     if cfg.master_weights != "bf16-compute":
@@ -50,7 +49,7 @@ def master_weights_problem(cfg) -> str | None:
                 "master_weights auto or fp32-autocast")
     if cfg.precision == "fp32":
         return "master_weights bf16-compute: precision fp32 computes in fp32: use precision bf16 (or auto on a GPU)"
-    if cfg.parallelism == "ddp" and cfg.grad_reduce_dtype != "bf16":
+    if cfg.layout.replicates and cfg.grad_reduce_dtype != "bf16":
         return ("master_weights bf16-compute: DDP reduces the bf16 gradients in bf16, not grad_reduce_dtype "
                 f"{cfg.grad_reduce_dtype}: add --grad-reduce-dtype bf16")
     return None

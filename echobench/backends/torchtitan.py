@@ -25,7 +25,6 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from echobench.model import flops as flops_model
 from echobench.backends import TrainSetup
-from echobench.backends.checks import DATA_PARALLEL
 from echobench.backends.master import RECIPES, MasterWeights
 from echobench.model.components import merged_attention_runs
 from echobench.model.config import LATENT_DIM
@@ -367,7 +366,7 @@ def apply_ddp(model: EchoTTS, mesh, reduce_dtype: torch.dtype) -> None:
 
 
 def build_mesh(cfg, device: torch.device):
-    if cfg.parallelism == "hsdp":
+    if cfg.layout.hybrid:
         return init_device_mesh(device.type, (cfg.nodes, cfg.gpus_per_node), mesh_dim_names=("dp_replicate", "dp_shard"))
     return init_device_mesh(device.type, (cfg.world_size,), mesh_dim_names=("dp",))
 
@@ -406,7 +405,7 @@ def build_optimizer(params, device: torch.device) -> torch.optim.Optimizer:
 
 def text_encoder_layout(cfg, dtype: torch.dtype) -> str:
     if not cfg.frozen_encoder:
-        return "trainable: sharded as one FSDP unit" if cfg.parallelism in ("fsdp2", "hsdp") else "trainable"
+        return "trainable: sharded as one FSDP unit" if cfg.layout.shards_parameters else "trainable"
     return f"frozen, replicated on every rank (not sharded), {str(dtype).removeprefix('torch.')}"
 
 
@@ -439,7 +438,7 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     if cfg.precision == "fp8":
         plan = float8_plan(cfg) if workload is None else card_float8_plan(model)
         info.update(apply_float8(model, plan, float8_emulated(device),
-                                 fsdp=cfg.parallelism in ("fsdp2", "hsdp"), compiled=compiled, recipe=cfg.float8_recipe))
+                                 fsdp=cfg.layout.shards_parameters, compiled=compiled, recipe=cfg.float8_recipe))
     apply_ac(model, ac)
     if compiled:
         apply_compile(model)
@@ -451,19 +450,19 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     # bf16-compute turns the parameters into bf16 before DDP makes its buckets of them.
     master = (MasterWeights(model.trainable_parameters(), lambda masters: build_optimizer(masters, device))
               if recipe == "bf16-compute" else None)
-    if cfg.parallelism in DATA_PARALLEL:
+    if cfg.layout.data_parallel:
         mesh = build_mesh(cfg, device)
         info["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
         info["process_group_backend"] = torch.distributed.get_backend()
         info["grad_reduce_dtype"] = cfg.grad_reduce_dtype
-        if cfg.parallelism == "ddp":
+        if cfg.layout.replicates:
             apply_ddp(model, mesh, reduce_dtype)
             info["sharding"] = (f"replicated (DDP, {str(reduce_dtype).removeprefix('torch.')} gradient all-reduce, "
                                 "gradients as bucket views)")
         else:
             force_sum = torch.distributed.get_backend() == "gloo"
             apply_fsdp(model, mesh, dtype, force_sum, reduce_dtype, cfg.reshard_after_forward)
-            info["sharding"] = ("FSDP2 per block + root" if cfg.parallelism == "fsdp2"
+            info["sharding"] = ("FSDP2 per block + root" if not cfg.layout.hybrid
                                 else "HSDP: replicate across nodes, FSDP2 per block + root inside a node")
             info["mixed_precision"] = {"param_dtype": str(dtype).removeprefix("torch."),
                                        "reduce_dtype": str(reduce_dtype).removeprefix("torch.")}
@@ -478,7 +477,7 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         optimizer = master
         clip_grad = lambda: clip_grad_norm_(master.load_grads(), 1.0, master.optimizer)  # noqa: E731
     # Every rank is a data-parallel replica (HSDP: both mesh dimensions).
-    dp_group = torch.distributed.group.WORLD if cfg.parallelism in DATA_PARALLEL else None
+    dp_group = torch.distributed.group.WORLD if cfg.layout.data_parallel else None
     return TrainSetup(
         model=model,
         optimizer=optimizer,

@@ -47,6 +47,7 @@ from echobench.train.bench import train_step
 from echobench.hardware.commfit import fit_alpha_beta, fit_links  # noqa: F401 - re-exported: callers fit from here
 from echobench.train.commvolume import param_units
 from echobench.records.config import RunConfig
+from echobench.records.layout import Layout
 from echobench.data import build_tokenizer, make_loader
 from echobench.model.flops import param_counts, speaker_patches
 from echobench.hardware.device import GemmShape, precision_name, time_gemm
@@ -603,10 +604,11 @@ def host_layouts(world: int, local: int) -> list[tuple[str, str]]:
 
         if local > 1 and importlib.util.find_spec("megatron") is not None:
             for tp in dict.fromkeys(t for t in (local, 4, 2) if t <= local):  # the widest TP the tiny heads allow
-                run = RunConfig(**HOST_RUN, framework="megatron", parallelism=f"tp{tp}", gpus_per_node=local,
+                layout = Layout("tpN", tp)
+                run = RunConfig(**HOST_RUN, framework=layout.framework, parallelism=layout.name, gpus_per_node=local,
                                 nodes=max(1, world // local))
                 if parallelism_problem(run) is None:
-                    layouts.append(("megatron", f"tp{tp}"))
+                    layouts.append((layout.framework, layout.name))
                     break
     return layouts
 
@@ -623,8 +625,9 @@ def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[
         steps.append((REFERENCE_RUN, ("torchtitan", "single")))
     out = []
     for shape, (framework, parallelism) in steps:
-        world = 1 if parallelism == "single" else info.world_size
-        nodes = max(1, world // local) if parallelism != "single" else 1
+        single = Layout.parse(parallelism).single
+        world = 1 if single else info.world_size
+        nodes = 1 if single else max(1, world // local)
         run = RunConfig(**shape, framework=framework, parallelism=parallelism, device=info.device.type,
                         nodes=nodes, gpus_per_node=world // nodes)
         seconds, ops = host_steps(run, info, dtype, 5 if gpu else 3, 30 if gpu else 15, budget_s / len(steps))

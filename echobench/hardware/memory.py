@@ -121,11 +121,7 @@ def compute_bytes(precision: str) -> int:
 
 def state_shards(cfg: RunConfig) -> int:
     """How many ways the parameters / gradients / optimizer state are split."""
-    if cfg.parallelism == "fsdp2":
-        return cfg.world_size
-    if cfg.parallelism == "hsdp":
-        return cfg.gpus_per_node
-    return 1
+    return cfg.layout.shard_ranks(cfg.nodes, cfg.gpus_per_node)
 
 
 def on_gpu(cfg: RunConfig) -> bool:
@@ -292,7 +288,7 @@ def autocast_weight_bytes(cfg: RunConfig) -> float:
     nor megatron on a GPU (bf16 parameters)."""
     if compute_bytes(cfg.precision) == 4:
         return 0.0
-    if cfg.parallelism in ("fsdp2", "hsdp") or (cfg.framework == "megatron" and on_gpu(cfg)):
+    if cfg.layout.shards_parameters or (cfg.framework == "megatron" and on_gpu(cfg)):
         return 0.0
     m = cfg.model_config()
     counts = param_counts(m)
@@ -322,7 +318,7 @@ def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
 
     encoder = counts.frozen * b
     transient = 0.0
-    if cfg.parallelism in ("fsdp2", "hsdp"):
+    if cfg.layout.shards_parameters:
         per_block = (counts.parts["dit_attention"] + counts.parts["dit_mlp"]) / model.layers
         transient = 2 * per_block * 2  # two all-gathered bf16 blocks
     known = weights + grads + optim + activations + encoder + transient

@@ -72,12 +72,16 @@ def measured_layout(cfg: RunConfig, seq: int, precision: str, compiled: bool,
     saved, element-wise ops re-run: recompute policy maxtext-minimal), every second block where eager
     (selective-layer-2). attention_kernel: the one the record names (measured_attention_kernel; None:
     the framework's default)."""
-    layout, extra = {"single": ("ddp", {}), "ddp": ("ddp", {}), "hsdp": ("hsdp", {"shard_group": cfg.gpus_per_node}),
-                     "fsdp2": ("fsdp", {"sharding": "full_shard" if cfg.reshard_after_forward else "shard_grad_op"})
-                     }.get(cfg.parallelism, ("megatron", {"tp": cfg.tp, "distributed_optimizer": cfg.distributed_optimizer}))
+    ran, extra = cfg.layout, {}
+    if ran.hybrid:
+        extra = {"shard_group": cfg.gpus_per_node}
+    elif ran.shards_parameters:
+        extra = {"sharding": "full_shard" if cfg.reshard_after_forward else "shard_grad_op"}
+    elif ran.tensor_parallel:
+        extra = {"tp": cfg.tp, "distributed_optimizer": cfg.distributed_optimizer}
     ac = {"selective": "maxtext-minimal" if compiled else "selective-layer-2"}.get(cfg.ac, cfg.ac)
     return Layout(gpus=cfg.world_size, gpus_per_node=cfg.gpus_per_node, seq=seq, micro_batch=cfg.micro_batch,
-                  grad_accum=cfg.grad_accum, global_batch=cfg.global_batch, layout=layout, ac=ac, compile=compiled,
+                  grad_accum=cfg.grad_accum, global_batch=cfg.global_batch, layout=ran.card_layout, ac=ac, compile=compiled,
                   precision=precision, fp8_recipe=cfg.float8_recipe if precision == "fp8" else None,
                   grad_reduce_dtype=cfg.grad_reduce_dtype, framework="torchtitan", attention_kernel=attention_kernel,
                   autocast=precision != "fp32", **extra)

@@ -330,7 +330,7 @@ def host_point(cfg: RunConfig, profile: HardwareProfile):
     it): megatron TP of any width, FSDP2 (for HSDP too), DDP, else single; None when the profile
     has none."""
     kind = ("megatron", None) if cfg.framework == "megatron" and cfg.tp > 1 else \
-        ("torchtitan", {"hsdp": "fsdp2"}.get(cfg.parallelism, cfg.parallelism))
+        ("torchtitan", cfg.layout.within_node.name)
     points = sorted(profile.host_steps, key=_rows)
     for p in points:
         if p.framework == kind[0] and (kind[1] is None or p.parallelism == kind[1]):

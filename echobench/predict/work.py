@@ -184,7 +184,8 @@ def float8_work(mm, compiled: bool, amax: bool = True) -> tuple[tuple[Matmul, ..
 def host_ops(cfg: RunConfig) -> dict[str, int]:
     """ATen ops one rank dispatches per step, by phase (HOST_OPS; AC and compile as noted there)."""
     m = cfg.model_config()
-    kind = "tp" if cfg.framework == "megatron" else {"hsdp": "fsdp2"}.get(cfg.parallelism, cfg.parallelism)
+    layout = cfg.layout.within_node  # a hybrid layout's ranks dispatch FSDP2's ops
+    kind = "tp" if layout.tensor_parallel else layout.name
     table = HOST_OPS["single" if kind == "tp" and cfg.tp == 1 and cfg.dp == 1 else kind]
     out = {}
     for phase, (fixed, dit, speaker, encoder) in table.items():

@@ -122,6 +122,17 @@ class Layout:
         return world_size // self.tp
 
 
+def layouts_on(nodes: int, gpus_per_node: int, tp_widths=(2, 4, 8)) -> list[Layout]:
+    """The layouts a world of nodes x gpus_per_node can run: single on one process; else the
+    data-parallel ones (hybrid where there are nodes to replicate over and GPUs to shard within each)
+    and tensor parallelism of each width in tp_widths that divides a node."""
+    if nodes * gpus_per_node == 1:
+        return [Layout("single")]
+    data = [lay for lay in map(Layout, KINDS)
+            if lay.data_parallel and (not lay.hybrid or nodes > 1 and gpus_per_node > 1)]
+    return data + [Layout("tpN", t) for t in tp_widths if t <= gpus_per_node and gpus_per_node % t == 0]
+
+
 def is_layout(name) -> bool:
     """Whether `name` is a layout's setting text."""
     try:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import difflib
 import io
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from echobench.records.config import check_value, choices
+from echobench.records.layout import is_layout
 from echobench.report.data import over_configurations, scale_order, successful, varying_keys
 
 KEYS = ["scale", "framework", "parallelism", "nodes"]
@@ -109,8 +109,8 @@ def slip(key: str, value) -> str | None:
     except ValueError as exc:
         problem = str(exc)
     text = str(value).lower()
-    allowed = [c for c in choices(key) if c != "tpN"]
-    if key == "parallelism" and re.fullmatch(r"tp\d+", text):
+    allowed = [c for c in choices(key) if key != "parallelism" or is_layout(c)]  # tpN: its widths, as text's
+    if key == "parallelism" and is_layout(text):
         allowed.append(text)
     near = [c for c in allowed if c.lower() == text] or [
         c for c in allowed if difflib.SequenceMatcher(None, text, c.lower()).ratio() >= NEAR]
@@ -161,8 +161,6 @@ def read_reference_rows(path: Path) -> pd.DataFrame:
     try:
         for row in load_rows(path):
             card, layout = model_card(row["model"]), run_layout(row["run"], row["hardware"])
-            if layout.layout not in ("ddp", "fsdp", "hsdp", "megatron"):
-                continue
             figures = published_figures(row, card, layout)
             framework, parallelism = echobench_layout(layout)
             src = row["source"]

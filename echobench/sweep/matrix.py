@@ -33,6 +33,7 @@ from echobench.records.config import (FIELDS, RunConfig, base_type, check_value,
                                       unknown_key, upgraded)
 from echobench.train.fabric import hca_problem
 from echobench.hardware.memory import MemoryEstimate, device_memory_gib, estimate_memory, overhead_bytes
+from echobench.records.layout import Layout, is_layout
 from echobench.records.peaks import table_peak
 from echobench.records.yamltext import yaml_problem
 
@@ -670,7 +671,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
     for settings, limit in candidates:
         full = {k: v for k, v in settings.items() if k not in BATCH_KEYS}
         if "gpus_per_node" not in full:
-            full["gpus_per_node"] = 1 if full.get("parallelism", "single") == "single" else per_node
+            layout = full.get("parallelism", FIELDS["parallelism"].default)
+            full["gpus_per_node"] = 1 if is_layout(layout) and Layout.parse(layout).single else per_node
         if full.get("device", "auto") == "auto" and gpu_named:
             full["device"] = "cuda"  # a matrix for a GPU: without one the run is an error (bench.no_gpu_problem)
         try:

@@ -35,6 +35,7 @@ from echobench.predict.card import Layout, ModelCard, model_card, run_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import layout_text, load_rows
 from echobench.records.config import RunConfig
+from echobench.records.layout import Layout as RunLayout
 from echobench.records.states import RunState
 from echobench.sweep.matrix import card_run_problem
 
@@ -124,11 +125,9 @@ def refusal(card: ModelCard, layout: Layout) -> str | None:
 
 def echobench_layout(layout: Layout, gpus: int | None = None) -> tuple[str, str]:
     """(framework, parallelism) of a published layout in echobench's settings (the module docstring),
-    on `gpus` GPUs (default: its own): DDP or FSDP on one GPU is single."""
-    if layout.layout == "megatron":
-        return "megatron", f"tp{layout.tp}"
-    parallelism = {"ddp": "ddp", "fsdp": "fsdp2", "hsdp": "hsdp"}[layout.layout]
-    return "torchtitan", "single" if (gpus or layout.gpus) == 1 and parallelism != "hsdp" else parallelism
+    on `gpus` GPUs (default: its own): DDP or FSDP on one GPU is single (RunLayout.of_card)."""
+    ran = RunLayout.of_card(layout.layout, layout.tp, gpus or layout.gpus)
+    return ran.framework, ran.name
 
 
 def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int | None, executor: str) -> RowPlan:
@@ -153,9 +152,10 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
     accum = layout.grad_accum
     global_batch = layout.micro_batch * accum * dp
     fw, parallelism = echobench_layout(layout, gpus)
-    if parallelism == "single" and layout.layout == "fsdp":
+    ran = RunLayout.parse(parallelism)
+    if ran.single and layout.layout == "fsdp":
         plan.notes.append("FSDP on 1 GPU runs as single (nothing to shard over)")
-    if parallelism == "hsdp" and nodes == 1:
+    if ran.hybrid and nodes == 1:
         plan.refused = "hybrid_shard on 1 node: HSDP replicates across nodes: give --scale-down 2 or more"
         return plan
     compiled = bool(layout.compile)
@@ -182,7 +182,7 @@ def plan_row(row: dict, rows_path: Path, per_node: int | None, scale_down: int |
         if scale_down is not None:
             plan.notes.append(f"--scale-down {scale_down}: its {layout.gpus} GPUs fit within {scale_down} node(s) of "
                               f"{per_node}: its GPU count and batch as published")
-    if parallelism == "hsdp" and gpn != layout.gpus_per_node:
+    if ran.hybrid and gpn != layout.gpus_per_node:
         plan.changes.append(f"HSDP shard groups of {gpn} GPUs (published {layout.gpus_per_node})")
     if problem := settings_problem(settings, executor):
         plan.refused = problem + (" (or --scale-down 1)" if executor == "local" and nodes > 1 else "")

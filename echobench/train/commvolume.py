@@ -401,8 +401,8 @@ def fsdp_bytes(cfg, device: str | None = None) -> list[Traffic]:
     `device` picks the compute dtype where cfg.precision is auto (default cfg.device, cuda for auto).
     Held against a counted fsdp2 step on gloo (tests/test_comm.py); hsdp's replicate all-reduce and
     norm group follow FSDP2's HSDP design, not a counted step."""
-    hsdp = cfg.parallelism == "hsdp"
-    shard = cfg.gpus_per_node if hsdp else cfg.world_size
+    hsdp = cfg.layout.hybrid
+    shard = cfg.layout.shard_ranks(cfg.nodes, cfg.gpus_per_node)
     shard_spans = cfg.nodes > 1 and not hsdp
     dtype, size = _dtype_bytes(cfg, device)
     reduce_dtype, reduce_size = _reduce_dtype(cfg)
@@ -504,9 +504,9 @@ def step_bytes(cfg, device: str | None = None) -> list[Traffic]:
     """A training step's collectives for cfg's layout (single: none)."""
     if cfg.framework == "megatron":
         return tp_bytes(cfg, device)
-    if cfg.parallelism == "ddp":
+    if cfg.layout.replicates:
         return ddp_bytes(cfg)
-    if cfg.parallelism in ("fsdp2", "hsdp"):
+    if cfg.layout.shards_parameters:
         return fsdp_bytes(cfg, device)
     return []
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from echobench.records.atomic import write_json_atomic
 from echobench.records.console import esc
+from echobench.records.layout import Layout
 from echobench.sweep.state import now_iso
 from echobench.records.results import slower_p_value
 from echobench.records.paths import TUNE_FILE
@@ -161,7 +162,7 @@ def _settings_text(settings: dict) -> str:
     if (settings.get("grad_accum") or 1) > 1:
         parts.append(f"accum {settings['grad_accum']}")
     parts += [f"ac {settings['ac']}", "compiled" if settings["compile"] is True else "eager"]
-    if settings["parallelism"] in ("fsdp2", "hsdp") and not settings["reshard_after_forward"]:
+    if Layout.parse(settings["parallelism"]).shards_parameters and not settings["reshard_after_forward"]:
         parts.append("no reshard")
     return ", ".join([*parts, settings["precision"]])
 

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
+from echobench.records.layout import Layout, layouts_on
 from echobench.hardware.profile import HardwareProfile
 from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
 from echobench.backends import layout_problem
@@ -148,10 +149,6 @@ def sharing_warning(spec: TuneFile) -> str | None:
 
 # ---- the search space ----
 
-def framework_of(layout: str) -> str:
-    return "megatron" if layout.startswith("tp") else "torchtitan"
-
-
 def family(cfg: RunConfig) -> str:
     """A layout family: the parallelism without its width (megatron TP of any width is one)."""
     return "megatron-tp" if cfg.framework == "megatron" else cfg.parallelism
@@ -165,9 +162,7 @@ def fp8_device(profile: HardwareProfile) -> bool:
 def default_axes(nodes: int, gpus_per_node: int, profile: HardwareProfile) -> dict[str, list]:
     """The axes a tune searches unless its file says otherwise."""
     gpu = not is_cpu(profile)
-    world = nodes * gpus_per_node
-    layouts = ["single"] if world == 1 else ["ddp", "fsdp2"] + (["hsdp"] if nodes > 1 and gpus_per_node > 1 else []) \
-        + [f"tp{t}" for t in (2, 4, 8) if t <= gpus_per_node and gpus_per_node % t == 0]
+    layouts = [lay.name for lay in layouts_on(nodes, gpus_per_node)]
     return {"parallelism": layouts, "micro_batch": MICRO_BATCHES, "grad_accum": [1], "ac": ["none", "selective", "full"],
             # a CPU compile takes minutes per run: search it there by naming it (search: {compile: [false, true]})
             "compile": [True, False] if gpu else [False], "reshard_after_forward": [True, False],
@@ -268,9 +263,9 @@ def space(spec: TuneFile, scale: str, nodes: int, profile: HardwareProfile) -> l
     for values in itertools.product(*(axes[k] for k in keys)):
         point = dict(zip(keys, values))
         layout = point.pop("parallelism")
-        if layout not in ("fsdp2", "hsdp"):
+        if not Layout.parse(layout).shards_parameters:
             point["reshard_after_forward"] = True
-        settings = {"scale": scale, "framework": framework_of(layout), "parallelism": layout, "nodes": nodes,
+        settings = {"scale": scale, "framework": Layout.parse(layout).framework, "parallelism": layout, "nodes": nodes,
                     "gpus_per_node": spec.gpus_per_node, **point}
         key = tuple(sorted((k, str(v)) for k, v in settings.items()))
         if key not in seen:
