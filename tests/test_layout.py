@@ -1,4 +1,12 @@
-"""The Layout object: a `parallelism` setting parsed once, and the properties the code asks of it."""
+"""The Layout object: a `parallelism` setting parsed once, and the properties the code asks of it.
+
+Run as a script (`python tests/test_layout.py [ROOT]`) it prints the modules of ROOT/echobench that
+name each layout, the measure the last test holds."""
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +80,64 @@ def test_a_cards_layout_names_translate_both_ways():
         {"single": "ddp", "ddp": "ddp", "fsdp2": "fsdp", "hsdp": "hsdp", "tp2": "megatron"}
     for card_name in CARD_LAYOUTS:
         assert Layout.of_card(card_name, 2 if card_name == "megatron" else 1, 8).card_layout == card_name
+
+
+# Where a layout may be named: the Layout module, the backends that run them (and a recipe named
+# after FSDP2), the setting's default, the pricing of a layout's host work (predict's tables, the
+# profile's host points, calibrate's measured layouts); a model card's own names (fsdp, hsdp) in the
+# card modules that read, tune and reproduce cards, and validate's text of a published layout (tp4 pp2).
+# Anywhere else the code asks a Layout (cfg.layout) what it splits.
+LAYOUT_NAMES = ("single", "ddp", "fsdp2", "hsdp", "tpN", "fsdp")
+LAYOUT_MODULE, BACKEND, PRICING = ("echobench/records/layout.py",), ("echobench/backends/__init__.py",), (
+    "echobench/predict/work.py", "echobench/predict/pricing.py", "echobench/hardware/profile.py",
+    "echobench/calibrate/commbench.py")
+CARDS = ("echobench/predict/card.py", "echobench/predict/card_work.py", "echobench/sweep/reproduce.py",
+         "echobench/tune/cards.py")
+ALLOWED = {"single": {*LAYOUT_MODULE, *BACKEND, *PRICING, "echobench/records/config.py"},
+           "ddp": {*LAYOUT_MODULE, *BACKEND, *PRICING, *CARDS},
+           "fsdp2": {*LAYOUT_MODULE, *BACKEND, *PRICING, "echobench/backends/master.py", "echobench/records/config.py"},
+           "hsdp": {*LAYOUT_MODULE, *BACKEND, *CARDS},
+           "tpN": {*LAYOUT_MODULE, *BACKEND, "echobench/predict/validate.py"},
+           "fsdp": {*LAYOUT_MODULE, *CARDS}}
+
+
+def layout_names(tree: ast.AST) -> set[str]:
+    """The layouts a module names: string constants equal to a layout's name (docstrings and longer
+    text aside), and an f-string that builds a tpN name (f"tp{...}") as tpN."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in LAYOUT_NAMES and id(node) not in docs:
+            out.add(node.value)
+        if (isinstance(node, ast.JoinedStr) and len(node.values) == 2 and isinstance(node.values[0], ast.Constant)
+                and node.values[0].value == "tp" and isinstance(node.values[1], ast.FormattedValue)):
+            out.add("tpN")
+    return out
+
+
+def modules_naming_layouts(root: Path) -> dict[str, set[str]]:
+    """Layout name -> the modules of root/echobench that name it."""
+    found = defaultdict(set)
+    for path in sorted((root / "echobench").rglob("*.py")):
+        for name in layout_names(ast.parse(path.read_text())):
+            found[name].add(path.relative_to(root).as_posix())
+    return {name: found[name] for name in LAYOUT_NAMES}
+
+
+def test_the_scan_finds_a_layout_named_in_code_not_in_a_docstring():
+    tree = ast.parse('"""hsdp shards."""\ndef f(p, t):\n    """ddp"""\n    return p == "fsdp2" or p == f"tp{t}"\n')
+    assert layout_names(tree) == {"fsdp2", "tpN"}
+
+
+def test_layouts_are_named_only_where_they_are_defined_run_or_priced():
+    root = Path(__file__).resolve().parents[1]
+    stray = {name: sorted(modules - ALLOWED[name]) for name, modules in modules_naming_layouts(root).items()
+             if modules - ALLOWED[name]}
+    assert not stray, f"ask cfg.layout (echobench.records.layout.Layout) instead of naming a layout: {stray}"
+
+
+if __name__ == "__main__":
+    for name, modules in modules_naming_layouts(Path(sys.argv[1] if len(sys.argv) > 1 else ".")).items():
+        print(f"{name}: {len(modules)} modules: {', '.join(sorted(modules))}")

@@ -604,7 +604,7 @@ def host_layouts(world: int, local: int) -> list[tuple[str, str]]:
 
         if local > 1 and importlib.util.find_spec("megatron") is not None:
             for tp in dict.fromkeys(t for t in (local, 4, 2) if t <= local):  # the widest TP the tiny heads allow
-                layout = Layout("tpN", tp)
+                layout = Layout.tensor(tp)
                 run = RunConfig(**HOST_RUN, framework=layout.framework, parallelism=layout.name, gpus_per_node=local,
                                 nodes=max(1, world // local))
                 if parallelism_problem(run) is None:

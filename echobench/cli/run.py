@@ -14,6 +14,7 @@ import yaml
 from echobench.backends import parallelism_problem
 from echobench.cli.common import app, console, err_console, fail, settings_options, writable_dir
 from echobench.records.config import RunConfig, auto_switch
+from echobench.records.layout import Layout
 from echobench.records.console import esc, record_report, repeats_report
 from echobench.records.states import RunState
 from echobench.records.results import RECORD_FILE
@@ -159,10 +160,10 @@ def tp_parallelism(ctx: typer.Context, tp: int) -> str:
     """`--tp N` is shorthand for `--parallelism tpN`; both at once must agree."""
     if tp < 1:
         fail(f"--tp {tp}: must be >= 1")
-    given = ctx.params.get("parallelism")
-    if getattr(ctx.get_parameter_source("parallelism"), "name", None) == "COMMANDLINE" and given != f"tp{tp}":
+    given, layout = ctx.params.get("parallelism"), Layout.tensor(tp).name
+    if getattr(ctx.get_parameter_source("parallelism"), "name", None) == "COMMANDLINE" and given != layout:
         fail(f"--tp {tp} conflicts with --parallelism {given}: give one of them")
-    return f"tp{tp}"
+    return layout
 
 
 def print_record(record, out: Path) -> None:

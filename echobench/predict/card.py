@@ -20,12 +20,13 @@ from pathlib import Path
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import ELEMENTWISE_KERNELS, check_described
 from echobench.predict.recompute import POLICIES
+from echobench.records.layout import CARD_LAYOUTS, Layout as RunLayout
 from echobench.records.yamltext import read_yaml
 
 ACTIVATIONS = ("gelu", "swiglu", "relu2")  # relu2: squared ReLU (Nemotron), up and down like GELU
 POSITIONS = ("learned", "rotary", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
-LAYOUTS = ("ddp", "fsdp", "hsdp", "megatron")
+LAYOUTS = tuple(CARD_LAYOUTS)  # ddp, fsdp, hsdp, megatron
 SHARDINGS = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}  # fp8: the activations stay bf16 between GEMMs
 REDUCE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -167,9 +168,24 @@ class Layout:
     @property
     def shard_size(self) -> int:
         """The ranks one FSDP / HSDP shard group spans (FSDP: every data-parallel rank)."""
-        if self.layout == "hsdp":
+        if self.hybrid:
             return self.shard_group or self.gpus_per_node
         return self.data_parallel
+
+    @property
+    def fsdp(self) -> bool:
+        """FSDP or HSDP, of any sharding (the run layout of their name shards, CARD_LAYOUTS)."""
+        return RunLayout(CARD_LAYOUTS[self.layout]).shards_parameters
+
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: sharded within a shard group, replicated across the groups."""
+        return RunLayout(CARD_LAYOUTS[self.layout]).hybrid
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Parameters, gradients and optimizer state sharded over the shard group: FSDP / HSDP but no_shard."""
+        return self.fsdp and self.sharding != "no_shard"
 
     @property
     def nodes(self) -> int:
@@ -375,7 +391,7 @@ def rank_params(card: ModelCard, layout: Layout) -> float:
     Megatron's distributed optimizer shards it over the data-parallel group (x cp: its gradients
     are reduced there too)."""
     mine = model_parallel_params(card, layout)
-    if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
+    if layout.shards_parameters:
         return mine / layout.shard_size
     if layout.layout == "megatron" and layout.distributed_optimizer:
         return mine / (layout.data_parallel * layout.cp)

@@ -65,7 +65,7 @@ def state_parts(card: ModelCard, layout: Layout) -> dict[str, float]:
         return {"weights": 2 * shard, "gradients": 4 * shard, "optimizer": 12 * shard / ranks}
     held = rank_params(card, layout)
     gathered = 0.0
-    if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
+    if layout.shards_parameters:
         block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
         gathered = 2 * (stage_blocks(card, layout)[0] if layout.sharding == "shard_grad_op" else 2) * block
     return {"weights": 4 * held + gathered, "gradients": 4 * held, "optimizer": 8 * held}
@@ -104,7 +104,7 @@ def activation_bytes(card: ModelCard, layout: Layout) -> float:
 def weight_copy_bytes(card: ModelCard, layout: Layout) -> float:
     """Autocast's bf16 copies of a rank's weights, saved for the backward (none without autocast, or
     where FSDP / HSDP gather the weights in bf16)."""
-    if not layout.autocast or (layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard"):
+    if not layout.autocast or (layout.shards_parameters):
         return 0.0
     return 2 * model_parallel_params(card, layout)
 

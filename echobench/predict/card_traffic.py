@@ -86,7 +86,7 @@ def _group(layout: Layout, size: int, inner: int) -> tuple[str, int]:
 
 
 def _fsdp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
-    hsdp = layout.layout == "hsdp"
+    hsdp = layout.hybrid
     shard = layout.shard_size
     link, per_node = _group(layout, shard, layout.tp)
     gather = 1 if layout.fp8_all_gather else layout.compute_bytes
@@ -191,7 +191,7 @@ def _megatron(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
 def card_traffic(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
     """The step's collectives for the layout (groups of one rank included: place leaves them out);
     `opts`: the resolved options (frameworks.resolved)."""
-    if layout.layout in ("fsdp", "hsdp") and layout.sharding != "no_shard":
+    if layout.shards_parameters:
         t = _fsdp(card, layout, opts)
     elif layout.layout == "megatron":
         t = _megatron(card, layout, opts)

@@ -148,7 +148,7 @@ def described_settings(layout) -> tuple[str, ...]:
         need.append("tp_comm_overlap")
     if layout.vp > 1:
         need.append("overlap_p2p_comm")
-    if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+    if layout.fsdp and layout.grad_accum > 1:
         need.append("fsdp_reduce_once")
     return tuple(need)
 
@@ -197,7 +197,7 @@ def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
     out["fsdp_reduce_once"] = layout.fsdp_reduce_once
     if layout.fsdp_reduce_once is None:
         out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once
-        if layout.layout in ("fsdp", "hsdp") and layout.grad_accum > 1:
+        if layout.fsdp and layout.grad_accum > 1:
             taken.append(f"fsdp_reduce_once {out['fsdp_reduce_once']}")
     who = fw.name if fw.name else "the generic"
     notes = [f"{who} defaults taken ({fw.source}): {', '.join(taken)}"] if taken else []

@@ -255,7 +255,7 @@ def layout_text(layout: Layout) -> str:
                 + (f" cp{layout.cp}" if layout.cp > 1 else "") + f" dp{layout.data_parallel}" + (" sp" if layout.sp else "")
                 + (" zero1" if layout.distributed_optimizer else ""))
     else:
-        text = layout.layout + (f" {layout.sharding}" if layout.layout in ("fsdp", "hsdp") else "") + \
+        text = layout.layout + (f" {layout.sharding}" if layout.fsdp else "") + \
             (f" tp{layout.tp}" if layout.tp > 1 else "") + (f" pp{layout.pp}" if layout.pp > 1 else "")
     return text + (f" ac {layout.ac}" if layout.ac != "none" else "") + (" fp8" if layout.precision == "fp8" else "") + \
         (" compiled" if layout.compile else "")

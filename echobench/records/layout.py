@@ -44,8 +44,13 @@ class Layout:
         if isinstance(name, str) and name in KINDS and name != "tpN":
             return cls(name)
         if isinstance(name, str) and (m := re.fullmatch(r"tp([1-9][0-9]*)", name)):
-            return cls("tpN", int(m.group(1)))
+            return cls.tensor(int(m.group(1)))
         raise ValueError(f"parallelism={name!r} is not a layout: give {allowed_text()}")
+
+    @classmethod
+    def tensor(cls, width: int) -> Layout:
+        """Tensor parallelism `width` wide (the setting tpN)."""
+        return cls("tpN", width)
 
     @classmethod
     def of_card(cls, card_layout: str, tp: int, gpus: int) -> Layout:
@@ -54,7 +59,7 @@ class Layout:
         hsdp stays hsdp (the run's check refuses it on one node)."""
         kind = CARD_LAYOUTS[card_layout]
         if kind == "tpN":
-            return cls(kind, tp)
+            return cls.tensor(tp)
         return cls("single") if gpus == 1 and not cls(kind).hybrid else cls(kind)
 
     @property
@@ -130,7 +135,7 @@ def layouts_on(nodes: int, gpus_per_node: int, tp_widths=(2, 4, 8)) -> list[Layo
         return [Layout("single")]
     data = [lay for lay in map(Layout, KINDS)
             if lay.data_parallel and (not lay.hybrid or nodes > 1 and gpus_per_node > 1)]
-    return data + [Layout("tpN", t) for t in tp_widths if t <= gpus_per_node and gpus_per_node % t == 0]
+    return data + [Layout.tensor(t) for t in tp_widths if t <= gpus_per_node and gpus_per_node % t == 0]
 
 
 def is_layout(name) -> bool:

@@ -109,7 +109,7 @@ def refusal(card: ModelCard, layout: Layout) -> str | None:
     if layout.layout == "fsdp" and layout.tp > 1:
         return (f"FSDP with tensor parallelism (torchtitan 2D, tp {layout.tp}): echobench runs FSDP2 or megatron TP, "
                 "not both")
-    if layout.layout in ("fsdp", "hsdp") and layout.sharding == "no_shard":
+    if layout.fsdp and layout.sharding == "no_shard":
         return "FSDP no_shard: no echobench layout replicates through FSDP (ddp is the same work: a row with ddp)"
     if layout.precision == "fp16":
         return "fp16: echobench trains in bf16, fp32 or fp8"
@@ -118,7 +118,7 @@ def refusal(card: ModelCard, layout: Layout) -> str | None:
                 f"{' / '.join(RECIPES)}")
     if layout.ac not in AC:
         return f"ac {layout.ac}: echobench's AC is none, selective or full"
-    if layout.layout == "hsdp" and layout.shard_group not in (None, layout.gpus_per_node):
+    if layout.hybrid and layout.shard_group not in (None, layout.gpus_per_node):
         return f"hsdp shard groups of {layout.shard_group} GPUs: echobench's HSDP shards within a node"
     return None
 
