@@ -142,6 +142,20 @@ def rank_parameters(cfg: RunConfig) -> float:
     return trainable
 
 
+def adam_state_bytes(params: float, *, bf16_params: bool = False, main_shards: int = 1,
+                     grad_bytes: int = 4) -> dict[str, float]:
+    """The training state of `params` parameters under AdamW, in bytes by part: the parameters
+    (weights), the fp32 main copy of bf16 parameters (main), the gradients (grad_bytes each) and
+    Adam's two fp32 moments (moments); main and moments sharded over main_shards (a distributed
+    optimizer's data-parallel ranks). fp32 parameters: 4 + 4 + 8 per parameter; bf16 ones:
+    2 + 4 / s + grad_bytes + 8 / s. Echo's runs (state_bytes) and a card's (predict.card_memory)
+    both count their state here."""
+    if not bf16_params:
+        return {"weights": 4 * params, "main": 0.0, "gradients": grad_bytes * params, "moments": 8 * params}
+    return {"weights": 2 * params, "main": 4 * params / main_shards, "gradients": grad_bytes * params,
+            "moments": 8 * params / main_shards}
+
+
 def state_bytes(cfg: RunConfig) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per rank.
 
@@ -163,14 +177,13 @@ def state_bytes(cfg: RunConfig) -> tuple[float, float, float]:
     moments over dp; the grad buffer stays whole.
     """
     n = rank_parameters(cfg) / state_shards(cfg)
-    if cfg.framework != "megatron":
-        return 4 * n, 4 * n, 8 * n
-    bf16_params = on_gpu(cfg) and cfg.precision != "fp32"  # backends.megatron.tp_options' params_dtype
-    if not bf16_params:
-        return 4 * n, 4 * n, 8 * n  # FP32Optimizer: Adam steps the parameters, main_grad is .grad
-    main_shards = cfg.dp if cfg.distributed_optimizer else 1
-    grads = 2 * n if cfg.grad_reduce_dtype == "bf16" else 4 * n
-    return 2 * n + 4 * n / main_shards, grads, 8 * n / main_shards
+    # megatron's params_dtype (backends.megatron.tp_options); in fp32 its FP32Optimizer steps the
+    # parameters, main_grad being .grad
+    bf16_params = cfg.framework == "megatron" and on_gpu(cfg) and cfg.precision != "fp32"
+    state = adam_state_bytes(n, bf16_params=bf16_params,
+                             main_shards=cfg.dp if bf16_params and cfg.distributed_optimizer else 1,
+                             grad_bytes=2 if bf16_params and cfg.grad_reduce_dtype == "bf16" else 4)
+    return state["weights"] + state["main"], state["gradients"], state["moments"]
 
 
 # ---- activations: what the forward leaves alive for backward ----

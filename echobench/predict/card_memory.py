@@ -44,6 +44,7 @@ from echobench.predict.card import (
     rank_params,
     stage_blocks,
 )
+from echobench.hardware.memory import adam_state_bytes
 from echobench.predict.pipeline import in_flight
 
 GIB = 2**30
@@ -58,22 +59,17 @@ POLICY_KEPT = {"none": 1.0, "selective": 1.0, "maxtext-minimal": 1.0, "selective
 def state_parts(card: ModelCard, layout: Layout) -> dict[str, float]:
     """Bytes of the parameters (with FSDP's gathered layers), gradients and optimizer state one rank holds."""
     if layout.layout == "megatron":
-        shard = model_parallel_params(card, layout)
         ranks = layout.data_parallel * layout.cp if layout.distributed_optimizer else 1
+        state = adam_state_bytes(model_parallel_params(card, layout), bf16_params=True, main_shards=ranks)
         if layout.framework == "nemo" and layout.distributed_optimizer:  # apex's distributed fused Adam: grads sharded too
-            return {"weights": 2 * shard, "gradients": 4 * shard / ranks, "optimizer": 12 * shard / ranks}
-        return {"weights": 2 * shard, "gradients": 4 * shard, "optimizer": 12 * shard / ranks}
-    held = rank_params(card, layout)
+            state["gradients"] /= ranks
+        return {"weights": state["weights"], "gradients": state["gradients"], "optimizer": state["main"] + state["moments"]}
+    state = adam_state_bytes(rank_params(card, layout))
     gathered = 0.0
     if layout.shards_parameters:
         block = layer_params(card) - _layer_split(card) * (1 - 1 / layout.tp)
         gathered = 2 * (stage_blocks(card, layout)[0] if layout.sharding == "shard_grad_op" else 2) * block
-    return {"weights": 4 * held + gathered, "gradients": 4 * held, "optimizer": 8 * held}
-
-
-def state_bytes(card: ModelCard, layout: Layout) -> float:
-    """Parameters, gradients, optimizer state and gathered weights one rank holds."""
-    return sum(state_parts(card, layout).values())
+    return {"weights": state["weights"] + gathered, "gradients": state["gradients"], "optimizer": state["moments"]}
 
 
 def layer_activation_bytes(card: ModelCard, layout: Layout) -> float:
