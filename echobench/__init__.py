@@ -12,7 +12,7 @@ holds it), so the arrows run one way and each layer can be read without the ones
     train      what runs on each node: the launcher, the measured loop, its record and breakdown
     hardware   the device and the interconnect: probing, GEMM calibration, profiles, memory estimate
     data       tar shards, the tokenizer, the batch loader
-    records    the run config, the result record, peaks, the files a sweep keeps, console text
+    records    the run config and its layout, the result record, peaks, the files a sweep keeps, console text
     backends   torchtitan and megatron: parallelize the plain model from outside
     model      Echo TTS in plain PyTorch, and its exact FLOP count
 

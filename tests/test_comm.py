@@ -17,16 +17,8 @@ import yaml
 
 from conftest import run_cli
 from echobench.calibrate.commbench import fit_alpha_beta, plan_groups
-from echobench.train.commvolume import (
-    FRAME_COUNT_BYTES,
-    CollectiveCall,
-    ddp_bytes,
-    fsdp_bytes,
-    param_units,
-    step_collectives,
-    totals,
-    tp_bytes,
-)
+from echobench.hardware.traffic import FRAME_COUNT_BYTES, ddp_bytes, fsdp_bytes, param_units, totals, tp_bytes
+from echobench.train.commvolume import CollectiveCall, step_collectives
 from echobench.records.config import RunConfig
 from echobench.model.flops import param_counts
 from echobench.hardware.profile import (
@@ -278,7 +270,7 @@ def test_param_units_are_the_models_fsdp_units():
 
 def test_tp_sharded_names_match_the_state_dict_adapter():
     pytest.importorskip("megatron.core")
-    from echobench.train.commvolume import TP_SHARDED
+    from echobench.hardware.traffic import TP_SHARDED
     from echobench.model.megatron import TPStateDictAdapter
 
     assert sorted(TP_SHARDED) == sorted(plain for plain, _, _ in TPStateDictAdapter.SHARDED.values())

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import ROOT
 from echobench import predict as pr
-from echobench.train.commvolume import step_bytes
+from echobench.hardware.traffic import step_bytes
 from echobench.records.config import RunConfig, run_id
 from echobench.model.flops import hardware_flops, model_flops
 from echobench.hardware.profile import (

@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    from echobench.train import commvolume  # noqa: F401 - torch and the model modules: what predict imports
+    from echobench.hardware import traffic  # noqa: F401 - what predict imports to derive a step's collectives
     from echobench import predict as pr
     from echobench.sweep.matrix import expand, load_matrix
 

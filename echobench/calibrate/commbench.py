@@ -45,7 +45,7 @@ from echobench.backends import build_training, parallelism_problem
 from echobench.backends.torchtitan import build_optimizer
 from echobench.train.bench import train_step
 from echobench.hardware.commfit import fit_alpha_beta, fit_links  # noqa: F401 - re-exported: callers fit from here
-from echobench.train.commvolume import param_units
+from echobench.hardware.traffic import param_units
 from echobench.records.config import RunConfig
 from echobench.records.layout import Layout
 from echobench.data import build_tokenizer, make_loader
@@ -452,7 +452,7 @@ ADAMW_STATE_BYTES = 24  # per float32 parameter while AdamW steps: p, grad, exp_
 
 
 def param_shapes(run) -> list[tuple[int, ...]]:
-    """The run's trainable parameter shapes, registration order: Echo's (commvolume.param_units), a
+    """The run's trainable parameter shapes, registration order: Echo's (traffic.param_units), a
     card's decoder's (model.decoder.Decoder, built on the meta device: no memory, no weights)."""
     if hit := card_of(run):
         with torch.device("meta"):

@@ -6,6 +6,7 @@
     commfit.py      fitting collective bandwidth and latency to measurements
     nccltuning.py   NCCL's algorithm and protocol choice, as its tuner makes it
     memory.py       the per-GPU memory estimate of a run (weights, grads, optimizer, activations)
+    traffic.py      the bytes each collective of a run's step moves, derived from its settings
 
 May import: records, backends, model.
 """

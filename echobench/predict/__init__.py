@@ -14,7 +14,7 @@ Per rank and step (docs/explanation/predict.md):
     step    = device + host on a CPU (the host runs the kernels itself), max(device, host) on a GPU
               (the host queues kernels ahead of the device)
 
-Communication: each collective of commvolume.step_bytes priced with hwprofile.collective_cost: the
+Communication: each collective of traffic.step_bytes priced with hwprofile.collective_cost: the
 profile's fit of the group's kind (its ranks per node, Traffic.per_node), its bus bandwidth scaled to
 the links the group can use (a cross-node group's share of its node's NICs, the profile's
 topology.nics_per_node; a pair of pairwise-wired GPUs its own NVLink links), its latency the fit's
@@ -26,7 +26,7 @@ exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlap
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
 part + max(0, the rest - the compute of the phase it overlaps). Gradient accumulation: each
 micro-batch's compute, host ops and collectives grad_accum times, the once-per-step collectives
-(the gradients' reductions and norms, commvolume.Traffic.once) and the optimizer once.
+(the gradients' reductions and norms, traffic.Traffic.once) and the optimizer once.
 
 The device's rates are echobench.hardware.devicerates' (each with its source). GEMM rates: a measured shape
 within 10% of the GEMM's stands for it (a calibration measures the run's own); else, where the
@@ -71,7 +71,7 @@ best GEMM rate). The interval: the wider of the model's cross-validated error (i
 10th to 90th percentile of its leave-one-source-out residuals on published runs, never zero width)
 and the calibration's spread (each GEMM, attention and memory point's min / max, the host step's
 min / max, the clock's range; each collective fit +- its rel_rms). Plain functions over RunConfig; no
-torch import (commvolume's imports it where the collectives are derived).
+torch import (hardware.traffic's param_units imports it where the collectives are derived).
 
 The package, by what each file is (every name callers use is re-exported here):
 
@@ -103,7 +103,7 @@ The package, by what each file is (every name callers use is re-exported here):
                       framework described by its settings: framework, layout_framework, resolved
     recompute.py      activation checkpointing as named recompute policies (what each re-runs)
     pipeline.py       pipeline parallelism's 1F1B / interleaved schedule: bubble, point-to-point
-    card_traffic.py   a card step's collectives as commvolume.Traffic (card_traffic) and their placement (place_card)
+    card_traffic.py   a card step's collectives as traffic.Traffic (card_traffic) and their placement (place_card)
     card_model.py     a card's predicted step: predict_card -> CardPrediction (work_seconds, place, exposed)
     validate.py       `predict --validate`: published rows (load_rows, a strict schema) predicted over
                       their assumed values at a fit (validate -> ValidationRow: the interval, the memory

@@ -1,5 +1,5 @@
 """The collectives of one training step of a model card (card.py) on one rank, as
-commvolume.Traffic (nccl-tests' message sizes, per_node filled), split into those every micro-batch
+traffic.Traffic (nccl-tests' message sizes, per_node filled), split into those every micro-batch
 repeats and those once per step, and their placement (place_card: communication.place, then what the
 card's frameworks overlap differently). Options come resolved (frameworks.resolved).
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from echobench.hardware.traffic import Traffic
 from echobench.predict.card import (
     REDUCE_BYTES,
     Layout,
@@ -68,8 +69,6 @@ class StepTraffic:
 
 
 def _traffic(*args, **kwargs):
-    from echobench.train.commvolume import Traffic  # imports torch: start-up time of `predict`
-
     return Traffic(*args, **kwargs)
 
 

@@ -1,4 +1,4 @@
-"""How a step's collectives are priced and placed: commvolume.step_bytes of the run, each priced
+"""How a step's collectives are priced and placed: traffic.step_bytes of the run, each priced
 by its group's size and kind (Rates.collective_cost: the fit of the group's ranks per node, the
 links it can use, NCCL's latency at its size) and placed where it can hide (Collective:
 forward, backward or on the critical path, with its unhideable floor); exposed, the part compute
@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from echobench.records.config import RunConfig
 from echobench.hardware.profile import bus_factor
+from echobench.hardware.traffic import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes, step_bytes
 from echobench.predict.pricing import Rates, is_cpu
 
 
@@ -37,19 +38,17 @@ class Collective:
     floor_s: float
     per_node: int = 1  # the group's ranks on one node
     algorithm: str = "alpha-beta"  # ring / tree as NCCL's tuner picks (hwprofile.CollectiveCost)
-    once: bool = False  # once per optimizer step (commvolume.Traffic.once), not per micro-batch
+    once: bool = False  # once per optimizer step (traffic.Traffic.once), not per micro-batch
 
 
 def _bucket_caps(cfg: RunConfig) -> tuple[int, int]:
-    """The byte caps of DDP's first and further buckets in the run's backend (commvolume's)."""
-    from echobench.train.commvolume import TORCHTITAN_DDP_BUCKET_BYTES, megatron_ddp_bucket_bytes  # imports torch
-
+    """The byte caps of DDP's first and further buckets in the run's backend (hardware.traffic's)."""
     return megatron_ddp_bucket_bytes(cfg) if cfg.framework == "megatron" else TORCHTITAN_DDP_BUCKET_BYTES
 
 
 def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:
     """The bytes of DDP's last bucket: what is left after the first and the full ones
-    (commvolume.ddp_buckets fills them in the order the gradients become ready)."""
+    (traffic.ddp_buckets fills them in the order the gradients become ready)."""
     if calls <= 1:
         return total
     left = total - first_cap - (calls - 2) * cap
@@ -58,19 +57,17 @@ def _last_bucket(total: int, calls: int, first_cap: int, cap: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _traffic(cfg_key: tuple, device: str):
-    from echobench.train.commvolume import step_bytes  # imports torch: only where collectives are priced
-
     return tuple(step_bytes(RunConfig(**dict(cfg_key)), device))
 
 
 def collectives(cfg: RunConfig, rates: Rates) -> list[Collective]:
-    """commvolume.step_bytes of an Echo run, priced and placed (place)."""
+    """traffic.step_bytes of an Echo run, priced and placed (place)."""
     key = tuple(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("repeat", "seed", "steps", "warmup_steps")))
     return place(_traffic(key, "cpu" if is_cpu(rates.profile) else "cuda"), rates, _bucket_caps(cfg))
 
 
 def place(traffic, rates: Rates, bucket_caps: tuple[int, int]) -> list[Collective]:
-    """A step's collectives (commvolume.Traffic, groups of one rank left out), whatever model they
+    """A step's collectives (traffic.Traffic, groups of one rank left out), whatever model they
     are of, priced and placed (echobench.predict's docstring); `bucket_caps`: DDP's first and further
     bucket caps in bytes."""
     out = []

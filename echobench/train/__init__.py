@@ -14,7 +14,7 @@
     kernels.py        compile settings and counters, attention kernel choice
     fabric.py         fabric profiles: NCCL / libfabric settings of an interconnect, the network NCCL chose
     nodecheck.py      the preflight's checks on a node
-    commvolume.py     bytes each collective of a step moves: counted in a real step, derived from settings
+    commvolume.py     bytes each collective of a step moves, counted in a real step (derived: hardware/traffic.py)
 
 May import: hardware, data, records, backends, model.
 """
