@@ -344,7 +344,7 @@ def test_adamw_is_measured_over_the_models_own_parameters(monkeypatch):
     """The optimizer point steps AdamW over the run's trainable parameter shapes (all of them where
     memory allows, a prefix where not), every step on fresh gradients; its bytes are 4 x numel."""
     from echobench.calibrate import commbench
-    from echobench.train.commvolume import param_units
+    from echobench.hardware.traffic import param_units
 
     run = RunConfig(scale="tiny")
     shapes = [s for u in param_units(run.model_config()) for s in u.shapes]

@@ -173,14 +173,20 @@ class Layout:
         return self.data_parallel
 
     @property
+    def as_run_layout(self) -> RunLayout | None:
+        """The run layout of this layout's name (CARD_LAYOUTS; tp aside); None for a name not there
+        (__post_init__'s checks ask before the one that refuses it)."""
+        return RunLayout(CARD_LAYOUTS[self.layout]) if self.layout in CARD_LAYOUTS else None
+
+    @property
     def fsdp(self) -> bool:
-        """FSDP or HSDP, of any sharding (the run layout of their name shards, CARD_LAYOUTS)."""
-        return RunLayout(CARD_LAYOUTS[self.layout]).shards_parameters
+        """FSDP or HSDP, of any sharding (the run layout of their name shards)."""
+        return self.as_run_layout is not None and self.as_run_layout.shards_parameters
 
     @property
     def hybrid(self) -> bool:
         """HSDP: sharded within a shard group, replicated across the groups."""
-        return RunLayout(CARD_LAYOUTS[self.layout]).hybrid
+        return self.as_run_layout is not None and self.as_run_layout.hybrid
 
     @property
     def shards_parameters(self) -> bool:
