@@ -414,9 +414,11 @@ def check_memory(out: ValidationRow, card: ModelCard, layout: Layout, profile: H
                          f"GiB of {profile.device}: priced as published, flagged")
 
 
-def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True, quantiles=None) -> list[ValidationRow]:
-    """Every row predicted or refused, in the file's order (validate_row)."""
-    profiles: dict[str, HardwareProfile] = {}
+def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True, quantiles=None,
+             profiles: dict[str, HardwareProfile] | None = None) -> list[ValidationRow]:
+    """Every row predicted or refused, in the file's order (validate_row); `profiles`: the profiles by
+    name to price at where not the shipped ones (loaded as needed)."""
+    profiles = {} if profiles is None else profiles
     return [validate_row(row, profiles, terms, with_range, quantiles) for row in rows]
 
 
