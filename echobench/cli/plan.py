@@ -281,10 +281,15 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
                          + (f"{held['rows']} held out: mean |error| {held['mean_abs_error']:.1%}, max "
                             f"{held['max_abs_error']:.1%}" if held["rows"] else "none held out")),
                       highlight=False, soft_wrap=True)
-    console.print(f"leave-one-source-out (the clock refitted on the other sources of {esc(path)}): mean |error| "
-                  + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over {cv['loso']['rows']} rows "
-                     f"of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
-                  highlight=False, soft_wrap=True)
+    if cv["sources"] == 1:  # no other source to fit the clock on: each row would be priced at no clock at all
+        console.print(f"leave-one-source-out: not meaningful for {esc(path)}, whose rows are all of one source (no "
+                      "other source to refit the clock on); the held-out figure is the committed fit's above",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"leave-one-source-out (the clock refitted on the other sources of {esc(path)}): mean |error| "
+                      + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over "
+                         f"{cv['loso']['rows']} rows of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
+                      highlight=False, soft_wrap=True)
     committed = pr.committed_fit()
     if set(committed.fitted_on) == set(cv["in_sample_errors"]) and committed.clock != cv["fit"]:
         console.print(f"the committed fit is stale for these rows (refitted: {esc(cv['fit'])}): rerun with --write-fit",
