@@ -223,6 +223,21 @@ def test_a_scaling_series_is_a_sources_rows_at_constant_per_gpu_work_and_its_err
     assert out["series"][0]["change"] == pytest.approx(errs[-1] - errs[0])
     text = " ".join(cli("predict", "--validate", path, check=True).stdout.split())
     assert "s-8 .. s-256 (llm-foundry, 8 / 64 / 256 GPUs)" in text and f"{(errs[-1] - errs[0]) * 100:+.1f} points" in text
+    assert "leave-one-source-out: not meaningful" in text  # one source: no other to refit the clock on
+
+
+def test_the_held_out_file_is_outside_the_committed_fit_and_holds_six_scaling_series():
+    """validation/held-out-runs.yaml: every row loads, none is in the committed fit's set (each one's
+    error held out), its rows share no id with the fitted file, and its scaling series are the six
+    tables of the recipes (8B at 5 counts, 70B at 6, 405B at 3; bf16 and fp8), each by GPU count."""
+    path = ROOT / "validation" / "held-out-runs.yaml"
+    rows = load_rows(path)
+    assert not {r["id"] for r in rows} & set(BY_ID)
+    results = validate(rows, with_range=False)
+    assert all(r.error is not None and r.in_fit_set is False for r in results)
+    series = scaling_series(rows, results)
+    assert sorted(len(s.gpus) for s in series) == [3, 3, 5, 5, 6, 6]
+    assert all(s.gpus == sorted(s.gpus) and len(set(s.gpus)) == len(s.gpus) for s in series)
 
 
 def test_a_row_over_its_devices_memory_is_priced_and_flagged_with_its_memory_error():
