@@ -148,3 +148,31 @@ def test_the_cross_node_terms_leave_every_one_node_row_as_it_was():
     for r in one_node:
         card, layout = model_card(r["model"]), run_layout(r["run"], r["hardware"])
         assert predict_card(card, layout, changed).step_time_s == predict_card(card, layout, base).step_time_s, r["id"]
+
+
+def test_calibrate_writes_the_jitter_of_each_ranks_own_steps_into_the_profile(tmp_path, monkeypatch):
+    """`calibrate --comm --nproc 1` (commcalibrate.calibrate_command, in this process) with the host
+    steps stood in for: the single layout's step times become the profile's jitter (step_jitter's cv,
+    its source saying it was measured); without timed steps the profile carries none."""
+    import torch
+
+    from echobench.calibrate import commbench as cb
+    from echobench.calibrate.commcalibrate import calibrate_command
+    from test_calibrate_cards import SINGLE, write_card_matrix
+
+    monkeypatch.setenv("ECHOBENCH_CACHE", str(tmp_path / "cache"))
+    matrix = write_card_matrix(tmp_path, [SINGLE])
+    for steps in ([1.0, 1.1, 0.9, 1.0], None):
+        def fake_host(info, dtype, budget_s, local, seconds_out=None, steps=steps):
+            if steps and seconds_out is not None:
+                seconds_out["single"] = steps
+            return []
+
+        monkeypatch.setattr(cb, "measure_host", fake_host)
+        out = tmp_path / f"profile-{bool(steps)}.yaml"
+        calibrate_command(torch.device("cpu"), "auto", None, (None, matrix, {}), 0.5, 1, out, None, 1.0, (1, 0, None, 29500))
+        jitter = load_profile(out).jitter
+        if steps:
+            assert jitter.cv == pytest.approx(step_jitter([steps])) and jitter.source.startswith("measured")
+        else:
+            assert jitter is None
