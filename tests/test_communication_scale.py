@@ -176,3 +176,23 @@ def test_calibrate_writes_the_jitter_of_each_ranks_own_steps_into_the_profile(tm
             assert jitter.cv == pytest.approx(step_jitter([steps])) and jitter.source.startswith("measured")
         else:
             assert jitter is None
+
+
+def test_an_echo_runs_straggler_part_is_its_device_time_share_and_idle_in_the_breakdown():
+    """Echo's prediction on a profile with a jitter: the straggler part is the synchronous device time
+    x cv x E[max of the run's ranks]; held against a profiled breakdown it lands in other (waiting on
+    the slowest rank is idle), so the predicted shares still sum to the step."""
+    from echobench import predict as pr
+    from test_predict import cfg, measured_record, profile
+
+    c = cfg(nodes=2)
+    plain = profile()
+    jittery = plain.model_copy(update={"jitter": StepJitter(cv=0.02, source="set")})
+    a, b = pr.predict(c, plain), pr.predict(c, jittery)
+    assert a.parts["straggler"] == 0
+    assert b.parts["straggler"] == pytest.approx(a.device_s * 0.02 * expected_max_normal(c.world_size))
+    fractions = {"gemm": 0.4, "attention": 0.1, "optimizer": 0.05, "other_compute": 0.2, "memcpy": 0.05,
+                 "communication": 0.1, "data_wait": 0.0, "idle": 0.1}
+    rec = measured_record(c, 1.0, breakdown={"fractions": fractions, "step_time_s": 1.0})
+    parts = pr.against(rec, [jittery]).parts
+    assert sum(v["predicted"] for v in parts.values()) == pytest.approx(1.0)

@@ -444,7 +444,9 @@ def expected_max_normal(n: int) -> float:
     h, total = 0.005, 0.0
     for i in range(-2400, 2401):  # -12 .. 12 standard deviations
         x = i * h
-        total += x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+        density = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        below = 0.5 * (1 + math.erf(x / math.sqrt(2)))  # the chance one draw is under x
+        total += x * n * density * below ** (n - 1)
     return total * h
 
 
