@@ -33,7 +33,8 @@ def overlapped_dp_s(p) -> float:
 def table(rows: list[dict]) -> None:
     needed = {f.id: f.clock_needed() for f in row_fits(rows, {})}
     profiles: dict = {}
-    print("| row | source | family | ac | tokens / micro-batch | attention / step | overlapped DP / step | clock needed |")
+    print("| row | source | family | ac | tokens / micro-batch | attention / step | overlapped DP / step "
+          "| clock needed |")
     print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         card, lay = model_card(r["model"]), run_layout(r["run"], r["hardware"])
@@ -57,7 +58,8 @@ def contention(rows: list[dict], share: float) -> None:
         VALIDATE.predict_card = predict_card
     lo = cv["loso"]
     worst = sorted(cv["loso_errors"].items(), key=lambda kv: -abs(kv[1]))[:5]
-    print(f"dp contention {share}: leave-one-source-out mean {lo['mean_abs_error']:.2%}, max {lo['max_abs_error']:.1%}; "
+    print(f"dp contention {share}: leave-one-source-out mean {lo['mean_abs_error']:.2%}, "
+          f"max {lo['max_abs_error']:.1%}; "
           f"clock {cv['fit']}; largest " + ", ".join(f"{k} {v:+.1%}" for k, v in worst))
 
 
