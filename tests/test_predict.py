@@ -18,6 +18,7 @@ from echobench.hardware.traffic import step_bytes
 from echobench.records.config import RunConfig, run_id
 from echobench.model.flops import hardware_flops, model_flops
 from echobench.hardware.profile import (
+    ATTENTION_KERNELS,
     OPS,
     AlphaBeta,
     AttentionPoint,
@@ -30,6 +31,9 @@ from echobench.hardware.profile import (
 )
 from echobench.sweep.matrix import expand, load_matrix
 from echobench.predict.intervals import interval
+from echobench.predict.pricing import (FORWARD_OVER_MIX, TILED_ATTENTION, attention_kernel, attention_phase_factor,
+                                       work_seconds)
+from echobench.predict.work import AttentionWork
 from echobench.hardware.memory import activation_elements_per_sample
 from echobench.records.results import Env, Record
 
@@ -70,7 +74,33 @@ def test_the_step_work_is_the_flop_models_and_compute_is_flops_over_the_rate(set
     assert sum(w.flops for w in mm) + sum(a.flops for a in att) == hardware_flops(m, f, c.ac) * c.micro_batch
     p = pr.predict(c, profile())
     assert p.parts["gemm"] == pytest.approx(sum(w.flops for w in mm) / (GEMM_TFLOPS * 1e12), rel=1e-12)
-    assert p.parts["attention"] == pytest.approx(sum(a.flops for a in att) / (ATTENTION_TFLOPS * 1e12), rel=1e-12)
+    factor = {a.phase: attention_phase_factor(attention_kernel(c), a.phase) for a in att}
+    seconds = sum(a.flops / factor[a.phase] for a in att) / (ATTENTION_TFLOPS * 1e12)
+    assert p.parts["attention"] == pytest.approx(seconds, rel=1e-12)
+
+
+def test_a_tiled_kernels_forward_runs_faster_than_its_mix_and_a_step_without_recompute_keeps_the_points_rate():
+    """A point's rate is forward + backward: a tiled kernel's forward and recompute run at
+    FORWARD_OVER_MIX x it and its backward (twice the forward's FLOPs) at the rate that keeps the two
+    at the point's; standard attention (math) and an unnamed kernel are not split."""
+    fwd, bwd, again = (attention_phase_factor("flash2", ph) for ph in ("forward", "backward", "recompute"))
+    assert fwd == again == FORWARD_OVER_MIX > 1 > bwd
+    assert 1 / fwd + 2 / bwd == pytest.approx(3)  # forward + backward FLOPs (1 + 2) at the point's rate
+    phases = ("forward", "backward", "recompute")
+    assert {attention_phase_factor(k, ph) for k in ("math", None) for ph in phases} == {1.0}
+    assert TILED_ATTENTION < set(ATTENTION_KERNELS) and "math" not in TILED_ATTENTION
+    rates, f = pr.Rates(profile()), 10**12
+
+    def seconds(kernel: str, *phases: tuple[str, int]) -> float:
+        att = [AttentionWork("a", ph, 512, 512, flops, 1, 64) for ph, flops in phases]
+        out = work_seconds([], att, (0.0, 0.0), 0.0, rates, kernel)
+        return (out["attention_forward"] + out["attention_backward"]) / rates.compute_factor
+
+    at_point = 3 * f / (rates.attention_tflops(512, 512, 64, False, "flash2") * 1e12)
+    assert seconds("flash2", ("forward", f), ("backward", 2 * f)) == pytest.approx(at_point)
+    assert seconds("flash2", ("forward", f), ("backward", 2 * f), ("recompute", f)) == \
+        pytest.approx(at_point * (1 + 1 / (3 * FORWARD_OVER_MIX)))
+    assert seconds("math", ("forward", f), ("backward", 2 * f), ("recompute", f)) == pytest.approx(at_point * 4 / 3)
 
 
 def test_tensor_parallelism_splits_the_dit_and_replicates_the_rest():

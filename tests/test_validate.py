@@ -25,9 +25,11 @@ from echobench.predict.frameworks import GENERIC, SPANNED
 from echobench.predict.intervals import interval
 from echobench.predict.tables import validation_table
 from echobench.predict.validate import (
+    SERIES_AIM,
     ValidationRow,
     load_rows,
     published_step,
+    scaling_series,
     validate,
     validate_row,
     validation_summary,
@@ -185,6 +187,57 @@ def test_validate_prices_a_file_at_the_committed_fit_and_a_refit_is_labelled_in_
     text = " ".join(cli("predict", "--validate", path, "--refit", check=True).stdout.split())
     assert "PREDICTED (IN-SAMPLE" in text and "not a held-out error" in text
     assert "--refit goes with --validate" in one_error_line(cli("predict", ROOT / "matrices" / "smoke.yaml", "--refit"))
+
+
+def scaled(row: dict, gpus: int, rid: str) -> dict:
+    """The row at `gpus` GPUs with the same work per GPU (the global batch grown with the GPU count)."""
+    per_gpu = row["run"]["global_batch"] // row["hardware"]["gpus"]
+    return {**row, "id": rid, "hardware": {**row["hardware"], "gpus": gpus},
+            "run": {**row["run"], "global_batch": per_gpu * gpus}}
+
+
+def test_a_scaling_series_is_a_sources_rows_at_constant_per_gpu_work_and_its_error_change_is_reported(tmp_path, cli):
+    """Three rows of one source at 8, 64 and 256 GPUs doing the same work per GPU form one series, by
+    GPU count whatever the file's order; a row with other work per GPU (another micro-batch) or of
+    another source is not in it. Its change is the error at the most GPUs minus at the fewest, and it
+    is within the aim only inside +-SERIES_AIM; --json and the text report it."""
+    base = BY_ID["lf-mpt-7b-8gpu"]
+    rows = [scaled(base, 256, "s-256"), scaled(base, 8, "s-8"), scaled(base, 64, "s-64"),
+            {**scaled(base, 64, "other-work"), "run": {**scaled(base, 64, "x")["run"], "micro_batch": 3, "grad_accum": 2}},
+            {**scaled(base, 64, "other-source"), "source": {**base["source"], "name": "elsewhere"}}]
+    errors = {"s-8": -0.01, "s-64": -0.03, "s-256": -0.10, "other-work": 0.0, "other-source": 0.0}
+    results = [ValidationRow(r["id"], r["source"]["name"], r["hardware"]["gpus"], "fsdp", error=errors[r["id"]])
+               for r in rows]
+    [series] = scaling_series(rows, results, {"s-8": 0.0, "s-256": -0.02})
+    assert series.ids == ["s-8", "s-64", "s-256"] and series.gpus == [8, 64, 256]
+    assert series.change == pytest.approx(-0.09) and not series.within_aim
+    assert series.loso_change == pytest.approx(-0.02)
+    results[0].error = -0.01 - SERIES_AIM + 1e-9  # the 256-GPU row: just inside the aim
+    assert scaling_series(rows, results)[0].within_aim and scaling_series(rows, results)[0].loso_change is None
+    assert scaling_series(rows[1:3], [r for r in results if r.id in ("s-8",)]) == []  # one priced row: no series
+
+    path = write_rows(tmp_path, rows[:3])
+    out = json.loads(cli("predict", "--validate", path, "--json", check=True).stdout)["scaling_series"]
+    assert out["count"] == 1 and out["series"][0]["gpus"] == [8, 64, 256] and out["aim"] == SERIES_AIM
+    errs = out["series"][0]["errors"]
+    assert out["series"][0]["change"] == pytest.approx(errs[-1] - errs[0])
+    text = " ".join(cli("predict", "--validate", path, check=True).stdout.split())
+    assert "s-8 .. s-256 (llm-foundry, 8 / 64 / 256 GPUs)" in text and f"{(errs[-1] - errs[0]) * 100:+.1f} points" in text
+    assert "leave-one-source-out: not meaningful" in text  # one source: no other to refit the clock on
+
+
+def test_the_held_out_file_is_outside_the_committed_fit_and_holds_six_scaling_series():
+    """validation/held-out-runs.yaml: every row loads, none is in the committed fit's set (each one's
+    error held out), its rows share no id with the fitted file, and its scaling series are the six
+    tables of the recipes (8B at 5 counts, 70B at 6, 405B at 3; bf16 and fp8), each by GPU count."""
+    path = ROOT / "validation" / "held-out-runs.yaml"
+    rows = load_rows(path)
+    assert not {r["id"] for r in rows} & set(BY_ID)
+    results = validate(rows, with_range=False)
+    assert all(r.error is not None and r.in_fit_set is False for r in results)
+    series = scaling_series(rows, results)
+    assert sorted(len(s.gpus) for s in series) == [3, 3, 5, 5, 6, 6]
+    assert all(s.gpus == sorted(s.gpus) and len(set(s.gpus)) == len(s.gpus) for s in series)
 
 
 def test_a_row_over_its_devices_memory_is_priced_and_flagged_with_its_memory_error():

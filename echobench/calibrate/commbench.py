@@ -613,12 +613,14 @@ def host_layouts(world: int, local: int) -> list[tuple[str, str]]:
     return layouts
 
 
-def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[HostPoint]:
+def measure_host(info, dtype: torch.dtype, budget_s: float, local: int,
+                 seconds_out: dict | None = None) -> list[HostPoint]:
     """The host's cost of a step's ops per layout (host_layouts): host_steps of HOST_RUN (tiny,
     micro-batch 1, 16 audio frames) whose device work is a few matmuls of 16 rows, so that the step
     is Python, dispatch, autograd, the layout's hooks and collectives and (GPU) kernel launches;
     echobench.predict spreads what its model does not account for over the step's ops. Each point:
-    this rank's steps (calibrate_comm keeps the slowest rank's). Call on every rank."""
+    this rank's steps (calibrate_comm keeps the slowest rank's); `seconds_out`, where given, gets each
+    layout's timed steps by parallelism (step_jitter reads the single layout's). Call on every rank."""
     gpu = info.device.type == "cuda"
     steps = [(HOST_RUN, layout) for layout in host_layouts(info.world_size, local)]
     if not gpu:
@@ -631,10 +633,20 @@ def measure_host(info, dtype: torch.dtype, budget_s: float, local: int) -> list[
         run = RunConfig(**shape, framework=framework, parallelism=parallelism, device=info.device.type,
                         nodes=nodes, gpus_per_node=world // nodes)
         seconds, ops = host_steps(run, info, dtype, 5 if gpu else 3, 30 if gpu else 15, budget_s / len(steps))
+        if seconds_out is not None and shape is HOST_RUN:
+            seconds_out[parallelism] = list(seconds)
         out.append(HostPoint(**shape, framework=framework, parallelism=parallelism, processes=world, ops=ops,
                              step_s=statistics.median(seconds), step_s_min=min(seconds), step_s_max=max(seconds),
                              iters=len(seconds), source=""))
     return out
+
+
+def step_jitter(per_rank: Sequence[Sequence[float]]) -> float | None:
+    """The relative spread of a rank's steps (hwprofile.StepJitter.cv): each rank's step times over
+    their own median, less 1, pooled over the ranks, their root mean square (None: under two steps on
+    every rank). Each rank's own median, so that a rank slower throughout is not counted as jitter."""
+    deviations = [s / statistics.median(steps) - 1 for steps in per_rank if len(steps) >= 2 for s in steps]
+    return math.sqrt(sum(d * d for d in deviations) / len(deviations)) if deviations else None
 
 
 def slowest(per_rank: list[list], key: str) -> list:

@@ -29,6 +29,7 @@ from echobench.hardware.profile import (
     CommPoint,
     HardwareProfile,
     ProfileError,
+    StepJitter,
     calibrated_profile_path,
     load_profile,
     save_profile,
@@ -177,14 +178,22 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     if kind == "cpu":  # a small run's element-wise tensors stay in the core's cache: its bandwidth there too
         memory += cb.measure_memory(device, CACHE_BYTES, compute_budget_s * 0.1)
     memory.append(optimizer)
+    own_steps: dict[str, list[float]] = {}
     host = cb.measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
-                        compute_budget_s, local)
+                        compute_budget_s, local, own_steps)
+    singles = [own_steps.get("single", [])]  # each rank's own steps, none waiting on another: its jitter
     if grouped:
         everyone = [None] * world
-        dist.all_gather_object(everyone, (gemm, attn, memory, host))
+        dist.all_gather_object(everyone, (gemm, attn, memory, host, singles[0]))
         gemm, attn, memory = (cb.slowest([e[i] for e in everyone], key)
                               for i, key in ((0, "tflops"), (1, "tflops"), (2, "gbps")))
         host = [max(points, key=lambda p: p.step_s) for points in zip(*(e[3] for e in everyone))]  # slowest rank
+        singles = [e[4] for e in everyone]
+    cv = cb.step_jitter(singles)
+    jitter = None if cv is None else StepJitter(
+        cv=min(cv, 0.2), source=f"measured: echobench calibrate --comm, the root mean square of each rank's tiny single "
+                                f"steps (commbench.measure_host) over its own median, less 1, pooled over {len(singles)} "
+                                "rank(s) stepping at once: the host's and device's step-to-step spread at that size")
     if rank != 0:
         return None
     timing = "CUDA events per call" if kind == "cuda" else "host clock per call"
@@ -217,7 +226,7 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
               f"({', '.join(dict.fromkeys(hosts))}), shapes of {shapes_note(runs)}; "
               f"{time.perf_counter() - started:.1f} s"),
         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world if node_count == 1 else 0)) or None,
-        gemm=gemm, attention=attn, memory=memory, host_steps=host, links=links, link_kinds=link_kinds,
+        gemm=gemm, attention=attn, memory=memory, host_steps=host, jitter=jitter, links=links, link_kinds=link_kinds,
         link_notes={"intra": "ranks on one node", "inter": "ranks on different nodes"} if links else {},
         versions={"torch": torch.__version__, "echobench": git_commit(), "cuda": torch.version.cuda, "nccl": nccl},
         date=now_iso(), host=socket.gethostname())

@@ -245,7 +245,7 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
     (crossval), the table (or --json), the errors per source and overall; --write-fit commits the
     fit on every row. Exit 0 when it ran, 1 on bad input."""
     from echobench.predict.crossval import crossval, fit_line, fit_used, refit as refit_on, write_fit as write
-    from echobench.predict.validate import as_json as to_json  # lazy with the rest of predict
+    from echobench.predict.validate import as_json as to_json, scaling_series  # lazy with the rest of predict
 
     try:
         rows = pr.load_rows(path)
@@ -257,8 +257,9 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
     if write_fit:
         console.print(f"wrote {esc(write(cv, path))}", highlight=False)
     used = fit_used(fit, path)  # after --write-fit: the fit the next run prices at
+    series = scaling_series(rows, results, cv["loso_errors"])
     if as_json:
-        print(json.dumps(to_json(results, cv, used), indent=2, default=str))
+        print(json.dumps(to_json(results, cv, used, series), indent=2, default=str))
         return
     at = "IN-SAMPLE, at the fit refitted on its rows" if refit else "at the committed fit"
     wide = Console(width=None if sys.stdout.isatty() else 250)  # a row per run: thirteen columns
@@ -280,10 +281,15 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
                          + (f"{held['rows']} held out: mean |error| {held['mean_abs_error']:.1%}, max "
                             f"{held['max_abs_error']:.1%}" if held["rows"] else "none held out")),
                       highlight=False, soft_wrap=True)
-    console.print(f"leave-one-source-out (the clock refitted on the other sources of {esc(path)}): mean |error| "
-                  + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over {cv['loso']['rows']} rows "
-                     f"of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
-                  highlight=False, soft_wrap=True)
+    if cv["sources"] == 1:  # no other source to fit the clock on: each row would be priced at no clock at all
+        console.print(f"leave-one-source-out: not meaningful for {esc(path)}, whose rows are all of one source (no "
+                      "other source to refit the clock on); the held-out figure is the committed fit's above",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"leave-one-source-out (the clock refitted on the other sources of {esc(path)}): mean |error| "
+                      + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over "
+                         f"{cv['loso']['rows']} rows of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
+                      highlight=False, soft_wrap=True)
     committed = pr.committed_fit()
     if set(committed.fitted_on) == set(cv["in_sample_errors"]) and committed.clock != cv["fit"]:
         console.print(f"the committed fit is stale for these rows (refitted: {esc(cv['fit'])}): rerun with --write-fit",
@@ -294,3 +300,20 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
     if summary["over_memory"]:
         console.print(f"over the device's memory (estimated, priced anyway): {esc(', '.join(summary['over_memory']))}",
                       highlight=False, soft_wrap=True)
+    for line in series_lines(series):
+        console.print(esc(line), highlight=False, soft_wrap=True)
+
+
+def series_lines(series) -> list[str]:
+    """The scaling series (validate.scaling_series) a line each, and how many are within the aim."""
+    from echobench.predict.validate import SERIES_AIM
+
+    if not series:
+        return ["scaling series: none (no source has rows at several GPU counts at constant per-GPU work)"]
+    lines = [f"scaling series (constant per-GPU work; the error's change from the fewest GPUs to the most, aim within "
+             f"+-{SERIES_AIM * 100:.0f} points): {sum(s.within_aim for s in series)} of {len(series)} within"]
+    for s in series:
+        held = "" if s.loso_change is None else f"; held out {s.loso_change * 100:+.1f}"
+        lines.append(f"  {s.ids[0]} .. {s.ids[-1]} ({s.source}, {' / '.join(map(str, s.gpus))} GPUs): "
+                     + " -> ".join(f"{e:+.1%}" for e in s.errors) + f": {s.change * 100:+.1f} points{held}")
+    return lines

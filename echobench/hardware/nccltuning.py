@@ -78,13 +78,14 @@ def protocols(algorithm: str) -> tuple[str, ...]:
     return ("Simple",) if algorithm == "nvls" else PROTOCOLS
 
 
-def latency_us(op: str, algorithm: str, protocol: str, ranks: int, nodes: int) -> float:
-    """NCCL's latency (us) of one call of `op` on `ranks` ranks over `nodes` nodes."""
+def latency_us(op: str, algorithm: str, protocol: str, ranks: int, nodes: int, net_us: float | None = None) -> float:
+    """NCCL's latency (us) of one call of `op` on `ranks` ranks over `nodes` nodes; `net_us`: the
+    latency of a step across the network where measured (a profile's topology), else NCCL's."""
     ppn = max(1, ranks // nodes)
     intra = HOP_LATENCY_US["nvlink"][algorithm][protocol]
     if algorithm == "nvls":  # one node: NCCL's latency is the NVLink hop alone (no base)
         return intra
-    inter = HOP_LATENCY_US["net"]["tree" if ppn == 1 else algorithm][protocol]
+    inter = net_us if net_us is not None else HOP_LATENCY_US["net"]["tree" if ppn == 1 else algorithm][protocol]
     base = BASE_LATENCY_US[algorithm][protocol]
     if algorithm == "tree":
         return base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
@@ -108,10 +109,10 @@ def protocol_gbps(algorithm: str, protocol: str, bus_gbps: float, nodes: int) ->
 
 
 def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bus_bytes: float,
-             nvls: bool = False) -> Choice:
+             nvls: bool = False, net_us: float | None = None) -> Choice:
     """The algorithm and protocol NCCL's tuner would take for a message of `nbytes` (bus_bytes:
     nccl-tests' bus bytes of it on `ranks` ranks), each priced latency + bytes / bandwidth; `nvls`:
-    NVLink SHARP is there (one NVSwitch node)."""
+    NVLink SHARP is there (one NVSwitch node); `net_us`: latency_us'."""
     best = None
     log_size = _log2i(int(nbytes) >> 6) if nbytes >= 64 else -1
     plateau = op == "all_reduce" and nodes > 1 and nbytes / (RING_CHANNELS * ranks) >= 64
@@ -119,7 +120,7 @@ def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bu
         moved = 2 * nbytes if algorithm == "tree" else bus_bytes  # a tree: algorithm bandwidth = bus x 0.5
         for protocol in protocols(algorithm):
             gbps = protocol_gbps(algorithm, protocol, bus_gbps, nodes)
-            lat = latency_us(op, algorithm, protocol, ranks, nodes) * 1e-6
+            lat = latency_us(op, algorithm, protocol, ranks, nodes, net_us) * 1e-6
             if algorithm == "tree" and 0 <= log_size < 23:
                 gbps *= TREE_CORRECTION[protocol][log_size]
             if algorithm == "ring" and protocol == "Simple" and plateau:
@@ -130,6 +131,6 @@ def cheapest(op: str, nbytes: float, ranks: int, nodes: int, bus_gbps: float, bu
     return best
 
 
-def least_latency_s(op: str, ranks: int, nodes: int, nvls: bool = False) -> float:
+def least_latency_s(op: str, ranks: int, nodes: int, nvls: bool = False, net_us: float | None = None) -> float:
     """NCCL's smallest latency of a call (a message of no bytes takes its cheapest algorithm and protocol)."""
-    return min(latency_us(op, a, p, ranks, nodes) for a in algorithms(op, nvls) for p in protocols(a)) * 1e-6
+    return min(latency_us(op, a, p, ranks, nodes, net_us) for a in algorithms(op, nvls) for p in protocols(a)) * 1e-6

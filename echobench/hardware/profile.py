@@ -21,8 +21,11 @@ A profile holds, for one device and compute dtype:
   (all_reduce, all_gather, reduce_scatter) an alpha-beta fit, latency alpha_s and bus bandwidth
   bus_gbps, with the raw points it was fitted to and the kind of group it was taken on (group_size,
   per_node); link_kinds: fits of further kinds (calibrate fits one-rank-per-node groups apart);
-  topology: the node's NICs and whether its NVLink is switched or pairwise; collective_cost() is a
-  call's time on a group of any size and kind (the collective cost model below);
+  topology: the node's NICs and whether its NVLink is switched or pairwise, the latency of a network
+  step where measured, and the spine's oversubscription where links are shared; collective_cost() is
+  a call's time on a group of any size and kind (the collective cost model below);
+- jitter: each rank's step-to-step spread, whose maximum over a step's ranks is the straggler
+  term (straggler_share);
 - where and when: versions, date, host, and `measured` (False for the shipped profiles in
   profiles/, gathered from datasheets and public measurements, not measured by echobench).
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -219,6 +223,24 @@ class Topology(_Strict):
 
     nics_per_node: Optional[int] = Field(None, ge=1)
     nvlink: Literal["switch", "direct"] = "switch"
+    # The latency one step of a ring (or a tree's hop) across the network adds, every protocol alike
+    # (None: NCCL's own per-protocol figures, nccltuning.HOP_LATENCY_US "net"); `source` says where from.
+    net_step_latency_s: Optional[float] = Field(None, gt=0, le=1e-3)
+    # Links shared past a leaf switch: a group over more than nodes_per_leaf nodes crosses the spine,
+    # which carries 1 / oversubscription of what the leaves' nodes inject (1: non-blocking, not shared).
+    nodes_per_leaf: Optional[int] = Field(None, ge=1)
+    oversubscription: float = Field(1.0, ge=1.0, le=16.0)
+    source: str
+
+
+class StepJitter(_Strict):
+    """How much one rank's step time varies from step to step, as a share of the step: `cv` the
+    standard deviation over the mean, each rank's steps independent draws of `distribution`. A
+    synchronous step ends with its slowest rank: straggler_share. `echobench calibrate --comm`
+    measures it from every rank's own steps (commcalibrate.step_jitter); `source` says where from."""
+
+    cv: float = Field(ge=0, le=0.2)
+    distribution: Literal["gaussian"] = "gaussian"
     source: str
 
 
@@ -243,6 +265,7 @@ class HardwareProfile(_Strict):
     links: dict[Link, dict[Op, AlphaBeta]] = {}
     link_kinds: dict[Link, dict[Op, list[AlphaBeta]]] = {}  # fits of further kinds of group (ranks per node)
     topology: Optional[Topology] = None  # NICs per node, NVLink switch or pairwise (None: price as measured)
+    jitter: Optional[StepJitter] = None  # each rank's step-to-step spread (None: none priced)
     link_notes: dict[Link, str] = {}  # what each link class is (NVLink via NVSwitch, Slingshot-11, ...)
     versions: dict[str, Optional[str]] = {}  # torch, echobench git commit, nccl, cuda
     date: str
@@ -310,10 +333,17 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
         return CollectiveCost(fit.alpha_s + bus_bytes / (gbps * 1e9), fit.alpha_s, gbps, "alpha-beta", "", fit)
     nodes0, _ = group_layout(profile, link, size0, ppn0)
     nvls = link == "intra" and profile.topology is not None and profile.topology.nvlink == "switch"
-    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls))
-    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls)
+    net_us = net_step_us(profile)
+    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls, net_us))
+    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls, net_us)
     return CollectiveCost(fixed + choice.seconds, fixed + choice.latency_s, choice.bus_gbps, choice.algorithm,
                           choice.protocol, fit)
+
+
+def net_step_us(profile: HardwareProfile) -> float | None:
+    """The profile's latency per network step in microseconds (None: NCCL's own figures)."""
+    top = profile.topology
+    return None if top is None or top.net_step_latency_s is None else top.net_step_latency_s * 1e6
 
 
 def nccl_priced(profile: HardwareProfile) -> bool:
@@ -369,6 +399,8 @@ def link_share(profile: HardwareProfile, link: str, group_size: int, per_node: i
     more NICs than it has ranks on the node (NCCL's rings of one GPU run through that GPU's own
     NIC, rail-aligned; PXN reaches another GPU's NIC over NVLink, but that NIC carries its own
     GPU's group): min(per_node, nics, nics x per_node / gpus_per_node) / nics.
+    Past a leaf switch, where the topology says the spine is shared, that share over its
+    oversubscription (spine_contention).
     Within a node: NVSwitch gives any group each GPU's whole NVLink bandwidth; pairwise-wired
     GPUs (topology.nvlink direct) give a group of k of the node's g GPUs (k - 1) / (g - 1) of it."""
     top, gpn = profile.topology, profile.gpus_per_node
@@ -380,7 +412,17 @@ def link_share(profile: HardwareProfile, link: str, group_size: int, per_node: i
         return 1.0
     share = min(per_node, gpn) / gpn
     nics = top.nics_per_node
-    return min(share, min(per_node, nics) / nics) if nics else share
+    share = min(share, min(per_node, nics) / nics) if nics else share
+    return share / spine_contention(top, -(-group_size // max(1, per_node)))
+
+
+def spine_contention(top: Topology, nodes: int) -> float:
+    """How many times more traffic than bandwidth a group over `nodes` nodes meets where it crosses
+    the spine (the topology's oversubscription once the group spans more nodes than a leaf holds;
+    1 where the topology says nothing is shared: no leaf size, or a non-blocking spine)."""
+    if top.nodes_per_leaf is None or nodes <= top.nodes_per_leaf:
+        return 1.0
+    return top.oversubscription
 
 
 def link_fit(profile: HardwareProfile, op: str, link: str) -> AlphaBeta:
@@ -389,6 +431,32 @@ def link_fit(profile: HardwareProfile, op: str, link: str) -> AlphaBeta:
     except KeyError:
         have = ", ".join(f"{lk}:{o}" for lk, ops in profile.links.items() for o in ops) or "none"
         raise KeyError(f"profile {profile.name!r} has no {link} {op} fit (it has {have})") from None
+
+
+# ---- stragglers ----
+
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal draws]: 0 for one, 1 / sqrt(pi) for two, about
+    sqrt(2 ln n) for many (slowly from below); integrated numerically, x n phi(x) Phi(x)^(n-1)."""
+    if n <= 1:
+        return 0.0
+    h, total = 0.005, 0.0
+    for i in range(-2400, 2401):  # -12 .. 12 standard deviations
+        x = i * h
+        density = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        below = 0.5 * (1 + math.erf(x / math.sqrt(2)))  # the chance one draw is under x
+        total += x * n * density * below ** (n - 1)
+    return total * h
+
+
+def straggler_share(profile: HardwareProfile, ranks: int) -> float:
+    """The share of a synchronous step its slowest of `ranks` ranks adds (0: the profile has no
+    jitter, or one rank): each rank's step a Gaussian draw of the profile's relative spread cv, the
+    step the expected maximum, cv x expected_max_normal(ranks)."""
+    if profile.jitter is None or ranks <= 1:
+        return 0.0
+    return profile.jitter.cv * expected_max_normal(ranks)
 
 
 # ---- lookups (the GEMM, attention and element-wise rates are echobench.hardware.devicerates') ----

@@ -3,7 +3,7 @@ hardware profile (echobench.hardware.profile), and its residual against measured
 
 Per rank and step (docs/explanation/predict.md):
 
-    device  = forward + backward + optimizer + exposed communication
+    device  = (forward + backward + optimizer + exposed communication) x (1 + straggler share)
     forward = sum over the step's GEMMs of 2 m n k / gemm_tflops(m, n, k)        (flops.py's matmuls,
               + attention FLOPs / attention_tflops(seq_q, seq_k, kernel)        at the run's rows,
               + element-wise bytes / memory_gbps                                TP-split per rank)
@@ -26,7 +26,12 @@ exposed), HSDP's replica all-reduce likewise; the frame-count all-reduce overlap
 collectives and the gradient-norm all-reduce are on the critical path. Exposed = the unhideable
 part + max(0, the rest - the compute of the phase it overlaps). Gradient accumulation: each
 micro-batch's compute, host ops and collectives grad_accum times, the once-per-step collectives
-(the gradients' reductions and norms, traffic.Traffic.once) and the optimizer once.
+(the gradients' reductions and norms, traffic.Traffic.once) and the optimizer once. A profile's
+measured latency per network step (topology.net_step_latency_s) replaces NCCL's; where its topology
+says the spine is shared (nodes_per_leaf, oversubscription) a group spanning more nodes than a leaf
+holds gets that share of the bandwidth. Stragglers: the step ends with the slowest of the run's ranks,
+each rank's step a Gaussian draw of the profile's jitter (cv): x (1 + cv x E[max of N standard
+normals]) (hwprofile.straggler_share; none without a jitter).
 
 The device's rates are echobench.hardware.devicerates' (each with its source). GEMM rates: a measured shape
 within 10% of the GEMM's stands for it (a calibration measures the run's own); else, where the

@@ -5,10 +5,12 @@ the defaults it leaves out (frameworks.py).
 
     micro   = (forward + backward) / micro-batches + exposed(a micro-batch's collectives)
     compute = micro x micro-batches x (1 + the pipeline bubble (p - 1) / (v m))   (pipeline.py)
-    device  = compute + the once-a-step collectives exposed against the last micro-batch (under
+    sync    = compute + the once-a-step collectives exposed against the last micro-batch (under
               Megatron's interleaved schedule the gradient reduction per model chunk, against the
               backward of the chunks after it: pipeline.interleaved_grad_exposed)
               + pipeline point-to-point exposed + optimizer
+    device  = sync x (1 + the straggler share of the layout's GPUs)   (hwprofile.straggler_share; 0
+              where the profile has no jitter)
     host    = the host's ops (card_work.HOST_OPS_*, counted) x the profile's cost per op (0 where none)
     step    = max(device, host)   (a GPU's host queues kernels ahead of the device)
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from echobench.hardware.devicerates import run_fit
-from echobench.hardware.profile import HardwareProfile
+from echobench.hardware.profile import HardwareProfile, straggler_share
 from echobench.predict.card import Layout, ModelCard
 from echobench.predict.card_memory import card_memory_gib
 from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
@@ -123,7 +125,9 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     compute = pipeline_seconds(micro_s, layout.pp, layout.vp, acc, micro_s - head_s * (1 - 1 / layout.pp))
     p2p_all, p2p_one = p2p_seconds(card, layout, rates)
     p2p = 2 * p2p_one if opts["overlap_p2p_comm"] and layout.vp > 1 else p2p_all
-    device = compute + last + p2p + dev["optimizer"]
+    synchronous = compute + last + p2p + dev["optimizer"]
+    straggler = synchronous * straggler_share(profile, layout.gpus)  # the slowest rank's lead (hwprofile)
+    device = synchronous + straggler
     per_op, host_note = profile_host_per_op(profile)
     host = work.host_ops * per_op
     step = max(device, host)
@@ -156,7 +160,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
              "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
              "gaps": dev["gap_forward"] + dev["gap_backward"], "optimizer": dev["optimizer"],
              "communication": per_micro * acc + last + p2p, "bubble": compute - (fwd + bwd + per_micro * acc),
-             "host": max(0.0, host - device)}
+             "straggler": straggler, "host": max(0.0, host - device)}
     mfu_row = None
     if row_flops_per_token is not None and row_peak_tflops:
         mfu_row = mfu_of(row_flops_per_token * tokens, step, layout.gpus, row_peak_tflops)

@@ -103,10 +103,10 @@ def row_fits(rows: Sequence[Mapping], profiles: dict[str, HardwareProfile]) -> l
     return out
 
 
-def crossval(rows: Sequence[Mapping]) -> dict:
+def crossval(rows: Sequence[Mapping], profiles: dict[str, HardwareProfile] | None = None) -> dict:
     """Leave-one-source-out and in-sample errors, per source and overall, the fits, and the
-    residual quantiles of the intervals."""
-    profiles: dict[str, HardwareProfile] = {}
+    residual quantiles of the intervals; `profiles`: validate's."""
+    profiles = {} if profiles is None else profiles
     fits = row_fits(rows, profiles)
     by_id = {r["id"]: r for r in rows}
     sources = list(dict.fromkeys(f.source for f in fits))
@@ -114,10 +114,11 @@ def crossval(rows: Sequence[Mapping]) -> dict:
     for s in sources:
         f = fit([r for r in fits if r.source != s], f"fitted leaving out {s}")
         folds[s] = f.clock
-        held = validate([by_id[r.id] for r in fits if r.source == s], terms=f)
+        held = validate([by_id[r.id] for r in fits if r.source == s], terms=f, profiles=profiles)
         loso.update({v.id: v.error for v in held if v.error is not None})
     everything = fit(fits, "fitted on every row")
-    inside = {v.id: v.error for v in validate([by_id[r.id] for r in fits], terms=everything) if v.error is not None}
+    inside = {v.id: v.error for v in validate([by_id[r.id] for r in fits], terms=everything, profiles=profiles)
+              if v.error is not None}
     per_source = {s: {"rows": sum(f.source == s for f in fits), "clock_fitted_without_it": folds[s],
                       "clock_needed": clocks_needed([f for f in fits if f.source == s]),
                       "loso": error_summary([loso[f.id] for f in fits if f.source == s]),

@@ -40,9 +40,10 @@ def predicted_shares(p: Prediction) -> dict[str, float]:
     host = {"gemm": calls["gemm"] * per_op, "attention": calls["attention"] * per_op,
             "optimizer": ops["optimizer"] * per_op}
     host["other"] = p.parts["host"] - sum(host.values())
+    # waiting on the slowest rank (the straggler part) is idle in a breakdown: other
     seconds = {"gemm": p.parts["gemm"] + host["gemm"], "attention": p.parts["attention"] + host["attention"],
                "optimizer": p.parts["optimizer"] + host["optimizer"], "communication": p.parts["communication"],
-               "other": p.parts["elementwise"] + host["other"]}
+               "other": p.parts["elementwise"] + p.parts["straggler"] + host["other"]}
     return {k: v / p.step_time_s for k, v in seconds.items()}
 
 

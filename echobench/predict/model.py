@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from echobench.records.config import RunConfig, run_id
 from echobench.model.flops import hardware_flops, model_flops
 from echobench.hardware.devicerates import InStepFit, run_fit
-from echobench.hardware.profile import HardwareProfile
+from echobench.hardware.profile import HardwareProfile, straggler_share
 from echobench.backends import layout_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.predict.intervals import interval
@@ -115,9 +115,11 @@ def _device(cfg: RunConfig, rates: Rates) -> dict:
     windows = {"forward": 0.0, "backward": 0.0} if is_cpu(rates.profile) else {"forward": fwd, "backward": bwd}
     hidden = exposed_accumulated(comm, windows, n)
     exposed_s = sum(hidden.values())
+    synchronous = n * (fwd + bwd) + dev["optimizer"] + exposed_s
+    straggler = synchronous * straggler_share(rates.profile, cfg.world_size)  # the slowest rank's lead
     return {"dev": {k: v if k == "optimizer" else n * v for k, v in dev.items()}, "forward": n * fwd,
             "backward": n * bwd, "comm": accumulated(comm, n), "exposed": hidden, "exposed_s": exposed_s,
-            "device": n * (fwd + bwd) + dev["optimizer"] + exposed_s}
+            "straggler": straggler, "device": synchronous + straggler}
 
 
 def _device_step(cfg: RunConfig, rates: Rates) -> float:
@@ -156,7 +158,7 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
     parts = {"gemm": dev["gemm_forward"] + dev["gemm_backward"],
              "attention": dev["attention_forward"] + dev["attention_backward"],
              "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
-             "optimizer": dev["optimizer"], "communication": mid["exposed_s"],
+             "optimizer": dev["optimizer"], "communication": mid["exposed_s"], "straggler": mid["straggler"],
              "host": mid["host"] if is_cpu(profile) else max(0.0, mid["host"] - mid["device"])}
     notes = _notes(cfg, profile, terms)
     if sequence_parallel:

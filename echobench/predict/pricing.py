@@ -290,14 +290,36 @@ def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:
     return notes
 
 
+# A tiled attention kernel runs its forward faster than its forward + backward average, the rate a
+# profile's attention point gives (echobench's count: backward 2x the forward). FlashAttention-3 and
+# cuDNN on H100 run the forward at 1.29 .. 1.35 x that average at 4k .. 16k tokens (the FA3 paper's
+# Fig. 5c / 6b, which the shipped points cite: cuDNN 609 / 451, 600 / 462, 595 / 460; FA3 638 / 485,
+# 646 / 498, 648 / 500 TFLOP/s), more at shorter sequences (1.37 .. 1.69 at 512 .. 2k); the long
+# sequences' 1.3 is taken for every tiled kernel. The forward, and a recompute's re-run of it, is
+# priced at that multiple and the backward at the rate that keeps forward + backward at the point's,
+# so a step that re-runs nothing is priced as the point says. Standard attention (`math`, unfused
+# matmuls and softmax) runs its forward no faster (139 against 143 at 8k, same figures): no split.
+FORWARD_OVER_MIX = 1.3
+TILED_ATTENTION = frozenset({"flash2", "flash3", "cudnn", "triton", "flex", "efficient"})
+
+
+def attention_phase_factor(kernel: str | None, phase: str) -> float:
+    """The multiple of a point's forward + backward rate that `phase` of `kernel`'s attention runs
+    at (FORWARD_OVER_MIX): forward and recompute faster, backward slower, 1 for untiled kernels."""
+    if kernel not in TILED_ATTENTION:
+        return 1.0
+    return FORWARD_OVER_MIX if phase in ("forward", "recompute") else 2 / (3 - 1 / FORWARD_OVER_MIX)
+
+
 def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates: Rates,
                  kernel: str | None = None, compiled: bool = False, kernels: tuple[float, float] = (0, 0),
                  tensor_bytes: float | None = None, mixes: dict | None = None) -> dict[str, float]:
     """The device's seconds of one step's work by phase and kind (no communication), whatever model
-    it is of: GEMMs at the profile's rate of their precision and attention of `kernel`, the
-    element-wise bytes (forward, backward) at its memory bandwidth (`compiled`: Triton's kernels),
-    the optimizer's bytes of `params` parameters, and the device's idle gap (devicerates.kernel_gap)
-    after each of `kernels` launches (forward, backward: `gap_forward`, `gap_backward`);
+    it is of: GEMMs at the profile's rate of their precision and attention of `kernel` (its forward
+    and backward apart: attention_phase_factor), the element-wise bytes (forward, backward) at its
+    memory bandwidth (`compiled`: Triton's kernels), the optimizer's bytes of `params` parameters,
+    and the device's idle gap (devicerates.kernel_gap) after each of `kernels` launches (forward,
+    backward: `gap_forward`, `gap_backward`);
     `tensor_bytes`: the size of the element-wise ops' tensors (Rates.memory_gbps' nearest point);
     `mixes`: per attention part, the kernels its calls take and their shares (else all `kernel`)."""
     factor = rates.compute_factor
@@ -308,7 +330,8 @@ def work_seconds(mm, att, elementwise: tuple[float, float], params: float, rates
     for a in att:
         for k, share in (mixes or {}).get(a.part, {kernel: 1.0}).items():
             out[f"attention_{'forward' if a.phase == 'forward' else 'backward'}"] += \
-                share * a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, k) * 1e12)
+                share * a.flops / (rates.attention_tflops(a.seq_q, a.seq_k, a.head_dim, a.causal, k) * 1e12
+                                   * attention_phase_factor(k, a.phase))
     gbps = rates.memory_gbps("triton" if compiled else "add", tensor_bytes) * 1e9
     fwd, bwd = elementwise
     out["elementwise_forward"] = fwd / gbps

@@ -20,10 +20,15 @@ Each row's interval is that range widened by the model's leave-one-source-out re
 The rows are priced at the committed fit (validation/fit.json) unless a fit is given (crossval.py
 refits on a file's own rows: in-sample); each row says whether it is among the fit's rows. A row's
 memory per GPU (card_memory) is checked against its device's: one that exceeds it is priced but
-flagged, and where the row publishes its memory (published.memory_gib) the estimate's error is given."""
+flagged, and where the row publishes its memory (published.memory_gib) the estimate's error is given.
+
+A scaling series (scaling_series) is a source's rows at several GPU counts at constant per-GPU work:
+how the error moves from the fewest GPUs to the most says whether what grows with the cluster is
+priced (SERIES_AIM: within 5 points either way)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -51,6 +56,7 @@ SECTIONS = {"id": None, "source": {"name", "repo", "commit", "path", "line", "ta
 REQUIRED = {"source": ("name", "repo", "commit"), "hardware": ("profile", "gpus", "gpus_per_node"),
             "published": ("convention",)}
 ASSUMED_HARDWARE = ("hardware.clock", "hardware.network")
+SERIES_AIM = 0.05  # a scaling series' error may move by this much from its fewest GPUs to its most
 
 
 def _llm_foundry(card: ModelCard, layout: Layout) -> float:
@@ -408,9 +414,11 @@ def check_memory(out: ValidationRow, card: ModelCard, layout: Layout, profile: H
                          f"GiB of {profile.device}: priced as published, flagged")
 
 
-def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True, quantiles=None) -> list[ValidationRow]:
-    """Every row predicted or refused, in the file's order (validate_row)."""
-    profiles: dict[str, HardwareProfile] = {}
+def validate(rows: Sequence[Mapping], terms=None, with_range: bool = True, quantiles=None,
+             profiles: dict[str, HardwareProfile] | None = None) -> list[ValidationRow]:
+    """Every row predicted or refused, in the file's order (validate_row); `profiles`: the profiles by
+    name to price at where not the shipped ones (loaded as needed)."""
+    profiles = {} if profiles is None else profiles
     return [validate_row(row, profiles, terms, with_range, quantiles) for row in rows]
 
 
@@ -439,12 +447,77 @@ def validation_summary(results: Sequence[ValidationRow]) -> dict:
             "over_memory": [r.id for r in priced if r.over_memory]}
 
 
-def as_json(results: Sequence[ValidationRow], crossval: dict | None = None, fit: dict | None = None) -> dict:
-    """--json: the rows (each with `over_memory`), the summary, the cross-validation and the fit the
-    rows were priced at (crossval.fit_used)."""
+@dataclass
+class ScalingSeries:
+    """A source's rows at several GPU counts at constant per-GPU work, by GPU count: their errors at
+    the fit they were priced at and held out (leave-one-source-out; None where not cross-validated)."""
+
+    source: str
+    ids: list[str]
+    gpus: list[int]
+    errors: list[float]
+    loso_errors: list[float | None]
+
+    @property
+    def change(self) -> float:
+        """The error at the most GPUs minus the error at the fewest (a fraction: 0.05 is 5 points)."""
+        return self.errors[-1] - self.errors[0]
+
+    @property
+    def loso_change(self) -> float | None:
+        first, last = self.loso_errors[0], self.loso_errors[-1]
+        return None if first is None or last is None else last - first
+
+    @property
+    def within_aim(self) -> bool:
+        return abs(self.change) <= SERIES_AIM
+
+
+def per_gpu_work(row: Mapping) -> str:
+    """What a row's GPUs each do, as a key: its source, model, run and hardware but the GPU count
+    and the global batch, and the global batch per GPU (rows with the same key differ only in how
+    many GPUs share the work: a scaling series)."""
+    run = {k: v for k, v in row["run"].items() if k != "global_batch"}
+    hw = {k: v for k, v in row["hardware"].items() if k != "gpus"}
+    share = row["run"].get("global_batch", 0) / row["hardware"]["gpus"]
+    return json.dumps([row["source"].get("name"), hw, row["model"], run, share], sort_keys=True, default=str)
+
+
+def scaling_series(rows: Sequence[Mapping], results: Sequence[ValidationRow],
+                   loso: Mapping[str, float] | None = None) -> list[ScalingSeries]:
+    """The scaling series among the priced rows (per_gpu_work equal, at two or more GPU counts), in
+    the file's order, each by GPU count; `loso`: the rows' leave-one-source-out errors by id."""
+    priced = {r.id: r for r in results if r.error is not None}
+    groups: dict[str, list[tuple[int, int, str]]] = {}
+    for i, row in enumerate(rows):
+        if row["id"] in priced:
+            groups.setdefault(per_gpu_work(row), []).append((row["hardware"]["gpus"], i, row["id"]))
+    out = []
+    for members in groups.values():
+        if len({g for g, _, _ in members}) < 2:
+            continue
+        members.sort()
+        ids = [rid for _, _, rid in members]
+        out.append(ScalingSeries(priced[ids[0]].source, ids, [g for g, _, _ in members],
+                                 [priced[i].error for i in ids], [(loso or {}).get(i) for i in ids]))
+    return out
+
+
+def series_json(series: Sequence[ScalingSeries]) -> dict:
+    """The scaling series for --json: each with its change (and held out), and how many are within SERIES_AIM."""
+    return {"aim": SERIES_AIM, "within_aim": sum(s.within_aim for s in series), "count": len(series),
+            "series": [{**asdict(s), "change": s.change, "loso_change": s.loso_change, "within_aim": s.within_aim}
+                       for s in series]}
+
+
+def as_json(results: Sequence[ValidationRow], crossval: dict | None = None, fit: dict | None = None,
+            series: Sequence[ScalingSeries] = ()) -> dict:
+    """--json: the rows (each with `over_memory`), the summary, the cross-validation, the fit the
+    rows were priced at (crossval.fit_used) and the scaling series (series_json)."""
     clean = [{**{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(r).items()},
               "over_memory": r.over_memory} for r in results]
-    return {"rows": clean, "summary": validation_summary(results), "crossval": crossval, "fit": fit}
+    return {"rows": clean, "summary": validation_summary(results), "crossval": crossval, "fit": fit,
+            "scaling_series": series_json(series)}
 
 
 def replace_run(row: Mapping, **run) -> dict:
