@@ -22,6 +22,7 @@ import torch.distributed as dist
 from echobench.calibrate import commbench as cb
 from echobench.hardware.commfit import fit_links
 from echobench.records.config import FIELDS, RunConfig
+from echobench.records.layout import Layout
 from echobench.train.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
 from echobench.hardware.device import default_dtype, device_name, git_commit, now_iso
 from echobench.hardware.profile import (
@@ -181,7 +182,8 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     own_steps: dict[str, list[float]] = {}
     host = cb.measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
                         compute_budget_s, local, own_steps)
-    singles = [own_steps.get("single", [])]  # each rank's own steps, none waiting on another: its jitter
+    # each rank's own steps, none waiting on another: its jitter
+    singles = [next((v for k, v in own_steps.items() if Layout.parse(k).single), [])]
     if grouped:
         everyone = [None] * world
         dist.all_gather_object(everyone, (gemm, attn, memory, host, singles[0]))
