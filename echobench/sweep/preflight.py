@@ -87,7 +87,9 @@ def preflight_spec(matrix: Matrix, runs: list[PlannedRun], executor: str) -> dic
             "nproc": max(r.cfg.gpus_per_node for r in runs), "expect_gpus": gpus, "device": "cuda" if gpus else "cpu",
             "device_name": matrix.spec.hardware.device, "imports": list(dict.fromkeys([*RUN_PATH, *extras])),
             "numa_binding": slurm.numa_binding, "compile": any(r.cfg.may_compile() for r in runs), "fabric": slurm.fabric,
-            "bytes": 64 << 20 if gpus else 1 << 20, "timeout_s": CHECKS_S, "echobench": source_identity()}
+            "bytes": 64 << 20 if gpus else 1 << 20, "timeout_s": CHECKS_S,
+            # its version and commit, not where it lies: the job names no path of the submitting checkout
+            "echobench": {k: v for k, v in source_identity().items() if k != "path"}}
 
 
 def limit_s(matrix: Matrix) -> int:

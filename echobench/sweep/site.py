@@ -9,9 +9,11 @@ command with `--site FILE` (which takes the place of the matrix's own `site:`); 
     executor                   the matrix's, else the site's
     slurm / local / hardware   key by key: a key the matrix sets replaces the site's, whole (a list
                                such as setup, a mapping such as container or rendezvous); a key
-                               the matrix sets to null drops the site's (back to the default)
+                               the matrix leaves out or sets to null keeps the site's
     slurm.env                  variable by variable: the matrix's variables are added to the
                                site's, and one both set takes the matrix's value
+    slurm's interpreter        venv, python, container and uenv are one choice: a matrix that
+                               sets any of them replaces all of the site's
 
 Every setting's origin (the site file, the matrix, else a default) is kept for `plan` to say.
 """
@@ -28,6 +30,7 @@ from echobench.sweep.matrix import (ExecutorName, HardwareSettings, LocalSetting
 
 SECTIONS = ("slurm", "local", "hardware")  # a site's sections besides `executor`, merged key by key
 MERGED_BY_KEY = ("env",)  # slurm's mappings merged key by key; every other key is replaced whole
+ONE_CHOICE = ("venv", "python", "container", "uenv")  # where the ranks' interpreter comes from: one slot
 
 
 class SiteFile(Strict):
@@ -90,13 +93,12 @@ def merge_site(site: dict, data: dict, site_label: str, data_label: str = "matri
 
 def _merge_section(section: str, ours: dict, theirs: dict, labels: tuple[str, str], origins: dict) -> dict:
     site_label, data_label = labels
+    theirs = {k: v for k, v in theirs.items() if v is not None}  # null: not set here
+    if section == "slurm" and any(k in theirs for k in ONE_CHOICE):
+        ours = {k: v for k, v in ours.items() if k not in ONE_CHOICE}
     out = dict(ours)
     origins.update({f"{section}.{key}": site_label for key in ours})
     for key, value in theirs.items():
-        if value is None:  # null: back to the default
-            out.pop(key, None)
-            origins.pop(f"{section}.{key}", None)
-            continue
         both = key in MERGED_BY_KEY and isinstance(value, dict) and isinstance(ours.get(key), dict)
         out[key] = {**ours[key], **value} if both else value
         origins[f"{section}.{key}"] = f"{site_label} + {data_label}" if both else data_label

@@ -195,7 +195,7 @@ def source_identity() -> dict:
 
 def _identity_text(ident: dict) -> str:
     commit = f"commit {ident['commit'][:12]}" if ident.get("commit") else "no commit known"
-    return f"echobench {ident['version']} ({commit}) from {ident['path']}"
+    return f"echobench {ident['version']} ({commit})" + (f" from {ident['path']}" if ident.get("path") else "")
 
 
 def check_source(want: dict | None) -> Check:

@@ -230,6 +230,9 @@ def job_environment(slurm) -> list[str]:
     paths = import_path(slurm)
     checkout = slurm.pythonpath is None and bool(paths)  # the submitting checkout's route
     lines = [f"PYTHON={q(job_python(slurm))}"]
+    if not checkout:  # sbatch passes the submitter's environment on, and starts the job in its folder (a
+        # checkout, which `python -m` would import first): neither is the site's import path
+        lines += ["unset PYTHONPATH", "export PYTHONSAFEPATH=1"]
     path_line = f"export PYTHONPATH={q(':'.join(paths))}${{PYTHONPATH:+:$PYTHONPATH}}" if paths else ""
     if path_line and not (checkout and slurm.setup):
         lines.append(path_line)
