@@ -47,7 +47,7 @@ HINTS = [
     (r"pyxis|enroot", "the container did not start: check slurm.container.image (`enroot import` it by hand to see why)"),
     (r"uenv", "the uenv did not start: check slurm.uenv (`uenv image ls` on a login node)"),
     (r"environment|EDF|\.toml", "the Container Engine did not start: check the EDF named in slurm.container.image"),
-    (r"command not found|No such file or directory|cannot execute", "slurm.python: no such interpreter on the nodes"),
+    (r"command not found|No such file or directory|cannot execute", "slurm.venv or slurm.python: no such interpreter on the nodes (the nodes' path, made for their architecture)"),
 ]
 
 
