@@ -75,6 +75,8 @@ def test_a_bad_site_is_one_line_naming_the_key_and_the_nearest(tmp_path):
     write(bad, {"slurm": {"partiton": "gpu"}})
     proc = run_cli("plan", tmp_path / "m.yaml", "--site", bad, tmp_path=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "partiton" in proc.stderr
+    proc = run_cli("plan", ROOT / "sites" / "hgx-pyxis.yaml", tmp_path=tmp_path)  # a site given as the matrix
+    assert proc.returncode == 2 and "this is a site file" in proc.stderr and "--site " in proc.stderr
 
 
 def test_one_site_two_matrices_and_site_flag_over_the_key(tmp_path):

@@ -496,6 +496,8 @@ def wrong_kind_of_file(data: dict, path: Path, expected: str) -> str | None:
     keys = set(data)
     if "name" not in keys and keys and keys <= set(FIELDS):
         return f"{path}: this is a run file (run settings only): `echobench run --config {path}`"
+    if "name" not in keys and keys and keys <= {"executor", "slurm", "local", "hardware"}:
+        return f"{path}: this is a site file (the cluster's sections only): `--site {path}`, or site: in a {expected} file"
     if expected == "matrix" and keys & TUNE_ONLY_KEYS and not keys & MATRIX_ONLY_KEYS:
         return f"{path}: this is a tune file ({', '.join(sorted(keys & TUNE_ONLY_KEYS))}): `echobench tune {path}`"
     if expected == "tune" and keys & MATRIX_ONLY_KEYS and not keys & TUNE_ONLY_KEYS:
