@@ -53,7 +53,7 @@ def test_the_matrix_wins_key_by_key_env_by_variable_and_the_interpreter_as_one_c
     assert s.env == {"A": "site", "B": "matrix", "C": "matrix"} and s.setup == ["module load a"]
     assert s.container.image == "/img.sqsh" and s.venv is None  # the matrix's container replaces the site's venv
     assert s.rendezvous.suffix == "i" and m.spec.hardware.device == "GH200" and m.spec.hardware.peak_tflops == 1.5
-    site = f"site {tmp_path / 'm' / '../sites/c.yaml'}"
+    site = f"site {tmp_path / 'sites' / 'c.yaml'}"
     o = m.origins
     assert (o["executor"], o["slurm.partition"], o["slurm.time"], o["slurm.account"]) == (site, site, "matrix", site)
     assert (o["slurm.env.A"], o["slurm.env.B"], o["slurm.env.C"]) == (site, "matrix", "matrix")

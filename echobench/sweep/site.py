@@ -20,6 +20,7 @@ Every setting's origin (the site file, the matrix, else a default) is kept for `
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -68,7 +69,8 @@ def site_path(matrix_path: Path, data: dict, flag: Path | None) -> Path | None:
     if not isinstance(named, str) or not named.strip():
         raise MatrixError(f"{matrix_path}: site: the path of a site file (relative to this file), e.g. "
                           f"site: ../sites/my-cluster.yaml")
-    return named_path if (named_path := Path(named)).is_absolute() else matrix_path.parent / named_path
+    # normpath: plan names it as sites/x.yaml, not matrices/../sites/x.yaml
+    return Path(os.path.normpath(Path(named) if Path(named).is_absolute() else matrix_path.parent / named))
 
 
 def merge_site(site: dict, data: dict, site_label: str, data_label: str = "matrix") -> tuple[dict, dict[str, str]]:
