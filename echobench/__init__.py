@@ -21,6 +21,8 @@ report, tune and calibrate are one layer (none imports another), as are hardware
 Measuring ends with train (a run's record); scheduling starts with sweep.
 """
 
+__version__ = "0.1.0"  # pyproject.toml reads it; preflight holds every node's against the submitter's
+
 # Top to bottom; packages on one line are siblings (neither imports the other).
 LAYERS = (
     ("cli",),

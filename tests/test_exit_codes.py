@@ -178,7 +178,7 @@ def test_interrupted(tmp_path, monkeypatch):
     monkeypatch.setattr("echobench.sweep.preflight.run_preflight",
                         lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(typer.Exit) as stopped:
-        cli_sweep.preflight_command(tmp_path / "m.yaml", None, tmp_path / "p", [], None, dry_run=False)
+        cli_sweep.preflight_command(tmp_path / "m.yaml", None, tmp_path / "p", [], None, dry_run=False, site=None)
     assert stopped.value.exit_code == 130
     # `status --wait`: Ctrl-C while it waits
     monkeypatch.setattr("echobench.sweep.status.status", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -144,7 +144,7 @@ def test_repeats_run_every_run_n_times_with_distinct_ids():
 # ---- validation errors: the file, the key, what is allowed ----
 
 @pytest.mark.parametrize("text, expected", [
-    ("name: t\nexecutr: local\n", "m.yaml: unknown key 'executr' (did you mean 'executor'?): allowed name, executor, slurm, local, hardware"),
+    ("name: t\nexecutr: local\n", "m.yaml: unknown key 'executr' (did you mean 'executor'?): allowed name, site, executor, slurm, local, hardware"),
     ("name: t\nslurm: {gpu_per_node: 4}\n", "m.yaml: unknown key 'slurm.gpu_per_node' (did you mean 'gpus_per_node'?): allowed partition, account"),
     ("name: t\nexecutor: cloud\n", "m.yaml: executor: Input should be 'local' or 'slurm' (got 'cloud')"),
     ("name: t\nslurm: {gpus_per_node: four}\n", "m.yaml: slurm.gpus_per_node: Input should be a valid integer"),

@@ -159,7 +159,7 @@ def test_the_verdict_reads_every_nodes_lines_from_the_log():
                       "srun: error: node2: task 1: Exited with exit code 1"])
     passed, why = verdict(spec, parse_checks(died), "FAILED (exit 1:0)", died, "7")
     assert not passed and why.startswith("preflight job 7 ended (FAILED (exit 1:0)) before node(s) 1 said their checks")
-    assert "No module named 'echobench'" in why and "mount its checkout" in why
+    assert "No module named 'echobench'" in why and "slurm.pythonpath" in why
     setup = "echobench: setup line 2 failed (exit 1): 'module load nccl'"
     assert "fix: fix that line of slurm.setup" in verdict(spec, [], "FAILED", setup, "8")[1]
 

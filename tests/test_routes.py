@@ -179,10 +179,10 @@ def test_a_runs_script_carries_its_settings_for_when_it_is_submitted_by_hand(tmp
 
 def test_the_shipped_routes_name_their_hcas_exactly():
     """A bare NCCL_IB_HCA prefix (mlx5) also takes an Ethernet mlx5 port: every shipped matrix and
-    every route page's matrix that names HCAs lists them exactly (=...)."""
+    every route page's matrix and every shipped site file that names HCAs lists them exactly (=...)."""
     root = Path(__file__).resolve().parent.parent
     found = []
-    for path in sorted((root / "matrices").glob("*.yaml")):
+    for path in sorted([*(root / "matrices").glob("*.yaml"), *(root / "sites").glob("*.yaml")]):
         found.append((path.name, (yaml.safe_load(path.read_text()).get("slurm") or {}).get("env", {})))
     for path in sorted((root / "docs" / "guides").glob("route-*.md")):
         for block in path.read_text().split("```yaml")[1:]:
@@ -190,4 +190,5 @@ def test_the_shipped_routes_name_their_hcas_exactly():
     named = {(name, env["NCCL_IB_HCA"]) for name, env in found if "NCCL_IB_HCA" in env}
     assert ("gh200-published.yaml", "=mlx5_0,mlx5_1,mlx5_2,mlx5_3") in named
     assert ("route-1-gh200-infiniband.md", "=mlx5_0,mlx5_1,mlx5_2,mlx5_3") in named
+    assert ("gh200-infiniband-venv.yaml", "=mlx5_0,mlx5_1,mlx5_2,mlx5_3") in named
     assert all(hca.startswith(("=", "^=")) for _, hca in named), named

@@ -37,7 +37,8 @@ OPTIONS = {
               "--speaker-frames", "--text-tokens", "--train-encoder"],
     "calibrate": ["--audio-frames", "--budget-s", "--comm", "--comm-budget-s", "--device", "--dtype", "--iters", "--json",
                   "--master-addr", "--master-port", "--matrix", "--max-bytes", "--micro-batch", "--nnodes",
-                  "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens"],
+                  "--node-rank", "--nproc", "--out", "--scale", "--size", "--speaker-frames", "--text-tokens",
+                  "--site"],  # the site file of --matrix
     "report": ["--margin", "--only", "--out", "--profile", "--reference", "--table", "-o", "paths"],
     "results": ["--columns", "--csv", "--json", "--only", "--sort", "paths"],
     "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
@@ -46,16 +47,17 @@ OPTIONS = {
                 "--refit"],  # --validate at the clock refitted on the file's own rows, labelled in-sample
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
-    "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path"],
+    "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path",
+             "--site"],  # added since: a site file under the matrix
     "sweep": ["--executor", "--force", "--max-runs", "--no-preflight", "--no-wait", "--only", "--out", "--poll",
-              "--preflight", "--retry-failed", "--wait", "matrix_path"],
-    "preflight": ["--dry-run", "--executor", "--max-runs", "--only", "--out", "matrix_path"],
+              "--preflight", "--retry-failed", "--wait", "matrix_path", "--site"],
+    "preflight": ["--dry-run", "--executor", "--max-runs", "--only", "--out", "matrix_path", "--site"],
     "status": ["--export", "--json", "--only", "--poll", "--wait", "runs_dir"],
     "cancel": ["sweep_dir"],
     "data synth": ["--max-seconds", "--out", "--samples-per-shard", "--seed", "--shards"],
     "data index": ["--rebuild", "data"],
     "tune": ["--budget-gpu-hours", "--dry-run", "--executor", "--no-preflight", "--out", "--preflight", "--profile",
-             "--top-k", "tune_file"],  # added since: issue 36
+             "--top-k", "tune_file", "--site"],  # added since: issue 36
     "reproduce": ["--device", "--dry-run", "--executor", "--out", "--peak-tflops", "--profile", "--rows",
                   "--scale-down", "--site", "--steps", "--warmup-steps", "rows_file"],  # issue 45
 }

@@ -151,7 +151,7 @@ def script_sweep(tmp_path_factory):
         "container": {"slurm": {"container": {"runtime": "apptainer", "image": IMAGE, "mounts": ["/tmp:/tmp:ro"],
                                               "writable": True},
                                 "srun_args": [f"--chdir={base / 'start here'}"],
-                                "python": sys.executable}},
+                                "python": sys.executable, "pythonpath": [str(ROOT)]}},
     }
     (base / "start here").mkdir()
     stub_bin = base / "stub-bin"
@@ -239,6 +239,7 @@ def test_the_ranks_run_in_the_container_with_the_srun_options(script_sweep):
         argv = call["argv"]
         assert argv[:3] == ["exec", "--nv", "--bind"] and IMAGE in argv and "--writable-tmpfs" in argv
         mounts = argv[3].split(",")
+        # slurm.pythonpath's checkout is mounted: the image's echobench is not taken
         assert mounts[0] == "/tmp:/tmp:ro" and str(sweep.resolve()) in mounts and str(ROOT) in mounts
         assert call["cwd"] == str(base / "start here")  # srun_args reached srun
     assert not list(base.rglob("PWNED")) and not (ROOT / "PWNED").exists()
@@ -259,7 +260,8 @@ def test_pyxis_options_and_srun_args_arrive_as_written(tmp_path):
     assert srun[:2] == ["--mpi=pmix", "--network=a b;c"]
     assert srun[2] == f"--container-image={IMAGE}" and srun[3].startswith("--container-name=echobench-")
     mounts = srun[4].removeprefix("--container-mounts=").split(",")
-    assert mounts[0] == "/lustre:/lustre" and str(ROOT) in mounts and str(tmp_path.resolve()) in mounts
+    assert mounts[0] == "/lustre:/lustre" and str(tmp_path.resolve()) in mounts
+    assert str(ROOT) not in mounts and not [x for x in lines if x.startswith("export PYTHONPATH")]  # the image's echobench
     assert srun[5:] == ["--container-workdir=/work dir", "--container-writable"]
     assert out[out.index("--") + 1:] == ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *srun]
     assert not list(tmp_path.rglob("PWNED"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A newcomer's path, timed: a fresh clone of this checkout, then the README's commands as a new user
 # types them (quick start 1, the docs built strict, the mistake of a run without --scale, a layout
-# tuned, a published table put beside measured runs, every record listed; quick start 3 on the local
-# SLURM cluster when one is up). Each step's wall time and exit code in OUT/steps.tsv, its output in
+# tuned, a published table put beside measured runs, every record listed; on the local SLURM cluster,
+# when one is up, a site file and a 2-node sweep of a matrix that names it). Each step's wall time and exit code in OUT/steps.tsv, its output in
 # OUT/logs/STEP.log; the table at the end. reports/user-path-*.md quote it.
 #
 #   bash tools/newcomer_path.sh [OUT]      # default /tmp/newcomer; ~10 minutes on 2 cores (setup included)
@@ -38,10 +38,21 @@ step tune-report $EB report runs/tune-cpu-tiny -o runs/tune-cpu-tiny/report.html
 step reference $EB report runs/smoke --table md --reference validation/reference-example.csv
 step results $EB results runs/
 if command -v sinfo > /dev/null && sinfo -h > /dev/null 2>&1; then
-  step slurm-plan $EB plan matrices/scaling-demo.yaml
-  step slurm-preflight $EB preflight matrices/scaling-demo.yaml
-  step slurm-sweep $EB sweep matrices/scaling-demo.yaml
-  step slurm-status $EB status runs/scaling-demo
-  step slurm-report $EB report runs/scaling-demo runs/smoke -o runs/scaling-demo/report.html
+  # The cluster guide's path: the cluster's settings once in a site file (the clone's venv names the
+  # ranks' interpreter: nothing of the submitting checkout reaches the jobs), a matrix naming it.
+  PARTITION=$(sinfo -h -o %P | head -1 | tr -d '*')
+  mkdir -p "$CLONE/sites"
+  printf '%s\n' "executor: slurm" "slurm: {partition: $PARTITION, time: '00:10:00', gpus_per_node: 2, request_gpus: false," \
+    "        env: {OMP_NUM_THREADS: 1}, venv: $CLONE/.venv}" > "$CLONE/sites/local.yaml"
+  printf '%s\n' "name: mine" "site: ../sites/local.yaml" \
+    "defaults: {scale: tiny, steps: 3, warmup_steps: 2, micro_batch: 2, device: cpu, audio_frames: 100," \
+    "           text_tokens: 32, speaker_frames: 80}" "axes: {parallelism: [ddp, fsdp2], nodes: [2]}" \
+    > "$CLONE/matrices/mine.yaml"
+  step slurm-plan $EB plan matrices/mine.yaml
+  step slurm-scripts $EB plan matrices/mine.yaml --write-scripts runs/mine-scripts
+  step slurm-preflight $EB preflight matrices/mine.yaml
+  step slurm-sweep $EB sweep matrices/mine.yaml
+  step slurm-status $EB status runs/mine
+  step slurm-report $EB report runs/mine runs/smoke -o runs/mine/report.html
 fi
 column -t -s $'\t' "$OUT/steps.tsv"

@@ -53,17 +53,18 @@ class CalibrateError(Exception):
         self.code = code
 
 
-def comm_runs(device_type: str, scale: str | None, matrix: Path | None, settings: dict) -> tuple[list, list[str]]:
+def comm_runs(device_type: str, scale: str | None, matrix: Path | None, settings: dict,
+              site: Path | None = None) -> tuple[list, list[str]]:
     """calibrate --comm's runs, whose shapes it measures, and the worker flags that give them again:
     every run of `matrix` (expanded as `echobench plan` does), else the one of `scale` and the lengths
     (`settings`: RunConfig fields, None for the field's default). ValueError (MatrixError too) for
     a matrix or settings that give none."""
     if matrix is not None:
-        loaded = load_matrix(matrix)
+        loaded = load_matrix(matrix, site)  # `site`: --site, over the matrix's own site: key
         runs = expand(loaded, loaded.spec.executor, None).runs
         if not runs:
             raise ValueError(f"--matrix {matrix}: no runs to take shapes from (see `echobench plan {matrix}`)")
-        return [r.cfg for r in runs], ["--matrix", str(matrix.resolve())]
+        return [r.cfg for r in runs], ["--matrix", str(matrix.resolve()), *(["--site", str(site.resolve())] if site else [])]
     run = RunConfig(scale=scale or ("3B" if device_type == "cuda" else "tiny"), device=device_type,
                     **{k: FIELDS[k].default if v is None else v for k, v in settings.items()})
     return [run], ["--scale", run.scale, "--micro-batch", str(run.micro_batch), "--audio-frames", str(run.audio_frames),

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from echobench.cli.common import app, console, fail, settings_options, writable_file
+from echobench.cli.common import SITE_HELP, app, console, fail, settings_options, writable_file
 from echobench.records.config import check_value
 from echobench.records.console import esc, fmt
 
@@ -42,6 +42,7 @@ def calibrate(
     matrix: Optional[Path] = typer.Option(None, "--matrix", help="With --comm: measure the shapes of every run of "
                                           "this matrix file (as `echobench plan` lists them) instead of --scale and "
                                           "the lengths."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help="With --matrix: " + SITE_HELP),
     nnodes: int = typer.Option(1, min=1, help="With --comm outside torchrun: number of nodes (one launcher per "
                                "node, as `run --nproc` takes them)."),
     node_rank: int = typer.Option(0, min=0, help="With --comm and --nnodes: this node's rank (SLURM_NODEID)."),
@@ -66,6 +67,8 @@ def calibrate(
     dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in dtypes:
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
+    if site is not None and matrix is None:
+        fail("--site: the site file of --matrix: give --matrix too")
     comm_only = {"--matrix": matrix is not None, "--nnodes": nnodes != 1, "--master-addr": master_addr is not None,
                  "--nproc": nproc is not None, "--out": out is not None, "--max-bytes": max_bytes is not None,
                  "--comm-budget-s": comm_budget_s is not None}
@@ -75,7 +78,7 @@ def calibrate(
     if problem := rendezvous_problem(nnodes, node_rank, master_addr):
         fail(problem)
     if comm:
-        calibrate_comm(ctx, dev, dtype, dtypes[dtype], (scale, matrix, settings), budget_s, nproc, out, max_bytes,
+        calibrate_comm(ctx, dev, dtype, dtypes[dtype], (scale, matrix, settings, site), budget_s, nproc, out, max_bytes,
                        comm_budget_s, (nnodes, node_rank, master_addr, master_port))
         return
     from echobench.hardware.device import calibrate as measure  # lazy: torch, for the commands that measure
@@ -121,7 +124,7 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
     from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
     from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
 
-    scale, matrix, settings = shapes
+    scale, matrix, settings, _ = shapes
     if out is not None:
         writable_file(out, "--out")  # before minutes of measuring, not after
     if matrix is not None:

@@ -127,17 +127,20 @@ MAX_RUNS_HELP = f"Refuse a matrix of more runs than this (default: the file's ma
 
 
 ONLY_HELP = "Only runs with this setting (repeatable; the same key twice: either value)."
+SITE_HELP = ("A site file: the cluster's executor, slurm, local and hardware settings, under the matrix's own "
+             "(in place of the matrix's site: key).")
 
 
-def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, only: list[str] = ()):
-    """(the matrix, its plan of the runs --only KEY=VALUE selects, the executor: --executor, else the
-    matrix's); bad input fails."""
+def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, only: list[str] = (),
+              site: Path | None = None):
+    """(the matrix over its site file (--site, else its site: key), its plan of the runs --only
+    KEY=VALUE selects, the executor: --executor, else the matrix's); bad input fails."""
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
         fail(f"--max-runs {max_runs}: must be >= 1")
     try:
-        matrix = load_matrix(matrix_path)
+        matrix = load_matrix(matrix_path, site)
         executor = executor or matrix.spec.executor
         plan = expand(matrix, executor, max_runs)
         if only:

@@ -15,6 +15,7 @@ from rich.console import Console
 from echobench.cli.common import (
     MAX_RUNS_HELP,
     ONLY_HELP,
+    SITE_HELP,
     app,
     console,
     err_console,
@@ -42,15 +43,17 @@ def plan(
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile for the "
                                       "predicted step time and MFU (echobench predict); default: the shipped "
                                       "profile of hardware.device, if any."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help=SITE_HELP),
 ):
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
-    predicted step time and MFU."""
+    predicted step time and MFU; then where each cluster setting came from (the site file, the
+    matrix, a default)."""
     from echobench.sweep import plan as pl  # lazy: start-up time of `echobench --help`
     from echobench.sweep.loop import run_dir  # lazy: start-up time of `echobench --help`
 
     if write_scripts is not None and script is not None:
         fail("--write-scripts writes every run's script, --script prints one: give one of them")
-    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, only)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, only, site)
     if write_scripts is not None:  # for review on a cluster before spending GPU-hours
         dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
         sweep_dir = (out or pl.default_out(matrix)).resolve()

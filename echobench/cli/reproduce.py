@@ -31,9 +31,10 @@ def reproduce(
     scale_down: Optional[int] = typer.Option(None, "--scale-down", metavar="N", help="Run each row on N nodes "
                                              "instead of its published GPU count, at its micro-batch and "
                                              "accumulation (the global batch shrinks; each change is said)."),
-    site: Optional[Path] = typer.Option(None, "--site", metavar="MATRIX", help="A matrix file whose slurm, local and "
-                                        "hardware sections (partition, account, setup, fabric, GPUs per node, peak) "
-                                        "the written matrix takes; its GPUs per node are the runs' (else each row's)."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help="A site file (or a matrix file, over its "
+                                        "own site) whose slurm, local and hardware sections (partition, account, setup, "
+                                        "fabric, GPUs per node, peak) the written matrix takes; its GPUs per node are "
+                                        "the runs' (else each row's)."),
     steps: int = typer.Option(30, "--steps", min=1, help="Measured steps of each run."),
     warmup_steps: int = typer.Option(10, "--warmup-steps", min=0, help="Warm-up steps of each run."),
     device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
-from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, app, console, err_console, fail, load_plan, print_error,
+from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, SITE_HELP, app, console, err_console, fail, load_plan, print_error,
                                   writable_dir)
 from echobench.records.console import esc, state_counts
 from echobench.records.states import RunState
@@ -35,6 +35,7 @@ def sweep(
     preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: one short job checks the runs' "
                                    "environment before any is submitted (default; skipped where this matrix passed "
                                    "it before)."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help=SITE_HELP),
 ):
     """Run every run of a matrix not yet done (resumable); shows progress, collects results.
 
@@ -47,7 +48,7 @@ def sweep(
     from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
     try:
         runs, skipped = sw.choose_runs(the_plan, only, force, console)
     except MatrixError as exc:
@@ -75,6 +76,7 @@ def preflight_command(
     max_runs: Optional[int] = typer.Option(None, "--max-runs", help=MAX_RUNS_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the preflight job's script (local: its command) "
                                  "and submit nothing, write nothing."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help=SITE_HELP),
 ):
     """Check, in one short job in the matrix's exact environment, what its runs need: imports, GPUs,
     CPUs, numactl, the network interfaces, a tiny compile, an all-reduce across the nodes and the
@@ -86,7 +88,7 @@ def preflight_command(
     from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
     from echobench.sweep.preflight import run_preflight  # lazy: start-up time of `echobench --help`
 
-    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs)
+    matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
     try:
         runs, _ = sw.choose_runs(the_plan, only, True, Console(file=io.StringIO()))
     except MatrixError as exc:

@@ -33,6 +33,9 @@ def tune(
     dry_run: bool = typer.Option(False, "--dry-run", help="Prune and rank only: write tune.json and report.md, measure "
                                  "nothing."),
     preflight: bool = typer.Option(True, "--preflight/--no-preflight", help="SLURM: the sweep's preflight job first."),
+    site: Optional[Path] = typer.Option(None, "--site", metavar="FILE", help="A site file: the cluster's executor, "
+                                        "slurm, local and hardware settings, under the tune file's own (in place of "
+                                        "its site: key)."),
 ):
     """Search layouts, micro-batch, accumulation, checkpointing, compile, resharding and fp8; prune by
     memory and rules; rank by predicted samples/s; measure the top K and each family's best;
@@ -47,7 +50,7 @@ def tune(
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     try:
-        spec = load_tune_file(tune_file)
+        spec = load_tune_file(tune_file, site)
     except TuneError as exc:
         fail(str(exc))
     updates = {k: v for k, v in (("top_k", top_k), ("budget_gpu_hours", budget), ("executor", executor))

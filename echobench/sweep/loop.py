@@ -2,6 +2,7 @@
 resumable, collected (`echobench plan` is echobench.sweep.plan).
 
     SWEEP/matrix.yaml            a copy of the matrix file
+    SWEEP/site.yaml              a copy of the site file it took (echobench.sweep.site), if any
     SWEEP/sweep.json             per run: executor, job id, attempt, whether it is settled
     SWEEP/skipped.json           runs not run: invalid combinations, or too big for the device
     SWEEP/RUN_ID/                run.yaml, job.sh, logs/, job-state, result.json (echobench.sweep.executors),
@@ -396,6 +397,8 @@ def open_sweep(matrix: Matrix, opts: SweepOptions, console, skipped: list[dict] 
     state = SweepState.load(sweep_dir)  # CorruptSweepState (a ValueError): refused before anything is written
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / "matrix.yaml").write_text(matrix.text)
+    if matrix.site is not None:  # what the matrix stood on: the copy names it, this is its text then
+        (sweep_dir / "site.yaml").write_text(matrix.site_text)
     write_json_atomic(sweep_dir / "skipped.json", {"matrix": matrix.name, "skipped": skipped or []})
     state.matrix, state.updated = matrix.name, now_iso()
     return Sweep(matrix, sweep_dir, executor, console, state)

@@ -214,7 +214,13 @@ class SlurmSettings(Strict):
     env: dict[str, str | int | float | bool] = {}  # exported for every run (the local executor too)
     master_port: int = Field(29500, ge=1024, le=65535)
     rendezvous: RendezvousSettings | None = None  # the address the nodes meet at; default: the first node's name
-    python: str | None = None  # interpreter on the nodes (default: the one running the sweep)
+    # Where the ranks' interpreter and echobench come from (echobench.sweep.executors.slurm_script.job_environment):
+    # venv (VENV/bin/python, echobench installed there), python (an interpreter), a container or uenv (the image's
+    # python3, echobench installed there), each with pythonpath's entries first on its import path (mounted in a
+    # container). Naming none of them, the interpreter running the sweep and this checkout.
+    venv: str | None = None
+    python: str | None = None
+    pythonpath: list[str] | None = None
     # Jobs of the sweep in the queue at once (pending or running): more are submitted as they end.
     # None: no cap (a refusal for a submit limit still only delays a run: it is retried).
     max_submitted: int | None = Field(None, ge=1)
@@ -278,17 +284,28 @@ class SlurmSettings(Strict):
             out[key] = value
         return out
 
-    @field_validator("python")
+    @field_validator("python", "venv")
     @classmethod
-    def _python(cls, v):
-        if v is not None and ("\0" in v or "\n" in v):
-            raise ValueError("python must be a path on one line")
+    def _python(cls, v, info):
+        if v is not None and ("\0" in v or "\n" in v or not v.strip()):
+            raise ValueError(f"{info.field_name} must be a path on one line")
+        return v
+
+    @field_validator("pythonpath")
+    @classmethod
+    def _pythonpath(cls, v):
+        for entry in v or []:
+            if not entry.startswith("/") or any(c in entry for c in ":,\n\r\0"):
+                raise ValueError(f"pythonpath entry {entry!r}: an absolute path (the nodes', not relative to where "
+                                 "the job starts), without : or ,")
         return v
 
     @model_validator(mode="after")
     def _environment(self):
         if self.container is not None and self.uenv is not None:
             raise ValueError("container and uenv: a job runs in one of them, choose one")
+        if self.venv is not None and self.python is not None:
+            raise ValueError(f"venv and python: venv names the interpreter ({self.venv}/bin/python): give one")
         if problem := hca_problem(self.env):
             raise ValueError(f"env: {problem}")
         return self
@@ -332,6 +349,7 @@ class HardwareSettings(Strict):
 
 class MatrixFile(Strict):
     name: str
+    site: str | None = None  # a site file (echobench.sweep.site), relative to this file: merged in before the check
     executor: ExecutorName = "local"
     slurm: SlurmSettings = SlurmSettings()
     local: LocalSettings = LocalSettings()
@@ -439,6 +457,10 @@ class Matrix:
     include: list[dict]
     include_limits: list[str | None]  # per include entry: its time_limit, if any
     configs: list[dict] = field(default_factory=list)  # a list value: that key's values for the entry alone
+    site: Path | None = None  # the site file it took (echobench.sweep.site), if any
+    site_text: str = ""  # that file as read (the preflight's hash covers it; the sweep keeps a copy)
+    site_flag: bool = False  # the site came from --site (commands the sweep starts are given it again)
+    origins: dict[str, str] = field(default_factory=dict)  # "slurm.partition" -> "site FILE" / "matrix"
 
     @property
     def name(self) -> str:
@@ -475,6 +497,8 @@ def wrong_kind_of_file(data: dict, path: Path, expected: str) -> str | None:
     keys = set(data)
     if "name" not in keys and keys and keys <= set(FIELDS):
         return f"{path}: this is a run file (run settings only): `echobench run --config {path}`"
+    if "name" not in keys and keys and keys <= {"executor", "slurm", "local", "hardware"}:
+        return f"{path}: this is a site file (the cluster's sections only): `--site {path}`, or site: in a {expected} file"
     if expected == "matrix" and keys & TUNE_ONLY_KEYS and not keys & MATRIX_ONLY_KEYS:
         return f"{path}: this is a tune file ({', '.join(sorted(keys & TUNE_ONLY_KEYS))}): `echobench tune {path}`"
     if expected == "tune" and keys & MATRIX_ONLY_KEYS and not keys & TUNE_ONLY_KEYS:
@@ -483,7 +507,11 @@ def wrong_kind_of_file(data: dict, path: Path, expected: str) -> str | None:
     return None
 
 
-def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
+def parse_matrix(text: str, path: Path | str = "<matrix>", site: Path | None = None) -> Matrix:
+    """The matrix in `text` (read from `path`), over its site file (`site`: --site FILE, else the
+    file's `site:` key; echobench.sweep.site), checked; MatrixError with one line otherwise."""
+    from echobench.sweep.site import merge_site, read_site, site_path  # lazy: site.py builds on this module
+
     path = Path(path)
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
@@ -495,6 +523,9 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
         raise MatrixError(f"{path}: expected a mapping with name, axes, defaults, ...")
     if problem := wrong_kind_of_file(data, path, "matrix"):
         raise MatrixError(problem)
+    site_file = site_path(path, data, site)
+    site_data = read_site(site_file) if site_file is not None else {}
+    data, origins = merge_site(site_data, data, f"site {site_file}")
     try:
         spec = MatrixFile.model_validate(data)
     except ValidationError as exc:
@@ -530,10 +561,12 @@ def parse_matrix(text: str, path: Path | str = "<matrix>") -> Matrix:
     for i, e in enumerate(exclude):
         if not e:
             raise MatrixError(f"{path}: exclude[{i}] is empty: it would exclude every run")
-    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits, configs)
+    return Matrix(path, text, spec, defaults, axes, exclude, include, include_limits, configs, site_file,
+                  site_file.read_text() if site_file is not None else "", site is not None, origins)
 
 
-def load_matrix(path: Path | str) -> Matrix:
+def load_matrix(path: Path | str, site: Path | None = None) -> Matrix:
+    """The matrix file at `path` (parse_matrix), over `site` (--site FILE) where given."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -542,7 +575,7 @@ def load_matrix(path: Path | str) -> Matrix:
     except UnicodeDecodeError as exc:
         raise MatrixError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
                           f"save the file as UTF-8") from None
-    return parse_matrix(text, path)
+    return parse_matrix(text, path, site)
 
 
 # ---- expansion ----

@@ -19,6 +19,7 @@ from echobench.hardware.memory import device_memory_gib
 from echobench.train.nodecheck import RUN_PATH
 from echobench.predict import Prediction, predict_runs
 from echobench.sweep.preflight import preflight_spec
+from echobench.sweep.site import settings_origins
 
 
 def default_out(matrix: Matrix) -> Path:
@@ -141,7 +142,16 @@ def plan_summary(plan: Plan, executor: str, profiles: list) -> dict:
             "calibrate_comm": comm_note(plan.runs, plan.matrix, executor),
             "preflight": preflight_note(plan.runs, plan.matrix, executor), "te": te_note(plan.runs, plan.matrix),
             "skipped": [{"settings": s.settings, "reason": s.reason} for s in plan.skipped],
-            "excluded": plan.excluded, "duplicates": plan.duplicates}
+            "excluded": plan.excluded, "duplicates": plan.duplicates,
+            "site": None if plan.matrix.site is None else str(plan.matrix.site),
+            "settings": [{"setting": k, "value": v, "from": origin} for k, v, origin in settings_rows(plan.matrix, executor)]}
+
+
+def settings_rows(matrix: Matrix, executor: str) -> list[tuple[str, str, str]]:
+    """(setting, value, where it came from: the site file, the matrix, a default) for the executor's
+    settings and hardware's: slurm's on the slurm executor, local's on the local one."""
+    keep = ("executor", "hardware.", "slurm." if executor == "slurm" else "local.")
+    return [row for row in settings_origins(matrix.spec, matrix.origins) if row[0].startswith(keep)]
 
 
 def plan_report(plan: Plan, executor: str, profiles: list) -> list:
@@ -208,4 +218,20 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
         parts.append(Text.from_markup(f"estimates allow for the job's start: {esc(allowed_text)} "
                                       "(echobench/sweep/estimate.py)"))
     parts += [Text.from_markup(esc(n)) for n in (summary["preflight"], summary["te"]) if n]
+    parts.append(settings_table(summary))
     return parts
+
+
+def settings_table(summary: dict) -> Table:
+    """The cluster settings the files set, each with the file it came from; the others by name, at
+    their defaults (`plan --json` has every value)."""
+    given = [row for row in summary["settings"] if row["from"] != "default"]
+    defaults = [row["setting"] for row in summary["settings"] if row["from"] == "default"]
+    table = Table(title="settings: " + (f"site {esc(summary['site'])} under the matrix's own" if summary["site"]
+                                        else "the matrix's (no site file)"),
+                  caption=f"at their defaults: {esc(', '.join(defaults))}" if defaults else None)
+    for col in ("setting", "value", "from"):
+        table.add_column(col)
+    for row in given:
+        table.add_row(esc(row["setting"]), esc(row["value"]), esc(row["from"]))
+    return table

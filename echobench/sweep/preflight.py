@@ -34,7 +34,7 @@ from echobench.sweep.executors.slurm_script import preflight_log, render_preflig
 from echobench.train.launch import with_source_path
 from echobench.sweep.matrix import Matrix, PlannedRun, gpu_run
 from echobench.sweep.state import poll_cap
-from echobench.train.nodecheck import MARK, RUN_PATH, backend_imports
+from echobench.train.nodecheck import MARK, RUN_PATH, backend_imports, source_identity
 
 CHECKS_S = 300  # the checks themselves: imports, a compile, torchrun and an all-reduce (plus the start-up allowance)
 POLL_S = (2.0, 30.0)  # how often the job is looked at: from 2 s, doubling to 30 s while nothing changes
@@ -42,12 +42,12 @@ POLL_S = (2.0, 30.0)  # how often the job is looked at: from 2 s, doubling to 30
 HINTS = [
     (r"setup line \d+ failed", "fix that line of slurm.setup"),
     (r"No module named '?echobench|module specification for 'echobench",
-     "echobench's source is not where $PYTHON runs: mount its checkout in the container (the EDF's mounts under "
-     "runtime ce) or install echobench there"),
+     "echobench is not where $PYTHON runs: install it there (slurm.venv, the image), or name its checkout in "
+     "slurm.pythonpath (mounted in a pyxis or apptainer container; under runtime ce the EDF's mounts)"),
     (r"pyxis|enroot", "the container did not start: check slurm.container.image (`enroot import` it by hand to see why)"),
     (r"uenv", "the uenv did not start: check slurm.uenv (`uenv image ls` on a login node)"),
     (r"environment|EDF|\.toml", "the Container Engine did not start: check the EDF named in slurm.container.image"),
-    (r"command not found|No such file or directory|cannot execute", "slurm.python: no such interpreter on the nodes"),
+    (r"command not found|No such file or directory|cannot execute", "slurm.venv or slurm.python: no such interpreter on the nodes (the nodes' path, made for their architecture)"),
 ]
 
 
@@ -74,7 +74,7 @@ class Preflight(BaseModel):
 
 
 def matrix_sha(matrix: Matrix) -> str:
-    return hashlib.sha256(matrix.text.encode()).hexdigest()
+    return hashlib.sha256((matrix.text + matrix.site_text).encode()).hexdigest()
 
 
 def preflight_spec(matrix: Matrix, runs: list[PlannedRun], executor: str) -> dict:
@@ -87,7 +87,9 @@ def preflight_spec(matrix: Matrix, runs: list[PlannedRun], executor: str) -> dic
             "nproc": max(r.cfg.gpus_per_node for r in runs), "expect_gpus": gpus, "device": "cuda" if gpus else "cpu",
             "device_name": matrix.spec.hardware.device, "imports": list(dict.fromkeys([*RUN_PATH, *extras])),
             "numa_binding": slurm.numa_binding, "compile": any(r.cfg.may_compile() for r in runs), "fabric": slurm.fabric,
-            "bytes": 64 << 20 if gpus else 1 << 20, "timeout_s": CHECKS_S}
+            "bytes": 64 << 20 if gpus else 1 << 20, "timeout_s": CHECKS_S,
+            # its version and commit, not where it lies: the job names no path of the submitting checkout
+            "echobench": {k: v for k, v in source_identity().items() if k != "path"}}
 
 
 def limit_s(matrix: Matrix) -> int:
@@ -190,7 +192,13 @@ def covers(before: dict, now: dict) -> bool:
     checks fewer runs: a later one of all of them may need more nodes or modules)."""
     return (before.get("nodes", 0) >= now["nodes"] and before.get("nproc", 0) >= now["nproc"]
             and set(before.get("imports", [])) >= set(now["imports"]) and before.get("compile") >= now["compile"]
-            and all(before.get(k) == now[k] for k in ("expect_gpus", "device", "device_name", "numa_binding", "fabric")))
+            and all(before.get(k) == now[k] for k in ("expect_gpus", "device", "device_name", "numa_binding", "fabric"))
+            and _same_source(before.get("echobench"), now["echobench"]))
+
+
+def _same_source(before: dict | None, now: dict) -> bool:
+    """Whether a preflight checked the nodes against this echobench (a new version or commit: again)."""
+    return before is not None and all(before.get(k) == now[k] for k in ("version", "commit"))
 
 
 def passed_before(sweep_dir: Path, matrix: Matrix, runs: list[PlannedRun], executor: str) -> Preflight | None:

@@ -37,7 +37,7 @@ from echobench.predict.validate import layout_text, load_rows
 from echobench.records.config import RunConfig
 from echobench.records.layout import Layout as RunLayout
 from echobench.records.states import RunState
-from echobench.sweep.matrix import card_run_problem
+from echobench.sweep.matrix import MatrixError, card_run_problem
 
 RECIPES = ("tensorwise", "rowwise")  # echobench's float8 (torchao); delayed / current are TransformerEngine's
 AC = {"none": "none", "full": "full", "selective": "selective", "selective-op": "selective",
@@ -256,15 +256,15 @@ def matrix_text(plans: list[RowPlan], name: str, executor: str, defaults: dict, 
 
 
 def site_sections(path: Path) -> dict:
-    """The `slurm`, `local` and `hardware` sections of a matrix file (the site's: partition, account,
-    setup, fabric, processes per node, peak), to write into the reproduce matrix; ReproduceError for
-    a file that cannot be read. The sections are checked where the matrix is read (load_matrix)."""
-    from echobench.records.yamltext import read_yaml
+    """The `slurm`, `local` and `hardware` sections of a site file, or of a matrix file over its own
+    site (echobench.sweep.site.cluster_sections: partition, account, setup, fabric, processes per node,
+    peak), to write into the reproduce matrix; ReproduceError with one line for a file not to be used."""
+    from echobench.sweep.site import cluster_sections
 
-    data = read_yaml(path, "--site matrix file", ReproduceError)
-    if not isinstance(data, dict):
-        raise ReproduceError(f"--site {path}: expected a matrix file (a mapping with slurm, local, hardware sections)")
-    return {k: data[k] for k in ("slurm", "local", "hardware") if k in data}
+    try:
+        return cluster_sections(path)
+    except MatrixError as exc:
+        raise ReproduceError(f"--site {exc}") from None
 
 
 def site_per_node(site: dict, executor: str) -> int | None:

@@ -183,6 +183,35 @@ def check_interfaces(environ) -> Check:
     return Check("interfaces", True, f"{', '.join(sorted(names))}")
 
 
+def source_identity() -> dict:
+    """This interpreter's echobench: its version, its commit (None where its copy is not a git checkout)
+    and where it is imported from. The submitter's goes into the preflight's spec, each node's is held
+    against it (check_source)."""
+    import echobench
+    from echobench.hardware.device import git_commit  # lazy: torch, once the import check has passed
+
+    return {"version": echobench.__version__, "commit": git_commit(), "path": str(Path(echobench.__file__).parent)}
+
+
+def _identity_text(ident: dict) -> str:
+    commit = f"commit {ident['commit'][:12]}" if ident.get("commit") else "no commit known"
+    return f"echobench {ident['version']} ({commit})" + (f" from {ident['path']}" if ident.get("path") else "")
+
+
+def check_source(want: dict | None) -> Check:
+    """The node's echobench against the submitter's (`want`, source_identity there): the same version,
+    and the same commit where both copies know theirs (an installed copy may not)."""
+    have = source_identity()
+    if want is None:
+        return Check("echobench", None, f"{_identity_text(have)}; the submitter's not given")
+    commits = have["commit"] and want.get("commit")
+    if have["version"] != want.get("version") or (commits and have["commit"] != want["commit"]):
+        return Check("echobench", False, f"{_identity_text(have)}, but the submitter runs {_identity_text(want)}",
+                     "install the submitter's echobench where $PYTHON runs (slurm.venv, the image), or name "
+                     "its checkout in slurm.pythonpath", seen=have["version"])
+    return Check("echobench", True, f"{_identity_text(have)}, as the submitter's")
+
+
 # ---- first: every job's check on its first node ----
 
 def first(args) -> int:
@@ -206,7 +235,8 @@ def node(args) -> int:
     checks = [check_imports(spec["imports"])]
     torch_ok = _importable("torch")
     if torch_ok:
-        checks.append(check_gpus(spec["expect_gpus"], spec["nproc"], spec.get("device_name")))
+        checks += [check_source(spec.get("echobench")),
+                   check_gpus(spec["expect_gpus"], spec["nproc"], spec.get("device_name"))]
     checks += [check_cpus(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE"),
                           spec["nproc"]),
                check_numactl(spec.get("numa_binding")), check_interfaces(os.environ)]

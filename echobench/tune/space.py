@@ -24,7 +24,8 @@ from pydantic import Field, ValidationError, field_validator
 from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
 from echobench.records.layout import Layout, layouts_on
 from echobench.hardware.profile import HardwareProfile
-from echobench.sweep.matrix import ExecutorName, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
+from echobench.sweep.matrix import ExecutorName, MatrixError, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
+from echobench.sweep.site import merge_site, read_site, site_path
 from echobench.backends import layout_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
 from echobench.model.config import PRESETS
@@ -49,6 +50,7 @@ class TuneFile(Strict):
     hardware, defaults: as in a matrix file) and what to tune."""
 
     name: str
+    site: str | None = None  # a site file (echobench.sweep.site), relative to this file: merged in before the check
     executor: ExecutorName = "local"
     slurm: dict[str, Any] = {}
     local: dict[str, Any] = {}
@@ -86,14 +88,20 @@ class TuneFile(Strict):
         return v
 
 
-def load_tune_file(path: Path) -> TuneFile:
-    """The tune file, checked: its matrix sections as a matrix file's, its defaults and search
+def load_tune_file(path: Path, site: Path | None = None) -> TuneFile:
+    """The tune file over its site file (`site`: --site FILE, else its site: key; echobench.sweep.site,
+    as a matrix takes one), checked: its matrix sections as a matrix file's, its defaults and search
     values as run settings; TuneError with one line otherwise."""
     data = read_yaml(path, "tune file", TuneError)
     if not isinstance(data, dict):
         raise TuneError(f"{path}: expected a mapping with name, scale, nodes, gpus_per_node, search, ...")
     if problem := wrong_kind_of_file(data, path, "tune"):
         raise TuneError(problem)
+    try:
+        site_file = site_path(path, data, site)
+        data, _ = merge_site(read_site(site_file) if site_file else {}, data, f"site {site_file}", "tune file")
+    except MatrixError as exc:
+        raise TuneError(str(exc)) from None
     try:
         spec = TuneFile.model_validate(data)
         MatrixFile.model_validate({k: data[k] for k in ("name", "executor", "slurm", "local", "hardware") if k in data})

@@ -154,7 +154,8 @@ def comm_command(sweep_dir: Path, matrix: Matrix, device: str) -> list[str]:
     matrix file the sweep was started with (their GEMM and attention shapes; its file, not the copy
     SWEEP/matrix.yaml: a card's relative path is taken from the matrix's folder, matrix.card_beside,
     and names no file beside the copy), the profile's file and the matrix's limits."""
-    return ["--device", device, "--matrix", str(matrix.path.resolve()),
+    site = ["--site", str(matrix.site.resolve())] if matrix.site_flag and matrix.site is not None else []
+    return ["--device", device, "--matrix", str(matrix.path.resolve()), *site,
             "--out", str(sweep_profile(sweep_dir)), *matrix.spec.hardware.comm_limits.flags()]
 
 

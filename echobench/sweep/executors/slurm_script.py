@@ -149,11 +149,29 @@ def bash_array(name: str, words: list[str]) -> str:
     return f"{name}=({' '.join(shlex.quote(w) for w in words)})"
 
 
-def container_mounts(container, cfg, sweep_dir: Path) -> list[str]:
-    """The matrix's mounts, then the sweep directory, echobench's source and the run's data
-    directory at their own paths (what the ranks read and write), each once."""
+def import_path(slurm) -> list[str]:
+    """The entries a job puts first on PYTHONPATH: slurm.pythonpath where given; else this checkout,
+    but only where the site names no interpreter (venv, python, container, uenv): the one route that
+    takes echobench from the submitting checkout, which must then be at the same path on every node."""
+    if slurm.pythonpath is not None:
+        return list(slurm.pythonpath)
+    named = slurm.venv or slurm.python or slurm.container or slurm.uenv
+    return [] if named else [str(source_root())]
+
+
+def job_python(slurm) -> str:
+    """The ranks' interpreter: slurm.venv's, slurm.python, the image's python3 in a container or uenv,
+    else the one running the sweep (a setup line that activates an environment takes its python then)."""
+    if slurm.venv:
+        return slurm.venv.rstrip("/") + "/bin/python"
+    return slurm.python or ("python3" if slurm.container or slurm.uenv else sys.executable)
+
+
+def container_mounts(container, cfg, sweep_dir: Path, slurm) -> list[str]:
+    """The matrix's mounts, then the sweep directory, the job's import path (import_path) and the
+    run's data directory at their own paths (what the ranks read and write), each once."""
     mounts = list(container.mounts)
-    own = [str(sweep_dir.resolve()), str(source_root())]
+    own = [str(sweep_dir.resolve()), *import_path(slurm)]
     if cfg is not None and cfg.data != "synthetic":
         own.append(str(Path(cfg.data).resolve()))
     taken = {m.split(":", 1)[0] for m in mounts}
@@ -177,7 +195,7 @@ def environment_options(slurm, cfg, sweep_dir: Path) -> tuple[list[str], list[st
         return [], []
     if c.runtime == "ce":
         return [f"--environment={c.image}"], []
-    mounts = container_mounts(c, cfg, sweep_dir)
+    mounts = container_mounts(c, cfg, sweep_dir, slurm)
     if c.runtime == "pyxis":
         return [f"--container-image={c.image}", f"--container-name={pyxis_name(c.image)}",
                 f"--container-mounts={','.join(mounts)}", *([f"--container-workdir={c.workdir}"] if c.workdir else []),
@@ -202,16 +220,22 @@ def launch_arrays(slurm, cfg, sweep_dir: Path) -> list[str]:
 
 
 def job_environment(slurm) -> list[str]:
-    """PYTHON, PYTHONPATH, the fabric profile and the matrix's env (quoted), and its setup lines (as
-    written, without `set -eu`: Lmod's `module` reads unset variables; each line's failure ends the
-    job with its number). A setup line that activates another environment (VIRTUAL_ENV or
-    CONDA_PREFIX changes) decides the interpreter, unless slurm.python names one."""
+    """PYTHON (job_python), PYTHONPATH (import_path), the fabric profile and the matrix's env (quoted),
+    and its setup lines (as written, without `set -eu`: Lmod's `module` reads unset variables; each
+    line's failure ends the job with its number). Where the site names no interpreter, a setup line
+    that activates another environment (VIRTUAL_ENV or CONDA_PREFIX changes) decides the interpreter
+    and its import path: the checkout is then left off PYTHONPATH."""
     q = shlex.quote
-    # In a container or uenv the interpreter is the image's, not the one running the sweep.
-    python = slurm.python or ("python3" if slurm.container or slurm.uenv else sys.executable)
     runtime = slurm.container.runtime if slurm.container else None
-    lines = [f"PYTHON={q(python)}",
-             f"export PYTHONPATH={q(str(source_root()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    paths = import_path(slurm)
+    checkout = slurm.pythonpath is None and bool(paths)  # the submitting checkout's route
+    lines = [f"PYTHON={q(job_python(slurm))}"]
+    if not checkout:  # sbatch passes the submitter's environment on, and starts the job in its folder (a
+        # checkout, which `python -m` would import first): neither is the site's import path
+        lines += ["unset PYTHONPATH", "export PYTHONSAFEPATH=1"]
+    path_line = f"export PYTHONPATH={q(':'.join(paths))}${{PYTHONPATH:+:$PYTHONPATH}}" if paths else ""
+    if path_line and not (checkout and slurm.setup):
+        lines.append(path_line)
     if hooked := left_to_hook(slurm.fabric, slurm.env, runtime):
         lines.append(f"# fabric {slurm.fabric}: {' '.join(hooked)} left to the Container Engine's aws-ofi-nccl hook")
     lines += [f"export {key}={q(value)}" for key, value in fabric_env(slurm.fabric, slurm.env, runtime).items()]
@@ -225,7 +249,10 @@ def job_environment(slurm) -> list[str]:
             lines += [line, f'eb_rc=$?; if [ "$eb_rc" -ne 0 ]; then echo "echobench: setup line {n} failed '
                             f'(exit $eb_rc): "{q(line)} >&2; exit "$eb_rc"; fi']
         lines.append("set -eu")
-        if not slurm.python:
+        if checkout:
+            lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
+                         f'PYTHON=$(command -v python3 || command -v python); else {path_line}; fi')
+        elif not (slurm.python or slurm.venv or slurm.container or slurm.uenv):
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          'PYTHON=$(command -v python3 || command -v python); fi')
     if rdv := slurm.rendezvous:  # read where the address is made (NODE_LAUNCH_ENV), after the setup lines
