@@ -1,6 +1,6 @@
 """The container recipes in containers/: each is well-formed for its runtime and installs what
 pyproject.toml names; the docs include them (not copies); every container a doc or a shipped matrix
-names passes the matrix loader (echobench.sweep.matrix.ContainerSettings)."""
+names passes the matrix loader (echobench.sweep.cluster.ContainerSettings)."""
 
 import re
 import shlex
@@ -12,7 +12,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from conftest import ROOT
-from echobench.sweep.matrix import ContainerSettings, expand, load_matrix, parse_matrix
+from echobench.sweep.cluster import ContainerSettings
+from echobench.sweep.matrix import expand, load_matrix, parse_matrix
 
 RECIPES = ROOT / "containers"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

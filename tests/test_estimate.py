@@ -10,7 +10,8 @@ import pytest
 
 from conftest import run_cli
 from echobench.sweep.estimate import estimated_seconds, format_time, time_limit, time_limit_s
-from echobench.sweep.matrix import expand, parse_matrix, parse_time
+from echobench.sweep.cluster import parse_time
+from echobench.sweep.matrix import expand, parse_matrix
 
 MATRIX = """
 name: t

@@ -397,7 +397,7 @@ def test_plan_names_the_runs_without_a_peak_and_where_theirs_will_come_from(cli,
 
 def test_the_calibration_job_script(tmp_path):
     from echobench.sweep.executors.slurm_script import render_calibration_script
-    from echobench.sweep.matrix import ContainerSettings
+    from echobench.sweep.cluster import ContainerSettings
 
     m = parse_matrix("name: t\nexecutor: slurm\nslurm: {partition: cpu, time: '2:00:00', gpus_per_node: 4, "
                      "env: {A: b}}\n", "m.yaml")

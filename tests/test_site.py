@@ -129,7 +129,7 @@ def test_a_script_from_a_site_naming_its_interpreter_has_no_trace_of_the_submitt
 def test_the_checkout_route_only_where_nothing_names_an_interpreter(tmp_path):
     text = scripts(tmp_path, {})
     assert f"PYTHON={sys.executable}" in text and f"export PYTHONPATH={ROOT}" in text
-    named = scripts(tmp_path, {"python": sys.executable, "pythonpath": ["/shared/echobench"]})
+    named = scripts(tmp_path, {"python": "/opt/site/bin/python3", "pythonpath": ["/shared/echobench"]})
     assert str(ROOT) not in named and "export PYTHONPATH=/shared/echobench${PYTHONPATH:+:$PYTHONPATH}" in named
     activated = scripts(tmp_path, {"setup": ["source /opt/venv/bin/activate"]}).splitlines()
     # an activated environment takes its own python3 and leaves the checkout off its path

@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT, run_cli
 from echobench.sweep.executors.slurm_script import render_script
 from echobench.train.fabric import FABRICS
-from echobench.sweep.matrix import EPHEMERAL, PORT_SPREAD, expand, parse_matrix
+from echobench.sweep.cluster import EPHEMERAL, PORT_SPREAD
+from echobench.sweep.matrix import expand, parse_matrix
 
 
 IMAGE = "docker://nvcr.io#nvidia/pytorch:25.01-py3 $(touch PWNED); `touch PWNED` 'x' \"y\""
@@ -41,7 +42,7 @@ def test_no_fabric_settings_unless_a_profile_is_chosen():
 def test_the_matrix_admits_exactly_the_profiles_there_are():
     from typing import get_args
 
-    from echobench.sweep.matrix import SlurmSettings
+    from echobench.sweep.cluster import SlurmSettings
 
     choices = next(a for a in get_args(SlurmSettings.model_fields["fabric"].annotation) if get_args(a))
     assert set(get_args(choices)) == set(FABRICS)  # or None: not chosen

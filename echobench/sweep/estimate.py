@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from echobench.model.flops import hardware_flops, model_flops
-from echobench.sweep.matrix import Matrix, PlannedRun, parse_time
+from echobench.sweep.cluster import parse_time
+from echobench.sweep.matrix import Matrix, PlannedRun
 from echobench.records.peaks import table_peak
 from echobench.records.run_figures import seconds_at_mfu
 

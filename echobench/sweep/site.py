@@ -26,8 +26,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from echobench.records.yamltext import read_yaml
-from echobench.sweep.matrix import (ExecutorName, HardwareSettings, LocalSettings, MatrixError, SlurmSettings, Strict,
-                                    _format_pydantic)
+from echobench.sweep.cluster import (ExecutorName, HardwareSettings, LocalSettings, MatrixError, SlurmSettings, Strict,
+                                     format_pydantic)
 
 SECTIONS = ("slurm", "local", "hardware")  # a site's sections besides `executor`, merged key by key
 MERGED_BY_KEY = ("env",)  # slurm's mappings merged key by key; every other key is replaced whole
@@ -54,7 +54,7 @@ def read_site(path: Path) -> dict:
     try:
         SiteFile.model_validate(data)
     except ValidationError as exc:
-        raise MatrixError(_format_pydantic(path, exc, SiteFile)) from None
+        raise MatrixError(format_pydantic(path, exc, SiteFile)) from None
     return data
 
 

@@ -24,7 +24,8 @@ from pydantic import Field, ValidationError, field_validator
 from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
 from echobench.records.layout import Layout, layouts_on
 from echobench.hardware.profile import HardwareProfile
-from echobench.sweep.matrix import ExecutorName, MatrixError, MatrixFile, Strict, _format_pydantic, wrong_kind_of_file
+from echobench.sweep.cluster import ExecutorName, MatrixError, Strict, format_pydantic
+from echobench.sweep.matrix import MatrixFile, wrong_kind_of_file
 from echobench.sweep.site import merge_site, read_site, site_path
 from echobench.backends import layout_problem
 from echobench.hardware.memory import device_memory_gib, estimate_memory
@@ -106,7 +107,7 @@ def load_tune_file(path: Path, site: Path | None = None) -> TuneFile:
         spec = TuneFile.model_validate(data)
         MatrixFile.model_validate({k: data[k] for k in ("name", "executor", "slurm", "local", "hardware") if k in data})
     except ValidationError as exc:
-        raise TuneError(_format_pydantic(path, exc, TuneFile)) from None
+        raise TuneError(format_pydantic(path, exc, TuneFile)) from None
     if not spec.scale and spec.card is None:
         raise TuneError(f"{path}: give scale (one or more of {', '.join(PRESETS)}) or card (a model card file)")
     if spec.card is not None:

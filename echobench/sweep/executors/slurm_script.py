@@ -25,7 +25,7 @@ import yaml
 from echobench.sweep.executors import comm_command, sweep_cache
 from echobench.train.fabric import fabric_env, left_to_hook
 from echobench.train.launch import source_root
-from echobench.sweep.matrix import PORT_SPREAD, parse_time
+from echobench.sweep.cluster import PORT_SPREAD, parse_time
 from echobench.train.nodecheck import backend_imports
 
 
@@ -289,7 +289,7 @@ def render_script(cfg, run_dir: Path, slurm, log: Path | None = None) -> str:
         f"NPROC={int(cfg.gpus_per_node)}",
         f"EXPECT_GPU={expect_gpu}",
         f"IMPORTS={q(','.join(backend_imports(cfg.framework, cfg.te, cfg.precision)))}",
-        # Jobs sharing a node need their own port; the range stays below the ephemeral ports (matrix.EPHEMERAL).
+        # Jobs sharing a node need their own port; the range stays below the ephemeral ports (cluster.EPHEMERAL).
         f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
         *job_environment(slurm),
         *launch_arrays(slurm, cfg, run_dir.parent),
