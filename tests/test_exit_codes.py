@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
+from stubjob import stub_python
 from test_slurm_submit import LIMIT_WORDS, bin_dir, cluster, flat, stub  # noqa: F401 - fixtures
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
@@ -32,8 +33,9 @@ def said(proc) -> str:
 @pytest.mark.slurm
 def test_done(tmp_path, cluster):
     """What was asked happened: preflight passed (0); `sweep --no-wait` submitted every run (0);
-    `status --wait` saw every run ok (0); `sweep` again: every run ok already (0)."""
-    m, out = matrix(tmp_path / "m.yaml"), tmp_path / "sweep"
+    `status --wait` saw every run ok (0); `sweep` again: every run ok already (0). The run is a stub
+    job (tests/stubjob.py): a real job whose run writes a canned record."""
+    m, out = matrix(tmp_path / "m.yaml", python=str(stub_python(tmp_path / "bin"))), tmp_path / "sweep"
     proc = run_cli("preflight", m, "--out", out, tmp_path=tmp_path)
     assert proc.returncode == 0 and "preflight passed" in said(proc), said(proc)
     proc = run_cli("sweep", m, "--out", out, "--no-wait", tmp_path=tmp_path)
