@@ -207,6 +207,32 @@ def smoke_sweep(tmp_path_factory):
     return sweep, proc, time.time() - t0
 
 
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory):
+    """One real local sweep of tiny runs that end each way but well, shared by the tests that read
+    one (tests/test_sweep_local.py, tests/test_exit_codes.py): seed 0 ok, seed 1 an error injected
+    at step 2, seed 2 hung past its 25 s limit (timeout), and a combination skipped (torchtitan has
+    no tp2). A test that changes the sweep works on a copy of it.
+
+    Returns (the matrix, the sweep dir, the completed `echobench sweep` process).
+    """
+    root = tmp_path_factory.mktemp("failing")
+    matrix, sweep = root / "m.yaml", root / "sweep"
+    matrix.write_text(json.dumps({
+        "name": "t", "executor": "local", "hardware": {"peak_tflops": 0.5}, "local": {"time": "00:05:00"},
+        "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False},  # `--executor slurm` plans it too
+        "defaults": {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50,
+                     "text_tokens": 16, "speaker_frames": 40},
+        "include": [
+            {"seed": 0},                                    # ok
+            {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
+            {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "0:25"},  # outlives its 25 s limit
+            {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
+        ]}))
+    proc = run_cli("sweep", matrix, "--out", sweep, tmp_path=root, timeout=600)
+    return matrix, sweep, proc
+
+
 # ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----
 
 # Machine-wide, as the local SLURM cluster is: every pytest worker, and any other pytest here, opens it.

@@ -46,18 +46,18 @@ def test_done(tmp_path, cluster):
     assert proc.returncode == 0 and "1 ok already" in said(proc), said(proc)
 
 
-def test_run_failed(tmp_path):
-    """A run's record is a failure: `sweep` 1, `status` 1, and `sweep --no-wait` 1 (it is not
-    rerun without --retry-failed: nothing is submitted, so no cluster is asked)."""
-    m, out = matrix(tmp_path / "m.yaml", "local", {"fail_at_step": 1}), tmp_path / "sweep"
-    proc = run_cli("sweep", m, "--out", out, tmp_path=tmp_path)
-    assert proc.returncode == 1 and "0 ok already, 0 in progress, 1 to run" in said(proc), said(proc)
-    assert [json.loads(p.read_text())["status"] for p in out.glob("*/result.json")] == ["error"]
+def test_run_failed(tmp_path, failing_sweep):
+    """Runs' records are failures (an error and a timeout beside an ok run, conftest.failing_sweep):
+    `sweep` 1, `status` 1, and `sweep --no-wait` 1 (they are not rerun without --retry-failed:
+    nothing is submitted, so no cluster is asked)."""
+    m, out, proc = failing_sweep
+    assert proc.returncode == 1 and "0 ok already, 0 in progress, 3 to run" in said(proc), said(proc)
+    assert sorted(json.loads(p.read_text())["status"] for p in out.glob("*/result.json")) == ["error", "ok", "timeout"]
     proc = run_cli("status", out, tmp_path=tmp_path)
     assert proc.returncode == 1 and "1 error" in said(proc), said(proc)
     proc = run_cli("sweep", m, "--out", out, "--executor", "slurm", "--no-wait", tmp_path=tmp_path)
     assert proc.returncode == 1, said(proc)
-    assert "nothing to submit: 1 runs already have records (0 ok, 1 failed: --retry-failed reruns them)" in said(proc)
+    assert "nothing to submit: 3 runs already have records (1 ok, 2 failed: --retry-failed reruns them)" in said(proc)
 
 
 @pytest.mark.slurm
