@@ -17,10 +17,10 @@ TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 2, "audio
         "speaker_frames": 40}
 
 
-def matrix(path: Path, executor: str = "slurm", defaults: dict | None = None, **slurm) -> Path:
-    """One tiny run on the CPU (local, or the local cluster's nodes); `slurm` adds to the SLURM settings."""
+def matrix(path: Path, **slurm) -> Path:
+    """One tiny run on the CPU of the local cluster's nodes; `slurm` adds to the SLURM settings."""
     path.write_text(json.dumps({
-        "name": "codes", "executor": executor, "hardware": {"peak_tflops": 0.5}, "defaults": {**TINY, **(defaults or {})},
+        "name": "codes", "executor": "slurm", "hardware": {"peak_tflops": 0.5}, "defaults": TINY,
         "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1}, **slurm},
         "include": [{"seed": 1}]}))
     return path
