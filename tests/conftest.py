@@ -209,10 +209,10 @@ def smoke_sweep(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def failing_sweep(tmp_path_factory):
-    """One real local sweep of tiny runs that end each way but well, shared by the tests that read
-    one (tests/test_sweep_local.py, tests/test_exit_codes.py): seed 0 ok, seed 1 an error injected
-    at step 2, seed 2 hung past its 25 s limit (timeout), and a combination skipped (torchtitan has
-    no tp2). A test that changes the sweep works on a copy of it.
+    """One real local sweep of tiny runs that fail in each way a local run can, beside one that
+    ends well; shared by the tests that read one (tests/test_sweep_local.py, tests/test_exit_codes.py):
+    seed 0 ok, seed 1 an error injected at step 2, seed 2 hung past its 25 s limit (timeout), and a
+    combination skipped (torchtitan has no tp2). A test that changes the sweep works on a copy of it.
 
     Returns (the matrix, the sweep dir, the completed `echobench sweep` process).
     """
