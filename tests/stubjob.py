@@ -1,7 +1,7 @@
 """A stub job for the tests of the SLURM queue (submit limits, max_submitted, cancel, Ctrl-C, exit
 codes): a real sbatch job on the local cluster, through the real job script, whose run writes a
 canned record instead of training a model. What those tests assert is what the sweep does with the
-scheduler; a trained model adds minutes of CPU and nothing they look at. (tests/test_slurm.py keeps
+scheduler; a trained model adds CPU (some 15 s a tiny run) and nothing they look at. (tests/test_slurm.py keeps
 real SLURM sweeps that train.)
 
 `stub_python(DIR)` writes an interpreter to give as the matrix's slurm.python: the job script's

@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from conftest import default_signals, run_cli, wait_for
-from stubjob import stub_python
+from stubjob import STUB_BY, stub_python
 from echobench.sweep import loop as sw
 from echobench.sweep import state as sweep_state
 from echobench.sweep import status as sweep_status
@@ -160,6 +160,12 @@ def flat(text: str) -> str:
 def statuses(out: Path) -> list[str]:
     return sorted(json.loads((d / "result.json").read_text())["status"] for d in out.iterdir()
                   if (d / "result.json").exists())
+
+
+def stub_records(out: Path) -> bool:
+    """Every record of the sweep is a stub job's (tests/stubjob.py), none a trained run's."""
+    found = [json.loads(p.read_text())["env"]["recorded_by"] for p in out.glob("*/result.json")]
+    return bool(found) and set(found) == {STUB_BY}
 
 
 def test_under_a_submit_limit_of_5_every_one_of_12_runs_finishes(tmp_path, monkeypatch):
@@ -501,7 +507,7 @@ def test_a_sweep_under_a_submit_limit_of_1_finishes_every_run(tmp_path, cluster)
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 2
+    assert statuses(out) == ["ok"] * 2 and stub_records(out)
     tries = log.read_text().splitlines()
     assert sum(t.startswith("submitted") for t in tries) == 2 and any(t.startswith("refused") for t in tries)
     assert flat(proc.stdout).count("QOSMaxSubmitJobPerUserLimit") == 1, proc.stdout
@@ -515,7 +521,7 @@ def test_max_submitted_keeps_the_queue_under_the_limit(tmp_path, cluster):
     proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 2, max_submitted=1), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 2
+    assert statuses(out) == ["ok"] * 2 and stub_records(out)
     assert log.read_text().splitlines() == [line for line in log.read_text().splitlines()
                                             if line.startswith("submitted")], log.read_text()
 
