@@ -215,6 +215,11 @@ def test_the_dry_pass_end_to_end(tmp_path):
                DEVICE_CHECK_WORK=str(tmp_path / "work"), PYTHONPATH="",
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
                CUDA_VISIBLE_DEVICES="")  # the CPU whatever the host, as the suite's other commands
+    # The pass's own compile cache, as on the device: a worker that compiled in process carries
+    # inductor's default folder in its environment (the suite's, hundreds of MiB), which the pass
+    # would pack into OUTDIR.
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(var, None)
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "tools/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
