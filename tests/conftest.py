@@ -233,6 +233,29 @@ def failing_sweep(tmp_path_factory):
     return matrix, sweep, proc
 
 
+PROFILED_RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1",
+                "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
+
+
+@pytest.fixture(scope="session")
+def profiled_runs(tmp_path_factory):
+    """One single-process and one DDP run over 2 gloo processes of Echo, and a DDP run of a model
+    card's decoder, all with --trace and a peak given (no calibration); shared by the tests that read
+    a profiled run (tests/test_breakdown.py, tests/test_device_check.py), which do not change them."""
+    from test_card_runs import write_card
+
+    root = tmp_path_factory.mktemp("profiled")
+    card = ["--card", write_card(root / "card.yaml"), "--trace", "--steps", "2", "--warmup-steps", "1",
+            "--micro-batch", "2", "--peak-tflops", "1"]
+    runs = {}
+    for name, args in (("single", PROFILED_RUN), ("ddp", [*PROFILED_RUN, "--nproc", "2", "--parallelism", "ddp"]),
+                       ("card-ddp", [*card, "--nproc", "2", "--parallelism", "ddp"])):
+        proc = run_cli("run", *args, "--out", root / name, tmp_path=root)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs[name] = root / name
+    return runs
+
+
 # ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----
 
 # Machine-wide, as the local SLURM cluster is: every pytest worker, and any other pytest here, opens it.
