@@ -77,15 +77,25 @@ def test_calibrate_then_run_reports_mfu_against_the_ceiling(cli, tmp_path):
     assert r2["mfu_vs_ceiling"] == pytest.approx(r2["tflops_per_gpu"] / cal["tflops"])
 
 
-@pytest.mark.parametrize("kind,status", [("error", "error"), ("oom", "oom")])
-def test_a_failing_run_still_writes_its_record(cli, tmp_path, kind, status):
-    out = tmp_path / "run"
-    proc = cli("run", *TINY, "--peak-tflops", "1", "--fail-at-step", "2", "--fail-kind", kind, "--out", out)
-    assert proc.returncode == 1
-    r = record(out)
+def assert_a_failed_record(r: dict, status: str) -> None:
     assert r["status"] == status
     assert "injected" in r["error"] and "step 2" in r["error"]
     assert r["traceback_tail"] and r["peak_mem_gib"] > 0
+
+
+def test_an_out_of_memory_run_still_writes_its_record(cli, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("run", *TINY, "--peak-tflops", "1", "--fail-at-step", "2", "--fail-kind", "oom", "--out", out)
+    assert proc.returncode == 1
+    assert_a_failed_record(record(out), "oom")
+
+
+def test_a_run_that_raised_still_writes_its_record(failing_sweep):
+    """The shared failing sweep's run with an error injected at step 2 (conftest.failing_sweep: TINY's
+    shapes, steps and warm-up), run by the local executor as `echobench run`."""
+    _, sweep, _ = failing_sweep
+    (r,) = (r for r in map(record, (p.parent for p in sweep.glob("*/result.json"))) if r["seed"] == 1)
+    assert_a_failed_record(r, "error")
 
 
 def test_bad_settings_are_one_line_errors(cli, tmp_path):
