@@ -170,10 +170,10 @@ def test_time_limit_is_not_swallowed_by_broad_exception_handlers(limit):
 
 def test_time_limit_stops_a_run_with_status_timeout(cli, tmp_path):
     out = tmp_path / "run"
-    proc = cli("run", *TINY, "--steps", "100000", "--peak-tflops", "1", "--time-limit-s", "8", "--out", out)
+    proc = cli("run", *TINY, "--steps", "100000", "--peak-tflops", "1", "--time-limit-s", "3", "--out", out)
     assert proc.returncode == 1
     r = record(out)
-    assert r["status"] == "timeout" and "time limit of 8 s" in r["error"]
+    assert r["status"] == "timeout" and "time limit of 3 s" in r["error"]
 
 
 def test_run_repeats_are_independent_launches_of_the_same_settings(cli, tmp_path):
