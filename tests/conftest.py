@@ -207,6 +207,55 @@ def smoke_sweep(tmp_path_factory):
     return sweep, proc, time.time() - t0
 
 
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory):
+    """One real local sweep of tiny runs that fail in each way a local run can, beside one that
+    ends well; shared by the tests that read one (tests/test_sweep_local.py, tests/test_exit_codes.py):
+    seed 0 ok, seed 1 an error injected at step 2, seed 2 hung past its 25 s limit (timeout), and a
+    combination skipped (torchtitan has no tp2). A test that changes the sweep works on a copy of it.
+
+    Returns (the matrix, the sweep dir, the completed `echobench sweep` process).
+    """
+    root = tmp_path_factory.mktemp("failing")
+    matrix, sweep = root / "m.yaml", root / "sweep"
+    matrix.write_text(json.dumps({
+        "name": "t", "executor": "local", "hardware": {"peak_tflops": 0.5}, "local": {"time": "00:05:00"},
+        "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False},  # `--executor slurm` plans it too
+        "defaults": {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50,
+                     "text_tokens": 16, "speaker_frames": 40},
+        "include": [
+            {"seed": 0},                                    # ok
+            {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
+            {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "0:25"},  # outlives its 25 s limit
+            {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
+        ]}))
+    proc = run_cli("sweep", matrix, "--out", sweep, tmp_path=root, timeout=600)
+    return matrix, sweep, proc
+
+
+PROFILED_RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1",
+                "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
+
+
+@pytest.fixture(scope="session")
+def profiled_runs(tmp_path_factory):
+    """One single-process and one DDP run over 2 gloo processes of Echo, and a DDP run of a model
+    card's decoder, all with --trace and a peak given (no calibration); shared by the tests that read
+    a profiled run (tests/test_breakdown.py, tests/test_device_check.py), which do not change them."""
+    from test_card_runs import write_card
+
+    root = tmp_path_factory.mktemp("profiled")
+    card = ["--card", write_card(root / "card.yaml"), "--trace", "--steps", "2", "--warmup-steps", "1",
+            "--micro-batch", "2", "--peak-tflops", "1"]
+    runs = {}
+    for name, args in (("single", PROFILED_RUN), ("ddp", [*PROFILED_RUN, "--nproc", "2", "--parallelism", "ddp"]),
+                       ("card-ddp", [*card, "--nproc", "2", "--parallelism", "ddp"])):
+        proc = run_cli("run", *args, "--out", root / name, tmp_path=root)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs[name] = root / name
+    return runs
+
+
 # ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----
 
 # Machine-wide, as the local SLURM cluster is: every pytest worker, and any other pytest here, opens it.

@@ -11,7 +11,6 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from conftest import run_cli
 from echobench.train.breakdown import (CATEGORIES, DATA_WAIT, breakdown_from_events, classify_kernel, classify_op,
                                  short_name, summary, waterfall)
 from echobench.records.results import Record
@@ -238,28 +237,6 @@ def test_summary_takes_the_busiest_rank_and_keeps_errors():
 
 
 # ---- real traces of the tiny model on the CPU ----
-
-RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1", "--audio-frames", "50",
-       "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
-
-
-@pytest.fixture(scope="module")
-def profiled_runs(tmp_path_factory):
-    """One single-process and one DDP run over 2 gloo processes of Echo, and a DDP run of a model
-    card's decoder, all with --trace."""
-    from test_card_runs import write_card
-
-    root = tmp_path_factory.mktemp("profiled")
-    card = ["--card", write_card(root / "card.yaml"), "--trace", "--steps", "2", "--warmup-steps", "1",
-            "--micro-batch", "2", "--peak-tflops", "1"]
-    runs = {}
-    for name, args in (("single", RUN), ("ddp", [*RUN, "--nproc", "2", "--parallelism", "ddp"]),
-                       ("card-ddp", [*card, "--nproc", "2", "--parallelism", "ddp"])):
-        proc = run_cli("run", *args, "--out", root / name, tmp_path=root)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        runs[name] = root / name
-    return runs
-
 
 def profiled_step_us(trace_path):
     """The profiled window per step, from the first ProfilerStep's start to the last one's end, as

@@ -166,7 +166,8 @@ def test_tests_that_all_skipped_did_not_pass(tmp_path, last_line, rc, want):
         assert line["note"].startswith("none ran")
 
 
-def test_unpack_restores_the_breakdown_for_explain(tmp_path, tiny_profiled_run):
+def test_unpack_restores_the_breakdown_for_explain(tmp_path, profiled_runs):
+    tiny_profiled_run = profiled_runs["single"]  # the suite's traced tiny run (conftest)
     records = tmp_path / "records.jsonl"
     line = device_summary.add_line(records, kind="run", name="tiny-compile-mb2", rc=0, run_dir=tiny_profiled_run)
     assert line["outcome"] == "passed" and line["breakdown"]
@@ -177,17 +178,6 @@ def test_unpack_restores_the_breakdown_for_explain(tmp_path, tiny_profiled_run):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "not profiled" not in out.stdout
-
-
-@pytest.fixture(scope="module")
-def tiny_profiled_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiled")
-    env = dict(os.environ, ECHOBENCH_CACHE=str(out / "cache"))
-    subprocess.run([sys.executable, "-m", "echobench", "run", "--scale", "tiny", "--steps", "2", "--warmup-steps", "1",
-                    "--audio-frames", "32", "--text-tokens", "16", "--speaker-frames", "32", "--micro-batch", "2",
-                    "--trace", "--peak-tflops", "1", "--out", str(out / "run")], cwd=ROOT, env=env, check=True,
-                   capture_output=True, timeout=300)
-    return out / "run"
 
 
 def test_verify_names_what_makes_a_pass_unsound(tmp_path):
@@ -215,6 +205,11 @@ def test_the_dry_pass_end_to_end(tmp_path):
                DEVICE_CHECK_WORK=str(tmp_path / "work"), PYTHONPATH="",
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
                CUDA_VISIBLE_DEVICES="")  # the CPU whatever the host, as the suite's other commands
+    # The pass's own compile cache, as on the device: a worker that compiled in process carries
+    # inductor's default folder in its environment (the suite's, hundreds of MiB), which the pass
+    # would pack into OUTDIR.
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(var, None)
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "tools/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)

@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
+from stubjob import stub_python
 from test_slurm_submit import LIMIT_WORDS, bin_dir, cluster, flat, stub  # noqa: F401 - fixtures
 
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
 
 
-def matrix(path: Path, executor: str = "slurm", defaults: dict | None = None, **slurm) -> Path:
-    """One tiny run on the CPU (local, or the local cluster's nodes); `slurm` adds to the SLURM settings."""
+def matrix(path: Path, **slurm) -> Path:
+    """One tiny run on the CPU of the local cluster's nodes; `slurm` adds to the SLURM settings."""
     path.write_text(json.dumps({
-        "name": "codes", "executor": executor, "hardware": {"peak_tflops": 0.5}, "defaults": {**TINY, **(defaults or {})},
+        "name": "codes", "executor": "slurm", "hardware": {"peak_tflops": 0.5}, "defaults": TINY,
         "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1}, **slurm},
         "include": [{"seed": 1}]}))
     return path
@@ -32,8 +33,9 @@ def said(proc) -> str:
 @pytest.mark.slurm
 def test_done(tmp_path, cluster):
     """What was asked happened: preflight passed (0); `sweep --no-wait` submitted every run (0);
-    `status --wait` saw every run ok (0); `sweep` again: every run ok already (0)."""
-    m, out = matrix(tmp_path / "m.yaml"), tmp_path / "sweep"
+    `status --wait` saw every run ok (0); `sweep` again: every run ok already (0). The run is a stub
+    job (tests/stubjob.py): a real job whose run writes a canned record."""
+    m, out = matrix(tmp_path / "m.yaml", python=str(stub_python(tmp_path / "bin"))), tmp_path / "sweep"
     proc = run_cli("preflight", m, "--out", out, tmp_path=tmp_path)
     assert proc.returncode == 0 and "preflight passed" in said(proc), said(proc)
     proc = run_cli("sweep", m, "--out", out, "--no-wait", tmp_path=tmp_path)
@@ -44,18 +46,18 @@ def test_done(tmp_path, cluster):
     assert proc.returncode == 0 and "1 ok already" in said(proc), said(proc)
 
 
-def test_run_failed(tmp_path):
-    """A run's record is a failure: `sweep` 1, `status` 1, and `sweep --no-wait` 1 (it is not
-    rerun without --retry-failed: nothing is submitted, so no cluster is asked)."""
-    m, out = matrix(tmp_path / "m.yaml", "local", {"fail_at_step": 1}), tmp_path / "sweep"
-    proc = run_cli("sweep", m, "--out", out, tmp_path=tmp_path)
-    assert proc.returncode == 1 and "0 ok already, 0 in progress, 1 to run" in said(proc), said(proc)
-    assert [json.loads(p.read_text())["status"] for p in out.glob("*/result.json")] == ["error"]
+def test_run_failed(tmp_path, failing_sweep):
+    """Runs' records are failures (an error and a timeout beside an ok run, conftest.failing_sweep):
+    `sweep` 1, `status` 1, and `sweep --no-wait` 1 (they are not rerun without --retry-failed:
+    nothing is submitted, so no cluster is asked)."""
+    m, out, proc = failing_sweep
+    assert proc.returncode == 1 and "0 ok already, 0 in progress, 3 to run" in said(proc), said(proc)
+    assert sorted(json.loads(p.read_text())["status"] for p in out.glob("*/result.json")) == ["error", "ok", "timeout"]
     proc = run_cli("status", out, tmp_path=tmp_path)
     assert proc.returncode == 1 and "1 error" in said(proc), said(proc)
     proc = run_cli("sweep", m, "--out", out, "--executor", "slurm", "--no-wait", tmp_path=tmp_path)
     assert proc.returncode == 1, said(proc)
-    assert "nothing to submit: 1 runs already have records (0 ok, 1 failed: --retry-failed reruns them)" in said(proc)
+    assert "nothing to submit: 3 runs already have records (1 ok, 2 failed: --retry-failed reruns them)" in said(proc)
 
 
 @pytest.mark.slurm

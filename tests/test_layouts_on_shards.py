@@ -6,6 +6,8 @@ batch, draws keyed by anything but the sample, or a loss that is a mean of per-r
 layout runs `echobench run` as a user does on the tiny model, global batch 4, 3 steps, fp32.
 """
 
+import json
+
 import pytest
 
 from conftest import ONE_THREAD, run_cli
@@ -35,19 +37,22 @@ def single(shards, tmp_path_factory):
     return record(out)
 
 
-@pytest.mark.parametrize("framework,layout,nproc,micro_batch", [
-    ("torchtitan", ["--parallelism", "ddp"], 2, 2),
-    ("torchtitan", ["--parallelism", "fsdp2"], 2, 2),
-    ("megatron", ["--tp", "2"], 2, 4),  # TP peers read the same 4 samples
-    ("megatron", ["--tp", "2"], 4, 2),  # TP=2 x DP=2
+@pytest.mark.parametrize("framework,layout,nproc,micro_batch,trace", [
+    ("torchtitan", ["--parallelism", "ddp"], 2, 2, False),
+    ("torchtitan", ["--parallelism", "fsdp2"], 2, 2, True),
+    ("megatron", ["--tp", "2"], 2, 4, False),  # TP peers read the same 4 samples
+    ("megatron", ["--tp", "2"], 4, 2, False),  # TP=2 x DP=2
 ], ids=["ddp", "fsdp2", "tp2", "tp2xdp2"])
 def test_layout_matches_single_process_on_shards(cli, tmp_path, shards, single, framework, layout, nproc,
-                                                 micro_batch):
+                                                 micro_batch, trace):
+    """The launched layouts' losses follow one process's; the torchtitan ones are also the suite's
+    data-parallel equivalence runs of the backend (assert_data_parallel)."""
     if framework == "megatron":
         pytest.importorskip("megatron.core")
     out = tmp_path / "run"
     proc = cli("run", *SHAPE, "--data", shards, "--framework", framework, *layout, "--nproc", nproc,
-               "--micro-batch", micro_batch, "--out", out, timeout=900, env=ONE_THREAD)
+               "--micro-batch", micro_batch, *(["--trace"] if trace else []), "--out", out, timeout=900,
+               env=ONE_THREAD)
     r = record(out)
     assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
     assert r["status"] == "ok" and r["world_size"] == nproc and r["global_batch"] == 4
@@ -55,6 +60,29 @@ def test_layout_matches_single_process_on_shards(cli, tmp_path, shards, single, 
     assert r["model_flops_per_sample"] == single["model_flops_per_sample"]
     assert len(r["losses"]) == 3 and single["losses"][1] != single["losses"][0]  # it trains
     assert r["losses"] == pytest.approx(single["losses"], rel=RTOL, abs=0)
+    if framework == "torchtitan":
+        assert_data_parallel(r, out, traced=trace)
+
+
+def assert_data_parallel(r: dict, out, traced: bool) -> None:
+    """What a torchtitan data-parallel run of 2 ranks says of itself: each rank's figures, the ranks
+    reading different samples (their mean is the step's loss), its mesh; with --trace, a chrome
+    trace per rank and where the time went (FSDP's all-gathers and reduce-scatters on gloo's threads)."""
+    assert [p["rank"] for p in r["per_rank"]] == [0, 1] and r["slowest_rank"] in (0, 1)
+    assert all(p["median_step_time_s"] > 0 and p["peak_mem_gib"] > 0 for p in r["per_rank"])
+    assert r["per_rank"][0]["losses"][0] != r["per_rank"][1]["losses"][0]
+    backend = r["backend"]
+    assert backend["mesh"] == {"dp": 2} and backend["process_group_backend"] == "gloo"
+    assert "not sharded" in backend["text_encoder"]
+    if r["parallelism"] == "fsdp2":
+        assert backend["mixed_precision"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    if traced:  # of steps after the measured ones (untimed)
+        assert min(r["profiled_steps"]) > r["warmup_steps"] + r["steps"] - 1
+        for rank in (0, 1):
+            trace = json.loads((out / f"trace-rank{rank}.json").read_text())
+            assert any("aten::mm" in e.get("name", "") for e in trace["traceEvents"])
+        ranks = json.loads((out / "breakdown.json").read_text())["ranks"]
+        assert [b["rank"] for b in ranks] == [0, 1] and all(b["communication"]["total_s"] > 0 for b in ranks)
 
 
 def test_a_stand_in_row_adds_nothing_to_loss_or_gradients():

@@ -11,9 +11,9 @@ TINY = ["--scale", "tiny", "--steps", "3", "--warmup-steps", "1", "--micro-batch
         "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40"]
 
 
-def test_tiny_run_writes_a_complete_record(cli, tmp_path):
-    out = tmp_path / "run"
-    proc = cli("run", *TINY, "--peak-tflops", "0.5", "--out", out)
+def assert_a_complete_record(proc, out) -> dict:
+    """A tiny run's record (TINY at a flag peak of 0.5), complete and valid, its figures recomputed
+    from what it stores."""
     assert proc.returncode == 0, proc.stderr
     # torchao's start-up warnings (transformers imports it) stay out of the output (cli.quiet_third_party_logs)
     assert "Failed to load" not in proc.stderr and "Enum subclass" not in proc.stderr, proc.stderr
@@ -46,6 +46,7 @@ def test_tiny_run_writes_a_complete_record(cli, tmp_path):
     assert 0 <= r["data_wait_frac"] < 1 and r["peak_mem_gib"] > 0
     assert len(r["per_rank"]) == 1 and len(r["losses"]) == 4
     assert r["env"]["torch"] and r["env"]["device_name"].startswith("CPU")
+    return r
 
 
 def test_unknown_device_without_peak_is_an_error_record(cli, tmp_path):
@@ -57,6 +58,8 @@ def test_unknown_device_without_peak_is_an_error_record(cli, tmp_path):
 
 
 def test_calibrate_then_run_reports_mfu_against_the_ceiling(cli, tmp_path):
+    """A calibrated run reports MFU against the ceiling; a run at a flag peak beside the calibration
+    reports MFU against the flag and the ceiling, and writes a complete record (one run serves both)."""
     proc = cli("calibrate", "--size", "256", "--iters", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     cal = json.loads(proc.stdout)
@@ -69,31 +72,30 @@ def test_calibrate_then_run_reports_mfu_against_the_ceiling(cli, tmp_path):
     assert r["mfu_vs_ceiling"] == pytest.approx(r["mfu"])
     # A datasheet-style peak given by flag: MFU against it, and against the ceiling beside it.
     out2 = tmp_path / "run2"
-    assert cli("run", *TINY, "--peak-tflops", "10", "--out", out2).returncode == 0
-    r2 = record(out2)
-    assert r2["mfu"] == pytest.approx(r2["tflops_per_gpu"] / 10)
+    r2 = assert_a_complete_record(cli("run", *TINY, "--peak-tflops", "0.5", "--out", out2), out2)
+    assert r2["mfu"] == pytest.approx(r2["tflops_per_gpu"] / 0.5)
     assert r2["mfu_vs_ceiling"] == pytest.approx(r2["tflops_per_gpu"] / cal["tflops"])
 
 
-@pytest.mark.parametrize("kind,status", [("error", "error"), ("oom", "oom")])
-def test_a_failing_run_still_writes_its_record(cli, tmp_path, kind, status):
-    out = tmp_path / "run"
-    proc = cli("run", *TINY, "--peak-tflops", "1", "--fail-at-step", "2", "--fail-kind", kind, "--out", out)
-    assert proc.returncode == 1
-    r = record(out)
+def assert_a_failed_record(r: dict, status: str) -> None:
     assert r["status"] == status
     assert "injected" in r["error"] and "step 2" in r["error"]
     assert r["traceback_tail"] and r["peak_mem_gib"] > 0
 
 
-def test_config_file_with_flag_override(cli, tmp_path):
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text("scale: tiny\nsteps: 2\nwarmup_steps: 1\nmicro_batch: 3\naudio_frames: 40\n"
-                   "text_tokens: 8\nspeaker_frames: 20\npeak_tflops: 1.0\n")
+def test_an_out_of_memory_run_still_writes_its_record(cli, tmp_path):
     out = tmp_path / "run"
-    assert cli("run", "--config", cfg, "--micro-batch", "1", "--out", out).returncode == 0
-    r = record(out)
-    assert r["micro_batch"] == 1 and r["steps"] == 2 and r["audio_frames"] == 40
+    proc = cli("run", *TINY, "--peak-tflops", "1", "--fail-at-step", "2", "--fail-kind", "oom", "--out", out)
+    assert proc.returncode == 1
+    assert_a_failed_record(record(out), "oom")
+
+
+def test_a_run_that_raised_still_writes_its_record(failing_sweep):
+    """The shared failing sweep's run with an error injected at step 2 (conftest.failing_sweep: TINY's
+    shapes, steps and warm-up), run by the local executor as `echobench run`."""
+    _, sweep, _ = failing_sweep
+    (r,) = (r for r in map(record, (p.parent for p in sweep.glob("*/result.json"))) if r["seed"] == 1)
+    assert_a_failed_record(r, "error")
 
 
 def test_bad_settings_are_one_line_errors(cli, tmp_path):
@@ -168,17 +170,24 @@ def test_time_limit_is_not_swallowed_by_broad_exception_handlers(limit):
 
 def test_time_limit_stops_a_run_with_status_timeout(cli, tmp_path):
     out = tmp_path / "run"
-    proc = cli("run", *TINY, "--steps", "100000", "--peak-tflops", "1", "--time-limit-s", "8", "--out", out)
+    proc = cli("run", *TINY, "--steps", "100000", "--peak-tflops", "1", "--time-limit-s", "3", "--out", out)
     assert proc.returncode == 1
     r = record(out)
-    assert r["status"] == "timeout" and "time limit of 8 s" in r["error"]
+    assert r["status"] == "timeout" and "time limit of 3 s" in r["error"]
 
 
 def test_run_repeats_are_independent_launches_of_the_same_settings(cli, tmp_path):
+    """Settings from a config file with a flag over one of them, run twice: each repeat a launch of
+    its own, both with the file's settings and the flag's."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("scale: tiny\nsteps: 2\nwarmup_steps: 1\nmicro_batch: 3\naudio_frames: 40\n"
+                   "text_tokens: 8\nspeaker_frames: 20\npeak_tflops: 1.0\n")
     out = tmp_path / "run"
-    proc = cli("run", *TINY, "--steps", "2", "--peak-tflops", "1", "--repeats", "2", "--out", out)
+    proc = cli("run", "--config", cfg, "--micro-batch", "1", "--repeats", "2", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, second = (record(out / f"repeat-{k}") for k in range(2))
+    for r in (first, second):
+        assert r["micro_batch"] == 1 and r["steps"] == 2 and r["audio_frames"] == 40
     assert (first["repeat"], second["repeat"]) == (0, 1) and first["run_id"] != second["run_id"]
     assert second["run_id"] == first["run_id"] + "-r1"
     assert configuration_key(Record.parse(first)) == configuration_key(Record.parse(second))  # one configuration

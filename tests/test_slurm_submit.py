@@ -6,7 +6,8 @@ refuses beyond N jobs, as a QOS's MaxSubmitJobsPerUser does, on a fake clock) dr
 stand-in sbatch / sacct / squeue scripts on PATH drive the SLURM executor. The tests marked
 `slurm` run on the local cluster (`bash scripts/slurm-local.sh up 2`): it keeps no accounting, so
 a QOS limit cannot be set there; a stub sbatch on PATH refuses as sbatch does under such a limit
-(its exact words) and hands every other submission to the real sbatch, so the jobs really run.
+(its exact words) and hands every other submission to the real sbatch, so the jobs really run:
+stub jobs (tests/stubjob.py), whose run writes a canned record instead of training.
 """
 
 import io
@@ -22,6 +23,7 @@ import pytest
 from rich.console import Console
 
 from conftest import default_signals, run_cli, wait_for
+from stubjob import STUB_BY, stub_python
 from echobench.sweep import loop as sw
 from echobench.sweep import state as sweep_state
 from echobench.sweep import status as sweep_status
@@ -158,6 +160,12 @@ def flat(text: str) -> str:
 def statuses(out: Path) -> list[str]:
     return sorted(json.loads((d / "result.json").read_text())["status"] for d in out.iterdir()
                   if (d / "result.json").exists())
+
+
+def stub_records(out: Path) -> bool:
+    """Every record of the sweep is a stub job's (tests/stubjob.py), none a trained run's."""
+    found = [json.loads(p.read_text())["env"]["recorded_by"] for p in out.glob("*/result.json")]
+    return bool(found) and set(found) == {STUB_BY}
 
 
 def test_under_a_submit_limit_of_5_every_one_of_12_runs_finishes(tmp_path, monkeypatch):
@@ -467,13 +475,15 @@ echo "submitted with $n queued" >>"{log}"
     return log
 
 
-def slurm_matrix(path: Path, n: int, defaults: dict | None = None, **slurm) -> Path:
-    """n tiny runs (seeds 0..n-1) on the CPU nodes; `slurm` adds to the SLURM settings."""
+def slurm_matrix(path: Path, n: int, hang: bool = False, **slurm) -> Path:
+    """n tiny runs (seeds 0..n-1) on the CPU nodes as stub jobs (tests/stubjob.py: real jobs whose run
+    writes a canned record, or with `hang` runs until cancelled); `slurm` adds to the SLURM settings."""
+    python = str(stub_python(path.parent / "bin", hang=hang))
     path.write_text(json.dumps({
         "name": "limits", "executor": "slurm", "hardware": {"peak_tflops": 0.5},
         "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1},
-                  **slurm},
-        "defaults": {**TINY, **(defaults or {})}, "axes": {"seed": list(range(n))}}))
+                  "python": python, **slurm},
+        "defaults": TINY, "axes": {"seed": list(range(n))}}))
     return path
 
 
@@ -497,7 +507,7 @@ def test_a_sweep_under_a_submit_limit_of_1_finishes_every_run(tmp_path, cluster)
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     print(proc.stdout, log.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 2
+    assert statuses(out) == ["ok"] * 2 and stub_records(out)
     tries = log.read_text().splitlines()
     assert sum(t.startswith("submitted") for t in tries) == 2 and any(t.startswith("refused") for t in tries)
     assert flat(proc.stdout).count("QOSMaxSubmitJobPerUserLimit") == 1, proc.stdout
@@ -511,7 +521,7 @@ def test_max_submitted_keeps_the_queue_under_the_limit(tmp_path, cluster):
     proc = run_cli("sweep", slurm_matrix(tmp_path / "m.yaml", 2, max_submitted=1), "--out", out, "--poll", "1", "--no-preflight",
                    tmp_path=tmp_path, timeout=1200, env=with_stubs(stubs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert statuses(out) == ["ok"] * 2
+    assert statuses(out) == ["ok"] * 2 and stub_records(out)
     assert log.read_text().splitlines() == [line for line in log.read_text().splitlines()
                                             if line.startswith("submitted")], log.read_text()
 
@@ -522,7 +532,7 @@ def test_no_wait_under_a_limit_then_cancel_ends_the_sweeps_jobs(tmp_path, cluste
     two queued jobs (records cancelled, as the sweep writes them), and again does nothing."""
     out, stubs = tmp_path / "sweep", tmp_path / "stubs"
     limited_sbatch(stubs, out, 2)
-    matrix = slurm_matrix(tmp_path / "m.yaml", 3, defaults={"steps": 100000})
+    matrix = slurm_matrix(tmp_path / "m.yaml", 3, hang=True)
     proc = run_cli("sweep", matrix, "--out", out, "--no-wait", "--no-preflight", tmp_path=tmp_path,
                    env=with_stubs(stubs))
     assert proc.returncode == 75, proc.stdout + proc.stderr
@@ -552,7 +562,7 @@ def interrupted_sweep(tmp_path: Path, answer: str | None) -> tuple[subprocess.Co
     """`echobench sweep` of one long run, Ctrl-C once its job runs; stdin a terminal answering
     `answer`, or no terminal (None). (exit code and output, the job id, the sweep dir)."""
     out = tmp_path / "sweep"
-    matrix = slurm_matrix(tmp_path / "m.yaml", 1, defaults={"steps": 100000})
+    matrix = slurm_matrix(tmp_path / "m.yaml", 1, hang=True)
     cmd = [sys.executable, "-m", "echobench", "sweep", str(matrix), "--out", str(out), "--poll", "1",
            "--no-preflight"]
     from conftest import ROOT, cli_env

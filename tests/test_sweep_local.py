@@ -4,6 +4,7 @@ resumption, --retry-failed, the per-run time limit and Ctrl-C."""
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,15 +71,8 @@ def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, smoke_swe
     assert proc.returncode == 0 and f"{len(runs)} ok" in proc.stdout
 
 
-def test_failures_time_limit_and_retry_failed(cli, tmp_path):
-    matrix = write_matrix(tmp_path / "m.yaml", local={"time": "00:05:00"}, include=[
-        {"seed": 0},                                    # ok
-        {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2
-        {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "0:25"},  # outlives its 25 s limit
-        {"parallelism": "tp2"},                         # skipped: torchtitan has no TP
-    ])
-    sweep = tmp_path / "sweep"
-    proc = cli("sweep", matrix, "--out", sweep, timeout=600)
+def test_failures_time_limit_and_retry_failed(cli, tmp_path, failing_sweep):
+    matrix, sweep, proc = failing_sweep
     assert proc.returncode == 1, proc.stdout + proc.stderr
     runs = state(sweep)
     by_seed = {record(sweep, rid)["seed"]: record(sweep, rid) for rid in runs}
@@ -101,6 +95,8 @@ def test_failures_time_limit_and_retry_failed(cli, tmp_path):
     for rid in runs:
         assert json.loads((sweep / rid / "plan.json").read_text())["memory_estimate_gib"] > 0
 
+    # on a copy: the sweep is shared (conftest.failing_sweep)
+    sweep = Path(shutil.copytree(sweep, tmp_path / "sweep"))
     proc = cli("sweep", matrix, "--out", sweep)  # failed ones are not rerun without --retry-failed
     assert proc.returncode == 1 and "0 to run, 2 failed earlier" in proc.stdout and state(sweep) == runs
 
