@@ -49,7 +49,7 @@ RUN_PANELS = {
     "Performance": ["compile", "ac", "master_weights", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
                     "sequence_parallel", "distributed_optimizer", "float8_recipe", "key_masking", "cfg_drop",
                     "cfg_drop_attention", "loader_workers", "gc_every"],
-    "Data and text encoder": ["data", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
+    "Data and text encoder": ["data", "synthetic_lengths", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",
                               "t5_hidden_dim", "tokenizer"],
     "Measurement": ["peak_tflops", "trace", "time_limit_s", "trace_limit_s", "progress_every_s", "log_metrics"],
     "hidden": ["fail_at_step", "fail_rank", "fail_kind"],

@@ -118,6 +118,11 @@ class RunConfig:
     grad_reduce_dtype: Literal["fp32", "bf16"] = setting(
         "fp32", "Data-parallel gradient reduction dtype (ddp, fsdp2, hsdp, megatron's DP): bf16 halves the bytes.")
     data: str = setting("synthetic", "'synthetic' (in memory) or a directory of tar shards.")
+    synthetic_lengths: Literal["full", "drawn"] = setting(
+        "full", "data synthetic: full, every sample at the maximum lengths (nothing padded: the MFU is an upper "
+        "bound of padded data's); drawn, lengths drawn as `echobench data synth` draws them (audio log-normal, median "
+        "8 s, sigma 0.6, clipped to [2 s, audio_frames]; text ~14 characters per second), padded or bucketed as "
+        "shards are.")
     skip_bad_samples: bool = setting(False, "Count and skip corrupt samples instead of failing.")
     batching: Literal["pad", "bucket"] = setting("pad", "pad: every batch to the maximum lengths; bucket: samples "
                                                  "grouped by audio length into a few static shapes (shards only).")
@@ -182,9 +187,12 @@ class RunConfig:
     def validate(self) -> None:
         for f in fields(self):
             check_value(f.name, getattr(self, f.name))
-        if self.batching == "bucket" and self.data == "synthetic":
-            raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
-                             "samples are all full-length")
+        if self.batching == "bucket" and self.data == "synthetic" and self.synthetic_lengths == "full":
+            raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR) or "
+                             "synthetic_lengths drawn; synthetic samples are otherwise all full-length")
+        if self.synthetic_lengths != "full" and self.data != "synthetic":
+            raise ValueError(f"synthetic_lengths={self.synthetic_lengths} applies to data synthetic; data={self.data!r} "
+                             "has its own lengths: drop synthetic_lengths")
         if self.card is not None:
             if not self.card.strip() or self.card.endswith("#"):
                 raise ValueError(f"card={self.card!r}: give a card file, or FILE#ROW (a row id of a published-runs file)")
@@ -439,7 +447,8 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None,
+              "synthetic_lengths": "full"}
 
 
 def config_id(cfg: RunConfig) -> str:
