@@ -46,7 +46,7 @@ RUN_PANELS = {
     "What runs": ["scale", "card", "framework", "parallelism", "precision", "device", "seed"],
     "Steps and shapes": ["steps", "warmup_steps", "micro_batch", "grad_accum", "audio_frames", "text_tokens",
                          "speaker_frames", "batching", "buckets"],
-    "Performance": ["compile", "ac", "master_weights", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
+    "Performance": ["compile", "ac", "master_weights", "grad_accum_dtype", "sdpa_backend", "reshard_after_forward", "grad_reduce_dtype", "te",
                     "sequence_parallel", "distributed_optimizer", "float8_recipe", "key_masking", "cfg_drop",
                     "cfg_drop_attention", "loader_workers", "gc_every"],
     "Data and text encoder": ["data", "synthetic_lengths", "skip_bad_samples", "encoder_model", "frozen_encoder", "encoder_checkpoint",

@@ -92,6 +92,12 @@ class RunConfig:
         "cast once per step to an fp32 master copy that the optimizer updates and copies back. auto: bf16-compute "
         "on a GPU where it can run, fp32-autocast on a CPU; fsdp2 / hsdp gather bf16 weights from fp32 shards "
         "(MixedPrecisionPolicy) either way. The record's backend says which ran (master_weights).")
+    grad_accum_dtype: Literal["auto", "bf16", "fp32"] = setting(
+        "auto", "The dtype the micro-batches' gradients are summed in under master_weights bf16-compute: fp32, each "
+        "micro-batch's bf16 gradients added into the fp32 masters' as backward writes them (Megatron's main "
+        "gradients); bf16, summed in the bf16 parameters' gradients and cast to fp32 once per step. auto: fp32 on one "
+        "process, bf16 with ddp (DDP sums and reduces in its bf16 buckets). fp32 parameters sum in fp32, fsdp2 / hsdp "
+        "in grad_reduce_dtype; the record's backend says which ran (grad_accum_dtype).")
     grad_accum: int = setting(1, "Micro-batches per optimizer step (gradient accumulation); gradients sync on the "
                               "last. A step and global_batch count all of them.", min=1)
     key_masking: Literal["auto", "dense", "flex"] = setting(
@@ -245,6 +251,20 @@ class RunConfig:
         lean = (device_type == "cuda" and precision == "bf16"
                 and (self.parallelism != "ddp" or self.grad_reduce_dtype == "bf16"))
         return "bf16-compute" if lean else "fp32-autocast"
+
+    def grad_accum_dtype_on(self, device_type: str) -> str | None:
+        """The dtype this run's micro-batch gradients are summed in on a device of this type
+        (master_weights_on's recipe): bf16-compute's setting, auto being fp32 except with ddp; FSDP2's
+        grad_reduce_dtype (it accumulates unsharded gradients in its reduce dtype); fp32 parameters'
+        fp32; None for megatron (its own)."""
+        recipe = self.master_weights_on(device_type)
+        if recipe == "bf16-compute":
+            if self.grad_accum_dtype != "auto":
+                return self.grad_accum_dtype
+            return "bf16" if self.parallelism == "ddp" else "fp32"
+        if recipe == "fsdp2":
+            return self.grad_reduce_dtype
+        return None if recipe == "megatron" else "fp32"
 
     def may_compile(self) -> bool:
         """Whether this run compiles as far as a plan can tell: device auto counts as a GPU, so a time
@@ -448,7 +468,7 @@ def _readable_id(ident: dict) -> str:
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
               "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None,
-              "synthetic_lengths": "full"}
+              "synthetic_lengths": "full", "grad_accum_dtype": "auto"}
 
 
 def config_id(cfg: RunConfig) -> str:

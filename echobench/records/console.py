@@ -156,7 +156,10 @@ def record_report(record) -> list:
         ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
          else f"{record.num_alloc_retries} / {record.num_ooms}"),
         ("data wait", f"{record.data_wait_frac:.1%}"),
-        *([("weights", f"{record.backend['master_weights']}: {record.backend.get('master_weights_recipe', '')}")]
+        *([("weights", f"{record.backend['master_weights']}"
+                       + (f", gradients summed in {record.backend['grad_accum_dtype']}"
+                          if record.backend.get("grad_accum_dtype") else "")
+                       + f": {record.backend.get('master_weights_recipe', '')}")]
           if (record.backend or {}).get("master_weights") else []),
         ("compile", compile_text(record)),
         ("attention", attention_text(record)),
