@@ -14,22 +14,22 @@ from echobench.records.config import RunConfig
 SHAPES = dict(scale="tiny", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20, device="cpu")
 
 
-def setup_of(**kw):
+def setup_of(shapes: dict = SHAPES, **kw):
     from echobench.train.bench import resolve_dtype
     from echobench.train.distributed import DistInfo
 
-    cfg = RunConfig(**SHAPES, **kw)
+    cfg = RunConfig(**shapes, **kw)
     device = torch.device("cpu")
     return cfg, build_training(cfg, DistInfo(device=device), resolve_dtype(cfg.precision, device))
 
 
-def train_losses(steps: int, grad_accum: int, **kw) -> tuple[list[float], dict]:
+def train_losses(steps: int, grad_accum: int, shapes: dict = SHAPES, **kw) -> tuple[list[float], dict]:
     """The step losses of a tiny run on synthetic data, the draws and the step as bench's loop runs them."""
     from echobench.data import build_tokenizer, make_loader
     from echobench.model.echo import diffusion_draws
     from echobench.train.bench import train_step
 
-    cfg, setup = setup_of(grad_accum=grad_accum, **kw)
+    cfg, setup = setup_of(shapes, grad_accum=grad_accum, **kw)
     model_cfg, device = cfg.model_config(), torch.device("cpu")
     loader = make_loader("synthetic", micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames,
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
