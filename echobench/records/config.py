@@ -488,6 +488,18 @@ def run_id(cfg: RunConfig) -> str:
 FORMER_DEFAULTS = {"compile": False, "sequence_parallel": False}
 
 
+# Keys added after runs were recorded whose default is not what those runs did: stored settings
+# without the key (a record older than it) ran this value. Applied where a record is read for what
+# it ran (as_ran: predict --against), not in its identity (config_id, configuration), so that old
+# and new runs of one configuration keep their ids and still pool.
+RAN_BEFORE_KEY = {"cfg_drop_attention": "masked", "master_weights": "fp32-autocast"}
+
+
+def as_ran(settings: dict) -> dict:
+    """Stored settings (upgraded) with RAN_BEFORE_KEY's values for the keys they lack."""
+    return {**RAN_BEFORE_KEY, **settings}
+
+
 def configuration(settings: dict, with_nodes: bool = True) -> dict:
     """What a run measures, from its settings (a RunConfig dict): every key but MEASUREMENT_KEYS
     (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
