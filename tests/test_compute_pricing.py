@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -300,7 +301,11 @@ def test_the_assumed_host_cost_prices_the_host_where_no_host_step_was_measured()
     assert pred.host_s > 0 and twice.host_s == pytest.approx(2 * pred.host_s)  # a cost per op: twice it, twice the host
     assert any("host_op" in n and "per op" in n for n in pred.notes)
     assert any(n.startswith("attention priced as the flash2 kernel the run takes (pricing.attention_kernel); the "
-                            "DiT's 66% flash2, 34% flex") for n in pred.notes)  # micro-batch 4: 1 - 0.9^4 masked
+                            "DiT's 34% micro-batches in which a sample drops its conditioning as two unmasked")
+               for n in pred.notes)  # micro-batch 4: 1 - 0.9^4 drop a sample's conditioning (split, the default)
+    masked = pr.predict(replace(run, cfg_drop_attention="masked"), p)
+    assert any(n.startswith("attention priced as the flash2 kernel the run takes (pricing.attention_kernel); the "
+                            "DiT's 66% flash2, 34% flex") for n in masked.notes)
     # a GPU: no host cost leaves the device's time, a host far slower is the step
     bare = pr.predict(run, p.model_copy(update={"host_op": None}))
     assert bare.host_s == 0.0 and bare.step_time_s == pytest.approx(bare.device_s)

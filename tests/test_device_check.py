@@ -30,9 +30,10 @@ def test_the_speed_steps_come_first_and_wait_on_no_step():
     always = [s.name for s in order if s.always]
     assert [s.name for s in order[:len(always)]] == always  # nothing optional before an always step
     assert always[0] == "calibrate"
-    speed = [s.name for s in order[1:7]]
+    speed = [s.name for s in order[1:8]]
     assert speed == ["3b-compile-mb16-accum4", "3b-compile-mb16-accum4-masked", "3b-compile-mb8-baseline",
-                     "3b-fp8-rowwise-compile-mb16-accum4", "800m-compile-mb16-accum4", "3b-compile-mb8-padded"]
+                     "3b-fp8-rowwise-compile-mb16-accum4", "800m-compile-mb16-accum4", "3b-compile-mb8-padded",
+                     "3b-compile-mb16-accum4-drawn"]
     by = {s.name: s for s in order}
     lean, masked, baseline = (by[n].args for n in speed[:3])
     assert "--master-weights" not in lean and "--cfg-drop-attention" not in lean  # the defaults: the lean recipe
@@ -41,6 +42,8 @@ def test_the_speed_steps_come_first_and_wait_on_no_step():
     fp8 = by[speed[3]].args
     assert fp8[fp8.index("--float8-recipe") + 1] == "rowwise"
     assert device_check.SHARDS in by[speed[5]].args
+    # the padded twin of the headline: its arguments and nothing else
+    assert [a for a in by[speed[6]].args if a not in lean] == ["--synthetic-lengths", "drawn"]
     # No step waits on another step, only on the set-up, which is never skipped.
     assert all(set(s.needs) <= set(device_check.SETUP_STEPS) for s in order), \
         [(s.name, s.needs) for s in order if not set(s.needs) <= set(device_check.SETUP_STEPS)]

@@ -109,7 +109,7 @@ def test_predicts_elementwise_part_follows_the_counted_bytes_and_tp_splits_part_
     memory.estimate_memory assumes), not the rest: a rank's share lies between 1/tp and all of it,
     smaller at tp4 than at tp2."""
     profile = gpu_profile()
-    cfg = tiny()
+    cfg = tiny(cfg_drop_attention="masked")  # the counted bytes alone: no split merge's (pricing.merge_bytes)
     p = predict(cfg, profile)
     assert any("element-wise bytes COUNTED" in n for n in p.notes)
     real = ew.counted_bytes

@@ -14,22 +14,22 @@ from echobench.records.config import RunConfig
 SHAPES = dict(scale="tiny", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20, device="cpu")
 
 
-def setup_of(**kw):
+def setup_of(shapes: dict = SHAPES, **kw):
     from echobench.train.bench import resolve_dtype
     from echobench.train.distributed import DistInfo
 
-    cfg = RunConfig(**SHAPES, **kw)
+    cfg = RunConfig(**shapes, **kw)
     device = torch.device("cpu")
     return cfg, build_training(cfg, DistInfo(device=device), resolve_dtype(cfg.precision, device))
 
 
-def train_losses(steps: int, grad_accum: int, **kw) -> tuple[list[float], dict]:
+def train_losses(steps: int, grad_accum: int, shapes: dict = SHAPES, **kw) -> tuple[list[float], dict]:
     """The step losses of a tiny run on synthetic data, the draws and the step as bench's loop runs them."""
     from echobench.data import build_tokenizer, make_loader
     from echobench.model.echo import diffusion_draws
     from echobench.train.bench import train_step
 
-    cfg, setup = setup_of(grad_accum=grad_accum, **kw)
+    cfg, setup = setup_of(shapes, grad_accum=grad_accum, **kw)
     model_cfg, device = cfg.model_config(), torch.device("cpu")
     loader = make_loader("synthetic", micro_batch=cfg.micro_batch, audio_frames=cfg.audio_frames,
                          text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames,
@@ -59,12 +59,16 @@ def test_bf16_compute_keeps_loss_parity_with_the_fp32_master_reference():
     assert info["master_weights"] == "fp32"
     autocast, info = train_losses(20, 2, precision="bf16", master_weights="fp32-autocast")
     assert info["master_weights"] == "fp32-autocast"
-    lean, info = train_losses(20, 2, precision="bf16", master_weights="bf16-compute")
-    assert info["master_weights"] == "bf16-compute" and "fp32 master" in info["master_weights_recipe"]
-    fp32, autocast, lean = map(np.array, (fp32, autocast, lean))
-    autocast_gap, lean_gap = np.abs(autocast / fp32 - 1).max(), np.abs(lean / fp32 - 1).max()
-    assert lean_gap < 0.01 and lean_gap <= 2 * autocast_gap + 1e-3, (lean_gap, autocast_gap)
-    assert lean[-5:].mean() < lean[:5].mean()  # and it trains
+    fp32, autocast = np.array(fp32), np.array(autocast)
+    autocast_gap = np.abs(autocast / fp32 - 1).max()
+    for accum in ("bf16", "fp32"):
+        lean, info = train_losses(20, 2, precision="bf16", master_weights="bf16-compute", grad_accum_dtype=accum)
+        assert info["master_weights"] == "bf16-compute" and "fp32 master" in info["master_weights_recipe"]
+        assert info["grad_accum_dtype"] == accum
+        lean = np.array(lean)
+        lean_gap = np.abs(lean / fp32 - 1).max()
+        assert lean_gap < 0.01 and lean_gap <= 2 * autocast_gap + 1e-3, (accum, lean_gap, autocast_gap)
+        assert lean[-5:].mean() < lean[:5].mean()  # and it trains
 
 
 class WeightCasts(TorchDispatchMode):
@@ -126,6 +130,70 @@ def test_bf16_compute_updates_the_fp32_masters_and_copies_them_back():
     assert torch.equal(layer.weight, (before - 0.1 * grad).bfloat16()) and layer.weight.grad is None
 
 
+@pytest.mark.parametrize("accumulate_fp32", [False, True])
+def test_micro_batch_gradients_are_summed_in_the_chosen_dtype(accumulate_fp32):
+    """Two micro-batches' bf16 gradients: summed in bf16 and cast once (bf16), or each cast and
+    added in fp32 as backward writes it (fp32, the bf16 gradient freed at once); the update reads that
+    sum, and a second step starts from zero."""
+    from echobench.backends.master import MasterWeights
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    master = MasterWeights(list(layer.parameters()), lambda ps: torch.optim.SGD(ps, lr=1.0), accumulate_fp32)
+    inputs = [torch.randn(8, 64, dtype=torch.bfloat16) for _ in range(2)]
+    grads = []
+    for x in inputs:
+        layer(x).pow(2).sum().backward()
+        grads.append(master.masters[0].grad.clone() if accumulate_fp32 else layer.weight.grad.clone())
+        assert (layer.weight.grad is None) == accumulate_fp32
+    expected = grads[1] if accumulate_fp32 else grads[1].float()  # fp32: the running sum; bf16: the bf16 sum
+    if accumulate_fp32:
+        first = grads[0]
+        assert first.dtype == torch.float32 and torch.equal(grads[1] - first, (grads[1] - first).bfloat16().float())
+    before = master.masters[0].detach().clone()
+    master.step()
+    assert torch.equal(master.masters[0], before - expected)
+    master.zero_grad()  # the next step sums from zero
+    layer(inputs[0]).pow(2).sum().backward()
+    (gw,) = torch.autograd.grad(layer(inputs[0]).pow(2).sum(), layer.weight)
+    assert torch.equal(master.load_grads()[0].grad, gw.float())
+
+
+def test_fp32_sums_keep_what_bf16_sums_round_away():
+    """Many micro-batches: the fp32 sum is the exact sum of the bf16 gradients (fp32 holds it), the bf16
+    sum is off by bf16's rounding: the reason to choose fp32."""
+    from echobench.backends.master import MasterWeights
+
+    sums = {}
+    for fp32 in (False, True):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(16, 8, bias=False)
+        master = MasterWeights(list(layer.parameters()), lambda ps: torch.optim.SGD(ps, lr=1.0), fp32)
+        torch.manual_seed(1)
+        each = []
+        for _ in range(16):
+            x = torch.randn(4, 16, dtype=torch.bfloat16)
+            (gw,) = torch.autograd.grad(layer(x).sum(), layer.weight)
+            each.append(gw.float())
+            layer(x).sum().backward()
+        sums[fp32] = master.load_grads()[0].grad.clone()
+    exact = torch.stack(each).sum(0)
+    assert (sums[True] - exact).abs().max() < 1e-5 * exact.abs().max()
+    assert (sums[False] - exact).abs().max() > (sums[True] - exact).abs().max()
+
+
+def test_grad_accum_dtype_resolves_per_recipe():
+    def on(device, **kw):
+        return RunConfig(scale="tiny", **kw).grad_accum_dtype_on(device)
+
+    assert on("cuda") == "fp32" and on("cuda", grad_accum_dtype="bf16") == "bf16"
+    assert on("cuda", parallelism="ddp", gpus_per_node=2, grad_reduce_dtype="bf16") == "bf16"
+    assert on("cuda", parallelism="fsdp2", gpus_per_node=2) == "fp32"
+    assert on("cuda", parallelism="fsdp2", gpus_per_node=2, grad_reduce_dtype="bf16") == "bf16"
+    assert on("cpu") == "fp32" and on("cpu", precision="bf16") == "fp32"  # fp32 parameters
+    assert on("cuda", framework="megatron", parallelism="tp1") is None
+
+
 def test_master_weights_resolves_per_layout_and_device():
     def on(device, **kw):
         return RunConfig(scale="tiny", **kw).master_weights_on(device)
@@ -144,6 +212,10 @@ def test_master_weights_resolves_per_layout_and_device():
     (dict(master_weights="bf16-compute", parallelism="fsdp2", gpus_per_node=2), "use master_weights auto"),
     (dict(master_weights="bf16-compute", precision="fp8"), "fp8 runs keep fp32 weights"),
     (dict(master_weights="bf16-compute", parallelism="ddp", gpus_per_node=2), "add --grad-reduce-dtype bf16"),
+    (dict(grad_accum_dtype="fp32", parallelism="ddp", gpus_per_node=2, grad_reduce_dtype="bf16"),
+     "DDP sums the bf16 gradients"),
+    (dict(grad_accum_dtype="bf16", parallelism="fsdp2", gpus_per_node=2), "set grad_reduce_dtype"),
+    (dict(grad_accum_dtype="bf16", master_weights="fp32-autocast"), "fp32 parameters have fp32 gradients"),
 ])
 def test_a_master_weights_setting_that_cannot_run_is_refused(settings, problem):
     assert problem in parallelism_problem(RunConfig(scale="tiny", **settings))
@@ -159,7 +231,7 @@ def test_ddp_with_bf16_compute_follows_one_process(tmp_path):
              "--peak-tflops", "1", "--steps", "3", "--warmup-steps", "0", "--precision", "bf16", "--device", "cpu",
              "--master-weights", "bf16-compute", "--grad-accum", "2"]
     runs = {}
-    for name, args in (("one", ["--micro-batch", "2"]),
+    for name, args in (("one", ["--micro-batch", "2", "--grad-accum-dtype", "bf16"]),  # DDP sums in bf16 too
                        ("ddp", ["--micro-batch", "1", "--nproc", "2", "--parallelism", "ddp",
                                 "--grad-reduce-dtype", "bf16"])):
         out = tmp_path / name

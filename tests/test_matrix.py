@@ -302,8 +302,11 @@ def test_memory_estimate_follows_sharding_checkpointing_and_size():
     assert gib(parallelism="fsdp2", **four) < gib(parallelism="ddp", **four)
     assert gib(parallelism="hsdp", scale="8B", nodes=2, gpus_per_node=4) > gib(parallelism="fsdp2", scale="8B", nodes=2, gpus_per_node=4)
     assert gib(framework="megatron", parallelism="tp4", **four) < gib(framework="megatron", parallelism="tp1", **four)
-    e = estimate_memory(cfg(scale="3B"))
+    e = estimate_memory(cfg(scale="3B", master_weights="fp32-autocast"))
     assert e.optimizer == 2 * e.weights and e.encoder > 0 and e.activations > 0
+    # a GPU's default on one process: bf16 parameters + fp32 masters (6 bytes), no cast weights kept
+    lean = estimate_memory(cfg(scale="3B"))
+    assert lean.optimizer == 8 / 6 * lean.weights and lean.activations < e.activations
 
 
 def test_runs_that_would_not_fit_are_marked():

@@ -58,6 +58,8 @@ def held_bytes(setup) -> dict[str, int]:
     inner = getattr(setup.model, "module", setup.model)
     params = [p for p in inner.parameters() if p.requires_grad]
     optimizers = [setup.optimizer]
+    if hasattr(setup.optimizer, "masters"):  # backends.master.MasterWeights: its fp32 masters and their optimizer
+        optimizers = [setup.optimizer.optimizer]
     if hasattr(setup.optimizer, "ddp"):  # backends.megatron.MegatronStep
         for buffer in setup.optimizer.ddp.buffers:
             add(buffer.param_data, "weights")
@@ -167,6 +169,34 @@ def test_one_gradient_copy_at_any_data_parallel_size(state_counts):
         assert rank_counts["torchtitan-ddp"]["after_step"]["gradients"] == 0
 
 
+@pytest.mark.parametrize("accum", ["bf16", "fp32"])
+def test_bf16_compute_state_is_what_its_step_holds(accum):
+    """master_weights bf16-compute, one process, 2 micro-batches: bf16 parameters and fp32 masters
+    (weights), the gradients as the last backward leaves them (bf16 in the parameters, or fp32 in
+    the masters), AdamW's moments after the step: the estimate's parts, counted on a real step."""
+    from echobench.backends import build_training
+    from echobench.train.bench import train_step
+    from echobench.train.distributed import DistInfo
+    from test_megatron import step_batches
+
+    shapes = {**STATE_SHAPES, "precision": "bf16"}
+    cfg = RunConfig(master_weights="bf16-compute", grad_accum=2, grad_accum_dtype=accum, **shapes)
+    setup = build_training(cfg, DistInfo(device=torch.device("cpu")), torch.bfloat16)
+    assert setup.info["master_weights"] == "bf16-compute" and setup.info["grad_accum_dtype"] == accum
+    clip, seen = setup.clip_grad, []
+    setup.clip_grad = lambda: (seen.append(held_bytes(setup)), clip())[1]  # before the clip casts bf16 sums
+    (micro,) = step_batches(1, 2)
+    train_step(setup, micro, "cpu", 1)
+    held = {"weights": seen[0]["weights"], "gradients": seen[0]["gradients"],
+            "optimizer": held_bytes(setup)["optimizer"]}
+    e = estimate_memory(cfg)
+    for part, nbytes in held.items():
+        assert getattr(e, part) == pytest.approx(nbytes, rel=STATE_RTOL), (part, held)
+    n = sum(p.numel() for p in setup.model.trainable_parameters())
+    assert held["weights"] == 6 * n and held["gradients"] == (4 if accum == "fp32" else 2) * n
+    assert autocast_weight_bytes(cfg) == 0  # nothing cast, nothing saved (test_master_weights counts the casts)
+
+
 def tp_rank_parameters(cfg: RunConfig) -> int:
     """TP rank 0's trainable parameters, counted on the model (meta device): the DiT's shards as the
     backend loads them (TPStateDictAdapter), every other trainable parameter whole."""
@@ -264,7 +294,7 @@ ACTIVATION_CASES = [
 @pytest.mark.parametrize("scale, la, lt, ls, ac, compiled, mb", ACTIVATION_CASES)
 def test_activations_match_what_the_forward_saves(scale, la, lt, ls, ac, compiled, mb):
     cfg = RunConfig(scale=scale, audio_frames=la, text_tokens=lt, speaker_frames=ls, ac=ac, compile=compiled,
-                    micro_batch=mb, precision="bf16")
+                    micro_batch=mb, precision="bf16", master_weights="fp32-autocast")  # autocast casts the weights
     saved, casts = saved_by_forward(cfg, op_level_selective=compiled)
     after, _ = saved_elements(cfg)
     assert after * 2 * mb == pytest.approx(saved, rel=ACTIVATION_RTOL)
@@ -305,7 +335,7 @@ def test_checkpointed_backward_peaks_at_one_recomputed_block(ac):
     lies ~10% above what the forward saved (the activations' gradients in flight): not estimated
     apart, the overhead's 10% stands for it."""
     cfg = RunConfig(scale="tiny", audio_frames=200, text_tokens=32, speaker_frames=160, ac=ac, compile=False,
-                    micro_batch=1, precision="bf16")
+                    micro_batch=1, precision="bf16", master_weights="fp32-autocast")
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = stepcount.fake_model(cfg, mode, torch.float32, False)
     batch, draws = stepcount.fake_batch(cfg, mode)

@@ -122,11 +122,16 @@ def test_tensor_parallelism_splits_the_dit_and_replicates_the_rest():
 
 
 def test_elementwise_and_optimizer_are_their_bytes_over_the_bandwidth():
+    from echobench.predict.pricing import merge_bytes, split_share
+
     c = cfg()
     p = pr.predict(c, profile())
     saved = activation_elements_per_sample(c)[0] * c.micro_batch * 2  # bf16
     assert pr.priced(p.cfg, profile().device).compile is True  # compile: auto on a GPU profile
-    assert p.parts["elementwise"] == pytest.approx(sum(pr.ELEMENTWISE["compiled"]) * saved / (GBPS * 1e9))
+    priced = pr.priced(p.cfg, profile().device)
+    merge = split_share(priced) * sum(merge_bytes(priced, 2))  # split's log-sum-exp merge (default cfg_drop_attention)
+    assert merge > 0
+    assert p.parts["elementwise"] == pytest.approx((sum(pr.ELEMENTWISE["compiled"]) * saved + merge) / (GBPS * 1e9))
     assert p.parts["optimizer"] == pytest.approx((pr.ADAMW_BYTES["fused"] + pr.CLIP_BYTES) * pr.rank_params(c)
                                                  / (GBPS * 1e9))
     sharded = pr.predict(cfg(parallelism="fsdp2"), profile())
@@ -623,8 +628,8 @@ def test_the_dits_attention_is_priced_at_the_runs_mix_of_masked_micro_batches():
     from echobench.predict.pricing import dit_attention_mix
 
     profile = load_profile(find_profile("h200-hgx-ib"))
-    runs = {drop: RunConfig(scale="3B", micro_batch=8, device="cuda", compile=True, cfg_drop=drop)
-            for drop in ("mask", "null")}
+    runs = {drop: RunConfig(scale="3B", micro_batch=8, device="cuda", compile=True, cfg_drop=drop,
+                            cfg_drop_attention="masked") for drop in ("mask", "null")}
     mix = dit_attention_mix(runs["mask"])
     assert mix == pytest.approx({"flash2": 1 - masked_share(8, 0.1), "flex": masked_share(8, 0.1)})
     assert dit_attention_mix(runs["null"]) == {"flash2": 1.0}
@@ -633,6 +638,58 @@ def test_the_dits_attention_is_priced_at_the_runs_mix_of_masked_micro_batches():
     attention = {drop: q.parts["attention"] for drop, q in p.items()}
     assert attention["mask"] > attention["null"]
     assert any("57% flex" in n for n in p["mask"].notes) and not any("flex" in n for n in p["null"].notes)
+
+
+def test_split_prices_the_dropped_micro_batches_as_two_unmasked_calls_and_their_merge():
+    """cfg_drop_attention split (the default): the micro-batches that drop a sample's conditioning
+    attend through two unmasked flash calls (latent keys, conditioning keys) merged by their
+    log-sum-exp: their attention at FlashAttention-2's rates at those shapes, cheaper than
+    FlexAttention's masked call here, the merge's bytes added to the element-wise time; masked is
+    priced as before, and so is a run where split cannot run (fp32, another pinned backend)."""
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.model.config import masked_share
+    from echobench.predict.pricing import Rates, device_seconds, dit_attention_mix, merge_bytes, split_share
+    from echobench.predict.work import run_work
+
+    profile = load_profile(find_profile("h200-hgx-ib"))
+    rates = Rates(profile)
+    masked = RunConfig(scale="3B", micro_batch=8, device="cuda", compile=True, cfg_drop_attention="masked")
+    split = replace(masked, cfg_drop_attention="split")
+    share = masked_share(8, 0.1)
+    assert split_share(split) == pytest.approx(share) and split_share(masked) == 0
+    assert dit_attention_mix(split) == {"flash2": 1.0}
+    assert split_share(replace(split, precision="fp32")) == split_share(replace(split, sdpa_backend="cudnn")) == 0
+    s, m = device_seconds(split, rates, 2), device_seconds(masked, rates, 2)
+    att = lambda d: d["attention_forward"] + d["attention_backward"]  # noqa: E731
+    assert att(s) < att(m)  # the profile's flex points are slower than flash2's
+    # the split share priced call by call at flash2's rate at (latent, latent) and (latent, conditioning)
+    dit = [a for a in run_work(split)[1] if a.part == "dit_attention"]
+    unmasked = replace(masked, cfg_drop="null")
+    base = device_seconds(unmasked, rates, 2)
+    seconds = lambda a, seq_k, flops: flops / (rates.attention_tflops(a.seq_q, seq_k, a.head_dim, False,  # noqa: E731
+                                                                      "flash2") * 1e12) * rates.compute_factor
+    joint = sum(seconds(a, a.seq_k, a.flops) for a in dit)
+    calls = sum(seconds(a, k, a.flops * k / a.seq_k) for a in dit for k in (a.seq_q, a.seq_k - a.seq_q))
+    assert att(s) == pytest.approx(att(base) + share * (calls - joint), rel=1e-9)
+    fwd, bwd = merge_bytes(split, 2)
+    assert fwd > 0 and bwd > 0
+    ew = lambda d: d["elementwise_forward"] + d["elementwise_backward"]  # noqa: E731
+    assert ew(s) > ew(base)
+    assert merge_bytes(replace(split, compile=False), 2)[0] > fwd  # eager: each op its own pass
+
+
+def test_a_record_older_than_cfg_drop_attention_is_read_as_it_ran():
+    """Settings stored before cfg_drop_attention and master_weights existed ran masked and
+    fp32-autocast: as_ran reads them so (predict --against), while their configuration id stays."""
+    from echobench.records.config import as_ran, configuration_id
+
+    old = RunConfig(scale="3B", micro_batch=8).to_dict()
+    del old["cfg_drop_attention"], old["master_weights"]
+    ran = RunConfig.from_dict(as_ran(old))
+    assert ran.cfg_drop_attention == "masked" and ran.master_weights == "fp32-autocast"
+    new = RunConfig(scale="3B", micro_batch=8).to_dict()
+    assert RunConfig.from_dict(as_ran(new)).cfg_drop_attention == "split"
+    assert configuration_id(old) == configuration_id(new)
 
 
 def test_predict_counts_its_assumptions_and_lists_them_with_notes(cli):

@@ -59,13 +59,14 @@ def test_an_echo_gpu_run_left_to_torchs_sdpa_choice_is_priced_at_the_backend_its
     from echobench.hardware.profile import find_profile, load_profile
     from echobench.predict import predict
     from echobench.predict.measured import against as against_record
-    from echobench.records.config import RunConfig
+    from echobench.records.config import RunConfig, as_ran
     from echobench.records.results import Record, record_settings
 
     h200 = load_profile(find_profile("h200-hgx-ib"))
     record = Record.load(h200_runs / "3b-compile-mb8" / "result.json")
     assert record.sdpa_backends_predicted["dit"] == "CUDNN_ATTENTION" and record.config["sdpa_backend"] == "auto"
-    cfg = RunConfig.from_dict({**record_settings(record), "repeat": 0})
+    cfg = RunConfig.from_dict({**as_ran(record_settings(record)), "repeat": 0})
+    assert "cfg_drop_attention" not in record.config and cfg.cfg_drop_attention == "masked"  # it ran before split
     peak = (record.peak_tflops, record.peak_source)
     cudnn = predict(dataclasses.replace(cfg, sdpa_backend="cudnn"), h200, peak=peak,
                     model_flops_per_sample=record.model_flops_per_sample)

@@ -960,10 +960,18 @@ def test_runs_on_synthetic_data_are_noted_as_an_upper_bound(tmp_path):
     from echobench.records.config import RunConfig
     from echobench.report.dashboard import page_notes
 
-    write(tmp_path, record("a", config=RunConfig(scale="800M").to_dict()))
-    write(tmp_path, record("b", config=RunConfig(scale="800M", data=str(tmp_path / "shards")).to_dict()))
-    notes = [n for n in page_notes(load_report_input([tmp_path])) if "synthetic data" in n]
-    assert len(notes) == 1 and notes[0].startswith("1 run(s) trained on synthetic data") and "upper bound" in notes[0]
+    write(tmp_path, record("a", config=RunConfig(scale="800M").to_dict(), padded_flops_frac=0.0))
+    write(tmp_path, record("b", config=RunConfig(scale="800M", data=str(tmp_path / "shards")).to_dict(),
+                           padded_flops_frac=0.25, attention_paths={"dit": {"dense": 3, "split": 1}}))
+    write(tmp_path, record("c", config=RunConfig(scale="800M", synthetic_lengths="drawn").to_dict(),
+                           padded_flops_frac=0.5, attention_paths={"dit": {"flex": 4, "none": 4}}))
+    notes = page_notes(load_report_input([tmp_path]))
+    synthetic = [n for n in notes if "synthetic data" in n]
+    assert len(synthetic) == 1 and synthetic[0].startswith("1 run(s) trained on synthetic data")
+    assert "upper bound" in synthetic[0]
+    (padded,) = [n for n in notes if "variable lengths" in n]
+    assert padded.startswith("2 run(s)") and "25.0% to 50.0% of their matmul FLOPs" in padded
+    assert "key mask in 7 of 12 measured micro-batches" in padded
 
 
 def test_skipped_list_and_matrix_name_from_the_sweep_dir(tmp_path):

@@ -20,7 +20,7 @@ from echobench.sweep.matrix import MatrixError, expand, parse_matrix
 # Every command's options (names and secondary names) as they were before the options were
 # generated from RunConfig (captured from main at 5729728): no flag may go missing or change name.
 OPTIONS = {
-    "run": ["--ac", "--audio-frames", "--batching", "--buckets", "--card", "--cfg-drop", "--cfg-drop-attention", "--master-weights", "--compile", "--config", "--data", "--device", "--encoder-checkpoint",
+    "run": ["--ac", "--audio-frames", "--batching", "--buckets", "--card", "--cfg-drop", "--cfg-drop-attention", "--master-weights", "--grad-accum-dtype", "--compile", "--config", "--data", "--synthetic-lengths", "--device", "--encoder-checkpoint",
             "--encoder-model", "--fail-at-step", "--fail-kind", "--fail-rank", "--float8-recipe", "--framework", "--frozen-encoder",
             "--master-addr", "--master-port", "--micro-batch", "--nnodes", "--no-compile", "--no-skip-bad-samples",
             "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--trace", "--log-metrics",
@@ -67,12 +67,12 @@ DEFAULTS = {
     "run": {"out": None, "config": None, "nproc": None, "nnodes": 1, "node_rank": 0, "master_addr": None,
             "master_port": 29500, "repeats": 1, "scale": None, "framework": "torchtitan", "parallelism": "single",
             "tp": None, "te": "auto", "sequence_parallel": None, "steps": 30, "warmup_steps": 10, "micro_batch": 8,
-            "data": "synthetic", "precision": "auto", "peak_tflops": None, "audio_frames": 750, "text_tokens": 256,
+            "data": "synthetic", "synthetic_lengths": "full", "precision": "auto", "peak_tflops": None, "audio_frames": 750, "text_tokens": 256,
             "speaker_frames": 750, "compile": None, "ac": "none", "seed": 0, "device": "auto",
             "skip_bad_samples": False, "batching": "pad", "buckets": None, "card": None, "encoder_model": None, "frozen_encoder": True, "t5_hidden_dim": None,
             "encoder_checkpoint": None, "tokenizer": None, "trace": False, "fail_at_step": None, "fail_rank": None,
             "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "old_profile": False, "old_profile_limit": None, "log_metrics": "none", "progress_every_s": 30.0,
-            "grad_accum": 1, "key_masking": "auto", "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "sdpa_backend": "auto", "float8_recipe": "tensorwise",
+            "grad_accum": 1, "key_masking": "auto", "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "grad_accum_dtype": "auto", "sdpa_backend": "auto", "float8_recipe": "tensorwise",
             "reshard_after_forward": True,
             "grad_reduce_dtype": "fp32", "distributed_optimizer": False, "loader_workers": 0, "gc_every": 50},
     "flops": {"scale": "8B", "audio_frames": 750, "text_tokens": 256, "speaker_frames": 750, "ac": "none",

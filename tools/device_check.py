@@ -7,7 +7,8 @@ launcher, a C compiler and Python.h; shards of realistic lengths for the padded-
 speed steps: 3B compiled at micro-batch 16 x 4 accumulated in the lean recipe (bf16 master weights,
 dropped conditioning without a mask), the same with the key mask, the micro-batch 8 baseline in the
 former recipe (fp32 autocast, masked; profiled), float8 rowwise, 800M at its best setting, a
-padded-data run; then the `gpu` tests, the kernel probe (tools/kernel_probe.py), the eager and
+padded-data run from shards, and the headline run on lengths drawn in memory (padded, beside its
+synthetic full-length twin); then the `gpu` tests, the kernel probe (tools/kernel_probe.py), the eager and
 megatron runs, published rows' 1-GPU slices, the device's profile and the other comparisons, while
 time is left. No step waits on another that may be skipped (only on the set-up).
 Every step has its own limit and the least time worth starting it; one global deadline gives each
@@ -140,6 +141,10 @@ def steps(dry: bool) -> list[Step]:
         # Data like a user's (echobench data synth's lengths, made in the set-up): every micro-batch padded.
         run(f"{n3}-compile-mb{mb}-padded", "--scale", s3, "--compile", "--micro-batch", str(mb), "--data", SHARDS,
             limit=150, least=90, needs=("shards",)),
+        # The headline run on the same lengths drawn in memory (no I/O), beside its synthetic full-length
+        # twin: what padding costs the lean recipe (the records' padding share and attention path mix).
+        run(f"{n3}-compile-mb{mb2}-accum4-drawn", "--scale", s3, "--compile", "--micro-batch", str(mb2),
+            "--grad-accum", "4", "--synthetic-lengths", "drawn", limit=170, least=90, base=accum),
         # Per test a limit that a compiled model's graphs fit (PYTEST_TEST_S).
         Step("pytest-gpu", "pytest", ("-m", "gpu"), 150, 60),
         # What the CPU cannot show: SDPA's choice and each attention kernel's time at the run's

@@ -36,14 +36,14 @@ def torchtitan_problem(cfg) -> str | None:
 
 
 def master_weights_problem(cfg) -> str | None:
-    """Why this run's master_weights setting cannot run (None when it can)."""
+    """Why this run's master_weights (or grad_accum_dtype) setting cannot run (None when it can)."""
     if cfg.master_weights == "auto":
-        return None
+        return grad_accum_dtype_problem(cfg)
     if cfg.layout.shards_parameters:
         return (f"master_weights {cfg.master_weights}: {cfg.parallelism} gathers bf16 weights from its fp32 shards "
                 "(FSDP2's MixedPrecisionPolicy) whatever it is set to: use master_weights auto")
     if cfg.master_weights != "bf16-compute":
-        return None
+        return grad_accum_dtype_problem(cfg)
     if cfg.precision == "fp8":
         return ("master_weights bf16-compute: fp8 runs keep fp32 weights for torchao's float8 linears: use "
                 "master_weights auto or fp32-autocast")
@@ -52,6 +52,22 @@ def master_weights_problem(cfg) -> str | None:
     if cfg.layout.replicates and cfg.grad_reduce_dtype != "bf16":
         return ("master_weights bf16-compute: DDP reduces the bf16 gradients in bf16, not grad_reduce_dtype "
                 f"{cfg.grad_reduce_dtype}: add --grad-reduce-dtype bf16")
+    return grad_accum_dtype_problem(cfg)
+
+
+def grad_accum_dtype_problem(cfg) -> str | None:
+    """Why this run's grad_accum_dtype cannot run (None when it can): only bf16-compute chooses."""
+    if cfg.grad_accum_dtype == "auto":
+        return None
+    if cfg.layout.shards_parameters:
+        return (f"grad_accum_dtype {cfg.grad_accum_dtype}: {cfg.parallelism} sums its gradients in grad_reduce_dtype "
+                "(FSDP2's reduce dtype): use grad_accum_dtype auto and set grad_reduce_dtype")
+    if cfg.layout.replicates and cfg.grad_accum_dtype == "fp32":
+        return ("grad_accum_dtype fp32: DDP sums the bf16 gradients of bf16-compute in its bf16 reduction buckets: "
+                "use grad_accum_dtype auto (bf16), or fsdp2 with grad_reduce_dtype fp32")
+    if cfg.grad_accum_dtype == "bf16" and (cfg.precision == "fp32" or cfg.master_weights == "fp32-autocast"):
+        return ("grad_accum_dtype bf16: fp32 parameters have fp32 gradients: use master_weights bf16-compute, or "
+                "grad_accum_dtype auto")
     return None
 
 

@@ -445,10 +445,11 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each "
                             + ("DiT, speaker-encoder and text-encoder block" if workload is None else "decoder block")
                             + " and of the top level's functions")
-    recipe = cfg.master_weights_on(device.type)
-    info.update(master_weights=recipe, master_weights_recipe=RECIPES[recipe])
+    recipe, accum_dtype = cfg.master_weights_on(device.type), cfg.grad_accum_dtype_on(device.type)
+    info.update(master_weights=recipe, master_weights_recipe=RECIPES[recipe], grad_accum_dtype=accum_dtype)
     # bf16-compute turns the parameters into bf16 before DDP makes its buckets of them.
-    master = (MasterWeights(model.trainable_parameters(), lambda masters: build_optimizer(masters, device))
+    master = (MasterWeights(model.trainable_parameters(), lambda masters: build_optimizer(masters, device),
+                            accumulate_fp32=accum_dtype == "fp32")
               if recipe == "bf16-compute" else None)
     if cfg.layout.data_parallel:
         mesh = build_mesh(cfg, device)

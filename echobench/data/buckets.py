@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 WINDOW_BATCHES = 16  # global batches per window: enough to fill buckets, few enough to keep order local
 DEFAULT_BUCKETS = 4
@@ -73,3 +73,15 @@ def window(w: int, global_batch: int, length_of: Callable[[int], int], edges: li
 def rank_slice(batch: GlobalBatch, rank: int, micro_batch: int) -> tuple[int, ...]:
     """The samples rank `rank` (of the data-parallel ranks) trains on in `batch`."""
     return batch.indices[rank * micro_batch:(rank + 1) * micro_batch]
+
+
+def rank_stream(global_batch: int, rank: int, micro_batch: int, length_of: Callable[[int], int],
+                edges: list[int], seed: int, end: int | None = None) -> Iterator[tuple[int, int]]:
+    """This rank's samples of the bucketed stream, window by window, in order: (global index, the
+    audio frames its batch is padded to). A finite stream (end) stops after its last window."""
+    w = 0
+    while batches := window(w, global_batch, length_of, edges, seed, end):
+        for batch in batches:
+            for g in rank_slice(batch, rank, micro_batch):
+                yield g, batch.frames
+        w += 1

@@ -19,13 +19,14 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .format import FRAME_RATE, LATENT_DIM, DataError, iter_shard
-from .buckets import boundaries, rank_slice, window
+from .buckets import boundaries, rank_stream
 from .index import CACHE_HINT, ensure_index, index_command, read_records, read_slots
-from .synth import WORDS
+from .synth import MIN_SECONDS, WORDS, shard_samples
 from .tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 SPEAKER_PATCH = 4  # the speaker encoder folds 4 reference frames into one token
+DRAWN_POOL = 512  # synthetic samples of drawn lengths: enough for the distribution's spread and buckets
 
 
 @dataclass(frozen=True)
@@ -290,18 +291,12 @@ class LocalTarDataset(IterableDataset):
             return int(self.lengths[shard][slot])
 
         seed = 0 if self.shuffle_seed is None else self.shuffle_seed
-        local, w = 0, 0  # the rank's samples so far (dealt round-robin to workers), the window
-        while True:
-            batches = window(w, global_batch, length_of, self.edges, seed, end=None if self.loop else self.total)
-            if not batches:
-                return
-            for batch in batches:
-                for g in rank_slice(batch, self.rank, self.micro_batch):
-                    if local % workers == worker:
-                        shard, slot = self._locate(g, orders)
-                        yield from self._read_one(shard, slot, g, batch.frames)
-                    local += 1
-            w += 1
+        stream = rank_stream(global_batch, self.rank, self.micro_batch, length_of, self.edges, seed,
+                             end=None if self.loop else self.total)
+        for local, (g, frames) in enumerate(stream):  # the rank's samples, dealt round-robin to workers
+            if local % workers == worker:
+                shard, slot = self._locate(g, orders)
+                yield from self._read_one(shard, slot, g, frames)
 
     def _read_one(self, shard, slot: int, g: int, pad_frames: int):
         """One sample of the bucketed stream (a stand-in for a bad one, as in _read)."""
@@ -413,17 +408,35 @@ def _random_latent(rng, frames: int) -> np.ndarray:
 
 
 class SyntheticSource:
-    """Full-length random samples from memory, with no I/O: takes the data path out of a
-    measurement on purpose. A few samples are made once and repeated (they are shared: read-only).
+    """Random samples from memory, with no I/O: takes the data path out of a measurement on purpose.
+    A pool of samples is made once and repeated (they are shared: read-only).
+
+    lengths "full": `distinct` samples at the maximum lengths, nothing padded (a synthetic run's MFU
+    is the upper bound of padded data's). lengths "drawn": DRAWN_POOL samples whose lengths follow
+    synth.LENGTHS (audio clipped to audio_frames), the samples of shard 0 of `echobench data synth`
+    with the same seed, padded as collate pads shards, or with batching "bucket" regrouped into the
+    buckets a LocalTarDataset makes of them (boundaries from the pool's lengths, as from shards').
 
     The same global order as LocalTarDataset: the sample at global index g (step * world_size *
-    micro_batch + rank * micro_batch + i) is samples[g % distinct], the same pool on every rank,
+    micro_batch + rank * micro_batch + i) is samples[g % len(samples)], the same pool on every rank,
     so 2 ranks x micro-batch B see exactly the samples of 1 rank x micro-batch 2B.
     """
 
     def __init__(self, audio_frames: int, text_tokens: int, speaker_frames: int, seed: int = 0,
-                 distinct: int = 4, rank: int = 0, world_size: int = 1, micro_batch: int = 1):
-        self.rank, self.world_size, self.micro_batch = rank, world_size, micro_batch
+                 distinct: int = 4, rank: int = 0, world_size: int = 1, micro_batch: int = 1,
+                 lengths: str = "full", batching: str = "pad", buckets: list[int] | None = None):
+        self.rank, self.world_size, self.micro_batch, self.seed = rank, world_size, micro_batch, seed
+        self.edges = None  # bucket boundaries (audio frames), with batching="bucket"
+        if lengths == "drawn":
+            max_seconds = max(MIN_SECONDS, audio_frames / FRAME_RATE)  # collate crops what is longer
+            self.samples = [{**s, "shard": "synthetic"} for s in shard_samples(seed, 0, DRAWN_POOL, max_seconds)]
+            if batching == "bucket":
+                self.edges = boundaries([len(s["latent"]) for s in self.samples], audio_frames, buckets)
+            return
+        if lengths != "full":
+            raise ValueError(f"lengths={lengths!r}: full or drawn")
+        if batching != "pad":
+            raise ValueError("batching=bucket needs samples of different lengths: synthetic lengths drawn, or shards")
         rng = np.random.default_rng(seed)
         self.samples = []
         for i in range(distinct):
@@ -439,6 +452,12 @@ class SyntheticSource:
             })
 
     def __iter__(self):
+        if self.edges is not None:
+            stream = rank_stream(self.micro_batch * self.world_size, self.rank, self.micro_batch,
+                                 lambda g: len(self.samples[g % len(self.samples)]["latent"]), self.edges, self.seed)
+            for g, frames in stream:
+                yield {**self.samples[g % len(self.samples)], "index": g, "pad_frames": frames}
+            return
         step = 0
         while True:
             first = (step * self.world_size + self.rank) * self.micro_batch
@@ -545,13 +564,15 @@ def _as_is(sample):  # DataLoader collate_fn that keeps numpy arrays (module lev
 
 def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int = 1, seed: int = 0,
                 skip_bad_samples: bool = False, num_workers: int = 0, audio_frames: int,
-                text_tokens: int, speaker_frames: int, batching: str = "pad", buckets: list[int] | None = None):
-    """This rank's samples in global order: SyntheticSource for "synthetic", else a
-    LocalTarDataset over a directory of shards, read in num_workers DataLoader processes when > 0
-    (skipped-sample counts then stay in the workers)."""
+                text_tokens: int, speaker_frames: int, batching: str = "pad", buckets: list[int] | None = None,
+                synthetic_lengths: str = "full"):
+    """This rank's samples in global order: SyntheticSource for "synthetic" (its lengths
+    synthetic_lengths), else a LocalTarDataset over a directory of shards, read in num_workers
+    DataLoader processes when > 0 (skipped-sample counts then stay in the workers)."""
     if source == "synthetic":
         return SyntheticSource(audio_frames, text_tokens, speaker_frames, seed=seed, rank=rank,
-                               world_size=world_size, micro_batch=micro_batch)
+                               world_size=world_size, micro_batch=micro_batch, lengths=synthetic_lengths,
+                               batching=batching, buckets=buckets)
     samples = LocalTarDataset(source, rank=rank, world_size=world_size, micro_batch=micro_batch,
                               shuffle_seed=seed, skip_bad_samples=skip_bad_samples, loop=True,
                               batching=batching, buckets=buckets, audio_frames=audio_frames)
@@ -564,12 +585,14 @@ def make_source(source: str, *, micro_batch: int, rank: int = 0, world_size: int
 def make_loader(source: str, *, micro_batch: int, audio_frames: int, text_tokens: int,
                 speaker_frames: int, tokenizer: TextTokenizer, rank: int = 0, world_size: int = 1,
                 seed: int = 0, skip_bad_samples: bool = False, prefetch: int = 4,
-                num_workers: int = 0, batching: str = "pad", buckets: list[int] | None = None) -> BatchLoader:
+                num_workers: int = 0, batching: str = "pad", buckets: list[int] | None = None,
+                synthetic_lengths: str = "full") -> BatchLoader:
     """A BatchLoader over make_source: this rank's micro-batches of the global batches."""
     samples = make_source(source, micro_batch=micro_batch, rank=rank, world_size=world_size, seed=seed,
                           skip_bad_samples=skip_bad_samples, num_workers=num_workers,
                           audio_frames=audio_frames, text_tokens=text_tokens,
-                          speaker_frames=speaker_frames, batching=batching, buckets=buckets)
+                          speaker_frames=speaker_frames, batching=batching, buckets=buckets,
+                          synthetic_lengths=synthetic_lengths)
     collate_fn = functools.partial(collate, tokenizer=tokenizer, audio_frames=audio_frames,
                                    text_tokens=text_tokens, speaker_frames=speaker_frames)
     return BatchLoader(samples, collate_fn, micro_batch, prefetch=prefetch, pin_memory=True)

@@ -1,9 +1,11 @@
-"""Synthetic shards in the training format, with a realistic spread of lengths.
+"""Synthetic samples in the training format, with a realistic spread of lengths: the shards of
+`echobench data synth`, and the samples of `data: synthetic` with `synthetic_lengths: drawn`.
 
-Latents are random (throughput does not depend on their values); what matters for a data-path
-benchmark is the shape of the data: clipped log-normal durations, text length roughly proportional
-to duration, and reference clips of their own length.
+Latents are random (throughput does not depend on their values); what matters for a benchmark of
+padded data is the shape of the data: clipped log-normal durations (LENGTHS), text length roughly
+proportional to duration, and reference clips of their own length.
 """
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,23 @@ from .format import FRAME_RATE, LATENT_DIM
 from .writer import write_shard
 
 MIN_SECONDS = 2.0
-CHARS_PER_SECOND = 14.0  # typical read-speech rate
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The distribution of a synthetic sample's lengths: audio seconds log-normal (median, sigma),
+    reference seconds log-normal, both clipped to [MIN_SECONDS, the maximum]; text characters at
+    chars_per_second of the audio times a log-normal factor (median 1, text_sigma)."""
+
+    median_s: float = 8.0
+    sigma: float = 0.6
+    ref_median_s: float = 10.0
+    ref_sigma: float = 0.5
+    chars_per_second: float = 14.0  # typical read-speech rate
+    text_sigma: float = 0.15
+
+
+LENGTHS = Lengths()
 WORDS = (
     "the a and of to in is it that was for on are with as they be at one have this from or had by "
     "but some what there we can out other were all your when up use word how said an each she "
@@ -45,11 +63,12 @@ def _text(rng, num_chars: int) -> str:
     return text
 
 
-def synth_sample(rng, key: str, max_seconds: float = 30.0) -> dict:
-    seconds = _lognormal_seconds(rng, 8.0, 0.6, max_seconds)
+def synth_sample(rng, key: str, max_seconds: float = 30.0, lengths: Lengths = LENGTHS) -> dict:
+    seconds = _lognormal_seconds(rng, lengths.median_s, lengths.sigma, max_seconds)
     frames = max(1, round(seconds * FRAME_RATE))
-    ref_frames = max(1, round(_lognormal_seconds(rng, 10.0, 0.5, max_seconds) * FRAME_RATE))
-    num_chars = max(4, round(seconds * CHARS_PER_SECOND * rng.lognormal(0.0, 0.15)))
+    ref_frames = max(1, round(_lognormal_seconds(rng, lengths.ref_median_s, lengths.ref_sigma, max_seconds)
+                              * FRAME_RATE))
+    num_chars = max(4, round(seconds * lengths.chars_per_second * rng.lognormal(0.0, lengths.text_sigma)))
     return {
         "key": key,
         "latent": rng.standard_normal((frames, LATENT_DIM), dtype=np.float32).astype(np.float16),
@@ -57,6 +76,12 @@ def synth_sample(rng, key: str, max_seconds: float = 30.0) -> dict:
         "text": _text(rng, num_chars),
         "target_duration": frames / FRAME_RATE,
     }
+
+
+def shard_samples(seed: int, shard: int, count: int, max_seconds: float = 30.0):
+    """The samples of shard `shard` of synth_shards(seed=seed, max_seconds=max_seconds), drawn in order."""
+    rng = np.random.default_rng([seed, shard])  # per-shard stream: shards don't depend on count
+    return (synth_sample(rng, f"s{shard:06d}-{i:06d}", max_seconds) for i in range(count))
 
 
 def synth_shards(out_dir, num_shards: int, samples_per_shard: int, seed: int = 0,
@@ -68,8 +93,6 @@ def synth_shards(out_dir, num_shards: int, samples_per_shard: int, seed: int = 0
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for shard in range(num_shards):
-        rng = np.random.default_rng([seed, shard])  # per-shard stream: shards don't depend on count
-        samples = (synth_sample(rng, f"s{shard:06d}-{i:06d}", max_seconds)
-                   for i in range(samples_per_shard))
-        paths.append(write_shard(out_dir / f"shard-{shard:06d}.tar", samples))
+        paths.append(write_shard(out_dir / f"shard-{shard:06d}.tar",
+                                 shard_samples(seed, shard, samples_per_shard, max_seconds)))
     return paths

@@ -4,7 +4,9 @@ An estimate, not a measurement (expect +-30% on the whole); `plan` prints it and
 that do not fit unless --force. Parts, in bytes per GPU (state_bytes has the why of the first three;
 tests/test_memory_estimate.py holds them and the activations against counts of real steps):
 - weights:     torchtitan: the fp32 trainable parameters (autocast / FSDP mixed precision compute
-               in bf16 from them), sharded by FSDP2 (world) or HSDP (a node). megatron: its TP shard
+               in bf16 from them), sharded by FSDP2 (world) or HSDP (a node); master_weights
+               bf16-compute: bf16 parameters and fp32 masters (2 + 4; gradients in grad_accum_dtype,
+               bf16_compute_state). megatron: its TP shard
                (the DiT's attention and MLP matrices split, their norms and the rest replicated); on
                a GPU bf16 parameters plus the optimizer's fp32 main parameters (2 + 4 bytes; the
                distributed optimizer shards the 4 over dp), on a CPU fp32 (4).
@@ -177,12 +179,31 @@ def state_bytes(cfg: RunConfig) -> tuple[float, float, float]:
     moments over dp; the grad buffer stays whole.
     """
     n = rank_parameters(cfg) / state_shards(cfg)
+    if cfg.framework != "megatron" and recipe_of(cfg) == "bf16-compute":
+        return bf16_compute_state(cfg, n)
     # megatron's params_dtype (backends.megatron.tp_options); in fp32 its FP32Optimizer steps the
     # parameters, main_grad being .grad
     bf16_params = cfg.framework == "megatron" and on_gpu(cfg) and cfg.precision != "fp32"
     state = adam_state_bytes(n, bf16_params=bf16_params,
                              main_shards=cfg.dp if bf16_params and cfg.distributed_optimizer else 1,
                              grad_bytes=2 if bf16_params and cfg.grad_reduce_dtype == "bf16" else 4)
+    return state["weights"] + state["main"], state["gradients"], state["moments"]
+
+
+def recipe_of(cfg: RunConfig) -> str:
+    """The run's master_weights recipe on the device it is sized for (on_gpu)."""
+    return cfg.master_weights_on("cuda" if on_gpu(cfg) else "cpu")
+
+
+def bf16_compute_state(cfg: RunConfig, n: float) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) of master_weights bf16-compute (backends.master), n parameters:
+    bf16 parameters and their fp32 masters (2 + 4); the step's gradients as backward sums them, in
+    grad_accum_dtype: bf16 (2; cast into fp32 master gradients after the last backward, outside the
+    activation peak) or fp32 (4, in the masters; each micro-batch's bf16 gradient freed as it is
+    added); AdamW's two fp32 moments (8). No bf16 copy of a weight is saved for backward
+    (autocast_weight_bytes: none)."""
+    fp32_sums = cfg.grad_accum_dtype_on("cuda" if on_gpu(cfg) else "cpu") == "fp32"
+    state = adam_state_bytes(n, bf16_params=True, grad_bytes=4 if fp32_sums else 2)
     return state["weights"] + state["main"], state["gradients"], state["moments"]
 
 
@@ -298,10 +319,12 @@ def autocast_weight_bytes(cfg: RunConfig) -> float:
     per rank: where fp32 parameters compute in bf16 under autocast (torchtitan single / DDP; megatron
     on a CPU), 2 bytes per block parameter outside the checkpointed blocks (a checkpointed block
     recasts in its recompute; counted, tests/test_memory_estimate.py). Not FSDP2 / HSDP (their mixed precision gathers bf16 parameters and frees them)
-    nor megatron on a GPU (bf16 parameters)."""
+    nor megatron on a GPU nor master_weights bf16-compute (bf16 parameters)."""
     if compute_bytes(cfg.precision) == 4:
         return 0.0
     if cfg.layout.shards_parameters or (cfg.framework == "megatron" and on_gpu(cfg)):
+        return 0.0
+    if cfg.framework != "megatron" and recipe_of(cfg) == "bf16-compute":  # bf16 parameters: nothing cast
         return 0.0
     m = cfg.model_config()
     counts = param_counts(m)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from echobench.records.config import RunConfig
+from echobench.records.config import RunConfig, as_ran
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.card_model import CardPrediction, predict_card
 from echobench.predict.card_run import measured_attention_kernel, measured_card, measured_layout
@@ -89,7 +89,7 @@ def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     so that the MFUs compare under one convention."""
     if record.status != RunState.OK or not record.step_time_s:
         raise PredictError(f"{record.run_id}: status {record.status}, no measured step time to compare")
-    cfg = recorded_sdpa(RunConfig.from_dict({**record_settings(record), "repeat": 0}), record)
+    cfg = recorded_sdpa(RunConfig.from_dict({**as_ran(record_settings(record)), "repeat": 0}), record)
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
     if record.card is not None:

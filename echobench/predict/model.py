@@ -35,6 +35,7 @@ from echobench.predict.pricing import (
     point_run,
     priced,
     run_peak,
+    split_share,
 )
 from echobench.predict.profiles import choose_profile
 from echobench.predict.work import host_ops, run_work
@@ -207,6 +208,9 @@ def _notes(cfg: RunConfig, profile: HardwareProfile, terms: InStepFit) -> list[s
         mix = dit_attention_mix(cfg)
         dit = "" if list(mix) == [kernel] else "; the DiT's " + ", ".join(f"{share:.0%} {k}" for k, share in mix.items()) \
             + " (micro-batches in which a sample drops its conditioning attend over a key mask)"
+        if share := split_share(cfg):
+            dit = (f"; the DiT's {share:.0%} micro-batches in which a sample drops its conditioning as two unmasked "
+                   "flash2 calls and their log-sum-exp merge (pricing.split_share)")
         notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel){dit}")
     notes += attention_notes(run_work(cfg)[1], Rates(profile, terms=terms), kernel)
     if profile.sm_count and profile.gemm:

@@ -216,18 +216,66 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     # writes a fresh allocation, which no cache holds; tools/trace_elementwise.py).
     tensor = None if cpu else cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb
     mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg)}
+    if (share := 0.0 if cpu else split_share(cfg)) > 0:
+        att = split_attention(att, share)
+        mf, mb = merge_bytes(cfg, eb)
+        fwd, bwd = fwd + share * mf, bwd + share * mb
     return work_seconds(mm, att, (fwd, bwd), rank_params(cfg), rates, kernel, cfg.compile is True, tensor_bytes=tensor,
                         mixes=mixes)
+
+
+def split_share(cfg: RunConfig) -> float:
+    """The share of a GPU run's micro-batches whose DiT attends split (cfg_drop_attention split:
+    components.merged_attention, two unmasked flash calls): those that drop a sample's conditioning
+    (model.config.masked_share) in a run without padding, where split runs as set (the conditions of
+    backends.torchtitan.cfg_drop_attention: torchtitan, SDPA's flash kernel not overridden by another
+    pinned backend, bf16 or fp16, head_dim <= 256); 0 elsewhere."""
+    if (cfg.cfg_drop_attention != "split" or cfg.framework != "torchtitan" or cfg.data != "synthetic"
+            or cfg.sdpa_backend not in ("auto", "flash") or cfg.precision_on("cuda") == "fp32"
+            or cfg.model_config().head_dim > 256):
+        return 0.0
+    return masked_share(cfg.micro_batch, cfg.model_config().cfg_dropout, cfg.cfg_drop)
+
+
+def split_attention(att, share: float) -> tuple:
+    """The work `att` with `share` of the DiT's attention as merged_attention runs it: the latent
+    queries over the latent keys, then over the conditioning keys (text and speaker, the rest of
+    seq_k), two calls whose FLOPs sum to the joint call's."""
+    out = []
+    for a in att:
+        if a.part != "dit_attention":
+            out.append(a)
+            continue
+        cond = a.seq_k - a.seq_q
+        out += [replace(a, flops=a.flops * (1 - share)),
+                replace(a, seq_k=a.seq_q, flops=a.flops * share * a.seq_q / a.seq_k),
+                replace(a, seq_k=cond, flops=a.flops * share * cond / a.seq_k)]
+    return tuple(out)
+
+
+def merge_bytes(cfg: RunConfig, eb: int) -> tuple[float, float]:
+    """The element-wise bytes (forward, backward) of merged_attention's log-sum-exp merge in one
+    micro-batch of one rank, over the DiT's layers: per layer, with O the output's elements (B x T x
+    width) and L the log-sum-exp's (B x heads x T, fp32). Eager, its ATen ops one by one: each output
+    cast to fp32 and scaled, the two summed and cast back, (3 eb + 40) O, and the log-sum-exp's fills,
+    logaddexp and exps, 76 L; compiled, one fused kernel (assumed) reading both outputs and writing
+    one, 3 eb O + 16 L. Backward sums the two query gradients, 3 eb O; AC full re-runs the forward."""
+    m = cfg.model_config()
+    o = cfg.micro_batch * cfg.audio_frames * m.width
+    lse = cfg.micro_batch * m.heads * cfg.audio_frames
+    fwd = (3 * eb * o + 16 * lse) if cfg.compile is True else ((3 * eb + 40) * o + 76 * lse)
+    bwd = 3 * eb * o + (fwd if cfg.ac == "full" else 0)
+    return fwd * m.layers, bwd * m.layers
 
 
 def dit_attention_mix(cfg: RunConfig) -> dict[str, float]:
     """The kernels the DiT's attention takes and each one's share of its micro-batches: synthetic
     batches attend without a mask (attention_kernel) except where a sample drops its conditioning
     with cfg_drop mask (model.config.masked_share: 57% of micro-batches at micro-batch 8), which attend
-    over a key mask (FlexAttention with key_masking flex or auto, else a masked SDPA); padded batches
-    (shards) always do."""
+    over a key mask (FlexAttention with key_masking flex or auto, else a masked SDPA) unless they run
+    split (split_share: unmasked flash calls, split_attention); padded batches (shards) always do."""
     kernel = attention_kernel(cfg)
-    if cfg.data != "synthetic":
+    if cfg.data != "synthetic" or split_share(cfg) > 0:
         return {kernel: 1.0}
     masked = "flex" if cfg.key_masking in ("flex", "auto") else {"cudnn": "cudnn", "math": "math"}.get(
         cfg.sdpa_backend, "efficient")

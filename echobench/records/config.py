@@ -93,6 +93,12 @@ class RunConfig:
         "cast once per step to an fp32 master copy that the optimizer updates and copies back. auto: bf16-compute "
         "on a GPU where it can run, fp32-autocast on a CPU; fsdp2 / hsdp gather bf16 weights from fp32 shards "
         "(MixedPrecisionPolicy) either way. The record's backend says which ran (master_weights).")
+    grad_accum_dtype: Literal["auto", "bf16", "fp32"] = setting(
+        "auto", "The dtype the micro-batches' gradients are summed in under master_weights bf16-compute: fp32, each "
+        "micro-batch's bf16 gradients added into the fp32 masters' as backward writes them (Megatron's main "
+        "gradients); bf16, summed in the bf16 parameters' gradients and cast to fp32 once per step. auto: fp32 on one "
+        "process, bf16 with ddp (DDP sums and reduces in its bf16 buckets). fp32 parameters sum in fp32, fsdp2 / hsdp "
+        "in grad_reduce_dtype; the record's backend says which ran (grad_accum_dtype).")
     grad_accum: int = setting(1, "Micro-batches per optimizer step (gradient accumulation); gradients sync on the "
                               "last. A step and global_batch count all of them.", min=1)
     key_masking: Literal["auto", "dense", "flex"] = setting(
@@ -119,6 +125,11 @@ class RunConfig:
     grad_reduce_dtype: Literal["fp32", "bf16"] = setting(
         "fp32", "Data-parallel gradient reduction dtype (ddp, fsdp2, hsdp, megatron's DP): bf16 halves the bytes.")
     data: str = setting("synthetic", "'synthetic' (in memory) or a directory of tar shards.")
+    synthetic_lengths: Literal["full", "drawn"] = setting(
+        "full", "data synthetic: full, every sample at the maximum lengths (nothing padded: the MFU is an upper "
+        "bound of padded data's); drawn, lengths drawn as `echobench data synth` draws them (audio log-normal, median "
+        "8 s, sigma 0.6, clipped to [2 s, audio_frames]; text ~14 characters per second), padded or bucketed as "
+        "shards are.")
     skip_bad_samples: bool = setting(False, "Count and skip corrupt samples instead of failing.")
     batching: Literal["pad", "bucket"] = setting("pad", "pad: every batch to the maximum lengths; bucket: samples "
                                                  "grouped by audio length into a few static shapes (shards only).")
@@ -183,9 +194,12 @@ class RunConfig:
     def validate(self) -> None:
         for f in fields(self):
             check_value(f.name, getattr(self, f.name))
-        if self.batching == "bucket" and self.data == "synthetic":
-            raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR); synthetic "
-                             "samples are all full-length")
+        if self.batching == "bucket" and self.data == "synthetic" and self.synthetic_lengths == "full":
+            raise ValueError("batching=bucket groups samples by their lengths: it needs shards (data: DIR) or "
+                             "synthetic_lengths drawn; synthetic samples are otherwise all full-length")
+        if self.synthetic_lengths != "full" and self.data != "synthetic":
+            raise ValueError(f"synthetic_lengths={self.synthetic_lengths} applies to data synthetic; data={self.data!r} "
+                             "has its own lengths: drop synthetic_lengths")
         if self.card is not None:
             if not self.card.strip() or self.card.endswith("#"):
                 raise ValueError(f"card={self.card!r}: give a card file, or FILE#ROW (a row id of a published-runs file)")
@@ -238,6 +252,20 @@ class RunConfig:
         lean = (device_type == "cuda" and precision == "bf16"
                 and (not self.layout.replicates or self.grad_reduce_dtype == "bf16"))
         return "bf16-compute" if lean else "fp32-autocast"
+
+    def grad_accum_dtype_on(self, device_type: str) -> str | None:
+        """The dtype this run's micro-batch gradients are summed in on a device of this type
+        (master_weights_on's recipe): bf16-compute's setting, auto being fp32 except with ddp; FSDP2's
+        grad_reduce_dtype (it accumulates unsharded gradients in its reduce dtype); fp32 parameters'
+        fp32; None for megatron (its own)."""
+        recipe = self.master_weights_on(device_type)
+        if recipe == "bf16-compute":
+            if self.grad_accum_dtype != "auto":
+                return self.grad_accum_dtype
+            return "bf16" if self.parallelism == "ddp" else "fp32"
+        if recipe == "fsdp2":
+            return self.grad_reduce_dtype
+        return None if recipe == "megatron" else "fp32"
 
     def may_compile(self) -> bool:
         """Whether this run compiles as far as a plan can tell: device auto counts as a GPU, so a time
@@ -444,7 +472,8 @@ def _readable_id(ident: dict) -> str:
 # an older sweep keep their ids (and are not rerun).
 LATER_KEYS = {"batching": "pad", "buckets": None, "grad_accum": 1, "key_masking": "auto", "sdpa_backend": "auto",
               "reshard_after_forward": True, "grad_reduce_dtype": "fp32", "distributed_optimizer": False,
-              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None}
+              "loader_workers": 0, "gc_every": 50, "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "float8_recipe": "tensorwise", "card": None,
+              "synthetic_lengths": "full", "grad_accum_dtype": "auto"}
 
 
 def config_id(cfg: RunConfig) -> str:
@@ -462,6 +491,18 @@ def run_id(cfg: RunConfig) -> str:
 # Settings whose default changed to auto: settings without the key (a record older than it) ran
 # with the default of their time. A record of a run states what ran (results.Record.of_settings).
 FORMER_DEFAULTS = {"compile": False, "sequence_parallel": False}
+
+
+# Keys added after runs were recorded whose default is not what those runs did: stored settings
+# without the key (a record older than it) ran this value. Applied where a record is read for what
+# it ran (as_ran: predict --against), not in its identity (config_id, configuration), so that old
+# and new runs of one configuration keep their ids and still pool.
+RAN_BEFORE_KEY = {"cfg_drop_attention": "masked", "master_weights": "fp32-autocast"}
+
+
+def as_ran(settings: dict) -> dict:
+    """Stored settings (upgraded) with RAN_BEFORE_KEY's values for the keys they lack."""
+    return {**RAN_BEFORE_KEY, **settings}
 
 
 def configuration(settings: dict, with_nodes: bool = True) -> dict:

@@ -156,10 +156,14 @@ def record_report(record) -> list:
         ("allocator retries / OOMs", "-" if record.num_alloc_retries is None
          else f"{record.num_alloc_retries} / {record.num_ooms}"),
         ("data wait", f"{record.data_wait_frac:.1%}"),
-        *([("weights", f"{record.backend['master_weights']}: {record.backend.get('master_weights_recipe', '')}")]
+        *([("weights", f"{record.backend['master_weights']}"
+                       + (f", gradients summed in {record.backend['grad_accum_dtype']}"
+                          if record.backend.get("grad_accum_dtype") else "")
+                       + f": {record.backend.get('master_weights_recipe', '')}")]
           if (record.backend or {}).get("master_weights") else []),
         ("compile", compile_text(record)),
         ("attention", attention_text(record)),
+        *([("padding", padding_text(record))] if record.padded_flops_frac is not None else []),
     ]
     for k, v in rows:
         table.add_row(k, esc(v))
@@ -186,6 +190,18 @@ def attention_text(record) -> str:
     if not paths:  # a card run: its decoder's one attention path
         return f"decoder SDPA, predicted: {predicted['decoder']}" if "decoder" in predicted else "-"
     return paths + (f" (DiT SDPA, predicted: {predicted['dit']})" if "dit" in predicted else "")
+
+
+def padding_text(record) -> str:
+    """The record's padding figures in one line (padding_figures): its share of the matmul FLOPs
+    executed and the padded share of each stream's tokens."""
+    streams = ", ".join(f"{s} {share:.1%}" if share is not None else f"{s} unknown"
+                        for s, share in (("latent", record.padded_frac_latent), ("text", record.padded_frac_text),
+                                         ("speaker", record.padded_frac_speaker)))
+    text = f"{record.padded_flops_frac:.1%} of the matmul FLOPs executed; padded tokens: {streams}"
+    if record.bucket_steps:  # batching=bucket: which shapes the measured steps ran at
+        text += "; audio buckets (frames: steps) " + ", ".join(f"{f}: {n}" for f, n in record.bucket_steps.items())
+    return text
 
 
 def repeats_report(records: list, out) -> list:

@@ -129,14 +129,24 @@ def page_notes(data: ReportInput) -> list[str]:
                      + (f"; mean |residual| {errors.abs().mean():.1%} over {len(errors)} runs" if len(errors) else "")
                      + f". {len(below)} run(s) more than {data.margin:.0%} below their predicted throughput"
                      + (": " + ", ".join(below["run_id"].astype(str)) if len(below) else "") + ".")
-    synthetic = [r for r in data.records if r.status == "ok" and r.config and r.config.get("data") == "synthetic"
-                 and not r.config.get("card")]
+    echo = [r for r in data.records if r.status == "ok" and r.config and not r.config.get("card")]
+    synthetic = [r for r in echo if r.config.get("data") == "synthetic"
+                 and r.config.get("synthetic_lengths", "full") == "full"]
     if synthetic:
         notes.append(f"{len(synthetic)} run(s) trained on synthetic data: every sample at the maximum lengths, "
                      "nothing padded, so their MFU is an upper bound of what the same settings measure on a user's "
-                     "variable-length data (padded tokens computed, attention over a key mask). Shards of realistic "
-                     "lengths (echobench data synth, or a user's) measure that: their records give the padding share "
-                     "(padded FLOPs, padded tokens) and the attention path mix.")
+                     "variable-length data (padded tokens computed, attention over a key mask). Data of realistic "
+                     "lengths (synthetic_lengths drawn, echobench data synth, or a user's shards) measures that: "
+                     "their records give the padding share (padded FLOPs, padded tokens) and the attention path mix.")
+    if padded := [r for r in echo if r not in synthetic and r.padded_flops_frac is not None]:
+        shares = sorted(r.padded_flops_frac for r in padded)
+        dit = [(r.attention_paths or {}).get("dit", {}) for r in padded]
+        masked = sum(n for paths in dit for path, n in paths.items() if path not in ("none", "split"))
+        notes.append(f"{len(padded)} run(s) trained on data of variable lengths (synthetic_lengths drawn or shards): "
+                     f"{shares[0]:.1%}" + (f" to {shares[-1]:.1%}" if len(shares) > 1 else "")
+                     + " of their matmul FLOPs went to padding, and the DiT attended over a key mask in "
+                     f"{masked} of {sum(sum(paths.values()) for paths in dit)} measured micro-batches (the padding "
+                     "figures and attention columns of the table of runs).")
     retries = ok[numeric(ok["num_alloc_retries"]).fillna(0) > 0]
     if len(retries):
         notes.append(f"{len(retries)} run(s) had CUDA allocator retries (flushes of the cache to satisfy an "

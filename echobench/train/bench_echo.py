@@ -150,6 +150,7 @@ class EchoWorkload(Workload):
             speaker_frames=cfg.speaker_frames, tokenizer=self.tokenizer, rank=dp_rank, world_size=dp_size,
             seed=cfg.seed, skip_bad_samples=cfg.skip_bad_samples, batching=cfg.batching,
             buckets=parse_buckets(cfg.buckets) if cfg.buckets else None, num_workers=cfg.loader_workers,
+            synthetic_lengths=cfg.synthetic_lengths,
         )
         # Eager runs compile too (FlexAttention's kernel, megatron's fused SwiGLU): a graph per shape.
         size_recompile_limit(compile_graphs(self.loader.bucket_frames))

@@ -43,9 +43,9 @@ class Variant:
 
 def stream_options(cfg, tokenizer) -> dict[str, tuple[bool, ...]]:
     """Per stream, whether the run's micro-batches can have it (True) and lack it (False) padded.
-    Synthetic data: its few distinct samples repeat in order, so every batch is one of the
-    rotations collated here; shards: both."""
-    if cfg.data != "synthetic":
+    Synthetic data at full length: its few distinct samples repeat in order, so every batch is one
+    of the rotations collated here; shards and drawn lengths: both."""
+    if cfg.data != "synthetic" or cfg.synthetic_lengths != "full":
         return {s: (False, True) for s in STREAMS}
     samples = make_source("synthetic", micro_batch=cfg.micro_batch, seed=cfg.seed, audio_frames=cfg.audio_frames,
                           text_tokens=cfg.text_tokens, speaker_frames=cfg.speaker_frames).samples

@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from echobench.records.atomic import write_json_atomic
-from echobench.records.console import attention_text, esc
+from echobench.records.console import attention_text, esc, padding_text
 from echobench.records.results import RECORD_FILE, Record, find_record_files, peak_notes
 from echobench.records.run_figures import peak_fraction
 
@@ -444,18 +444,6 @@ def waterfall(record: Record) -> list[dict] | None:
         lose("matmuls below the ceiling, other/unexplained", "matmul shortfall / other", matmul * (1 - p) - 100 * mfu)
     steps.append({"label": "achieved MFU", "short": "achieved MFU", "kind": "total", "pp": 100 * mfu})
     return steps
-
-
-def padding_text(record: Record) -> str:
-    """The record's padding figures in one line (padding_figures): its share of the matmul FLOPs
-    executed and the padded share of each stream's tokens."""
-    streams = ", ".join(f"{s} {share:.1%}" if share is not None else f"{s} unknown"
-                        for s, share in (("latent", record.padded_frac_latent), ("text", record.padded_frac_text),
-                                         ("speaker", record.padded_frac_speaker)))
-    text = f"{record.padded_flops_frac:.1%} of the matmul FLOPs executed; padded tokens: {streams}"
-    if record.bucket_steps:  # batching=bucket: which shapes the measured steps ran at
-        text += "; audio buckets (frames: steps) " + ", ".join(f"{f}: {n}" for f, n in record.bucket_steps.items())
-    return text
 
 
 def explain_report(record: Record, bd: dict, steps: list[dict] | None) -> list:
