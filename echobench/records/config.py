@@ -262,7 +262,7 @@ class RunConfig:
         if recipe == "bf16-compute":
             if self.grad_accum_dtype != "auto":
                 return self.grad_accum_dtype
-            return "bf16" if self.parallelism == "ddp" else "fp32"
+            return "bf16" if self.layout.replicates else "fp32"
         if recipe == "fsdp2":
             return self.grad_reduce_dtype
         return None if recipe == "megatron" else "fp32"
