@@ -79,6 +79,18 @@ def test_a_bad_site_is_one_line_naming_the_key_and_the_nearest(tmp_path):
     assert proc.returncode == 2 and "this is a site file" in proc.stderr and "--site " in proc.stderr
 
 
+def test_a_key_given_twice_in_a_site_is_refused_as_in_a_matrix(tmp_path):
+    # plain YAML keeps the last one: the first partition would be dropped without a word
+    site = tmp_path / "s.yaml"
+    site.write_text("slurm:\n  partition: gpu\n  account: tts\n  partition: debug\n")
+    matrix = write(tmp_path / "m.yaml", {"name": "m", "site": "s.yaml", "defaults": TINY})
+    with pytest.raises(MatrixError) as err:
+        load_matrix(matrix)
+    assert str(err.value) == f"{site}: duplicate key 'partition' (line 4): each key once"
+    with pytest.raises(MatrixError, match="duplicate key 'partition'"):
+        cluster_sections(site)
+
+
 def test_one_site_two_matrices_and_site_flag_over_the_key(tmp_path):
     """--site takes the place of the matrix's site: key; plan says where each setting came from."""
     site = cluster_site(tmp_path / "local.yaml", partition="debug")

@@ -20,11 +20,15 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return text
 
 
-def read_yaml(path: Path, what: str, error: type[Exception], missing: str = "") -> object:
+def read_yaml(path: Path, what: str, error: type[Exception], missing: str = "",
+              loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> object:
     """The YAML document in `path`, else `error` in one line naming the file: not there (with
-    `missing`, the fix, where given), unreadable (as `what`) or not valid YAML."""
+    `missing`, the fix, where given), unreadable (as `what`), not valid YAML, or refused by `loader`
+    (a SafeLoader subclass that raises `error`, e.g. for a key given twice)."""
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a SafeLoader (sub)class
+    except error as exc:
+        raise error(f"{path}: {exc}") from None
     except FileNotFoundError as exc:
         raise error(f"{path}: no such file: {missing}" if missing else
                     f"{path}: cannot read the {what} ({exc.strerror or exc})") from None

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from echobench.records.config import unknown_key
@@ -23,6 +24,24 @@ ExecutorName = Literal["local", "slurm"]  # by name; what one does: echobench.sw
 
 class MatrixError(ValueError):
     """A matrix file that cannot be used; the message names the file and the key."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: merged (and overridable) as in safe_load
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
+                seen.add(key)
+            except TypeError:  # an unhashable key: safe_load's own error names it
+                break
+        return super().construct_mapping(node, deep)
 
 
 # ---- values that reach a shell script: validated by pattern ----

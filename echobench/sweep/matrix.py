@@ -35,7 +35,8 @@ from echobench.records.layout import Layout, is_layout
 from echobench.records.peaks import table_peak
 from echobench.records.yamltext import yaml_problem
 from echobench.sweep.cluster import (NAME_RE, ExecutorName, HardwareSettings, LocalSettings, MatrixError, SlurmSettings,
-                                     Strict, check_text, check_time, format_pydantic)
+                                     Strict, UniqueKeyLoader, check_text, check_time,
+                                     format_pydantic)
 from echobench.sweep.site import merge_site, read_site, site_path
 
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
@@ -134,24 +135,6 @@ class Matrix:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *defaults`: merged (and overridable) as in safe_load
-            key = self.construct_object(key_node, deep=True)
-            try:
-                if key in seen:
-                    raise MatrixError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}): each key once")
-                seen.add(key)
-            except TypeError:  # an unhashable key: safe_load's own error names it
-                break
-        return super().construct_mapping(node, deep)
 
 
 # Keys only a tune file has (echobench.tune.space.TuneFile; tests/test_matrix.py holds them so), and

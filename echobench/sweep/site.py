@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from echobench.records.yamltext import read_yaml
 from echobench.sweep.cluster import (ExecutorName, HardwareSettings, LocalSettings, MatrixError, SlurmSettings, Strict,
-                                     format_pydantic)
+                                     UniqueKeyLoader, format_pydantic)
 
 SECTIONS = ("slurm", "local", "hardware")  # a site's sections besides `executor`, merged key by key
 MERGED_BY_KEY = ("env",)  # slurm's mappings merged key by key; every other key is replaced whole
@@ -46,7 +46,7 @@ def read_site(path: Path) -> dict:
     """The site file's mapping, checked as a matrix's sections are (SiteFile: an unknown key is one
     line naming it and the nearest valid key); MatrixError with one line otherwise."""
     data = read_yaml(path, "site file", MatrixError, missing="no site file there (a matrix's site: is read from the "
-                     "matrix's folder)")
+                     "matrix's folder)", loader=UniqueKeyLoader)
     if data is None:
         data = {}
     if not isinstance(data, dict):
