@@ -189,6 +189,9 @@ class TimeFromEstimate(Strict):
         return check_time(v)
 
 
+INTERPRETER_KEYS = ("venv", "python", "container", "uenv")  # where the ranks' interpreter comes from: one choice
+
+
 class SlurmSettings(Strict):
     partition: str | None = None
     account: str | None = None
@@ -308,6 +311,10 @@ class SlurmSettings(Strict):
         if problem := hca_problem(self.env):
             raise ValueError(f"env: {problem}")
         return self
+
+    def names_interpreter(self) -> bool:
+        """The site names the ranks' interpreter (INTERPRETER_KEYS), not the submitting checkout's."""
+        return any(getattr(self, key) for key in INTERPRETER_KEYS)
 
 
 class LocalSettings(Strict):

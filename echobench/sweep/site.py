@@ -26,12 +26,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from echobench.records.yamltext import read_yaml
-from echobench.sweep.cluster import (ExecutorName, HardwareSettings, LocalSettings, MatrixError, SlurmSettings, Strict,
-                                     UniqueKeyLoader, format_pydantic)
+from echobench.sweep.cluster import (INTERPRETER_KEYS, ExecutorName, HardwareSettings, LocalSettings, MatrixError,
+                                     SlurmSettings, Strict, UniqueKeyLoader, format_pydantic)
 
 SECTIONS = ("slurm", "local", "hardware")  # a site's sections besides `executor`, merged key by key
 MERGED_BY_KEY = ("env",)  # slurm's mappings merged key by key; every other key is replaced whole
-ONE_CHOICE = ("venv", "python", "container", "uenv")  # where the ranks' interpreter comes from: one slot
 
 
 class SiteFile(Strict):
@@ -96,8 +95,8 @@ def merge_site(site: dict, data: dict, site_label: str, data_label: str = "matri
 def _merge_section(section: str, ours: dict, theirs: dict, labels: tuple[str, str], origins: dict) -> dict:
     site_label, data_label = labels
     theirs = {k: v for k, v in theirs.items() if v is not None}  # null: not set here
-    if section == "slurm" and any(k in theirs for k in ONE_CHOICE):
-        ours = {k: v for k, v in ours.items() if k not in ONE_CHOICE}
+    if section == "slurm" and any(k in theirs for k in INTERPRETER_KEYS):
+        ours = {k: v for k, v in ours.items() if k not in INTERPRETER_KEYS}
     out = dict(ours)
     origins.update({f"{section}.{key}": site_label for key in ours})
     for key, value in theirs.items():

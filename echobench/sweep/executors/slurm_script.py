@@ -155,8 +155,7 @@ def import_path(slurm) -> list[str]:
     takes echobench from the submitting checkout, which must then be at the same path on every node."""
     if slurm.pythonpath is not None:
         return list(slurm.pythonpath)
-    named = slurm.venv or slurm.python or slurm.container or slurm.uenv
-    return [] if named else [str(source_root())]
+    return [] if slurm.names_interpreter() else [str(source_root())]
 
 
 def job_python(slurm) -> str:
@@ -252,7 +251,7 @@ def job_environment(slurm) -> list[str]:
         if checkout:
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          f'PYTHON=$(command -v python3 || command -v python); else {path_line}; fi')
-        elif not (slurm.python or slurm.venv or slurm.container or slurm.uenv):
+        elif not slurm.names_interpreter():
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          'PYTHON=$(command -v python3 || command -v python); fi')
     if rdv := slurm.rendezvous:  # read where the address is made (NODE_LAUNCH_ENV), after the setup lines
