@@ -368,3 +368,29 @@ def test_the_host_ops_of_a_card_are_those_counted_on_an_eager_decoder():
     one, two = counted(1), counted(2)
     assert {k: two[k] - one[k] for k in one} == HOST_OPS_PER_LAYER
     assert {k: 2 * one[k] - two[k] for k in one} == HOST_OPS_FIXED
+
+
+def test_megatrons_scatter_gather_sends_a_tp_share_of_each_pipeline_message_across_nodes():
+    """Narayanan et al. 2021 section 4.1: without sequence parallelism each TP rank of a stage sends
+    1 / t of the activations over its own link and the receiving stage all-gathers them over NVLink;
+    with sequence parallelism each rank holds its 1 / t already (nothing to gather)."""
+    from echobench.predict.card_traffic import p2p_seconds
+    from echobench.predict.pricing import Rates
+
+    prof = load_profile(find_profile("a100-sxm-80gb"))
+    rates = Rates(prof, "mid")
+    card, layout = card_of("kor-turing-530b-full")  # tp 8, pp 35 across nodes, no SP
+    assert layout.tp == 8 and not layout.sp and framework(layout.framework).p2p_scatter_gather
+    whole = layout.tokens * card.hidden * layout.compute_bytes
+    _, plain = p2p_seconds(card, layout, rates)
+    _, split = p2p_seconds(card, layout, rates, scatter_gather=True)
+    exchange = rates.collective_seconds("all_gather", 2 * whole / 8, 2, "inter", 1)
+    gather = rates.collective_seconds("all_gather", whole, 8, "intra", 8)
+    assert plain == pytest.approx(rates.collective_seconds("all_gather", 2 * whole, 2, "inter", 1))
+    assert split == pytest.approx(exchange + gather) and split < plain
+    sp = replace(layout, sequence_parallel=True)
+    assert p2p_seconds(card, sp, rates, scatter_gather=True) == p2p_seconds(card, sp, rates) == \
+        pytest.approx((2 * 280 * 3 * exchange, exchange))
+    # only the papers' Megatron-LM does it; later stacks run sequence parallelism with TP
+    assert [n for n in ("megatron-lm", "megatron-lm-2021", "megatron-lm-2022", "nemo", "torchtitan", "llm-foundry")
+            if framework(n).p2p_scatter_gather] == ["megatron-lm-2021", "megatron-lm-2022"]

@@ -103,13 +103,18 @@ def test_ring_latency_grows_with_the_group_by_its_hops():
 def test_tree_all_reduce_is_cheaper_than_the_ring_at_many_nodes():
     """NCCL's tree all-reduce has 2 log2(nodes) network hops against the ring's 2 (ranks - 1) steps:
     a small all-reduce at 64 nodes takes the tree, and costs less than the ring's latency. A large
-    one on one node: NVLink SHARP where an NVSwitch offers it (HGX), else the ring (GH200 quad)."""
+    one on one node: NVLink SHARP where an NVSwitch offers it (HGX H100 / H200), else the ring
+    (GH200 quad: no NVSwitch; HGX A100: an NVSwitch of the generation without SHARP)."""
     profile = shipped("h100-hgx-ib")
     small = collective_cost(profile, "all_reduce", 4096, 512, "inter", per_node=8)
     ring = min(nt.latency_us("all_reduce", "ring", p, 512, 64) for p in nt.PROTOCOLS) * 1e-6
     assert small.algorithm == "tree" and small.seconds < ring
     assert collective_cost(profile, "all_reduce", GIB, 8, "intra").algorithm == "nvls"
     assert collective_cost(shipped("gh200-quad-slingshot"), "all_reduce", GIB, 4, "intra").algorithm == "ring"
+    for name in ("h100-hgx-ib", "h200-hgx-ib", "a100-sxm-80gb", "a100-sxm-40gb"):
+        a100 = "a100" in name
+        assert shipped(name).topology.nvls is not a100
+        assert (collective_cost(shipped(name), "all_reduce", GIB, 8, "intra").algorithm == "nvls") is not a100
 
 
 def test_a_fit_without_a_group_size_or_of_gloo_is_priced_as_fitted():

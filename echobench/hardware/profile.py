@@ -219,10 +219,14 @@ class Topology(_Strict):
     use: `nics_per_node` network interfaces NCCL drives (one per GPU on HGX H100/H200 and GH200 quad
     nodes); `nvlink` "switch" (NVSwitch: any group of a node's GPUs gets each GPU's whole NVLink
     bandwidth) or "direct" (GPUs wired pairwise, each pair its own links: a group of k of a node's
-    g GPUs uses k - 1 of each GPU's g - 1 peers' links)."""
+    g GPUs uses k - 1 of each GPU's g - 1 peers' links); `nvls` whether those NVSwitches reduce in
+    the switch (NVLink SHARP, an all-reduce algorithm of NCCL's within the node)."""
 
     nics_per_node: Optional[int] = Field(None, ge=1)
     nvlink: Literal["switch", "direct"] = "switch"
+    # NVLink SHARP (NCCL's NVLS all-reduce) in the node's NVSwitches: third-generation NVSwitch (HGX
+    # H100 / H200 and later); A100's second-generation NVSwitch has none, and NCCL runs ring or tree there.
+    nvls: bool = True
     # The latency one step of a ring (or a tree's hop) across the network adds, every protocol alike
     # (None: NCCL's own per-protocol figures, nccltuning.HOP_LATENCY_US "net"); `source` says where from.
     net_step_latency_s: Optional[float] = Field(None, gt=0, le=1e-3)
@@ -320,7 +324,7 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
     latency grown with the group as NCCL's tuner grows it (nccltuning): the fit's alpha is NCCL's
     least latency at the group it was taken on plus a fixed part (launch, the framework's call)
     that stays; the hop latency is NCCL's at this group, of the cheapest algorithm and protocol
-    for this message (ring; for all-reduce tree, and NVLink SHARP within an NVSwitch node; LL,
+    for this message (ring; for all-reduce tree, and NVLink SHARP within a node whose NVSwitches have it; LL,
     LL128, Simple). A gloo profile (NCCL's tuner is not gloo's), or a fit that records no group
     size, is priced as fitted: alpha + bus bytes / bandwidth."""
     n = max(2, group_size)
@@ -332,7 +336,8 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
     if size0 is None or not nccl_priced(profile):
         return CollectiveCost(fit.alpha_s + bus_bytes / (gbps * 1e9), fit.alpha_s, gbps, "alpha-beta", "", fit)
     nodes0, _ = group_layout(profile, link, size0, ppn0)
-    nvls = link == "intra" and profile.topology is not None and profile.topology.nvlink == "switch"
+    top = profile.topology
+    nvls = link == "intra" and top is not None and top.nvlink == "switch" and top.nvls
     net_us = net_step_us(profile)
     fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls, net_us))
     choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls, net_us)

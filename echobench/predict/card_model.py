@@ -123,7 +123,7 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     head_s = sum(work_seconds(head, [], (0, 0), 0, rates).values()) / acc if layout.pp > 1 else 0.0
     # the slowest (last) stage holds the LM head; a stage's mean holds 1 / pp of it
     compute = pipeline_seconds(micro_s, layout.pp, layout.vp, acc, micro_s - head_s * (1 - 1 / layout.pp))
-    p2p_all, p2p_one = p2p_seconds(card, layout, rates)
+    p2p_all, p2p_one = p2p_seconds(card, layout, rates, fw.p2p_scatter_gather)
     p2p = 2 * p2p_one if opts["overlap_p2p_comm"] and layout.vp > 1 else p2p_all
     synchronous = compute + last + p2p + dev["optimizer"]
     straggler = synchronous * straggler_share(profile, layout.gpus)  # the slowest rank's lead (hwprofile)

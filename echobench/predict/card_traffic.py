@@ -201,15 +201,22 @@ def card_traffic(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
     return t
 
 
-def p2p_seconds(card: ModelCard, layout: Layout, rates: Rates) -> tuple[float, float]:
+def p2p_seconds(card: ModelCard, layout: Layout, rates: Rates, scatter_gather: bool = False) -> tuple[float, float]:
     """Pipeline point-to-point per step on one rank: (the sends' seconds, one send's), each message
     priced as a 2-rank exchange on the link adjacent stages share (another node where the
-    model-parallel group fills its node)."""
+    model-parallel group fills its node). With sequence parallelism each TP rank sends its own
+    1 / tp of the activations; without it, `scatter_gather` (Megatron-LM's scatter/gather
+    optimisation, Narayanan et al. 2021 section 4.1) sends 1 / tp from each TP rank too, then
+    all-gathers the whole message over the receiving stage's TP ranks."""
     if layout.pp == 1:
         return 0.0, 0.0
-    msg = layout.tokens * card.hidden * layout.compute_bytes / (layout.tp if layout.sp else 1)
+    whole = layout.tokens * card.hidden * layout.compute_bytes
+    split = layout.tp > 1 and (layout.sp or scatter_gather)
+    msg = whole / (layout.tp if split else 1)
     link = "inter" if layout.tp * layout.cp * layout.pp > layout.gpus_per_node else "intra"
     one = rates.collective_seconds("all_gather", 2 * msg, 2, link, 1 if link == "inter" else 2)
+    if split and not layout.sp:
+        one += rates.collective_seconds("all_gather", whole, layout.tp, "intra", layout.tp)
     return 2 * p2p_messages(layout.pp, layout.vp, layout.grad_accum) * one, one
 
 

@@ -19,7 +19,9 @@ Sources, per framework (the file and commit each default is read at):
   installed, cuDNN's fused attention otherwise: which one, unstated).
 - megatron-lm-2021 / megatron-lm-2022 (Narayanan et al. 2021; Korthikanti et al. 2022): no
   overlap of the data-parallel reduction, fp32 gradients, softmax attention with Megatron's fused
-  scale-mask-softmax (no FlashAttention in either paper), fused bias-GeLU and bias-dropout-add.
+  scale-mask-softmax (no FlashAttention in either paper), fused bias-GeLU and bias-dropout-add;
+  pipeline messages scattered over the TP ranks and all-gathered on arrival (Narayanan et al. 2021
+  section 4.1, Megatron-LM's default then: --no-scatter-gather-tensors-in-pipeline turned it off).
 - nemo (24.07, NeMo-Framework-Launcher's training configs at 24c3d6bb): distributed_fused_adam
   with overlap_grad_sync and overlap_param_sync true, ub_tp_comm_overlap and overlap_p2p_comm per
   model config (the rows carry them), TransformerEngine with cuDNN fused attention.
@@ -79,6 +81,8 @@ class Framework:
     # micro-batch's backward), not every micro-batch; under plain accumulation and under PP
     reduce_once: bool = False
     reduce_once_pp: bool = False
+    # pipeline messages without sequence parallelism split over the TP ranks, all-gathered on arrival
+    p2p_scatter_gather: bool = False
 
 
 FUSED_KERNELS = (12, 24)  # assumed: a fused block's GEMMs, attention and about as many fused kernels
@@ -98,10 +102,10 @@ FRAMEWORKS: dict[str, Framework] = {
                              "gradients, TransformerEngine layers"),
     "megatron-lm-2021": Framework("megatron-lm-2021", False, False, False, False, "fp32", "math", None, FUSED_KERNELS, True,
                                   "Megatron-LM of Narayanan et al. 2021: no DP overlap, fp32 gradients, fused-softmax "
-                                  "attention"),
+                                  "attention", p2p_scatter_gather=True),
     "megatron-lm-2022": Framework("megatron-lm-2022", False, False, False, False, "fp32", "math", None, FUSED_KERNELS, True,
                                   "Megatron-LM of Korthikanti et al. 2022: no DP overlap, fp32 gradients, fused-softmax "
-                                  "attention"),
+                                  "attention", p2p_scatter_gather=True),
     "nemo": Framework("nemo", True, True, False, True, "fp32", "cudnn", None, FUSED_KERNELS, True,
                       "NeMo-Framework-Launcher 24.07 configs: distributed_fused_adam, overlap_grad_sync / "
                       "overlap_param_sync true, TransformerEngine with cuDNN fused attention"),
