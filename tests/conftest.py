@@ -179,6 +179,14 @@ def cli(tmp_path):
     return _run
 
 
+def inductor_cache_dir(tmp_path_factory) -> str:
+    """The folder inductor_cache sets, for a fixture that outlives a test (it cannot take that one)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    return INDUCTOR_CACHE_SET or str(base.parent / "inductor")
+
+
 @pytest.fixture
 def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
     """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import counted_model_flops, one_gloo_rank, run_cli
+from conftest import counted_model_flops, inductor_cache_dir, one_gloo_rank, run_cli
 from echobench.records.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -193,16 +193,14 @@ CLIP = 0.05
 STEPS = 3
 
 
-def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) -> None:
-    """One of 2 gloo ranks: plain model vs TP=2 model on the same weights and batch, the TP model
-    under megatron-core's DDP, optimizer and clip (max norm CLIP), STEPS real optimizer steps each.
-    References, on every rank: the plain model under torch's AdamW and clip_grad_norm_, and under
-    the torchtitan backend's clip with a fused AdamW (the grad_scale path GPU runs take). The ranks
-    meet through a file store (no port to race for)."""
+def _tp_worker(rank: int, world: int, store: str, out_dir: str) -> None:
+    """One of 2 gloo ranks: every layout of TP_LAYOUTS in turn (_compare_layout), each result in
+    OUT_DIR/LAYOUT.json. One pair of processes for the three: their start-up (torch, megatron-core,
+    the process group) is most of a layout's CPU. The ranks meet through a file store (no port to
+    race for)."""
     warnings.filterwarnings("ignore")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    import copy
     import datetime
 
     import torch.distributed as dist
@@ -211,16 +209,34 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
                             timeout=datetime.timedelta(seconds=300))
     from megatron.core import parallel_state
 
+    from echobench.backends.megatron_cpu import redirect_cuda_to_cpu
+
+    redirect_cuda_to_cpu()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    for layout in TP_LAYOUTS:
+        _compare_layout(rank, world, layout, os.path.join(out_dir, f"{layout}.json"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _compare_layout(rank: int, world: int, layout: str, out_path: str) -> None:
+    """Plain model vs TP=2 model (this layout) on the same weights and batch, the TP model under
+    megatron-core's DDP, optimizer and clip (max norm CLIP), STEPS real optimizer steps each.
+    References, on every rank: the plain model under torch's AdamW and clip_grad_norm_, and under
+    the torchtitan backend's clip with a fused AdamW (the grad_scale path GPU runs take). Every
+    model and optimizer is built here, from the same seeds for each layout."""
+    import copy
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
     from echobench.backends.megatron import (MegatronStep, megatron_clip, megatron_ddp, megatron_optimizer,
                                              tp_partial_grad_params)
-    from echobench.backends.megatron_cpu import redirect_cuda_to_cpu
     from echobench.backends.torchtitan import ADAMW, clip_grad_norm_
     from echobench.model.dit import DiTBlock, joint_attention
     from echobench.model.echo import EchoTTS
     from echobench.model.megatron import TPOptions, TPStateDictAdapter, build_tp_dit, tp_state_dict
 
-    redirect_cuda_to_cpu()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     group = parallel_state.get_tensor_model_parallel_group()
     cfg = get_preset("tiny")
     torch.manual_seed(0)
@@ -328,21 +344,29 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, layout: str) ->
         with open(out_path, "w") as f:
             json.dump(result, f)
     dist.barrier()
-    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp2_layouts(tmp_path_factory) -> dict[str, dict]:
+    """layout -> the result of _compare_layout: the three layouts on one pair of ranks (the gpu
+    layout's fused SwiGLU compiles with inductor, in conftest's kept cache)."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("tp2-layouts")
+    with pytest.MonkeyPatch.context() as patch:  # the spawned ranks take this process's environment
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir(tmp_path_factory))
+        mp.spawn(_tp_worker, args=(2, str(out / "store"), str(out)), nprocs=2, join=True)
+    return {layout: json.loads((out / f"{layout}.json").read_text()) for layout in TP_LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", TP_LAYOUTS)
-def test_tp2_matches_plain_model(tmp_path, layout, inductor_cache):
+def test_tp2_matches_plain_model(layout, tp2_layouts):
     """Output, loss and gradients of the TP=2 model on megatron-core's DDP equal the plain model's;
     after STEPS real optimizer steps clipped at CLIP (which every step's norm exceeds), its
     parameters and AdamW state equal those of the plain model stepped by torch's AdamW after torch's
     clip_grad_norm_, as do the torchtitan backend's clip with a fused AdamW (the gpu layout's fused
     SwiGLU compiles with inductor)."""
-    import torch.multiprocessing as mp
-
-    out = tmp_path / "result.json"
-    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), layout), nprocs=2, join=True)
-    r = json.loads(out.read_text())
+    r = tp2_layouts[layout]
     assert r["weights_exact"]  # the loaded shards gather back to the plain weights, bit for bit
     assert r["same_block"] and r["swiglu_fused"] == (layout == "gpu-layout")
     assert r["out_close"], f"DiT output differs by {r['out_max_err']}"

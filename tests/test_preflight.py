@@ -176,8 +176,10 @@ def two_nodes() -> None:
         pytest.skip(message)
 
 
+# device cpu: no run compiles, so the preflight jobs skip their compile check (some 3-13 CPU s of inductor
+# on each node) unless a test's run asks for compile, as the script submitted by hand does
 TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
-        "speaker_frames": 40}
+        "speaker_frames": 40, "device": "cpu"}
 
 
 def cpu_matrix(path: Path, slurm: dict, include: list[dict]) -> Path:
@@ -303,7 +305,8 @@ def test_plan_writes_the_preflight_script_and_preflight_dry_run_prints_it(tmp_pa
 
 @pytest.mark.slurm
 def test_the_written_preflight_script_passes_when_submitted_by_hand(tmp_path, cluster):
-    matrix, scripts = cpu_matrix(tmp_path / "m.yaml", {}, [{"seed": 1}]), tmp_path / "scripts"
+    # a run that compiles: the script checks the compile on the node's CPU (C++) too
+    matrix, scripts = cpu_matrix(tmp_path / "m.yaml", {}, [{"seed": 1, "compile": True}]), tmp_path / "scripts"
     run_cli("plan", matrix, "--out", tmp_path / "sweep", "--write-scripts", scripts, tmp_path=tmp_path, check=True)
     subprocess.run(["sbatch", "--wait", str(scripts / "preflight.sh")], check=True, capture_output=True, timeout=600)
     (log,) = (scripts / "logs").glob("preflight-*.out")

@@ -53,19 +53,16 @@ def calibrate(
     """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
     report MFU against it too. With --comm: a hardware profile of this machine (profiles/ has the
     shipped ones)."""
-    import torch  # lazy: torch, for the commands that measure
-
-    from echobench.train.distributed import pick_device  # lazy: torch, for the commands that measure
     from echobench.train.launch import rendezvous_problem  # lazy: start-up time of `echobench --help`
 
+    # The flags are checked before torch is imported (some 2 CPU s): a usage error is said at once.
     try:
-        dev = pick_device(check_value("device", settings.pop("device")))
+        device = check_value("device", settings.pop("device"))
         if scale is not None:
             check_value("scale", scale)
-    except (RuntimeError, ValueError) as exc:
+    except ValueError as exc:
         fail(str(exc))
-    dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
-    if dtype not in dtypes:
+    if dtype not in ("auto", "bf16", "fp32"):
         fail(f"dtype={dtype!r} is not valid: allowed auto, bf16, fp32")
     if site is not None and matrix is None:
         fail("--site: the site file of --matrix: give --matrix too")
@@ -78,7 +75,18 @@ def calibrate(
     if problem := rendezvous_problem(nnodes, node_rank, master_addr):
         fail(problem)
     if comm:
-        calibrate_comm(ctx, dev, dtype, dtypes[dtype], (scale, matrix, settings, site), budget_s, nproc, out, max_bytes,
+        check_comm_flags(ctx, matrix, settings, out)
+    import torch  # lazy: torch, for the commands that measure
+
+    from echobench.train.distributed import pick_device  # lazy: torch, for the commands that measure
+
+    try:
+        dev = pick_device(device)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    dtypes = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+    if comm:
+        calibrate_comm(dev, dtype, dtypes[dtype], (scale, matrix, settings, site), budget_s, nproc, out, max_bytes,
                        comm_budget_s, (nnodes, node_rank, master_addr, master_port))
         return
     from echobench.hardware.device import calibrate as measure  # lazy: torch, for the commands that measure
@@ -117,14 +125,8 @@ def print_gemm_sweep(record: dict) -> None:
     console.print(f"saved {esc(record['path'])}", highlight=False)
 
 
-def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tuple, budget_s, nproc, out, max_bytes,
-                   comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
-    """`calibrate --comm`: commcalibrate.calibrate_command (`shapes`: --scale, --matrix and the
-    lengths), then the profile where this process shows it."""
-    from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
-    from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
-
-    scale, matrix, settings, _ = shapes
+def check_comm_flags(ctx: typer.Context, matrix: Path | None, settings: dict, out: Path | None) -> None:
+    """calibrate --comm's own usage errors: --out that cannot be written, shape flags beside --matrix."""
     if out is not None:
         writable_file(out, "--out")  # before minutes of measuring, not after
     if matrix is not None:
@@ -132,6 +134,15 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
                  if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"]
         if given:
             fail(f"--matrix {matrix} gives the shapes (every run of it): drop {', '.join(given)}")
+
+
+def calibrate_comm(dev, dtype_flag: str, dtype, shapes: tuple, budget_s, nproc, out, max_bytes,
+                   comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
+    """`calibrate --comm` (its flags checked: check_comm_flags): commcalibrate.calibrate_command
+    (`shapes`: --scale, --matrix and the lengths), then the profile where this process shows it."""
+    from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
+    from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
+
     try:
         profile, paths = commcalibrate.calibrate_command(dev, dtype_flag, dtype, shapes, budget_s, nproc, out,
                                                          max_bytes, comm_budget_s, rendezvous)
