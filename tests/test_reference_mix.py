@@ -60,7 +60,7 @@ def test_a_card_runs_planned_memory_is_its_cards(tmp_path):
     preset's estimate of the same settings."""
     from dataclasses import replace
 
-    from echobench.hardware.memory import estimate_memory, overhead_bytes
+    from echobench.predict.memory import estimate_memory, overhead_bytes
     from echobench.predict.card_memory import card_memory_parts
     from echobench.predict.card_run import measured_layout, run_card
 

@@ -12,7 +12,7 @@ import yaml
 
 from echobench import predict as pr
 from echobench.hardware.profile import load_profile
-from echobench.hardware.memory import estimate_memory
+from echobench.predict.memory import estimate_memory
 from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
 from echobench.tune.output import interval, write_outputs
 from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks

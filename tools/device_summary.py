@@ -10,7 +10,7 @@ profiler trace packed to fit what a device call returns, and the summary (rewrit
 Every line is {"kind", "name", "command", "rc", "wall_s", "limit_s", "status", "outcome", ...}:
 outcome is passed, skipped or failed; a run's line holds its result.json as "record", its
 breakdown.json as "breakdown" and the memory estimate `echobench plan` prints for those settings
-(echobench.hardware.memory.estimate_memory) as "memory_estimate_gib"; a bare-loop or calibration line holds
+(echobench.predict.memory.estimate_memory) as "memory_estimate_gib"; a bare-loop or calibration line holds
 that step's JSON as "result"; a test line its counts.
 """
 
@@ -40,7 +40,7 @@ def read_lines(path: Path) -> list[dict]:
 
 def memory_estimate(config: dict) -> dict | None:
     from echobench.records.config import RunConfig
-    from echobench.hardware.memory import estimate_memory
+    from echobench.predict.memory import estimate_memory
 
     try:
         return estimate_memory(RunConfig.from_dict(config)).as_gib()

@@ -96,6 +96,9 @@ The package, by what each file is (every name callers use is re-exported here):
                       choose_profile; profile_lines, no_profile_message, other_device_lines
     measured.py       a prediction held against a measured record (a card run's by predict_card):
                       against -> Comparison, summary, predicted_shares / measured_shares
+    memory.py         an Echo run's memory per GPU before it runs (estimate_memory -> MemoryEstimate:
+                      weights, gradients, optimizer, activations, ...), the training state's bytes
+                      (adam_state_bytes, which the cards' memory counts with too)
     card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
                       published row, every key checked), parameters per rank
     card_run.py       a run's card setting read (a card file or a published row): run_card -> CardWorkload;

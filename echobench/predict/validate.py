@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from echobench.hardware.devicerates import run_fit
-from echobench.hardware.memory import device_capacity_gib
+from echobench.hardware.devicememory import device_capacity_gib
 from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
 from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
 from echobench.predict.card_memory import card_memory_gib
