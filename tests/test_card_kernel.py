@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card_model import predict_card
-from echobench.predict.card_run import measured_attention_kernel, measured_card, measured_layout
+from echobench.predict.cards.model import predict_card
+from echobench.predict.cards.run import measured_attention_kernel, measured_card, measured_layout
 from echobench.records.config import RunConfig
 from echobench.records.console import attention_text
 from echobench.records.results import Record, record_settings

@@ -18,8 +18,8 @@ from rich.console import Console
 from conftest import ROOT
 from echobench.predict import PredictError
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card import load_card_file, model_card, run_layout
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.card import load_card_file, model_card, run_layout
+from echobench.predict.cards.model import predict_card
 from echobench.predict.crossval import crossval
 from echobench.predict.frameworks import GENERIC, SPANNED
 from echobench.predict.intervals import interval

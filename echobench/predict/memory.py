@@ -102,7 +102,7 @@ def adam_state_bytes(params: float, *, bf16_params: bool = False, main_shards: i
     (weights), the fp32 main copy of bf16 parameters (main), the gradients (grad_bytes each) and
     Adam's two fp32 moments (moments); main and moments sharded over main_shards (a distributed
     optimizer's data-parallel ranks). fp32 parameters: 4 + 4 + 8 per parameter; bf16 ones:
-    2 + 4 / s + grad_bytes + 8 / s. Echo's runs (state_bytes) and a card's (predict.card_memory)
+    2 + 4 / s + grad_bytes + 8 / s. Echo's runs (state_bytes) and a card's (predict.cards.memory)
     both count their state here."""
     if not bf16_params:
         return {"weights": 4 * params, "main": 0.0, "gradients": grad_bytes * params, "moments": 8 * params}

@@ -398,14 +398,14 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
 
 def run_memory(cfg: RunConfig) -> MemoryEstimate:
     """A planned run's per-GPU memory: Echo's estimate (predict.memory); a card run's from its card
-    (predict.card_memory at the layout `predict --against` prices the run with, autocast included),
+    (predict.cards.memory at the layout `predict --against` prices the run with, autocast included),
     with the same overhead beside it."""
     from echobench.predict.memory import MemoryEstimate, estimate_memory, overhead_bytes  # lazy: start-up time of `echobench --help`
 
     if cfg.card is None:
         return estimate_memory(cfg)
-    from echobench.predict.card_memory import card_memory_parts  # lazy: start-up time of `echobench --help`
-    from echobench.predict.card_run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.memory import card_memory_parts  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
 
     workload = run_card(cfg.card)
     precision = cfg.precision_on("cpu" if cfg.device == "cpu" else "cuda")
@@ -421,7 +421,7 @@ def card_run_problem(cfg: RunConfig) -> str | None:
     if cfg.card is None:
         return None
     from echobench.backends.checks import card_problem  # lazy: start-up time of `echobench --help`
-    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
     from echobench.predict.errors import PredictError  # lazy: start-up time of `echobench --help`
 
     try:

@@ -35,7 +35,7 @@ logits, their float32 copy and log-softmax's float32 output at once, 10 s V / t,
 
 from __future__ import annotations
 
-from echobench.predict.card import (
+from echobench.predict.cards.card import (
     Layout,
     ModelCard,
     _layer_split,
