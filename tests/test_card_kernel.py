@@ -18,11 +18,9 @@ from echobench.predict.cards.run import measured_attention_kernel, measured_card
 from echobench.records.config import RunConfig
 from echobench.records.console import attention_text
 from echobench.records.results import Record, record_settings
+from tools.device import summary as device_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import device_summary  # noqa: E402
 
 RUN = "card-mpt-1b-h100-s8192"
 PROFILE = "h200-hgx-ib"

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tools.device import summary as device_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "reports" / "h200-2026-12-04"
-sys.path.insert(0, str(ROOT / "tools"))
-
-import device_summary  # noqa: E402
 
 
 @pytest.fixture(scope="module")
