@@ -8,9 +8,9 @@ holds it), so the arrows run one way and each layer can be read without the ones
     tune       the best layout of a scale: searched by predict, proven by a sweep
     calibrate  this machine's collectives measured for predict
     sweep      a matrix file to runs on an executor (local, SLURM): plan, preflight, submit, state
-    predict    the performance model: a step priced from a hardware profile; the step counter
+    predict    the performance model: a step priced from a hardware profile; the memory estimate; the step counter
     train      what runs on each node: the launcher, the measured loop, its record and breakdown
-    hardware   the device and the interconnect: probing, GEMM calibration, profiles, memory estimate
+    hardware   the device and the interconnect: probing, GEMM calibration, profiles, memory sizes
     data       tar shards, the tokenizer, the batch loader
     records    the run config and its layout, the result record, peaks, the files a sweep keeps, console text
     backends   torchtitan and megatron: parallelize the plain model from outside

@@ -189,7 +189,7 @@ def inductor_cache_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def inductor_cache(tmp_path_factory, monkeypatch) -> Path:
-    """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (device-check.sh's) if any,
+    """TORCHINDUCTOR_CACHE_DIR for compiled runs: the one set outside (tools/device/check.sh's) if any,
     else one per user kept across test sessions, so a rerun finds the graphs compiled (a cold
     compile of the block kinds takes a minute or more on a CPU)."""
     base = tmp_path_factory.getbasetemp()

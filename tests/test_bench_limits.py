@@ -40,7 +40,7 @@ class Loop:
 def loop(request, tmp_path_factory) -> Loop:
     if request.param == "echo":
         return Loop(SHAPES)
-    from echobench.predict.card_run import run_card
+    from echobench.predict.cards.run import run_card
     from test_card_runs import write_card
 
     path = write_card(tmp_path_factory.mktemp("card") / "tiny.yaml")

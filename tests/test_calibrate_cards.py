@@ -13,8 +13,8 @@ from echobench.calibrate import commbench as cb
 from echobench.calibrate.commcalibrate import calibrate_command, comm_runs, shapes_note
 from echobench.hardware.profile import find_profile, load_profile
 from echobench.predict import pricing, step_work
-from echobench.predict.card_model import predict_card
-from echobench.predict.card_run import measured_layout, run_card
+from echobench.predict.cards.model import predict_card
+from echobench.predict.cards.run import measured_layout, run_card
 from echobench.records.config import RunConfig
 from echobench.sweep.executors import comm_command
 from echobench.sweep.matrix import load_matrix

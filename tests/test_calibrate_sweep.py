@@ -4,17 +4,17 @@ here asserts a measured speed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from echobench.hardware import device as hardware
 from echobench.records.config import RunConfig
 from echobench.model.flops import speaker_patches
 from echobench.hardware.device import calibrate, gemm_shapes, load_calibration, resolve_peak
+from tools.device import summary
 
 CPU = torch.device("cpu")
 OLD_KEYS = {"device", "dtype", "size", "iters", "tflops", "tflops_min", "tflops_max", "datasheet_tflops", "torch",
@@ -120,15 +120,7 @@ def test_cli_prints_the_sweep_table_then_the_headline(tmp_path):
     assert bad.returncode == 2 and "scale='9B' is not valid" in bad.stderr
 
 
-def _device_summary():
-    spec = importlib.util.spec_from_file_location("device_summary", ROOT / "tools" / "device_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_device_summary_names_the_ceilings_shape_and_reads_old_records(cache):
-    summary = _device_summary()
     rec = calibrate(CPU, size=32, iters=2, **SMALL)
     best = next(s for s in rec["shapes"] if s["name"] == rec["best_shape"])
     (line,) = summary.comparisons([{"kind": "calibrate", "result": rec}])

@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card_model import predict_card
-from echobench.predict.card_run import measured_attention_kernel, measured_card, measured_layout
+from echobench.predict.cards.model import predict_card
+from echobench.predict.cards.run import measured_attention_kernel, measured_card, measured_layout
 from echobench.records.config import RunConfig
 from echobench.records.console import attention_text
 from echobench.records.results import Record, record_settings
+from tools.device import summary as device_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import device_summary  # noqa: E402
 
 RUN = "card-mpt-1b-h100-s8192"
 PROFILE = "h200-hgx-ib"

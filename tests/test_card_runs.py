@@ -18,9 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import ONE_THREAD, ROOT, cli_env, record, run_cli, two_launchers
 from echobench.model.decoder import Decoder, decoder_flops, recompute_flops
-from echobench.predict.card import ModelCard, card_params, load_card_file
-from echobench.predict.card_run import run_card
-from echobench.predict.card_work import model_flops_per_token
+from echobench.predict.cards.card import ModelCard, card_params, load_card_file
+from echobench.predict.cards.run import run_card
+from echobench.predict.cards.work import model_flops_per_token
 from echobench.predict.frameworks import framework
 from echobench.records.config import RunConfig, run_id, upgraded
 

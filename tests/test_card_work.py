@@ -1,7 +1,7 @@
-"""A plain decoder as a model card: its work (predict.card_work) against counts made independently
+"""A plain decoder as a model card: its work (predict.cards.work) against counts made independently
 of it (6N + the attention term from a published row's parameter count, TP's split, a recompute
 policy's re-run, an eager block's element-wise bytes and host ops counted on real steps), its
-collectives' bytes against the parameters they move (predict.card_traffic), and the pipeline's
+collectives' bytes against the parameters they move (predict.cards.traffic), and the pipeline's
 schedule arithmetic. Nothing here depends on the pricing's figures."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from conftest import ROOT
 from echobench.calibrate.commbench import count_ops
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card import (
+from echobench.predict.cards.card import (
     Layout,
     card_params,
     layer_params,
@@ -28,9 +28,9 @@ from echobench.predict.card import (
     run_layout,
     stage_blocks,
 )
-from echobench.predict.card_model import predict_card
-from echobench.predict.card_traffic import card_traffic
-from echobench.predict.card_work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
+from echobench.predict.cards.model import predict_card
+from echobench.predict.cards.traffic import card_traffic
+from echobench.predict.cards.work import ELEMENTWISE_EAGER, HOST_OPS_FIXED, HOST_OPS_PER_LAYER, card_work
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import EAGER_KERNELS, framework, resolved
 from echobench.predict.pipeline import (
@@ -310,7 +310,7 @@ def test_element_wise_bytes_of_a_fused_block_follow_its_ops_and_sequence_paralle
 
 
 def test_an_eager_blocks_element_wise_bytes_are_those_counted_on_its_framework_code():
-    """card_work.ELEMENTWISE_EAGER: tools/count_card_blocks.py counted again (bf16 blocks on the CPU,
+    """cards.work.ELEMENTWISE_EAGER: tools/count_card_blocks.py counted again (bf16 blocks on the CPU,
     the GPU's kernels' bytes by stepcount_ops.op_tally)."""
     spec = importlib.util.spec_from_file_location("count_card_blocks", ROOT / "tools" / "count_card_blocks.py")
     module = importlib.util.module_from_spec(spec)

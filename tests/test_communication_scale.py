@@ -23,8 +23,8 @@ from echobench.hardware.profile import (
     shipped_profiles,
     straggler_share,
 )
-from echobench.predict.card import model_card, run_layout
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.card import model_card, run_layout
+from echobench.predict.cards.model import predict_card
 
 GIB = 2**30
 ROWS = yaml.safe_load((ROOT / "validation" / "published-runs.yaml").read_text())

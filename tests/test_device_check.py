@@ -1,5 +1,5 @@
-"""The device check (tools/device_check.py) fits its call, skips what cannot run at once with the
-reason, and leaves a summary after every step; its bookkeeping (tools/device_summary.py) counts
+"""The device check (tools/device/check.py) fits its call, skips what cannot run at once with the
+reason, and leaves a summary after every step; its bookkeeping (tools/device/summary.py) counts
 honestly and brings every measured file back."""
 
 import json
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.device import check as device_check
+from tools.device import summary as device_summary
 
-import device_check  # noqa: E402
-import device_summary  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_the_always_attempted_steps_fit_the_call_with_a_margin():
     setup = device_check.WHEELS_S + device_check.PROBE_S + device_check.SHARDS_S  # the launcher check takes no time
@@ -214,7 +214,7 @@ def test_the_dry_pass_end_to_end(tmp_path):
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(var, None)
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "tools/device-check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run(["bash", "tools/device/check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = {ln["name"]: ln for ln in device_summary.read_lines(out / "records.jsonl")}

@@ -1,4 +1,4 @@
-"""The device's wheel set is closed (tools/device_stack.py): whatever the device check imports is on
+"""The device's wheel set is closed (tools/device/stack.py): whatever the device check imports is on
 the H200 image or carried, and the carried wheels' own requirements are met there."""
 
 import os
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.device import stack as device_stack
 
-import device_stack  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def stack_without(tmp_path: Path, line: str, replace: str = "") -> device_stack.Stack:
@@ -48,14 +47,14 @@ def test_what_is_imported_and_what_is_optional(tmp_path):
 
 @pytest.fixture(scope="module")
 def carried_wheels(tmp_path_factory) -> Path:
-    """The carried wheels, downloaded by tools/device-wheels.sh as for a device call (PyPI; CI has it).
+    """The carried wheels, downloaded by tools/device/wheels.sh as for a device call (PyPI; CI has it).
     Without network they skip, unless ECHOBENCH_REQUIRE_DEVICE_WHEELS=1 (set in .ci/run)."""
     dest = tmp_path_factory.mktemp("wheels")
     env = dict(os.environ, DEVICE_WHEELS_DEST=str(dest), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    proc = subprocess.run(["bash", "tools/device-wheels.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "tools/device/wheels.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     if proc.returncode != 0:
-        why = f"tools/device-wheels.sh failed: {proc.stderr.strip().splitlines()[-1:]}"
+        why = f"tools/device/wheels.sh failed: {proc.stderr.strip().splitlines()[-1:]}"
         if os.environ.get("ECHOBENCH_REQUIRE_DEVICE_WHEELS") == "1":
             pytest.fail(why, pytrace=False)
         pytest.skip(why)

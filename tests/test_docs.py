@@ -66,7 +66,7 @@ def test_the_docs_site_builds_strictly(tmp_path):
         message = "mkdocs / mkdocs-material are not installed: pip install -e '.[dev]' (scripts/setup.sh does)"
         if os.environ.get("ECHOBENCH_REQUIRE_DOCS") == "1":  # CI: required, not skipped
             pytest.fail(message)
-        pytest.skip(message)  # e.g. tools/device-twin.sh --suite, on the device's own packages
+        pytest.skip(message)  # e.g. tools/device/twin.sh --suite, on the device's own packages
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})

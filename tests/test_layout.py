@@ -91,7 +91,7 @@ LAYOUT_NAMES = ("single", "ddp", "fsdp2", "hsdp", "tpN", "fsdp")
 LAYOUT_MODULE, BACKEND, PRICING = ("echobench/records/layout.py",), ("echobench/backends/__init__.py",), (
     "echobench/predict/work.py", "echobench/predict/pricing.py", "echobench/hardware/profile.py",
     "echobench/calibrate/commbench.py")
-CARDS = ("echobench/predict/card.py", "echobench/predict/card_work.py", "echobench/sweep/reproduce.py",
+CARDS = ("echobench/predict/cards/card.py", "echobench/predict/cards/work.py", "echobench/sweep/reproduce.py",
          "echobench/tune/cards.py")
 ALLOWED = {"single": {*LAYOUT_MODULE, *BACKEND, *PRICING, "echobench/records/config.py"},
            "ddp": {*LAYOUT_MODULE, *BACKEND, *PRICING, *CARDS},

@@ -13,7 +13,8 @@ from echobench.records.config import FIELDS, RunConfig, config_id, run_id
 from echobench.sweep.executors.slurm_script import LAUNCH_BODY, render_script
 from echobench.sweep.matrix import (MATRIX_ONLY_KEYS, TUNE_ONLY_KEYS, MatrixError, MatrixFile, expand, load_matrix,
                                     parse_matrix, parse_only, select)
-from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.hardware.devicememory import device_memory_gib
+from echobench.predict.memory import estimate_memory
 from echobench.sweep.loop import run_dir
 
 

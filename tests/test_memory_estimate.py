@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from echobench.predict import stepcount
 from echobench.records.config import RunConfig
-from echobench.hardware.memory import activation_elements_per_sample, autocast_weight_bytes, estimate_memory, saved_elements
+from echobench.predict.memory import activation_elements_per_sample, autocast_weight_bytes, estimate_memory, saved_elements
 from echobench.predict.stepcount_ops import gpu_attention
 
 STATE_SHAPES = dict(scale="tiny", micro_batch=2, audio_frames=24, text_tokens=12, speaker_frames=20,
@@ -360,7 +360,7 @@ def test_the_gh200_memory_variants_are_hardware_choices():
     """hardware.device GH200 is the 96 GB HBM3 part, `GH200 144G` the HBM3e one; a GPU's own name
     picks its row too; the docs name each row of the table."""
     from conftest import ROOT
-    from echobench.hardware.memory import DEVICE_MEMORY_GIB, device_memory_gib
+    from echobench.hardware.devicememory import DEVICE_MEMORY_GIB, device_memory_gib
 
     assert device_memory_gib(None, "GH200") == device_memory_gib(None, "NVIDIA GH200 120GB") == 95.0
     assert device_memory_gib(None, "GH200 144G") == device_memory_gib(None, "NVIDIA GH200 144G HBM3e") == 141.0

@@ -34,7 +34,7 @@ from echobench.predict.intervals import interval
 from echobench.predict.pricing import (FORWARD_OVER_MIX, TILED_ATTENTION, attention_kernel, attention_phase_factor,
                                        work_seconds)
 from echobench.predict.work import AttentionWork
-from echobench.hardware.memory import activation_elements_per_sample
+from echobench.predict.memory import activation_elements_per_sample
 from echobench.records.results import Env, Record
 
 GEMM_TFLOPS, ATTENTION_TFLOPS, GBPS = 400.0, 200.0, 2000.0

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tools.device import summary as device_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "reports" / "h200-2026-12-04"
-sys.path.insert(0, str(ROOT / "tools"))
-
-import device_summary  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def against(runs: Path, profile: str) -> list[dict]:
 def test_predicted_step_times_of_the_h200_runs_hold_their_limits(h200_runs, profile, mean_limit, max_limit):
     rows = against(h200_runs, profile)
     assert len(rows) == 7 and sum("mpt" in r["run_id"] for r in rows) == 2  # both card runs priced as cards
-    assert all(r["memory_gib"] > 0 for r in rows)  # card runs' too (card_memory), as Echo's
+    assert all(r["memory_gib"] > 0 for r in rows)  # card runs' too (cards.memory), as Echo's
     for r in rows:  # the error is the record's step time against the prediction, not a copy of either
         assert r["error"] == pytest.approx(r["step_time_s"] / r["measured_step_time_s"] - 1)
     errors = [abs(r["error"]) for r in rows]
@@ -78,7 +77,7 @@ def test_an_echo_gpu_run_left_to_torchs_sdpa_choice_is_priced_at_the_backend_its
 
 
 def test_a_card_runs_predicted_memory_is_its_measured_peak(h200_runs):
-    """card_memory with echobench's autocast terms (bf16 weight copies, float32 norm inputs, the loss's
+    """cards.memory with echobench's autocast terms (bf16 weight copies, float32 norm inputs, the loss's
     float32 logits) against the two card runs' allocated peaks on the H200 (77.0 and 112.6 GiB; the
     formula without them gave 62.7 and 96.4)."""
     rows = against(h200_runs, "h200-hgx-ib")

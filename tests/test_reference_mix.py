@@ -55,14 +55,14 @@ def test_a_matrix_expands_to_echo_and_card_runs(tmp_path):
 
 
 def test_a_card_runs_planned_memory_is_its_cards(tmp_path):
-    """plan's memory column and fit check for a card run: predict.card_memory at the layout the run is
+    """plan's memory column and fit check for a card run: predict.cards.memory at the layout the run is
     priced with (fp32 on the CPU: no autocast), the Echo estimate's overhead beside it; not the Echo
     preset's estimate of the same settings."""
     from dataclasses import replace
 
-    from echobench.hardware.memory import estimate_memory, overhead_bytes
-    from echobench.predict.card_memory import card_memory_parts
-    from echobench.predict.card_run import measured_layout, run_card
+    from echobench.predict.memory import estimate_memory, overhead_bytes
+    from echobench.predict.cards.memory import card_memory_parts
+    from echobench.predict.cards.run import measured_layout, run_card
 
     rows_file(tmp_path / "rows.yaml", [tiny_row("tiny-single", 1)])
     plan = expand(load_matrix(write_matrix(tmp_path, [{"card": "rows.yaml#tiny-single"}])), "local")

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from conftest import ONE_THREAD, ROOT, run_cli
 from echobench.cli import app
-from echobench.predict.card_model import predict_card
-from echobench.predict.card_run import measured_card, measured_layout
+from echobench.predict.cards.model import predict_card
+from echobench.predict.cards.run import measured_card, measured_layout
 from echobench.predict.reference import pct
 from echobench.hardware.profile import load_profile
 from echobench.records.config import RunConfig

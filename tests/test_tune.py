@@ -12,7 +12,7 @@ import yaml
 
 from echobench import predict as pr
 from echobench.hardware.profile import load_profile
-from echobench.hardware.memory import estimate_memory
+from echobench.predict.memory import estimate_memory
 from echobench.tune.loop import Measured, fit_profile, residuals, run_tune, scaled
 from echobench.tune.output import interval, write_outputs
 from echobench.tune.space import TuneError, TuneFile, build_problem, load_tune_file, picks
@@ -268,7 +268,7 @@ def test_a_resumed_tune_keeps_counting_its_budget(tmp_path):
 
 def published_rows():
     from conftest import ROOT
-    from echobench.predict.card import model_card, run_layout
+    from echobench.predict.cards.card import model_card, run_layout
     from echobench.predict.validate import load_rows
 
     for row in load_rows(ROOT / "validation" / "published-runs.yaml"):
@@ -282,7 +282,7 @@ def test_the_card_memory_estimate_fits_every_published_run_and_not_four_times_it
     neither vacuous nor too large."""
     from dataclasses import replace
 
-    from echobench.predict.card_memory import card_memory_gib
+    from echobench.predict.cards.memory import card_memory_gib
 
     rows = list(published_rows())
     assert len(rows) >= 20
@@ -298,7 +298,7 @@ def test_under_full_recompute_more_micro_batches_in_flight_add_only_their_layer_
     layer being re-run is one at a time, whatever is in flight (it was counted once per micro-batch)."""
     from dataclasses import replace
 
-    from echobench.predict.card_memory import activation_bytes
+    from echobench.predict.cards.memory import activation_bytes
     from echobench.predict.pipeline import in_flight
 
     rid, card, layout = next(r for r in published_rows() if r[2].gpus % 4 == 0)

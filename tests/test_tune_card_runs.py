@@ -14,7 +14,7 @@ import yaml
 
 from conftest import run_cli
 from echobench.hardware.profile import load_profile, save_profile
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.model import predict_card
 from echobench.records.results import load_records
 from echobench.tune.cards import card_problems
 from echobench.tune.space import load_tune_file, picks

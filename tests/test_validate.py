@@ -18,8 +18,8 @@ from rich.console import Console
 from conftest import ROOT
 from echobench.predict import PredictError
 from echobench.hardware.profile import find_profile, load_profile
-from echobench.predict.card import load_card_file, model_card, run_layout
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.card import load_card_file, model_card, run_layout
+from echobench.predict.cards.model import predict_card
 from echobench.predict.crossval import crossval
 from echobench.predict.frameworks import GENERIC, SPANNED
 from echobench.predict.intervals import interval
@@ -259,7 +259,7 @@ def test_a_row_over_its_devices_memory_is_priced_and_flagged_with_its_memory_err
 
 
 def test_a_devices_memory_is_the_size_its_name_gives_else_the_tables():
-    from echobench.hardware.memory import device_capacity_gib
+    from echobench.hardware.devicememory import device_capacity_gib
 
     assert device_capacity_gib("NVIDIA A100-SXM4-40GB") == pytest.approx(39.8)  # the table's A100 is the 80 GB part
     assert device_capacity_gib("NVIDIA A100-SXM4-80GB") == pytest.approx(79.2)  # the table's, the same part

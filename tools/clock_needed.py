@@ -16,8 +16,8 @@ import sys
 from dataclasses import replace
 
 from echobench.hardware.devicerates import run_fit
-from echobench.predict.card import model_card, run_layout
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.card import model_card, run_layout
+from echobench.predict.cards.model import predict_card
 from echobench.predict.crossval import crossval, row_fits
 from echobench.predict.pricing import Rates
 from echobench.predict.validate import _profile, load_rows

@@ -1,5 +1,5 @@
 """Counts the memory-bound work of one eager decoder block as two frameworks write it, for
-predict's model cards (echobench/predict/card_work.py ELEMENTWISE_EAGER): bytes read + written and
+predict's model cards (echobench/predict/cards/work.py ELEMENTWISE_EAGER): bytes read + written and
 kernels launched by every op that is not a GEMM or the attention kernel (echobench.predict.stepcount_ops
 .op_tally classifies each ATen op as a GPU runs it), forward and backward, per token, bf16 on the CPU.
 
@@ -14,7 +14,7 @@ kernels launched by every op that is not a GEMM or the attention kernel (echoben
 Each block is counted at shapes that vary hidden, ffn and the key/value width apart (MPT is
 multi-head: two, kv_width = hidden), and the bytes per token solved for a x hidden + b x ffn + c x
 kv_width (exact: every op's bytes are linear in them at a fixed token count); the output's gradient
-is given, so no loss is counted. Prints the coefficients card_work holds (a test holds them against a
+is given, so no loss is counted. Prints the coefficients cards.work holds (a test holds them against a
 fresh count).
 
     python tools/count_card_blocks.py

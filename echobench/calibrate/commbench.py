@@ -237,19 +237,19 @@ def as_runs(runs) -> list:
 
 @lru_cache(maxsize=32)
 def _card_workload(spec: str):
-    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
 
     return run_card(spec)
 
 
 def card_of(run):
     """A card run's (ModelCard, the Layout predict_card prices it at): its `card` read as `echobench
-    run` reads it (card_run.run_card) and its settings as predict --against lays a measured card run
-    out (card_run.measured_layout, the precision and compile the run takes on its device); None for
+    run` reads it (cards.run.run_card) and its settings as predict --against lays a measured card run
+    out (cards.run.measured_layout, the precision and compile the run takes on its device); None for
     an Echo run. PredictError for a card that is not there or not valid."""
     if getattr(run, "card", None) is None:
         return None
-    from echobench.predict.card_run import measured_layout  # lazy: as _card_workload
+    from echobench.predict.cards.run import measured_layout  # lazy: as _card_workload
 
     workload = _card_workload(run.card)
     device = torch.device("cpu" if run.device == "cpu" else "cuda")
@@ -261,7 +261,7 @@ def card_matmuls(run) -> list:
     """The GEMMs (predict.work.Matmul) predict_card prices for one step of a card run at its own layout
     (card_work: the card's linears as torchtitan lays them out, TP splits, forward, both backward
     GEMMs and re-runs, the LM head)."""
-    from echobench.predict.card_work import card_work  # lazy: as _card_workload
+    from echobench.predict.cards.work import card_work  # lazy: as _card_workload
     from echobench.predict.frameworks import framework
 
     card, layout = card_of(run)
@@ -306,7 +306,7 @@ def gemm_work(runs, local: int) -> list:
 def run_params(run) -> float:
     """The parameters one rank of the run holds (predict's rank_params; a card run's at its layout)."""
     if hit := card_of(run):
-        from echobench.predict.card import rank_params as card_rank_params  # lazy: as _card_workload
+        from echobench.predict.cards.card import rank_params as card_rank_params  # lazy: as _card_workload
 
         return card_rank_params(*hit)
     return rank_params(run)

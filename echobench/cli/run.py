@@ -122,12 +122,12 @@ def run(
 
 
 def card_workload(cfg):
-    """A card run's workload (setting card: the card file or published row read, predict.card_run),
+    """A card run's workload (setting card: the card file or published row read, predict.cards.run),
     checked against the run's backend and layout (backends.checks.card_problem); None for Echo."""
     if cfg.card is None:
         return None
     from echobench.backends.checks import card_problem
-    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
     from echobench.predict.errors import PredictError
 
     try:

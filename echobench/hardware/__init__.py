@@ -5,7 +5,7 @@
     devicerates.py  achieved rates per device family (the in-step clock fitted on published runs)
     commfit.py      fitting collective bandwidth and latency to measurements
     nccltuning.py   NCCL's algorithm and protocol choice, as its tuner makes it
-    memory.py       the per-GPU memory estimate of a run (weights, grads, optimizer, activations)
+    devicememory.py a device's memory size: the datasheet table by name, the size its name gives
     traffic.py      the bytes each collective of a run's step moves, derived from its settings
 
 May import: records, backends, model.

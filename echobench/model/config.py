@@ -142,7 +142,7 @@ def decoder_problem(card) -> str | None:
 @dataclass(frozen=True)
 class CardWorkload:
     """What a card run trains and how its record names it, resolved by the command that reads the
-    card (echobench.predict.card_run.run_card): the card (a ModelCard), the sequence length, its label
+    card (echobench.predict.cards.run.run_card): the card (a ModelCard), the sequence length, its label
     (the card file's stem or the published row's id), where it came from (FILE or FILE#ROW), the
     layout the card or row publishes (its `run` section, for the record) and, for a published row,
     its own FLOP convention (its formula's text and FLOPs per token) beside echobench's and the figures

@@ -1,4 +1,4 @@
-"""A plain decoder-only transformer built from a model card (echobench.predict.card.ModelCard), in
+"""A plain decoder-only transformer built from a model card (echobench.predict.cards.card.ModelCard), in
 plain PyTorch as nanoGPT writes one: the reference workload that `echobench run --card` trains
 through the same harness as Echo, so that a published configuration can be measured beside it.
 

@@ -96,20 +96,17 @@ The package, by what each file is (every name callers use is re-exported here):
                       choose_profile; profile_lines, no_profile_message, other_device_lines
     measured.py       a prediction held against a measured record (a card run's by predict_card):
                       against -> Comparison, summary, predicted_shares / measured_shares
-    card.py           a plain decoder as a model card: ModelCard, Layout (model_card, run_layout from a
-                      published row, every key checked), parameters per rank
-    card_run.py       a run's card setting read (a card file or a published row): run_card -> CardWorkload;
-                      the layout a card run ran (measured_layout)
+    memory.py         an Echo run's memory per GPU before it runs (estimate_memory -> MemoryEstimate:
+                      weights, gradients, optimizer, activations, ...), the training state's bytes
+                      (adam_state_bytes, which the cards' memory counts with too)
+    cards/            a plain decoder as a model card, predicted as Echo is: its work, memory,
+                      collectives and step (predict_card -> CardPrediction); cards/__init__.py lists them
     reference.py      a card run beside its row's published figures and prediction: reference_row -> ReferenceRow
-    card_work.py      a card step's work on a rank: card_work (GEMMs, attention, element-wise bytes
-                      counted on the framework's eager block or per fused op, float8 casts, host ops)
     frameworks.py     each framework's defaults at its version (overlap flags, reduce dtype, attention
                       kernel, eager or fused kernels), the generic default where a row names none, a
                       framework described by its settings: framework, layout_framework, resolved
     recompute.py      activation checkpointing as named recompute policies (what each re-runs)
     pipeline.py       pipeline parallelism's 1F1B / interleaved schedule: bubble, point-to-point
-    card_traffic.py   a card step's collectives as traffic.Traffic (card_traffic) and their placement (place_card)
-    card_model.py     a card's predicted step: predict_card -> CardPrediction (work_seconds, place, exposed)
     validate.py       `predict --validate`: published rows (load_rows, a strict schema) predicted over
                       their assumed values at a fit (validate -> ValidationRow: the interval, the memory
                       against the device's), validation_summary
@@ -126,10 +123,10 @@ May import: train, hardware, data, records, backends, model.
 """
 
 from echobench.records.config import run_id  # callers reach it as predict.run_id
-from echobench.predict.card import Layout, ModelCard, card_params, load_card_file, model_card, run_layout
-from echobench.predict.card_work import card_work
-from echobench.predict.card_model import CardPrediction, predict_card
-from echobench.predict.card_traffic import StepTraffic, card_traffic, place_card
+from echobench.predict.cards.card import Layout, ModelCard, card_params, load_card_file, model_card, run_layout
+from echobench.predict.cards.work import card_work
+from echobench.predict.cards.model import CardPrediction, predict_card
+from echobench.predict.cards.traffic import StepTraffic, card_traffic, place_card
 from echobench.predict.communication import Collective, collectives, exposed, hide_gbps, link_bytes
 from echobench.predict.errors import PredictError
 from echobench.predict.measured import (

@@ -31,7 +31,7 @@ from echobench.hardware.devicerates import FIT_FILE, InStepFit, gpu_family
 from echobench.hardware.profile import HardwareProfile
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import central_step, error_summary, published_step, validate
-from echobench.predict.card import model_card, run_layout
+from echobench.predict.cards.card import model_card, run_layout
 from echobench.predict.intervals import RESIDUAL_QUANTILES
 
 CLOCK_BOUNDS = (0.60, 1.00)  # a family's in-step clock: no lower than 0.6 of its isolated GEMM loop's, no higher

@@ -36,9 +36,9 @@ Sources, per framework (the file and commit each default is read at):
 
 Element-wise bytes: where a framework runs eager with its own model code (llm-foundry's MPT,
 torchtitan's Llama), its block's bytes as counted on that code (tools/count_card_blocks.py:
-every ATen op that is not a GEMM or attention, forward and backward, card_work.ELEMENTWISE_EAGER);
+every ATen op that is not a GEMM or attention, forward and backward, cards.work.ELEMENTWISE_EAGER);
 where its kernels are fused (TransformerEngine in Megatron-LM and NeMo, Megatron's fused kernels,
-torch.compile), the per-op count of a pre-norm block (card_work.ELEMENTWISE_READS_WRITES: each op
+torch.compile), the per-op count of a pre-norm block (cards.work.ELEMENTWISE_READS_WRITES: each op
 reads and writes once, what a fused chain does). Kernels per block and micro-batch (forward,
 backward): eager, counted with the bytes; fused, the GEMMs and attention and about as many fused
 kernels (12, 24, assumed).
@@ -73,7 +73,7 @@ class Framework:
     overlap_p2p_comm: bool
     grad_reduce_dtype: str
     attention_kernel: str
-    eager_block: str | None  # the counted eager block its model code is (card_work.ELEMENTWISE_EAGER), None: fused
+    eager_block: str | None  # the counted eager block its model code is (cards.work.ELEMENTWISE_EAGER), None: fused
     kernels: tuple[int, int]  # kernel launches per block and micro-batch, forward and backward
     fused_qkv: bool  # q, k, v one GEMM (and a gated MLP's gate and up one)
     source: str
@@ -87,7 +87,7 @@ class Framework:
 
 FUSED_KERNELS = (12, 24)  # assumed: a fused block's GEMMs, attention and about as many fused kernels
 # Kernel launches per block and micro-batch (forward, backward) of each counted eager block
-# (card_work.ELEMENTWISE_EAGER holds its bytes): llm-foundry's MPT block, torchtitan's Llama block.
+# (cards.work.ELEMENTWISE_EAGER holds its bytes): llm-foundry's MPT block, torchtitan's Llama block.
 EAGER_KERNELS = {"mpt": (5, 10), "llama": (26, 48)}
 ELEMENTWISE_KERNELS = ("fused", *EAGER_KERNELS)  # a layout's elementwise_kernels
 # The settings a framework gives a row that leaves them out (frameworks.resolved).

@@ -1,7 +1,7 @@
 """A prediction held against a measured record: against -> Comparison (step time, MFU, and the
 predicted parts of the step against the record's profiled breakdown), summary over many. A card
 run (a record with a `card` section) is priced by predict_card at the layout it ran
-(card_run.measured_layout), an Echo run by predict."""
+(cards.run.measured_layout), an Echo run by predict."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 from echobench.records.config import RunConfig, as_ran
 from echobench.hardware.profile import HardwareProfile
-from echobench.predict.card_model import CardPrediction, predict_card
-from echobench.predict.card_run import measured_attention_kernel, measured_card, measured_layout
+from echobench.predict.cards.model import CardPrediction, predict_card
+from echobench.predict.cards.run import measured_attention_kernel, measured_card, measured_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import framework
 from echobench.predict.model import Prediction, predict

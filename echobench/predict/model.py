@@ -13,7 +13,8 @@ from echobench.model.flops import hardware_flops, model_flops
 from echobench.hardware.devicerates import InStepFit, run_fit
 from echobench.hardware.profile import HardwareProfile, straggler_share
 from echobench.backends import layout_problem
-from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.hardware.devicememory import device_memory_gib
+from echobench.predict.memory import estimate_memory
 from echobench.predict.intervals import interval
 from echobench.predict.communication import (Collective, accumulated, collectives, exposed_accumulated, hide_gbps,
                                              link_bytes)

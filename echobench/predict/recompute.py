@@ -1,7 +1,7 @@
 """Activation checkpointing as what a framework re-runs, not a level: each named policy says which
 of a block's forward work runs again in backward (its linears by name, the core attention, the
 element-wise ops, the TP collectives) and on what share of the layers. card_work prices the re-run
-work as the forward's (so HFU counts it); card_memory keeps what the policy saves.
+work as the forward's (so HFU counts it); cards.memory keeps what the policy saves.
 
 A block's linears by name: q, k, v (separate projections, as torchtitan and HF Llama write them),
 out, gate (SwiGLU's), up, down. Policies:

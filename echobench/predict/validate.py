@@ -19,7 +19,7 @@ Each row's interval is that range widened by the model's leave-one-source-out re
 
 The rows are priced at the committed fit (validation/fit.json) unless a fit is given (crossval.py
 refits on a file's own rows: in-sample); each row says whether it is among the fit's rows. A row's
-memory per GPU (card_memory) is checked against its device's: one that exceeds it is priced but
+memory per GPU (cards.memory) is checked against its device's: one that exceeds it is priced but
 flagged, and where the row publishes its memory (published.memory_gib) the estimate's error is given.
 
 A scaling series (scaling_series) is a source's rows at several GPU counts at constant per-GPU work:
@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from echobench.hardware.devicerates import run_fit
-from echobench.hardware.memory import device_capacity_gib
+from echobench.hardware.devicememory import device_capacity_gib
 from echobench.hardware.profile import HardwareProfile, ProfileError, SustainedClock, find_profile, load_profile
-from echobench.predict.card import Layout, ModelCard, card_params, model_card, run_layout
-from echobench.predict.card_memory import card_memory_gib
-from echobench.predict.card_model import predict_card
+from echobench.predict.cards.card import Layout, ModelCard, card_params, model_card, run_layout
+from echobench.predict.cards.memory import card_memory_gib
+from echobench.predict.cards.model import predict_card
 from echobench.predict.errors import PredictError
 from echobench.predict.intervals import interval
 from echobench.predict.pricing import Rates
@@ -107,7 +107,7 @@ class ValidationRow:
     interval_low_s: float | None = None  # the assumed range widened by the cross-validated residuals
     interval_high_s: float | None = None
     in_fit_set: bool | None = None  # among the rows of the fit it was priced at: its error is in-sample
-    memory_gib: float | None = None  # one GPU's memory, estimated (card_memory)
+    memory_gib: float | None = None  # one GPU's memory, estimated (cards.memory)
     device_memory_gib: float | None = None  # the device's (device_capacity_gib; None: unknown)
     published_memory_gib: float | None = None
     memory_error: float | None = None  # estimated / published memory - 1
@@ -155,7 +155,7 @@ def load_rows(path: Path | str) -> list[dict]:
 
 
 def check_row(row: Mapping, where: str) -> None:
-    """The row's sections and keys (SECTIONS, REQUIRED), its model and run as card.py reads them,
+    """The row's sections and keys (SECTIONS, REQUIRED), its model and run as cards/card.py reads them,
     and its assumed entries (check_assumed); PredictError naming the first problem."""
     for key in row:
         if key not in SECTIONS:

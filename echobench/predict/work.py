@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from echobench.records.config import RunConfig
 from echobench.model.flops import param_counts, speaker_patches
-from echobench.hardware.memory import activation_elements_per_sample, state_shards
+from echobench.predict.memory import activation_elements_per_sample, state_shards
 
 # Element-wise bytes per byte of saved activations (the package's docstring), where a step is not
 # counted. Eager: counted as (6.0, 9.5) against memory.activation_elements_per_sample before issue 34's

@@ -25,7 +25,7 @@ from echobench.backends import BACKENDS
 
 KINDS = ("single", "ddp", "fsdp2", "hsdp", "tpN")  # tpN: any width N >= 1
 SHARDED = ("fsdp2", "hsdp")
-# A card's layout names (predict.card.Layout.layout) -> the kind that runs it.
+# A card's layout names (predict.cards.card.Layout.layout) -> the kind that runs it.
 CARD_LAYOUTS = {"ddp": "ddp", "fsdp": "fsdp2", "hsdp": "hsdp", "megatron": "tpN"}
 
 

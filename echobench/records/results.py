@@ -40,7 +40,7 @@ PLAN_FILE = "plan.json"  # what a sweep's plan said about a run (its memory esti
 
 
 def peak_mem_for_estimate(record: Record) -> float | None:
-    """The measured peak that the plan's memory estimate (echobench.hardware.memory) is compared with: the
+    """The measured peak that the plan's memory estimate (echobench.predict.memory) is compared with: the
     allocated peak where the record has one (GPU; from its ranks' memory stats in a record written
     before peak_mem_allocated_gib), which leaves out the allocator's cache, else peak_mem_gib."""
     if record.peak_mem_allocated_gib is not None:

@@ -166,7 +166,7 @@ def _device_memory(record: Record) -> float | None:
     return min(totals) if totals else None
 
 
-MEMORY_ESTIMATE_ERROR = 0.30  # the error echobench.hardware.memory states for its estimate (+-30%)
+MEMORY_ESTIMATE_ERROR = 0.30  # the error echobench.predict.memory states for its estimate (+-30%)
 CPU_MEMORY_CAVEAT = ("a CPU run's measured peak is its process's resident set (the interpreter and libraries "
                      "included), and the estimate counts a GPU's CUDA context and workspaces (1.5 GiB): at small "
                      "scales the two are not comparable")

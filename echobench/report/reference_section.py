@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from echobench.predict.card import Layout
+from echobench.predict.cards.card import Layout
 from echobench.predict.reference import best_echo, pct, reference_row
 from echobench.predict.validate import layout_text
 from echobench.report.data import ReportInput

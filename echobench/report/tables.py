@@ -152,7 +152,7 @@ def read_reference_rows(path: Path) -> pd.DataFrame:
     published nodes, MFU (under the row's own FLOP convention, which the source says), TFLOP/s per GPU
     and samples/s; and `ref_published`, its figures as a card run's record keeps them (the dashboard's
     Reference workloads takes them for a record that lacks its own)."""
-    from echobench.predict.card import model_card, run_layout
+    from echobench.predict.cards.card import model_card, run_layout
     from echobench.predict.errors import PredictError
     from echobench.predict.validate import load_rows, published_figures
     from echobench.sweep.reproduce import echobench_layout

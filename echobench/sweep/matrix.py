@@ -22,7 +22,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, field_validator
 from echobench import backends
 from echobench.records.config import (FIELDS, RunConfig, base_type, check_value, choices, grad_accum_for, run_id,
                                       unknown_key, upgraded)
-from echobench.hardware.memory import MemoryEstimate, device_memory_gib, estimate_memory, overhead_bytes
+from echobench.hardware.devicememory import device_memory_gib
 from echobench.records.layout import Layout, is_layout
 from echobench.records.peaks import table_peak
 from echobench.records.yamltext import yaml_problem
@@ -38,6 +38,9 @@ from echobench.sweep.cluster import (NAME_RE, ExecutorName, HardwareSettings, Lo
                                      Strict, UniqueKeyLoader, check_text, check_time,
                                      format_pydantic)
 from echobench.sweep.site import merge_site, read_site, site_path
+
+if TYPE_CHECKING:
+    from echobench.predict.memory import MemoryEstimate
 
 MAX_RUNS = 10_000  # a matrix expanding to more is refused (max_runs / --max-runs raise it)
 
@@ -237,7 +240,7 @@ class PlannedRun:
     cfg: RunConfig
     settings: dict  # the keys the matrix set (what `--only` and the run.yaml see)
     time_limit: str | None = None  # this run's own limit (an include's time_limit), else the matrix's
-    memory: Any = None  # echobench.hardware.memory.MemoryEstimate
+    memory: Any = None  # echobench.predict.memory.MemoryEstimate
     fits: bool | None = None  # None: device memory unknown
 
 
@@ -394,13 +397,15 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
 
 
 def run_memory(cfg: RunConfig) -> MemoryEstimate:
-    """A planned run's per-GPU memory: Echo's estimate (hardware.memory); a card run's from its card
-    (predict.card_memory at the layout `predict --against` prices the run with, autocast included),
+    """A planned run's per-GPU memory: Echo's estimate (predict.memory); a card run's from its card
+    (predict.cards.memory at the layout `predict --against` prices the run with, autocast included),
     with the same overhead beside it."""
+    from echobench.predict.memory import MemoryEstimate, estimate_memory, overhead_bytes  # lazy: start-up time of `echobench --help`
+
     if cfg.card is None:
         return estimate_memory(cfg)
-    from echobench.predict.card_memory import card_memory_parts  # lazy: start-up time of `echobench --help`
-    from echobench.predict.card_run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.memory import card_memory_parts  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
 
     workload = run_card(cfg.card)
     precision = cfg.precision_on("cpu" if cfg.device == "cpu" else "cuda")
@@ -416,7 +421,7 @@ def card_run_problem(cfg: RunConfig) -> str | None:
     if cfg.card is None:
         return None
     from echobench.backends.checks import card_problem  # lazy: start-up time of `echobench --help`
-    from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
     from echobench.predict.errors import PredictError  # lazy: start-up time of `echobench --help`
 
     try:

@@ -15,7 +15,7 @@ from echobench.records.console import esc, fmt
 from echobench.sweep.estimate import estimated_seconds, planned_peak, startup_parts, time_limit, time_limit_s
 from echobench.sweep.executors import comm_size, make_executor
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun
-from echobench.hardware.memory import device_memory_gib
+from echobench.hardware.devicememory import device_memory_gib
 from echobench.train.nodecheck import RUN_PATH
 from echobench.predict import Prediction, predict_runs
 from echobench.sweep.preflight import preflight_spec

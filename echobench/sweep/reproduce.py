@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from echobench import backends
-from echobench.predict.card import Layout, ModelCard, model_card, run_layout
+from echobench.predict.cards.card import Layout, ModelCard, model_card, run_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.validate import layout_text, load_rows
 from echobench.records.config import RunConfig

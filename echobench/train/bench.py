@@ -447,13 +447,13 @@ def no_gpu_problem(cfg: RunConfig) -> str | None:
 
 def loop_workload(cfg: RunConfig, card: CardWorkload | None) -> Workload:
     """What the loop trains: Echo at cfg.scale, or the card run's decoder (setting card; `card` is
-    its model.config.CardWorkload, read by the command: predict.card_run)."""
+    its model.config.CardWorkload, read by the command: predict.cards.run)."""
     return EchoWorkload(cfg) if card is None else DecoderWorkload(cfg, card)
 
 
 def run_benchmark(cfg: RunConfig, out_dir: Path, workload: CardWorkload | None = None) -> Record:
     """Runs one benchmark in this process (one rank); rank 0 writes OUT/result.json. `workload`: a
-    card run's (setting card) model.config.CardWorkload, read by the command (predict.card_run).
+    card run's (setting card) model.config.CardWorkload, read by the command (predict.cards.run).
 
     A failure is never lost: this rank's status, error and traceback tail go to
     OUT/ranks/rank-N.json, and rank 0 (or the launcher) turns them into the record.

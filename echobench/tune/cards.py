@@ -1,5 +1,5 @@
-"""`echobench tune` of a model card (a plain decoder, echobench.predict.card): its layouts searched,
-pruned by the card's memory estimate (predict.card_memory) and the rules a layout must meet, and
+"""`echobench tune` of a model card (a plain decoder, echobench.predict.cards.card): its layouts searched,
+pruned by the card's memory estimate (predict.cards.memory) and the rules a layout must meet, and
 ranked by predict_card's samples/s. Where the tune measures, its picks are measured as card runs
 (`echobench run --card`'s, the settings `echobench reproduce` maps a layout to) in the tune's sweep,
 beside Echo's, and their residuals join the recalibration (echobench.tune.loop), priced by
@@ -25,9 +25,9 @@ from echobench.hardware.profile import HardwareProfile
 from echobench.records.config import RunConfig, run_id
 from echobench.records.console import esc
 from echobench.predict import PredictError, load_profiles
-from echobench.predict.card import Layout, ModelCard, load_card_file
-from echobench.predict.card_memory import card_memory_gib
-from echobench.predict.card_model import CardPrediction, predict_card
+from echobench.predict.cards.card import Layout, ModelCard, load_card_file
+from echobench.predict.cards.memory import card_memory_gib
+from echobench.predict.cards.model import CardPrediction, predict_card
 from echobench.sweep.reproduce import card_settings, refusal, settings_problem
 from echobench.tune.loop import Measured, kendall_tau, measured_winner
 from echobench.tune.space import MICRO_BATCHES, TuneError, TuneFile, capacity

@@ -28,7 +28,8 @@ from echobench.sweep.cluster import ExecutorName, MatrixError, Strict, format_py
 from echobench.sweep.matrix import MatrixFile, wrong_kind_of_file
 from echobench.sweep.site import merge_site, read_site, site_path
 from echobench.backends import layout_problem
-from echobench.hardware.memory import device_memory_gib, estimate_memory
+from echobench.hardware.devicememory import device_memory_gib
+from echobench.predict.memory import estimate_memory
 from echobench.model.config import PRESETS
 from echobench.records.peaks import table_peak
 from echobench.predict import Prediction, PredictError, is_cpu, predict

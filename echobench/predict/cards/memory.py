@@ -35,7 +35,7 @@ logits, their float32 copy and log-softmax's float32 output at once, 10 s V / t,
 
 from __future__ import annotations
 
-from echobench.predict.card import (
+from echobench.predict.cards.card import (
     Layout,
     ModelCard,
     _layer_split,
@@ -44,10 +44,9 @@ from echobench.predict.card import (
     rank_params,
     stage_blocks,
 )
-from echobench.hardware.memory import adam_state_bytes
+from echobench.predict.memory import GIB, adam_state_bytes
 from echobench.predict.pipeline import in_flight
 
-GIB = 2**30
 # The share of a layer's no-AC activations a recompute policy keeps (assumed from what it saves):
 # Megatron's selective and MaxText's minimal keep every GEMM output (the scores are never kept by a
 # FlashAttention-style kernel); torchtitan's op SAC every other matmul's; layer SAC 2 half the

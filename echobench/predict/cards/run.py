@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from echobench.model.config import CardWorkload
-from echobench.predict.card import Layout, ModelCard, load_card_file, model_card, run_layout
+from echobench.predict.cards.card import Layout, ModelCard, load_card_file, model_card, run_layout
 from echobench.predict.errors import PredictError
 from echobench.predict.pricing import SDPA_SETTINGS, sdpa_kernel
 from echobench.predict.validate import load_rows, published_figures, row_convention

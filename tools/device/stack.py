@@ -1,14 +1,14 @@
 """Is the device's wheel set closed? The lent H200 has no network: whatever the device check imports
-must be on its image or carried (tools/device-packages.txt), and every carried wheel's own
+must be on its image or carried (tools/device/packages.txt), and every carried wheel's own
 requirements must be met by the image plus the carried set (they install with --no-deps).
 
-  python3 tools/device_stack.py imports              # the import check (no wheels needed)
-  python3 tools/device_stack.py wheels DIR           # the requirements of the wheels in DIR
-  python3 tools/device_stack.py all DIR              # both; exit 1 with one line per problem
+  python3 -m tools.device.stack imports              # the import check (no wheels needed)
+  python3 -m tools.device.stack wheels DIR           # the requirements of the wheels in DIR
+  python3 -m tools.device.stack all DIR              # both; exit 1 with one line per problem
 
 The import check reads the code, it does not run it: every third-party module imported by the
 echobench modules that the device check's commands reach (from echobench.cli, echobench.train.bench,
-echobench.train.torchrun and the device scripts, following echobench's own imports), by every test module
+echobench.train.torchrun and the device kit's modules, following echobench's and the kit's own imports), by every test module
 at module level (pytest imports them all to collect `-m gpu`) and inside `gpu`-marked tests.
 An import inside `try: ... except ImportError` is optional and not counted; a string naming an
 echobench module (for importlib.import_module) counts as an import of it.
@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ROOT / "tools" / "device-packages.txt"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ROOT / "tools" / "device" / "packages.txt"
 ENTRY_MODULES = ("echobench.cli", "echobench.__main__", "echobench.train.bench", "echobench.train.torchrun")
-ENTRY_SCRIPTS = ("tools/device_check.py", "tools/device_summary.py", "tools/bare_step.py",
-                 "tools/device_stack.py")
+ENTRY_SCRIPTS = ("tools/device/check.py", "tools/device/summary.py", "tools/device/bare_step.py",
+                 "tools/device/stack.py")
 # Import names whose distribution is not installed here to ask (importlib.metadata answers the rest).
 KNOWN_DISTS = {"yaml": "pyyaml", "megatron": "megatron-core", "transformer_engine": "transformer-engine",
                "PIL": "pillow", "google": "protobuf"}
+OWN = ("echobench", "tools")  # this checkout's packages: followed into, not looked up
 ECHOBENCH_NAME = re.compile(r"^echobench(\.\w+)+$")
 # The device's interpreter and platform, for requirement markers.
 MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
@@ -49,7 +50,7 @@ def norm(name: str) -> str:
 class Stack:
     image: dict[str, str | None] = field(default_factory=dict)  # name -> version (None: not read)
     carried: dict[str, str] = field(default_factory=dict)
-    source: str = "tools/device-packages.txt"
+    source: str = "tools/device/packages.txt"
 
     def has(self, dist: str) -> bool:
         return norm(dist) in self.image or norm(dist) in self.carried
@@ -143,26 +144,26 @@ def third_party_imports() -> dict[str, list[str]]:
 
     def note(name: str, path: Path, line: int) -> None:
         top = name.split(".")[0]
-        if top in sys.stdlib_module_names or top in ("echobench", "__future__"):
+        if top in sys.stdlib_module_names or top == "__future__":
             return
-        if (ROOT / "tests" / f"{top}.py").exists() or (ROOT / "tools" / f"{top}.py").exists():
-            return  # a test importing a sibling test module, or a script its sibling
+        if (ROOT / "tests" / f"{top}.py").exists():
+            return  # a test importing a sibling test module
         where.setdefault(top, []).append(f"{path.relative_to(ROOT)}:{line}")
 
     def follow(name: str) -> None:
-        # "from echobench.x import y" may name a module (x.y) or an object in x.
+        # "from echobench.x import y" may name a module (x.y) or an object in x; tools.device likewise.
         todo.extend(p for p in (module_file(name), module_file(name.rpartition(".")[0])) if p)
 
     for path in sorted((ROOT / "tests").glob("*.py")):  # what collecting the tests imports
         for name, line in imports_of(path, module_level_only=True):
-            follow(name) if name.split(".")[0] == "echobench" else note(name, path, line)
+            follow(name) if name.split(".")[0] in OWN else note(name, path, line)
     while todo:  # everything in echobench (and the scripts) that the commands and the tests reach
         path = todo.pop()
         if path in seen or not path.exists():
             continue
         seen.add(path)
         for name, line in imports_of(path):
-            follow(name) if name.split(".")[0] == "echobench" else note(name, path, line)
+            follow(name) if name.split(".")[0] in OWN else note(name, path, line)
     return where
 
 
@@ -200,7 +201,7 @@ def wheel_problems(stack: Stack, wheels: Path) -> list[str]:
 
     files = sorted(wheels.glob("*.whl"))
     have = {norm(wheel_metadata(f)[0]): wheel_metadata(f)[1] for f in files}
-    problems = [f"carried {name}=={version} has no wheel in {wheels} (tools/device-wheels.sh downloads them)"
+    problems = [f"carried {name}=={version} has no wheel in {wheels} (tools/device/wheels.sh downloads them)"
                 for name, version in sorted(stack.carried.items()) if have.get(name) != version]
     for f in files:
         name, version, requires = wheel_metadata(f)

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Downloads into the git-ignored .whl/ the Python wheels that the lent single-H200 machine's image
-# lacks and tools/device-check.sh needs there (the machine has no network: the wheels travel
+# lacks and tools/device/check.sh needs there (the machine has no network: the wheels travel
 # with the working tree, 64 MiB at most with everything else). Run it here, with network, before
 # the device call; it prints what it saved and the total size.
 #
-#   tools/device-wheels.sh            # then carry .whl in the device call
+#   tools/device/wheels.sh            # then carry .whl in the device call
 #
-# What it downloads: the `carried` lines of tools/device-packages.txt (the image lacks them; why each
+# What it downloads: the `carried` lines of tools/device/packages.txt (the image lacks them; why each
 # is needed is written there). One version of each (two of one package stop the install there);
 # --no-deps, so each needed dependency is its own line there (tests/test_device_stack.py checks that
 # the set is closed). DEVICE_WHEELS_DEST: another folder than .whl (the closure test's own copy).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEST=${DEVICE_WHEELS_DEST:-.whl}
 # pip matches manylinux tags exactly: list the ones these wheels use, for the device's architecture
 # (DEVICE_WHEELS_ARCH: x86_64, the default, or aarch64 for a GH200 / GB200 node).
@@ -22,7 +22,7 @@ case "${DEVICE_WHEELS_ARCH:-x86_64}" in
                       manylinux2014_aarch64) ;;  # manylinux1 has no aarch64
   *) echo "DEVICE_WHEELS_ARCH=${DEVICE_WHEELS_ARCH}: x86_64 or aarch64" >&2; exit 2 ;;
 esac
-mapfile -t WHEELS < <(awk '$1 == "carried" {print $2}' tools/device-packages.txt)
+mapfile -t WHEELS < <(awk '$1 == "carried" {print $2}' tools/device/packages.txt)
 mkdir -p "$DEST"
 rm -f "$DEST"/*.whl  # one version of each: nothing left over from an earlier list
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

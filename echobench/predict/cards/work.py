@@ -1,5 +1,5 @@
 """What one training step of a model card (card.py) runs on one rank: the same kinds of work as
-Echo's (work.Matmul, work.AttentionWork, element-wise bytes, the parameters a rank updates), so that
+Echo's (predict.work's Matmul, AttentionWork, element-wise bytes, the parameters a rank updates), so that
 both go through pricing.work_seconds; plus the host's dispatched ops and the kernels launched.
 
 Counted per micro-batch, then x grad_accum (the step); with pipeline parallelism, for the slowest
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from echobench.predict.card import Layout, ModelCard, check_card_fits_layout, rank_params, stage_blocks
+from echobench.predict.cards.card import Layout, ModelCard, check_card_fits_layout, rank_params, stage_blocks
 from echobench.predict.frameworks import Framework
 from echobench.predict.recompute import POLICIES, recomputed_linears
 from echobench.predict.work import FP8_BYTES, AttentionWork, Matmul

@@ -1,5 +1,5 @@
 """One prepared measurement pass on a single GPU, made for the lent H200: one device call of at most
-10 minutes, on a machine with no network. `tools/device-check.sh OUTDIR` runs it.
+10 minutes, on a machine with no network. `tools/device/check.sh OUTDIR` runs it.
 
 The steps, in priority order (steps()): the set-up (the carried wheels installed as the device
 installs them, pip --no-index --no-deps --target; the environment; whether triton can build its
@@ -8,7 +8,7 @@ speed steps: 3B compiled at micro-batch 16 x 4 accumulated in the lean recipe (b
 dropped conditioning without a mask), the same with the key mask, the micro-batch 8 baseline in the
 former recipe (fp32 autocast, masked; profiled), float8 rowwise, 800M at its best setting, a
 padded-data run from shards, and the headline run on lengths drawn in memory (padded, beside its
-synthetic full-length twin); then the `gpu` tests, the kernel probe (tools/kernel_probe.py), the eager and
+synthetic full-length twin); then the `gpu` tests, the kernel probe (tools/device/kernel_probe.py), the eager and
 megatron runs, published rows' 1-GPU slices, the device's profile and the other comparisons, while
 time is left. No step waits on another that may be skipped (only on the set-up).
 Every step has its own limit and the least time worth starting it; one global deadline gives each
@@ -29,9 +29,9 @@ stops the call still returns them:
   device-check.log  this script's whole output
   inductor-cache.tar.gz  the runs' torch.compile caches (inductor, triton), for a later call
 
-  tools/device-check.sh OUTDIR                      # on the device (carry .whl)
-  DEVICE_CHECK_DRY=1 tools/device-check.sh /tmp/dry  # CPU: the same steps on the tiny model
-  tools/device-twin.sh                              # CPU, on the device's versions (the rehearsal)
+  tools/device/check.sh OUTDIR                      # on the device (carry .whl)
+  DEVICE_CHECK_DRY=1 tools/device/check.sh /tmp/dry  # CPU: the same steps on the tiny model
+  tools/device/twin.sh                              # CPU, on the device's versions (the rehearsal)
 
 Knobs: DEVICE_CHECK_DEADLINE_S (default 555 s; dry: 555 x DEVICE_CHECK_SCALE), DEVICE_CHECK_SCALE
 (every limit, minimum and the deadline x this; default 1, dry 0.6), DEVICE_CHECK_RESERVE_S (kept
@@ -57,9 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))  # device_summary, beside this file
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, where every step runs
 
 CALL_S = 600  # what one device call may take
 DEADLINE_S = 555  # this script's own end: a margin under the call for the return of the files
@@ -148,7 +146,7 @@ def steps(dry: bool) -> list[Step]:
         # Per test a limit that a compiled model's graphs fit (PYTEST_TEST_S).
         Step("pytest-gpu", "pytest", ("-m", "gpu"), 150, 60),
         # What the CPU cannot show: SDPA's choice and each attention kernel's time at the run's
-        # shapes, a block eager vs compiled, a fused AdamW step (tools/kernel_probe.py).
+        # shapes, a block eager vs compiled, a fused AdamW step (tools/device/kernel_probe.py).
         Step("kernel-probe", "probe", probe, 100, 30, needs=("launcher",)),
         run(f"{n3}-eager-mb{mb}", "--scale", s3, "--no-compile", "--micro-batch", str(mb), limit=90, least=35),
         run(f"{n3}-megatron-tp1-mb{mb}", "--scale", s3, "--framework", "megatron", "--parallelism", "tp1",
@@ -227,20 +225,20 @@ class Check:
 
     def note(self, **line) -> None:
         """One record line, then the summary and the archive again (a kill keeps what is here)."""
-        import device_summary
+        from tools.device import summary  # lazy: after main puts the carried wheels on sys.path
 
         try:
-            self.outcome[line["name"]] = device_summary.add_line(self.records, **line)["outcome"]
+            self.outcome[line["name"]] = summary.add_line(self.records, **line)["outcome"]
         except Exception as exc:  # noqa: BLE001 - bookkeeping must not end the pass
             self.say(f"could not record {line.get('name')}: {type(exc).__name__}: {exc}")
             self.outcome[line["name"]] = "failed"
         self.write_summary()
 
     def write_summary(self, final: bool = False) -> None:
-        import device_summary
+        from tools.device import summary  # lazy: after main puts the carried wheels on sys.path
 
         try:
-            device_summary.write_summary(self.records, self.out / "summary.md", self.work / "env.txt",
+            summary.write_summary(self.records, self.out / "summary.md", self.work / "env.txt",
                                          self.work / "report-table.md" if final else None,
                                          wall_s=time.monotonic() - self.start)
         except Exception as exc:  # noqa: BLE001
@@ -279,7 +277,7 @@ class Check:
             extra["run_dir"] = run_dir
         elif step.kind == "bare":
             result = self.work / "bare" / f"{step.name}.json"
-            cmd = [self.python, "tools/bare_step.py", *step.args, "--json", str(result)]
+            cmd = [self.python, "-m", "tools.device.bare_step", *step.args, "--json", str(result)]
             extra["file"] = result
         elif step.kind == "calibrate":
             result = self.work / "calibrate.json"
@@ -291,7 +289,7 @@ class Check:
             extra["file"] = result
         elif step.kind == "probe":
             result = self.work / "kernel-probe.json"
-            cmd = [self.python, "tools/kernel_probe.py", *step.args, "--json", str(result)]
+            cmd = [self.python, "-m", "tools.device.kernel_probe", *step.args, "--json", str(result)]
             extra["file"] = result
         elif step.kind == "plan":
             cmd = self.echobench("plan", *step.args)
@@ -315,10 +313,10 @@ class Check:
             self.pack_trace()
 
     def pack_trace(self) -> None:
-        import device_summary
+        from tools.device import summary  # lazy: after main puts the carried wheels on sys.path
 
         try:
-            self.say(device_summary.pack_trace(self.records, self.out, scale="tiny" if self.dry else "3B"))
+            self.say(summary.pack_trace(self.records, self.out, scale="tiny" if self.dry else "3B"))
         except Exception as exc:  # noqa: BLE001
             self.say(f"trace not packed: {type(exc).__name__}: {exc}")
 
@@ -388,7 +386,7 @@ def install_wheels(check: Check, site: Path) -> None:
     """The carried wheels as the device installs them; a wheel that does not land there fails the step."""
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     if not wheels:
-        check.note(kind="setup", name="wheels", rc=1, note="no .whl/ here: run tools/device-wheels.sh and carry .whl")
+        check.note(kind="setup", name="wheels", rc=1, note="no .whl/ here: run tools/device/wheels.sh and carry .whl")
         return
     cmd = [check.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
            "--upgrade", "--target", str(site), *map(str, wheels)]
@@ -469,7 +467,7 @@ def make_shards(check: Check) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: tools/device_check.py OUTDIR", file=sys.stderr)
+        print("usage: python3 -m tools.device.check OUTDIR", file=sys.stderr)
         return 2
     dry = bool(os.environ.get("DEVICE_CHECK_DRY"))
     scale = float(os.environ.get("DEVICE_CHECK_SCALE") or (0.6 if dry else 1.0))
@@ -491,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", str(work / "inductor" / "triton"))
     if not dry:
         os.environ["ECHOBENCH_REQUIRE_GPU"] = "1"  # a gpu test that finds no CUDA fails instead of skipping
-    command = f"{'DEVICE_CHECK_DRY=1 ' if dry else ''}tools/device-check.sh {argv[0]}"
+    command = f"{'DEVICE_CHECK_DRY=1 ' if dry else ''}tools/device/check.sh {argv[0]}"
     check.say(f"device check: {'dry run (CPU, tiny model)' if dry else 'GPU'}; deadline {check.deadline:.0f} s, "
               f"scratch {work}")
 

@@ -1,11 +1,11 @@
 """A plain decoder as a small model card (ModelCard) and the run's layout (Layout), read from a
 published row's (or a card file's) `model`, `run` and `hardware` with every key checked: an unknown
 key is refused in one line naming it and the row, never dropped. What one training step of it runs
-on a rank is card_work.py's; its collectives card_traffic.py's; pipeline and context parallelism
-pipeline.py's.
+on a rank is work.py's; its collectives traffic.py's; pipeline and context parallelism
+predict/pipeline.py's.
 
 A layout's ranks: gpus = dp x tp x pp x cp (data, tensor, pipeline and context parallel). Options a
-row leaves out (None) take the framework's default at the version the row names (frameworks.py;
+row leaves out (None) take the framework's default at the version the row names (predict/frameworks.py;
 none named: its generic default; one it does not know: described by the row's own settings), and
 the prediction's notes say which.
 """
@@ -119,7 +119,7 @@ class Layout:
     elementwise_kernels: str | None = None  # fused, or an eager block counted on its code: mpt, llama (None: the framework's)
     fused_qkv: bool | None = None  # q, k, v one GEMM, a gated MLP's gate and up one (None: the framework's)
     fsdp_reduce_once: bool | None = None  # fsdp / hsdp: gradients reduced once a step, not per micro-batch (None: the framework's)
-    autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (card_memory)
+    autocast: bool = False  # bf16 under torch.autocast over fp32 weights, as echobench's card runs (cards.memory)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "gpus_per_node", "seq", "micro_batch", "grad_accum", "global_batch", "tp", "pp", "vp", "cp"):

@@ -1,5 +1,5 @@
 """The collectives of one training step of a model card (card.py) on one rank, as
-traffic.Traffic (nccl-tests' message sizes, per_node filled), split into those every micro-batch
+hardware.traffic.Traffic (nccl-tests' message sizes, per_node filled), split into those every micro-batch
 repeats and those once per step, and their placement (place_card: communication.place, then what the
 card's frameworks overlap differently). Options come resolved (frameworks.resolved).
 
@@ -28,7 +28,7 @@ card's frameworks overlap differently). Options come resolved (frameworks.resolv
   the distributed optimizer's gradient reduce-scatter and parameter all-gather, over buckets of
   max(40M, 1M x dp) parameters (training.py's default with overlap_grad_reduce; one bucket
   without), else DDP's all-reduce of the gradients. Pipeline stages: their own share; interleaved,
-  each chunk's reduction starts after its last backward (card_model, pipeline.interleaved_grad_exposed).
+  each chunk's reduction starts after its last backward (cards.model, pipeline.interleaved_grad_exposed).
 - Pipeline point-to-point (pipeline.py): activations forward and gradients back per micro-batch and
   chunk, each a message between two ranks of adjacent stages.
 """
@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, replace
 
 from echobench.hardware.traffic import Traffic
-from echobench.predict.card import (
+from echobench.predict.cards.card import (
     REDUCE_BYTES,
     Layout,
     ModelCard,

@@ -6,8 +6,8 @@ parameters, and the bandwidth of memory-bound kernels eager and as inductor gene
 kernels' own time on a GPU: memory_bound). Each result is written to the JSON file as soon as it
 exists.
 
-  python3 tools/kernel_probe.py --scale 3B --micro-batch 8 --json probe.json
-  python3 tools/kernel_probe.py --scale tiny --micro-batch 2 --device cpu --json probe.json  # the dry pass
+  python3 -m tools.device.kernel_probe --scale 3B --micro-batch 8 --json probe.json
+  python3 -m tools.device.kernel_probe --scale tiny --micro-batch 2 --device cpu --json probe.json  # the dry pass
 
 Times are CUDA events around `iters` repeats after `warmup` (the host clock on a CPU), on random
 inputs (never all zeros). Attention TFLOP/s count the scores and values matmuls in full (4 B H Tq Tk D
@@ -24,15 +24,13 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's echobench
+import torch
+from torch.nn.attention import sdpa_kernel
 
-import torch  # noqa: E402
-from torch.nn.attention import sdpa_kernel  # noqa: E402
-
-from echobench.model.flops import speaker_patches  # noqa: E402
-from echobench.train.kernels import SDPA_BACKENDS, sdpa_choices  # noqa: E402
-from echobench.model.components import attention, key_mask  # noqa: E402
-from echobench.model.config import get_preset  # noqa: E402
+from echobench.model.flops import speaker_patches
+from echobench.train.kernels import SDPA_BACKENDS, sdpa_choices
+from echobench.model.components import attention, key_mask
+from echobench.model.config import get_preset
 
 
 def timed(fn, device: torch.device, iters: int, warmup: int) -> float:

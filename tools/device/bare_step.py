@@ -9,26 +9,23 @@ bookkeeping. Each step is timed with CUDA events on the compute stream (the host
 warm-up (and compile) excluded. Its median step time against `echobench run`'s median with the
 same settings is the harness's overhead.
 
-  python3 tools/bare_step.py --scale 3B --micro-batch 8 --compile --json bare.json
+  python3 -m tools.device.bare_step --scale 3B --micro-batch 8 --compile --json bare.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's echobench
+import torch
 
-import torch  # noqa: E402
-
-from echobench.train.bench import resolve_dtype  # noqa: E402
-from echobench.records.config import RunConfig  # noqa: E402
-from echobench.data import build_tokenizer, make_loader  # noqa: E402
-from echobench.model.echo import EchoTTS, diffusion_draws  # noqa: E402
-from echobench.records.run_figures import step_figures  # noqa: E402
+from echobench.train.bench import resolve_dtype
+from echobench.records.config import RunConfig
+from echobench.data import build_tokenizer, make_loader
+from echobench.model.echo import EchoTTS, diffusion_draws
+from echobench.records.run_figures import step_figures
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # The lent H200 machine's software, rehearsed on a CPU: builds a virtualenv with the device image's
-# versions (tools/device-packages.txt: Python 3.12, torch 2.11.0, triton 3.6.0, transformers 5.17.0,
+# versions (tools/device/packages.txt: Python 3.12, torch 2.11.0, triton 3.6.0, transformers 5.17.0,
 # numpy 2.5.2, ... and none of the carried packages), downloads the carried wheels
-# (tools/device-wheels.sh), collects the tests there, and runs the device check in dry mode on it:
+# (tools/device/wheels.sh), collects the tests there, and runs the device check in dry mode on it:
 # the real step order, the carried wheels installed as the device installs them (pip --no-index
 # --no-deps --target), a 200 s deadline so that the skip logic runs. Exits non-zero when a wheel does
 # not install, when the tests do not collect, when no step was skipped for time, or when the report failed.
 #
-#   tools/device-twin.sh [OUTDIR]        # default /tmp/echobench-twin-out
-#   tools/device-twin.sh --suite         # instead: the whole test suite on the twin's versions
+#   tools/device/twin.sh [OUTDIR]        # default /tmp/echobench-twin-out
+#   tools/device/twin.sh --suite         # instead: the whole test suite on the twin's versions
 #
 # Knobs: DEVICE_TWIN_DIR (the venv; default ~/.cache/echobench/device-twin), DEVICE_TWIN_PYTHON (a
 # Python 3.12; default pyenv's newest 3.12, else python3.12 on PATH), DEVICE_TWIN_TORCH_INDEX (an index
 # to take torch==2.11.0 from, e.g. https://download.pytorch.org/whl/cpu, whose CPU build spares the
 # ~3 GB of CUDA libraries; default PyPI's build, the image's), and the device check's (DEVICE_CHECK_*).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TWIN=${DEVICE_TWIN_DIR:-$HOME/.cache/echobench/device-twin}
-PACKAGES=tools/device-packages.txt
+PACKAGES=tools/device/packages.txt
 pin() { awk -v n="$1" '$1 == "image" && split($2, a, "==") && a[1] == n {print a[2]}' "$PACKAGES"; }
 
 find_python() {
@@ -64,7 +64,7 @@ for name, version in image.items():
         sys.exit(f"device-twin: {name} {metadata.version(name)} in the twin, the image has {version}")
 PY
 echo "device-twin: $("$TWIN/bin/python3" -c 'import platform, torch, transformers; print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__)')"
-bash tools/device-wheels.sh
+bash tools/device/wheels.sh
 
 export PATH=$TWIN/bin:$PATH  # `python3` is the twin's, as it is the image's on the device
 if [ "${1:-}" = "--suite" ]; then
@@ -84,5 +84,5 @@ PYTHONPATH=$site python3 -m pytest --collect-only -q -p no:cacheprovider tests >
 echo "device-twin: $(tail -n 1 "$site.collect.log")"
 # 200 s: the always-attempted steps fit (about 100-150 s of the tiny model on 2 cores), the later ones
 # cannot all, so that some are skipped for time however fast the machine (limits and minimums x0.6).
-DEVICE_CHECK_DRY=1 DEVICE_CHECK_DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-200} python3 tools/device_check.py "$OUTDIR"
-python3 tools/device_summary.py verify "$OUTDIR/records.jsonl" --expect-skip
+DEVICE_CHECK_DRY=1 DEVICE_CHECK_DEADLINE_S=${DEVICE_CHECK_DEADLINE_S:-200} python3 -m tools.device.check "$OUTDIR"
+python3 -m tools.device.summary verify "$OUTDIR/records.jsonl" --expect-skip

@@ -1,16 +1,16 @@
-"""The bookkeeping of tools/device_check.py: one JSON-lines file of everything measured, the
+"""The bookkeeping of tools/device/check.py: one JSON-lines file of everything measured, the
 profiler trace packed to fit what a device call returns, and the summary (rewritten after every step).
 
-  device_summary.py table RECORDS               # markdown: the counts, every step, the comparisons
-  device_summary.py unpack RECORDS DIR          # DIR/NAME/result.json (+ breakdown.json, plan.json)
-                                                # per run, for `echobench report DIR` / `explain` and
-                                                # for committing
-  device_summary.py verify RECORDS [--expect-skip]  # exit 1 unless the pass is sound (the twin's test)
+  python3 -m tools.device.summary table RECORDS       # markdown: the counts, every step, the comparisons
+  python3 -m tools.device.summary unpack RECORDS DIR  # DIR/NAME/result.json (+ breakdown.json, plan.json)
+                                                      # per run, for `echobench report DIR` / `explain` and
+                                                      # for committing
+  python3 -m tools.device.summary verify RECORDS [--expect-skip]  # exit 1 unless the pass is sound (the twin's test)
 
 Every line is {"kind", "name", "command", "rc", "wall_s", "limit_s", "status", "outcome", ...}:
 outcome is passed, skipped or failed; a run's line holds its result.json as "record", its
 breakdown.json as "breakdown" and the memory estimate `echobench plan` prints for those settings
-(echobench.hardware.memory.estimate_memory) as "memory_estimate_gib"; a bare-loop or calibration line holds
+(echobench.predict.memory.estimate_memory) as "memory_estimate_gib"; a bare-loop or calibration line holds
 that step's JSON as "result"; a test line its counts.
 """
 
@@ -26,8 +26,6 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's echobench
-
 TRACE_LIMIT = 15 * 2**20  # a device call returns files of 16 MiB at most
 GPU_EVENT_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "user_annotation"}
 
@@ -40,7 +38,7 @@ def read_lines(path: Path) -> list[dict]:
 
 def memory_estimate(config: dict) -> dict | None:
     from echobench.records.config import RunConfig
-    from echobench.hardware.memory import estimate_memory
+    from echobench.predict.memory import estimate_memory
 
     try:
         return estimate_memory(RunConfig.from_dict(config)).as_gib()
@@ -300,7 +298,7 @@ def window_lines(runs: list[dict]) -> list[str]:
 
 
 def probe_lines(probe: dict) -> list[str]:
-    """The kernel probe's results (tools/kernel_probe.py), a line each; a failed one says why."""
+    """The kernel probe's results (tools/device/kernel_probe.py), a line each; a failed one says why."""
     res, out = probe.get("results", {}), []
     where = f"{probe.get('scale')} mb {probe.get('micro_batch')} {probe.get('dtype')}, cuDNN {probe.get('cudnn')}"
     for name, r in res.items():

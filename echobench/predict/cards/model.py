@@ -11,7 +11,7 @@ the defaults it leaves out (frameworks.py).
               + pipeline point-to-point exposed + optimizer
     device  = sync x (1 + the straggler share of the layout's GPUs)   (hwprofile.straggler_share; 0
               where the profile has no jitter)
-    host    = the host's ops (card_work.HOST_OPS_*, counted) x the profile's cost per op (0 where none)
+    host    = the host's ops (cards.work.HOST_OPS_*, counted) x the profile's cost per op (0 where none)
     step    = max(device, host)   (a GPU's host queues kernels ahead of the device)
 """
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 
 from echobench.hardware.devicerates import run_fit
 from echobench.hardware.profile import HardwareProfile, straggler_share
-from echobench.predict.card import Layout, ModelCard
-from echobench.predict.card_memory import card_memory_gib
-from echobench.predict.card_traffic import card_traffic, p2p_seconds, place_card
-from echobench.predict.card_work import card_work, model_flops_per_token
+from echobench.predict.cards.card import Layout, ModelCard
+from echobench.predict.cards.memory import card_memory_gib
+from echobench.predict.cards.traffic import card_traffic, p2p_seconds, place_card
+from echobench.predict.cards.work import card_work, model_flops_per_token
 from echobench.predict.communication import Collective, exposed
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import SPANNED, layout_framework, resolved
@@ -52,7 +52,7 @@ class CardPrediction:
     peak_tflops: float
     peak_source: str
     mfu_row: float | None = None  # under the row's own FLOP convention and peak, where given
-    memory_gib: float | None = None  # one GPU's memory (card_memory.card_memory_gib)
+    memory_gib: float | None = None  # one GPU's memory (cards.memory.card_memory_gib)
     framework_span_s: tuple[float, float] | None = None  # naming no framework: its step's range over SPANNED's (unnamed_span)
     collectives: list[Collective] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -76,7 +76,7 @@ def profile_host_per_op(profile: HardwareProfile) -> tuple[float, str | None]:
     if profile.host_op is not None:
         return profile.host_op.seconds, (f"host at {profile.host_op.seconds * 1e6:.0f} us per op, assumed "
                                          f"({profile.host_op.source}); host ops counted on an eager CPU decoder "
-                                         "(card_work.HOST_OPS_*)")
+                                         "(cards.work.HOST_OPS_*)")
     return 0.0, f"profile {profile.name} has no host cost per op: host overhead not modelled (0)"
 
 
@@ -144,9 +144,9 @@ def predict_card(card: ModelCard, layout: Layout, profile: HardwareProfile,
     if note := in_step_note(profile, rates.terms):
         notes.append(note)
     notes += attention_notes(work.attention, rates, opts["attention_kernel"])
-    notes.append(f"element-wise bytes counted on the eager {fw.eager_block} block (card_work.ELEMENTWISE_EAGER)"
+    notes.append(f"element-wise bytes counted on the eager {fw.eager_block} block (cards.work.ELEMENTWISE_EAGER)"
                  if fw.eager_block else "element-wise bytes: each op of a pre-norm decoder read and written once, as "
-                 "fused kernels do (card_work.ELEMENTWISE_READS_WRITES)")
+                 "fused kernels do (cards.work.ELEMENTWISE_READS_WRITES)")
     if opts["tp_comm_overlap"] and layout.tp > 1:
         notes.append("TP overlap: TP collectives hidden behind their phase's compute but one call (assumed)")
     if layout.pp > 1:
