@@ -266,3 +266,12 @@ def test_the_given_commit_wins_over_a_stale_copy_of_git(monkeypatch):
     assert hardware.git_commit() == "904afcc"
     monkeypatch.setenv("ECHOBENCH_GIT_COMMIT", "19a0fcc")
     assert hardware.git_commit() == "19a0fcc"
+
+
+def test_an_option_is_not_taken_for_the_output_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert device_check.main(["--help"]) == 0
+    assert device_check.main(["-x"]) == 2
+    assert device_check.main([]) == 2
+    assert "usage: python3 -m tools.device.check OUTDIR" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no pass started: nothing written where it was called

@@ -466,9 +466,9 @@ def make_shards(check: Check) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python3 -m tools.device.check OUTDIR", file=sys.stderr)
-        return 2
+    if len(argv) != 1 or argv[0].startswith("-"):  # `--help` is not a folder to fill for 10 minutes
+        print("usage: python3 -m tools.device.check OUTDIR   (DEVICE_CHECK_DRY=1 for the CPU pass)", file=sys.stderr)
+        return 0 if argv in (["-h"], ["--help"]) else 2
     dry = bool(os.environ.get("DEVICE_CHECK_DRY"))
     scale = float(os.environ.get("DEVICE_CHECK_SCALE") or (0.6 if dry else 1.0))
     out = Path(argv[0]).resolve()
