@@ -150,6 +150,15 @@ def test_the_verdict_reads_every_nodes_lines_from_the_log():
     cut = line(0, "interfaces", True, "eth0, lo")
     pieces = "\n".join([cut[:60], line(1, "cpus", True), "0: " + cut[60:]])
     assert [(c["name"], c["node"]) for c in parse_checks(pieces)] == [("cpus", 1), ("interfaces", 0)]
+    # ... even inside the marker ("0: echo", then "0: bench-check {...}"), and a failed check cut there counts.
+    failing = line(0, "compile", False, "inductor failed", "install a compiler")
+    in_marker = "\n".join(["0: echo", line(1, "cpus", True), "0: " + failing[len("0: echo"):]])
+    assert [(c["name"], c["ok"]) for c in parse_checks(in_marker)] == [("cpus", True), ("compile", False)]
+    # a piece of an open line that reads like the marker's start is still the open line's
+    json_cut = line(0, "cpus", True, "echo")
+    at = json_cut.index("echo")
+    assert parse_checks("\n".join([json_cut[:at], "0: " + json_cut[at:at + 2], "0: " + json_cut[at + 2:]])) == \
+        parse_checks(json_cut)
     assert verdict(spec, checks, "COMPLETED", both, "7") == (True, "")
     failed = both + "\n" + line(1, "cpus", False, "1 CPU(s) for 4 processes", "ask for 4")
     assert verdict(spec, parse_checks(failed), "FAILED", failed, "7") == (False, "")

@@ -102,11 +102,19 @@ def limit_s(matrix: Matrix) -> int:
 def parse_checks(text: str) -> list[dict]:
     """The check lines of a preflight log (`echobench-check {json}`, behind srun's node label "K: ").
     srun may pass a line on in pieces, each with the label: a line that does not parse yet takes the
-    next pieces of the same label; one that never does (a node that died mid-line) is dropped."""
-    checks, open_lines = [], {}
+    next pieces of the same label; one that never does (a node that died mid-line) is dropped. A piece
+    may even end inside the marker ("0: echo", then "0: bench-check {...}"): it is held for the next."""
+    checks, open_lines, marker_start = [], {}, {}
     for line in text.splitlines():
         label, sep, rest = line.partition(": ")
         label = label if sep and label.isdigit() else ""
+        piece = rest if label else line
+        if label in marker_start:
+            piece = marker_start.pop(label) + piece
+            line = f"{label}: {piece}" if label else piece
+        if label not in open_lines and piece and (MARK + " ").startswith(piece) and piece != MARK + " ":
+            marker_start[label] = piece
+            continue
         if MARK + " " in line:
             open_lines[label] = line.partition(MARK + " ")[2]
         elif label in open_lines:
