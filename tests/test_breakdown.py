@@ -317,7 +317,8 @@ def test_explain_shows_padding_from_the_record(profiled_runs, cli, tmp_path):
     rec.update(**padding(hardware * 3 // 2, hardware)).save(run)
     data = json.loads(cli("explain", run, "--json").stdout)
     raw = json.loads((run / "result.json").read_text())
-    f, c = raw["breakdown"]["fractions"], 1.0  # no calibration: the ceiling is the peak
+    f = raw["breakdown"]["fractions"]
+    c = raw["ceiling_tflops"] / raw["peak_tflops"] if raw.get("ceiling_tflops") else 1.0  # none: the ceiling is the peak
     share = (raw["measured_padded_flops"] - raw["measured_hardware_flops"]) / raw["measured_padded_flops"]
     by_label = {s["short"]: s["pp"] for s in data["waterfall"]}
     assert by_label["padding"] == pytest.approx(-100 * c * (f["gemm"] + f["attention"]) * share, rel=1e-12)
