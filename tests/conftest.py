@@ -240,30 +240,32 @@ def smoke_run(sweep: Path, **settings) -> Path:
     return run
 
 
-# The card DDP run of tests/test_card_runs.py's settings (3 steps, no warm-up, one thread per process),
-# which holds its losses against one process at the same global batch.
-CARD_DDP_RUN = ["--trace", "--steps", "3", "--warmup-steps", "0", "--micro-batch", "2", "--peak-tflops", "1",
-                "--nproc", "2", "--parallelism", "ddp"]
+@pytest.fixture(scope="session")
+def profiled_runs(smoke_sweep):
+    """Traced runs of Echo, shared by the tests that read a profiled run (tests/test_breakdown.py,
+    tests/test_device_check.py), which do not change them: the smoke sweep's single process and its
+    DDP over 2 gloo processes (matrices/smoke.yaml traces every run, against this machine's calibration)."""
+    sweep, proc, _ = smoke_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"single": smoke_run(sweep, framework="torchtitan", parallelism="single", ac="none"),
+            "ddp": smoke_run(sweep, parallelism="ddp")}
 
 
 @pytest.fixture(scope="session")
-def profiled_runs(tmp_path_factory, smoke_sweep):
-    """Traced runs, shared by the tests that read a profiled run (tests/test_breakdown.py,
-    tests/test_device_check.py, tests/test_card_runs.py), which do not change them: Echo's single
-    process and DDP over 2 gloo processes are the smoke sweep's (matrices/smoke.yaml traces every run,
-    against this machine's calibration), and a DDP run of a model card's decoder over 2 gloo processes
-    with --trace and a peak given (CARD_DDP_RUN)."""
+def card_ddp_run(tmp_path_factory):
+    """One DDP run of a model card's decoder over 2 gloo processes with --trace and a peak given, at
+    tests/test_card_runs.py's settings (3 steps, no warm-up, one thread per process), which holds its
+    losses against one process at the same global batch; tests/test_breakdown.py reads its trace.
+    Neither changes it."""
     from test_card_runs import write_card
 
-    sweep, proc, _ = smoke_sweep
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    root = tmp_path_factory.mktemp("profiled")
-    card = root / "card-ddp"
-    proc = run_cli("run", "--card", write_card(root / "card.yaml"), *CARD_DDP_RUN, "--out", card, tmp_path=root,
-                   env=ONE_THREAD)
+    root = tmp_path_factory.mktemp("card-ddp")
+    out = root / "run"
+    proc = run_cli("run", "--card", write_card(root / "card.yaml"), "--trace", "--steps", "3", "--warmup-steps", "0",
+                   "--micro-batch", "2", "--peak-tflops", "1", "--nproc", "2", "--parallelism", "ddp", "--out", out,
+                   tmp_path=root, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return {"single": smoke_run(sweep, framework="torchtitan", parallelism="single", ac="none"),
-            "ddp": smoke_run(sweep, parallelism="ddp"), "card-ddp": card}
+    return out
 
 
 # ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----

@@ -154,18 +154,18 @@ def sdpa_choice(r: dict, heads: int, kv_heads: int) -> str:
     return SDPBackend(torch._fused_sdp_choice(q, k, k, is_causal=True, enable_gqa=True)).name
 
 
-LAYOUTS = {"ddp": None,  # the suite's traced card DDP run (conftest.CARD_DDP_RUN: this file's settings)
+LAYOUTS = {"ddp": None,  # the suite's traced card DDP run (conftest.card_ddp_run: this file's settings)
            "fsdp2": ["--micro-batch", "2", "--parallelism", "fsdp2"],
            "tp2": ["--micro-batch", "4", "--framework", "megatron", "--tp", "2"]}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_two_processes_match_single_process(tmp_path, single, profiled_runs, layout):
+def test_two_processes_match_single_process(tmp_path, single, card_ddp_run, layout):
     """DDP and FSDP2 (2 data-parallel ranks of micro-batch 2) and megatron TP=2 (one replica of micro-batch
     4) train on the single process's samples and follow its losses."""
     path, ref, _ = single
     if LAYOUTS[layout] is None:
-        out = profiled_runs["card-ddp"]  # its fixture asserted its exit code; --trace's steps follow the losses'
+        out = card_ddp_run  # its fixture asserted its exit code; --trace's steps follow the losses'
     else:
         proc, out = run_card_cli(tmp_path, layout, path, "--nproc", "2", *LAYOUTS[layout])
         assert proc.returncode == 0, record(out)["error"] + proc.stderr[-3000:]
