@@ -241,27 +241,39 @@ def failing_sweep(tmp_path_factory):
     return matrix, sweep, proc
 
 
-PROFILED_RUN = ["--scale", "tiny", "--trace", "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1",
-                "--audio-frames", "50", "--text-tokens", "16", "--speaker-frames", "40", "--peak-tflops", "1"]
+def smoke_run(sweep: Path, **settings) -> Path:
+    """The directory of the smoke sweep's one run whose record has these settings."""
+    (run,) = (p.parent for p in sorted(sweep.glob("*/result.json"))
+              if all(record(p.parent)[k] == v for k, v in settings.items()))
+    return run
 
 
 @pytest.fixture(scope="session")
-def profiled_runs(tmp_path_factory):
-    """One single-process and one DDP run over 2 gloo processes of Echo, and a DDP run of a model
-    card's decoder, all with --trace and a peak given (no calibration); shared by the tests that read
-    a profiled run (tests/test_breakdown.py, tests/test_device_check.py), which do not change them."""
+def profiled_runs(smoke_sweep):
+    """Traced runs of Echo, shared by the tests that read a profiled run (tests/test_breakdown.py,
+    tests/test_device_check.py), which do not change them: the smoke sweep's single process and its
+    DDP over 2 gloo processes (matrices/smoke.yaml traces every run, against this machine's calibration)."""
+    sweep, proc, _ = smoke_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"single": smoke_run(sweep, framework="torchtitan", parallelism="single", ac="none"),
+            "ddp": smoke_run(sweep, parallelism="ddp")}
+
+
+@pytest.fixture(scope="session")
+def card_ddp_run(tmp_path_factory):
+    """One DDP run of a model card's decoder over 2 gloo processes with --trace and a peak given, at
+    tests/test_card_runs.py's settings (3 steps, no warm-up, one thread per process), which holds its
+    losses against one process at the same global batch; tests/test_breakdown.py reads its trace.
+    Neither changes it."""
     from test_card_runs import write_card
 
-    root = tmp_path_factory.mktemp("profiled")
-    card = ["--card", write_card(root / "card.yaml"), "--trace", "--steps", "2", "--warmup-steps", "1",
-            "--micro-batch", "2", "--peak-tflops", "1"]
-    runs = {}
-    for name, args in (("single", PROFILED_RUN), ("ddp", [*PROFILED_RUN, "--nproc", "2", "--parallelism", "ddp"]),
-                       ("card-ddp", [*card, "--nproc", "2", "--parallelism", "ddp"])):
-        proc = run_cli("run", *args, "--out", root / name, tmp_path=root)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        runs[name] = root / name
-    return runs
+    root = tmp_path_factory.mktemp("card-ddp")
+    out = root / "run"
+    proc = run_cli("run", "--card", write_card(root / "card.yaml"), "--trace", "--steps", "3", "--warmup-steps", "0",
+                   "--micro-batch", "2", "--peak-tflops", "1", "--nproc", "2", "--parallelism", "ddp", "--out", out,
+                   tmp_path=root, env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return out
 
 
 # ---- running the suite in parallel (pytest -n N --dist loadgroup: scripts/test.sh) ----

@@ -154,19 +154,23 @@ def sdpa_choice(r: dict, heads: int, kv_heads: int) -> str:
     return SDPBackend(torch._fused_sdp_choice(q, k, k, is_causal=True, enable_gqa=True)).name
 
 
-LAYOUTS = {"ddp": ["--micro-batch", "2", "--parallelism", "ddp"],
+LAYOUTS = {"ddp": None,  # the suite's traced card DDP run (conftest.card_ddp_run: this file's settings)
            "fsdp2": ["--micro-batch", "2", "--parallelism", "fsdp2"],
            "tp2": ["--micro-batch", "4", "--framework", "megatron", "--tp", "2"]}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_two_processes_match_single_process(tmp_path, single, layout):
+def test_two_processes_match_single_process(tmp_path, single, card_ddp_run, layout):
     """DDP and FSDP2 (2 data-parallel ranks of micro-batch 2) and megatron TP=2 (one replica of micro-batch
     4) train on the single process's samples and follow its losses."""
     path, ref, _ = single
-    proc, out = run_card_cli(tmp_path, layout, path, "--nproc", "2", *LAYOUTS[layout])
+    if LAYOUTS[layout] is None:
+        out = card_ddp_run  # its fixture asserted its exit code; --trace's steps follow the losses'
+    else:
+        proc, out = run_card_cli(tmp_path, layout, path, "--nproc", "2", *LAYOUTS[layout])
+        assert proc.returncode == 0, record(out)["error"] + proc.stderr[-3000:]
     r = record(out)
-    assert proc.returncode == 0, r["error"] + proc.stderr[-3000:]
+    assert (r["parallelism"], r["micro_batch"]) == (layout, 4 if layout == "tp2" else 2)
     assert r["world_size"] == 2 and r["global_batch"] == 4 and r["measured_samples"] == 12
     # data-parallel ranks each see their own samples; TP peers the same ones
     same = r["per_rank"][0]["losses"][0] == r["per_rank"][1]["losses"][0]
@@ -220,10 +224,11 @@ def test_full_ac_counts_its_recompute_and_trains_alike(tmp_path, single):
     assert r["measured_hardware_flops"] - r["measured_model_flops"] == 12 * recompute_flops(card(), SEQ, "full")
 
 
-def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str, sequence_parallel: bool) -> None:
-    """One of 2 gloo ranks: the card's TP=2 decoder as the megatron backend builds it (with or without
-    sequence parallelism) against the plain decoder of the same seed, on the same tokens, two steps
-    each: loss and gradient norm. The ranks meet through a file store (no port to race for)."""
+def _tp_worker(rank: int, world: int, store: str, out_path: str, cases: dict[str, list]) -> None:
+    """One of 2 gloo ranks: for each case (a card file, with or without sequence parallelism), the
+    card's TP=2 decoder as the megatron backend builds it against the plain decoder of the same seed,
+    on the same tokens, two steps each: loss and gradient norm. The ranks meet through a file store
+    (no port to race for); the cases run one after the other in the same two processes."""
     import datetime
     import os
     import warnings
@@ -235,6 +240,8 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str,
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
+    from megatron.core import parallel_state
+
     from echobench.backends import build_training
     from echobench.backends.torchtitan import ADAMW, build_decoder, clip_grad_norm_
     from echobench.model.decoder import synthetic_tokens
@@ -242,54 +249,65 @@ def _tp_worker(rank: int, world: int, store: str, out_path: str, card_path: str,
     from echobench.train.bench_card import CardLoss
     from echobench.train.distributed import DistInfo
 
-    cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4,
-                    sequence_parallel=sequence_parallel)
-    workload = run_card(card_path)
-    setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32,
-                           workload)
-    plain = build_decoder(cfg, workload, torch.device("cpu"))
-    optimizer = torch.optim.AdamW(plain.parameters(), **ADAMW)
-    tokens = synthetic_tokens(0, list(range(4)), workload.card.vocab, workload.seq)
-    block = setup.model.module.blocks[0]
-    norms, clip = [], setup.clip_grad
-    setup.clip_grad = lambda: norms.append(float(clip())) or norms[-1]
-    steps = []
-    for _ in range(2):  # a step of each: TP (megatron's clip and AdamW), plain (torch's)
-        tp_loss = float(train_step(setup, [tokens], "cpu", 1, CardLoss(4 * workload.seq)))
-        plain_loss = plain(tokens, reduction="mean")
-        plain_loss.backward()
-        plain_norm = float(clip_grad_norm_(list(plain.parameters()), 1.0))
-        optimizer.step()
-        optimizer.zero_grad()
-        steps.append([tp_loss, float(plain_loss), norms[-1], plain_norm])
-    out = {"shapes": [list(block.attn.qkv.linear.weight.shape), list(block.mlp.down.linear.weight.shape)],
-           "steps": steps, "sequence_parallel": setup.info["sequence_parallel"]}
+    results = {}
+    for name, (card_path, sequence_parallel) in cases.items():
+        cfg = RunConfig(card=card_path, framework="megatron", parallelism="tp2", gpus_per_node=2, micro_batch=4,
+                        sequence_parallel=sequence_parallel)
+        workload = run_card(card_path)
+        setup = build_training(cfg, DistInfo(rank=rank, world_size=world, device=torch.device("cpu")), torch.float32,
+                               workload)
+        plain = build_decoder(cfg, workload, torch.device("cpu"))
+        optimizer = torch.optim.AdamW(plain.parameters(), **ADAMW)
+        tokens = synthetic_tokens(0, list(range(4)), workload.card.vocab, workload.seq)
+        block = setup.model.module.blocks[0]
+        norms, clip = [], setup.clip_grad
+        setup.clip_grad = lambda clip=clip, norms=norms: norms.append(float(clip())) or norms[-1]
+        steps = []
+        for _ in range(2):  # a step of each: TP (megatron's clip and AdamW), plain (torch's)
+            tp_loss = float(train_step(setup, [tokens], "cpu", 1, CardLoss(4 * workload.seq)))
+            plain_loss = plain(tokens, reduction="mean")
+            plain_loss.backward()
+            plain_norm = float(clip_grad_norm_(list(plain.parameters()), 1.0))
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append([tp_loss, float(plain_loss), norms[-1], plain_norm])
+        results[name] = {"shapes": [list(block.attn.qkv.linear.weight.shape), list(block.mlp.down.linear.weight.shape)],
+                         "steps": steps, "sequence_parallel": setup.info["sequence_parallel"]}
+        del setup
+        parallel_state.destroy_model_parallel()  # the next case's build initialises its own
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump(out, f)
+            json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("sequence_parallel,model", [
-    (False, {}),  # rmsnorm, no biases, rotary, swiglu
-    (True, {"norm": "layernorm", "bias": True, "positions": "learned", "activation": "gelu"}),
-], ids=["tp", "sp-layernorm-bias"])
-def test_megatron_tp2_trains_as_the_plain_decoder(tmp_path, sequence_parallel, model):
+TP_CASES = {"tp": (False, {}),  # rmsnorm, no biases, rotary, swiglu
+            "sp-layernorm-bias": (True, {"norm": "layernorm", "bias": True, "positions": "learned", "activation": "gelu"})}
+
+
+@pytest.fixture(scope="module")
+def tp2_steps(tmp_path_factory) -> dict:
+    """TP_CASES' two steps each, in one pair of spawned gloo ranks (_tp_worker)."""
+    import torch.multiprocessing as mp
+
+    pytest.importorskip("megatron.core")
+    tmp = tmp_path_factory.mktemp("card-tp2")
+    cases = {name: (str(write_card(tmp / f"{name}.yaml", model=model)), sp) for name, (sp, model) in TP_CASES.items()}
+    out = tmp / "result.json"
+    mp.spawn(_tp_worker, args=(2, str(tmp / "store"), str(out), cases), nprocs=2, join=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("case", TP_CASES)
+def test_megatron_tp2_trains_as_the_plain_decoder(tp2_steps, case):
     """TP=2 on megatron-core's layers, DDP, optimizer and clip: each rank holds half of every block's
     q / k / v and MLP rows and of the output and down projections' columns; the loss equals the plain
     decoder's, as do the gradient norm and the loss after one AdamW step of each. With sequence
     parallelism each rank's blocks see half the sequence between the TP regions: their norms' (and
     the row-parallel biases') gradients are partial, summed over TP before the clip."""
-    import torch.multiprocessing as mp
-
-    pytest.importorskip("megatron.core")
-    path = write_card(tmp_path / "tiny.yaml", model=model)
-    out = tmp_path / "result.json"
-    mp.spawn(_tp_worker, args=(2, str(tmp_path / "store"), str(out), str(path), sequence_parallel), nprocs=2,
-             join=True)
-    r = json.loads(out.read_text())
-    assert r["sequence_parallel"] is sequence_parallel
+    r = tp2_steps[case]
+    assert r["sequence_parallel"] is TP_CASES[case][0]
     d, kv, f = 64, 2 * 16, 128
     assert r["shapes"] == [[(d + 2 * kv) // 2, d], [d, f // 2]]
     for tp_loss, plain_loss, tp_norm, plain_norm in r["steps"]:  # the TP-aware norm counts each element once
