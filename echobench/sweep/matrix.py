@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, field_validator
 from echobench import backends
 from echobench.records.config import (FIELDS, RunConfig, base_type, check_value, choices, grad_accum_for, run_id,
                                       unknown_key, upgraded)
-from echobench.hardware.memory import MemoryEstimate, device_memory_gib, estimate_memory, overhead_bytes
+from echobench.hardware.memory import MemoryEstimate, device_memory_gib, estimate_memory, on_gpu, overhead_bytes
 from echobench.records.layout import Layout, is_layout
 from echobench.records.peaks import table_peak
 from echobench.records.yamltext import yaml_problem
@@ -396,7 +396,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
 def run_memory(cfg: RunConfig) -> MemoryEstimate:
     """A planned run's per-GPU memory: Echo's estimate (hardware.memory); a card run's from its card
     (predict.card_memory at the layout `predict --against` prices the run with, autocast included),
-    with the same overhead beside it."""
+    with the same overhead beside it (on a CPU without the resident baseline its run measures)."""
     if cfg.card is None:
         return estimate_memory(cfg)
     from echobench.predict.card_memory import card_memory_parts  # lazy: start-up time of `echobench --help`
@@ -407,7 +407,7 @@ def run_memory(cfg: RunConfig) -> MemoryEstimate:
     part = card_memory_parts(workload.card, measured_layout(cfg, workload.seq, precision, cfg.compile is True))
     tensors = sum(part.values())
     return MemoryEstimate(part["weights"], part["gradients"], part["optimizer"], part["activations"], 0.0, 0.0,
-                          overhead_bytes(tensors))
+                          overhead_bytes(tensors, on_gpu(cfg)))
 
 
 def card_run_problem(cfg: RunConfig) -> str | None:

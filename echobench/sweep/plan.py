@@ -15,7 +15,7 @@ from echobench.records.console import esc, fmt
 from echobench.sweep.estimate import estimated_seconds, planned_peak, startup_parts, time_limit, time_limit_s
 from echobench.sweep.executors import comm_size, make_executor
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun
-from echobench.hardware.memory import device_memory_gib
+from echobench.hardware.memory import device_memory_gib, on_gpu
 from echobench.train.nodecheck import RUN_PATH
 from echobench.predict import Prediction, predict_runs
 from echobench.sweep.preflight import preflight_spec
@@ -208,6 +208,10 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
                   "cross-validated error" if basis["predicted"] else "")
         parts.append(f"GPU-hours: {sum(r['gpu_hours_limit'] for r in rows):.2f} at most (time limits), "
                      + (f"~{est_total:.2f} estimated ({how}{spread})" if est_total else "no estimate"))
+    if any(not on_gpu(r.cfg) for r in runs):
+        parts.append("mem GiB of a run on the CPU: its tensors only; its process's resident baseline (the interpreter, "
+                     "torch and the libraries a rank imports) is measured by the run once its model is built, and the "
+                     "report holds the two together against the measured peak")
     if summary["no_peak"]:
         parts.append(Text.from_markup(f"[yellow]{esc(summary['no_peak'])}[/]"))
     if summary["calibrate_comm"]:
