@@ -200,7 +200,9 @@ def test_a_tunes_written_matrices_name_its_site_and_carry_only_their_own_values(
     from echobench.tune.output import write_winner
     from echobench.tune.space import build_problem, load_tune_file
 
-    def tune_site(partition):  # hardware without peak_tflops: the tune's candidates do not take it (a run id apart)
+    # No hardware.peak_tflops: the tune's candidates do not take it while the sweep's runs do, so their
+    # run ids would differ (a known gap of the tune, apart from what this test holds).
+    def tune_site(partition):
         return write(tmp_path / "sites" / "site.yaml", {"executor": "slurm", "hardware": {"memory_gib": 64},
                                                         "slurm": {"partition": partition, "gpus_per_node": 2}})
 
