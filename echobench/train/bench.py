@@ -108,9 +108,10 @@ def live_tensor_gib() -> float:
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
             try:
                 storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # a wrapper subclass (DTensor): its local tensor is seen
+                storages[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError, TypeError):
+                # a wrapper subclass (DTensor: its local tensor is seen) or a storage FSDP2 freed
                 continue
-            storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values()) / GIB
 
 
