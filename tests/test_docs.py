@@ -108,3 +108,14 @@ def test_every_relative_link_reaches_a_file_of_the_repository():
 def test_no_page_sends_the_reader_outside_the_repository():
     for page in PAGES:
         assert "../shared" not in page.read_text(), page
+
+
+def test_user_pages_hold_no_project_internal_words():
+    """The README and docs/ speak to a user: no project issue numbers, no "the seed's" cluster, no
+    lent machine, no path into the project's shared notes."""
+    import re
+
+    internal = re.compile(r"\bissue #?\d+\b|\blent (gpu|machine|device)\b|\bthe seed's\b|\.\./shared", re.I)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in pages for m in internal.finditer(p.read_text())]
+    assert not found, found

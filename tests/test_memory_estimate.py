@@ -367,3 +367,13 @@ def test_the_gh200_memory_variants_are_hardware_choices():
     assert device_memory_gib(100.0, "GH200") == 100.0  # hardware.memory_gib wins
     page = (ROOT / "docs" / "reference" / "matrix.md").read_text()
     assert all(f"`{name}`" in page for name, _ in DEVICE_MEMORY_GIB)
+
+
+def test_the_cuda_context_is_a_gpu_runs_overhead_only():
+    """A GPU run's overhead is the CUDA context and workspaces (1.5 GiB) plus 10% of its tensors, as
+    before; a CPU run's is the 10% alone (its process's resident baseline is measured by the run)."""
+    from echobench.predict.memory import GIB, estimate_memory
+
+    gpu, cpu = (estimate_memory(RunConfig(scale="tiny", device=d)) for d in ("cuda", "cpu"))
+    assert gpu.overhead == pytest.approx(1.5 * GIB + 0.1 * gpu.tensors)
+    assert cpu.overhead == pytest.approx(0.1 * cpu.tensors)

@@ -87,3 +87,30 @@ def test_the_estimates_error_against_the_peak_is_shown_and_a_cpu_run_says_why_it
     assert ("memory estimate is off the measured peak by more than its stated +-30% for 1 of 2 run(s) (furthest: "
             "cpu, 1.51 GiB estimated against 0.46 GiB measured, +228%); 1 of them on a CPU, where a CPU run&#39;s "
             "measured peak is its process&#39;s resident set") in page
+
+
+def test_a_cpu_runs_estimate_is_held_with_its_measured_baseline(tmp_path):
+    """A CPU record whose ranks measured their resident baseline (baseline_rss_gib, the largest: 0.40
+    GiB) is held at the plan's tensors, their 10% fragmentation and that baseline: 0.01 * 1.1 + 0.40 =
+    0.411 GiB against a 0.45 GiB peak, -9%, within the stated +-30%, with no note; a record without a
+    baseline (older) is held against the plan's total as before."""
+    from echobench.records.atomic import write_json_atomic
+    from echobench.records.results import PLAN_FILE
+    from echobench.report import load_report_input, render_dashboard
+
+    measured = summarized([measured_rank([0.1] * 3, memory={"peak_rss_gib": 0.45, "baseline_rss_gib": 0.40}, rank=0),
+                           measured_rank([0.1] * 3, memory={"peak_rss_gib": 0.44, "baseline_rss_gib": 0.39}, rank=1)])
+    older = summarized([measured_rank([0.1] * 3, memory={"peak_rss_gib": 0.45})])
+    for name, rec in (("measured", measured), ("older", older)):
+        rec.run_id = name
+        path = rec.save(tmp_path / name)
+        write_json_atomic(path.with_name(PLAN_FILE), {"run_id": name, "memory_estimate_gib": 0.011,
+                                                      "memory_estimate": {"tensors": 0.01}})
+    data = load_report_input([tmp_path / "measured"])
+    frame = data.frame.set_index("run_id")
+    assert frame.loc["measured", "memory_baseline_gib"] == 0.40
+    assert frame.loc["measured", "memory_estimate_held_gib"] == pytest.approx(0.411)
+    assert frame.loc["measured", "memory_estimate_error"] == pytest.approx(0.411 / 0.45 - 1)
+    assert "memory estimate is off" not in render_dashboard(data)
+    frame = load_report_input([tmp_path / "older"]).frame.set_index("run_id")
+    assert frame.loc["older", "memory_estimate_held_gib"] == 0.011

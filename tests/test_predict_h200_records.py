@@ -86,3 +86,36 @@ def test_a_card_runs_predicted_memory_is_its_measured_peak(h200_runs):
     for r in cards:
         measured = json.loads(Path(r["path"]).read_text())["peak_mem_allocated_gib"]
         assert r["memory_gib"] == pytest.approx(measured, rel=0.03), r["run_id"]
+
+
+def test_a_run_that_attended_split_with_torch_choosing_cudnn_is_priced_as_it_ran(h200_runs):
+    """A record of cfg_drop_attention split (its DiT's dropped-conditioning micro-batches counted
+    under "split" in attention_paths) whose unmasked calls torch served with cuDNN: predict --against
+    prices the unmasked calls at cuDNN and the split ones as flash's two calls, not the dropped
+    micro-batches as masked (FlexAttention, slower) as it did when the record's choice replaced
+    the run's sdpa_backend setting."""
+    import dataclasses
+
+    from echobench.hardware.profile import find_profile, load_profile
+    from echobench.predict import predict
+    from echobench.predict.measured import against as against_record
+    from echobench.records.config import RunConfig, as_ran
+    from echobench.records.results import Record, record_settings
+
+    h200 = load_profile(find_profile("h200-hgx-ib"))
+    ran = Record.load(h200_runs / "3b-compile-mb8" / "result.json")
+    record = ran.model_copy(update={"config": {**ran.config, "cfg_drop_attention": "split"},
+                                    "attention_paths": {**ran.attention_paths, "dit": {"none": 6, "split": 14}}})
+    assert record.sdpa_backends_predicted["dit"] == "CUDNN_ATTENTION"
+    cfg = RunConfig.from_dict({**as_ran(record_settings(record)), "repeat": 0})
+    assert cfg.cfg_drop_attention == "split" and cfg.sdpa_backend == "auto"
+    peak = (record.peak_tflops, record.peak_source)
+    as_if_masked = predict(dataclasses.replace(cfg, sdpa_backend="cudnn"), h200, peak=peak,
+                           model_flops_per_sample=record.model_flops_per_sample)
+    settings = predict(cfg, h200, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
+    got = against_record(record, [h200]).prediction
+    assert any("flex" in n for n in as_if_masked.notes) and not any("flex" in n for n in got.notes)
+    assert any("two unmasked flash2 calls" in n for n in got.notes)
+    assert any("cudnn kernel its record names" in n for n in got.notes)
+    assert got.parts["attention"] < as_if_masked.parts["attention"]
+    assert got.parts["attention"] != pytest.approx(settings.parts["attention"])  # the unmasked calls at cuDNN

@@ -60,7 +60,7 @@ def test_a_card_runs_planned_memory_is_its_cards(tmp_path):
     preset's estimate of the same settings."""
     from dataclasses import replace
 
-    from echobench.predict.memory import estimate_memory, overhead_bytes
+    from echobench.predict.memory import estimate_memory, on_gpu, overhead_bytes
     from echobench.predict.cards.memory import card_memory_parts
     from echobench.predict.cards.run import measured_layout, run_card
 
@@ -71,7 +71,7 @@ def test_a_card_runs_planned_memory_is_its_cards(tmp_path):
     layout = measured_layout(card.cfg, workload.seq, "fp32", False)
     assert not layout.autocast
     tensors = sum(card_memory_parts(workload.card, layout).values())
-    assert card.memory.total == pytest.approx(tensors + overhead_bytes(tensors))
+    assert card.memory.total == pytest.approx(tensors + overhead_bytes(tensors, on_gpu(card.cfg)))
     assert card.memory.total != pytest.approx(estimate_memory(replace(card.cfg, card=None)).total)
     assert echo.memory.total == pytest.approx(estimate_memory(echo.cfg).total)
 

@@ -71,6 +71,23 @@ def test_smoke_matrix_end_to_end_then_a_second_sweep_runs_nothing(cli, smoke_swe
     assert proc.returncode == 0 and f"{len(runs)} ok" in proc.stdout
 
 
+def test_the_smoke_runs_memory_estimates_are_within_their_stated_error(smoke_sweep):
+    """Every run of the real smoke sweep (tiny, CPU) measured its resident baseline once its model was
+    built, and the plan's estimate held with it lies within the +-30% the estimate states of the
+    measured peak: the dashboard has no note on it."""
+    from echobench.report import load_report_input
+    from echobench.report.dashboard import memory_notes
+    from echobench.report.data import MEMORY_ESTIMATE_ERROR
+
+    sweep, proc, _ = smoke_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    frame = load_report_input([sweep]).frame
+    assert len(frame) == 4 and frame["memory_baseline_gib"].notna().all()
+    errors = dict(zip(frame["run_id"], frame["memory_estimate_error"]))
+    assert all(abs(e) <= MEMORY_ESTIMATE_ERROR for e in errors.values()), errors
+    assert memory_notes(frame) == []
+
+
 def test_failures_time_limit_and_retry_failed(cli, tmp_path, failing_sweep):
     matrix, sweep, proc = failing_sweep
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ run (a record with a `card` section) is priced by predict_card at the layout it 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from echobench.records.config import RunConfig, as_ran
 from echobench.hardware.profile import HardwareProfile
@@ -15,7 +15,7 @@ from echobench.predict.cards.run import measured_attention_kernel, measured_card
 from echobench.predict.errors import PredictError
 from echobench.predict.frameworks import framework
 from echobench.predict.model import Prediction, predict
-from echobench.predict.pricing import SDPA_SETTINGS, is_cpu_name, priced
+from echobench.predict.pricing import SDPA_SETTINGS, is_cpu_name, priced, sdpa_kernel
 from echobench.predict.profiles import choose_profile, other_device_lines, profiles_for_records
 from echobench.predict.work import host_ops, run_work
 from echobench.records.results import Record, record_settings
@@ -73,14 +73,18 @@ class Comparison:
                 "parts_vs_breakdown": self.parts, "path": self.path}
 
 
-def recorded_sdpa(cfg: RunConfig, record) -> RunConfig:
-    """An Echo GPU run left to torch's SDPA choice (sdpa_backend auto) priced at the backend its record
-    says torch chose for the DiT's unmasked attention (sdpa_backends_predicted["dit"]): torch's
-    priority differs between versions (2.11 puts cuDNN first on an H200), the record knows."""
+def recorded_sdpa(cfg: RunConfig, record) -> str | None:
+    """The kernel of an Echo GPU run's unmasked SDPA calls where the run left the choice to torch
+    (sdpa_backend auto): the backend its record says torch chose for the DiT's unmasked attention
+    (sdpa_backends_predicted["dit"]; torch's priority differs between versions: 2.11 puts cuDNN first
+    on an H200), as the profiles name it; None where the settings say (pricing.attention_kernel).
+    Only those calls: the settings stay as the run had them, so that the calls torch did not choose
+    are priced as they ran: a masked call's kernel, and split's flash calls where the settings ran
+    split (the record's attention_paths counts those micro-batches under the DiT's "split")."""
     chosen = SDPA_SETTINGS.get((record.sdpa_backends_predicted or {}).get("dit"))
     if cfg.sdpa_backend != "auto" or chosen is None or record.env.device_type != "cuda":
-        return cfg
-    return replace(cfg, sdpa_backend=chosen)
+        return None
+    return sdpa_kernel(chosen)
 
 
 def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
@@ -89,13 +93,14 @@ def against(record, profiles: Sequence[HardwareProfile]) -> Comparison:
     so that the MFUs compare under one convention."""
     if record.status != RunState.OK or not record.step_time_s:
         raise PredictError(f"{record.run_id}: status {record.status}, no measured step time to compare")
-    cfg = recorded_sdpa(RunConfig.from_dict({**as_ran(record_settings(record)), "repeat": 0}), record)
+    cfg = RunConfig.from_dict({**as_ran(record_settings(record)), "repeat": 0})
     profile = choose_profile(cfg, profiles)
     peak = (record.peak_tflops, record.peak_source or "record") if record.peak_tflops else None
     if record.card is not None:
         p, parts = card_prediction(record, cfg, profile, peak), None  # a card's prediction has no per-category shares
     else:
-        p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample)
+        p = predict(cfg, profile, peak=peak, model_flops_per_sample=record.model_flops_per_sample,
+                    sdpa=recorded_sdpa(cfg, record))
         p.run_id = record.run_id
         measured, predicted = measured_shares(record.breakdown), predicted_shares(p)
         parts = None if measured is None else {k: {"predicted": predicted[k], "measured": measured[k]} for k in measured}

@@ -27,7 +27,10 @@ tests/test_memory_estimate.py holds them and the activations against counts of r
 - encoder:     the frozen text encoder, stored in the compute dtype, replicated, no gradients
                (a trainable one counts as trainable parameters instead).
 - transient:   FSDP2's all-gathered bf16 blocks (current + prefetched).
-- overhead:    CUDA context, NCCL / cuBLAS workspaces (1.5 GiB) plus 10% allocator fragmentation.
+- overhead:    on a GPU the CUDA context, NCCL / cuBLAS workspaces (CUDA_CONTEXT, 1.5 GiB), on a CPU nothing
+               here: a CPU process's resident baseline (the interpreter, torch and the libraries a rank
+               imports) is measured by the run once its model is built (baseline_rss_gib in its memory
+               stats) and added by the report; plus 10% allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from echobench.records.config import RunConfig
 from echobench.model.flops import LAYER_SELECTIVE, param_counts
 
 GIB = 2**30
+CUDA_CONTEXT = 1.5 * GIB  # a GPU process's CUDA context and NCCL / cuBLAS workspaces
 
 
 @dataclass
@@ -310,9 +314,11 @@ def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
         per_block = (counts.parts["dit_attention"] + counts.parts["dit_mlp"]) / model.layers
         transient = 2 * per_block * 2  # two all-gathered bf16 blocks
     known = weights + grads + optim + activations + encoder + transient
-    return MemoryEstimate(weights, grads, optim, activations, encoder, transient, overhead_bytes(known))
+    return MemoryEstimate(weights, grads, optim, activations, encoder, transient,
+                          overhead_bytes(known, on_gpu(cfg)))
 
 
-def overhead_bytes(tensors: float) -> float:
-    """The overhead beside `tensors` bytes of tensors (the module docstring's)."""
-    return 1.5 * GIB + 0.1 * tensors
+def overhead_bytes(tensors: float, gpu: bool = True) -> float:
+    """The overhead beside `tensors` bytes of tensors (the module docstring's): on a GPU its CUDA_CONTEXT,
+    on a CPU none (the run measures its resident baseline), plus 10% fragmentation."""
+    return (CUDA_CONTEXT if gpu else 0.0) + 0.1 * tensors

@@ -140,16 +140,17 @@ def _evaluate(cfg: RunConfig, rates: Rates) -> dict:
 
 
 def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | None = None,
-            model_flops_per_sample: float | None = None, terms=None) -> Prediction:
+            model_flops_per_sample: float | None = None, terms=None, sdpa: str | None = None) -> Prediction:
     """The predicted step of `cfg` on `profile`'s machine (echobench.predict's docstring). `peak`
     overrides the run's (run_peak); `model_flops_per_sample` the FLOP model's at the run's full
     lengths (a record's measured figure, over its real lengths); `terms` the fitted in-step clock
-    (devicerates.InStepFit; None: the committed one)."""
+    (devicerates.InStepFit; None: the committed one); `sdpa` the kernel of the unmasked SDPA calls
+    (a record's: measured.recorded_sdpa; None: pricing.attention_kernel's)."""
     given = cfg
     sequence_parallel = cfg.sequence_parallel_on(device_type(profile.device))
     cfg = priced(cfg, profile.device)
     terms = run_fit(cfg.world_size, terms)  # the fitted in-step clock, none on one GPU
-    mid, low, high = (_evaluate(cfg, Rates(profile, b, terms)) for b in BOUNDS)
+    mid, low, high = (_evaluate(cfg, Rates(profile, b, terms, sdpa=sdpa)) for b in BOUNDS)
     m = cfg.model_config()
     f = model_flops(m, cfg.audio_frames, cfg.text_tokens, cfg.speaker_frames)
     mflops = model_flops_per_sample if model_flops_per_sample is not None else f.total
@@ -162,7 +163,7 @@ def predict(cfg: RunConfig, profile: HardwareProfile, peak: tuple[float, str] | 
              "elementwise": dev["elementwise_forward"] + dev["elementwise_backward"],
              "optimizer": dev["optimizer"], "communication": mid["exposed_s"], "straggler": mid["straggler"],
              "host": mid["host"] if is_cpu(profile) else max(0.0, mid["host"] - mid["device"])}
-    notes = _notes(cfg, profile, terms)
+    notes = _notes(cfg, profile, terms, sdpa)
     if sequence_parallel:
         notes.append("sequence parallelism priced as the same TP layout without it (its all-gathers and "
                      "reduce-scatters move the bytes of the all-reduces they replace; the norms' split not modelled)")
@@ -191,8 +192,9 @@ def _capacity(profile: HardwareProfile) -> float | None:
         return None
 
 
-def _notes(cfg: RunConfig, profile: HardwareProfile, terms: InStepFit) -> list[str]:
-    """What the prediction assumes for this run beyond the rules of echobench.predict's docstring."""
+def _notes(cfg: RunConfig, profile: HardwareProfile, terms: InStepFit, sdpa: str | None = None) -> list[str]:
+    """What the prediction assumes for this run beyond the rules of echobench.predict's docstring
+    (`sdpa`: predict's)."""
     notes = []
     if not profile.measured:
         notes.append(f"profile {profile.name} is not measured (datasheets and published figures)")
@@ -204,15 +206,17 @@ def _notes(cfg: RunConfig, profile: HardwareProfile, terms: InStepFit) -> list[s
         notes.append(f"no host point in the profile: host at its host_op, {profile.host_op.seconds * 1e6:.3g} us per "
                      "op (its source says how it is assumed)" if profile.host_op else
                      "no host point in the profile: host overhead not modelled")
-    kernel = None if is_cpu(profile) else attention_kernel(cfg)
+    kernel = None if is_cpu(profile) else attention_kernel(cfg, sdpa)
     if kernel and any(p.kernel for p in profile.attention):
-        mix = dit_attention_mix(cfg)
+        mix = dit_attention_mix(cfg, sdpa)
         dit = "" if list(mix) == [kernel] else "; the DiT's " + ", ".join(f"{share:.0%} {k}" for k, share in mix.items()) \
             + " (micro-batches in which a sample drops its conditioning attend over a key mask)"
         if share := split_share(cfg):
             dit = (f"; the DiT's {share:.0%} micro-batches in which a sample drops its conditioning as two unmasked "
                    "flash2 calls and their log-sum-exp merge (pricing.split_share)")
-        notes.append(f"attention priced as the {kernel} kernel the run takes (pricing.attention_kernel){dit}")
+        how = "its record names for its unmasked calls (sdpa_backends_predicted)" if sdpa else \
+            "the run takes (pricing.attention_kernel)"
+        notes.append(f"attention priced as the {kernel} kernel {how}{dit}")
     notes += attention_notes(run_work(cfg)[1], Rates(profile, terms=terms), kernel)
     if profile.sm_count and profile.gemm:
         notes.append(f"GEMM shapes priced from the profile's best-shape rate by tile and wave quantization over "

@@ -38,6 +38,9 @@ class Rates:
     profile: HardwareProfile
     bound: str = "mid"
     terms: InStepFit | None = None  # the fitted in-step clock to price with (None: the committed fit)
+    # the kernel of an Echo run's unmasked SDPA calls where its record names torch's choice
+    # (measured.recorded_sdpa); None: attention_kernel's, from the settings
+    sdpa: str | None = None
     _gemm: dict = field(default_factory=dict)
     _attention: dict = field(default_factory=dict)
     _factor: float | None = None  # in_situ_factor's, once computed (1.0 while it is being fitted)
@@ -205,7 +208,7 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     bytes (work.float8_work)."""
     mm, att = run_work(cfg)
     cpu = is_cpu(rates.profile)
-    kernel = None if cpu else attention_kernel(cfg)
+    kernel = None if cpu else attention_kernel(cfg, rates.sdpa)
     (fwd, bwd), _ = echo_elementwise(cfg, eb)
     if cfg.precision == "fp8" and not cpu:  # float8 GEMMs at the device's float8 rate, and their casts
         mm, (cf, cb) = float8_work(mm, cfg.compile is True)
@@ -215,7 +218,7 @@ def device_seconds(cfg: RunConfig, rates: Rates, eb: int) -> dict[str, float]:
     # 17.7 ms for the 185 MB stepcount counts, 10.5 GB/s, not the cache-sized add's 91 GB/s (each op
     # writes a fresh allocation, which no cache holds; tools/trace_elementwise.py).
     tensor = None if cpu else cfg.micro_batch * cfg.audio_frames * cfg.model_config().width * eb
-    mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg)}
+    mixes = None if cpu else {"dit_attention": dit_attention_mix(cfg, rates.sdpa), SPLIT_PART: {SPLIT_KERNEL: 1.0}}
     if (share := 0.0 if cpu else split_share(cfg)) > 0:
         att = split_attention(att, share)
         mf, mb = merge_bytes(cfg, eb)
@@ -237,10 +240,14 @@ def split_share(cfg: RunConfig) -> float:
     return masked_share(cfg.micro_batch, cfg.model_config().cfg_dropout, cfg.cfg_drop)
 
 
+SPLIT_PART = "dit_attention_split"  # the DiT's split calls, priced at SDPA's flash kernel whatever torch's choice
+SPLIT_KERNEL = "flash2"  # merged_attention calls SDPA's flash kernel (FlashAttention-2) itself
+
+
 def split_attention(att, share: float) -> tuple:
-    """The work `att` with `share` of the DiT's attention as merged_attention runs it: the latent
-    queries over the latent keys, then over the conditioning keys (text and speaker, the rest of
-    seq_k), two calls whose FLOPs sum to the joint call's."""
+    """The work `att` with `share` of the DiT's attention as merged_attention runs it (SPLIT_PART):
+    the latent queries over the latent keys, then over the conditioning keys (text and speaker, the
+    rest of seq_k), two calls whose FLOPs sum to the joint call's."""
     out = []
     for a in att:
         if a.part != "dit_attention":
@@ -248,8 +255,8 @@ def split_attention(att, share: float) -> tuple:
             continue
         cond = a.seq_k - a.seq_q
         out += [replace(a, flops=a.flops * (1 - share)),
-                replace(a, seq_k=a.seq_q, flops=a.flops * share * a.seq_q / a.seq_k),
-                replace(a, seq_k=cond, flops=a.flops * share * cond / a.seq_k)]
+                replace(a, part=SPLIT_PART, seq_k=a.seq_q, flops=a.flops * share * a.seq_q / a.seq_k),
+                replace(a, part=SPLIT_PART, seq_k=cond, flops=a.flops * share * cond / a.seq_k)]
     return tuple(out)
 
 
@@ -268,13 +275,14 @@ def merge_bytes(cfg: RunConfig, eb: int) -> tuple[float, float]:
     return fwd * m.layers, bwd * m.layers
 
 
-def dit_attention_mix(cfg: RunConfig) -> dict[str, float]:
+def dit_attention_mix(cfg: RunConfig, chosen: str | None = None) -> dict[str, float]:
     """The kernels the DiT's attention takes and each one's share of its micro-batches: synthetic
     batches attend without a mask (attention_kernel) except where a sample drops its conditioning
     with cfg_drop mask (model.config.masked_share: 57% of micro-batches at micro-batch 8), which attend
     over a key mask (FlexAttention with key_masking flex or auto, else a masked SDPA) unless they run
-    split (split_share: unmasked flash calls, split_attention); padded batches (shards) always do."""
-    kernel = attention_kernel(cfg)
+    split (split_share: unmasked flash calls, split_attention); padded batches (shards) always do.
+    `chosen`: the unmasked calls' kernel a record names (attention_kernel)."""
+    kernel = attention_kernel(cfg, chosen)
     if cfg.data != "synthetic" or split_share(cfg) > 0:
         return {kernel: 1.0}
     masked = "flex" if cfg.key_masking in ("flex", "auto") else {"cudnn": "cudnn", "math": "math"}.get(
@@ -303,7 +311,7 @@ def sdpa_kernel(setting: str) -> str:
     return {"flash": "flash2", "auto": "flash2"}.get(setting, setting)
 
 
-def attention_kernel(cfg: RunConfig) -> str | None:
+def attention_kernel(cfg: RunConfig, chosen: str | None = None) -> str | None:
     """The attention kernel an Echo run takes on a GPU, as the profiles' attention points name it
     (hwprofile.ATTENTION_KERNELS), from its settings (model.echo.attention_paths,
     model.components.attention): a batch with padded keys (data from shards, whose samples are
@@ -315,13 +323,14 @@ def attention_kernel(cfg: RunConfig) -> str | None:
     backend by a fixed priority that puts FlashAttention first"; cuDNN-first on H100 was reverted,
     pytorch/pytorch#128539). SDPA's flash backend is FlashAttention-2. The DiT's micro-batches whose
     samples drop their conditioning attend masked: dit_attention_mix prices that share apart. A
-    measured run is priced at the backend its record names instead (measured.recorded_sdpa: torch
-    2.11 chose cuDNN on an H200)."""
+    measured run's unmasked calls are priced at the kernel its record names instead (`chosen`:
+    measured.recorded_sdpa; torch 2.11 chose cuDNN on an H200); the split calls stay flash's
+    (split_attention)."""
     if cfg.data != "synthetic":
         if cfg.key_masking in ("flex", "auto"):
             return "flex"
         return {"cudnn": "cudnn", "math": "math"}.get(cfg.sdpa_backend, "efficient")
-    return sdpa_kernel(cfg.sdpa_backend)
+    return chosen or sdpa_kernel(cfg.sdpa_backend)
 
 
 def attention_notes(att, rates: Rates, kernel: str | None) -> list[str]:

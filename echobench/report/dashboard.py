@@ -156,13 +156,14 @@ def page_notes(data: ReportInput) -> list[str]:
 
 def memory_notes(ok: pd.DataFrame) -> list[str]:
     """One note when runs' memory estimates are off their measured peaks by more than the stated
-    error: how many, the furthest, and (CPU runs among them) why those cannot agree."""
+    error: how many, the furthest, and (CPU runs among them without a measured baseline) why those
+    cannot agree."""
     error = numeric(ok["memory_estimate_error"])
     off = ok[error.abs() > MEMORY_ESTIMATE_ERROR]
     if off.empty:
         return []
     worst = off.loc[numeric(off["memory_estimate_error"]).abs().idxmax()]
-    cpu = numeric(off["device_memory_gib"]).isna().sum()
+    cpu = (numeric(off["device_memory_gib"]).isna() & numeric(off["memory_baseline_gib"]).isna()).sum()
     return [f"The plan's memory estimate is off the measured peak by more than its stated "
             f"+-{MEMORY_ESTIMATE_ERROR:.0%} for {len(off)} of {int(error.notna().sum())} run(s) (furthest: "
             f"{worst['run_id']}, {fmt_number(worst['memory_estimate_held_gib'])} GiB estimated against "
@@ -469,8 +470,9 @@ def build_sections(data: ReportInput, figs: Figures) -> list[dict]:
          "Measured peak (max over ranks; GPU: reserved by the allocator, its cache included) against the device "
          "memory (where the record has it: GPU runs) and, where the plan gave one, its estimate (x; it states "
          "+-30%), to compare with the allocated peak (GPU runs: the diamond, against the estimate's tensors; else "
-         "the bar, against its total); hover for the estimate's error. On a CPU the two are not comparable at small "
-         "scales: the bar is the process's resident set, the estimate counts a GPU's CUDA context.",
+         "the bar: on a CPU its tensors plus the process's resident baseline its run measured once the model was "
+         "built, else its total); hover for the estimate's error. A CPU record without that baseline is not "
+         "comparable at small scales: the bar is the process's resident set, the estimate counts a GPU's CUDA context.",
          figs.memory, figs.ok),
     ]
     sections = []

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from echobench.predict.memory import GIB, overhead_bytes
 from echobench.records.config import configuration
 from echobench.records.paths import SWEEP_FILE
 from echobench.predict import PredictError, against
 from echobench.records.results import (Record, configuration_key, load_records, over_repeats, peak_mem_for_estimate,
                                peak_notes, read_plan, record_settings, records_frame, slower_p_value)
+from echobench.records.run_figures import max_of
 from echobench.sweep.matrix import settings_match
 from echobench.sweep.state import CorruptSweepState, SweepState
 from echobench.records.paths import TUNE_FILE
@@ -168,18 +170,34 @@ def _device_memory(record: Record) -> float | None:
 
 MEMORY_ESTIMATE_ERROR = 0.30  # the error echobench.predict.memory states for its estimate (+-30%)
 CPU_MEMORY_CAVEAT = ("a CPU run's measured peak is its process's resident set (the interpreter and libraries "
-                     "included), and the estimate counts a GPU's CUDA context and workspaces (1.5 GiB): at small "
-                     "scales the two are not comparable")
+                     "included), and a record without the resident baseline its run measured (records written before "
+                     "baseline_rss_gib) is held against the plan's total, which counts a GPU's CUDA context and "
+                     "workspaces (1.5 GiB): at small scales the two are not comparable")
+
+
+def memory_baseline(record: Record) -> float | None:
+    """A CPU run's resident baseline (train.bench.baseline_gib: the process besides its tensors once the
+    model was built), the largest over its ranks; None on a GPU or in an older record."""
+    return max_of([r.memory for r in record.per_rank], "baseline_rss_gib")
 
 
 def held_estimate(record: Record) -> float | None:
     """The plan's memory estimate held against the measured peak (peak_mem_for_estimate): on a GPU
-    run its tensors (the allocated peak's counterpart), elsewhere its total; None without both."""
+    run its tensors (the allocated peak's counterpart); on a CPU run with a measured baseline its
+    tensors, their fragmentation (predict.memory.overhead_bytes) and that baseline; elsewhere its
+    total; None without both."""
     plan = read_plan(record)
     if plan.get("memory_estimate_gib") is None or peak_mem_for_estimate(record) is None:
         return None
     tensors = (plan.get("memory_estimate") or {}).get("tensors")
-    return tensors if tensors is not None and _device_memory(record) is not None else plan["memory_estimate_gib"]
+    if tensors is None:
+        return plan["memory_estimate_gib"]
+    if _device_memory(record) is not None:
+        return tensors
+    baseline = memory_baseline(record)
+    if baseline is None:
+        return plan["memory_estimate_gib"]
+    return tensors + overhead_bytes(tensors * GIB, gpu=False) / GIB + baseline
 
 
 def _trainable_params(record: Record) -> float | None:
@@ -202,6 +220,7 @@ def report_frame(records: list[Record], sweeps: dict[Path, str] | None = None) -
         # what the estimate is compared with: the allocated peak where there is one (GPU)
         "memory_vs_estimate_gib": [peak_mem_for_estimate(r) for r in records],
         "memory_estimate_held_gib": [held_estimate(r) for r in records],
+        "memory_baseline_gib": [memory_baseline(r) for r in records],  # CPU runs: their measured baseline
         "device_memory_gib": [_device_memory(r) for r in records],
         "trainable_params": [_trainable_params(r) for r in records],
         "matrix": [_matrix_name(r, sweeps or {}) for r in records],

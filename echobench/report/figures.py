@@ -372,7 +372,8 @@ class Figures:
                                      hovertemplate="allocated %{x:.3g} GiB (bar: reserved)<extra></extra>"))
         estimate = numeric(rows["memory_estimate_held_gib"])
         if estimate.notna().any():
-            cpu = numeric(rows["device_memory_gib"]).isna()
+            # a CPU run without its measured resident baseline (an older record) was held against the plan's total
+            cpu = numeric(rows["device_memory_gib"]).isna() & numeric(rows["memory_baseline_gib"]).isna()
             said = [f"estimate {e:.3g} GiB vs measured {m:.3g} GiB: {err:+.0%}" + (" (CPU: not comparable)" if c else "")
                     if pd.notna(e) and pd.notna(m) else ""
                     for e, m, err, c in zip(estimate, numeric(rows["memory_vs_estimate_gib"]),

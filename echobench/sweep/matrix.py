@@ -399,8 +399,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
 def run_memory(cfg: RunConfig) -> MemoryEstimate:
     """A planned run's per-GPU memory: Echo's estimate (predict.memory); a card run's from its card
     (predict.cards.memory at the layout `predict --against` prices the run with, autocast included),
-    with the same overhead beside it."""
-    from echobench.predict.memory import MemoryEstimate, estimate_memory, overhead_bytes  # lazy: start-up time of `echobench --help`
+    with the same overhead beside it (on a CPU without the resident baseline its run measures)."""
+    from echobench.predict.memory import MemoryEstimate, estimate_memory, on_gpu, overhead_bytes  # lazy: start-up time of `echobench --help`
 
     if cfg.card is None:
         return estimate_memory(cfg)
@@ -412,7 +412,7 @@ def run_memory(cfg: RunConfig) -> MemoryEstimate:
     part = card_memory_parts(workload.card, measured_layout(cfg, workload.seq, precision, cfg.compile is True))
     tensors = sum(part.values())
     return MemoryEstimate(part["weights"], part["gradients"], part["optimizer"], part["activations"], 0.0, 0.0,
-                          overhead_bytes(tensors))
+                          overhead_bytes(tensors, on_gpu(cfg)))
 
 
 def card_run_problem(cfg: RunConfig) -> str | None:

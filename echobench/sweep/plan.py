@@ -16,6 +16,7 @@ from echobench.sweep.estimate import estimated_seconds, planned_peak, startup_pa
 from echobench.sweep.executors import comm_size, make_executor
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun
 from echobench.hardware.devicememory import device_memory_gib
+from echobench.predict.memory import on_gpu
 from echobench.train.nodecheck import RUN_PATH
 from echobench.predict import Prediction, predict_runs
 from echobench.sweep.preflight import preflight_spec
@@ -208,6 +209,10 @@ def plan_report(plan: Plan, executor: str, profiles: list) -> list:
                   "cross-validated error" if basis["predicted"] else "")
         parts.append(f"GPU-hours: {sum(r['gpu_hours_limit'] for r in rows):.2f} at most (time limits), "
                      + (f"~{est_total:.2f} estimated ({how}{spread})" if est_total else "no estimate"))
+    if any(not on_gpu(r.cfg) for r in runs):
+        parts.append("mem GiB of a run on the CPU: its tensors only; its process's resident baseline (the interpreter, "
+                     "torch and the libraries a rank imports) is measured by the run once its model is built, and the "
+                     "report holds the two together against the measured peak")
     if summary["no_peak"]:
         parts.append(Text.from_markup(f"[yellow]{esc(summary['no_peak'])}[/]"))
     if summary["calibrate_comm"]:

@@ -91,6 +91,39 @@ def memory_stats(device: torch.device) -> dict:
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
+def resident_gib() -> float:
+    """This process's resident set now (Linux's /proc/self/statm), else its peak so far (ru_maxrss)."""
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return pages * os.sysconf("SC_PAGE_SIZE") / GIB
+
+
+def live_tensor_gib() -> float:
+    """The bytes of the CPU tensors Python objects hold now, each storage once (tensors held by C++
+    alone, DDP's gradient buckets, are not seen)."""
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            try:
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError, TypeError):
+                # a wrapper subclass (DTensor: its local tensor is seen) or a storage FSDP2 freed
+                continue
+    return sum(storages.values()) / GIB
+
+
+def baseline_gib(device: torch.device) -> float | None:
+    """On a CPU, the resident set besides the tensors once the model is built: the interpreter, torch and
+    the libraries the build imported, their threads and allocators; the memory estimate's overhead there,
+    which no plan can count. None on a GPU (the estimate's CUDA context stands)."""
+    if device.type != "cpu":
+        return None
+    return resident_gib() - live_tensor_gib()
+
+
 class StepTimer:
     """Step boundaries and data waits on ONE clock: CUDA events on the compute stream on GPU (no
     host sync per step), the host clock on CPU."""
@@ -235,6 +268,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
     progress.phase(f"building {work.title()} {cfg.framework} {cfg.parallelism} on {info.world_size} rank(s), "
                    f"{info.device.type}")
     setup = work.build(info, dtype)
+    baseline = baseline_gib(info.device)  # after the build's imports, before the steps' tensors
     # Data-parallel rank: tensor-parallel peers read the same batch.
     dp_rank, dp_size = info.rank // cfg.tp, max(1, info.world_size // cfg.tp)
     setup.model.train()
@@ -282,6 +316,8 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
         progress.phase(f"measuring {cfg.steps} step(s)")
         window, restarts = measure_windows(cfg, info, run_step, lambda: step, watch, progress)
         stop_time_limit()
+        # the measured steps' memory, before any profiled steps add the profiler's
+        memory = memory_stats(info.device) | ({} if baseline is None else {"baseline_rss_gib": baseline})
         kernels = work.profile_kernels(setup) if device_type == "cuda" else None
         if cfg.trace:
             progress.phase(f"profiling {PROFILER_WARMUP + PROFILED_STEPS} step(s) after the measured ones (untimed)")
@@ -304,7 +340,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
             discard_profiler(profiler)
 
     return {
-        **window_figures(info, window, losses),
+        **window_figures(info, window, losses, memory),
         # samples, model / hardware / padded FLOPs, tokens per stream, the workload's own figures
         **work.figures(setup, window.notes, dtype),
         "backend_info": setup.info,
@@ -322,9 +358,10 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
     }
 
 
-def window_figures(info: DistInfo, window, losses: list) -> dict:
+def window_figures(info: DistInfo, window, losses: list, memory: dict) -> dict:
     """What every run reports of its measured window, Echo's or a card's: this rank's step times and
-    data waits, the losses of its steps and its memory."""
+    data waits, the losses of its steps and its `memory` (memory_stats, on a CPU with baseline_gib as
+    baseline_rss_gib)."""
     step_times, waits = window.timer.durations(), window.timer.wait_durations()
     return {
         "rank": info.rank,
@@ -335,7 +372,7 @@ def window_figures(info: DistInfo, window, losses: list) -> dict:
         "data_wait_frac": sum(waits) / max(sum(step_times), 1e-12),
         "data_wait_clock": window.timer.clock,
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
-        "memory": memory_stats(info.device),
+        "memory": memory,
     }
 
 

@@ -34,7 +34,7 @@ from echobench.predict import predict
 from echobench.predict.pricing import Rates, in_situ_factor
 from echobench.sweep.loop import SweepOptions, run_sweep
 from echobench.sweep.state import now_iso, record_state, run_dir
-from echobench.tune.space import Candidate, Problem, TuneError, TuneFile, picks, tied
+from echobench.tune.space import Candidate, Problem, TuneError, TuneFile, cluster_sections, picks, tied
 
 FIT_BOUNDS = (1 / 3, 3.0)  # InStepFactor's
 
@@ -92,11 +92,11 @@ MeasureFn = Callable[[Sequence[Candidate]], dict[str, Measured]]
 
 # ---- measuring through a sweep ----
 
-def measure_matrix_text(spec: TuneFile, candidates: Sequence[Candidate]) -> str:
-    """A matrix of the picked candidates (an include each) with the tune file's sections: what the
-    sweep runs, and what a user can sweep again."""
-    doc = {"name": f"{spec.name}-measure", "executor": spec.executor, **{k: v for k, v in
-           (("slurm", spec.slurm), ("local", spec.local), ("hardware", spec.hardware)) if v},
+def measure_matrix_text(spec: TuneFile, candidates: Sequence[Candidate], folder: Path) -> str:
+    """A matrix of the picked candidates (an include each) with the tune file's sections (its site
+    named: space.cluster_sections), to be written into `folder`: what the sweep runs, and what a user
+    can sweep again."""
+    doc = {"name": f"{spec.name}-measure", **cluster_sections(spec, folder),
            "defaults": spec.defaults, "include": [dict(c.settings) for c in candidates]}
     return (f"# Written by `echobench tune` ({spec.name}): the candidates it measures, one include each.\n"
             + yaml.safe_dump(doc, sort_keys=False))
@@ -112,7 +112,7 @@ def sweep_measure(spec: TuneFile, tune_dir: Path, console, executor: str | None 
     def measure(candidates: Sequence[Candidate]) -> dict[str, Measured]:
         picked.update({c.run_id: c for c in candidates})
         path = tune_dir / "measure.yaml"
-        text = measure_matrix_text(spec, list(picked.values()))
+        text = measure_matrix_text(spec, list(picked.values()), tune_dir)
         path.write_text(text)
         matrix = parse_matrix(text, path)
         plan = expand(matrix, executor)

@@ -20,7 +20,7 @@ from echobench.records.paths import TUNE_FILE
 from echobench.records.states import RunState
 from echobench.tune.cards import CardProblem, card_entry
 from echobench.tune.loop import TuneResult, kendall_tau, measured_winner
-from echobench.tune.space import Candidate, Problem, TuneFile
+from echobench.tune.space import Candidate, Problem, TuneFile, cluster_sections
 
 SCHEMA = 1
 
@@ -56,8 +56,7 @@ def write_winner(spec: TuneFile, problem: Problem, c: Candidate, tune_dir: Path)
     config.write_text(f"# {spec.name}: the measured winner of {problem.key} ({c.run_id}), by echobench tune.\n"
                       f"#   echobench run --config {config.name}{launch} --out OUT\n"
                       + yaml.safe_dump(run_settings(spec, c), sort_keys=False))
-    doc = {"name": f"{spec.name}-{stem(problem)}-winner", "executor": spec.executor,
-           **{k: v for k, v in (("slurm", spec.slurm), ("local", spec.local), ("hardware", spec.hardware)) if v},
+    doc = {"name": f"{spec.name}-{stem(problem)}-winner", **cluster_sections(spec, folder),
            "defaults": {**spec.defaults, **c.settings}}
     matrix.write_text(f"# {spec.name}: the measured winner of {problem.key} ({c.run_id}) as a one-run matrix.\n"
                       f"#   echobench sweep {matrix.name} --out runs/{doc['name']}\n"

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
 from echobench.records.layout import Layout, layouts_on
 from echobench.hardware.profile import HardwareProfile
 from echobench.sweep.cluster import ExecutorName, MatrixError, Strict, format_pydantic
 from echobench.sweep.matrix import MatrixFile, wrong_kind_of_file
-from echobench.sweep.site import merge_site, read_site, site_path
+from echobench.sweep.site import SECTIONS, merge_site, read_site, site_path
 from echobench.backends import layout_problem
 from echobench.hardware.devicememory import device_memory_gib
 from echobench.predict.memory import estimate_memory
@@ -53,6 +53,7 @@ class TuneFile(Strict):
 
     name: str
     site: str | None = None  # a site file (echobench.sweep.site), relative to this file: merged in before the check
+    # (once loaded: the site file's path, and the tune file's own executor and sections apart)
     executor: ExecutorName = "local"
     slurm: dict[str, Any] = {}
     local: dict[str, Any] = {}
@@ -69,6 +70,7 @@ class TuneFile(Strict):
     max_rounds: int = Field(3, ge=1, le=10)  # measure, recalibrate, re-rank at most this many times
     memory_margin: float = Field(0.10, ge=0, lt=1)  # a candidate fits when estimate x (1 + margin) <= capacity
     bias: float = Field(0.05, gt=0, lt=1)  # residuals all beyond this (same sign): recalibrate
+    _own: dict = PrivateAttr(default_factory=dict)  # the tune file's own executor and sections, under its site
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -101,6 +103,7 @@ def load_tune_file(path: Path, site: Path | None = None) -> TuneFile:
         raise TuneError(problem)
     try:
         site_file = site_path(path, data, site)
+        own = {k: data[k] for k in ("executor", *SECTIONS) if data.get(k)}
         data, _ = merge_site(read_site(site_file) if site_file else {}, data, f"site {site_file}", "tune file")
     except MatrixError as exc:
         raise TuneError(str(exc)) from None
@@ -144,7 +147,20 @@ def load_tune_file(path: Path, site: Path | None = None) -> TuneFile:
     if spec.scale and spec.executor == "local" and any(n > 1 for n in spec.nodes):  # a card's: ranked only there
         raise TuneError(f"{path}: nodes {spec.nodes}: the local executor runs on this one machine: nodes [1], or "
                         "executor: slurm")
+    if site_file is not None:
+        spec = spec.model_copy(update={"site": str(site_file.resolve())})
+        spec._own = own
     return spec
+
+
+def cluster_sections(spec: TuneFile, folder: Path) -> dict:
+    """The executor and cluster sections of a matrix the tune writes into `folder`: with a site file,
+    `site:` (its path from there) and the tune file's own values only, so that the matrix takes the
+    site as it is when swept and stays small; else the tune file's sections."""
+    if spec.site is None:
+        return {"executor": spec.executor, **{k: v for k, v in (("slurm", spec.slurm), ("local", spec.local),
+                                                                ("hardware", spec.hardware)) if v}}
+    return {"site": os.path.relpath(spec.site, folder), **spec._own}
 
 
 def sharing_warning(spec: TuneFile) -> str | None:
