@@ -139,14 +139,14 @@ def predict_command(
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
-    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
+    from echobench import predict  # lazy: start-up time of `echobench --help`
 
     started = clock.perf_counter()
     paths = paths or []
     if validate is not None:
         if paths or against or nodes is not None or profile:
             fail("--validate FILE takes no MATRIX, --against, --nodes or --profile: each row names its shipped profile", 1)
-        _validate(pr, validate, as_json, write_fit, refit)
+        _validate(validate, as_json, write_fit, refit)
         return
     if write_fit or refit:
         fail(f"{'--write-fit' if write_fit else '--refit'} goes with --validate FILE", 1)
@@ -172,8 +172,8 @@ def predict_command(
         if not any(r.status == RunState.OK and r.step_time_s for r in records):
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
         try:
-            held = pr.against_records(records, profiles)
-        except pr.PredictError as exc:
+            held = predict.against_records(records, profiles)
+        except predict.PredictError as exc:
             fail(str(exc))
         for kind, line in held.lines:
             err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
@@ -184,14 +184,14 @@ def predict_command(
         if as_json:
             print(json.dumps([{**c.as_dict(), "fit": used} for c in comparisons], indent=2, default=str))
             return
-        wide.print(pr.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
-        s = pr.summary(comparisons)
+        wide.print(predict.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
+        s = predict.summary(comparisons)
         if s["runs"]:
             console.print(f"step time: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
                           f"{s['runs']} runs (error = (predicted - measured) / measured)"
                           + (f"; MFU: mean |error| {s['mean_abs_mfu_error']:.1%}, max {s['max_abs_mfu_error']:.1%}"
                              if s["mean_abs_mfu_error"] is not None else ""))
-        for line in pr.profile_lines(profiles):
+        for line in predict.profile_lines(profiles):
             console.print(esc(line), highlight=False)
         console.print(esc(fit_line(used) + " (a run on one GPU, a CPU or a measured profile takes none)"),
                       highlight=False, soft_wrap=True)
@@ -202,34 +202,34 @@ def predict_command(
     cfgs = [r.cfg for r in the_plan.runs]
     try:
         if nodes is not None:
-            cfgs = pr.at_nodes(cfgs, pr.parse_nodes(nodes))
-    except pr.PredictError as exc:
+            cfgs = predict.at_nodes(cfgs, predict.parse_nodes(nodes))
+    except predict.PredictError as exc:
         fail(str(exc))
     if not profiles:
-        device = matrix.spec.hardware.device or pr.machine_device(cfgs)
-        found = pr.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
+        device = matrix.spec.hardware.device or predict.machine_device(cfgs)
+        found = predict.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
         if found is None:
-            fail(pr.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
+            fail(predict.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
                                        "machine's)"))
         profiles = [found]
-    items = pr.predict_runs(cfgs, profiles)
-    none_predicted = bool(cfgs) and not any(isinstance(p, pr.Prediction) for p in items)
+    items = predict.predict_runs(cfgs, profiles)
+    none_predicted = bool(cfgs) and not any(isinstance(p, predict.Prediction) for p in items)
     elapsed = clock.perf_counter() - started
     if as_json:
-        rank = pr.ranks([p for p in items if isinstance(p, pr.Prediction)])
-        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
-                          else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
+        rank = predict.ranks([p for p in items if isinstance(p, predict.Prediction)])
+        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, predict.Prediction)
+                          else {"run_id": predict.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
                          indent=2, default=str))
         if none_predicted:
             raise typer.Exit(1)  # every object holds its error
         return
-    wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
+    wide.print(predict.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
     for p, c in zip(items, cfgs):
-        if isinstance(p, pr.PredictError):  # in full, one line each: a table cell cuts the fix off
-            err_console.print(f"[red]not predicted:[/] {esc(pr.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
-    for line in pr.profile_lines(profiles):
+        if isinstance(p, predict.PredictError):  # in full, one line each: a table cell cuts the fix off
+            err_console.print(f"[red]not predicted:[/] {esc(predict.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
+    for line in predict.profile_lines(profiles):
         console.print(esc(line), highlight=False)
-    assumed = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
+    assumed = sorted({n for p in items if isinstance(p, predict.Prediction) for n in p.notes})
     if notes:
         for note in assumed:
             console.print(f"note: {esc(note)}", highlight=False)
@@ -242,20 +242,21 @@ def predict_command(
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
-def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: bool = False) -> None:
+def _validate(path: Path, as_json: bool, write_fit: bool = False, refit: bool = False) -> None:
     """`predict --validate FILE`: each row priced at the committed fit (validation/fit.json; --refit:
     at the fit on FILE's own rows, in-sample), the rows cross-validated leaving each source out
     (crossval), the table (or --json), the errors per source and overall; --write-fit commits the
     fit on every row. Exit 0 when it ran, 1 on bad input."""
     from echobench.predict.crossval import crossval, fit_line, fit_used, refit as refit_on, write_fit as write
+    from echobench import predict  # lazy with the rest of predict
     from echobench.predict.validate import as_json as to_json, scaling_series  # lazy with the rest of predict
 
     try:
-        rows = pr.load_rows(path)
+        rows = predict.load_rows(path)
         cv = crossval(rows)
         fit = refit_on(cv, path) if refit else None
-        results = pr.validate(rows, terms=fit)
-    except pr.PredictError as exc:
+        results = predict.validate(rows, terms=fit)
+    except predict.PredictError as exc:
         fail(str(exc), 1)
     if write_fit:
         console.print(f"wrote {esc(write(cv, path))}", highlight=False)
@@ -266,15 +267,15 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
         return
     at = "IN-SAMPLE, at the fit refitted on its rows" if refit else "at the committed fit"
     wide = Console(width=None if sys.stdout.isatty() else 250)  # a row per run: thirteen columns
-    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED ({at}) vs published",
+    wide.print(predict.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED ({at}) vs published",
                                    cv["loso_errors"], in_sample=refit))
     for r in results:
         if r.refused is not None:
             console.print(f"refused: {esc(r.id)}: {esc(r.refused)}", highlight=False, soft_wrap=True)
     for note in sorted({n for r in results for n in r.notes}):
         console.print(f"note: {esc(note)}", highlight=False, soft_wrap=True)
-    wide.print(pr.crossval_table(cv))
-    summary = pr.validation_summary(results)
+    wide.print(predict.crossval_table(cv))
+    summary = predict.validation_summary(results)
     console.print(esc(fit_line(used)), highlight=False, soft_wrap=True)
     if summary["priced"]:
         held = summary["held_out"]
@@ -293,7 +294,7 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
                       + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over "
                          f"{cv['loso']['rows']} rows of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
                       highlight=False, soft_wrap=True)
-    committed = pr.committed_fit()
+    committed = predict.committed_fit()
     if set(committed.fitted_on) == set(cv["in_sample_errors"]) and committed.clock != cv["fit"]:
         console.print(f"the committed fit is stale for these rows (refitted: {esc(cv['fit'])}): rerun with --write-fit",
                       highlight=False, soft_wrap=True)

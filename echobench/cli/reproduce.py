@@ -53,7 +53,7 @@ def reproduce(
     spread (its step-time p10-p90). Exit 0 when every run is ok, 1 when some failed, 2 for bad input."""
     from echobench.predict.tables import reference_table  # lazy: start-up time of `echobench --help`
     from echobench.records.results import Record  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep  # lazy: start-up time of `echobench --help`
     from echobench.sweep import reproduce as rp  # lazy: start-up time of `echobench --help`
     from echobench.sweep.matrix import expand, load_matrix  # lazy: start-up time of `echobench --help`
     from echobench.sweep.state import run_dir  # lazy: start-up time of `echobench --help`
@@ -103,9 +103,9 @@ def reproduce(
                       highlight=False, soft_wrap=True)
         return
     try:
-        chosen, skipped = sw.choose_runs(the_plan, [], False, console)
-        opts = sw.SweepOptions(executor=executor, out=out, ask=ask_on_a_terminal())
-        code = sw.run_sweep(matrix, chosen, opts, console, skipped)
+        chosen, skipped = choose_runs(the_plan, [], False, console)
+        opts = SweepOptions(executor=executor, out=out, ask=ask_on_a_terminal())
+        code = run_sweep(matrix, chosen, opts, console, skipped)
     except (MatrixError, ValueError) as exc:
         fail(str(exc))
     records = {}

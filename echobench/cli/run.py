@@ -64,7 +64,7 @@ def run(
 ):
     """One benchmark run: real training steps of the full model (or, with --card, of a plain decoder from a
     model card); writes OUT/result.json."""
-    from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import LAUNCHED, dump_stacks_on_signal, launch, rendezvous_problem  # lazy: start-up time of `echobench --help`
     from echobench.train.metrics_log import metrics_log_problem
 
     if old_profile or old_profile_limit is not None:
@@ -73,7 +73,7 @@ def run(
              "ones); --profile names a hardware profile in plan, predict, tune and report")
 
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
-        ln.dump_stacks_on_signal()
+        dump_stacks_on_signal()
     settings = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
@@ -94,14 +94,14 @@ def run(
     if "scale" not in settings and cfg.card is None:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
         fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "
              "trained); or scale in the --config file")
-    if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):
+    if nproc is not None and (problem := rendezvous_problem(nnodes, node_rank, master_addr)):
         fail(problem)
     writable_dir(out)
     if repeats != 1:
         run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
         return
     if nproc is not None:
-        record, code = ln.launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
+        record, code = launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
         if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
             raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
@@ -109,7 +109,7 @@ def run(
         from echobench.train.distributed import exit_process  # lazy: torch, for this command alone
 
         record = run_benchmark(cfg, out, workload)
-        if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
+        if int(os.environ.get("RANK", 0)) == 0 and LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
         exit_process(0 if record.status == RunState.OK else 1)
