@@ -47,8 +47,8 @@ from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
 from echobench.sweep.preflight import passed_before, run_preflight
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, record_state, run_dir,
-                                   run_state, settle, skipped_entry, waiting)
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, now_iso, record_state, run_dir, run_state,
+                                   settle, skipped_entry, tracked_job_states, waiting)
 from echobench.sweep.status import cancel_sweep, table_of
 
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
@@ -170,7 +170,7 @@ class Sweep:
         and failed ones with --retry-failed, are to submit; jobs still going are tracked again; ok
         runs never rerun."""
         to_submit, failed_before = [], []
-        looks = self.look(runs)
+        looks = self.tracked_job_states(runs)
         for run in runs:
             st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor,
                                      looks.get(run.id))
@@ -186,10 +186,10 @@ class Sweep:
         self.save()
         return to_submit, failed_before
 
-    def look(self, runs) -> dict[str, JobState | None]:
+    def tracked_job_states(self, runs) -> dict[str, JobState | None]:
         """One look at the executor for the jobs of these runs not settled (run id -> state)."""
-        return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))},
-                    self.state)
+        return tracked_job_states(self.executor, {r.id: (e, self.run_dir(r)) for r in runs
+                                                  if (e := self.state.runs.get(r.id))}, self.state)
 
     def preflight(self, runs: list[PlannedRun]) -> int:
         """SLURM, with runs to submit: the preflight job first (echobench.sweep.preflight), unless this very
@@ -284,7 +284,7 @@ class Sweep:
                      f"submitted again " + ("as this sweep's jobs end" if self.tracked else "later")
                      + " (said once)")
 
-    def room(self) -> bool:
+    def may_submit(self) -> bool:
         """Whether the executor takes another job now: under max_active, no refusal to wait out."""
         cap = self.executor.max_active
         return (cap is None or len(self.tracked) < cap) and time.monotonic() >= self.retry_at
@@ -293,7 +293,7 @@ class Sweep:
         """Submits from the front of the queue while there is room; a run the executor cannot take
         now stays first. Whether any was submitted (or refused for good)."""
         taken = False
-        while queue and self.room():
+        while queue and self.may_submit():
             if not self.submit(queue[0]):
                 break
             queue.pop(0)
@@ -309,7 +309,7 @@ class Sweep:
     def poll(self) -> bool:
         """Asks after every tracked job in one look; one that is over leaves the tracked ones,
         logged (and lets refused submissions be tried again at once). Whether anything changed."""
-        looks = self.look(list(self.tracked.values()))
+        looks = self.tracked_job_states(list(self.tracked.values()))
         changed = False
         for rid, run in list(self.tracked.items()):
             entry = self.state.runs[rid]

@@ -144,8 +144,8 @@ def waiting(entry: RunEntry | None) -> bool:
     return entry is not None and not entry.job_id and not entry.settled
 
 
-def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
-         sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
+def tracked_job_states(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
+                       sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
     """One look at the executor for every job not settled (run id -> (entry, run directory)):
     run id -> the job's state, None where the scheduler did not answer about it (no news). A job
     pending on a dependency says which of the sweep's jobs it waits for."""
@@ -164,8 +164,9 @@ def waits_for(state: SweepState) -> str:
 
 
 def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState | None) -> str:
-    """A tracked job's state now (`job`: the executor's answer at this look, from `look`; None: no
-    news, the state stays); once it is over, its record exists (written here if need be)."""
+    """A tracked job's state now (`job`: the executor's answer at this look, from
+    `tracked_job_states`; None: no news, the state stays); once it is over, its record exists
+    (written here if need be)."""
     if entry.settled:
         return record_state(rd)[0]
     if job is None:
