@@ -23,8 +23,9 @@ from echobench.calibrate import commbench as cb
 from echobench.hardware.commfit import fit_links
 from echobench.records.config import FIELDS, RunConfig
 from echobench.records.layout import Layout
+from echobench.records.results import now_iso
 from echobench.train.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
-from echobench.hardware.device import default_dtype, device_name, git_commit, now_iso
+from echobench.hardware.device import default_dtype, device_name, git_commit
 from echobench.hardware.profile import (
     AlphaBeta,
     CommPoint,

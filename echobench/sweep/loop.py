@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 from echobench.records.atomic import write_json_atomic
-from echobench.records.console import Progress, esc, log, state_counts, state_markup
+from echobench.records.console import SweepProgress, esc, log, state_counts, state_markup
 from echobench.records.paths import comm_calibrated
+from echobench.records.results import now_iso
 from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.estimate import time_limit_s
 from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_attempt, finish_without_record,
@@ -47,8 +48,8 @@ from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
 from echobench.sweep.preflight import passed_before, run_preflight
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, now_iso, record_state, run_dir, run_state,
-                                   settle, skipped_entry, tracked_job_states, waiting)
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, record_state, run_dir, run_state, settle,
+                                   skipped_entry, tracked_job_states, waiting)
 from echobench.sweep.status import cancel_sweep, table_of
 
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
@@ -332,7 +333,7 @@ class Sweep:
         when Ctrl-C stopped the waiting. A scheduler's jobs are polled less often while nothing
         changes (poll_s doubling up to longest_poll; back to poll_s at a change)."""
         interval = poll_s
-        with Progress(self.console) as progress:
+        with SweepProgress(self.console) as progress:
             try:
                 while queue or self.tracked:
                     changed = self.submit_ready(queue)

@@ -11,12 +11,13 @@ from rich.table import Table
 from echobench.records.config import RunConfig
 from echobench.records.console import esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
-from echobench.records.results import RECORD_FILE, Record, export_table, load_records, record_settings, records_frame
+from echobench.records.results import (RECORD_FILE, Record, export_table, load_records, now_iso, record_settings,
+                                       records_frame)
 from echobench.records.rundir import RUN_YAML, read_run_config, read_run_settings
 from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.matrix import settings_match
 from echobench.sweep.executors import Executor, JobState, finish_without_record, job_states, make_executor
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, now_iso, run_dir, run_state, settle,
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, run_dir, run_state, settle,
                                    tracked_job_states, waiting)
 
 

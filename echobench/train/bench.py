@@ -304,7 +304,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
             discard_profiler(profiler)
 
     return {
-        **window_figures(info, window, losses),
+        **rank_report(info, window, losses),
         # samples, model / hardware / padded FLOPs, tokens per stream, the workload's own figures
         **work.figures(setup, window.notes, dtype),
         "backend_info": setup.info,
@@ -322,7 +322,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
     }
 
 
-def window_figures(info: DistInfo, window, losses: list) -> dict:
+def rank_report(info: DistInfo, window, losses: list) -> dict:
     """What every run reports of its measured window, Echo's or a card's: this rank's step times and
     data waits, the losses of its steps and its memory."""
     step_times, waits = window.timer.durations(), window.timer.wait_durations()
