@@ -53,10 +53,10 @@ def calibrate(
     """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
     report MFU against it too. With --comm: a hardware profile of this machine (profiles/ has the
     shipped ones)."""
-    import torch  # lazy: torch, for the commands that measure
+    import torch
 
-    from echobench.train.distributed import pick_device  # lazy: torch, for the commands that measure
-    from echobench.train.launch import rendezvous_problem  # lazy: start-up time of `echobench --help`
+    from echobench.train.distributed import pick_device
+    from echobench.train.launch import rendezvous_problem
 
     try:
         dev = pick_device(check_value("device", settings.pop("device")))
@@ -81,7 +81,7 @@ def calibrate(
         calibrate_comm(ctx, dev, dtype, dtypes[dtype], (scale, matrix, settings, site), budget_s, nproc, out, max_bytes,
                        comm_budget_s, (nnodes, node_rank, master_addr, master_port))
         return
-    from echobench.hardware.device import calibrate as measure  # lazy: torch, for the commands that measure
+    from echobench.hardware.device import calibrate as measure
 
     budget_s = 15.0 if budget_s is None else budget_s
     try:
@@ -121,8 +121,8 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
                    comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
     """`calibrate --comm`: commcalibrate.calibrate_command (`shapes`: --scale, --matrix and the
     lengths), then the profile where this process shows it."""
-    from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
-    from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
+    from echobench.calibrate import commcalibrate
+    from echobench.train.distributed import exit_process
 
     scale, matrix, settings, _ = shapes
     if out is not None:
@@ -144,7 +144,7 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
 
 def print_profile(profile, paths) -> None:
     """A hardware profile's fits and rates, and where it was written."""
-    from echobench.hardware.profile import memory_gbps  # lazy: start-up time of `echobench --help`
+    from echobench.hardware.profile import memory_gbps
 
     table = Table(title=esc(f"{profile.name}: collective fits (time = alpha + bus bytes / bus bandwidth)"))
     for col in ("link", "collective", "alpha us", "bus GB/s", "points", "groups", "rel rms"):

@@ -152,7 +152,7 @@ def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, onl
 
 def load_profiles_or_fail(names: list[str]):
     """The hardware profiles of --profile (echobench.predict.load_profiles); a bad one fails."""
-    from echobench.predict import PredictError, load_profiles  # lazy: start-up time of `echobench --help`
+    from echobench.predict import PredictError, load_profiles
 
     try:
         return load_profiles(names)

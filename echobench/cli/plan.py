@@ -48,8 +48,8 @@ def plan(
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
     predicted step time and MFU; then where each cluster setting came from (the site file, the
     matrix, a default)."""
-    from echobench.sweep import plan as pl  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.loop import run_dir  # lazy: start-up time of `echobench --help`
+    from echobench.sweep import plan as pl
+    from echobench.sweep.loop import run_dir
 
     if write_scripts is not None and script is not None:
         fail("--write-scripts writes every run's script, --script prints one: give one of them")
@@ -66,8 +66,8 @@ def plan(
                 path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
             if executor == "slurm" and the_plan.runs:  # the job a sweep submits first: to read, or sbatch by hand
-                from echobench.sweep.executors import PREFLIGHT_SCRIPT  # lazy: start-up time of `echobench --help`
-                from echobench.sweep.preflight import preflight_script  # lazy: start-up time of `echobench --help`
+                from echobench.sweep.executors import PREFLIGHT_SCRIPT
+                from echobench.sweep.preflight import preflight_script
 
                 (path := dest / PREFLIGHT_SCRIPT).write_text(
                     preflight_script(matrix, the_plan.runs, sweep_dir, logs.resolve() / "preflight-%j.out"))
@@ -92,7 +92,7 @@ def plan(
         except ValueError as exc:
             fail(str(exc))
         return
-    from echobench.predict import profile_for_device  # lazy: start-up time of `echobench --help`
+    from echobench.predict import profile_for_device
 
     profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(
         matrix.spec.hardware.device, fabric=matrix.spec.slurm.fabric)]))
@@ -139,7 +139,7 @@ def predict_command(
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
-    from echobench import predict  # lazy: start-up time of `echobench --help`
+    from echobench import predict
 
     started = clock.perf_counter()
     paths = paths or []
@@ -158,7 +158,7 @@ def predict_command(
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
     if against:
-        from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
+        from echobench.records.results import load_records
 
         if nodes is not None:
             fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")
@@ -178,7 +178,7 @@ def predict_command(
         for kind, line in held.lines:
             err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
         comparisons, profiles = held.comparisons, held.profiles
-        from echobench.predict.crossval import fit_line, fit_used  # lazy with the rest of predict
+        from echobench.predict.crossval import fit_line, fit_used
 
         used = fit_used()
         if as_json:
@@ -248,8 +248,8 @@ def _validate(path: Path, as_json: bool, write_fit: bool = False, refit: bool = 
     (crossval), the table (or --json), the errors per source and overall; --write-fit commits the
     fit on every row. Exit 0 when it ran, 1 on bad input."""
     from echobench.predict.crossval import crossval, fit_line, fit_used, refit as refit_on, write_fit as write
-    from echobench import predict  # lazy with the rest of predict
-    from echobench.predict.validate import as_json as to_json, scaling_series  # lazy with the rest of predict
+    from echobench import predict
+    from echobench.predict.validate import as_json as to_json, scaling_series
 
     try:
         rows = predict.load_rows(path)

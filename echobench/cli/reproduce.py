@@ -51,12 +51,12 @@ def reproduce(
     first); then per row measured vs published vs predicted: step time, tokens/s per GPU, MFU under
     the row's convention, the differences, and whether the published MFU lies beyond the run's own
     spread (its step-time p10-p90). Exit 0 when every run is ok, 1 when some failed, 2 for bad input."""
-    from echobench.predict.tables import reference_table  # lazy: start-up time of `echobench --help`
-    from echobench.records.results import Record  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import reproduce as rp  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.matrix import expand, load_matrix  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.state import run_dir  # lazy: start-up time of `echobench --help`
+    from echobench.predict.tables import reference_table
+    from echobench.records.results import Record
+    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep
+    from echobench.sweep import reproduce as rp
+    from echobench.sweep.matrix import expand, load_matrix
+    from echobench.sweep.state import run_dir
 
     if executor not in typing.get_args(ExecutorName):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")

@@ -37,7 +37,7 @@ def results(
     two rows): scale, layout, the settings that tell apart otherwise equal rows, GPUs, status, MFU,
     samples/s, step time, peak memory, date (--columns chooses). A record that cannot be read is
     listed as unreadable with its path, whatever the filters."""
-    from echobench.report import listing  # lazy: pandas (scale sizes), start-up time of `echobench --help`
+    from echobench.report import listing
 
     if csv_out is not None and as_json:
         fail("--csv and --json: give one of them")

@@ -64,7 +64,7 @@ def run(
 ):
     """One benchmark run: real training steps of the full model (or, with --card, of a plain decoder from a
     model card); writes OUT/result.json."""
-    from echobench.train.launch import LAUNCHED, dump_stacks_on_signal, launch, rendezvous_problem  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import LAUNCHED, dump_stacks_on_signal, launch, rendezvous_problem
     from echobench.train.metrics_log import metrics_log_problem
 
     if old_profile or old_profile_limit is not None:
@@ -105,8 +105,8 @@ def run(
         if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
             raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
-        from echobench.train.bench import run_benchmark  # lazy: torch and the model, for this command alone
-        from echobench.train.distributed import exit_process  # lazy: torch, for this command alone
+        from echobench.train.bench import run_benchmark
+        from echobench.train.distributed import exit_process
 
         record = run_benchmark(cfg, out, workload)
         if int(os.environ.get("RANK", 0)) == 0 and LAUNCHED not in os.environ:  # echobench's launcher prints it
@@ -141,7 +141,7 @@ def card_workload(cfg):
 
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     """`run --repeats N`: N launches one after another, then the median over the ok ones."""
-    from echobench.train.launch import launch_repeats, under_torchrun  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import launch_repeats, under_torchrun
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
@@ -182,7 +182,7 @@ def print_record(record, out: Path) -> None:
                   scale="8B")
 def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **settings):
     """Parameter and FLOP breakdown of one training sample."""
-    from echobench.model.flops import flops_report, flops_table  # lazy: start-up time of `echobench --help`
+    from echobench.model.flops import flops_report, flops_table
 
     try:
         cfg = RunConfig(**settings)

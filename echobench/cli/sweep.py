@@ -45,8 +45,8 @@ def sweep(
     run is submitted, queued or ok. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
     terminal; elsewhere they keep running: `echobench cancel DIR`). Started with SIGINT ignored (a
     background job of a script, nohup), it keeps ignoring it: SIGTERM stops it."""
-    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep, sigterm_stops_the_sweep  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep, sigterm_stops_the_sweep
+    from echobench.sweep.plan import default_out
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
     try:
@@ -83,10 +83,10 @@ def preflight_command(
     network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
     when one failed or sbatch refused the job, 75 when sbatch takes it later (a submit limit), 130 on
     Ctrl-C. A sweep of the same matrix into the same directory then does not check again."""
-    from echobench.sweep.loop import DONE, FAILED, INTERRUPTED, choose_runs, refusal_code  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.executors import make_executor  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.preflight import run_preflight  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import DONE, FAILED, INTERRUPTED, choose_runs, refusal_code
+    from echobench.sweep.executors import make_executor
+    from echobench.sweep.plan import default_out
+    from echobench.sweep.preflight import run_preflight
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
     try:
@@ -117,7 +117,7 @@ def show_preflight(matrix, runs, executor, sweep_dir: Path) -> None:
     run here (local), on stdout; nothing written or submitted."""
     import shlex
 
-    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec  # lazy: start-up time
+    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec
 
     try:
         executor.check_dir(sweep_dir)
@@ -142,9 +142,9 @@ def cancel(
 ):
     """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
-    from echobench.records.paths import SWEEP_FILE  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.status import cancel_sweep  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
+    from echobench.records.paths import SWEEP_FILE
+    from echobench.sweep.status import cancel_sweep
+    from echobench.sweep.state import CorruptSweepState
 
     if not sweep_dir.is_dir():
         fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
@@ -174,8 +174,8 @@ def status(
     with --wait: every one ok); 1 when any has: its record says error, oom, timeout, node_fail,
     cancelled or preempted, or it cannot be read (corrupt), or there is no run; with --wait, 75 when
     runs are left never submitted (the same `echobench sweep` submits them); 2 for bad input."""
-    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.status import export_status, status as read_status  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.state import CorruptSweepState
+    from echobench.sweep.status import export_status, status as read_status
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
@@ -203,8 +203,8 @@ def status(
 
 def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: bool) -> int:
     """`status`'s exit code (echobench.sweep.loop's codes), what is not DONE said on stderr."""
-    from echobench.sweep.loop import DONE, FAILED, NOT_ALL_SUBMITTED  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.status import failed_runs  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import DONE, FAILED, NOT_ALL_SUBMITTED
+    from echobench.sweep.status import failed_runs
 
     if failed_runs(rows) or problems:
         return FAILED
@@ -221,7 +221,7 @@ def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: b
 
 def show_status(runs_dir: Path, rows: list[dict], paths: list[Path]) -> None:
     """`status`'s table, each error on a line under it, the counts and the exported files."""
-    from echobench.sweep.status import status_table  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.status import status_table
 
     console.print(status_table(f"{runs_dir}: {len(rows)} runs", rows))
     # Errors under the table, one line each (in a table column they fold into a few characters per

@@ -40,12 +40,12 @@ def tune(
     """Search layouts, micro-batch, accumulation, checkpointing, compile, resharding and fp8; prune by
     memory and rules; rank by predicted samples/s; measure the top K and each family's best;
     recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
-    from echobench.predict import machine_device, no_profile_message, profile_for_device  # lazy: start-up time of `echobench --help`
-    from echobench.records.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
-    from echobench.tune.cards import card_problems, card_table  # lazy: as predict
-    from echobench.tune.loop import run_tune, sweep_measure  # lazy: as predict (torch, the sweep)
-    from echobench.tune.output import prior_charges, ranking_table, write_outputs  # lazy: as predict
-    from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning  # lazy: as predict
+    from echobench.predict import machine_device, no_profile_message, profile_for_device
+    from echobench.records.config import RunConfig
+    from echobench.tune.cards import card_problems, card_table
+    from echobench.tune.loop import run_tune, sweep_measure
+    from echobench.tune.output import prior_charges, ranking_table, write_outputs
+    from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning
 
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")

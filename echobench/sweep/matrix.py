@@ -415,9 +415,9 @@ def card_run_problem(cfg: RunConfig) -> str | None:
     before any job is submitted, as `echobench run --card` finds it before its launch; None for Echo."""
     if cfg.card is None:
         return None
-    from echobench.backends.checks import card_problem  # lazy: start-up time of `echobench --help`
+    from echobench.backends.checks import card_problem
     from echobench.predict.card_run import run_card  # lazy: start-up time of `echobench --help`
-    from echobench.predict.errors import PredictError  # lazy: start-up time of `echobench --help`
+    from echobench.predict.errors import PredictError
 
     try:
         return card_problem(cfg, run_card(cfg.card))
