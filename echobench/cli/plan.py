@@ -48,7 +48,7 @@ def plan(
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
     predicted step time and MFU; then where each cluster setting came from (the site file, the
     matrix, a default)."""
-    from echobench.sweep import plan as pl
+    from echobench.sweep.plan import default_out, plan_report, plan_summary, render_job_script
     from echobench.sweep.loop import run_dir
 
     if write_scripts is not None and script is not None:
@@ -56,14 +56,14 @@ def plan(
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, only, site)
     if write_scripts is not None:  # for review on a cluster before spending GPU-hours
         dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
-        sweep_dir = (out or pl.default_out(matrix)).resolve()
+        sweep_dir = (out or default_out(matrix)).resolve()
         try:
             # Logs beside the scripts: SLURM does not start a job whose --output directory is missing.
             (logs := dest / "logs").mkdir(exist_ok=True)
             for run in the_plan.runs:
                 path = dest / f"{run.id}.sh"
                 log = logs.resolve() / f"{run.id}-%j.out" if executor == "slurm" else None
-                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
+                path.write_text(render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
             if executor == "slurm" and the_plan.runs:  # the job a sweep submits first: to read, or sbatch by hand
                 from echobench.sweep.executors import PREFLIGHT_SCRIPT
@@ -87,8 +87,8 @@ def plan(
         if run is None:
             fail(f"no run {script!r} in {matrix_path}: `echobench plan {matrix_path}` lists the run ids")
         try:
-            sweep_dir = (out or pl.default_out(matrix)).resolve()
-            print(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
+            sweep_dir = (out or default_out(matrix)).resolve()
+            print(render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
         except ValueError as exc:
             fail(str(exc))
         return
@@ -97,10 +97,10 @@ def plan(
     profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(
         matrix.spec.hardware.device, fabric=matrix.spec.slurm.fabric)]))
     if as_json:
-        print(json.dumps(pl.plan_summary(the_plan, executor, profiles), indent=2, default=str))
+        print(json.dumps(plan_summary(the_plan, executor, profiles), indent=2, default=str))
         return
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and nine figures
-    for part in pl.plan_report(the_plan, executor, profiles):
+    for part in plan_report(the_plan, executor, profiles):
         wide.print(part)
 
 
