@@ -58,19 +58,12 @@ def run(
     repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
                                 "group writing OUT/repeat-K/result.json; prints the median over them."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
-    old_profile: bool = typer.Option(False, "--profile", hidden=True),  # renamed --trace: refused naming it
-    old_profile_limit: Optional[float] = typer.Option(None, "--profile-limit-s", hidden=True),
     **params,
 ):
     """One benchmark run: real training steps of the full model (or, with --card, of a plain decoder from a
     model card); writes OUT/result.json."""
     from echobench.train.launch import LAUNCHED, dump_stacks_on_signal, launch, rendezvous_problem
     from echobench.train.metrics_log import metrics_log_problem
-
-    if old_profile or old_profile_limit is not None:
-        fail(f"{'--profile' if old_profile else '--profile-limit-s'} was renamed "
-             f"{'--trace' if old_profile else '--trace-limit-s'} (a torch trace of a few steps after the measured "
-             "ones); --profile names a hardware profile in plan, predict, tune and report")
 
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
         dump_stacks_on_signal()
