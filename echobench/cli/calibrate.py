@@ -132,11 +132,8 @@ def calibrate_comm(ctx: typer.Context, dev, dtype_flag: str, dtype, shapes: tupl
                  if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"]
         if given:
             fail(f"--matrix {matrix} gives the shapes (every run of it): drop {', '.join(given)}")
-    try:
-        profile, paths = commcalibrate.calibrate_command(dev, dtype_flag, dtype, shapes, budget_s, nproc, out,
-                                                         max_bytes, comm_budget_s, rendezvous)
-    except commcalibrate.CalibrateError as exc:
-        fail(str(exc), exc.code)
+    profile, paths = commcalibrate.calibrate_command(dev, dtype_flag, dtype, shapes, budget_s, nproc, out,
+                                                     max_bytes, comm_budget_s, rendezvous)
     if profile is not None:
         print_profile(profile, paths)
     exit_process(0)

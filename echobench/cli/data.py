@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from echobench.cli.common import console, data_app, fail, writable_dir
+from echobench.cli.common import console, data_app, writable_dir
 from echobench.records.console import esc
 
 
@@ -39,14 +39,10 @@ def data_index(
     """Index shards written elsewhere (synth indexes its own): each sample's member offsets and lengths, so that
     a reader seeks straight to its own samples. Beside each shard, or in echobench's cache (ECHOBENCH_CACHE)
     when its directory cannot be written; one line per shard. Exits 1 if a shard is damaged or nowhere to write."""
-    from echobench.data import DataError
     from echobench.data.dataset import find_shards
     from echobench.data.index import ensure_index
 
-    try:
-        shards = find_shards(data)
-    except DataError as exc:
-        fail(str(exc))
+    shards = find_shards(data)
     status_of, samples = Counter(), 0
     for shard in shards:
         index, status, detail = ensure_index(shard, rebuild=rebuild)

@@ -171,10 +171,7 @@ def predict_command(
             err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
         if not any(r.status == RunState.OK and r.step_time_s for r in records):
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
-        try:
-            held = predict.against_records(records, profiles)
-        except predict.PredictError as exc:
-            fail(str(exc))
+        held = predict.against_records(records, profiles)
         for kind, line in held.lines:
             err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
         comparisons, profiles = held.comparisons, held.profiles
@@ -200,11 +197,8 @@ def predict_command(
         fail(f"predict takes one matrix ({len(paths)} paths given): for run directories, --against DIR each")
     matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None, only)
     cfgs = [r.cfg for r in the_plan.runs]
-    try:
-        if nodes is not None:
-            cfgs = predict.at_nodes(cfgs, predict.parse_nodes(nodes))
-    except predict.PredictError as exc:
-        fail(str(exc))
+    if nodes is not None:
+        cfgs = predict.at_nodes(cfgs, predict.parse_nodes(nodes))
     if not profiles:
         device = matrix.spec.hardware.device or predict.machine_device(cfgs)
         found = predict.profile_for_device(device, fabric=matrix.spec.slurm.fabric)

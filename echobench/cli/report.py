@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echobench.cli.common import ONLY_HELP, app, console, err_console, fail, load_profiles_or_fail, writable_dir
-from echobench.sweep.matrix import MatrixError, parse_only
+from echobench.sweep.matrix import parse_only
 from echobench.records.console import esc
 from echobench.records.results import RECORD_FILE
 
@@ -31,7 +31,7 @@ def report(
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
     from echobench.report import load_report_input, read_reference, render_dashboard, render_table
-    from echobench.report.tables import RENDERERS, ReferenceError
+    from echobench.report.tables import RENDERERS
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -46,17 +46,11 @@ def report(
         writable_dir(out.parent, f"-o {out}")
     ref = None
     if reference is not None:
-        try:
-            ref = read_reference(reference)
-        except ReferenceError as exc:
-            fail(str(exc))
+        ref = read_reference(reference)
     if not 0 <= margin < 100:
         fail(f"--margin {margin:g}: a percentage from 0 to below 100")
     profiles = load_profiles_or_fail(profile)
-    try:
-        wanted = parse_only(only)
-    except MatrixError as exc:
-        fail(str(exc))
+    wanted = parse_only(only)
     data = load_report_input(paths, wanted)
     if out is not None:  # predicted beside measured: on the profiles given, else on the records' device's
         from echobench.report.data import with_device_predictions, with_predictions

@@ -55,8 +55,8 @@ def reproduce(
     from echobench.records.results import Record
     from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep
     from echobench.sweep.matrix import expand, load_matrix
-    from echobench.sweep.reproduce import (ReproduceError, matrix_name, matrix_text, plan_rows, reference_rows,
-                                           settings_text, site_per_node, site_sections)
+    from echobench.sweep.reproduce import (matrix_name, matrix_text, plan_rows, reference_rows, settings_text,
+                                           site_per_node, site_sections)
     from echobench.sweep.state import run_dir
 
     if executor not in typing.get_args(ExecutorName):
@@ -64,12 +64,9 @@ def reproduce(
     if device not in ("auto", "cuda", "cpu"):
         fail(f"--device {device!r} is not valid: allowed auto, cuda, cpu")
     profiles = load_profiles_or_fail(profile)
-    try:
-        sections = site_sections(site) if site is not None else {}
-        plans = plan_rows(rows_file, [r.strip() for r in rows.split(",") if r.strip()],
-                          site_per_node(sections, executor), scale_down, executor)
-    except ReproduceError as exc:
-        fail(str(exc))
+    sections = site_sections(site) if site is not None else {}
+    plans = plan_rows(rows_file, [r.strip() for r in rows.split(",") if r.strip()],
+                      site_per_node(sections, executor), scale_down, executor)
     for p in plans:
         if p.refused:
             err_console.print(f"[yellow]refused:[/] row {esc(p.id)} ({esc(p.published)}): {esc(p.refused)}",

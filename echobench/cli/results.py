@@ -48,11 +48,8 @@ def results(
         if not find_record_files([p]):
             fail(f"{p}: no result records (result.json) in it or below it: give a sweep or run directory")
     found = listing.list_records(paths)
-    try:
-        rows = listing.select_and_sort(found, only, sort)
-        shown = listing.parse_columns(columns, rows)
-    except listing.ListingError as exc:
-        fail(str(exc))
+    rows = listing.select_and_sort(found, only, sort)
+    shown = listing.parse_columns(columns, rows)
     if csv_out is not None or as_json:  # the rows hold them too; the table lists them under it
         for row in found.unreadable:
             err_console.print(f"[yellow]unreadable record:[/] {esc(row['error'])}", highlight=False, soft_wrap=True)

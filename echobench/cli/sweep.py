@@ -16,7 +16,7 @@ from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, SITE_HELP, app, cons
                                   writable_dir)
 from echobench.records.console import esc, state_counts
 from echobench.records.states import RunState
-from echobench.sweep.matrix import MatrixError, parse_only
+from echobench.sweep.matrix import parse_only
 
 
 @app.command()
@@ -49,10 +49,7 @@ def sweep(
     from echobench.sweep.plan import default_out
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
-    try:
-        runs, skipped = choose_runs(the_plan, only, force, console)
-    except MatrixError as exc:
-        fail(str(exc))
+    runs, skipped = choose_runs(the_plan, only, force, console)
     if not runs:
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
@@ -89,10 +86,7 @@ def preflight_command(
     from echobench.sweep.preflight import run_preflight
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
-    try:
-        runs, _ = choose_runs(the_plan, only, True, Console(file=io.StringIO()))
-    except MatrixError as exc:
-        fail(str(exc))
+    runs, _ = choose_runs(the_plan, only, True, Console(file=io.StringIO()))
     if not runs:
         fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     made = make_executor(executor, matrix)
@@ -144,18 +138,13 @@ def cancel(
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
     from echobench.records.paths import SWEEP_FILE
     from echobench.sweep.status import cancel_sweep
-    from echobench.sweep.state import CorruptSweepState
 
     if not sweep_dir.is_dir():
         fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
     if not (sweep_dir / SWEEP_FILE).is_file():
         fail(f"{sweep_dir}: no {SWEEP_FILE} here: not a sweep directory")
     writable_dir(sweep_dir, f"cancel in {sweep_dir}")
-    try:
-        code = cancel_sweep(sweep_dir, console)
-    except CorruptSweepState as exc:
-        fail(str(exc))
-    raise typer.Exit(code)
+    raise typer.Exit(cancel_sweep(sweep_dir, console))
 
 
 @app.command()
@@ -174,19 +163,11 @@ def status(
     with --wait: every one ok); 1 when any has: its record says error, oom, timeout, node_fail,
     cancelled or preempted, or it cannot be read (corrupt), or there is no run; with --wait, 75 when
     runs are left never submitted (the same `echobench sweep` submits them); 2 for bad input."""
-    from echobench.sweep.state import CorruptSweepState
     from echobench.sweep.status import export_status, status as read_status
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
-    try:
-        wanted = parse_only(only)
-    except MatrixError as exc:
-        fail(str(exc))
-    try:
-        rows, problems = read_status(runs_dir, wait, poll, wanted)
-    except CorruptSweepState as exc:
-        fail(str(exc))
+    rows, problems = read_status(runs_dir, wait, poll, parse_only(only))
     paths = []
     if export:
         writable_dir(runs_dir, f"--export into {runs_dir}")

@@ -49,10 +49,7 @@ def tune(
 
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
-    try:
-        spec = load_tune_file(tune_file, site)
-    except TuneError as exc:
-        fail(str(exc))
+    spec = load_tune_file(tune_file, site)
     updates = {k: v for k, v in (("top_k", top_k), ("budget_gpu_hours", budget), ("executor", executor))
                if v is not None}
     if top_k is not None and not 1 <= top_k <= 20:
