@@ -152,7 +152,7 @@ class Sweep:
     retry_at: float = 0.0  # time.monotonic() before which no submission is tried (after a refusal)
     retry_delay: float = 0.0  # the last back-off; doubles with each refusal in a row
     refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
-    said: set[str] = field(default_factory=set)  # refusals logged already: each once
+    logged_refusals: set[str] = field(default_factory=set)  # each logged once (its run id as RUN)
     comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
     submitted: int = 0  # jobs this sweep submitted
     stopped_by: str = "Ctrl-C"  # what interrupted it (a key of STOPPED_BY)
@@ -279,8 +279,8 @@ class Sweep:
         each refusal logged once, whichever run it was about."""
         self.retry_delay = min(max(self.retry_delay * 2, RETRY_S[0]), RETRY_S[1])
         self.retry_at, self.refusal = time.monotonic() + self.retry_delay, why
-        if (said := why.replace(rid, "RUN")) not in self.said:
-            self.said.add(said)
+        if (refusal := why.replace(rid, "RUN")) not in self.logged_refusals:
+            self.logged_refusals.add(refusal)
             self.log(f"{esc(rid)}: [yellow]not submitted yet[/]: {esc(why)}; it and the runs after it wait and are "
                      f"submitted again " + ("as this sweep's jobs end" if self.tracked else "later")
                      + " (said once)")
