@@ -168,7 +168,7 @@ def test_progress_table_shows_outside_text_verbatim():
     from echobench.sweep import loop as sw
 
     console = Console(record=True, width=300)
-    console.print(sw.Progress(console).table([("run-1", "error", MARKUP)]))
+    console.print(sw.SweepProgress(console).table([("run-1", "error", MARKUP)]))
     text = console.export_text()
     assert text.count(MARKUP) == 1, text
 
@@ -519,7 +519,7 @@ def test_sweep_progress_shows_what_each_run_last_said(tmp_path):
     """On a terminal the sweep's table gives a running run's newest progress line (from its log's
     tail, srun's rank label and all), a finished run's MFU from its record, and a bar of the runs
     finished; log text is printed verbatim."""
-    from echobench.records.console import Progress
+    from echobench.records.console import SweepProgress
 
     running, done = tmp_path / "a", tmp_path / "b"
     (running / "logs").mkdir(parents=True)
@@ -530,7 +530,7 @@ def test_sweep_progress_shows_what_each_run_last_said(tmp_path):
     record.mfu, record.samples_per_s = 0.4567, 12.5
     record.save(done)
     console = Console(record=True, width=300)
-    console.print(Progress(console).table([("a", "running", "job 7", running), ("b", "ok", "", done),
+    console.print(SweepProgress(console).table([("a", "running", "job 7", running), ("b", "ok", "", done),
                                           ("c", "queued", "", None)]))
     text = console.export_text()
     assert f"step 12/40 measured, loss 1.2, MFU 31.0% {MARKUP}" in text and "warm-up" not in text

@@ -25,7 +25,6 @@ OPTIONS = {
             "--master-addr", "--master-port", "--micro-batch", "--nnodes", "--no-compile", "--no-skip-bad-samples",
             "--node-rank", "--nproc", "--out", "--parallelism", "--peak-tflops", "--precision", "--trace", "--log-metrics",
             "--trace-limit-s", "--progress-every-s",
-            "--profile", "--profile-limit-s",  # the old names, hidden: refused naming the new
             "--repeats", "--scale", "--seed", "--sequence-parallel", "--skip-bad-samples", "--speaker-frames",
             "--steps", "--t5-hidden-dim", "--te", "--text-tokens", "--time-limit-s", "--tokenizer", "--tp",
             "--train-encoder", "--warmup-steps",
@@ -71,7 +70,7 @@ DEFAULTS = {
             "speaker_frames": 750, "compile": None, "ac": "none", "seed": 0, "device": "auto",
             "skip_bad_samples": False, "batching": "pad", "buckets": None, "card": None, "encoder_model": None, "frozen_encoder": True, "t5_hidden_dim": None,
             "encoder_checkpoint": None, "tokenizer": None, "trace": False, "fail_at_step": None, "fail_rank": None,
-            "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "old_profile": False, "old_profile_limit": None, "log_metrics": "none", "progress_every_s": 30.0,
+            "fail_kind": "error", "time_limit_s": None, "trace_limit_s": 120.0, "log_metrics": "none", "progress_every_s": 30.0,
             "grad_accum": 1, "key_masking": "auto", "cfg_drop": "mask", "cfg_drop_attention": "split", "master_weights": "auto", "grad_accum_dtype": "auto", "sdpa_backend": "auto", "float8_recipe": "tensorwise",
             "reshard_after_forward": True,
             "grad_reduce_dtype": "fp32", "distributed_optimizer": False, "loader_workers": 0, "gc_every": 50},
@@ -223,24 +222,7 @@ def test_version():
     assert result.exit_code == 0 and result.output.strip() == f"echobench {version('echobench')}"
 
 
-# ---- renamed options and keys: the old name is refused, naming the new one ----
-
-@pytest.mark.parametrize("old, new", [(["--profile"], "--trace"), (["--profile-limit-s", "5"], "--trace-limit-s")])
-def test_run_refuses_an_old_option_naming_the_new_one(tmp_path, old, new):
-    result = CliRunner().invoke(app, ["run", "--scale", "tiny", *old, "--out", str(tmp_path / "x")])
-    assert result.exit_code == 2 and f"was renamed {new} " in result.output and "hardware profile" in result.output
-    assert not (tmp_path / "x").exists()  # refused before anything ran or was written
-
-
-@pytest.mark.parametrize("old, new", [("profile", "trace"), ("profile_limit_s", "trace_limit_s")])
-def test_a_matrix_or_config_file_with_an_old_key_names_the_new_one(tmp_path, old, new):
-    with pytest.raises(MatrixError, match=f"'{old}' \\(renamed '{new}'\\)"):
-        parse_matrix(yaml.safe_dump({"name": "m", "defaults": {old: True if old == "profile" else 5.0}}))
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"scale": "tiny", old: True if old == "profile" else 5.0}))
-    result = CliRunner().invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "x")])
-    assert result.exit_code == 2 and f"'{old}' (renamed '{new}')" in result.output
-
+# ---- keys stored under a former name (records.config.FORMER_NAMES) ----
 
 def test_what_a_run_stored_under_an_old_key_reads_as_the_new_one():
     """A record (or a sweep's run.yaml) written before the rename: its settings read with the new

@@ -28,7 +28,7 @@ from echobench.sweep import loop as sw
 from echobench.sweep import state as sweep_state
 from echobench.sweep import status as sweep_status
 from echobench.sweep.executors import JobState, SubmitLater
-from echobench.sweep.executors.slurm import Seen, SlurmError, SlurmExecutor
+from echobench.sweep.executors.slurm import SlurmError, SlurmExecutor, SlurmJobFields
 from echobench.sweep.matrix import expand, load_matrix
 from echobench.records.results import Record
 
@@ -105,11 +105,11 @@ class FakeScheduler:
                 continue
             if (waits := job[3]) is not None and waits[1] > 0:  # pending, as squeue's %r says why
                 waits[1] -= 1
-                out[job_id] = SlurmExecutor.job_state(job_id, Seen("PENDING", "", waits[0]))
+                out[job_id] = SlurmExecutor.job_state(job_id, SlurmJobFields("PENDING", "", waits[0]))
                 continue
             job[2] -= 1
             if job[2] > 0:
-                out[job_id] = SlurmExecutor.job_state(job_id, Seen("RUNNING", "", "None"))
+                out[job_id] = SlurmExecutor.job_state(job_id, SlurmJobFields("RUNNING", "", "None"))
                 continue
             Record.without_run(job[1], "ok", "").save(run_dir)
             (run_dir / "job-state").write_text(f"exited {job_id} 0 2026-01-01T00:00:00Z\n")
@@ -265,13 +265,13 @@ def test_status_shows_the_pending_reason_and_what_a_dependency_waits_for(tmp_pat
         name, poll_s, max_active = "slurm", 5.0, None
 
         def states(self, jobs):
-            return {j: SlurmExecutor.job_state(j, Seen("PENDING", "", "Dependency")) for j in jobs}
+            return {j: SlurmExecutor.job_state(j, SlurmJobFields("PENDING", "", "Dependency")) for j in jobs}
 
     entry = sweep_state.RunEntry(executor="slurm", job_id="12")
-    looks = sweep_state.look(Pending(), {"r": (entry, tmp_path)}, sweep_state.SweepState(calibration_job="7"))
+    looks = sweep_state.tracked_job_states(Pending(), {"r": (entry, tmp_path)}, sweep_state.SweepState(calibration_job="7"))
     assert looks["r"].detail == "PENDING (Dependency): waits for the calibration job 7"
-    assert SlurmExecutor.job_state("5", Seen("RUNNING", "", "None")).detail == "RUNNING"  # no literal None
-    ended = SlurmExecutor.job_state("5", Seen("CANCELLED", "exit 0:15", "None"))
+    assert SlurmExecutor.job_state("5", SlurmJobFields("RUNNING", "", "None")).detail == "RUNNING"  # no literal None
+    ended = SlurmExecutor.job_state("5", SlurmJobFields("CANCELLED", "exit 0:15", "None"))
     assert ended.detail == "SLURM job 5 ended CANCELLED (exit 0:15)" and ended.state == "cancelled"
 
 

@@ -514,7 +514,7 @@ def measure_adamw(device: torch.device, shapes: Sequence[tuple[int, ...]], budge
 # The host step: the tiny preset at the shortest lengths, where the step is (almost) all host cost.
 HOST_RUN = {"scale": "tiny", "micro_batch": 1, "audio_frames": 16, "text_tokens": 8, "speaker_frames": 16}
 # CPU: a reference step beside it, mostly compute: what a step of measured kernels takes, a check on
-# the compute predict prices from the same profile (issue 42 dropped the factor it was fitted into).
+# the compute predict prices from the same profile (a check only: no factor is fitted to it).
 REFERENCE_RUN = {"scale": "tiny", "micro_batch": 8, "audio_frames": 64, "text_tokens": 16, "speaker_frames": 32}
 
 

@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from echobench.calibrate import commbench as cb
+from echobench.calibrate import commbench
 from echobench.hardware.commfit import fit_links
 from echobench.records.config import FIELDS, RunConfig
 from echobench.records.layout import Layout
+from echobench.records.results import now_iso
 from echobench.train.distributed import DistInfo, dist_info, form_process_group, pick_device, shutdown
-from echobench.hardware.device import default_dtype, device_name, git_commit, now_iso
+from echobench.hardware.device import default_dtype, device_name, git_commit
 from echobench.hardware.profile import (
     AlphaBeta,
     CommPoint,
@@ -114,13 +115,13 @@ def shapes_note(runs) -> str:
     """The runs' shapes in a few words: `tiny at micro-batch 2, 100 audio frames, ...`, one per shape;
     a card run's `card NAME at micro-batch 4, seq 256` (and its TP where it has one)."""
     def words(r) -> str:
-        if hit := cb.card_of(r):
+        if hit := commbench.card_of(r):
             return f"card {r.workload} at micro-batch {r.micro_batch}, seq {hit[1].seq}" + \
                 (f", tp {r.tp}" if r.tp > 1 else "")
         return (f"{r.scale} at micro-batch {r.micro_batch}, {r.audio_frames} audio frames, {r.text_tokens} text tokens, "
                 f"{r.speaker_frames} speaker frames")
 
-    return "; ".join(dict.fromkeys(words(r) for r in cb.as_runs(runs)))
+    return "; ".join(dict.fromkeys(words(r) for r in commbench.as_runs(runs)))
 
 
 def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = None, max_bytes: int | None = None,
@@ -147,15 +148,15 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
     # the step's fresh temporaries fault their pages in; once the process has freed large blocks
     # (the collectives' and element-wise buffers) glibc serves them from its heap and the step runs
     # several times faster than any training step does.
-    optimizer = cb.measure_adamw(device, cb.adamw_shapes(runs, device), compute_budget_s * 0.2)
+    optimizer = commbench.measure_adamw(device, commbench.adamw_shapes(runs, device), compute_budget_s * 0.2)
     if grouped:
-        node_of = cb.node_indices(world)
+        node_of = commbench.node_indices(world)
         hosts = [None] * world
         dist.all_gather_object(hosts, socket.gethostname())
-        limit = min(max_bytes or DEFAULT_MAX_BYTES[kind], cb.free_bytes(device) // 3)
-        limit = int(cb.agree(limit, device, dist.ReduceOp.MIN))
-        plans = cb.plan_groups(node_of)
-        points = cb.measure_collectives(plans, device, limit, comm_budget_s or DEFAULT_COMM_BUDGET_S[kind])
+        limit = min(max_bytes or DEFAULT_MAX_BYTES[kind], commbench.free_bytes(device) // 3)
+        limit = int(commbench.agree(limit, device, dist.ReduceOp.MIN))
+        plans = commbench.plan_groups(node_of)
+        points = commbench.measure_collectives(plans, device, limit, comm_budget_s or DEFAULT_COMM_BUDGET_S[kind])
         gathered = [None] * world
         dist.all_gather_object(gathered, points)
         if rank == 0:
@@ -170,29 +171,30 @@ def calibrate_comm(device: torch.device, runs, *, dtype: torch.dtype | None = No
         node_count = len(set(node_of))
     else:
         node_count = 1
-    runs = cb.as_runs(runs)
+    runs = commbench.as_runs(runs)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     # CPU: the host steps' own shapes too, which predict prices to take the host's share of them
-    priced = runs + ([RunConfig(**cb.HOST_RUN), RunConfig(**cb.REFERENCE_RUN)] if kind == "cpu" else [])
-    gemm = cb.measure_gemms(device, dtype, priced, gemm_budget_s, local)
-    attn = cb.measure_attention(device, dtype, priced, compute_budget_s * 0.6)
-    memory = cb.measure_memory(device, min(MEMORY_BYTES[kind], cb.free_bytes(device) // 8), compute_budget_s * 0.2)
+    priced = runs + ([RunConfig(**commbench.HOST_RUN), RunConfig(**commbench.REFERENCE_RUN)] if kind == "cpu" else [])
+    gemm = commbench.measure_gemms(device, dtype, priced, gemm_budget_s, local)
+    attn = commbench.measure_attention(device, dtype, priced, compute_budget_s * 0.6)
+    memory = commbench.measure_memory(device, min(MEMORY_BYTES[kind], commbench.free_bytes(device) // 8),
+                                      compute_budget_s * 0.2)
     if kind == "cpu":  # a small run's element-wise tensors stay in the core's cache: its bandwidth there too
-        memory += cb.measure_memory(device, CACHE_BYTES, compute_budget_s * 0.1)
+        memory += commbench.measure_memory(device, CACHE_BYTES, compute_budget_s * 0.1)
     memory.append(optimizer)
     own_steps: dict[str, list[float]] = {}
-    host = cb.measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
+    host = commbench.measure_host(DistInfo(rank, world, int(os.environ.get("LOCAL_RANK", 0)), device), dtype,
                         compute_budget_s, local, own_steps)
     # each rank's own steps, none waiting on another: its jitter
     singles = [next((v for k, v in own_steps.items() if Layout.parse(k).single), [])]
     if grouped:
         everyone = [None] * world
         dist.all_gather_object(everyone, (gemm, attn, memory, host, singles[0]))
-        gemm, attn, memory = (cb.slowest([e[i] for e in everyone], key)
+        gemm, attn, memory = (commbench.slowest([e[i] for e in everyone], key)
                               for i, key in ((0, "tflops"), (1, "tflops"), (2, "gbps")))
         host = [max(points, key=lambda p: p.step_s) for points in zip(*(e[3] for e in everyone))]  # slowest rank
         singles = [e[4] for e in everyone]
-    cv = cb.step_jitter(singles)
+    cv = commbench.step_jitter(singles)
     jitter = None if cv is None else StepJitter(
         cv=min(cv, 0.2), source=f"measured: echobench calibrate --comm, the root mean square of each rank's tiny single "
                                 f"steps (commbench.measure_host) over its own median, less 1, pooled over {len(singles)} "

@@ -1,6 +1,11 @@
 """The `echobench` command line (typer). Each command is a thin layer over a module: it parses its
 options, calls the module that owns the work, and prints.
 
+Start-up: `echobench --help` (and every command) imports all the command modules, so a command
+imports what is heavy to load (torch, pandas, scipy, the model, predict, the sweep) inside its
+function, where only that command pays for it; the modules imported at the top of these (sweep.matrix,
+records) do the same. Such an import carries no comment unless it is lazy for another reason.
+
 May import: every package (the top layer).
 """
 

@@ -53,7 +53,7 @@ def calibrate(
     """Measure the achievable GEMM rate of this device (the best of a sweep of shapes); runs then
     report MFU against it too. With --comm: a hardware profile of this machine (profiles/ has the
     shipped ones)."""
-    from echobench.train.launch import rendezvous_problem  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import rendezvous_problem
 
     # The flags are checked before torch is imported (some 2 CPU s): a usage error is said at once.
     try:
@@ -76,9 +76,9 @@ def calibrate(
         fail(problem)
     if comm:
         check_comm_flags(ctx, matrix, settings, out)
-    import torch  # lazy: torch, for the commands that measure
+    import torch
 
-    from echobench.train.distributed import pick_device  # lazy: torch, for the commands that measure
+    from echobench.train.distributed import pick_device
 
     try:
         dev = pick_device(device)
@@ -89,7 +89,7 @@ def calibrate(
         calibrate_comm(dev, dtype, dtypes[dtype], (scale, matrix, settings, site), budget_s, nproc, out, max_bytes,
                        comm_budget_s, (nnodes, node_rank, master_addr, master_port))
         return
-    from echobench.hardware.device import calibrate as measure  # lazy: torch, for the commands that measure
+    from echobench.hardware.device import calibrate as measure
 
     budget_s = 15.0 if budget_s is None else budget_s
     try:
@@ -140,14 +140,11 @@ def calibrate_comm(dev, dtype_flag: str, dtype, shapes: tuple, budget_s, nproc, 
                    comm_budget_s, rendezvous: tuple[int, int, str | None, int]) -> None:
     """`calibrate --comm` (its flags checked: check_comm_flags): commcalibrate.calibrate_command
     (`shapes`: --scale, --matrix and the lengths), then the profile where this process shows it."""
-    from echobench.calibrate import commcalibrate  # lazy: torch, for the commands that measure
-    from echobench.train.distributed import exit_process  # lazy: torch, for the commands that measure
+    from echobench.calibrate import commcalibrate
+    from echobench.train.distributed import exit_process
 
-    try:
-        profile, paths = commcalibrate.calibrate_command(dev, dtype_flag, dtype, shapes, budget_s, nproc, out,
-                                                         max_bytes, comm_budget_s, rendezvous)
-    except commcalibrate.CalibrateError as exc:
-        fail(str(exc), exc.code)
+    profile, paths = commcalibrate.calibrate_command(dev, dtype_flag, dtype, shapes, budget_s, nproc, out,
+                                                     max_bytes, comm_budget_s, rendezvous)
     if profile is not None:
         print_profile(profile, paths)
     exit_process(0)
@@ -155,7 +152,7 @@ def calibrate_comm(dev, dtype_flag: str, dtype, shapes: tuple, budget_s, nproc, 
 
 def print_profile(profile, paths) -> None:
     """A hardware profile's fits and rates, and where it was written."""
-    from echobench.hardware.profile import memory_gbps  # lazy: start-up time of `echobench --help`
+    from echobench.hardware.profile import memory_gbps
 
     table = Table(title=esc(f"{profile.name}: collective fits (time = alpha + bus bytes / bus bandwidth)"))
     for col in ("link", "collective", "alpha us", "bus GB/s", "points", "groups", "rel rms"):

@@ -4,6 +4,7 @@ the checks of paths to write, the RunConfig fields as options, and a matrix's pl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 import tempfile
@@ -14,12 +15,36 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 
+from echobench.cli.errors import known_exit_code
 from echobench.records.config import FIELDS, allowed_text, auto_switch, base_type, choices
 from echobench.records.console import esc
-from echobench.sweep.matrix import MAX_RUNS, ExecutorName, MatrixError, expand, load_matrix, parse_only, select
+from echobench.sweep.matrix import MAX_RUNS, ExecutorName, expand, load_matrix, parse_only, select
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
-data_app = typer.Typer(no_args_is_help=True, help="Training data: write tar shards.")
+
+class App(typer.Typer):
+    """typer's app whose every command says a known error (cli.errors) as one `error:` line with its
+    exit code, wherever in the command it is raised."""
+
+    def command(self, *args, **kwargs) -> Callable:
+        register = super().command(*args, **kwargs)
+        return lambda command: register(says_known_errors(command))
+
+
+def says_known_errors(command: Callable) -> Callable:
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:  # typer.Exit included: not a known error, raised on
+            if (code := known_exit_code(exc)) is None:
+                raise
+            fail(str(exc), code)
+
+    return run
+
+
+app = App(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
+data_app = App(no_args_is_help=True, help="Training data: write tar shards.")
 app.add_typer(data_app, name="data")
 
 
@@ -139,22 +164,16 @@ def load_plan(matrix_path: Path, executor: str | None, max_runs: int | None, onl
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if max_runs is not None and max_runs < 1:
         fail(f"--max-runs {max_runs}: must be >= 1")
-    try:
-        matrix = load_matrix(matrix_path, site)
-        executor = executor or matrix.spec.executor
-        plan = expand(matrix, executor, max_runs)
-        if only:
-            plan = dataclasses.replace(plan, runs=select(plan.runs, parse_only(only)))
-        return matrix, plan, executor
-    except MatrixError as exc:
-        fail(str(exc))
+    matrix = load_matrix(matrix_path, site)
+    executor = executor or matrix.spec.executor
+    plan = expand(matrix, executor, max_runs)
+    if only:
+        plan = dataclasses.replace(plan, runs=select(plan.runs, parse_only(only)))
+    return matrix, plan, executor
 
 
 def load_profiles_or_fail(names: list[str]):
     """The hardware profiles of --profile (echobench.predict.load_profiles); a bad one fails."""
-    from echobench.predict import PredictError, load_profiles  # lazy: start-up time of `echobench --help`
+    from echobench.predict import load_profiles
 
-    try:
-        return load_profiles(names)
-    except PredictError as exc:
-        fail(str(exc))
+    return load_profiles(names)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from echobench.cli.common import console, data_app, fail, writable_dir
+from echobench.cli.common import console, data_app, writable_dir
 from echobench.records.console import esc
 
 
@@ -24,7 +24,7 @@ def data_synth(
     real data's: audio log-normal (median 8 s, sigma 0.6) and reference log-normal (median 10 s, sigma 0.5), both
     clipped to [2 s, --max-seconds]; text at 14 characters per second of audio (x a log-normal factor, sigma 0.15).
     A run on them pads as a user's data does (--data DIR, --batching pad or bucket)."""
-    from echobench.data import synth_shards  # lazy: torch, for the commands that need it
+    from echobench.data import synth_shards
 
     paths = synth_shards(writable_dir(out), shards, samples_per_shard, seed=seed, max_seconds=max_seconds)
     size = sum(p.stat().st_size for p in paths)
@@ -39,14 +39,10 @@ def data_index(
     """Index shards written elsewhere (synth indexes its own): each sample's member offsets and lengths, so that
     a reader seeks straight to its own samples. Beside each shard, or in echobench's cache (ECHOBENCH_CACHE)
     when its directory cannot be written; one line per shard. Exits 1 if a shard is damaged or nowhere to write."""
-    from echobench.data import DataError  # lazy: torch, for the commands that need it
-    from echobench.data.dataset import find_shards  # lazy: torch, for the commands that need it
-    from echobench.data.index import ensure_index  # lazy: torch, for the commands that need it
+    from echobench.data.dataset import find_shards
+    from echobench.data.index import ensure_index
 
-    try:
-        shards = find_shards(data)
-    except DataError as exc:
-        fail(str(exc))
+    shards = find_shards(data)
     status_of, samples = Counter(), 0
     for shard in shards:
         index, status, detail = ensure_index(shard, rebuild=rebuild)

@@ -48,26 +48,26 @@ def plan(
     """Runs of a matrix, skipped ones with the reason, per-GPU memory estimates, GPU-hours,
     predicted step time and MFU; then where each cluster setting came from (the site file, the
     matrix, a default)."""
-    from echobench.sweep import plan as pl  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.loop import run_dir  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.plan import default_out, plan_report, plan_summary, render_job_script
+    from echobench.sweep.loop import run_dir
 
     if write_scripts is not None and script is not None:
         fail("--write-scripts writes every run's script, --script prints one: give one of them")
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, only, site)
     if write_scripts is not None:  # for review on a cluster before spending GPU-hours
         dest = writable_dir(write_scripts, f"--write-scripts {write_scripts}")
-        sweep_dir = (out or pl.default_out(matrix)).resolve()
+        sweep_dir = (out or default_out(matrix)).resolve()
         try:
             # Logs beside the scripts: SLURM does not start a job whose --output directory is missing.
             (logs := dest / "logs").mkdir(exist_ok=True)
             for run in the_plan.runs:
                 path = dest / f"{run.id}.sh"
                 log = logs.resolve() / f"{run.id}-%j.out" if executor == "slurm" else None
-                path.write_text(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
+                path.write_text(render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor, log))
                 path.chmod(0o755)
             if executor == "slurm" and the_plan.runs:  # the job a sweep submits first: to read, or sbatch by hand
-                from echobench.sweep.executors import PREFLIGHT_SCRIPT  # lazy: start-up time of `echobench --help`
-                from echobench.sweep.preflight import preflight_script  # lazy: start-up time of `echobench --help`
+                from echobench.sweep.executors import PREFLIGHT_SCRIPT
+                from echobench.sweep.preflight import preflight_script
 
                 (path := dest / PREFLIGHT_SCRIPT).write_text(
                     preflight_script(matrix, the_plan.runs, sweep_dir, logs.resolve() / "preflight-%j.out"))
@@ -87,20 +87,20 @@ def plan(
         if run is None:
             fail(f"no run {script!r} in {matrix_path}: `echobench plan {matrix_path}` lists the run ids")
         try:
-            sweep_dir = (out or pl.default_out(matrix)).resolve()
-            print(pl.render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
+            sweep_dir = (out or default_out(matrix)).resolve()
+            print(render_job_script(run, run_dir(sweep_dir, run.id), matrix, executor), end="")
         except ValueError as exc:
             fail(str(exc))
         return
-    from echobench.predict import profile_for_device  # lazy: start-up time of `echobench --help`
+    from echobench.predict import profile_for_device
 
     profiles = load_profiles_or_fail(profile) or list(filter(None, [profile_for_device(
         matrix.spec.hardware.device, fabric=matrix.spec.slurm.fabric)]))
     if as_json:
-        print(json.dumps(pl.plan_summary(the_plan, executor, profiles), indent=2, default=str))
+        print(json.dumps(plan_summary(the_plan, executor, profiles), indent=2, default=str))
         return
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and nine figures
-    for part in pl.plan_report(the_plan, executor, profiles):
+    for part in plan_report(the_plan, executor, profiles):
         wide.print(part)
 
 
@@ -139,14 +139,14 @@ def predict_command(
 ):
     """The performance model: each run's predicted step time, its parts, samples/s, MFU, HFU,
     bytes per link and the bandwidth that would hide its exposed communication (docs/explanation/predict.md); with --against, predicted vs measured; with --validate, predicted vs published."""
-    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
+    from echobench import predict
 
     started = clock.perf_counter()
     paths = paths or []
     if validate is not None:
         if paths or against or nodes is not None or profile:
             fail("--validate FILE takes no MATRIX, --against, --nodes or --profile: each row names its shipped profile", 1)
-        _validate(pr, validate, as_json, write_fit, refit)
+        _validate(validate, as_json, write_fit, refit)
         return
     if write_fit or refit:
         fail(f"{'--write-fit' if write_fit else '--refit'} goes with --validate FILE", 1)
@@ -158,7 +158,7 @@ def predict_command(
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
     if against:
-        from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
+        from echobench.records.results import load_records
 
         if nodes is not None:
             fail("--nodes is for `predict MATRIX`: --against holds each record at the node count it ran on")
@@ -171,27 +171,24 @@ def predict_command(
             err_console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
         if not any(r.status == RunState.OK and r.step_time_s for r in records):
             fail(f"no successful runs under {', '.join(map(str, paths))} to predict")
-        try:
-            held = pr.against_records(records, profiles)
-        except pr.PredictError as exc:
-            fail(str(exc))
+        held = predict.against_records(records, profiles)
         for kind, line in held.lines:
             err_console.print(f"[yellow]{kind}:[/] {esc(line)}", highlight=False, soft_wrap=True)
         comparisons, profiles = held.comparisons, held.profiles
-        from echobench.predict.crossval import fit_line, fit_used  # lazy with the rest of predict
+        from echobench.predict.crossval import fit_line, fit_used
 
         used = fit_used()
         if as_json:
             print(json.dumps([{**c.as_dict(), "fit": used} for c in comparisons], indent=2, default=str))
             return
-        wide.print(pr.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
-        s = pr.summary(comparisons)
+        wide.print(predict.comparison_table(comparisons, f"predicted vs measured: {len(comparisons)} runs"))
+        s = predict.summary(comparisons)
         if s["runs"]:
             console.print(f"step time: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%} over "
                           f"{s['runs']} runs (error = (predicted - measured) / measured)"
                           + (f"; MFU: mean |error| {s['mean_abs_mfu_error']:.1%}, max {s['max_abs_mfu_error']:.1%}"
                              if s["mean_abs_mfu_error"] is not None else ""))
-        for line in pr.profile_lines(profiles):
+        for line in predict.profile_lines(profiles):
             console.print(esc(line), highlight=False)
         console.print(esc(fit_line(used) + " (a run on one GPU, a CPU or a measured profile takes none)"),
                       highlight=False, soft_wrap=True)
@@ -200,36 +197,33 @@ def predict_command(
         fail(f"predict takes one matrix ({len(paths)} paths given): for run directories, --against DIR each")
     matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None, only)
     cfgs = [r.cfg for r in the_plan.runs]
-    try:
-        if nodes is not None:
-            cfgs = pr.at_nodes(cfgs, pr.parse_nodes(nodes))
-    except pr.PredictError as exc:
-        fail(str(exc))
+    if nodes is not None:
+        cfgs = predict.at_nodes(cfgs, predict.parse_nodes(nodes))
     if not profiles:
-        device = matrix.spec.hardware.device or pr.machine_device(cfgs)
-        found = pr.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
+        device = matrix.spec.hardware.device or predict.machine_device(cfgs)
+        found = predict.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
         if found is None:
-            fail(pr.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
+            fail(predict.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
                                        "machine's)"))
         profiles = [found]
-    items = pr.predict_runs(cfgs, profiles)
-    none_predicted = bool(cfgs) and not any(isinstance(p, pr.Prediction) for p in items)
+    items = predict.predict_runs(cfgs, profiles)
+    none_predicted = bool(cfgs) and not any(isinstance(p, predict.Prediction) for p in items)
     elapsed = clock.perf_counter() - started
     if as_json:
-        rank = pr.ranks([p for p in items if isinstance(p, pr.Prediction)])
-        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, pr.Prediction)
-                          else {"run_id": pr.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
+        rank = predict.ranks([p for p in items if isinstance(p, predict.Prediction)])
+        print(json.dumps([{**p.as_dict(), "rank": rank[p.run_id]} if isinstance(p, predict.Prediction)
+                          else {"run_id": predict.run_id(c), "error": str(p)} for p, c in zip(items, cfgs)],
                          indent=2, default=str))
         if none_predicted:
             raise typer.Exit(1)  # every object holds its error
         return
-    wide.print(pr.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
+    wide.print(predict.prediction_table(items, cfgs, f"{matrix.name}: {len(cfgs)} runs, PREDICTED (not measured)"))
     for p, c in zip(items, cfgs):
-        if isinstance(p, pr.PredictError):  # in full, one line each: a table cell cuts the fix off
-            err_console.print(f"[red]not predicted:[/] {esc(pr.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
-    for line in pr.profile_lines(profiles):
+        if isinstance(p, predict.PredictError):  # in full, one line each: a table cell cuts the fix off
+            err_console.print(f"[red]not predicted:[/] {esc(predict.run_id(c))}: {esc(p)}", highlight=False, soft_wrap=True)
+    for line in predict.profile_lines(profiles):
         console.print(esc(line), highlight=False)
-    assumed = sorted({n for p in items if isinstance(p, pr.Prediction) for n in p.notes})
+    assumed = sorted({n for p in items if isinstance(p, predict.Prediction) for n in p.notes})
     if notes:
         for note in assumed:
             console.print(f"note: {esc(note)}", highlight=False)
@@ -242,20 +236,21 @@ def predict_command(
         fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
 
 
-def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: bool = False) -> None:
+def _validate(path: Path, as_json: bool, write_fit: bool = False, refit: bool = False) -> None:
     """`predict --validate FILE`: each row priced at the committed fit (validation/fit.json; --refit:
     at the fit on FILE's own rows, in-sample), the rows cross-validated leaving each source out
     (crossval), the table (or --json), the errors per source and overall; --write-fit commits the
     fit on every row. Exit 0 when it ran, 1 on bad input."""
     from echobench.predict.crossval import crossval, fit_line, fit_used, refit as refit_on, write_fit as write
-    from echobench.predict.validate import as_json as to_json, scaling_series  # lazy with the rest of predict
+    from echobench import predict
+    from echobench.predict.validate import as_json as to_json, scaling_series
 
     try:
-        rows = pr.load_rows(path)
+        rows = predict.load_rows(path)
         cv = crossval(rows)
         fit = refit_on(cv, path) if refit else None
-        results = pr.validate(rows, terms=fit)
-    except pr.PredictError as exc:
+        results = predict.validate(rows, terms=fit)
+    except predict.PredictError as exc:
         fail(str(exc), 1)
     if write_fit:
         console.print(f"wrote {esc(write(cv, path))}", highlight=False)
@@ -266,15 +261,15 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
         return
     at = "IN-SAMPLE, at the fit refitted on its rows" if refit else "at the committed fit"
     wide = Console(width=None if sys.stdout.isatty() else 250)  # a row per run: thirteen columns
-    wide.print(pr.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED ({at}) vs published",
+    wide.print(predict.validation_table(results, f"{path}: {len(results)} published runs, PREDICTED ({at}) vs published",
                                    cv["loso_errors"], in_sample=refit))
     for r in results:
         if r.refused is not None:
             console.print(f"refused: {esc(r.id)}: {esc(r.refused)}", highlight=False, soft_wrap=True)
     for note in sorted({n for r in results for n in r.notes}):
         console.print(f"note: {esc(note)}", highlight=False, soft_wrap=True)
-    wide.print(pr.crossval_table(cv))
-    summary = pr.validation_summary(results)
+    wide.print(predict.crossval_table(cv))
+    summary = predict.validation_summary(results)
     console.print(esc(fit_line(used)), highlight=False, soft_wrap=True)
     if summary["priced"]:
         held = summary["held_out"]
@@ -293,7 +288,7 @@ def _validate(pr, path: Path, as_json: bool, write_fit: bool = False, refit: boo
                       + (f"{cv['loso']['mean_abs_error']:.1%}, max {cv['loso']['max_abs_error']:.1%} over "
                          f"{cv['loso']['rows']} rows of {cv['sources']} sources" if cv["loso"]["rows"] else "- (no row priced)"),
                       highlight=False, soft_wrap=True)
-    committed = pr.committed_fit()
+    committed = predict.committed_fit()
     if set(committed.fitted_on) == set(cv["in_sample_errors"]) and committed.clock != cv["fit"]:
         console.print(f"the committed fit is stale for these rows (refitted: {esc(cv['fit'])}): rerun with --write-fit",
                       highlight=False, soft_wrap=True)

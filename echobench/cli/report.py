@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from echobench.cli.common import ONLY_HELP, app, console, err_console, fail, load_profiles_or_fail, writable_dir
-from echobench.sweep.matrix import MatrixError, parse_only
+from echobench.sweep.matrix import parse_only
 from echobench.records.console import esc
 from echobench.records.results import RECORD_FILE
 
@@ -30,8 +30,8 @@ def report(
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE", help=ONLY_HELP),
 ):
     """Dashboard (self-contained HTML) and publication tables, from stored result records only."""
-    from echobench.report import load_report_input, read_reference, render_dashboard, render_table  # lazy: pandas
-    from echobench.report.tables import RENDERERS, ReferenceError  # lazy: pandas, start-up time of `echobench --help`
+    from echobench.report import load_report_input, read_reference, render_dashboard, render_table
+    from echobench.report.tables import RENDERERS
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -46,20 +46,14 @@ def report(
         writable_dir(out.parent, f"-o {out}")
     ref = None
     if reference is not None:
-        try:
-            ref = read_reference(reference)
-        except ReferenceError as exc:
-            fail(str(exc))
+        ref = read_reference(reference)
     if not 0 <= margin < 100:
         fail(f"--margin {margin:g}: a percentage from 0 to below 100")
     profiles = load_profiles_or_fail(profile)
-    try:
-        wanted = parse_only(only)
-    except MatrixError as exc:
-        fail(str(exc))
+    wanted = parse_only(only)
     data = load_report_input(paths, wanted)
     if out is not None:  # predicted beside measured: on the profiles given, else on the records' device's
-        from echobench.report.data import with_device_predictions, with_predictions  # lazy: pandas
+        from echobench.report.data import with_device_predictions, with_predictions
 
         if profiles:
             data = with_predictions(data, profiles, margin / 100)
@@ -69,7 +63,7 @@ def report(
             data = with_device_predictions(data, margin / 100)
     problems = list(data.problems)
     if ref is not None:
-        from echobench.report.tables import unmatched_rows  # lazy: pandas
+        from echobench.report.tables import unmatched_rows
 
         problems += unmatched_rows(ref, data.frame, reference)
     for problem in problems:
@@ -81,7 +75,7 @@ def report(
     if table is not None:
         sys.stdout.write(render_table(data.frame, table, ref))
     if out is not None:
-        from echobench.report.dashboard import runs_csv  # lazy: pandas
+        from echobench.report.dashboard import runs_csv
 
         table_file = out.with_name(f"{out.stem}.runs.csv")  # beside the page, named after it: two pages, two files
         try:
@@ -104,9 +98,9 @@ def compare(
 ):
     """Pair configurations, print throughput / MFU changes; exit 1 when any lost more than the
     threshold and its step times say the slowdown is significant."""
-    from echobench.report import compare_records  # lazy: pandas, start-up time of `echobench --help`
-    from echobench.report.compare import comparison_report  # lazy: pandas, start-up time of `echobench --help`
-    from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
+    from echobench.report import compare_records
+    from echobench.report.compare import comparison_report
+    from echobench.records.results import load_records
 
     for p in (old, new):
         if not p.exists():
@@ -144,7 +138,7 @@ def explain(
     sweep directory that holds card runs (echobench reproduce, a matrix with `card`) beside Echo runs:
     one sentence per reference, how it stands against its published MFU next to Echo's MFU on the
     same device, and so whether an Echo gap is the model's or the cluster's."""
-    from echobench.train.breakdown import explain_report, read_profiled_run, waterfall  # lazy: start-up time of --help
+    from echobench.train.breakdown import explain_report, read_profiled_run, waterfall
 
     if run_dir.is_dir() and not (run_dir / RECORD_FILE).is_file() and explain_references(run_dir, as_json):
         return
@@ -168,8 +162,8 @@ def explain(
 def explain_references(sweep_dir: Path, as_json: bool) -> bool:
     """`explain SWEEP`: each card run's sentence beside the best Echo run on its device
     (predict.reference: ReferenceRow.beside); False when the directory holds no card run."""
-    from echobench.predict.reference import best_echo, reference_row  # lazy: start-up time of `echobench --help`
-    from echobench.records.results import load_records  # lazy: start-up time of `echobench --help`
+    from echobench.predict.reference import best_echo, reference_row
+    from echobench.records.results import load_records
 
     records, problems = load_records([sweep_dir])
     cards = sorted((r for r in records if r.card), key=lambda r: (r.card.get("label") or r.scale, r.run_id))

@@ -51,38 +51,36 @@ def reproduce(
     first); then per row measured vs published vs predicted: step time, tokens/s per GPU, MFU under
     the row's convention, the differences, and whether the published MFU lies beyond the run's own
     spread (its step-time p10-p90). Exit 0 when every run is ok, 1 when some failed, 2 for bad input."""
-    from echobench.predict.tables import reference_table  # lazy: start-up time of `echobench --help`
-    from echobench.records.results import Record  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import reproduce as rp  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.matrix import expand, load_matrix  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.state import run_dir  # lazy: start-up time of `echobench --help`
+    from echobench.predict.tables import reference_table
+    from echobench.records.results import Record
+    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep
+    from echobench.sweep.matrix import expand, load_matrix
+    from echobench.sweep.reproduce import (matrix_name, matrix_text, plan_rows, reference_rows, settings_text,
+                                           site_per_node, site_sections)
+    from echobench.sweep.state import run_dir
 
     if executor not in typing.get_args(ExecutorName):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
     if device not in ("auto", "cuda", "cpu"):
         fail(f"--device {device!r} is not valid: allowed auto, cuda, cpu")
     profiles = load_profiles_or_fail(profile)
-    try:
-        sections = rp.site_sections(site) if site is not None else {}
-        plans = rp.plan_rows(rows_file, [r.strip() for r in rows.split(",") if r.strip()],
-                             rp.site_per_node(sections, executor), scale_down, executor)
-    except rp.ReproduceError as exc:
-        fail(str(exc))
+    sections = site_sections(site) if site is not None else {}
+    plans = plan_rows(rows_file, [r.strip() for r in rows.split(",") if r.strip()],
+                      site_per_node(sections, executor), scale_down, executor)
     for p in plans:
         if p.refused:
             err_console.print(f"[yellow]refused:[/] row {esc(p.id)} ({esc(p.published)}): {esc(p.refused)}",
                               highlight=False, soft_wrap=True)
     if not any(p.settings for p in plans):
         fail(f"no row of {rows_file} given can run here (why: above, a line each)")
-    name = rp.matrix_name(rows_file)
+    name = matrix_name(rows_file)
     out = writable_dir(out or Path("runs") / name)
     if peak_tflops is not None:
         sections = {**sections, "hardware": {**sections.get("hardware", {}), "peak_tflops": peak_tflops}}
     command = " ".join(["echobench reproduce", *sys.argv[2:]]) if sys.argv[1:2] == ["reproduce"] else "echobench reproduce"
     matrix_path = out / "reproduce.yaml"
-    matrix_path.write_text(rp.matrix_text(plans, name, executor, {"steps": steps, "warmup_steps": warmup_steps,
-                                                                  "device": device}, sections, command))
+    matrix_path.write_text(matrix_text(plans, name, executor, {"steps": steps, "warmup_steps": warmup_steps,
+                                                               "device": device}, sections, command))
     try:
         matrix = load_matrix(matrix_path)
         the_plan = expand(matrix, executor)
@@ -93,7 +91,7 @@ def reproduce(
         if p.settings is None:
             continue
         console.print(f"row {esc(p.id)}: published {esc(p.published)} on {p.row['hardware']['gpus']} GPU(s) -> "
-                      f"{esc(rp.settings_text(p.settings))}: run {esc(runs.get(p.settings['card'], '(skipped)'))}",
+                      f"{esc(settings_text(p.settings))}: run {esc(runs.get(p.settings['card'], '(skipped)'))}",
                       highlight=False, soft_wrap=True)
         for line in [f"changed: {c}" for c in p.changes] + [f"note: {n}" for n in p.notes]:
             console.print(f"  {esc(line)}", highlight=False, soft_wrap=True)
@@ -103,9 +101,9 @@ def reproduce(
                       highlight=False, soft_wrap=True)
         return
     try:
-        chosen, skipped = sw.choose_runs(the_plan, [], False, console)
-        opts = sw.SweepOptions(executor=executor, out=out, ask=ask_on_a_terminal())
-        code = sw.run_sweep(matrix, chosen, opts, console, skipped)
+        chosen, skipped = choose_runs(the_plan, [], False, console)
+        opts = SweepOptions(executor=executor, out=out, ask=ask_on_a_terminal())
+        code = run_sweep(matrix, chosen, opts, console, skipped)
     except (MatrixError, ValueError) as exc:
         fail(str(exc))
     records = {}
@@ -115,7 +113,7 @@ def reproduce(
             records[rid] = Record.load(path)
         except (OSError, ValueError):
             continue  # said per row below
-    ref_rows, lines = rp.reference_rows(plans, runs, records, profiles)
+    ref_rows, lines = reference_rows(plans, runs, records, profiles)
     wide = Console(width=None if sys.stdout.isatty() else 200)
     wide.print(reference_table(ref_rows, f"{rows_file}: {len(ref_rows)} rows, MEASURED vs published vs predicted"))
     for r in ref_rows:

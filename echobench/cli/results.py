@@ -37,7 +37,7 @@ def results(
     two rows): scale, layout, the settings that tell apart otherwise equal rows, GPUs, status, MFU,
     samples/s, step time, peak memory, date (--columns chooses). A record that cannot be read is
     listed as unreadable with its path, whatever the filters."""
-    from echobench.report import listing  # lazy: pandas (scale sizes), start-up time of `echobench --help`
+    from echobench.report import listing
 
     if csv_out is not None and as_json:
         fail("--csv and --json: give one of them")
@@ -48,11 +48,8 @@ def results(
         if not find_record_files([p]):
             fail(f"{p}: no result records (result.json) in it or below it: give a sweep or run directory")
     found = listing.list_records(paths)
-    try:
-        rows = listing.select_and_sort(found, only, sort)
-        shown = listing.parse_columns(columns, rows)
-    except listing.ListingError as exc:
-        fail(str(exc))
+    rows = listing.select_and_sort(found, only, sort)
+    shown = listing.parse_columns(columns, rows)
     if csv_out is not None or as_json:  # the rows hold them too; the table lists them under it
         for row in found.unreadable:
             err_console.print(f"[yellow]unreadable record:[/] {esc(row['error'])}", highlight=False, soft_wrap=True)

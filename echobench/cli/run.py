@@ -58,22 +58,15 @@ def run(
     repeats: int = typer.Option(1, "--repeats", help="Independent launches of these settings, each a fresh process "
                                 "group writing OUT/repeat-K/result.json; prints the median over them."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (megatron): sets --parallelism tpN."),
-    old_profile: bool = typer.Option(False, "--profile", hidden=True),  # renamed --trace: refused naming it
-    old_profile_limit: Optional[float] = typer.Option(None, "--profile-limit-s", hidden=True),
     **params,
 ):
     """One benchmark run: real training steps of the full model (or, with --card, of a plain decoder from a
     model card); writes OUT/result.json."""
-    from echobench.train import launch as ln  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import LAUNCHED, dump_stacks_on_signal, launch, rendezvous_problem
     from echobench.train.metrics_log import metrics_log_problem
 
-    if old_profile or old_profile_limit is not None:
-        fail(f"{'--profile' if old_profile else '--profile-limit-s'} was renamed "
-             f"{'--trace' if old_profile else '--trace-limit-s'} (a torch trace of a few steps after the measured "
-             "ones); --profile names a hardware profile in plan, predict, tune and report")
-
     if nproc is None:  # a rank: SLURM's USR1 before the time limit puts its stacks in the log (from here on)
-        ln.dump_stacks_on_signal()
+        dump_stacks_on_signal()
     settings = run_settings(ctx, params, config)
     code = 0  # torchrun's exit code, with --nproc
     if tp is not None:
@@ -94,22 +87,22 @@ def run(
     if "scale" not in settings and cfg.card is None:  # no default: one would benchmark the 0.35M-parameter toy on a GPU node
         fail("--scale is required: tiny (0.35M parameters, a smoke test on a CPU), 800M, 3B or 8B (Echo TTS as "
              "trained); or scale in the --config file")
-    if nproc is not None and (problem := ln.rendezvous_problem(nnodes, node_rank, master_addr)):
+    if nproc is not None and (problem := rendezvous_problem(nnodes, node_rank, master_addr)):
         fail(problem)
     writable_dir(out)
     if repeats != 1:
         run_repeats(cfg, out, repeats, nproc, nnodes, node_rank, master_addr, master_port)
         return
     if nproc is not None:
-        record, code = ln.launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
+        record, code = launch(cfg, out, nproc, nnodes, node_rank, master_addr, master_port)
         if record is None:  # not node 0: node 0's launcher owns the record; this one exits as torchrun did,
             raise typer.Exit(code)  # so that srun --kill-on-bad-exit stops the job when this node failed
     else:
-        from echobench.train.bench import run_benchmark  # lazy: torch and the model, for this command alone
-        from echobench.train.distributed import exit_process  # lazy: torch, for this command alone
+        from echobench.train.bench import run_benchmark
+        from echobench.train.distributed import exit_process
 
         record = run_benchmark(cfg, out, workload)
-        if int(os.environ.get("RANK", 0)) == 0 and ln.LAUNCHED not in os.environ:  # echobench's launcher prints it
+        if int(os.environ.get("RANK", 0)) == 0 and LAUNCHED not in os.environ:  # echobench's launcher prints it
             print_record(record, out)
         # A non-zero exit makes torchrun stop the other ranks.
         exit_process(0 if record.status == RunState.OK else 1)
@@ -127,7 +120,7 @@ def card_workload(cfg):
     if cfg.card is None:
         return None
     from echobench.backends.checks import card_problem
-    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.run import run_card
     from echobench.predict.errors import PredictError
 
     try:
@@ -141,7 +134,7 @@ def card_workload(cfg):
 
 def run_repeats(cfg, out: Path, repeats: int, *launch_args) -> None:
     """`run --repeats N`: N launches one after another, then the median over the ok ones."""
-    from echobench.train.launch import launch_repeats, under_torchrun  # lazy: start-up time of `echobench --help`
+    from echobench.train.launch import launch_repeats, under_torchrun
 
     if repeats < 1:
         fail(f"--repeats {repeats}: must be >= 1")
@@ -182,7 +175,7 @@ def print_record(record, out: Path) -> None:
                   scale="8B")
 def flops(as_json: bool = typer.Option(False, "--json", help="Print JSON."), **settings):
     """Parameter and FLOP breakdown of one training sample."""
-    from echobench.model.flops import flops_report, flops_table  # lazy: start-up time of `echobench --help`
+    from echobench.model.flops import flops_report, flops_table
 
     try:
         cfg = RunConfig(**settings)

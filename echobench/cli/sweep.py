@@ -16,7 +16,7 @@ from echobench.cli.common import (MAX_RUNS_HELP, ONLY_HELP, SITE_HELP, app, cons
                                   writable_dir)
 from echobench.records.console import esc, state_counts
 from echobench.records.states import RunState
-from echobench.sweep.matrix import MatrixError, parse_only
+from echobench.sweep.matrix import parse_only
 
 
 @app.command()
@@ -45,22 +45,19 @@ def sweep(
     run is submitted, queued or ok. Ctrl-C with SLURM jobs queued asks whether to cancel them (on a
     terminal; elsewhere they keep running: `echobench cancel DIR`). Started with SIGINT ignored (a
     background job of a script, nohup), it keeps ignoring it: SIGTERM stops it."""
-    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import SweepOptions, choose_runs, run_sweep, sigterm_stops_the_sweep
+    from echobench.sweep.plan import default_out
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
-    try:
-        runs, skipped = sw.choose_runs(the_plan, only, force, console)
-    except MatrixError as exc:
-        fail(str(exc))
+    runs, skipped = choose_runs(the_plan, only, force, console)
     if not runs:
         fail("no runs to do: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     try:
-        opts = sw.SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
+        opts = SweepOptions(executor=executor, out=out or default_out(matrix), wait=wait,
                                retry_failed=retry_failed, poll_s=poll, ask=ask_on_a_terminal(), preflight=preflight)
         opts.out = writable_dir(opts.out)
-        with sw.sigterm_stops_the_sweep():
-            code = sw.run_sweep(matrix, runs, opts, console, skipped)
+        with sigterm_stops_the_sweep():
+            code = run_sweep(matrix, runs, opts, console, skipped)
     except ValueError as exc:
         fail(str(exc))
     raise typer.Exit(code)
@@ -83,16 +80,13 @@ def preflight_command(
     network NCCL chose for it. One line per check with the fix; exit 0 when every check passed, 1
     when one failed or sbatch refused the job, 75 when sbatch takes it later (a submit limit), 130 on
     Ctrl-C. A sweep of the same matrix into the same directory then does not check again."""
-    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.executors import make_executor  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.plan import default_out  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.preflight import run_preflight  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import DONE, FAILED, INTERRUPTED, choose_runs, refusal_code
+    from echobench.sweep.executors import make_executor
+    from echobench.sweep.plan import default_out
+    from echobench.sweep.preflight import run_preflight
 
     matrix, the_plan, executor = load_plan(matrix_path, executor, max_runs, site=site)
-    try:
-        runs, _ = sw.choose_runs(the_plan, only, True, Console(file=io.StringIO()))
-    except MatrixError as exc:
-        fail(str(exc))
+    runs, _ = choose_runs(the_plan, only, True, Console(file=io.StringIO()))
     if not runs:
         fail("no runs to check: every combination was skipped or filtered out (see `echobench plan`)", code=1)
     made = make_executor(executor, matrix)
@@ -104,12 +98,12 @@ def preflight_command(
         made.check_dir(sweep_dir)
         result = run_preflight(matrix, runs, made, sweep_dir, console)
     except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C): the preflight job was cancelled", sw.INTERRUPTED)
+        fail("interrupted (Ctrl-C): the preflight job was cancelled", INTERRUPTED)
     except ValueError as exc:  # check_dir: a sweep directory the executor cannot use
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - sbatch's refusal: one line
-        fail(f"the preflight job was not submitted: {exc}", sw.refusal_code(exc))
-    raise typer.Exit(sw.DONE if result.passed else sw.FAILED)
+        fail(f"the preflight job was not submitted: {exc}", refusal_code(exc))
+    raise typer.Exit(DONE if result.passed else FAILED)
 
 
 def show_preflight(matrix, runs, executor, sweep_dir: Path) -> None:
@@ -117,7 +111,7 @@ def show_preflight(matrix, runs, executor, sweep_dir: Path) -> None:
     run here (local), on stdout; nothing written or submitted."""
     import shlex
 
-    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec  # lazy: start-up time
+    from echobench.sweep.preflight import local_command, preflight_script, preflight_spec
 
     try:
         executor.check_dir(sweep_dir)
@@ -142,20 +136,15 @@ def cancel(
 ):
     """End a sweep's jobs: scancel of every job not yet over, then their records (cancelled, as the
     sweep writes them). Runs already over keep theirs; cancelling twice is harmless."""
-    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
-    from echobench.records.paths import SWEEP_FILE  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
+    from echobench.records.paths import SWEEP_FILE
+    from echobench.sweep.status import cancel_sweep
 
     if not sweep_dir.is_dir():
         fail(f"{sweep_dir}: no such directory: give the sweep's directory (`echobench sweep --out DIR`)")
     if not (sweep_dir / SWEEP_FILE).is_file():
         fail(f"{sweep_dir}: no {SWEEP_FILE} here: not a sweep directory")
     writable_dir(sweep_dir, f"cancel in {sweep_dir}")
-    try:
-        code = sws.cancel_sweep(sweep_dir, console)
-    except CorruptSweepState as exc:
-        fail(str(exc))
-    raise typer.Exit(code)
+    raise typer.Exit(cancel_sweep(sweep_dir, console))
 
 
 @app.command()
@@ -174,23 +163,15 @@ def status(
     with --wait: every one ok); 1 when any has: its record says error, oom, timeout, node_fail,
     cancelled or preempted, or it cannot be read (corrupt), or there is no run; with --wait, 75 when
     runs are left never submitted (the same `echobench sweep` submits them); 2 for bad input."""
-    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
-    from echobench.sweep.state import CorruptSweepState  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.status import export_status, status as read_status
 
     if not runs_dir.is_dir():
         fail(f"{runs_dir} is not a directory")
-    try:
-        wanted = parse_only(only)
-    except MatrixError as exc:
-        fail(str(exc))
-    try:
-        rows, problems = sws.status(runs_dir, wait, poll, wanted)
-    except CorruptSweepState as exc:
-        fail(str(exc))
+    rows, problems = read_status(runs_dir, wait, poll, parse_only(only))
     paths = []
     if export:
         writable_dir(runs_dir, f"--export into {runs_dir}")
-        paths, unreadable = sws.export_status(runs_dir, rows)
+        paths, unreadable = export_status(runs_dir, rows)
         problems += unreadable
     for p in problems:
         err_console.print(f"[yellow]skipped a corrupt record:[/] {esc(p)}", highlight=False, soft_wrap=True)
@@ -203,27 +184,27 @@ def status(
 
 def status_code(runs_dir: Path, rows: list[dict], problems: list[str], waited: bool) -> int:
     """`status`'s exit code (echobench.sweep.loop's codes), what is not DONE said on stderr."""
-    from echobench.sweep import loop as sw  # lazy: start-up time of `echobench --help`
-    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.loop import DONE, FAILED, NOT_ALL_SUBMITTED
+    from echobench.sweep.status import failed_runs
 
-    if sws.failed_runs(rows) or problems:
-        return sw.FAILED
+    if failed_runs(rows) or problems:
+        return FAILED
     if not rows:
         print_error(f"{runs_dir}: no runs here (neither a sweep directory nor one of result.json)")
-        return sw.FAILED
+        return FAILED
     if waited and (left := [r for r in rows if r["state"] != RunState.OK]):
         states = state_counts(r["state"] for r in left)
         err_console.print(f"[yellow]{len(left)} of {len(rows)} runs never submitted[/] ({esc(states)}): the same "
                           f"`echobench sweep` submits them", highlight=False, soft_wrap=True)
-        return sw.NOT_ALL_SUBMITTED
-    return sw.DONE
+        return NOT_ALL_SUBMITTED
+    return DONE
 
 
 def show_status(runs_dir: Path, rows: list[dict], paths: list[Path]) -> None:
     """`status`'s table, each error on a line under it, the counts and the exported files."""
-    from echobench.sweep import status as sws  # lazy: start-up time of `echobench --help`
+    from echobench.sweep.status import status_table
 
-    console.print(sws.status_table(f"{runs_dir}: {len(rows)} runs", rows))
+    console.print(status_table(f"{runs_dir}: {len(rows)} runs", rows))
     # Errors under the table, one line each (in a table column they fold into a few characters per
     # line): cut at a terminal's width, whole in a log or pipe. In full: --json, or RUN/result.json.
     if errors := [r for r in rows if r.get("error")]:

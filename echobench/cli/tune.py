@@ -40,19 +40,16 @@ def tune(
     """Search layouts, micro-batch, accumulation, checkpointing, compile, resharding and fp8; prune by
     memory and rules; rank by predicted samples/s; measure the top K and each family's best;
     recalibrate and re-rank until the measured winner is the predicted one or the budget is spent."""
-    from echobench import predict as pr  # lazy: start-up time of `echobench --help`
-    from echobench.records.config import RunConfig  # lazy: start-up time of `echobench --help` (the presets)
-    from echobench.tune.cards import card_problems, card_table  # lazy: as predict
-    from echobench.tune.loop import run_tune, sweep_measure  # lazy: as predict (torch, the sweep)
-    from echobench.tune.output import prior_charges, ranking_table, write_outputs  # lazy: as predict
-    from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning  # lazy: as predict
+    from echobench.predict import machine_device, no_profile_message, profile_for_device
+    from echobench.records.config import RunConfig
+    from echobench.tune.cards import card_problems, card_table
+    from echobench.tune.loop import run_tune, sweep_measure
+    from echobench.tune.output import prior_charges, ranking_table, write_outputs
+    from echobench.tune.space import TuneError, build_problem, load_tune_file, sharing_warning
 
     if executor not in (None, *typing.get_args(ExecutorName)):
         fail(f"--executor {executor!r} is not valid: allowed {', '.join(typing.get_args(ExecutorName))}")
-    try:
-        spec = load_tune_file(tune_file, site)
-    except TuneError as exc:
-        fail(str(exc))
+    spec = load_tune_file(tune_file, site)
     updates = {k: v for k, v in (("top_k", top_k), ("budget_gpu_hours", budget), ("executor", executor))
                if v is not None}
     if top_k is not None and not 1 <= top_k <= 20:
@@ -76,10 +73,10 @@ def tune(
             cfg = RunConfig.from_dict({**spec.defaults, "scale": spec.scale[0]})
         except (TypeError, ValueError) as exc:
             fail(f"{tune_file}: defaults: {exc}")
-        device = spec.hardware.get("device") or pr.machine_device([cfg])
-        prof = pr.profile_for_device(device, fabric=spec.slurm.get("fabric"))
+        device = spec.hardware.get("device") or machine_device([cfg])
+        prof = profile_for_device(device, fabric=spec.slurm.get("fabric"))
         if prof is None:
-            fail(pr.no_profile_message(f"tune file {tune_file} (device {device!r}: its hardware.device, else this "
+            fail(no_profile_message(f"tune file {tune_file} (device {device!r}: its hardware.device, else this "
                                        "machine's)") + "; or give --profile")
     try:
         problems = [build_problem(spec, scale, nodes, prof) for scale in spec.scale for nodes in spec.nodes]

@@ -1,5 +1,5 @@
 """Per-shard indexes: where each sample's members lie in its tar shard, so that a reader seeks
-straight to its own samples instead of walking every tar header of every shard (issue 24).
+straight to its own samples instead of walking every tar header of every shard.
 
     SHARD.tar.idx.jsonl   beside the shard; in echobench's cache (ECHOBENCH_CACHE/shard-index/)
                           when the shard's directory cannot be written

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from echobench.hardware import nccltuning as nt
+from echobench.hardware.nccltuning import least_latency_s
 from echobench.hardware.profile import AlphaBeta, CommPoint, bus_factor
 
 
@@ -81,7 +81,7 @@ def _at_largest(point: CommPoint, points: Sequence[CommPoint], op: str, link: st
     below half its time)."""
     def latency(p: CommPoint) -> float:
         ppn = p.per_node if link == "inter" and p.per_node else p.group_size
-        return nt.least_latency_s(op, p.group_size, max(1, p.group_size // ppn))
+        return least_latency_s(op, p.group_size, max(1, p.group_size // ppn))
 
     largest = max(points, key=lambda p: p.group_size)
     return point.model_copy(update={"seconds": max(point.seconds / 2, point.seconds + latency(largest) - latency(point))})

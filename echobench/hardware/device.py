@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from echobench.records.atomic import write_json_atomic
 from echobench.records.config import FIELDS, RunConfig
 from echobench.records.paths import cache_dir
 from echobench.records.peaks import peak_precision_of, table_peak
-from echobench.records.results import scheduler_context  # torch-free there: launch's records read it too
+from echobench.records.results import now_iso, scheduler_context  # torch-free there: launch's records read it too
 
 class UnknownPeakError(RuntimeError):
     pass
@@ -339,10 +338,6 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         pass
     return None
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def driver_version() -> str | None:

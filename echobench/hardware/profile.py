@@ -51,7 +51,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from echobench.hardware import nccltuning as nt
+from echobench.hardware.nccltuning import cheapest, least_latency_s
 from echobench.records.atomic import write_text_atomic
 from echobench.records.yamltext import read_yaml
 
@@ -339,8 +339,8 @@ def collective_cost(profile: HardwareProfile, op: str, nbytes: float, group_size
     top = profile.topology
     nvls = link == "intra" and top is not None and top.nvlink == "switch" and top.nvls
     net_us = net_step_us(profile)
-    fixed = max(0.0, fit.alpha_s - nt.least_latency_s(op, size0, nodes0, nvls, net_us))
-    choice = nt.cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls, net_us)
+    fixed = max(0.0, fit.alpha_s - least_latency_s(op, size0, nodes0, nvls, net_us))
+    choice = cheapest(op, nbytes, n, nodes, gbps, bus_bytes, nvls, net_us)
     return CollectiveCost(fixed + choice.seconds, fixed + choice.latency_s, choice.bus_gbps, choice.algorithm,
                           choice.protocol, fit)
 

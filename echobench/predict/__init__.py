@@ -59,8 +59,8 @@ dtype's size). Compiled runs: work.ELEMENTWISE's 1.68 x / 2.23 x those bytes, 3B
 micro-batch 8 taken for every run, because counting inductor's kernels takes 40 .. 90 s per reduced
 count (two per configuration, 2 CPU cores): ECHOBENCH_COUNT_COMPILED=1 counts each run's instead
 (about 1.4 .. 1.9 x forward and 2.0 .. 2.5 x backward for 800M .. 8B). A count that fails (no torch)
-keeps the fixed eager ratios 3.3 x forward and 5.22 x backward (6.0 / 9.5 against the smaller
-activation estimate before issue 34). A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
+keeps the fixed eager ratios 3.3 x forward and 5.22 x backward (counted as 6.0 / 9.5 against an
+earlier activation estimate 1.82 x smaller). A float8 run (GPU): its float8 linears' casts, transposes and amax reductions on top
 (work.float8_work). The prediction's notes say which.
 
 AdamW: 56 bytes per parameter (foreach, CPU: counted) or 28 (fused, GPU: p, g, m, v read, p, m, v

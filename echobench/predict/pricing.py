@@ -447,7 +447,7 @@ def in_situ_factor(rates: Rates) -> float:
     """The factor on a step's GEMM, attention and element-wise time beyond the physical rates: the
     profile's `in_step`, which only `echobench tune` fits (to the runs it measured); 1 otherwise. A
     CPU's kernels inside a step are priced as measured: the element-wise bytes counted at the DRAM
-    add's bandwidth (device_seconds), the host's cost per op from its host points; issue 42
-    removed the factor two host steps fitted (it took the model's error on the reference step for a
+    add's bandwidth (device_seconds), the host's cost per op from its host points; no factor is
+    fitted to the host steps (one that was took the model's error on the reference step for a
     property of the CPU)."""
     return rates.profile.in_step.factor if rates.profile.in_step else 1.0

@@ -13,8 +13,9 @@ from echobench.model.flops import param_counts, speaker_patches
 from echobench.predict.memory import activation_elements_per_sample, state_shards
 
 # Element-wise bytes per byte of saved activations (the package's docstring), where a step is not
-# counted. Eager: counted as (6.0, 9.5) against memory.activation_elements_per_sample before issue 34's
-# count, which made it 1.82x larger on the tiny steps they were counted on: divided by 1.82. Compiled:
+# counted. Eager: counted as (6.0, 9.5) against an earlier activation estimate, which the count of
+# memory.activation_elements_per_sample found 1.82x too small on the tiny steps they were counted on:
+# divided by 1.82. Compiled:
 # 3B's count of inductor's kernels at micro-batch 8, bf16 (`tools/trace_elementwise.py --ratios 800M 3B`; 800M's 1.43 /
 # 2.01), in place of the 1.1 / 1.65 once assumed, which the H200's profiled 3B compiled step (its
 # element-wise time twice what those bytes priced) and the count both found too few.

@@ -316,14 +316,14 @@ class RunConfig:
 
 FIELDS = {f.name: f for f in fields(RunConfig)}
 
-# Keys given a new name: in a matrix, tune or --config file the old one is refused naming the new
-# (unknown_key); in what a run stored (a record's config, a sweep's run.yaml) it is read as the new.
-RENAMED_KEYS = {"profile": "trace", "profile_limit_s": "trace_limit_s"}
+# Keys that runs stored under a former name (records and run.yaml files written before the rename):
+# read under the new name there, and nowhere else (a matrix, tune or --config file gives the new).
+FORMER_NAMES = {"profile": "trace", "profile_limit_s": "trace_limit_s"}
 
 
 def upgraded(settings: dict) -> dict:
-    """Stored settings (a record's config, a run.yaml) with renamed keys under their new names."""
-    return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
+    """Stored settings (a record's config, a run.yaml) with FORMER_NAMES under their new names."""
+    return {FORMER_NAMES.get(k, k): v for k, v in settings.items()}
 
 
 def card_label(card: str) -> str:
@@ -354,9 +354,6 @@ def unknown_key(keys: list[str], allowed: list[str], what: str = "key", prefix: 
     each with the one or two allowed keys nearest in spelling (a typo's likely fix), then the allowed keys."""
     named = []
     for key in keys:
-        if RENAMED_KEYS.get(key) in allowed:
-            named.append(f"{prefix + str(key)!r} (renamed {prefix + RENAMED_KEYS[key]!r})")
-            continue
         near = " or ".join(map(repr, difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)))
         named.append(f"{prefix + str(key)!r}" + (f" (did you mean {near}?)" if near else ""))
     return f"unknown {what}{'s' if len(keys) > 1 else ''} {', '.join(named)}: allowed {', '.join(allowed)}"
@@ -510,7 +507,7 @@ def configuration(settings: dict, with_nodes: bool = True) -> dict:
     (and `nodes` unless with_nodes: a configuration's scaling runs). A key the settings lack, as in
     a record older than the key, takes its default. The one definition of "configuration" that the
     dashboard, the tables and `compare` share: runs of equal configurations pool like repeats.
-    (FORMER_DEFAULTS: the keys whose default changed take their former one; RENAMED_KEYS are read
+    (FORMER_DEFAULTS: the keys whose default changed take their former one; FORMER_NAMES are read
     under their new names.)"""
     merged = {**{name: f.default for name, f in FIELDS.items()}, **FORMER_DEFAULTS, **upgraded(settings)}
     return {k: v for k, v in merged.items() if k not in MEASUREMENT_KEYS and (with_nodes or k != "nodes")}

@@ -79,7 +79,7 @@ def outcome_text(run_dir) -> str | None:
 
 
 @dataclass
-class Progress:
+class SweepProgress:
     """A sweep's live view on a terminal: a bar of the runs finished, then a table of every run with
     its state and what it last said (a running run: its newest progress line, step, MFU, memory; a
     finished one: its MFU). Elsewhere (a log file, CI) the sweep's log lines say it all."""

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 from echobench.records.atomic import write_json_atomic
-from echobench.records.console import Progress, esc, log, state_counts, state_markup
+from echobench.records.console import SweepProgress, esc, log, state_counts, state_markup
 from echobench.records.paths import comm_calibrated
+from echobench.records.results import now_iso
 from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.estimate import time_limit_s
 from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_attempt, finish_without_record,
@@ -47,8 +48,8 @@ from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
 from echobench.sweep.preflight import passed_before, run_preflight
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, record_state, run_dir,
-                                   run_state, settle, skipped_entry, waiting)
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, record_state, run_dir, run_state, settle,
+                                   skipped_entry, tracked_job_states, waiting)
 from echobench.sweep.status import cancel_sweep, table_of
 
 RETRY_S = (10.0, 300.0)  # a refused submission: tried again after 10 s, doubling up to 5 min (sooner when a job ends)
@@ -151,7 +152,7 @@ class Sweep:
     retry_at: float = 0.0  # time.monotonic() before which no submission is tried (after a refusal)
     retry_delay: float = 0.0  # the last back-off; doubles with each refusal in a row
     refusal: str = ""  # the last refusal that passes with time ("" once a submission is taken)
-    said: set[str] = field(default_factory=set)  # refusals logged already: each once
+    logged_refusals: set[str] = field(default_factory=set)  # each logged once (its run id as RUN)
     comm_log: str | None = None  # a comm calibration job this sweep waits on: its log, named if no profile comes
     submitted: int = 0  # jobs this sweep submitted
     stopped_by: str = "Ctrl-C"  # what interrupted it (a key of STOPPED_BY)
@@ -170,7 +171,7 @@ class Sweep:
         and failed ones with --retry-failed, are to submit; jobs still going are tracked again; ok
         runs never rerun."""
         to_submit, failed_before = [], []
-        looks = self.look(runs)
+        looks = self.tracked_job_states(runs)
         for run in runs:
             st, _, error = run_state(run.cfg, self.run_dir(run), self.state.runs.get(run.id), self.executor,
                                      looks.get(run.id))
@@ -186,10 +187,10 @@ class Sweep:
         self.save()
         return to_submit, failed_before
 
-    def look(self, runs) -> dict[str, JobState | None]:
+    def tracked_job_states(self, runs) -> dict[str, JobState | None]:
         """One look at the executor for the jobs of these runs not settled (run id -> state)."""
-        return look(self.executor, {r.id: (e, self.run_dir(r)) for r in runs if (e := self.state.runs.get(r.id))},
-                    self.state)
+        return tracked_job_states(self.executor, {r.id: (e, self.run_dir(r)) for r in runs
+                                                  if (e := self.state.runs.get(r.id))}, self.state)
 
     def preflight(self, runs: list[PlannedRun]) -> int:
         """SLURM, with runs to submit: the preflight job first (echobench.sweep.preflight), unless this very
@@ -278,13 +279,13 @@ class Sweep:
         each refusal logged once, whichever run it was about."""
         self.retry_delay = min(max(self.retry_delay * 2, RETRY_S[0]), RETRY_S[1])
         self.retry_at, self.refusal = time.monotonic() + self.retry_delay, why
-        if (said := why.replace(rid, "RUN")) not in self.said:
-            self.said.add(said)
+        if (refusal := why.replace(rid, "RUN")) not in self.logged_refusals:
+            self.logged_refusals.add(refusal)
             self.log(f"{esc(rid)}: [yellow]not submitted yet[/]: {esc(why)}; it and the runs after it wait and are "
                      f"submitted again " + ("as this sweep's jobs end" if self.tracked else "later")
                      + " (said once)")
 
-    def room(self) -> bool:
+    def may_submit(self) -> bool:
         """Whether the executor takes another job now: under max_active, no refusal to wait out."""
         cap = self.executor.max_active
         return (cap is None or len(self.tracked) < cap) and time.monotonic() >= self.retry_at
@@ -293,7 +294,7 @@ class Sweep:
         """Submits from the front of the queue while there is room; a run the executor cannot take
         now stays first. Whether any was submitted (or refused for good)."""
         taken = False
-        while queue and self.room():
+        while queue and self.may_submit():
             if not self.submit(queue[0]):
                 break
             queue.pop(0)
@@ -309,7 +310,7 @@ class Sweep:
     def poll(self) -> bool:
         """Asks after every tracked job in one look; one that is over leaves the tracked ones,
         logged (and lets refused submissions be tried again at once). Whether anything changed."""
-        looks = self.look(list(self.tracked.values()))
+        looks = self.tracked_job_states(list(self.tracked.values()))
         changed = False
         for rid, run in list(self.tracked.items()):
             entry = self.state.runs[rid]
@@ -332,7 +333,7 @@ class Sweep:
         when Ctrl-C stopped the waiting. A scheduler's jobs are polled less often while nothing
         changes (poll_s doubling up to longest_poll; back to poll_s at a change)."""
         interval = poll_s
-        with Progress(self.console) as progress:
+        with SweepProgress(self.console) as progress:
             try:
                 while queue or self.tracked:
                     changed = self.submit_ready(queue)

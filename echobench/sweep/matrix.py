@@ -400,12 +400,12 @@ def run_memory(cfg: RunConfig) -> MemoryEstimate:
     """A planned run's per-GPU memory: Echo's estimate (predict.memory); a card run's from its card
     (predict.cards.memory at the layout `predict --against` prices the run with, autocast included),
     with the same overhead beside it (on a CPU without the resident baseline its run measures)."""
-    from echobench.predict.memory import MemoryEstimate, estimate_memory, on_gpu, overhead_bytes  # lazy: start-up time of `echobench --help`
+    from echobench.predict.memory import MemoryEstimate, estimate_memory, on_gpu, overhead_bytes
 
     if cfg.card is None:
         return estimate_memory(cfg)
-    from echobench.predict.cards.memory import card_memory_parts  # lazy: start-up time of `echobench --help`
-    from echobench.predict.cards.run import measured_layout, run_card  # lazy: start-up time of `echobench --help`
+    from echobench.predict.cards.memory import card_memory_parts
+    from echobench.predict.cards.run import measured_layout, run_card
 
     workload = run_card(cfg.card)
     precision = cfg.precision_on("cpu" if cfg.device == "cpu" else "cuda")
@@ -420,9 +420,9 @@ def card_run_problem(cfg: RunConfig) -> str | None:
     before any job is submitted, as `echobench run --card` finds it before its launch; None for Echo."""
     if cfg.card is None:
         return None
-    from echobench.backends.checks import card_problem  # lazy: start-up time of `echobench --help`
-    from echobench.predict.cards.run import run_card  # lazy: start-up time of `echobench --help`
-    from echobench.predict.errors import PredictError  # lazy: start-up time of `echobench --help`
+    from echobench.backends.checks import card_problem
+    from echobench.predict.cards.run import run_card
+    from echobench.predict.errors import PredictError
 
     try:
         return card_problem(cfg, run_card(cfg.card))

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -18,7 +17,7 @@ from echobench.records.config import RunConfig, run_id
 from echobench.sweep.executors import (CorruptRecord, Executor, JobState, current_record, finish_without_record, job_states, sweep_transport)
 from echobench.records.paths import SWEEP_FILE
 from echobench.train.launch import lost_node_record
-from echobench.records.results import Record, validation_text
+from echobench.records.results import Record, now_iso, validation_text
 from echobench.records.states import ACTIVE, RunState
 RUN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$"
 # A scheduler's jobs: the poll interval doubles while nothing changes, up to MAX_POLL_S while every job waits
@@ -42,10 +41,6 @@ def longest_poll(poll_s: float, states) -> float:
     """The poll back-off's cap for jobs in these states (pending, running, ...): RUNNING_POLL_S once one
     runs, MAX_POLL_S while none does (both at most ECHOBENCH_MAX_POLL_S); never below poll_s."""
     return max(poll_s, poll_cap(RUNNING_POLL_S if RunState.RUNNING in states else MAX_POLL_S))
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def run_dir(sweep_dir: Path, rid: str) -> Path:
@@ -144,8 +139,8 @@ def waiting(entry: RunEntry | None) -> bool:
     return entry is not None and not entry.job_id and not entry.settled
 
 
-def look(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
-         sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
+def tracked_job_states(executor: Executor, entries: dict[str, tuple[RunEntry, Path]],
+                       sweep_state: SweepState | None = None) -> dict[str, JobState | None]:
     """One look at the executor for every job not settled (run id -> (entry, run directory)):
     run id -> the job's state, None where the scheduler did not answer about it (no news). A job
     pending on a dependency says which of the sweep's jobs it waits for."""
@@ -164,8 +159,9 @@ def waits_for(state: SweepState) -> str:
 
 
 def settle(cfg: RunConfig, rd: Path, entry: RunEntry, executor: Executor, job: JobState | None) -> str:
-    """A tracked job's state now (`job`: the executor's answer at this look, from `look`; None: no
-    news, the state stays); once it is over, its record exists (written here if need be)."""
+    """A tracked job's state now (`job`: the executor's answer at this look, from
+    `tracked_job_states`; None: no news, the state stays); once it is over, its record exists
+    (written here if need be)."""
     if entry.settled:
         return record_state(rd)[0]
     if job is None:

@@ -11,14 +11,14 @@ from rich.table import Table
 from echobench.records.config import RunConfig
 from echobench.records.console import esc, fmt, log, state_markup
 from echobench.records.paths import SWEEP_FILE
-from echobench.records.results import RECORD_FILE, Record, export_table, load_records, record_settings, records_frame
+from echobench.records.results import (RECORD_FILE, Record, export_table, load_records, now_iso, record_settings,
+                                       records_frame)
 from echobench.records.rundir import RUN_YAML, read_run_config, read_run_settings
 from echobench.records.states import ACTIVE, RunState
 from echobench.sweep.matrix import settings_match
 from echobench.sweep.executors import Executor, JobState, finish_without_record, job_states, make_executor
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, look, now_iso, run_dir, run_state,
-                                   settle,
-                                   waiting)
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, run_dir, run_state, settle,
+                                   tracked_job_states, waiting)
 
 
 def table_of(run_dirs: list[Path], out_dir: Path) -> tuple[list[dict], list[Path], list[str]]:
@@ -64,8 +64,8 @@ def refresh_status(sweep_dir: Path) -> list[dict]:
     looks: dict[str, JobState | None] = {}
     for name in {entry.executor for _, _, entry in readable.values() if entry}:
         executors[name] = make_executor(name)
-        looks.update(look(executors[name], {rid: (entry, rd) for rid, (_, rd, entry) in readable.items()
-                                            if entry and entry.executor == name}, state))
+        mine = {rid: (entry, rd) for rid, (_, rd, entry) in readable.items() if entry and entry.executor == name}
+        looks.update(tracked_job_states(executors[name], mine, state))
     for rid, (cfg, rd, entry) in readable.items():
         name = entry.executor if entry else "local"
         st, record, error = run_state(cfg, rd, entry, executors.setdefault(name, make_executor(name)), looks.get(rid))
@@ -162,7 +162,7 @@ def cancel_sweep(sweep_dir: Path, console, state: SweepState | None = None, wait
 
     def settle_all(live: dict, executor: Executor, why: str | None = None) -> dict:
         """Settles what is over (or, with `why`, everything: recorded cancelled); returns the rest."""
-        looks = look(executor, {rid: (e, rd) for rid, (_, rd, e) in live.items()})
+        looks = tracked_job_states(executor, {rid: (e, rd) for rid, (_, rd, e) in live.items()})
         rest = {}
         for rid, (cfg, rd, e) in live.items():
             st = settle(cfg, rd, e, executor, looks.get(rid))

@@ -340,7 +340,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
             discard_profiler(profiler)
 
     return {
-        **window_figures(info, window, losses, memory),
+        **rank_report(info, window, losses, memory),
         # samples, model / hardware / padded FLOPs, tokens per stream, the workload's own figures
         **work.figures(setup, window.notes, dtype),
         "backend_info": setup.info,
@@ -358,7 +358,7 @@ def run_loop(cfg: RunConfig, info: DistInfo, out_dir: Path, work: Workload, peak
     }
 
 
-def window_figures(info: DistInfo, window, losses: list, memory: dict) -> dict:
+def rank_report(info: DistInfo, window, losses: list, memory: dict) -> dict:
     """What every run reports of its measured window, Echo's or a card's: this rank's step times and
     data waits, the losses of its steps and its `memory` (memory_stats, on a CPU with baseline_gib as
     baseline_rss_gib)."""

@@ -27,13 +27,14 @@ from pathlib import Path
 import yaml
 
 from echobench.records.config import RunConfig
+from echobench.records.results import now_iso
 from echobench.records.states import RunState
 from echobench.hardware.profile import HardwareProfile, InStepFactor, save_profile
 from echobench.sweep.matrix import expand, parse_matrix
 from echobench.predict import predict
 from echobench.predict.pricing import Rates, in_situ_factor
 from echobench.sweep.loop import SweepOptions, run_sweep
-from echobench.sweep.state import now_iso, record_state, run_dir
+from echobench.sweep.state import record_state, run_dir
 from echobench.tune.space import Candidate, Problem, TuneError, TuneFile, cluster_sections, picks, tied
 
 FIT_BOUNDS = (1 / 3, 3.0)  # InStepFactor's

@@ -14,8 +14,7 @@ from rich.table import Table
 from echobench.records.atomic import write_json_atomic
 from echobench.records.console import esc
 from echobench.records.layout import Layout
-from echobench.sweep.state import now_iso
-from echobench.records.results import slower_p_value
+from echobench.records.results import now_iso, slower_p_value
 from echobench.records.paths import TUNE_FILE
 from echobench.records.states import RunState
 from echobench.tune.cards import CardProblem, card_entry

@@ -45,7 +45,7 @@ RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 
 
 @dataclass
-class Seen:
+class SlurmJobFields:
     """What sacct or squeue said of one job."""
     state: str
     detail: str = ""  # sacct: "exit N:S"
@@ -53,7 +53,7 @@ class Seen:
     nodes: str = ""  # its node list
 
 
-def said(word: str) -> bool:
+def slurm_field_set(word: str) -> bool:
     """Whether a field of SLURM's says anything: it prints None (or nothing) where it has no reason."""
     return bool(word) and word not in ("None", "(null)", "n/a")
 
@@ -284,12 +284,12 @@ class SlurmExecutor:
 
     # ---- the scheduler's view: the job's own file, then one sacct, then one squeue for all ----
 
-    def _sacct(self, job_ids: list[str]) -> tuple[dict[str, Seen], bool]:
+    def _sacct(self, job_ids: list[str]) -> tuple[dict[str, SlurmJobFields], bool]:
         """({job id: what sacct says}, whether sacct answered). Accounting is switched off only when
         sacct says there is none; any other failure is no answer this time."""
         if self.accounting is False:
             return {}, True
-        seen: dict[str, Seen] = {}
+        seen: dict[str, SlurmJobFields] = {}
         for k in range(0, len(job_ids), self.batch):
             chunk = job_ids[k:k + self.batch]
             try:
@@ -310,13 +310,13 @@ class SlurmExecutor:
                 job_id, state, code, reason, nodes = (line.strip().split("|") + [""] * 4)[:5]
                 if job_id in chunk and state.split() and job_id not in seen:
                     # "CANCELLED by 0" -> CANCELLED
-                    seen[job_id] = Seen(state.split()[0], f"exit {code}" if code else "", reason, nodes)
+                    seen[job_id] = SlurmJobFields(state.split()[0], f"exit {code}" if code else "", reason, nodes)
         return seen, True  # a job missing here is not in the database yet
 
-    def _squeue(self, job_ids: list[str]) -> tuple[dict[str, Seen], bool]:
+    def _squeue(self, job_ids: list[str]) -> tuple[dict[str, SlurmJobFields], bool]:
         """({job id: what squeue says}, whether squeue answered): finished jobs too (-t all), for
         MinJobAge after they end. An id the controller no longer knows is left out."""
-        seen: dict[str, Seen] = {}
+        seen: dict[str, SlurmJobFields] = {}
         for k in range(0, len(job_ids), self.batch):
             chunk = job_ids[k:k + self.batch]
             try:
@@ -331,7 +331,7 @@ class SlurmExecutor:
             for line in proc.stdout.splitlines():
                 job_id, state, reason, nodes = (line.strip().split("|") + [""] * 3)[:4]
                 if job_id in chunk and state:
-                    seen[job_id] = Seen(state, "", reason, nodes)
+                    seen[job_id] = SlurmJobFields(state, "", reason, nodes)
         return seen, True
 
     def states(self, jobs: dict[str, Path]) -> dict[str, JobState]:
@@ -376,12 +376,12 @@ class SlurmExecutor:
         for line in proc.stdout.splitlines():
             node, state, reason = (line.strip().split("|") + [""] * 2)[:3]
             if re.search(r"down|fail|drain|not_responding|\*", state, re.IGNORECASE):
-                out[node] = state + (f" ({reason})" if said(reason) else "")
+                out[node] = state + (f" ({reason})" if slurm_field_set(reason) else "")
         return out
 
     @classmethod
-    def job_state(cls, job_id: str, seen: Seen, down: dict[str, str] | None = None) -> JobState:
-        reason = seen.reason if said(seen.reason) else ""
+    def job_state(cls, job_id: str, seen: SlurmJobFields, down: dict[str, str] | None = None) -> JobState:
+        reason = seen.reason if slurm_field_set(seen.reason) else ""
         words = " ".join(filter(None, [seen.state, f"({reason})" if reason else "", seen.detail]))
         if seen.state in PENDING:
             return JobState(RunState.PENDING, words, reason=reason, never=never_starts(reason) or "")
