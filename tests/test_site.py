@@ -193,22 +193,23 @@ def test_tune_reproduce_and_calibrate_take_the_same_site(tmp_path):
 def test_a_tunes_written_matrices_name_its_site_and_carry_only_their_own_values(tmp_path, by):
     """A tune given a site file (its site: key, or --site) writes its measuring matrix and its winner's
     with `site:` (the path from where each is written) and only the tune file's own sections: each
-    loads and plans the same runs as the matrix of the merged settings did, and a site changed
-    afterwards is what the written matrix runs with."""
+    loads and plans the same runs as the matrix of the merged settings did, which are the runs the tune
+    measures (the site's hardware taken alike), and a site changed afterwards is what the written matrix
+    runs with."""
     from test_predict import profile
     from echobench.tune.loop import measure_matrix_text
     from echobench.tune.output import write_winner
     from echobench.tune.space import build_problem, load_tune_file
 
-    # No hardware.peak_tflops: the tune's candidates do not take it while the sweep's runs do, so their
-    # run ids would differ (a known gap of the tune, apart from what this test holds).
+    # hardware as the shipped sites set it: the sweep's runs take its peak_tflops, and device auto becomes cuda
     def tune_site(partition):
-        return write(tmp_path / "sites" / "site.yaml", {"executor": "slurm", "hardware": {"memory_gib": 64},
-                                                        "slurm": {"partition": partition, "gpus_per_node": 2}})
+        return write(tmp_path / "sites" / "site.yaml", {
+            "executor": "slurm", "hardware": {"device": "GH200", "peak_tflops": 990, "memory_gib": 64},
+            "slurm": {"partition": partition, "gpus_per_node": 2}})
 
     site = tune_site("debug")
     own = {"name": "t", "scale": "tiny", "gpus_per_node": 2, "slurm": {"time": "00:20:00"},
-           "defaults": {k: v for k, v in TINY.items() if k not in ("scale", "micro_batch")}}
+           "defaults": {k: v for k, v in TINY.items() if k not in ("scale", "micro_batch", "device")}}
     tune = write(tmp_path / "tunes" / "t.yaml", {**own, "site": "../sites/site.yaml"} if by == "key" else own)
     spec = load_tune_file(tune, site if by == "flag" else None)
     problem = build_problem(spec, "tiny", 1, profile(device="CPU synthetic", gpus_per_node=2))
@@ -229,6 +230,9 @@ def test_a_tunes_written_matrices_name_its_site_and_carry_only_their_own_values(
         return matrix.spec.slurm, [(r.id, r.cfg) for r in expand(matrix, "slurm").runs]
 
     assert runs(measure) == runs(merged) and len(runs(measure)[1]) == 2
+    # the sweep runs what the tune measures: the same run ids (else "the sweep would not run ...")
+    assert sorted(rid for rid, _ in runs(measure)[1]) == sorted(c.run_id for c in chosen)
+    assert {(cfg.peak_tflops, cfg.device) for _, cfg in runs(measure)[1]} == {(990, "cuda")}
     assert runs(measure)[0].partition == "debug" and runs(measure)[0].time == "00:20:00"
     winner = Path(write_winner(spec, problem, chosen[0], tune_dir)["matrix"])
     assert yaml.safe_load(winner.read_text())["site"] == "../../sites/site.yaml"

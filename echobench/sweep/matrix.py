@@ -330,6 +330,19 @@ def check_size(matrix: Matrix, max_runs: int | None = None) -> None:
                             f"(max_runs: N in the file, or --max-runs N)")
 
 
+def with_hardware(settings: dict[str, Any], hardware: HardwareSettings) -> dict[str, Any]:
+    """A run's settings (a RunConfig dict) as a matrix's hardware section makes them: its peak_tflops
+    where the run sets none, and device auto made cuda where hardware.device names a GPU (a datasheet
+    row: every row is one), since without one the run is an error (bench.no_gpu_problem). The sweep's
+    runs and the tune's candidates both take it, so that their run ids agree."""
+    out = dict(settings)
+    if hardware.peak_tflops is not None and "peak_tflops" not in out:
+        out["peak_tflops"] = hardware.peak_tflops
+    if out.get("device", "auto") == "auto" and hardware.device is not None and table_peak(hardware.device) is not None:
+        out["device"] = "cuda"
+    return out
+
+
 def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = None) -> Plan:
     """Every run of the matrix, in file order; invalid combinations become SkippedRun.
     Raises MatrixError when it would give more than max_runs runs (check_size)."""
@@ -337,10 +350,6 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
     spec = matrix.spec
     executor = executor or spec.executor
     base = dict(matrix.defaults)
-    if spec.hardware.peak_tflops is not None and "peak_tflops" not in base:
-        base["peak_tflops"] = spec.hardware.peak_tflops
-    # hardware.device naming a GPU (a datasheet row: every row is one) makes the runs' device auto cuda.
-    gpu_named = spec.hardware.device is not None and table_peak(spec.hardware.device) is not None
     # Processes per node of a run that is not `single`: local.gpus_per_node on the local executor,
     # else (and where it is unset) slurm.gpus_per_node.
     per_node = (spec.local.gpus_per_node if executor == "local" else None) or spec.slurm.gpus_per_node
@@ -360,10 +369,8 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
         if "gpus_per_node" not in full:
             layout = full.get("parallelism", FIELDS["parallelism"].default)
             full["gpus_per_node"] = 1 if is_layout(layout) and Layout.parse(layout).single else per_node
-        if full.get("device", "auto") == "auto" and gpu_named:
-            full["device"] = "cuda"  # a matrix for a GPU: without one the run is an error (bench.no_gpu_problem)
         try:
-            cfg = RunConfig.from_dict(full)
+            cfg = RunConfig.from_dict(with_hardware(full, spec.hardware))
         except (TypeError, ValueError) as exc:
             plan.skipped.append(SkippedRun(settings, str(exc)))
             continue

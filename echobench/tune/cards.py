@@ -207,9 +207,9 @@ def card_runs(spec: TuneFile, problem: CardProblem) -> None:
     seen: dict[str, str] = {}
     for c in problem.ranked:
         settings = card_settings(c.layout, card_file, problem.nodes, problem.gpus_per_node)
-        why = refusal(problem.card, c.layout) or settings_problem({**spec.defaults, **settings}, spec.executor)
+        why = refusal(problem.card, c.layout) or settings_problem(spec.run_settings(settings), spec.executor)
         if why is None:
-            cfg = RunConfig.from_dict({**spec.defaults, **settings})
+            cfg = RunConfig.from_dict(spec.run_settings(settings))
             if (same := seen.get(run_id(cfg))) is not None:
                 why = f"the same echobench run as {same}"
             else:

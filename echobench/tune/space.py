@@ -24,8 +24,8 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from echobench.records.config import RunConfig, check_value, grad_accum_for, run_id
 from echobench.records.layout import Layout, layouts_on
 from echobench.hardware.profile import HardwareProfile
-from echobench.sweep.cluster import ExecutorName, MatrixError, Strict, format_pydantic
-from echobench.sweep.matrix import MatrixFile, wrong_kind_of_file
+from echobench.sweep.cluster import ExecutorName, HardwareSettings, MatrixError, Strict, format_pydantic
+from echobench.sweep.matrix import MatrixFile, with_hardware, wrong_kind_of_file
 from echobench.sweep.site import SECTIONS, merge_site, read_site, site_path
 from echobench.backends import layout_problem
 from echobench.hardware.devicememory import device_memory_gib
@@ -71,6 +71,11 @@ class TuneFile(Strict):
     memory_margin: float = Field(0.10, ge=0, lt=1)  # a candidate fits when estimate x (1 + margin) <= capacity
     bias: float = Field(0.05, gt=0, lt=1)  # residuals all beyond this (same sign): recalibrate
     _own: dict = PrivateAttr(default_factory=dict)  # the tune file's own executor and sections, under its site
+
+    def run_settings(self, settings: dict) -> dict:
+        """A candidate's run settings over the defaults, with the hardware section applied as the
+        measuring sweep applies it (sweep.matrix.with_hardware): the run ids the sweep gives them."""
+        return with_hardware({**self.defaults, **settings}, HardwareSettings.model_validate(self.hardware))
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -320,7 +325,7 @@ def build_problem(spec: TuneFile, scale: str, nodes: int, profile: HardwareProfi
     for settings in space(spec, scale, nodes, profile):
         c = Candidate(settings)
         problem.candidates.append(c)
-        full = {**spec.defaults, **settings}
+        full = spec.run_settings(settings)
         if full.get("grad_accum") is None:
             full["grad_accum"] = 1
         try:
@@ -363,7 +368,7 @@ def nowhere_message(spec: TuneFile, scale: str, nodes: int, profile: HardwarePro
     n = nodes * 2
     while n <= 1024:
         for settings in space(spec, scale, n, profile):
-            full = {**spec.defaults, **settings, "grad_accum": 1}
+            full = {**spec.run_settings(settings), "grad_accum": 1}
             try:
                 cfg = RunConfig.from_dict(full)
             except (TypeError, ValueError):
