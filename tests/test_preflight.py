@@ -453,3 +453,24 @@ def test_two_nodes_meet_at_the_first_nodes_name_with_the_sites_suffix_and_a_name
     finally:
         next(gen, None)
 
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("key", ["python", "venv"])
+def test_an_interpreter_the_nodes_do_not_have_fails_the_preflight_naming_node_path_and_fix(tmp_path, cluster, key):
+    """A site whose slurm.python / slurm.venv names a path the nodes lack (the aarch64 install of an
+    x86 login node's site file, not made yet): the sweep's preflight fails in one line naming the
+    node, the path and the fix, and no run is submitted."""
+    from test_slurm import cluster_nodes
+
+    missing = tmp_path / "aarch64-venv"
+    python = missing / "bin" / "python"
+    matrix, out = cpu_matrix(tmp_path / "m.yaml", {key: str(python if key == "python" else missing)},
+                             [{"seed": 1}]), tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, timeout=600)
+    text = flat(proc.stdout)
+    assert proc.returncode == 1 and "preflight FAILED" in text, proc.stdout + proc.stderr
+    (line,) = [x for x in said_lines(proc.stdout) if "FAILED preflight job" in x]
+    assert f"{python}: No such file or directory" in line, line
+    assert any(f"{node}: task" in line for node in cluster_nodes()), line
+    assert "fix: slurm.venv or slurm.python: no such interpreter on the nodes" in line, line
+    assert "no run submitted" in text and json.loads((out / "sweep.json").read_text())["runs"] == {}
