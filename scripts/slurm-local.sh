@@ -8,9 +8,11 @@
 #   bash scripts/slurm-local.sh kill NODE a node failure: SIGKILL the node's slurmd, its step daemons and
 #                                         every process of its job steps (launchers, torchrun, workers)
 #
-# Idempotent: `up` with a cluster of N nodes already up does nothing but bring back a node whose
-# slurmd died (or was killed); another N restarts the cluster.
-# The nodes are node1..nodeN, each a slurmd on its own port, aliased to 127.0.0.1 in /etc/hosts.
+# Idempotent: `up` with a cluster of N nodes already up does nothing but add missing host aliases
+# and bring back a node whose slurmd died (or was killed); another N restarts the cluster.
+# The nodes are node1..nodeN, each a slurmd on its own port, aliased to 127.0.0.1 in /etc/hosts,
+# each with a second alias nodeK-ib at the same address: the stand-in for a site's InfiniBand names
+# (a name per node with a suffix, as `slurm.rendezvous: {suffix: -ib}` meets at).
 # No accounting daemon (sacct does not work, as on some real clusters); no cgroups.
 # Why the less obvious settings (found with Debian 12's SLURM 22.05; its build allows several slurmd
 # per host): config_overrides lets a node declare more CPUs than exist (else it goes INVAL);
@@ -114,11 +116,15 @@ PartitionName=debug Nodes=node[1-$N] Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
+IB_SUFFIX=-ib  # each node's interface-style name: node1-ib, ...
+
 add_host_aliases() {
+  local names="" line
+  for i in $(seq 1 "$N"); do names="$names node$i node$i$IB_SUFFIX"; done
+  line="127.0.0.1$names $MARK"
+  grep -qxF "$line" /etc/hosts && return  # already there: leave the file alone (jobs may be resolving)
   remove_host_aliases
-  local names=""
-  for i in $(seq 1 "$N"); do names="$names node$i"; done
-  echo "127.0.0.1$names $MARK" >>/etc/hosts
+  echo "$line" >>/etc/hosts
 }
 
 remove_host_aliases() {
@@ -173,6 +179,7 @@ up() {
   need_root
   [[ "$N" =~ ^[1-9][0-9]?$ ]] || die "N must be a number of nodes from 1 to 99, got '$N'"
   if [ "$(running_nodes)" = "$N" ] && grep -q "$MARK" "$CONF" 2>/dev/null; then
+    add_host_aliases  # a cluster brought up by an earlier version of this script has no -ib names
     revive
     say "up with $N nodes"; sinfo; return
   fi
@@ -184,7 +191,7 @@ up() {
   slurmctld -c -f "$CONF"  # -c: start clean, no jobs or nodes from an earlier cluster
   for i in $(seq 1 "$N"); do slurmd -f "$CONF" -N "node$i"; done
   wait_idle
-  say "up: $N nodes (node1..node$N), partition debug"
+  say "up: $N nodes (node1..node$N, also node1$IB_SUFFIX..node$N$IB_SUFFIX), partition debug"
   sinfo
 }
 

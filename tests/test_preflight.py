@@ -7,6 +7,7 @@ before the main sweep of tests/test_slurm.py, which checks what its transport ch
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -108,6 +109,13 @@ def test_cpus_numactl_and_interfaces(tmp_path, monkeypatch):
     assert nodecheck.interfaces_missing("ib0,ib1", names, prefixes=False) == ["ib1"]
     bad = nodecheck.check_interfaces({"GLOO_SOCKET_IFNAME": "no-such-if0"})
     assert bad.ok is False and "GLOO_SOCKET_IFNAME=no-such-if0: no such interface" in bad.detail
+
+
+def test_the_rendezvous_check_names_an_address_that_does_not_resolve_and_the_fix():
+    assert nodecheck.check_rendezvous("127.0.0.1").ok
+    bad = nodecheck.check_rendezvous("node1.invalid")  # .invalid never resolves (RFC 6761)
+    assert bad.ok is False and bad.detail.startswith("MASTER_ADDR node1.invalid does not resolve on this node")
+    assert "slurm.rendezvous" in bad.fix
 
 
 def test_the_import_check_names_each_module_that_does_not_import():
@@ -386,3 +394,83 @@ def test_two_nodes_meet_at_the_address_the_sites_command_gives(tmp_path):
         assert {c["node"] for c in checks} == {0, 1} and all(c["ok"] is not False for c in checks), log[-3000:]
     finally:
         next(gen, None)
+
+
+def said_lines(stdout: str) -> list[str]:
+    """The console's lines, each put together again where the terminal width wrapped it (each starts with a time)."""
+    return [flat(x) for x in re.split(r"\n(?=\d\d:\d\d:\d\d )", stdout)]
+
+
+IB_SUFFIX = "-ib"  # scripts/slurm-local.sh names every node NAME-ib too, as a site's InfiniBand names
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("suffix", [IB_SUFFIX, ".invalid"])  # .invalid never resolves (RFC 6761)
+def test_two_nodes_meet_at_the_first_nodes_name_with_the_sites_suffix_and_a_name_that_does_not_resolve_is_one_line(
+        tmp_path, suffix):
+    """On the local cluster, `rendezvous: {suffix: -ib}`: every node resolves the first node's -ib
+    name (as a site's InfiniBand names) and the preflight's all-reduce across 2 nodes meets there. A
+    suffix whose name no node resolves fails the preflight at once, in one line naming the address
+    and the fix, rather than when the all-reduce gives up waiting."""
+    import socket
+
+    from test_slurm import cluster_nodes
+    from test_slurm_submit import answering_cluster
+
+    gen = answering_cluster(tmp_path, min_nodes=2)
+    next(gen)
+    try:
+        unresolved = []
+        for name in (f"{node}{suffix}" for node in cluster_nodes()):
+            try:
+                socket.getaddrinfo(name, None)
+            except OSError:
+                unresolved.append(name)
+        if suffix == IB_SUFFIX and unresolved:
+            message = f"{', '.join(unresolved)} do not resolve: bash scripts/slurm-local.sh up 2 adds them"
+            if os.environ.get("ECHOBENCH_REQUIRE_SLURM") == "1":
+                pytest.fail(message)
+            pytest.skip(message)
+        if suffix != IB_SUFFIX and len(unresolved) < len(cluster_nodes()):
+            pytest.skip(f"a name ending {suffix} resolves here")
+        m = cpu_matrix(tmp_path / "m.yaml", {"rendezvous": {"suffix": suffix}},
+                       [{"seed": 1, "nodes": 2, "parallelism": "ddp", "gpus_per_node": 1}])
+        proc = run_cli("preflight", m, "--out", tmp_path / "sweep", tmp_path=tmp_path, timeout=600)
+        log = next((tmp_path / "sweep" / "logs").glob("preflight-*.out")).read_text()
+        checks = parse_checks(log)
+        said = [c for c in checks if c["name"] == "rendezvous"]
+        if suffix == IB_SUFFIX:
+            assert proc.returncode == 0 and "preflight passed" in flat(proc.stdout), proc.stdout + proc.stderr
+            assert {c["node"] for c in checks} == {0, 1} and all(c["ok"] is not False for c in checks), log[-3000:]
+            (first,) = {c["detail"].split()[1] for c in said}  # MASTER_ADDR NAME resolves to ...
+            assert first.endswith(IB_SUFFIX) and first.removesuffix(IB_SUFFIX) in cluster_nodes(), said
+            assert {c["node"] for c in said} == {0, 1} and all(c["ok"] for c in said), said
+        else:
+            assert proc.returncode == 1 and "preflight FAILED" in flat(proc.stdout), proc.stdout + proc.stderr
+            (line,) = [x for x in said_lines(proc.stdout) if "FAILED rendezvous" in x]
+            assert f"{suffix} does not resolve on this node" in line and "fix: set slurm.rendezvous" in line, line
+            assert not [c for c in checks if c["name"] == "collective"], log[-3000:]  # no wait for a rank
+    finally:
+        next(gen, None)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("key", ["python", "venv"])
+def test_an_interpreter_the_nodes_do_not_have_fails_the_preflight_naming_node_path_and_fix(tmp_path, cluster, key):
+    """A site whose slurm.python / slurm.venv names a path the nodes lack (the aarch64 install of an
+    x86 login node's site file, not made yet): the sweep's preflight fails in one line naming the
+    node, the path and the fix, and no run is submitted."""
+    from test_slurm import cluster_nodes
+
+    missing = tmp_path / "aarch64-venv"
+    python = missing / "bin" / "python"
+    matrix, out = cpu_matrix(tmp_path / "m.yaml", {key: str(python if key == "python" else missing)},
+                             [{"seed": 1}]), tmp_path / "sweep"
+    proc = run_cli("sweep", matrix, "--out", out, "--no-wait", tmp_path=tmp_path, timeout=600)
+    text = flat(proc.stdout)
+    assert proc.returncode == 1 and "preflight FAILED" in text, proc.stdout + proc.stderr
+    (line,) = [x for x in said_lines(proc.stdout) if "FAILED preflight job" in x]
+    assert f"{python}: No such file or directory" in line, line
+    assert any(f"{node}: task" in line for node in cluster_nodes()), line
+    assert "fix: slurm.venv or slurm.python: no such interpreter on the nodes" in line, line
+    assert "no run submitted" in text and json.loads((out / "sweep.json").read_text())["runs"] == {}

@@ -212,6 +212,19 @@ def check_source(want: dict | None) -> Check:
     return Check("echobench", True, f"{_identity_text(have)}, as the submitter's")
 
 
+def check_rendezvous(master_addr: str) -> Check:
+    """Whether this node resolves the address the nodes meet at (slurm.rendezvous), before torchrun
+    would wait for a rank that can never come."""
+    try:
+        found = sorted({info[4][0] for info in socket.getaddrinfo(master_addr, None, proto=socket.IPPROTO_TCP)})
+    except (OSError, UnicodeError) as exc:
+        return Check("rendezvous", False, f"MASTER_ADDR {master_addr} does not resolve on this node ({exc})",
+                     "set slurm.rendezvous to a name every node resolves (a suffix such as the InfiniBand "
+                     "name's, or a command that prints the address), or leave it out to meet at the first "
+                     "node's name")
+    return Check("rendezvous", True, f"MASTER_ADDR {master_addr} resolves to {', '.join(found)}")
+
+
 # ---- first: every job's check on its first node ----
 
 def first(args) -> int:
@@ -246,6 +259,10 @@ def node(args) -> int:
         check.show(args.node_rank)
     if not torch_ok:
         return 1  # no collective without torch; a non-zero exit ends the other nodes' wait (srun --kill-on-bad-exit)
+    if args.nnodes > 1:
+        (rendezvous := check_rendezvous(args.master_addr)).show(args.node_rank)
+        if rendezvous.ok is False:
+            return 1  # as above: no node waits for the rest at an address that does not resolve
     collective, transport = collective_checks(spec, args)
     for check in (collective, transport):
         check.show(args.node_rank)
