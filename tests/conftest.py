@@ -28,9 +28,9 @@ def cli_env(tmp_path: Path | None = None, gpu: bool = False) -> dict:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    # A SLURM sweep's polls back off to 60 s: on the local cluster a test would wait that long to hear
-    # of a job that has ended. Polling stays a few seconds apart here.
-    env.setdefault("ECHOBENCH_MAX_POLL_S", "4")
+    # A SLURM sweep polls every 5 s, backing off to 60 s: on the local cluster a test would wait that long
+    # to hear of a job that has ended. Polling stays 2 s apart here (the local cluster answers at no cost).
+    env.setdefault("ECHOBENCH_MAX_POLL_S", "2")
     if tmp_path is not None:
         env["ECHOBENCH_CACHE"] = str(tmp_path / "cache")  # calibrations stay inside the test
         share_counts(tmp_path / "cache")

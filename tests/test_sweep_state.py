@@ -200,3 +200,17 @@ def test_the_job_state_a_job_writes_is_read_in_one_place(tmp_path, text, note):
     assert (got and (got.state, got.job_id, got.exit_code)) == note
     job = read_job_state(tmp_path, note[1]) if note else None
     assert (job and (job.state, job.exit_code)) == (note and (note[0], note[2]))
+
+
+def test_the_suites_poll_cap_lowers_a_schedulers_first_interval_and_its_back_off(monkeypatch):
+    from echobench.sweep.executors.slurm import SlurmExecutor
+    from echobench.sweep.state import MAX_POLL_S, RUNNING_POLL_S, longest_poll, poll_cap
+
+    monkeypatch.delenv("ECHOBENCH_MAX_POLL_S", raising=False)
+    assert poll_cap(SlurmExecutor.poll_s) == SlurmExecutor.poll_s
+    assert longest_poll(SlurmExecutor.poll_s, {"pending"}) == MAX_POLL_S
+    monkeypatch.setenv("ECHOBENCH_MAX_POLL_S", "2")
+    assert poll_cap(SlurmExecutor.poll_s) == 2.0
+    assert longest_poll(2.0, {"running"}) == 2.0 < RUNNING_POLL_S
+    monkeypatch.setenv("ECHOBENCH_MAX_POLL_S", "soon")  # not a number: the cap stands
+    assert poll_cap(SlurmExecutor.poll_s) == SlurmExecutor.poll_s

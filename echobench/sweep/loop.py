@@ -48,7 +48,7 @@ from echobench.sweep.executors import (Executor, JobState, SubmitLater, archive_
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun, parse_only, select
 from echobench.sweep.plan import settings_label
 from echobench.sweep.preflight import passed_before, run_preflight
-from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, record_state, run_dir, run_state, settle,
+from echobench.sweep.state import (RunEntry, SweepState, detached, longest_poll, poll_cap, record_state, run_dir, run_state, settle,
                                    skipped_entry, tracked_job_states, waiting)
 from echobench.sweep.status import cancel_sweep, table_of
 
@@ -437,7 +437,7 @@ def run_sweep(matrix: Matrix, runs: list[PlannedRun], opts: SweepOptions, consol
         return STOPPED_BY[sweep.stopped_by]
     if not opts.wait:
         return no_wait_code(sweep, queue, runs, len(to_submit), done, len(failed_before))
-    finished = sweep.wait(queue, runs, opts.poll_s or sweep.executor.poll_s)
+    finished = sweep.wait(queue, runs, opts.poll_s or poll_cap(sweep.executor.poll_s))
     if not finished:
         sweep.interrupt(runs, None, opts.ask)
     else:

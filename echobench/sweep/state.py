@@ -30,7 +30,8 @@ TEARDOWN_S = 75.0  # a job still running this long after its launcher's failure 
 
 def poll_cap(cap: float) -> float:
     """CAP, or ECHOBENCH_MAX_POLL_S if lower: the test suite's, whose local cluster answers a poll at
-    no cost and whose tests would otherwise wait out the back-off after each job they wait for."""
+    no cost and whose tests would otherwise wait out the back-off (and a scheduler's first interval)
+    after each job they wait for."""
     try:
         return min(cap, float(os.environ["ECHOBENCH_MAX_POLL_S"]))
     except (KeyError, ValueError):
