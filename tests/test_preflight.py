@@ -8,6 +8,7 @@ before the main sweep of tests/test_slurm.py, which checks what its transport ch
 import json
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -335,15 +336,19 @@ def rendezvous_lines(script: str) -> str:
     """The lines of a job script that make MASTER_ADDR: slurm.rendezvous's assignment and NODE_LAUNCH_ENV's."""
     lines = script.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("MASTER_ADDR="))
-    return "\n".join([x for x in lines if x.startswith("EB_RENDEZVOUS_")] + lines[start:start + 5])
+    end = lines.index("fi", start)
+    return "\n".join([x for x in lines if x.startswith("EB_RENDEZVOUS_")] + lines[start:end + 1])
 
 
 @pytest.mark.parametrize("rendezvous, address", [({"suffix": "i"}, "node1i"),
                                                  ({"command": "echo \"$MASTER_ADDR.ib.example\""}, "node1.ib.example"),
+                                                 ({"interface": "ib0"}, "10.0.0.1"),
+                                                 ({"interface": "ib9"}, None),
                                                  (None, "node1")])
 def test_the_site_sets_the_rendezvous_address_after_the_setup_lines_in_every_job(tmp_path, rendezvous, address):
-    """slurm.rendezvous (a suffix to the first node's name, or a command) makes MASTER_ADDR in the
-    runs' jobs, the preflight's and the comm calibration's alike, after the setup lines."""
+    """slurm.rendezvous (a suffix to the first node's name, an interface's address, or a command)
+    makes MASTER_ADDR in the runs' jobs, the preflight's and the comm calibration's alike, after the
+    setup lines; an interface with no IPv4 address on the node ends the job in one line."""
     from echobench.sweep.executors.slurm_script import render_comm_calibration_script, render_script
     from echobench.sweep.preflight import preflight_script
 
@@ -355,6 +360,10 @@ def test_the_site_sets_the_rendezvous_address_after_the_setup_lines_in_every_job
     stub.parent.mkdir()
     stub.write_text("#!/bin/bash\necho node1\necho node2\n")
     stub.chmod(0o755)
+    ip = stub.parent / "ip"  # `ip -4 -o addr show dev IFACE` as iproute2 prints it, for ib0 only
+    ip.write_text("#!/bin/bash\n[ \"$6\" = ib0 ] || { echo \"Device \\\"$6\\\" does not exist.\" >&2; exit 1; }\n"
+                  "echo '4: ib0    inet 10.0.0.1/16 brd 10.0.255.255 scope global ib0\\       valid_lft forever'\n")
+    ip.chmod(0o755)
     for script in (render_script(runs[0].cfg, tmp_path / "sw" / runs[0].id, m.spec.slurm),
                    preflight_script(m, runs, tmp_path / "sw"),
                    render_comm_calibration_script(tmp_path / "sw", m, 2, 1)):
@@ -363,12 +372,19 @@ def test_the_site_sets_the_rendezvous_address_after_the_setup_lines_in_every_job
         proc = subprocess.run(["bash", "-c", f"set -euo pipefail\n{rendezvous_lines(script)}\necho \"$MASTER_ADDR\""],
                               capture_output=True, text=True, env={**os.environ, "SLURM_JOB_NODELIST": "node[1-2]",
                                                                    "PATH": f"{stub.parent}:{os.environ['PATH']}"})
-        assert (proc.returncode, proc.stdout.strip()) == (0, address), proc.stderr
+        if address is None:
+            assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+                "echobench: slurm.rendezvous.interface ib9 has no IPv4 address on "
+                f"{socket.gethostname()} (ip -4 addr lists the node's interfaces)"], proc.stderr
+        else:
+            assert (proc.returncode, proc.stdout.strip()) == (0, address), proc.stderr
 
 
-@pytest.mark.parametrize("rendezvous, said", [({}, "give one of suffix (e.g. i) and command"),
+@pytest.mark.parametrize("rendezvous, said", [({}, "give one of suffix (e.g. i), interface (e.g. ib0) and command"),
                                               ({"suffix": "i", "command": "hostname"}, "give one of suffix"),
-                                              ({"suffix": "i b"}, "is not a valid rendezvous.suffix")])
+                                              ({"suffix": "i", "interface": "ib0"}, "give one of suffix"),
+                                              ({"suffix": "i b"}, "is not a valid rendezvous.suffix"),
+                                              ({"interface": "ib0; reboot"}, "is not a valid rendezvous.interface")])
 def test_a_rendezvous_setting_that_cannot_work_is_one_line(tmp_path, rendezvous, said):
     proc = run_cli("plan", cpu_matrix(tmp_path / "m.yaml", {"rendezvous": rendezvous}, [{"seed": 1}]),
                    tmp_path=tmp_path)

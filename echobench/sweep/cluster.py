@@ -152,16 +152,23 @@ class UenvSettings(Strict):
 class RendezvousSettings(Strict):
     """Where the nodes meet (torchrun's MASTER_ADDR), where the first node's SLURM name is not the
     address they reach each other at: a suffix to that name (JSC's boosters: `i`, the InfiniBand
-    name), or a command run in the job after the setup lines whose first line of output is the
-    address ($MASTER_ADDR holds the first node's name). The runs' jobs, the preflight and the comm
-    calibration all meet there."""
+    name), the first node's IPv4 address on a network interface (`ib0`: `ip -4 addr` on that node),
+    or a command run in the job after the setup lines whose first line of output is the address
+    ($MASTER_ADDR holds the first node's name). The port is slurm.master_port. The runs' jobs, the
+    preflight and the comm calibration all meet there."""
     suffix: str | None = None
+    interface: str | None = None
     command: str | None = None
 
     @field_validator("suffix")
     @classmethod
     def _suffix(cls, v):
         return v if v is None else check_text(r"^[A-Za-z0-9.-]{1,64}$", "rendezvous.suffix (hostname characters)", v)
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v):
+        return v if v is None else check_text(r"^[A-Za-z0-9_.:@-]{1,15}$", "rendezvous.interface (a network interface's name)", v)
 
     @field_validator("command")
     @classmethod
@@ -172,8 +179,8 @@ class RendezvousSettings(Strict):
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.suffix is None) == (self.command is None):
-            raise ValueError("rendezvous: give one of suffix (e.g. i) and command")
+        if [self.suffix, self.interface, self.command].count(None) != 2:
+            raise ValueError("rendezvous: give one of suffix (e.g. i), interface (e.g. ib0) and command")
         return self
 
 

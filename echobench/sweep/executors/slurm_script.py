@@ -37,6 +37,9 @@ NODE_LAUNCH_ENV = r"""MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST
 if [ -n "${EB_RENDEZVOUS_COMMAND:-}" ]; then
   MASTER_ADDR=$(eval "$EB_RENDEZVOUS_COMMAND" | sed -n 1p)
   [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.command printed no address: $EB_RENDEZVOUS_COMMAND" >&2; exit 1; }
+elif [ -n "${EB_RENDEZVOUS_INTERFACE:-}" ]; then
+  MASTER_ADDR=$( (ip -4 -o addr show dev "$EB_RENDEZVOUS_INTERFACE" 2>/dev/null || true) | awk '{split($4, a, "/"); print a[1]}' | sed -n 1p)
+  [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.interface $EB_RENDEZVOUS_INTERFACE has no IPv4 address on $(hostname) (ip -4 addr lists the node's interfaces)" >&2; exit 1; }
 fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash dumps its stack
 """
@@ -255,7 +258,8 @@ def job_environment(slurm) -> list[str]:
             lines.append('if [ "${VIRTUAL_ENV:-}|${CONDA_PREFIX:-}" != "$eb_env_before" ]; then '
                          'PYTHON=$(command -v python3 || command -v python); fi')
     if rdv := slurm.rendezvous:  # read where the address is made (NODE_LAUNCH_ENV), after the setup lines
-        lines.append(f"EB_RENDEZVOUS_SUFFIX={q(rdv.suffix)}" if rdv.suffix else f"EB_RENDEZVOUS_COMMAND={q(rdv.command)}")
+        lines.extend(f"EB_RENDEZVOUS_{key.upper()}={q(value)}" for key, value in
+                     (("suffix", rdv.suffix), ("interface", rdv.interface), ("command", rdv.command)) if value)
     return lines
 
 
