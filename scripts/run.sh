@@ -26,6 +26,9 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)${EB_REN
 if [ -n "${EB_RENDEZVOUS_COMMAND:-}" ]; then
   MASTER_ADDR=$(eval "$EB_RENDEZVOUS_COMMAND" | sed -n 1p)
   [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.command printed no address: $EB_RENDEZVOUS_COMMAND" >&2; exit 1; }
+elif [ -n "${EB_RENDEZVOUS_INTERFACE:-}" ]; then
+  MASTER_ADDR=$( (ip -4 -o addr show dev "$EB_RENDEZVOUS_INTERFACE" 2>/dev/null || true) | awk '{split($4, a, "/"); print a[1]}' | sed -n 1p)
+  [ -n "$MASTER_ADDR" ] || { echo "echobench: slurm.rendezvous.interface $EB_RENDEZVOUS_INTERFACE has no IPv4 address on $(hostname) (ip -4 addr lists the node's interfaces)" >&2; exit 1; }
 fi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # logs as they happen; a crash dumps its stack
 mkdir -p "$RUN_DIR"

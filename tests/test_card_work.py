@@ -374,7 +374,7 @@ def test_megatrons_scatter_gather_sends_a_tp_share_of_each_pipeline_message_acro
     """Narayanan et al. 2021 section 4.1: without sequence parallelism each TP rank of a stage sends
     1 / t of the activations over its own link and the receiving stage all-gathers them over NVLink;
     with sequence parallelism each rank holds its 1 / t already (nothing to gather)."""
-    from echobench.predict.card_traffic import p2p_seconds
+    from echobench.predict.cards.traffic import p2p_seconds
     from echobench.predict.pricing import Rates
 
     prof = load_profile(find_profile("a100-sxm-80gb"))

@@ -105,7 +105,8 @@ def live_tensor_gib() -> float:
     alone, DDP's gradient buckets, are not seen)."""
     storages = {}
     for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+        # type(), not isinstance(): isinstance on a dead weakref.proxy raises ReferenceError
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
             try:
                 storage = obj.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
