@@ -220,8 +220,8 @@ def check_rendezvous(master_addr: str) -> Check:
     except (OSError, UnicodeError) as exc:
         return Check("rendezvous", False, f"MASTER_ADDR {master_addr} does not resolve on this node ({exc})",
                      "set slurm.rendezvous to a name every node resolves (a suffix such as the InfiniBand "
-                     "name's, or a command that prints the address), or leave it out to meet at the first "
-                     "node's name")
+                     "name's, an interface whose address to meet at, or a command that prints the address), "
+                     "or leave it out to meet at the first node's name")
     return Check("rendezvous", True, f"MASTER_ADDR {master_addr} resolves to {', '.join(found)}")
 
 
