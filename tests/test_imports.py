@@ -123,3 +123,31 @@ def test_the_readme_and_the_docs_draw_the_layers_of_echobench_init():
         block = page.read_text().split(heading, 1)[1].split("```\n", 2)[1]
         assert block.splitlines() == drawn, page
     assert [line.split()[0] for line in drawn] == [p for layer in echobench.LAYERS for p in layer]
+
+
+def test_the_commands_that_read_records_import_no_torch(tmp_path):
+    """report and results read records and price them: arithmetic, so neither pays torch's import
+    (seconds of CPU a call); nor do plan and predict of a CPU matrix of single runs. (predict --against
+    imports torch where it counts a step's element-wise bytes the cache lacks.) All four in one fresh
+    process, which then holds no torch."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp_path / "sweep" / "run-1"
+    run.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "fixtures" / "record-v2.json", run / "result.json")
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("name: m\nexecutor: local\ndefaults: {scale: tiny, device: cpu}\naxes: {parallelism: [single]}\n")
+    sweep = str(tmp_path / "sweep")
+    commands = [["report", sweep, "--out", str(tmp_path / "html")], ["results", sweep], ["plan", str(matrix)],
+                ["predict", str(matrix), "--profile", "h100-hgx-ib"]]
+    code = ("import json, sys\nfrom echobench.cli import main\nfor args in json.loads(sys.argv[1]):\n"
+            "    sys.argv = ['echobench', *args]\n    try:\n        main()\n    except SystemExit as e:\n"
+            "        assert not e.code, (args, e.code)\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "ECHOBENCH_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "no torch", (out.stdout[-800:], out.stderr[-800:])

@@ -20,26 +20,16 @@ import torch
 from echobench.model.flops import speaker_patches
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import FIELDS, RunConfig
-from echobench.records.paths import cache_dir
+from echobench.records.paths import cache_dir, cached_name
 from echobench.records.peaks import peak_precision_of, table_peak
-from echobench.records.results import now_iso, scheduler_context  # torch-free there: launch's records read it too
+from echobench.records.results import cpu_device_name, now_iso, scheduler_context  # torch-free there: launch's records read it too
 
 class UnknownPeakError(RuntimeError):
     pass
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {model} ({os.cpu_count()} cores)"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_device_name()
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -56,12 +46,8 @@ def precision_name(precision: str, device: torch.device) -> str:
 
 # ---- calibration: the achievable GEMM rate of this device ----
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
-
-
 def calibration_path(name: str, dtype: torch.dtype) -> Path:
-    return cache_dir() / "calibration" / f"{_slug(name)}-{str(dtype).removeprefix('torch.')}.json"
+    return cache_dir() / "calibration" / f"{cached_name(name)}-{str(dtype).removeprefix('torch.')}.json"
 
 
 @dataclass(frozen=True)

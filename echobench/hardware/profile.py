@@ -513,10 +513,9 @@ def save_profile(profile: HardwareProfile, path: Path | str) -> Path:
 def calibrated_profile_path(device: str, dtype: str) -> Path:
     """Where `echobench calibrate --comm` keeps this machine's profile: echobench's cache
     (ECHOBENCH_CACHE), profiles/DEVICE-DTYPE.yaml."""
-    from echobench.hardware.device import _slug  # lazy: imports torch; predict reads profiles without it
-    from echobench.records.paths import cache_dir
+    from echobench.records.paths import cache_dir, cached_name
 
-    return cache_dir() / "profiles" / f"{_slug(device)}-{dtype}.yaml"
+    return cache_dir() / "profiles" / f"{cached_name(device)}-{dtype}.yaml"
 
 
 def shipped_profiles() -> dict[str, Path]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from echobench.records.config import RunConfig
 from echobench.records.paths import measured_profile
+from echobench.records.results import cpu_device_name
 from echobench.hardware.profile import (
     HardwareProfile,
     ProfileError,
@@ -94,12 +95,13 @@ def machine_device(cfgs: Sequence[RunConfig]) -> str:
     """This machine's device name, for runs whose matrix names no hardware.device: its GPU where
     the runs may use one (device cuda or auto), else its CPU; profile_for_device then finds the
     profile `calibrate --comm` measured here."""
+    if all(c.device == "cpu" for c in cfgs):
+        return cpu_device_name()  # without torch's import: seconds, for a CPU matrix
     import torch  # lazy: seconds to import, and only this function of the module needs it
 
     from echobench.hardware.device import device_name  # imports torch
 
-    gpu = torch.cuda.is_available() and any(c.device != "cpu" for c in cfgs)
-    return device_name(torch.device("cuda" if gpu else "cpu"))
+    return device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def other_device_lines(records, profiles: Sequence[HardwareProfile]) -> list[str]:

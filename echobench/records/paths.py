@@ -4,6 +4,7 @@ than one layer reads (a run directory's own files are the executors'; its record
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 SWEEP_FILE = "sweep.json"  # a sweep directory's state (the sweep's SweepState)
@@ -13,6 +14,11 @@ TUNE_FILE = "tune.json"  # TUNE/tune.json (tune's output writes it, the dashboar
 def cache_dir() -> Path:
     """ECHOBENCH_CACHE, else ~/.cache/echobench: calibrations, shard indexes, profiles."""
     return Path(os.environ.get("ECHOBENCH_CACHE", Path.home() / ".cache" / "echobench"))
+
+
+def cached_name(text: str) -> str:
+    """A device's name as a cache file's stem: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
 def sweep_profile(sweep_dir: Path) -> Path:

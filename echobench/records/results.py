@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import re
 import socket
 import statistics
@@ -58,6 +59,19 @@ COMM_PREFIXES = ("NCCL_", "FI_", "OFI_NCCL_", "UCX_", "TORCH_NCCL_")
 # The image the job script names (slurm.container), then container runtimes' own variables: pyxis/enroot, apptainer, singularity, docker-style images.
 CONTAINER_VARS = ("ECHOBENCH_CONTAINER_IMAGE", "SLURM_CONTAINER", "PYXIS_CONTAINER_IMAGE", "ENROOT_ROOTFS", "APPTAINER_CONTAINER",
                   "SINGULARITY_CONTAINER", "CONTAINER_IMAGE")
+
+
+def cpu_device_name() -> str:
+    """This machine's CPU as a record names its device: "CPU <model name> (<N> cores)"."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {model} ({os.cpu_count()} cores)"
 
 
 def scheduler_context(environ=None) -> dict:
