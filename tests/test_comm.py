@@ -252,16 +252,16 @@ def test_param_units_are_the_models_fsdp_units():
     """param_units, built from the model's parts, against the whole model as the backend shards it."""
     import torch
 
-    from echobench.backends.torchtitan import blocks
+    from echobench.backends.torchtitan import ECHO_PARTS, each_layer
     from echobench.model.echo import EchoTTS
 
     cfg = RunConfig(**SHAPE, parallelism="fsdp2").model_config()
     with torch.device("meta"):
         model = EchoTTS(cfg)
     units = param_units(cfg)
-    expected = [tuple(tuple(p.shape) for p in c[i].parameters()) for c, i in blocks(model)]
+    expected = [tuple(tuple(p.shape) for p in c[i].parameters()) for c, i in each_layer(ECHO_PARTS.blocks(model))]
     assert [u.shapes for u in units if u.kind != "root"] == expected
-    in_blocks = {id(p) for c, i in blocks(model) for p in c[i].parameters()}
+    in_blocks = {id(p) for c, i in each_layer(ECHO_PARTS.blocks(model)) for p in c[i].parameters()}
     root = [tuple(p.shape) for p in model.trainable_parameters() if id(p) not in in_blocks]
     assert sorted(units[-1].shapes) == sorted(root)
     assert sum(u.numel for u in units) == param_counts(cfg).trainable

@@ -94,7 +94,7 @@ def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
 
     from echobench.backends import TrainSetup
     from echobench.backends.torchtitan import (
-        apply_compile, apply_fsdp, build_model, build_optimizer, clip_grad_norm_,
+        ECHO_PARTS, apply_compile, apply_fsdp, build_model, build_optimizer, clip_grad_norm_,
     )
     from echobench.train.bench import train_step
     from echobench.data import build_tokenizer, make_loader
@@ -116,9 +116,9 @@ def _fsdp_worker(rank: int, store: str, out_path: str) -> None:
     for name in ("single", "fsdp2", "fsdp2+compile"):
         model = build_model(cfg, device, torch.bfloat16)
         if "compile" in name:
-            apply_compile(model)
+            apply_compile(model, ECHO_PARTS)
         if "fsdp2" in name:
-            apply_fsdp(model, init_device_mesh("cuda", (1,)), torch.bfloat16, force_sum=False,
+            apply_fsdp(model, ECHO_PARTS, init_device_mesh("cuda", (1,)), torch.bfloat16, force_sum=False,
                        reduce_dtype=torch.float32, reshard_after_forward=True)
         params = model.trainable_parameters()
         setup = TrainSetup(model, build_optimizer(params, device), partial(clip_grad_norm_, params, 1.0),

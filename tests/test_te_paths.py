@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 from conftest import counted_model_flops
 from echobench.backends import BACKENDS
 from echobench.backends.megatron import te_ac_mode, tp_comm_overlap_problem
-from echobench.backends.torchtitan import apply_ac
+from echobench.backends.torchtitan import ECHO_PARTS, apply_ac
 from echobench.records.config import RunConfig
 from echobench.model.flops import TE_SELECTIVE, hardware_flops, model_flops, recompute_flops
 from echobench.model.config import PRESETS
@@ -126,7 +126,7 @@ def test_selective_ac_with_te_layers_counts_their_recompute_in_hfu(ac):
                                 ref=torch.randn(1, 40, 128), ref_mask=torch.ones(1, 40, dtype=torch.bool),
                                 text_ids=torch.zeros(1, 20, dtype=torch.long),
                                 text_mask=torch.ones(1, 20, dtype=torch.bool))
-    apply_ac(model, mode)
+    apply_ac(model, ECHO_PARTS, mode)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(batch).backward()
     f = model_flops(cfg, 60, 20, 40)

@@ -19,7 +19,7 @@ from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, 
 from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
 from echobench.backends import BACKENDS
-from echobench.backends.torchtitan import ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs
+from echobench.backends.torchtitan import ECHO_PARTS, ac_mode, apply_ac, apply_float8, float8_plan, linear_inputs
 from echobench.records.config import RunConfig
 from echobench.data import SyntheticSource
 from echobench.model.flops import LAYER_SELECTIVE, hardware_flops, model_flops, recompute_flops
@@ -411,7 +411,7 @@ def test_activation_checkpointing_flops_match_the_hfu_model(ac):
     """FlopCounterMode on the checkpointed model sees exactly flops.hardware_flops(ac)."""
     with torch.device("meta"):
         model = EchoTTS(PRESETS["tiny"])
-    apply_ac(model, ac)
+    apply_ac(model, ECHO_PARTS, ac)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(tiny_batch("meta", b=1, la=60, lt=20, ls=40)).backward()
     cfg = PRESETS["tiny"]
@@ -428,7 +428,7 @@ def test_selective_checkpointing_is_op_level_compiled_and_layer_level_eager():
     assert ac_mode("full", compiled=False) == "full" and ac_mode("none", compiled=True) == "none"
     with torch.device("meta"):
         model = EchoTTS(PRESETS["tiny"])
-    apply_ac(model, LAYER_SELECTIVE)
+    apply_ac(model, ECHO_PARTS, LAYER_SELECTIVE)
     wrapped = [type(b).__name__ == "CheckpointWrapper" for b in model.dit.blocks]
     assert wrapped == [False, True]
 
@@ -438,7 +438,7 @@ def test_activation_checkpointing_keeps_loss_and_gradients(ac):
     def loss_and_grads(mode):
         torch.manual_seed(0)
         model = EchoTTS(PRESETS["tiny"])
-        apply_ac(model, mode)
+        apply_ac(model, ECHO_PARTS, mode)
         draws = diffusion_draws(0, [0, 1], 12, 128, 0.1, torch.device("cpu"))
         loss = model(tiny_batch("cpu"), draws=draws)
         loss.backward()
@@ -497,7 +497,7 @@ def test_selective_checkpointing_saves_flex_attention(ac, monkeypatch):
     def backward_attention_forwards(mode):
         torch.manual_seed(0)
         model = EchoTTS(PRESETS["tiny"], key_masking="flex")
-        apply_ac(model, mode)
+        apply_ac(model, ECHO_PARTS, mode)
         batch = tiny_batch("cpu", la=16, lt=8, ls=8)
         batch.padding = SimpleNamespace(latent=False, text=True, speaker=False)  # the DiT attends over a block mask
         batch.text_mask[0, 5:] = False

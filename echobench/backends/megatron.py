@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from echobench.backends import TrainSetup
 from echobench.backends.checks import DISTRIBUTED_OPTIMIZER_CPU, GRAD_REDUCE_BF16
-from echobench.backends.torchtitan import ADAMW, RECOMPUTE, ac_mode, apply_ac, apply_compile, build_model
+from echobench.backends.torchtitan import ADAMW, ModelParts, ac_mode, apply_ac, apply_compile, model_parts
 from echobench.model.flops import TE_SELECTIVE
 
 def resolve_te(mode: str) -> bool:
@@ -281,7 +281,7 @@ def megatron_gradient_sync(ddp):
     return sync
 
 
-def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
+def build_card(cfg, dist_info, dtype: torch.dtype, parts: ModelParts) -> TrainSetup:
     """A card run's decoder tensor-parallel (model.decoder_tp) on megatron-core's DDP and optimizer,
     as Echo's TP DiT below: the plain decoder built with the run's seed, its block linears then this
     rank's shards; AC and compile of its blocks as the torchtitan backend applies them. Megatron-core's
@@ -290,7 +290,6 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     gradients (norms, row-parallel biases) summed over TP in the clip."""
     from megatron.core import parallel_state  # optional dependency (module docstring)
 
-    from echobench.backends.torchtitan import CARD_RECOMPUTE, build_decoder
     from echobench.model.decoder_tp import card_megatron_config, tp_decoder  # imports megatron-core
 
     device = dist_info.device
@@ -302,22 +301,23 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
     if cfg.grad_reduce_dtype == "bf16" and params_dtype != torch.bfloat16:
         raise ValueError(GRAD_REDUCE_BF16)
     sequence_parallel = cfg.tp > 1 and cfg.sequence_parallel_on(device.type)
-    config = card_megatron_config(workload.card, cfg.tp, params_dtype, use_cpu=device.type == "cpu",
+    plain = parts.build(cfg, device, dtype)
+    config = card_megatron_config(plain.card, cfg.tp, params_dtype, use_cpu=device.type == "cpu",
                                   sequence_parallel=sequence_parallel)
-    model = tp_decoder(build_decoder(cfg, workload, device), parallel_state.get_tensor_model_parallel_rank(), cfg.tp,
-                       config, parallel_state.get_tensor_model_parallel_group(), traced=compiled)
+    model = tp_decoder(plain, parallel_state.get_tensor_model_parallel_rank(), cfg.tp, config,
+                       parallel_state.get_tensor_model_parallel_group(), traced=compiled)
     model.to(params_dtype)  # Megatron-LM's bf16 parameters on a GPU, fp32 main copies in the optimizer
     ac = ac_mode(cfg.ac, compiled)
-    apply_ac(model, ac)
+    apply_ac(model, parts, ac)
     if compiled:
-        apply_compile(model)
+        apply_compile(model, parts)
     dp = parallel_state.get_data_parallel_world_size()
     ddp = megatron_ddp(model, config, cfg.grad_reduce_dtype == "fp32", cfg.distributed_optimizer)
     optimizer = megatron_optimizer(ddp, params_dtype, cfg.distributed_optimizer, device)
     (inner,) = optimizer.chained_optimizers
     main_grads = "float32" if cfg.grad_reduce_dtype == "fp32" else dtype_name(params_dtype)
     info = {"backend": "megatron", "te": False, "tp": cfg.tp, "dp": dp, "sequence_parallel": sequence_parallel,
-            "model": f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
+            **parts.info(cfg, model, device, dtype),
             "kernels": "megatron-core local (ColumnParallelLinear, RowParallelLinear) + torch SDPA attention",
             "sharding": "q / k / v heads and the MLP's columns across the TP group (column-parallel q/k/v and up, "
                         "row-parallel output and down)",
@@ -333,9 +333,9 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
             "optimizer": f"megatron-core {type(inner).__name__} over {type(inner.optimizer).__name__}"
                          + (", sharded over the data-parallel group" if cfg.distributed_optimizer else ""),
             "distributed_optimizer": cfg.distributed_optimizer, "ac": cfg.ac, "ac_mode": ac,
-            "recompute": CARD_RECOMPUTE[ac], "compile": compiled,
-            "compiled": ("torch.compile(fullgraph=True, dynamic=False) of each decoder block and of the top level's "
-                         "functions" if compiled else "nothing"), **versions()}
+            "recompute": parts.recompute[ac], "compile": compiled,
+            "compiled": (f"torch.compile(fullgraph=True, dynamic=False) of each {parts.compiled} and of the top "
+                         "level's functions" if compiled else "nothing"), **versions()}
     return TrainSetup(
         model=ddp,
         optimizer=MegatronStep(ddp, optimizer),
@@ -350,9 +350,14 @@ def build_card(cfg, dist_info, dtype: torch.dtype, workload) -> TrainSetup:
 
 def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     """The TP model and its step pieces; `cfg` passed validate() (backends.build_training checks it).
-    workload: a card run's (model.config.CardWorkload): build_card."""
-    if workload is not None:
-        return build_card(cfg, dist_info, dtype, workload)
+    workload: a card run's (model.config.CardWorkload), whose decoder replaces Echo (torchtitan.model_parts)."""
+    parts = model_parts(workload)
+    return TP_BUILDS[parts.name](cfg, dist_info, dtype, parts)
+
+
+def build_echo(cfg, dist_info, dtype: torch.dtype, parts: ModelParts) -> TrainSetup:
+    """Echo (parts: torchtitan.ECHO_PARTS) with its DiT tensor-parallel (model.megatron.build_tp_dit),
+    the rest replicated."""
     device = dist_info.device
     if device.type != "cuda" and cfg.distributed_optimizer:
         raise ValueError(DISTRIBUTED_OPTIMIZER_CPU)
@@ -374,7 +379,7 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
 
     # The plain model with the run's seed (same weights as the torchtitan backend); its DiT
     # is then replaced by the TP DiT holding this rank's shards of the same weights.
-    model = build_model(cfg, device, dtype)
+    model = parts.build(cfg, device, dtype)
     model.cfg_drop_attention = "masked"  # the TP DiT's attention (TE's or SDPA's) takes the key mask
     if te:  # TE's fused attention reads a dense key mask (TECoreAttention packs the valid keys)
         model.key_masking = "dense"
@@ -389,11 +394,11 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     # Activation recompute and compile of the blocks, applied from outside as in the torchtitan
     # backend: the TP DiT's blocks and the (replicated) speaker encoder's blocks.
     ac = te_ac_mode(ac_mode(cfg.ac, compiled), te)
-    apply_ac(model, ac)
+    apply_ac(model, parts, ac)
     if compiled:
         # One graph per block with megatron-core's local layers (TracedColumnParallelLinear): the
         # run's record counts the graphs and breaks. TE's layers are left to break where they do.
-        apply_compile(model, fullgraph=not te)
+        apply_compile(model, parts, fullgraph=not te)
     partial = tp_partial_grad_params(model)
     tp_group = parallel_state.get_tensor_model_parallel_group()
     dp = parallel_state.get_data_parallel_world_size()
@@ -404,7 +409,8 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
         optimizer=MegatronStep(ddp, optimizer),
         clip_grad=megatron_clip(ddp, optimizer, partial, tp_group, 1.0),
         autocast_dtype=dtype if dtype != torch.float32 else None,
-        info=backend_info(cfg, options, ac, compiled, dp, model.key_masking, optimizer, overlap_problem),
+        info=backend_info(cfg, options, ac, parts.recompute[ac], compiled, dp, model.key_masking, optimizer,
+                          overlap_problem),
         dp_group=parallel_state.get_data_parallel_group() if dp > 1 else None,
         gradient_sync=megatron_gradient_sync(ddp),
     )
@@ -414,7 +420,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: str, optimizer,
+def backend_info(cfg, options, ac: str, recompute: str, compiled: bool, dp: int, key_masking: str, optimizer,
                  overlap_problem: str | None) -> dict:
     """The record's `backend`: what ran, each item of Megatron-LM's TP practice on or off and why."""
     (inner,) = optimizer.chained_optimizers
@@ -467,7 +473,7 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
         "cfg_drop_attention": "masked",
         "ac": cfg.ac,
         "ac_mode": ac,
-        "recompute": RECOMPUTE[ac],
+        "recompute": recompute,
         "compile": compiled,
         "compiled": (f"torch.compile(fullgraph={not options.te}, dynamic=False) of each TP DiT block, "
                      "speaker-encoder and text-encoder block and of the top level's functions"
@@ -478,3 +484,7 @@ def backend_info(cfg, options, ac: str, compiled: bool, dp: int, key_masking: st
                       "timestep embedding, input/output projections",
         **versions(),
     }
+
+
+# The TP build of each model (torchtitan.ModelParts.name): they share the techniques, not the conversion.
+TP_BUILDS = {"echo": build_echo, "decoder": build_card}

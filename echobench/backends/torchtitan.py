@@ -2,9 +2,11 @@
 
 Each technique is one small function applied to the built model, in torchtitan's order:
 float8 conversion -> activation checkpointing -> compile (per block) -> DDP or FSDP2 / HSDP.
-The model files know nothing of any of them. A frozen text encoder is never trained, so it is
-left out of FSDP sharding (it stays replicated, in the compute dtype, on every rank); a trainable
-one (--train-encoder) is sharded as one more FSDP unit.
+The model files know nothing of any of them: each model the backend trains (Echo, a card's
+decoder) is described once by its ModelParts (as torchtitan's TrainSpec registers a model's
+pieces), which the techniques read. A frozen text encoder is never trained, so it is left out of
+FSDP sharding (it stays replicated, in the compute dtype, on every rank); a trainable one
+(--train-encoder) is sharded as one more FSDP unit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from types import SimpleNamespace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -32,9 +34,27 @@ from echobench.model.decoder import Decoder
 from echobench.model.echo import EchoTTS
 
 
-def blocks(model: EchoTTS | Decoder) -> list[tuple[nn.ModuleList, int]]:
-    """(container, index) of every transformer block: the unit of AC, compile and sharding."""
-    stacks = (model.blocks,) if isinstance(model, Decoder) else (model.speaker_encoder.blocks, model.dit.blocks)
+@dataclass(frozen=True)
+class ModelParts:
+    """One model as the backends see it: what the techniques below (and megatron's builds) read
+    instead of asking which model they hold. ECHO_PARTS for Echo, decoder_parts(workload) for a card
+    run's decoder; model_parts picks one."""
+
+    name: str  # which model: a backend with a build of its own per model (megatron's TP) looks it up by name
+    build: Callable[[Any, torch.device, torch.dtype], nn.Module]  # (cfg, device, dtype): the plain model, the run's seed
+    blocks: Callable[[nn.Module], tuple[nn.ModuleList, ...]]  # its block stacks: the units of AC, compile and FSDP
+    compiled_layers: Callable[[nn.Module], tuple[nn.ModuleList, ...]]  # more stacks compiled layer by layer (only)
+    top_level: tuple[tuple[str, str], ...]  # (submodule, function): the work outside the blocks, compiled on its own
+    recompute: dict[str, str]  # what each ac_mode re-runs in backward (the record's `recompute`)
+    sharded: Callable[[nn.Module], tuple[nn.Module, ...]]  # FSDP units besides the blocks and the root
+    frozen: Callable[[nn.Module], set[nn.Parameter]]  # parameters never trained: left out of sharding
+    float8_plan: Callable[[Any, nn.Module], Float8Plan]  # (cfg, model): which linears run in float8
+    info: Callable[[Any, nn.Module, torch.device, torch.dtype], dict]  # the record's fields of this model
+    compiled: str  # what compile wraps, for the record's `compiled`
+
+
+def each_layer(stacks: tuple[nn.ModuleList, ...]) -> list[tuple[nn.ModuleList, int]]:
+    """(container, index) of every layer of the stacks (ModelParts.blocks, .compiled_layers)."""
     return [(container, i) for container in stacks for i in range(len(container))]
 
 
@@ -275,15 +295,15 @@ CARD_RECOMPUTE = {
 }
 
 
-def apply_ac(model: EchoTTS | Decoder, mode: str) -> None:
+def apply_ac(model: nn.Module, parts: ModelParts, mode: str) -> None:
     """Non-reentrant checkpointing of the blocks (mode: ac_mode): full, op-level selective (every
     block, the selective policy) or layer-level selective (every second block of each stack, whole)."""
     if mode == "none":
         return
-    if mode not in RECOMPUTE:
+    if mode not in parts.recompute:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}: none, selective or full")
     kwargs = {"context_fn": _selective_context} if mode in ("selective", flops_model.TE_SELECTIVE) else {}
-    for container, i in blocks(model):
+    for container, i in each_layer(parts.blocks(model)):
         if mode != flops_model.LAYER_SELECTIVE or i % 2 == 1:
             container[i] = checkpoint_wrapper(container[i], preserve_rng_state=False, **kwargs)
 
@@ -304,33 +324,75 @@ TOP_LEVEL = (("dit", "embed"), ("dit", "head"), ("", "noised"), ("", "squared_er
 CARD_TOP_LEVEL = (("", "embed"), ("", "head_loss"))
 
 
-def apply_compile(model: EchoTTS | Decoder, fullgraph: bool = True) -> None:
+def apply_compile(model: nn.Module, parts: ModelParts, fullgraph: bool = True) -> None:
     """torch.compile in place: each block (the blocks repeat, so one graph serves them all), each
-    text-encoder layer, and the top level's functions (TOP_LEVEL; a decoder's CARD_TOP_LEVEL). Static
-    shapes (dynamic=False): one graph per shape, a few with batching=bucket (compile_shapes sizes
-    dynamo's recompile limit to them), never a dynamic one."""
-    card = isinstance(model, Decoder)
-    layers = [] if card else [(text_encoder_layers(model), i) for i in range(len(text_encoder_layers(model)))]
-    for container, i in [*blocks(model), *layers]:
+    of the parts' other compiled layers, and the top level's functions. Static shapes
+    (dynamic=False): one graph per shape, a few with batching=bucket (compile_shapes sizes dynamo's
+    recompile limit to them), never a dynamic one."""
+    for container, i in each_layer(parts.blocks(model)) + each_layer(parts.compiled_layers(model)):
         container[i].compile(fullgraph=fullgraph, dynamic=False)
-    for owner, name in CARD_TOP_LEVEL if card else TOP_LEVEL:
+    for owner, name in parts.top_level:
         module = model.get_submodule(owner)
         setattr(module, name, torch.compile(getattr(module, name), fullgraph=fullgraph, dynamic=False))
 
 
-def frozen_params(model: EchoTTS | Decoder) -> set[nn.Parameter]:
-    if isinstance(model, Decoder):
-        return set()
-    return {p for p in model.text_encoder.parameters() if not p.requires_grad}
+def echo_info(cfg, model: EchoTTS, device: torch.device, dtype: torch.dtype) -> dict:
+    """The record's fields of an Echo run: where its text encoder lives and how it attends."""
+    info = {"text_encoder": text_encoder_layout(cfg, dtype), "key_masking": model.key_masking,
+            "cfg_drop": model.cfg_drop, "cfg_drop_attention": model.cfg_drop_attention}
+    if note := cfg_drop_attention(cfg, device, dtype)[1]:
+        info["cfg_drop_attention_note"] = note
+    return info
+
+
+ECHO_PARTS = ModelParts(
+    name="echo",
+    build=build_model,
+    blocks=lambda model: (model.speaker_encoder.blocks, model.dit.blocks),
+    compiled_layers=lambda model: (text_encoder_layers(model),),
+    top_level=TOP_LEVEL,
+    recompute=RECOMPUTE,
+    # A trainable text encoder is one more FSDP unit; a frozen one is never trained: not sharded.
+    sharded=lambda model: () if model.cfg.frozen_encoder else (model.text_encoder,),
+    frozen=lambda model: {p for p in model.text_encoder.parameters() if not p.requires_grad},
+    float8_plan=lambda cfg, model: float8_plan(cfg),
+    info=echo_info,
+    compiled="DiT, speaker-encoder and text-encoder block",
+)
+
+
+def decoder_parts(workload) -> ModelParts:
+    """A card run's decoder (workload: model.config.CardWorkload): its blocks are its one stack, all
+    of it trained."""
+    return ModelParts(
+        name="decoder",
+        build=lambda cfg, device, dtype: build_decoder(cfg, workload, device),
+        blocks=lambda model: (model.blocks,),
+        compiled_layers=lambda model: (),
+        top_level=CARD_TOP_LEVEL,
+        recompute=CARD_RECOMPUTE,
+        sharded=lambda model: (),
+        frozen=lambda model: set(),
+        float8_plan=lambda cfg, model: card_float8_plan(model),
+        info=lambda cfg, model, device, dtype: {
+            "model": f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}"},
+        compiled="decoder block",
+    )
+
+
+def model_parts(workload=None) -> ModelParts:
+    """The parts of the model a run trains: Echo's, or (workload: a card run's
+    model.config.CardWorkload) the card's decoder's. The one place a backend tells them apart."""
+    return ECHO_PARTS if workload is None else decoder_parts(workload)
 
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, reduce_dtype: torch.dtype,
-               reshard_after_forward: bool) -> None:
-    """FSDP2: each block, then the root (the remaining trainable layers); gradients reduced in
-    reduce_dtype (bf16 halves the bytes).
+def apply_fsdp(model: nn.Module, parts: ModelParts, mesh, param_dtype: torch.dtype, force_sum: bool,
+               reduce_dtype: torch.dtype, reshard_after_forward: bool) -> None:
+    """FSDP2: each block, then the parts' other sharded units, then the root (the remaining trainable
+    layers, the frozen ones left out); gradients reduced in reduce_dtype (bf16 halves the bytes).
 
     On a 2-D mesh (replicate, shard) this is HSDP. No unit casts its forward inputs
     (cast_forward_inputs=False): autocast already picks the compute dtype of every matmul, and a
@@ -342,14 +404,13 @@ def apply_fsdp(model: EchoTTS, mesh, param_dtype: torch.dtype, force_sum: bool, 
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # lazy: seconds to import
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
-    ignored = frozen_params(model)
-    units = blocks(model)
-    for n, (container, i) in enumerate(units):
+    blocks = each_layer(parts.blocks(model))
+    for n, (container, i) in enumerate(blocks):
         fully_shard(container[i], mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward and n < len(units) - 1)
-    if isinstance(model, EchoTTS) and not model.cfg.frozen_encoder:
-        fully_shard(model.text_encoder, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored, reshard_after_forward=False)
+                    reshard_after_forward=reshard_after_forward and n < len(blocks) - 1)
+    for unit in parts.sharded(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=parts.frozen(model), reshard_after_forward=False)
     if force_sum:  # gloo has no PREMUL_SUM: reduce with SUM and divide separately
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -418,33 +479,24 @@ def gradient_sync(model: nn.Module) -> Callable[[bool], None] | None:
 def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
     """The model, parallelised, and its step pieces; `cfg` passed validate() (backends.build_training
     checks it). workload: a card run's (model.config.CardWorkload): its decoder in Echo's place, the
-    same techniques applied to its blocks."""
+    same techniques applied to its blocks (model_parts)."""
     device = dist_info.device
+    parts = model_parts(workload)
     compiled = cfg.compiled_on(device.type)
     ac = ac_mode(cfg.ac, compiled)
     reduce_dtype = REDUCE_DTYPES[cfg.grad_reduce_dtype]
     info = {"backend": "torchtitan", "parallelism": cfg.parallelism, "sharding": "none"}
-    if workload is None:
-        model = build_model(cfg, device, dtype)
-        info.update(text_encoder=text_encoder_layout(cfg, dtype), key_masking=model.key_masking, cfg_drop=model.cfg_drop,
-                    cfg_drop_attention=model.cfg_drop_attention, recompute=RECOMPUTE[ac])
-        if note := cfg_drop_attention(cfg, device, dtype)[1]:
-            info["cfg_drop_attention_note"] = note
-    else:
-        model = build_decoder(cfg, workload, device)
-        info.update(model=f"decoder from card {workload.label}: {workload.card.layers} blocks, seq {workload.seq}",
-                    recompute=CARD_RECOMPUTE[ac])
+    model = parts.build(cfg, device, dtype)
+    info.update(parts.info(cfg, model, device, dtype), recompute=parts.recompute[ac])
     info.update(ac=cfg.ac, ac_mode=ac, compile=compiled)
     if cfg.precision == "fp8":
-        plan = float8_plan(cfg) if workload is None else card_float8_plan(model)
-        info.update(apply_float8(model, plan, float8_emulated(device),
+        info.update(apply_float8(model, parts.float8_plan(cfg, model), float8_emulated(device),
                                  fsdp=cfg.layout.shards_parameters, compiled=compiled, recipe=cfg.float8_recipe))
-    apply_ac(model, ac)
+    apply_ac(model, parts, ac)
     if compiled:
-        apply_compile(model)
-        info["compiled"] = ("torch.compile(fullgraph=True, dynamic=False) of each "
-                            + ("DiT, speaker-encoder and text-encoder block" if workload is None else "decoder block")
-                            + " and of the top level's functions")
+        apply_compile(model, parts)
+        info["compiled"] = (f"torch.compile(fullgraph=True, dynamic=False) of each {parts.compiled} and of the top "
+                            "level's functions")
     recipe, accum_dtype = cfg.master_weights_on(device.type), cfg.grad_accum_dtype_on(device.type)
     info.update(master_weights=recipe, master_weights_recipe=RECIPES[recipe], grad_accum_dtype=accum_dtype)
     # bf16-compute turns the parameters into bf16 before DDP makes its buckets of them.
@@ -462,7 +514,7 @@ def build(cfg, dist_info, dtype: torch.dtype, workload=None) -> TrainSetup:
                                 "gradients as bucket views)")
         else:
             force_sum = torch.distributed.get_backend() == "gloo"
-            apply_fsdp(model, mesh, dtype, force_sum, reduce_dtype, cfg.reshard_after_forward)
+            apply_fsdp(model, parts, mesh, dtype, force_sum, reduce_dtype, cfg.reshard_after_forward)
             info["sharding"] = ("FSDP2 per block + root" if not cfg.layout.hybrid
                                 else "HSDP: replicate across nodes, FSDP2 per block + root inside a node")
             info["mixed_precision"] = {"param_dtype": str(dtype).removeprefix("torch."),

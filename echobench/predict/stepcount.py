@@ -255,7 +255,7 @@ def fake_model(cfg: RunConfig, mode: FakeTensorMode, dtype: torch.dtype, compile
                 for name, t in store.items():
                     if t is not None:
                         store[name] = fake(t)
-    torchtitan.apply_ac(model, torchtitan.ac_mode(cfg.ac, compiled))
+    torchtitan.apply_ac(model, torchtitan.ECHO_PARTS, torchtitan.ac_mode(cfg.ac, compiled))
     return model
 
 
@@ -298,7 +298,7 @@ def run_step(cfg: RunConfig, counter: StepCounter, mode: FakeTensorMode, compile
     units: dict[str, Unit] = {}
     if compiled:
         with record_compiles(counter, model, units):
-            torchtitan.apply_compile(model)
+            torchtitan.apply_compile(model, torchtitan.ECHO_PARTS)
     batch, draws = fake_batch(cfg, mode, masked)
     params = model.trainable_parameters()
     with mode:
