@@ -137,8 +137,7 @@ def load_tune_file(path: Path, site: Path | None = None) -> TuneFile:
             raise TuneError(f"{path}: defaults.{key}: {exc}") from None
     for axis, values in spec.search.items():
         if axis not in AXES:
-            raise TuneError(f"{path}: search.{axis}: " + ("renamed search.parallelism, as in matrices and run files"
-                            if axis == "layout" else f"not a searched axis: one of {', '.join(AXES)}"))
+            raise TuneError(f"{path}: search.{axis}: not a searched axis: one of {', '.join(AXES)}")
         if not values:
             raise TuneError(f"{path}: search.{axis}: give at least one value")
         for v in values:
