@@ -53,7 +53,7 @@ TP2 = {"framework": "megatron", "parallelism": "tp2", "gpus_per_node": 2}
 
 
 def priced_gemms(run: RunConfig, monkeypatch) -> set[tuple[int, int, int]]:
-    """The (m, n, k) of every GEMM predict_card prices for a measured card run (predict --against's
+    """The (m, n, k) of every GEMM predict_card prices for a measured card run (validate measured's
     card_prediction: the card and measured_layout), read off the pricing's own calls."""
     seen = set()
     real = pricing.Rates.gemm_tflops

@@ -1,6 +1,6 @@
 """hardware.calibrate_comm: a sweep measures its own hardware profile (`echobench calibrate --comm
 --matrix MATRIX`, the file the sweep was started with) once, where its runs run, before them;
-`predict --against SWEEP` then prices the runs with it. Locally end to end; the SLURM job against
+`validate measured SWEEP` then prices the runs with it. Locally end to end; the SLURM job against
 stand-in commands (the real cluster: tests/test_slurm.py). Nothing here asserts a measured speed:
 the machine is a loaded CPU."""
 
@@ -85,13 +85,13 @@ def test_a_local_sweep_measures_its_profile_once_and_predict_against_prices_its_
     assert "measuring a hardware profile" not in proc.stdout
     assert (sweep / "profile.yaml").stat().st_mtime_ns == before
 
-    # predict --against SWEEP, no --profile: the sweep's own profile (nothing else here would do: a CPU
+    # validate measured SWEEP, no --profile: the sweep's own profile (nothing else here would do: a CPU
     # has no shipped profile and this test's cache holds none), named with its file.
     name = f"{profile.name} ({sweep.resolve() / 'profile.yaml'})"
-    proc = run_cli("predict", "--against", sweep, "--json", tmp_path=tmp_path)
+    proc = run_cli("validate", "measured", sweep, "--json", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {c["profile"] for c in json.loads(proc.stdout)} == {name}
-    proc = run_cli("predict", "--against", sweep, tmp_path=tmp_path)
+    proc = run_cli("validate", "measured", sweep, tmp_path=tmp_path)
     assert proc.returncode == 0 and f"profile {name}: " in flat(proc.stdout), proc.stdout + proc.stderr
 
 

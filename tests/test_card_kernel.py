@@ -1,6 +1,6 @@
 """A card run's attention kernel: the record names torch's SDPA choice for the decoder
 (sdpa_backends_predicted["decoder"], tests/test_card_runs.py holds a CPU run's to torch's), and
-`predict --against` prices the run's attention at that kernel's profile points; a record that names
+`validate measured` prices the run's attention at that kernel's profile points; a record that names
 none (before card runs recorded it) is priced as before, at the framework's default. The record is
 the H200 pass's MPT-1B seq 8192 card run (reports/h200-2026-12-04), a copy of it hand-edited."""
 
@@ -43,7 +43,7 @@ def card_records(tmp_path_factory):
 
 
 def against(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "echobench", "predict", "--against", str(path.parent.parent),
+    proc = subprocess.run([sys.executable, "-m", "echobench", "validate", "measured", str(path.parent.parent),
                            "--profile", PROFILE, "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

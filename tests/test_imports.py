@@ -76,7 +76,7 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle():
 def test_echobench_has_no_import_cycle():
     graph = import_graph()
     # the graph is the real one: the known arrows are in it (a lazy one among them)
-    assert "echobench.records.results" in graph["echobench.sweep.executors"] and "echobench.hardware.device" in graph["echobench.hardware.profile"]
+    assert "echobench.records.results" in graph["echobench.sweep.executors"] and "echobench.hardware.device" in graph["echobench.predict.profiles"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -127,7 +127,7 @@ def test_the_readme_and_the_docs_draw_the_layers_of_echobench_init():
 
 def test_the_commands_that_read_records_import_no_torch(tmp_path):
     """report and results read records and price them: arithmetic, so neither pays torch's import
-    (seconds of CPU a call); nor do plan and predict of a CPU matrix of single runs. (predict --against
+    (seconds of CPU a call); nor do plan and predict of a CPU matrix of single runs. (validate measured
     imports torch where it counts a step's element-wise bytes the cache lacks.) All four in one fresh
     process, which then holds no torch."""
     import json

@@ -1,5 +1,5 @@
 """The performance model (echobench.predict): its properties on synthetic profiles with set figures,
-its counted constants against a real tiny step, the CLI (predict, --against, plan) and the predicted
+its counted constants against a real tiny step, the CLI (predict, validate measured, plan) and the predicted
 markers of the dashboard in headless Chromium. Nothing here depends on how fast the machine is."""
 
 from __future__ import annotations
@@ -383,13 +383,13 @@ def test_against_refuses_node_counts_and_warns_of_a_profile_of_another_device(cl
     rec = measured_record(c, 1.0)
     rec.save(tmp_path / "runs" / rec.run_id)
     save_profile(profile(device="OTHER GPU"), tmp_path / "p.yaml")
-    proc = cli("predict", "--against", tmp_path / "runs", "--nodes", "4")
-    assert proc.returncode == 2 and "--nodes is for `predict MATRIX`" in proc.stderr
-    proc = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True)
+    proc = cli("validate", "measured", tmp_path / "runs", "--nodes", "4")  # each record at the node count it ran on
+    assert proc.returncode == 2 and "No such option: --nodes" in proc.stderr
+    proc = cli("validate", "measured", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True)
     assert "warning: 1 run(s) measured on 'SYNTHETIC GPU', predicted from a profile of another device " \
            "(OTHER GPU)" in " ".join(proc.stderr.split())
     save_profile(profile(), tmp_path / "same.yaml")
-    proc = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "same.yaml", check=True)
+    proc = cli("validate", "measured", tmp_path / "runs", "--profile", tmp_path / "same.yaml", check=True)
     assert "another device" not in proc.stderr
 
 
@@ -416,7 +416,7 @@ def test_against_error_is_predicted_minus_measured_over_measured(cli, tmp_path):
     assert comparison.prediction.mfu == pytest.approx(2 * rec.mfu)
     rec.save(tmp_path / "runs" / rec.run_id)
     save_profile(prof, tmp_path / "p.yaml")
-    out = json.loads(cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "p.yaml", "--json",
+    out = json.loads(cli("validate", "measured", tmp_path / "runs", "--profile", tmp_path / "p.yaml", "--json",
                          check=True).stdout)
     assert len(out) == 1 and out[0]["run_id"] == rec.run_id
     assert out[0]["error"] == pytest.approx(-0.5) and out[0]["measured_step_time_s"] == pytest.approx(2 * predicted)
@@ -425,7 +425,7 @@ def test_against_error_is_predicted_minus_measured_over_measured(cli, tmp_path):
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
     assert out[0]["fit"]["fit"] == "committed" and out[0]["fit"]["clock"] == committed["clock"]
     assert out[0]["fit"]["fitted_on"] == len(committed["fitted_on"]) and not out[0]["fit"]["in_sample"]
-    table = cli("predict", "--against", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True).stdout
+    table = cli("validate", "measured", tmp_path / "runs", "--profile", tmp_path / "p.yaml", check=True).stdout
     assert "-50.0%" in table and "mean |error| 50.0%, max 50.0% over 1 runs" in table
     assert "the committed fit validation/fit.json" in " ".join(table.split())
 
@@ -680,7 +680,7 @@ def test_split_prices_the_dropped_micro_batches_as_two_unmasked_calls_and_their_
 
 def test_a_record_older_than_cfg_drop_attention_is_read_as_it_ran():
     """Settings stored before cfg_drop_attention and master_weights existed ran masked and
-    fp32-autocast: as_ran reads them so (predict --against), while their configuration id stays."""
+    fp32-autocast: as_ran reads them so (validate measured), while their configuration id stays."""
     from echobench.records.config import as_ran, configuration_id
 
     old = RunConfig(scale="3B", micro_batch=8).to_dict()

@@ -35,7 +35,7 @@ def test_reprice_prices_a_committed_pass_with_this_checkouts_model():
     folder = ROOT / "reports" / "predict-cpu-2026-12-04" / "pass-01"
     out = subprocess.run([sys.executable, str(TOOL), "--reprice", str(folder)], capture_output=True, text=True,
                          check=True, cwd=ROOT, timeout=600).stdout
-    priced = json.loads(subprocess.run([sys.executable, "-m", "echobench", "predict", "--against", str(folder / "runs"),
+    priced = json.loads(subprocess.run([sys.executable, "-m", "echobench", "validate", "measured", str(folder / "runs"),
                                         "--profile", str(folder / "profile.yaml"), "--json"], capture_output=True,
                                        text=True, check=True, cwd=ROOT, timeout=600).stdout)
     assert len(priced) == 4

@@ -1,6 +1,6 @@
 """The performance model held against the first GPU runs (reports/h200-2026-12-04.md): the H200
 device check's records (Echo 3B / 800M eager and compiled, megatron TP=1, two published rows'
-1-GPU slices as card runs), each predicted by `echobench predict --against` at the layout it ran,
+1-GPU slices as card runs), each predicted by `echobench validate measured` at the layout it ran,
 on the shipped H200 profile and on the profile measured in the same pass. The limits are the errors
 of 2026-12-04 with a margin: a change that prices these runs worse fails here."""
 
@@ -26,7 +26,7 @@ def h200_runs(tmp_path_factory):
 
 
 def against(runs: Path, profile: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, "-m", "echobench", "predict", "--against", str(runs), "--profile", profile,
+    proc = subprocess.run([sys.executable, "-m", "echobench", "validate", "measured", str(runs), "--profile", profile,
                            "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -51,7 +51,7 @@ def test_predicted_step_times_of_the_h200_runs_hold_their_limits(h200_runs, prof
 
 def test_an_echo_gpu_run_left_to_torchs_sdpa_choice_is_priced_at_the_backend_its_record_names(h200_runs):
     """torch 2.11 chose cuDNN for the DiT's unmasked attention on the H200 (each Echo record's
-    sdpa_backends_predicted): predict --against prices that kernel, not the flash2 of a run's settings;
+    sdpa_backends_predicted): validate measured prices that kernel, not the flash2 of a run's settings;
     the same record with no name, or read as a CPU's, keeps the settings' kernel."""
     import dataclasses
 
@@ -90,7 +90,7 @@ def test_a_card_runs_predicted_memory_is_its_measured_peak(h200_runs):
 
 def test_a_run_that_attended_split_with_torch_choosing_cudnn_is_priced_as_it_ran(h200_runs):
     """A record of cfg_drop_attention split (its DiT's dropped-conditioning micro-batches counted
-    under "split" in attention_paths) whose unmasked calls torch served with cuDNN: predict --against
+    under "split" in attention_paths) whose unmasked calls torch served with cuDNN: validate measured
     prices the unmasked calls at cuDNN and the split ones as flash's two calls, not the dropped
     micro-batches as masked (FlexAttention, slower) as it did when the record's choice replaced
     the run's sdpa_backend setting."""

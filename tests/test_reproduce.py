@@ -1,7 +1,7 @@
 """`echobench reproduce`: published rows as a matrix of card runs (their layout mapped to echobench's,
 refusals one line per row, --scale-down's arithmetic and what it says changed), a local reproduce of
 two tiny rows end to end (measured vs published vs predicted), the dashboard's Reference workloads
-and `predict --against` on the card runs it measured.
+and `validate measured` on the card runs it measured.
 
 The tiny rows (rows_file) are TEST DATA shaped like validation/published-runs.yaml: their published
 figures are made up for these tests and come from no source. Nothing here asserts a measured speed
@@ -190,7 +190,7 @@ def test_a_local_reproduce_prints_measured_published_and_predicted(reproduced):
 
 def test_predict_against_prices_card_runs_as_cards(reproduced):
     _, sweep, _, records = reproduced
-    result = CliRunner().invoke(app, ["predict", "--against", str(sweep), "--json"])
+    result = CliRunner().invoke(app, ["validate", "measured", str(sweep), "--json"])
     assert result.exit_code == 0, result.output
     got = {c["run_id"]: c for c in json.loads(result.stdout)}
     for r in records.values():

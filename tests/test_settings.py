@@ -40,10 +40,10 @@ OPTIONS = {
                   "--site"],  # the site file of --matrix
     "report": ["--margin", "--only", "--out", "--profile", "--reference", "--table", "-o", "paths"],
     "results": ["--columns", "--csv", "--json", "--only", "--sort", "paths"],
-    "predict": ["--against", "--json", "--nodes", "--notes", "--only", "--profile", "paths",
-                "--validate",  # added since: published runs (issue 34)
-                "--write-fit",  # the committed fit of the published runs (issue 42)
-                "--refit"],  # --validate at the clock refitted on the file's own rows, labelled in-sample
+    "predict": ["--json", "--nodes", "--notes", "--only", "--profile", "path"],  # a matrix's runs only, since:
+    # the model held against measured runs (predict --against) and published ones (predict --validate) became validate's
+    "validate measured": ["--json", "--profile", "paths"],
+    "validate published": ["--json", "--refit", "--write-fit", "path"],
     "compare": ["--alpha", "--threshold", "new", "old"],
     "explain": ["--json", "run_dir"],
     "plan": ["--executor", "--json", "--max-runs", "--only", "--out", "--profile", "--script", "--write-scripts", "matrix_path",
@@ -263,13 +263,13 @@ def test_a_tune_file_searches_parallelism_and_refuses_an_axis_it_does_not_search
     assert set(re.findall(r"`([a-z_]+)`", listed)) == set(AXES)
 
 
-def test_predict_against_takes_its_own_directories(tmp_path):
-    """--against DIR is an option with its argument: it no longer changes what the positional means."""
+def test_validate_measured_takes_directories_and_predict_a_matrix(tmp_path):
+    """Each command's positional means one thing: predict's a matrix, validate measured's run directories."""
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    both = CliRunner().invoke(app, ["predict", "--against", str(a), str(b)])
-    assert both.exit_code == 2 and f"--against {a} --against {b}" in both.output.replace("\n", "")
-    missing = CliRunner().invoke(app, ["predict", "--against", str(tmp_path / "nope")])
-    assert missing.exit_code == 2 and "--against: no such file or directory" in missing.output
-    empty = CliRunner().invoke(app, ["predict", "--against", str(a), "--against", str(b)])
+    both = CliRunner().invoke(app, ["predict", str(a), str(b)])
+    assert both.exit_code == 2 and "unexpected extra argument" in both.output
+    missing = CliRunner().invoke(app, ["validate", "measured", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "no such file or directory" in missing.output
+    empty = CliRunner().invoke(app, ["validate", "measured", str(a), str(b)])
     assert empty.exit_code == 2 and f"no successful runs under {a}, {b}" in empty.output.replace("\n", "")

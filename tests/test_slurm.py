@@ -263,7 +263,7 @@ def test_a_sweep_without_a_peak_calibrates_once_on_a_compute_node(calibrating_sw
 
 def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_link_first(calibrating_sweep, tmp_path):
     """hardware.calibrate_comm on the cluster: one job on the sweep's largest node count (2 x 1) measures
-    SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `predict --against
+    SWEEP/profile.yaml, one launcher per node, before the runs (which wait for it); `validate measured
     SWEEP` then prices the runs with it."""
     from echobench.hardware.profile import load_profile
 
@@ -276,7 +276,7 @@ def test_a_two_node_sweep_with_calibrate_comm_measures_a_profile_with_an_inter_l
     assert {p.group_size for fit in profile.links["inter"].values() for p in fit.points} == {2}  # one rank per node
     for rid in runs(out):
         assert record(out, rid)["status"] == "ok", record(out, rid)["error"]
-    proc = run_cli("predict", "--against", out, "--json", tmp_path=tmp_path)
+    proc = run_cli("validate", "measured", out, "--json", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {c["profile"] for c in json.loads(proc.stdout)} == {f"{profile.name} ({out.resolve() / 'profile.yaml'})"}
 

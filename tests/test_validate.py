@@ -1,4 +1,4 @@
-"""`echobench predict --validate`: the published rows' strict schema (every unknown key, a row's own
+"""`echobench validate published`: the published rows' strict schema (every unknown key, a row's own
 value missing from its assumed values, refused in one line naming the key and the row), the
 published step under each row's convention, the assumed values priced as a range, the command's
 table, summary and --json, and the leave-one-source-out cross-validation held under committed
@@ -142,12 +142,12 @@ def test_a_row_with_nothing_assumed_has_the_cross_validated_interval_not_one_of_
 def test_validate_on_three_rows_prints_each_row_its_range_and_the_cross_validation(tmp_path, cli):
     three = ["lf-mpt-7b-8gpu", "mlm-gpt-7.1b-96gpu", "kor-megatron-22b-full"]
     path = write_rows(tmp_path, [BY_ID[i] for i in three])
-    proc = cli("predict", "--validate", path, check=True)
+    proc = cli("validate", "published", path, check=True)
     for rid in three:
         line = next(x for x in proc.stdout.splitlines() if f" {rid} " in x)
         assert re.search(r"[+-]\d+\.\d%", line), line
     assert "leave-one-source-out" in proc.stdout and re.search(r"│ all +│ +3 │", proc.stdout), proc.stdout
-    out = json.loads(cli("predict", "--validate", path, "--json", check=True).stdout)
+    out = json.loads(cli("validate", "published", path, "--json", check=True).stdout)
     assert [r["id"] for r in out["rows"]] == three and out["summary"]["priced"] == 3
     assert set(out["crossval"]["loso_errors"]) == set(three) and out["crossval"]["sources"] == 3
     assert out["summary"]["mean_abs_error"] == pytest.approx(sum(abs(r["error"]) for r in out["rows"]) / 3)
@@ -170,23 +170,22 @@ def test_validate_prices_a_file_at_the_committed_fit_and_a_refit_is_labelled_in_
     very rows (another clock, smaller errors) and says the errors are in-sample."""
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
     path = write_rows(tmp_path, held_out_rows(1.25))
-    out = json.loads(cli("predict", "--validate", path, "--json", check=True).stdout)
+    out = json.loads(cli("validate", "published", path, "--json", check=True).stdout)
     assert out["fit"]["fit"] == "committed" and not out["fit"]["in_sample"]
     assert out["fit"]["clock"] == committed["clock"] and out["fit"]["file"] == "validation/fit.json"
     assert out["fit"]["rows_file"] == committed["rows_file"] and out["fit"]["fitted_on"] == len(committed["fitted_on"])
     assert [r["error"] for r in out["rows"]] == pytest.approx([0.25] * 3)
     assert not any(r["in_fit_set"] for r in out["rows"]) and out["summary"]["held_out"]["rows"] == 3
-    text = " ".join(cli("predict", "--validate", path, check=True).stdout.split())
+    text = " ".join(cli("validate", "published", path, check=True).stdout.split())
     assert "PREDICTED (at the committed fit)" in text and "+25.0%" in text
     assert "3 held out: mean |error| 25.0%, max 25.0%" in text and "IN-SAMPLE" not in text
 
-    refit = json.loads(cli("predict", "--validate", path, "--refit", "--json", check=True).stdout)
+    refit = json.loads(cli("validate", "published", path, "--refit", "--json", check=True).stdout)
     assert refit["fit"]["fit"] == "refit" and refit["fit"]["in_sample"] and refit["fit"]["rows_file"] == path
     assert refit["fit"]["clock"]["hopper"] > committed["clock"]["hopper"]
     assert all(abs(r["error"]) < 0.25 and r["in_fit_set"] for r in refit["rows"])
-    text = " ".join(cli("predict", "--validate", path, "--refit", check=True).stdout.split())
+    text = " ".join(cli("validate", "published", path, "--refit", check=True).stdout.split())
     assert "PREDICTED (IN-SAMPLE" in text and "not a held-out error" in text
-    assert "--refit goes with --validate" in one_error_line(cli("predict", ROOT / "matrices" / "smoke.yaml", "--refit"))
 
 
 def scaled(row: dict, gpus: int, rid: str) -> dict:
@@ -217,11 +216,11 @@ def test_a_scaling_series_is_a_sources_rows_at_constant_per_gpu_work_and_its_err
     assert scaling_series(rows[1:3], [r for r in results if r.id in ("s-8",)]) == []  # one priced row: no series
 
     path = write_rows(tmp_path, rows[:3])
-    out = json.loads(cli("predict", "--validate", path, "--json", check=True).stdout)["scaling_series"]
+    out = json.loads(cli("validate", "published", path, "--json", check=True).stdout)["scaling_series"]
     assert out["count"] == 1 and out["series"][0]["gpus"] == [8, 64, 256] and out["aim"] == SERIES_AIM
     errs = out["series"][0]["errors"]
     assert out["series"][0]["change"] == pytest.approx(errs[-1] - errs[0])
-    text = " ".join(cli("predict", "--validate", path, check=True).stdout.split())
+    text = " ".join(cli("validate", "published", path, check=True).stdout.split())
     assert "s-8 .. s-256 (llm-foundry, 8 / 64 / 256 GPUs)" in text and f"{(errs[-1] - errs[0]) * 100:+.1f} points" in text
     assert "leave-one-source-out: not meaningful" in text  # one source: no other to refit the clock on
 
@@ -283,14 +282,15 @@ def one_error_line(proc) -> str:
 
 
 def test_bad_input_is_one_line_and_exit_1(tmp_path, cli):
-    assert "no such file" in one_error_line(cli("predict", "--validate", tmp_path / "none.yaml"))
+    assert "no such file" in one_error_line(cli("validate", "published", tmp_path / "none.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("- id: x\n  model: [\n")
-    assert "not valid YAML: line" in one_error_line(cli("predict", "--validate", bad))
+    assert "not valid YAML: line" in one_error_line(cli("validate", "published", bad))
     unknown = {**ROW, "run": {**ROW["run"], "shard_group": 128, "sharding": "full_shard", "bucket_mb": 25}}
-    assert "run: unknown key 'bucket_mb'" in one_error_line(cli("predict", "--validate", write_rows(tmp_path, [unknown])))
-    both = one_error_line(cli("predict", ROOT / "matrices" / "smoke.yaml", "--validate", bad))
-    assert "--validate FILE takes no MATRIX" in both
+    assert "run: unknown key 'bucket_mb'" in one_error_line(cli("validate", "published", write_rows(tmp_path, [unknown])))
+    # predict prices a matrix only: the published rows are validate's
+    proc = cli("predict", ROOT / "matrices" / "smoke.yaml", "--validate", bad)
+    assert proc.returncode == 2 and "No such option: --validate" in proc.stderr
 
 
 def test_a_small_card_file_reads_as_a_rows_card(tmp_path):
@@ -397,7 +397,7 @@ def test_the_clock_each_row_needs_reprices_it_at_its_published_step(cv):
 
 def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zero_width(cv):
     committed = json.loads((ROOT / "validation" / "fit.json").read_text())
-    assert committed["clock"] == cv["fit"], "stale: rerun `echobench predict --validate validation/published-runs.yaml --write-fit`"
+    assert committed["clock"] == cv["fit"], "stale: rerun `echobench validate published validation/published-runs.yaml --write-fit`"
     assert committed["rows_file"] == "validation/published-runs.yaml"
     assert committed["residual_quantiles"] == pytest.approx(cv["residual_quantiles"])
     lo, hi = interval(1.0)
@@ -410,7 +410,7 @@ def test_the_committed_fit_is_the_fit_on_every_row_and_its_interval_is_never_zer
 
 def test_the_docs_accuracy_figures_are_the_committed_runs():
     """The leave-one-source-out and in-sample figures of docs/explanation/predict.md are
-    validation/fit.json's (written by `predict --validate --write-fit`), not typed apart from it."""
+    validation/fit.json's (written by `validate published --write-fit`), not typed apart from it."""
     fit = json.loads((ROOT / "validation" / "fit.json").read_text())
     text = " ".join((ROOT / "docs" / "explanation" / "predict.md").read_text().split())
     loso = f"leave-one-source-out mean |error| {fit['loso']['mean_abs_error']:.1%}, max {fit['loso']['max_abs_error']:.1%}"

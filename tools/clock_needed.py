@@ -4,7 +4,7 @@ recompute policy, tokens per micro-batch, the share of the predicted step that a
 data-parallel collectives overlapped with compute take. Then, with `--dp-contention S`, a what-if:
 every overlapped data-parallel collective's seconds x S added to the step (compute slowed while
 NCCL's kernels share the SMs and HBM with it), cross-validated leaving one source out as
-`predict --validate` does. No shipped term does this; it is a probe, not a model.
+`validate published` does. No shipped term does this; it is a probe, not a model.
 
     PYTHONPATH=. python3 tools/clock_needed.py [validation/published-runs.yaml] [--dp-contention 0.3]
 """

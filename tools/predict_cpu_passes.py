@@ -1,5 +1,5 @@
 """Each pass of tools/predict_cpu_sweep.sh (PASSES=N): its runs' step-time errors, its mean and max
-|error|, the load it ran at, and the median pass, from the passes' `predict --against --json` files.
+|error|, the load it ran at, and the median pass, from the passes' `validate measured --json` files.
 --reprice prices each pass's runs again on its own profile with this checkout's model first (a pass
 folder: its profile.yaml and runs/; the measurements stay, the model changes).
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 
 def reprice(passes: list[str], out: Path) -> list[str]:
-    """`echobench predict --against PASS/runs --profile PASS/profile.yaml --json` of each pass, into
+    """`echobench validate measured PASS/runs --profile PASS/profile.yaml --json` of each pass, into
     out/NAME/against.json beside a copy of its pass.log; the files' paths."""
     paths = []
     for folder in map(Path, passes):
         target = out / folder.name
         target.mkdir(parents=True)
-        priced = subprocess.run([sys.executable, "-m", "echobench", "predict", "--against", str(folder / "runs"),
+        priced = subprocess.run([sys.executable, "-m", "echobench", "validate", "measured", str(folder / "runs"),
                                  "--profile", str(folder / "profile.yaml"), "--json"],
                                 capture_output=True, text=True, check=True)
         (target / "against.json").write_text(priced.stdout)

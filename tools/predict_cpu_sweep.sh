@@ -35,6 +35,6 @@ $PY -m echobench calibrate --comm ${MATRIX:+--matrix "$MATRIX"} --out "$OUT/prof
 say "sweep"
 $PY -m echobench sweep "${MATRIX:-matrices/predict-cpu-tiny.yaml}" --out "$OUT/runs" > "$OUT/sweep.log" 2>&1
 say "predicting"
-$PY -m echobench predict --against "$OUT/runs" --profile "$OUT/profile.yaml" > "$OUT/against.txt"
-$PY -m echobench predict --against "$OUT/runs" --profile "$OUT/profile.yaml" --json > "$OUT/against.json"
+$PY -m echobench validate measured "$OUT/runs" --profile "$OUT/profile.yaml" > "$OUT/against.txt"
+$PY -m echobench validate measured "$OUT/runs" --profile "$OUT/profile.yaml" --json > "$OUT/against.json"
 cat "$OUT/against.txt"

@@ -78,6 +78,6 @@ EOF
 fi
 
 say "predicting"
-$PY -m echobench predict --against "$OUT/runs" "${PROFILES[@]}" > "$OUT/against.txt"
-$PY -m echobench predict --against "$OUT/runs" "${PROFILES[@]}" --json > "$OUT/against.json"
+$PY -m echobench validate measured "$OUT/runs" "${PROFILES[@]}" > "$OUT/against.txt"
+$PY -m echobench validate measured "$OUT/runs" "${PROFILES[@]}" --json > "$OUT/against.json"
 cat "$OUT/against.txt"

@@ -1,4 +1,4 @@
-"""Summarises `echobench predict --against ... --json` output by layout: mean and max absolute step-time
+"""Summarises `echobench validate measured ... --json` output by layout: mean and max absolute step-time
 error, the mean signed error, and the noise of the repeats (|r0 - r1| / mean of each pair of run ids
 ID / ID-r1). Used by reports/predict-cpu-2026-12-01.md:
 

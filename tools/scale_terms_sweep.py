@@ -1,7 +1,7 @@
-"""What the scale terms would do to `predict --validate` on a rows file if the shipped GPU profiles
+"""What the scale terms would do to `validate published` on a rows file if the shipped GPU profiles
 carried them: a straggler jitter (cv), a network step latency, a shared spine. Each setting is
 cross-validated leaving one source out (the in-step clock refitted without the source, as
-`predict --validate` does), and printed with its scaling series and how many one-node rows it moves
+`validate published` does), and printed with its scaling series and how many one-node rows it moves
 against the baseline (none may get worse). A what-if: no shipped profile carries these terms.
 
     PYTHONPATH=. python3 tools/scale_terms_sweep.py [validation/published-runs.yaml]

@@ -1,5 +1,5 @@
 """What each of the model's choices moves on the published rows (reports/predict-published-2026-12-03.md):
-`predict --validate`'s error over validation/published-runs.yaml with
+`validate published`'s error over validation/published-runs.yaml with
 
   - no fitted term (the physical rates alone: InStepFit() is no in-step clock),
   - the in-step clock fitted on every row (in-sample),

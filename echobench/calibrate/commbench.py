@@ -244,7 +244,7 @@ def _card_workload(spec: str):
 
 def card_of(run):
     """A card run's (ModelCard, the Layout predict_card prices it at): its `card` read as `echobench
-    run` reads it (cards.run.run_card) and its settings as predict --against lays a measured card run
+    run` reads it (cards.run.run_card) and its settings as validate measured lays a measured card run
     out (cards.run.measured_layout, the precision and compile the run takes on its device); None for
     an Echo run. PredictError for a card that is not there or not valid."""
     if getattr(run, "card", None) is None:

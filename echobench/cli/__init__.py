@@ -26,6 +26,7 @@ from echobench.cli import calibrate  # noqa: F401,E402
 from echobench.cli import report  # noqa: F401,E402
 from echobench.cli import results  # noqa: F401,E402
 from echobench.cli import plan  # noqa: F401,E402
+from echobench.cli import validate  # noqa: F401,E402
 from echobench.cli import tune  # noqa: F401,E402
 from echobench.cli import sweep  # noqa: F401,E402
 from echobench.cli import reproduce  # noqa: F401,E402

@@ -46,6 +46,8 @@ def says_known_errors(command: Callable) -> Callable:
 app = App(add_completion=False, no_args_is_help=True, help=__doc__ and "Benchmark Echo TTS training: throughput and MFU.")
 data_app = App(no_args_is_help=True, help="Training data: write tar shards.")
 app.add_typer(data_app, name="data")
+validate_app = App(no_args_is_help=True, help="The performance model held against measured or published runs.")
+app.add_typer(validate_app, name="validate")
 
 
 def print_version(value: bool) -> None:

@@ -42,7 +42,7 @@ def reproduce(
                                                 "device for MFU (the matrix's hardware.peak_tflops; else the datasheet "
                                                 "table or a calibration, as a sweep does)."),
     profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help="Hardware profile for the predicted "
-                                      "figures (default: that of the runs' device, as `predict --against` finds it)."),
+                                      "figures (default: that of the runs' device, as `validate measured` finds it)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Write the matrix and print the plan; measure nothing."),
 ):
     """Measure published rows through the same harness as Echo: their model cards as card runs at

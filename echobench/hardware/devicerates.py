@@ -9,7 +9,7 @@ and `stepcount`'s projection both call these, with or without a run.
   power limit than the points' device: 1 where none) x in_step_clock, the share of an isolated
   GEMM loop's clock a GPU family holds while the whole step (HBM, NVLink, NCCL and the tensor cores
   at once) draws on its power budget: FITTED to published runs (validation/fit.json names them;
-  `predict --validate` refits it leaving each source out), no measurement of it published; a run
+  `validate published` refits it leaving each source out), no measurement of it published; a run
   on one GPU is outside the fit's rows (8 to 6144 GPUs) and priced without it (run_fit);
 - gemm(profile, m, n, k, precision): an (m, n, k) GEMM's rate: the profile's best point of that
   precision (bf16, or fp8 at the device's float8 rate) scaled by the shape model (tile and wave
@@ -110,7 +110,7 @@ def gpu_family(device: str) -> str | None:
 
 @lru_cache(maxsize=4)
 def committed_fit(path: Path = FIT_FILE) -> InStepFit:
-    """The fit `echobench predict --validate --write-fit` committed (an empty fit where the file is
+    """The fit `echobench validate published --write-fit` committed (an empty fit where the file is
     not there: an installed echobench without its validation/)."""
     if not path.is_file():
         return InStepFit(source=f"no {path.name}: no in-step clock fitted")

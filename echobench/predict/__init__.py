@@ -107,7 +107,7 @@ The package, by what each file is (every name callers use is re-exported here):
                       framework described by its settings: framework, layout_framework, resolved
     recompute.py      activation checkpointing as named recompute policies (what each re-runs)
     pipeline.py       pipeline parallelism's 1F1B / interleaved schedule: bubble, point-to-point
-    validate.py       `predict --validate`: published rows (load_rows, a strict schema) predicted over
+    validate.py       `validate published`: published rows (load_rows, a strict schema) predicted over
                       their assumed values at a fit (validate -> ValidationRow: the interval, the memory
                       against the device's), validation_summary
     crossval.py       the fitted term held out a source at a time: crossval, write_fit; the fit a

@@ -15,7 +15,7 @@ fitted clock.
 Intervals: the LOSO log-residuals' RESIDUAL_QUANTILES (intervals.py) give how far a prediction
 lands from a published run the model was not fitted on; write_fit commits them with the fit.
 
-`predict --validate FILE` prices FILE's rows at the committed fit, held out for every row outside
+`validate published FILE` prices FILE's rows at the committed fit, held out for every row outside
 its fit set; `--refit` prices them at the fit on FILE's own rows (refit), an in-sample error.
 fit_used names the fit either way."""
 
@@ -180,7 +180,7 @@ def write_fit(result: dict, rows_file: Path | str, path: Path = FIT_FILE) -> Pat
     residual quantiles and the LOSO figures they come with (devicerates.committed_fit reads it)."""
     shown = _shown(Path(rows_file))
     data = {"clock": result["fit"], "fitted_on": sorted(result["in_sample_errors"]), "rows_file": shown,
-            "source": (f"echobench predict --validate: the in-step clock per GPU family minimising mean |log error| over "
+            "source": (f"echobench validate published: the in-step clock per GPU family minimising mean |log error| over "
                        f"{result['rows']} published rows of {result['sources']} sources ({shown}); "
                        f"leave-one-source-out mean |error| {result['loso']['mean_abs_error']:.1%}, max "
                        f"{result['loso']['max_abs_error']:.1%}"),

@@ -142,7 +142,7 @@ def summary(comparisons: Sequence[Comparison]) -> dict:
 
 @dataclass
 class AgainstRecords:
-    """`predict --against`: the comparisons, the profiles they took (each once), and what to tell the
+    """`validate measured`: the comparisons, the profiles they took (each once), and what to tell the
     user in the order it arose: (kind, line), kind "not predicted" (a record without a profile, or one
     the model refused) or "warning" (a record on another device than the profile given)."""
     comparisons: list[Comparison]

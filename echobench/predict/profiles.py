@@ -105,7 +105,7 @@ def machine_device(cfgs: Sequence[RunConfig]) -> str:
 
 
 def other_device_lines(records, profiles: Sequence[HardwareProfile]) -> list[str]:
-    """For `predict --against ... --profile P`: one line per device the records ran on that none of
+    """For `validate measured ... --profile P`: one line per device the records ran on that none of
     the profiles given is of (their errors then say how two machines differ, not how good the
     model is)."""
     have = {p.device for p in profiles}
@@ -138,7 +138,7 @@ def profile_lines(profiles: Sequence[HardwareProfile]) -> list[str]:
 
 
 def profiles_for_records(records: Sequence) -> tuple[dict[str, list[HardwareProfile]], list[str]]:
-    """`predict --against` without --profile: run id -> [its profile], profile_for_device of the
+    """`validate measured` without --profile: run id -> [its profile], profile_for_device of the
     record's device and file (its sweep's own profile first), and a line for each record without
     one (left out). None with one is a PredictError."""
     found, missing, looked = {}, [], {}

@@ -55,7 +55,7 @@ def prediction_table(items: Sequence[Prediction | PredictError], cfgs: Sequence[
 
 
 def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
-    """`echobench predict --against`: predicted vs measured per run, parts vs the breakdown."""
+    """`echobench validate measured`: predicted vs measured per run, parts vs the breakdown."""
     table = Table(title=esc(title), caption="error = (predicted - measured) / measured step time; parts: predicted / "
                   "measured share of the step (profiled runs), gemm attention optimizer communication other")
     table.add_column("run id", no_wrap=True)
@@ -74,7 +74,7 @@ def comparison_table(comparisons: Sequence[Comparison], title: str) -> Table:
 
 def validation_table(results: Sequence[ValidationRow], title: str, loso: dict[str, float] | None = None,
                      in_sample: bool = False) -> Table:
-    """`echobench predict --validate`: predicted vs published step time per published row, the
+    """`echobench validate published`: predicted vs published step time per published row, the
     assumed values' range, the row's interval against the published step, the error at the fit the
     rows were priced at (the committed one; in_sample: refitted on these rows) and left out of the
     fit (LOSO). A row among the fit's rows is marked (fit), one over its device's memory (GiB!)."""

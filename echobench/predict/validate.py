@@ -1,4 +1,4 @@
-"""`echobench predict --validate FILE`: the model held against published training runs
+"""`echobench validate published FILE`: the model held against published training runs
 (validation/published-runs.yaml: one row per run, validation/SOURCES.md says where each figure is
 from). Each row's `model` is a model card, its `run` and `hardware` a layout on a shipped profile;
 predict_card prices it. The published step time is global_batch x seq / (tokens/s per GPU x GPUs),

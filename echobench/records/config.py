@@ -492,7 +492,7 @@ FORMER_DEFAULTS = {"compile": False, "sequence_parallel": False}
 
 # Keys added after runs were recorded whose default is not what those runs did: stored settings
 # without the key (a record older than it) ran this value. Applied where a record is read for what
-# it ran (as_ran: predict --against), not in its identity (config_id, configuration), so that old
+# it ran (as_ran: validate measured), not in its identity (config_id, configuration), so that old
 # and new runs of one configuration keep their ids and still pool.
 RAN_BEFORE_KEY = {"cfg_drop_attention": "masked", "master_weights": "fp32-autocast"}
 

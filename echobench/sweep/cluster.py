@@ -355,7 +355,7 @@ class HardwareSettings(Strict):
     device: str | None = None  # a device name for the memory table (GH200, H200, H100, ...)
     assumed_mfu: float = Field(0.4, gt=0, le=1)  # only for the GPU-hours estimate of `plan`
     # The sweep measures a hardware profile (`calibrate --comm`) once, where its runs run, before them:
-    # SWEEP/profile.yaml, which `predict --against SWEEP` prices its runs with.
+    # SWEEP/profile.yaml, which `validate measured SWEEP` prices its runs with.
     calibrate_comm: bool = False
     comm_limits: CommLimits = CommLimits()
 

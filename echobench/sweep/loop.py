@@ -14,7 +14,7 @@ resumable, collected (`echobench plan` is echobench.sweep.plan).
     SWEEP/calibrate.log          local: that calibration's output
     SWEEP/calibrate.sh           slurm: the calibration job's script; its output in SWEEP/logs/calibrate-JOBID.out
     SWEEP/profile.yaml           hardware.calibrate_comm: the hardware profile measured once where the runs run
-                                 (`calibrate --comm`; a copy in SWEEP/cache/profiles), which `predict --against
+                                 (`calibrate --comm`; a copy in SWEEP/cache/profiles), which `validate measured
                                  SWEEP` prices the runs with; its output in SWEEP/calibrate-comm.log (local) or
                                  SWEEP/logs/calibrate-comm-JOBID.out (slurm: the job's script SWEEP/calibrate-comm.sh)
 

@@ -405,7 +405,7 @@ def expand(matrix: Matrix, executor: str | None = None, max_runs: int | None = N
 
 def run_memory(cfg: RunConfig) -> MemoryEstimate:
     """A planned run's per-GPU memory: Echo's estimate (predict.memory); a card run's from its card
-    (predict.cards.memory at the layout `predict --against` prices the run with, autocast included),
+    (predict.cards.memory at the layout `validate measured` prices the run with, autocast included),
     with the same overhead beside it (on a CPU without the resident baseline its run measures)."""
     from echobench.predict.memory import MemoryEstimate, estimate_memory, on_gpu, overhead_bytes
 

@@ -47,7 +47,7 @@ def comm_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str | No
     where = (f"in a job on {nodes} node(s) x {nproc} processes that the runs wait for" if executor == "slurm"
              else f"on this machine, {nproc} process(es)")
     return (f"calibrate_comm: a hardware profile is measured once before the runs ({where}) into "
-            f"SWEEP/profile.yaml, which `echobench predict --against SWEEP` prices them with")
+            f"SWEEP/profile.yaml, which `echobench validate measured SWEEP` prices them with")
 
 
 def plan_rows(plan: Plan, executor: str, profiles: list | None = None) -> list[dict]:

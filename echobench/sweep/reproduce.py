@@ -90,7 +90,7 @@ def select_rows(path: Path | str, ids: list[str]) -> list[dict]:
         if rid not in rows:
             near = difflib.get_close_matches(rid, rows, n=3, cutoff=0.5)
             raise ReproduceError(f"{path}: no row {rid!r}" + (f": did you mean {', '.join(near)}?" if near else
-                                 f" ({len(rows)} rows: `echobench predict --validate {path}` lists them)"))
+                                 f" ({len(rows)} rows: `echobench validate published {path}` lists them)"))
         if rid in (r["id"] for r in out):
             raise ReproduceError(f"--rows: {rid} given twice: give each row once")
         out.append(rows[rid])
@@ -289,7 +289,7 @@ def settings_text(settings: dict) -> str:
 def reference_rows(plans: list[RowPlan], runs: dict[str, str], records: dict, profiles: list) -> tuple[list, list[str]]:
     """Each planned row's run (`runs`: card setting -> run id; `records`: run id -> Record) beside its
     published figures and its prediction (predict.against: at the layout it ran, on `profiles`, else
-    on the profile of its device as `predict --against` finds it). Returns the predict.reference rows
+    on the profile of its device as `validate measured` finds it). Returns the predict.reference rows
     and the lines saying what was not predicted or not run, and which profiles priced the runs."""
     from echobench.predict import against, profile_lines
     from echobench.predict.profiles import profiles_for_records
