@@ -202,10 +202,10 @@ def test_the_split_step_equals_the_masked_step(keep, padded):
 def test_the_split_step_equals_the_masked_step_under_selective_checkpointing():
     """Op-level selective AC (the policy saves the flash kernels' outputs) re-runs merged_attention's
     forward with the saved outputs: the same loss and gradients."""
-    from echobench.backends.torchtitan import apply_ac
+    from echobench.backends.torchtitan import ECHO_PARTS, apply_ac
 
     split, masked = models()
-    apply_ac(split, "selective")
+    apply_ac(split, ECHO_PARTS, "selective")
     batch, draws = full_batch(3), draws_with([True, False, True])
     loss_a, grads_a, _ = step(split, batch, draws)
     loss_b, grads_b, _ = step(masked, batch, draws)
