@@ -7,7 +7,7 @@ exception, since the package is their common home."""
 import ast
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, cli_env
 
 PACKAGE = ROOT / "echobench"
 
@@ -131,7 +131,6 @@ def test_the_commands_that_read_records_import_no_torch(tmp_path):
     imports torch where it counts a step's element-wise bytes the cache lacks.) All four in one fresh
     process, which then holds no torch."""
     import json
-    import os
     import shutil
     import subprocess
     import sys
@@ -149,5 +148,5 @@ def test_the_commands_that_read_records_import_no_torch(tmp_path):
             "        assert not e.code, (args, e.code)\n"
             "print('torch imported' if 'torch' in sys.modules else 'no torch')")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "ECHOBENCH_CACHE": str(tmp_path / "cache")})
+                         env=cli_env(tmp_path), timeout=600)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "no torch", (out.stdout[-800:], out.stderr[-800:])

@@ -103,16 +103,17 @@ def plan(
         wide.print(part)
 
 
+# --profile of predict and validate measured; each command says its own default after it
 PROFILE_HELP = ("Hardware profile: a shipped name (profiles/) or a YAML file; repeatable: each run takes the one "
-                "measured most like it (processes per node, GEMM shapes). Default: the shipped profile of the "
-                "matrix's hardware.device, else this machine's calibrated one.")
-
+                "measured most like it (processes per node, GEMM shapes). ")
 
 
 @app.command("predict", short_help="The performance model: predicted step time and MFU per run of a matrix.")
 def predict_command(
     path: Path = typer.Argument(..., metavar="MATRIX", help="A matrix YAML file: its runs predicted."),
-    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP
+                               + "Default: the shipped profile of the matrix's hardware.device, else this machine's "
+                               "calibrated one."),
     nodes: Optional[str] = typer.Option(None, "--nodes", help="Every configuration at these node counts (1 .. "
                                         "1024, e.g. 1,4,16) instead of the matrix's."),
     as_json: bool = typer.Option(False, "--json", help="A list with one object per run."),
@@ -128,8 +129,7 @@ def predict_command(
     started = clock.perf_counter()
     wide = Console(width=None if sys.stdout.isatty() else 170)  # a row per run: the id and ten figures
     profiles = load_profiles_or_fail(profile)
-    paths = [path]
-    matrix, the_plan, _ = load_plan(paths[0], "slurm" if nodes is not None else None, None, only)
+    matrix, the_plan, _ = load_plan(path, "slurm" if nodes is not None else None, None, only)
     cfgs = [r.cfg for r in the_plan.runs]
     if nodes is not None:
         cfgs = predict.at_nodes(cfgs, predict.parse_nodes(nodes))
@@ -137,7 +137,7 @@ def predict_command(
         device = matrix.spec.hardware.device or predict.machine_device(cfgs)
         found = predict.profile_for_device(device, fabric=matrix.spec.slurm.fabric)
         if found is None:
-            fail(predict.no_profile_message(f"matrix {paths[0]} (device {device!r}: its hardware.device, else this "
+            fail(predict.no_profile_message(f"matrix {path} (device {device!r}: its hardware.device, else this "
                                        "machine's)"))
         profiles = [found]
     items = predict.predict_runs(cfgs, profiles)
@@ -167,6 +167,6 @@ def predict_command(
                   f"per link at which the overlappable collectives take no longer than the compute they overlap; "
                   f"{len(cfgs)} runs in {elapsed:.2f} s", highlight=False)
     if none_predicted:
-        fail(f"no run of {paths[0]} could be predicted (why: above)", 1)
+        fail(f"no run of {path} could be predicted (why: above)", 1)
 
 

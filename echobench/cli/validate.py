@@ -21,9 +21,9 @@ from echobench.records.states import RunState
 def measured_command(
     paths: list[Path] = typer.Argument(..., metavar="DIR", help="Measured runs: sweep or run directories, or "
                                        "result.json files, each predicted at the node count it ran on."),
-    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP.replace(
-        "the matrix's hardware.device", "the profile their sweep measured (hardware.calibrate_comm), else that of the "
-        "records' device")),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME|FILE", help=PROFILE_HELP
+                               + "Default: the profile their sweep measured (hardware.calibrate_comm), else the "
+                               "profile of the records' device, else this machine's calibrated one."),
     as_json: bool = typer.Option(False, "--json", help="A list with one object per run, with the fit it was "
                                  "priced at."),
 ):
