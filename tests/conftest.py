@@ -16,6 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+# A model card's tiny decoder, for the tests whose assertions hold for any workload of the one
+# measured loop (launch, rendezvous, queue, failure paths): its ranks import no text encoder, some
+# 2 CPU s less a rank than Echo's tiny preset (reports/suite-census-2026-12-07.md).
+TINY_CARD = str(FIXTURES / "tiny-card.yaml")
 # Read before any test compiles: inductor writes its default into os.environ on first use.
 INDUCTOR_CACHE_SET = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from conftest import ROOT, cli_env, run_cli, two_launchers
+from conftest import ROOT, TINY_CARD, cli_env, run_cli, two_launchers
 from echobench.records.atomic import write_json_atomic
 from echobench.records.config import RunConfig
 from echobench.sweep.matrix import expand, parse_matrix
@@ -21,6 +21,8 @@ from echobench.records.results import Record
 TINY = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 50, "text_tokens": 16,
         "speaker_frames": 40}
 TINY_ARGS = [a for k, v in TINY.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+# The launched runs whose failures are the launcher's, whatever it trains: a model card's tiny decoder.
+CARD_ARGS = ["--card", TINY_CARD, "--steps", "2", "--warmup-steps", "1", "--micro-batch", "1"]
 # Rich would read each as markup: a closing tag with no opening one (a MarkupError, as in gloo's
 # "[/__w/pytorch/.../pair.cc:537]"), a style, a hyperlink.
 MARKUP = "no-tok-[/x]-[bold]-[link=http://x]"
@@ -181,10 +183,10 @@ def test_bad_input_naming_markup_is_a_verbatim_one_line_error(cli, tmp_path):
 # ---- 2. a failure on node rank >= 1 ----
 
 def ddp_on_two_nodes(tmp_path: Path, *extra: str) -> tuple[list[int], list[str], dict]:
-    """One tiny DDP run of two launchers (node ranks 0 and 1, one process each) on this machine:
+    """One tiny DDP run (a card's decoder) of two launchers (node ranks 0 and 1, one process each) on this machine:
     (their exit codes, their outputs, the run's record)."""
     out = tmp_path / "run"
-    codes, outputs = two_launchers([*TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", *extra, "--out", out],
+    codes, outputs = two_launchers([*CARD_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", *extra, "--out", out],
                                    {**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}, timeout=300)
     return codes, outputs, json.loads((out / "result.json").read_text())
 
@@ -205,7 +207,7 @@ def test_a_failed_run_says_its_cause_last_and_keeps_torchruns_traceback_in_the_l
     launcher's log; torchrun's ChildFailedError traceback and its "failed (exitcode" line are in that
     log, not on stderr."""
     out = tmp_path / "run"
-    proc = cli("run", *TINY_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", "--nproc", "2", "--fail-at-step", "1",
+    proc = cli("run", *CARD_ARGS, "--peak-tflops", "1", "--parallelism", "ddp", "--nproc", "2", "--fail-at-step", "1",
                "--fail-rank", "1", "--out", out, env={"OMP_NUM_THREADS": "1"})
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) >= 2, proc.stderr
@@ -267,7 +269,7 @@ def test_a_worker_killed_by_a_signal_is_the_rank_named(tmp_path, step):
 def test_a_startup_failure_writes_a_record(cli, tmp_path):
     """fail_at_step -1: the failure point before the process group forms."""
     out = tmp_path / "run"
-    proc = cli("run", *TINY_ARGS, "--peak-tflops", "1", "--fail-at-step", "-1", "--out", out)
+    proc = cli("run", *CARD_ARGS, "--peak-tflops", "1", "--fail-at-step", "-1", "--out", out)
     assert proc.returncode == 1, proc.stderr
     record = json.loads((out / "result.json").read_text())
     assert record["status"] == "error" and "rank 0" in record["error"] and "start-up" in record["error"]

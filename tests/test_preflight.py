@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import TINY_CARD, run_cli
 from test_slurm_submit import cluster  # noqa: F401 - a cluster that answers; this test's jobs scancelled after it
 from echobench.train import nodecheck
 from echobench.train.fabric import nccl_transport, transport_problem
@@ -123,9 +123,13 @@ def test_the_import_check_names_each_module_that_does_not_import():
     check = nodecheck.check_imports(["json", "echobench_no_such_module", "yaml"])
     assert check.ok is False and "echobench_no_such_module: ModuleNotFoundError" in check.detail
     assert "pip install -e" in check.fix
-    assert nodecheck.backend_imports("megatron", "on") == ["megatron.core", "echobench.backends.megatron",
+    echo = list(nodecheck.ECHO_IMPORTS)
+    assert nodecheck.backend_imports("megatron", "on") == [*echo, "megatron.core", "echobench.backends.megatron",
                                                            "transformer_engine.pytorch"]
-    assert nodecheck.backend_imports("torchtitan", precision="fp8") == ["torchao.float8"]
+    assert nodecheck.backend_imports("torchtitan", precision="fp8") == [*echo, "torchao.float8"]
+    # a model card's decoder is no Echo: its nodes need no text encoder
+    assert nodecheck.backend_imports("torchtitan", echo=False) == []
+    assert nodecheck.backend_imports("megatron", echo=False) == ["megatron.core", "echobench.backends.megatron"]
 
 
 def spec_of(text: str, executor: str = "slurm") -> dict:
@@ -195,9 +199,9 @@ def two_nodes() -> None:
 
 
 # device cpu: no run compiles, so the preflight jobs skip their compile check (some 3-13 CPU s of inductor
-# on each node) unless a test's run asks for compile, as the script submitted by hand does
-TINY = {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50, "text_tokens": 16,
-        "speaker_frames": 40, "device": "cpu"}
+# on each node) unless a test's run asks for compile, as the script submitted by hand does. A model card's
+# tiny decoder: the nodes then import no text encoder (Echo's runs have theirs checked in tests/test_slurm.py).
+TINY = {"card": TINY_CARD, "steps": 3, "warmup_steps": 1, "micro_batch": 2, "device": "cpu"}
 
 
 def cpu_matrix(path: Path, slurm: dict, include: list[dict]) -> Path:

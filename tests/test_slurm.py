@@ -1,7 +1,7 @@
-"""A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): DDP across two
-nodes, megatron TP=2 on one, an injected failure, a worker dying at start-up on node 1, one
-SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused requeue); then
-resumption; one sweep without a peak that also measures its own hardware profile first, on two nodes.
+"""A real sweep on the local SLURM cluster (`bash scripts/slurm-local.sh up 2`): Echo's DDP across two
+nodes and megatron TP=2 on one; on a model card's tiny decoder, an injected failure, a worker dying
+at start-up on node 1, one SIGKILLed mid-run on node 1, a time-limit kill, a scancel (after a refused
+requeue); then resumption; one sweep without a peak that also measures its own hardware profile first, on two nodes.
 
 The module's sweep is submitted first and settled last: its slow run's time limit is brought close
 as soon as its rank trains, and the tests that need only the cluster run while it counts down.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_env, cluster_lock, run_cli, wait_for
+from conftest import ROOT, TINY_CARD, cli_env, cluster_lock, run_cli, wait_for
 
 # With tests/test_node_failure.py, whose node kill must not meet this module's sweep: in one worker.
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
@@ -34,24 +34,27 @@ MATRIX = {
     "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False, "env": {"OMP_NUM_THREADS": 1}},
     "hardware": {"peak_tflops": 0.5},
     "defaults": TINY,
+    # Echo's two layouts; the failures, time limit and cancel are of the launch and the queue, and hold for
+    # any workload: a model card's tiny decoder (TINY_CARD), cheaper to start.
     "include": [
         {"framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1},
         {"framework": "megatron", "parallelism": "tp2", "nodes": 1, "gpus_per_node": 2},
-        {"seed": 1, "fail_at_step": 2},
+        {"seed": 1, "fail_at_step": 2, "card": TINY_CARD},
         # USR1 (#SBATCH --signal) makes every rank dump its stacks a minute before SLURM kills it (a third of
         # its 3-minute limit). The limit is raised at once (a loaded machine may take longer to start it)
         # and brought close only once the rank has said it trains (both in `submitted`): the signal then finds
         # it in its loop, where it hangs (idle: its minutes cost the machine no CPU).
-        {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "3"},
-        {"seed": 3, "steps": 100000},  # scancel'd by the test
+        {"seed": 2, "fail_at_step": 1, "fail_kind": "hang", "time_limit": "3", "card": TINY_CARD},
+        {"seed": 3, "steps": 100000, "card": TINY_CARD},  # scancel'd by the test
         # Node 1's worker dies before the process group forms while node 0's waits for it. Within
         # its one-minute limit the job must end as an error naming rank 1, not as a timeout.
         # (Five minutes: far below the collective timeout, and room for three torch start-ups on a loaded machine.)
         {"seed": 4, "framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1,
-         "fail_at_step": -1, "fail_rank": 1, "collective_timeout_s": 900, "time_limit": "5"},
+         "fail_at_step": -1, "fail_rank": 1, "collective_timeout_s": 900, "time_limit": "5", "card": TINY_CARD},
         # Node 1's worker is SIGKILLed mid-run: it writes nothing; rank 0 then loses its connection.
         {"seed": 5, "framework": "torchtitan", "parallelism": "ddp", "nodes": 2, "gpus_per_node": 1,
-         "fail_at_step": 1, "fail_rank": 1, "fail_kind": "sigkill", "collective_timeout_s": 900, "time_limit": "5"},
+         "fail_at_step": 1, "fail_rank": 1, "fail_kind": "sigkill", "collective_timeout_s": 900, "time_limit": "5",
+         "card": TINY_CARD},
     ],
 }
 
@@ -201,7 +204,7 @@ def test_scripts_run_sh_works_by_hand(submitted):
     """`sbatch --nodes=1 scripts/run.sh RUN.yaml OUT`: the same launch, no sweep involved."""
     base = submitted["base"]
     run_yaml = base / "by-hand.yaml"
-    run_yaml.write_text(json.dumps({**TINY, "peak_tflops": 0.5}))
+    run_yaml.write_text(json.dumps({**TINY, "card": TINY_CARD, "peak_tflops": 0.5}))
     out = base / "by-hand"
     env = {**cli_env(), "PYTHON": sys.executable}
     proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={base}/by-hand-%j.out",
@@ -218,7 +221,7 @@ def test_a_script_from_plan_write_scripts_submitted_by_hand_makes_what_it_needs(
     the scripts, a directory that exists)."""
     base = submitted["base"]
     matrix = base / "by-hand-plan.yaml"
-    matrix.write_text(json.dumps({**MATRIX, "name": "by-hand-plan", "include": [{"seed": 7}]}))
+    matrix.write_text(json.dumps({**MATRIX, "name": "by-hand-plan", "include": [{"seed": 7, "card": TINY_CARD}]}))
     scripts, target = base / "scripts", base / "by-hand-sweep"
     proc = run_cli("plan", matrix, "--write-scripts", scripts, "--out", target, tmp_path=base)
     assert proc.returncode == 0 and not target.exists(), proc.stdout + proc.stderr

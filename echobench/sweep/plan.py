@@ -17,7 +17,7 @@ from echobench.sweep.executors import comm_size, make_executor
 from echobench.sweep.matrix import Matrix, Plan, PlannedRun
 from echobench.hardware.devicememory import device_memory_gib
 from echobench.predict.memory import on_gpu
-from echobench.train.nodecheck import RUN_PATH
+from echobench.train.nodecheck import ECHO_IMPORTS, RUN_PATH
 from echobench.predict import Prediction, predict_runs
 from echobench.sweep.preflight import preflight_spec
 from echobench.sweep.site import settings_origins
@@ -99,7 +99,8 @@ def preflight_note(runs: list[PlannedRun], matrix: Matrix, executor: str) -> str
     if executor != "slurm" or not runs:
         return None
     spec = preflight_spec(matrix, runs, executor)
-    what = ["imports of the run path" + (" and backends" if len(spec["imports"]) > len(RUN_PATH) else ""),
+    backends = set(spec["imports"]) - {*RUN_PATH, *ECHO_IMPORTS}
+    what = ["imports of the run path" + (" and backends" if backends else ""),
             f"{spec['nproc']} GPU(s) per node" if spec["expect_gpus"] else "CPUs per task",
             "an all-reduce across the nodes" + (f" and NCCL's network against fabric {spec['fabric']}"
                                                 if spec["expect_gpus"] and spec["nodes"] > 1 else "")]

@@ -37,19 +37,23 @@ from echobench.train.fabric import launch_env, nccl_transport, transport_problem
 from echobench.records.peaks import table_peak
 
 MARK = "echobench-check"
-# What `echobench run` imports on a node: its command line, the measured loop, the launcher, the
-# torchtitan backend and the text encoder's T5Gemma2 (transformers >= 5).
+# What `echobench run` imports on a node: its command line, the measured loop, the launcher and the
+# torchtitan backend; an Echo run also its text encoder's T5Gemma2 (transformers >= 5), which a model
+# card's decoder does not import (some 2.7 s of CPU a job on a CPU node).
 RUN_PATH = ("yaml", "typer", "rich", "pydantic", "numpy", "torch",
-            "transformers.models.t5gemma2.modeling_t5gemma2",
             "echobench.cli", "echobench.train.bench", "echobench.train.launch", "echobench.train.torchrun", "echobench.backends.torchtitan")
+ECHO_IMPORTS = ("transformers.models.t5gemma2.modeling_t5gemma2",)
 INSTALL_FIX = ("install echobench's dependencies where $PYTHON runs (pip install -e ECHOBENCH_CHECKOUT into that "
                "venv, or an image with them: docs/guides/cluster.md), or point slurm.python / slurm.setup "
                "at an environment that has them")
 
 
-def backend_imports(framework: str, te: str = "auto", precision: str = "auto") -> list[str]:
-    """What a run of these settings imports on its nodes beyond RUN_PATH: its backends."""
-    extra = ["megatron.core", "echobench.backends.megatron"] if framework == "megatron" else []
+def backend_imports(framework: str, te: str = "auto", precision: str = "auto", echo: bool = True) -> list[str]:
+    """What a run of these settings imports on its nodes beyond RUN_PATH: Echo's text encoder (echo:
+    not a card's decoder) and its backends."""
+    extra = list(ECHO_IMPORTS) if echo else []
+    if framework == "megatron":
+        extra += ["megatron.core", "echobench.backends.megatron"]
     if framework == "megatron" and te == "on":
         extra.append("transformer_engine.pytorch")
     if precision == "fp8":

@@ -291,7 +291,7 @@ def render_script(cfg, run_dir: Path, slurm, log: Path | None = None) -> str:
         'RUN_CONFIG=${1:-$RUN_DIR/run.yaml}',
         f"NPROC={int(cfg.gpus_per_node)}",
         f"EXPECT_GPU={expect_gpu}",
-        f"IMPORTS={q(','.join(backend_imports(cfg.framework, cfg.te, cfg.precision)))}",
+        f"IMPORTS={q(','.join(backend_imports(cfg.framework, cfg.te, cfg.precision, echo=cfg.card is None)))}",
         # Jobs sharing a node need their own port; the range stays below the ephemeral ports (cluster.EPHEMERAL).
         f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
         *job_environment(slurm),
