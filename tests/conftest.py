@@ -225,6 +225,7 @@ def failing_sweep(tmp_path_factory):
     ends well; shared by the tests that read one (tests/test_sweep_local.py, tests/test_exit_codes.py):
     seed 0 ok, seed 1 an error injected at step 2, seed 2 hung past its 25 s limit (timeout), and a
     combination skipped (torchtitan has no tp2). A test that changes the sweep works on a copy of it.
+    What they read is the sweep's and the launcher's, whatever is trained: a model card's tiny decoder.
 
     Returns (the matrix, the sweep dir, the completed `echobench sweep` process).
     """
@@ -233,8 +234,7 @@ def failing_sweep(tmp_path_factory):
     matrix.write_text(json.dumps({
         "name": "t", "executor": "local", "hardware": {"peak_tflops": 0.5}, "local": {"time": "00:05:00"},
         "slurm": {"time": "00:10:00", "gpus_per_node": 1, "request_gpus": False},  # `--executor slurm` plans it too
-        "defaults": {"scale": "tiny", "steps": 3, "warmup_steps": 1, "micro_batch": 2, "audio_frames": 50,
-                     "text_tokens": 16, "speaker_frames": 40},
+        "defaults": {"card": TINY_CARD, "steps": 3, "warmup_steps": 1, "micro_batch": 2},
         "include": [
             {"seed": 0},                                    # ok
             {"seed": 1, "fail_at_step": 2},                 # error, injected at step 2

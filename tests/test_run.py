@@ -91,8 +91,8 @@ def test_an_out_of_memory_run_still_writes_its_record(cli, tmp_path):
 
 
 def test_a_run_that_raised_still_writes_its_record(failing_sweep):
-    """The shared failing sweep's run with an error injected at step 2 (conftest.failing_sweep: TINY's
-    shapes, steps and warm-up), run by the local executor as `echobench run`."""
+    """The shared failing sweep's run with an error injected at step 2 (conftest.failing_sweep: a
+    card's tiny decoder, TINY's steps and warm-up), run by the local executor as `echobench run`."""
     _, sweep, _ = failing_sweep
     (r,) = (r for r in map(record, (p.parent for p in sweep.glob("*/result.json"))) if r["seed"] == 1)
     assert_a_failed_record(r, "error")
