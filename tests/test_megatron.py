@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import counted_model_flops, inductor_cache_dir, one_gloo_rank, run_cli
+from conftest import TINY_CARD, counted_model_flops, inductor_cache_dir, one_gloo_rank, run_cli
 from echobench.records.config import RunConfig
 from echobench.model.config import get_preset
 from echobench.model.dit import EchoDiT
@@ -529,8 +529,11 @@ def test_bad_tp_is_a_one_line_error_before_launch(cli, tmp_path):
 
 
 def test_dead_rank_gives_an_error_record_not_a_hang(cli, tmp_path):
+    """A rank of a TP run fails in the loop: its peer is stopped, not left in a collective. The loop's,
+    whatever it trains: a model card's tiny decoder."""
     out = tmp_path / "fail"
-    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", *TINY, "--fail-at-step", "1",
+    proc = cli("run", "--framework", "megatron", "--tp", "2", "--nproc", "2", "--card", TINY_CARD, "--steps", "3",
+               "--warmup-steps", "1", "--micro-batch", "2", "--peak-tflops", "0.5", "--fail-at-step", "1",
                "--fail-rank", "1", "--out", out, timeout=600)
     assert proc.returncode == 1
     r = json.loads((out / "result.json").read_text())

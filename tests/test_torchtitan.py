@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import ONE_THREAD, cli_env, counted_model_flops, record, run_cli, two_launchers
+from conftest import ONE_THREAD, TINY_CARD, cli_env, counted_model_flops, record, run_cli, two_launchers
 from test_window import first_masked_after_warmup
 from echobench.backends import parallelism_problem
 from echobench.backends import BACKENDS
@@ -177,12 +177,13 @@ def test_hsdp_on_two_nodes_matches_single_process(tmp_path, single_run):
 def test_injected_oom_on_one_rank_ends_the_run_quickly(cli, tmp_path):
     # A collective timeout far beyond the bound below (and the command's own 900 s): the run must
     # end because the failed rank exits and torchrun stops the others, not because rank 0 times
-    # out waiting for it. How long start-up takes on a loaded machine is not bounded here.
+    # out waiting for it. How long start-up takes on a loaded machine is not bounded here. The
+    # launcher's, whatever is trained: a model card's tiny decoder.
     config = tmp_path / "run.yaml"
     config.write_text("collective_timeout_s: 3600\n")
     out = tmp_path / "oom"
-    proc = cli("run", "--config", config, *SHAPE, "--steps", "3", "--warmup-steps", "1", "--micro-batch", "1",
-               "--nproc", "2", "--parallelism", "ddp", "--fail-at-step", "2", "--fail-rank", "1",
+    proc = cli("run", "--config", config, "--card", TINY_CARD, "--peak-tflops", "1", "--steps", "3", "--warmup-steps", "1",
+               "--micro-batch", "1", "--nproc", "2", "--parallelism", "ddp", "--fail-at-step", "2", "--fail-rank", "1",
                "--fail-kind", "oom", "--out", out, timeout=900)
     assert proc.returncode == 1
     r = record(out)
