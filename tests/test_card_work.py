@@ -160,19 +160,27 @@ def test_torchs_non_reentrant_checkpoint_does_not_re_run_a_blocks_last_linear(ea
     assert count.matmuls == 2 * linears + rerun
 
 
-def test_early_stop_is_torchs_checkpoint_and_not_an_eager_float8_linear():
+def test_early_stop_is_torchs_checkpoint_and_skips_the_last_linear_only_where_it_is_a_plain_autograd_op():
     """llm-foundry and torchtitan wrap blocks in torch's non-reentrant checkpoint, Megatron-LM in its
-    own; an eager float8 linear (an autograd Function) runs before it saves, compiled it does not run;
-    full AC's TP reductions: the re-run block's but the one after its last linear."""
+    own. The last linear's GEMM is not re-run where it is a plain autograd op (it saves its inputs
+    before it computes); an eager float8 linear and megatron-core's parallel linears are autograd
+    Functions that save after, so theirs is re-run; compiled, none is. Full AC's TP reductions: the
+    re-run block's but the one after its last linear, whichever kind it is."""
     card, layout = card_of("lf-mpt-7b-8gpu", ac="full")
     assert resolved(layout, framework("llm-foundry"))[0]["ac_early_stop"]
     assert not resolved(layout, framework("megatron-lm"))[0]["ac_early_stop"]
+    down = lambda lay, fw="torchtitan": [m for m in work(card, lay, fw).matmuls  # noqa: E731
+                                         if m.phase == "recompute" and m.k == card.ffn // lay.tp]
     fp8 = replace(layout, framework="torchtitan", precision="fp8", fp8_recipe="delayed")
-    assert not resolved(fp8, framework("torchtitan"))[0]["ac_early_stop"]
-    assert resolved(replace(fp8, compile=True), framework("torchtitan", True))[0]["ac_early_stop"]
-    tt, L = replace(layout, tp=2, gpus=16, layout="fsdp", framework="torchtitan", sequence_parallel=False), card.layers
-    forward = {x.op: x for x in traffic(card, tt).per_micro if x.what.startswith("forward: row-parallel")}
-    assert forward["all_reduce"].calls == 2 * L + L + 1  # the block's two, the re-run's one, the embedding's
+    assert not down(layout) and not down(replace(fp8, compile=True)) and down(fp8) and down(layout, "megatron-lm")
+    L = card.layers
+    tt = replace(layout, tp=2, gpus=16, layout="fsdp", framework="torchtitan", sequence_parallel=False)
+    mc = replace(tt, layout="megatron", distributed_optimizer=False)
+    assert not down(tt) and down(mc)  # DTensor's plain ops; megatron-core's autograd Functions
+    for lay in (tt, mc):
+        forward = {x.op: x for x in traffic(card, lay).per_micro if x.what.startswith("forward: row-parallel")}
+        assert forward["all_reduce"].calls == 2 * L + L + 1  # the block's two, the re-run's one, the embedding's
+
 
 
 def test_swiglu_adds_a_third_mlp_gemm_gqa_narrows_k_and_v_and_fp8_moves_the_block_linears_to_float8():

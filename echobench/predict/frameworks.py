@@ -92,8 +92,8 @@ class Framework:
     reduce_once_pp: bool = False
     # pipeline messages without sequence parallelism split over the TP ranks, all-gathered on arrival
     p2p_scatter_gather: bool = False
-    # activation checkpointing through torch's non-reentrant checkpoint: its early stop leaves a
-    # whole-block policy's last linear un-re-run (recompute.py; checkpoint_early_stop)
+    # activation checkpointing through torch's non-reentrant checkpoint: its early stop ends a
+    # whole-block re-run at the block's last linear (recompute.py; checkpoint_early_stop, skips_last_linear)
     ac_early_stop: bool = False
 
 
@@ -202,13 +202,21 @@ def layout_framework(layout) -> Framework:
     return compiled(fw) if layout.compile else fw
 
 
-def checkpoint_early_stop(layout, fw: Framework) -> bool:
-    """Whether the run's recompute stops early (recompute.py): the framework wraps its blocks in
-    torch's non-reentrant checkpoint, and the block's last linear is an autograd op that saves its
-    inputs before it computes; an eager float8 linear (torchao's Float8Linear, an autograd Function)
-    saves them after, so there the linear runs before the stop. Compiled, the partitioner re-runs
-    only what the backward reads, which leaves that linear out as well."""
-    return fw.ac_early_stop and (layout.precision != "fp8" or layout.compile)
+def checkpoint_early_stop(fw: Framework) -> bool:
+    """Whether the run's blocks are checkpointed by torch's non-reentrant checkpoint, whose early stop
+    ends a block's re-run at its last linear (recompute.py): what follows that linear (a TP
+    reduction, the residual add) is not re-run."""
+    return fw.ac_early_stop
+
+
+def skips_last_linear(layout, fw: Framework) -> bool:
+    """Whether early stop leaves the block's last linear itself un-re-run: a plain autograd op saves
+    its inputs before it computes, so the re-run stops before it. A linear that is an autograd
+    Function saves after it computes, so the re-run stops just after it: megatron-core's parallel
+    linears (a Megatron layout's), an eager float8 linear (torchao's Float8Linear). Compiled, the
+    partitioner re-runs only what the backward reads, which leaves it out as well."""
+    plain = layout.precision != "fp8" and layout.layout != "megatron"
+    return checkpoint_early_stop(fw) and (plain or layout.compile)
 
 
 def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
@@ -222,7 +230,7 @@ def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
             value = getattr(fw, key)
             taken.append(f"{key} {value}")
         out[key] = value
-    out["ac_early_stop"] = checkpoint_early_stop(layout, fw)
+    out["ac_early_stop"] = checkpoint_early_stop(fw)
     out["fsdp_reduce_once"] = layout.fsdp_reduce_once
     if layout.fsdp_reduce_once is None:
         out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once
