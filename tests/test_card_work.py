@@ -94,24 +94,93 @@ def test_tensor_parallelism_splits_a_ranks_flops_by_tp_and_context_parallelism_b
     assert all(per_rank[n] * n == per_rank[1] for n in per_rank)
 
 
-@pytest.mark.parametrize("fw", ["llm-foundry", "torchtitan"])
+@pytest.mark.parametrize("fw", ["llm-foundry", "torchtitan", "megatron-lm"])
 def test_a_recompute_policy_re_runs_its_share_of_the_forward(fw):
-    """full: the whole forward but the LM head; selective (Megatron's): the attention forward only;
-    selective-layer-2: half of full's; selective-op (torchtitan's): the even-numbered matmuls of the
-    block and no attention."""
+    """full: the whole forward but the LM head, and under torch's non-reentrant checkpoint
+    (llm-foundry, torchtitan: early stop) but the block's MLP down projection too; selective
+    (Megatron's): the attention forward only; selective-layer-2: half of full's; selective-op
+    (torchtitan's): the even-numbered matmuls of the block and no attention."""
     card, layout = card_of("lf-mpt-7b-8gpu", framework=fw)
     none = work(card, layout)
     fwd = flops(none, ("forward",)) - sum(m.flops for m in none.matmuls if m.part == "lm_head" and m.phase == "forward")
+    down = 2 * layout.micro_batch * layout.seq * card.layers * card.ffn * card.hidden  # MLP down's forward
     attention_fwd = sum(a.flops for a in none.attention if a.phase == "forward")
     again = {ac: flops(work(card, replace(layout, ac=ac)), ("recompute",))
              for ac in ("full", "selective", "selective-layer-2", "selective-op")}
-    assert again["full"] == fwd and again["selective"] == attention_fwd
-    assert again["selective-layer-2"] == pytest.approx(fwd / 2, rel=1e-9)
+    early = fw != "megatron-lm"  # Megatron re-runs the block through its own reentrant CheckpointFunction
+    assert again["full"] == fwd - (down if early else 0) and again["selective"] == attention_fwd
+    assert again["selective-layer-2"] == pytest.approx(again["full"] / 2, rel=1e-9)
     assert all(flops(work(card, replace(layout, ac=ac)), ("forward", "backward")) == flops(none) for ac in again)
     d, f, L, rows = card.hidden, card.ffn, card.layers, layout.micro_batch * layout.seq
     # MPT's GELU block in torchtitan's matmul order q, k, v, out, up, down: k, out and down re-run
     assert recomputed_linears("selective-op", gated=False) == {"k", "out", "down"}
     assert again["selective-op"] == 2 * rows * L * (d * d + d * d + f * d) if fw == "torchtitan" else True
+
+
+class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.matmuls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.matmuls += str(func.overloadpacket) in ("aten.addmm", "aten.mm")  # the linears (attention: bmm)
+        return func(*args, **(kwargs or {}))
+
+
+class _PreNormBlock(nn.Module):
+    """A GPT block as MPT writes it: LayerNorm, fused QKV, causal attention, output projection,
+    residual; LayerNorm, up, GELU, down, residual (no dropout)."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.norm_1, self.qkv, self.out = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.norm_2, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm_1(x)).chunk(3, dim=-1)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.down(F.gelu(self.up(self.norm_2(x))))
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_torchs_non_reentrant_checkpoint_does_not_re_run_a_blocks_last_linear(early_stop):
+    """What recompute.py's early stop rests on, held against torch itself: a pre-norm block under
+    checkpoint(use_reentrant=False) re-runs, in backward, every linear's forward but the last (the
+    MLP down projection saves its input before it computes, and that save is the last one the
+    backward needs); with early stop off, all four. Backward's own GEMMs: two per linear."""
+    block, x = _PreNormBlock(), torch.randn(2, 8, 32, requires_grad=True)
+    with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+        y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    count = _CountMatmuls()
+    with count:
+        y.sum().backward()
+    linears = 4  # qkv, out, up, down
+    rerun = len(recomputed_linears("full", gated=False, early_stop=early_stop) - {"q", "k", "gate"})  # fused qkv; no gate
+    assert rerun == (linears - 1 if early_stop else linears)
+    assert count.matmuls == 2 * linears + rerun
+
+
+def test_early_stop_is_torchs_checkpoint_and_skips_the_last_linear_only_where_it_is_a_plain_autograd_op():
+    """llm-foundry and torchtitan wrap blocks in torch's non-reentrant checkpoint, Megatron-LM in its
+    own. The last linear's GEMM is not re-run where it is a plain autograd op (it saves its inputs
+    before it computes); an eager float8 linear and megatron-core's parallel linears are autograd
+    Functions that save after, so theirs is re-run; compiled, none is. Full AC's TP reductions: the
+    re-run block's but the one after its last linear, whichever kind it is."""
+    card, layout = card_of("lf-mpt-7b-8gpu", ac="full")
+    assert resolved(layout, framework("llm-foundry"))[0]["ac_early_stop"]
+    assert not resolved(layout, framework("megatron-lm"))[0]["ac_early_stop"]
+    down = lambda lay, fw="torchtitan": [m for m in work(card, lay, fw).matmuls  # noqa: E731
+                                         if m.phase == "recompute" and m.k == card.ffn // lay.tp]
+    fp8 = replace(layout, framework="torchtitan", precision="fp8", fp8_recipe="delayed")
+    assert not down(layout) and not down(replace(fp8, compile=True)) and down(fp8) and down(layout, "megatron-lm")
+    L = card.layers
+    tt = replace(layout, tp=2, gpus=16, layout="fsdp", framework="torchtitan", sequence_parallel=False)
+    mc = replace(tt, layout="megatron", distributed_optimizer=False)
+    assert not down(tt) and down(mc)  # DTensor's plain ops; megatron-core's autograd Functions
+    for lay in (tt, mc):
+        forward = {x.op: x for x in traffic(card, lay).per_micro if x.what.startswith("forward: row-parallel")}
+        assert forward["all_reduce"].calls == 2 * L + L + 1  # the block's two, the re-run's one, the embedding's
+
 
 
 def test_swiglu_adds_a_third_mlp_gemm_gqa_narrows_k_and_v_and_fp8_moves_the_block_linears_to_float8():

@@ -8,7 +8,11 @@ Sources, per framework (the file and commit each default is read at):
   gradients in fp32 (mosaicml/composer composer/distributed/mosaic_parallelism.py, the releases of
   2023-24); attention: attn_impl triton (FlashAttention's Triton port), the MPT yamls' and
   submit_benchmarks.py's default (llm-foundry scripts/train/yamls/pretrain/mpt-7b.yaml line 20,
-  scripts/train/benchmarking/submit_benchmarks.py line 144, at 5e85bd62); eager element-wise kernels.
+  scripts/train/benchmarking/submit_benchmarks.py line 144, at 5e85bd62); eager element-wise kernels;
+  activation checkpointing through composer's checkpoint_wrapper with CheckpointImpl.NO_REENTRANT
+  (every MPT yaml sets activation_checkpointing_reentrant: false; composer
+  composer/trainer/dist_strategy.py of 2024-01, lines 600-605) on torch 2.1 (setup.py pins
+  torch>=2.1,<2.1.1), whose early stop leaves each block's last linear un-re-run (recompute.py).
 - megatron-lm (Megatron-Core 0.9, 2024): --overlap-grad-reduce, --overlap-param-gather and
   --tp-comm-overlap default off, p2p overlap on (--no-overlap-p2p-communication turns it off; in
   effect only in the interleaved schedule, lines 254-277), bf16 forces fp32 gradient accumulation
@@ -33,6 +37,11 @@ Sources, per framework (the file and commit each default is read at):
   every backward and reduces once after the schedule's last one (pipelining/stage.py
   backward_maybe_with_nosync, perform_reduce_grad: the REDUCE_GRAD action after all micro-batches'
   backward), as GENERIC takes it too (every FSDP2 + PP run goes through that schedule).
+  Activation checkpointing wraps each block in ptd_checkpoint_wrapper(module,
+  preserve_rng_state=False) (torchtitan/parallelisms/parallelize_llama.py line 234 at 9dec370a),
+  torch's non-reentrant checkpoint by default: early stop (recompute.py).
+Megatron-LM and NeMo recompute through Megatron's own CheckpointFunction (a reentrant autograd
+Function that re-runs the whole forward of the block): no early stop. GENERIC takes none either.
 
 Element-wise bytes: where a framework runs eager with its own model code (llm-foundry's MPT,
 torchtitan's Llama), its block's bytes as counted on that code (tools/count_card_blocks.py:
@@ -83,6 +92,9 @@ class Framework:
     reduce_once_pp: bool = False
     # pipeline messages without sequence parallelism split over the TP ranks, all-gathered on arrival
     p2p_scatter_gather: bool = False
+    # activation checkpointing through torch's non-reentrant checkpoint: its early stop ends a
+    # whole-block re-run at the block's last linear (recompute.py; checkpoint_early_stop, skips_last_linear)
+    ac_early_stop: bool = False
 
 
 FUSED_KERNELS = (12, 24)  # assumed: a fused block's GEMMs, attention and about as many fused kernels
@@ -96,7 +108,8 @@ SETTINGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "o
 
 FRAMEWORKS: dict[str, Framework] = {
     "llm-foundry": Framework("llm-foundry", True, True, False, False, "fp32", "triton", "mpt", EAGER_KERNELS["mpt"], True,
-                             "composer FSDP v1 (overlap is FSDP's prefetch), DEFAULT mixed precision: fp32 reduce"),
+                             "composer FSDP v1 (overlap is FSDP's prefetch), DEFAULT mixed precision: fp32 reduce",
+                             ac_early_stop=True),
     "megatron-lm": Framework("megatron-lm", False, False, False, True, "fp32", "flash2", None, FUSED_KERNELS, True,
                              "megatron/training/arguments.py at f2e5db40: overlap flags off by default, bf16 -> fp32 "
                              "gradients, TransformerEngine layers"),
@@ -111,7 +124,8 @@ FRAMEWORKS: dict[str, Framework] = {
                       "overlap_param_sync true, TransformerEngine with cuDNN fused attention"),
     "torchtitan": Framework("torchtitan", True, True, False, False, "fp32", "flash2", "llama", EAGER_KERNELS["llama"], False,
                             "torchtitan config_manager.py at 9dec370a: FSDP2, mixed_precision_reduce float32, SDPA; "
-                            "with PP, FSDP reduces once a step (torch.distributed.pipelining)", reduce_once_pp=True),
+                            "with PP, FSDP reduces once a step (torch.distributed.pipelining)", reduce_once_pp=True,
+                            ac_early_stop=True),
 }
 GENERIC = Framework("", True, True, False, True, "fp32", "flash2", None, FUSED_KERNELS, True,
                     "no framework named: the generic default, gradient reduction, parameter gathers and "
@@ -188,9 +202,27 @@ def layout_framework(layout) -> Framework:
     return compiled(fw) if layout.compile else fw
 
 
+def checkpoint_early_stop(fw: Framework) -> bool:
+    """Whether the run's blocks are checkpointed by torch's non-reentrant checkpoint, whose early stop
+    ends a block's re-run at its last linear (recompute.py): what follows that linear (a TP
+    reduction, the residual add) is not re-run."""
+    return fw.ac_early_stop
+
+
+def skips_last_linear(layout, fw: Framework) -> bool:
+    """Whether early stop leaves the block's last linear itself un-re-run: a plain autograd op saves
+    its inputs before it computes, so the re-run stops before it. A linear that is an autograd
+    Function saves after it computes, so the re-run stops just after it: megatron-core's parallel
+    linears (a Megatron layout's), an eager float8 linear (torchao's Float8Linear). Compiled, the
+    partitioner re-runs only what the backward reads, which leaves it out as well."""
+    plain = layout.precision != "fp8" and layout.layout != "megatron"
+    return checkpoint_early_stop(fw) and (plain or layout.compile)
+
+
 def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
     """The layout's options (SETTINGS and fsdp_reduce_once) with the framework's defaults where the
-    row leaves them out (None), and a note naming each default taken."""
+    row leaves them out (None), and a note naming each default taken; ac_early_stop
+    (checkpoint_early_stop) beside them."""
     out, taken = {}, []
     for key in SETTINGS:
         value = getattr(layout, key)
@@ -198,6 +230,7 @@ def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
             value = getattr(fw, key)
             taken.append(f"{key} {value}")
         out[key] = value
+    out["ac_early_stop"] = checkpoint_early_stop(fw)
     out["fsdp_reduce_once"] = layout.fsdp_reduce_once
     if layout.fsdp_reduce_once is None:
         out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once

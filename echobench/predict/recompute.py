@@ -27,6 +27,16 @@ out, gate (SwiGLU's), up, down. Policies:
   rest of the block re-run (out, the MLP, the attention, the element-wise ops).
 - maxtext-save_dot_except_mlp: MaxText remat_policy save_dot_except_mlp: every dot saved but the
   MLP's: gate, up, down and the element-wise ops re-run.
+
+Early stop: torch.utils.checkpoint's non-reentrant checkpoint stops re-running a region as soon as
+every tensor its backward saved has been recomputed (the default since torch 2.1,
+pytorch/pytorch#96866; torch/utils/checkpoint.py raises _StopRecomputationError at the last saved
+tensor's pack). An autograd op saves its inputs before it computes, so the region's last linear (a
+pre-norm block's MLP down projection, whose output nothing in the block saves) is never re-run,
+nor what follows it (its row-parallel reduction, the residual add). A whole-block policy (full,
+selective-layer-2) wrapped that way re-runs every linear but `down` (recomputed_linears'
+early_stop) where that linear is a plain autograd op; one that is an autograd Function saves after
+it computes and runs before the stop (frameworks.checkpoint_early_stop, skips_last_linear).
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ class Policy:
 
 
 ALL = frozenset(LINEARS)
+LAST_LINEAR = "down"  # a pre-norm block's last linear: the one early stop does not re-run
+WHOLE_BLOCK = ("full", "selective-layer-2")  # the policies that wrap a whole block in one checkpoint
 POLICIES: dict[str, Policy] = {
     "none": Policy(frozenset(), False, False, False, 1.0, "no activation checkpointing"),
     "full": Policy(ALL, True, True, True, 1.0, "every block's forward re-run (Megatron full, composer's per-block "
@@ -67,11 +79,14 @@ POLICIES: dict[str, Policy] = {
 }
 
 
-def recomputed_linears(policy_name: str, gated: bool) -> frozenset[str]:
+def recomputed_linears(policy_name: str, gated: bool, early_stop: bool = False) -> frozenset[str]:
     """The block's linears `policy_name` re-runs (torchtitan's op SAC by its matmul count: the
-    even-numbered of q, k, v, out, [gate,] up / down in forward order)."""
+    even-numbered of q, k, v, out, [gate,] up / down in forward order); `early_stop`: the block is
+    wrapped in torch's non-reentrant checkpoint, whose early stop leaves a whole-block policy's
+    last linear out (the module docstring)."""
     if policy_name != "selective-op":
-        return POLICIES[policy_name].linears
+        names = POLICIES[policy_name].linears
+        return names - {LAST_LINEAR} if early_stop and policy_name in WHOLE_BLOCK else names
     order = ("q", "k", "v", "out", "gate", "up", "down") if gated else ("q", "k", "v", "out", "up", "down")
     return frozenset(name for i, name in enumerate(order, 1) if i % 2 == 0)
 

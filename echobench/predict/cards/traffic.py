@@ -20,7 +20,9 @@ card's frameworks overlap differently). Options come resolved (frameworks.resolv
   column-parallel inputs' gradients in backward; with it, per layer 2 all-gathers and 2
   reduce-scatters in forward, 4 all-gathers (2 of them the inputs re-gathered for the weight
   gradients) and 2 reduce-scatters in backward; the vocabulary-parallel embedding and LM head
-  likewise; a recompute policy that re-runs the block repeats the forward's. Every micro-batch.
+  likewise; a recompute policy that re-runs the block repeats the forward's (under torch's
+  non-reentrant checkpoint all but the reduction after the block's last linear: recompute.py's early
+  stop). Every micro-batch.
 - Context parallelism (cp > 1): each layer's K and V all-gathered over the cp ranks in forward and
   again in backward, their gradients reduce-scattered (TransformerEngine's ring exchanges the same
   bytes, overlapped with the attention of the chunk in hand).
@@ -51,7 +53,7 @@ from echobench.predict.cards.card import (
 from echobench.predict.communication import Collective, place
 from echobench.predict.pipeline import p2p_messages
 from echobench.predict.pricing import Rates
-from echobench.predict.recompute import POLICIES
+from echobench.predict.recompute import POLICIES, WHOLE_BLOCK
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
@@ -115,7 +117,7 @@ def _fsdp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
         per_step = grads + per_step
     else:
         per_micro += grads
-    per_micro += _tp(card, layout)
+    per_micro += _tp(card, layout, opts["ac_early_stop"])
     return StepTraffic(tuple(per_micro), tuple(per_step), (TORCH_DDP_BUCKET_BYTES, TORCH_DDP_BUCKET_BYTES))
 
 
@@ -128,8 +130,9 @@ def _ddp(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
     return StepTraffic((), step, (TORCH_DDP_BUCKET_BYTES, TORCH_DDP_BUCKET_BYTES))
 
 
-def _tp(card: ModelCard, layout: Layout) -> list:
-    """The TP collectives of one micro-batch on a stage (the module docstring)."""
+def _tp(card: ModelCard, layout: Layout, early_stop: bool = False) -> list:
+    """The TP collectives of one micro-batch on a stage (the module docstring); `early_stop`: a
+    re-run block stops before its last linear (recompute.py), so the reduction after it is not re-run."""
     if layout.tp == 1:
         return []
     tp, L = layout.tp, stage_blocks(card, layout)[0]
@@ -137,6 +140,8 @@ def _tp(card: ModelCard, layout: Layout) -> list:
     dtype = DTYPES[layout.precision]
     pol = POLICIES[layout.ac]
     again = 1 + (pol.layers if pol.collectives else 0)  # a re-run block repeats the forward's collectives
+    # the row-parallel reductions a block's forward runs (after the output projection and MLP down), re-runs counted
+    reduce = 2 * L + (2 - (early_stop and layout.ac in WHOLE_BLOCK)) * L * (again - 1)
 
     def t(op: str, calls: float, what: str):
         calls = max(1, round(calls))
@@ -144,11 +149,11 @@ def _tp(card: ModelCard, layout: Layout) -> list:
 
     if layout.sp:
         out = [t("all_gather", 2 * L * again + 1, "forward: sequence-parallel inputs of QKV, MLP up and the LM head"),
-               t("reduce_scatter", 2 * L * again + 1, "forward: row-parallel outputs and the embedding"),
+               t("reduce_scatter", reduce + 1, "forward: row-parallel outputs and the embedding"),
                t("all_gather", 4 * L + 2, "backward: output gradients, and the inputs re-gathered for weight gradients"),
                t("reduce_scatter", 2 * L + 1, "backward: column-parallel input gradients")]
     else:
-        out = [t("all_reduce", 2 * L * again + 1, "forward: row-parallel outputs and the embedding"),
+        out = [t("all_reduce", reduce + 1, "forward: row-parallel outputs and the embedding"),
                t("all_reduce", 2 * L + 1, "backward: column-parallel input gradients")]
     out.append(_traffic("all_reduce", "tp", tp, 3, 3 * layout.tokens * FP32, "float32", "intra",
                         "forward: vocabulary-parallel cross-entropy (max, sum, target logit)", tp))
@@ -170,7 +175,7 @@ def _cp(card: ModelCard, layout: Layout) -> list:
 
 
 def _megatron(card: ModelCard, layout: Layout, opts: dict) -> StepTraffic:
-    per_micro = _tp(card, layout) + _cp(card, layout)
+    per_micro = _tp(card, layout, opts["ac_early_stop"]) + _cp(card, layout)
     mine = model_parallel_params(card, layout)
     r, rdtype = REDUCE_BYTES[opts["grad_reduce_dtype"]], DTYPES[opts["grad_reduce_dtype"]]
     group = layout.data_parallel * layout.cp

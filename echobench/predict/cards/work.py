@@ -16,7 +16,8 @@ chunks the rank with the most to run; pipeline.py prices its schedule):
 - Attention: forward 4 x micro_batch x (seq / cp) x seq x head_dim per head and layer (every score,
   as flops.py counts it; AttentionWork.causal tells the kernel the mask), backward 2x, heads / tp.
 - Activation checkpointing: the policy's re-run work (recompute.py) in backward, priced as the
-  forward's.
+  forward's; under torch's non-reentrant checkpoint a whole block's last linear is not re-run
+  (recompute.py's early stop, frameworks.skips_last_linear).
 - Element-wise bytes: counted on the framework's own eager block (ELEMENTWISE_EAGER), or, where
   its kernels are fused, ELEMENTWISE_READS_WRITES per token from the ops a pre-norm decoder runs
   (frameworks.py says which); float8: the casts, transposes and amax reductions of each linear's
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from echobench.predict.cards.card import Layout, ModelCard, check_card_fits_layout, rank_params, stage_blocks
-from echobench.predict.frameworks import Framework
+from echobench.predict.frameworks import Framework, skips_last_linear
 from echobench.predict.recompute import POLICIES, recomputed_linears
 from echobench.predict.work import FP8_BYTES, AttentionWork, Matmul
 
@@ -123,7 +124,7 @@ def card_work(card: ModelCard, layout: Layout, fw: Framework, kernel: str | None
     acc, L = layout.grad_accum, stage_layers(card, layout)
     rows, seq_q = layout.tokens, layout.seq // layout.cp
     pol = POLICIES[layout.ac]
-    again = recomputed_linears(layout.ac, card.gated)
+    again = recomputed_linears(layout.ac, card.gated, skips_last_linear(layout, fw))
     re_layers = pol.layers
     fp8 = layout.precision == "fp8"
     prec = "fp8" if fp8 else "bf16"
