@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, TINY_CARD, run_cli
 from echobench.sweep.executors.slurm_script import render_script
 from echobench.train.fabric import FABRICS
 from echobench.sweep.cluster import EPHEMERAL, PORT_SPREAD
@@ -139,8 +139,8 @@ def script_sweep(tmp_path_factory):
     wrapper.write_text(f'#!/bin/sh\necho "$$" >> {venv}/used\nexec {sys.executable} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     (venv / "bin" / "activate").write_text(f'export VIRTUAL_ENV={venv}\nexport PATH={venv}/bin:$PATH\n')
-    tiny = {"scale": "tiny", "steps": 2, "warmup_steps": 1, "micro_batch": 1, "audio_frames": 30, "text_tokens": 8,
-            "speaker_frames": 30}
+    # What these jobs show is the job script's (setup lines, GPU requests, containers), whatever is trained.
+    tiny = {"card": TINY_CARD, "steps": 2, "warmup_steps": 1, "micro_batch": 1}
     # Lmod's `module` reads variables that may be unset; under `set -u` that ended the job.
     lmod_like = 'if [ -n "$ECHOBENCH_NEVER_SET_ANYWHERE" ]; then echo set; fi'
     matrices = {
