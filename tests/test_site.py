@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import echobench
-from conftest import ROOT, run_cli
+from conftest import ROOT, TINY_CARD, run_cli
 from echobench.sweep.executors.slurm_script import render_script
 from echobench.sweep.matrix import MatrixError, expand, load_matrix
 from echobench.sweep.preflight import preflight_script
@@ -259,8 +259,9 @@ def test_one_site_two_matrices_on_the_cluster_and_a_matrix_value_over_the_sites(
     needs_cluster()
     site = cluster_site(tmp_path / "sites" / "local.yaml", partition="debug", python=sys.executable,
                         pythonpath=[str(ROOT)])
-    first = write(tmp_path / "m" / "first.yaml", {"name": "first", "site": "../sites/local.yaml", "defaults": TINY})
-    second = write(tmp_path / "m" / "second.yaml", {"name": "second", "site": "../sites/local.yaml", "defaults": TINY,
+    trained = {**TINY, "card": TINY_CARD}  # what the site sets reaches the job, whatever it trains: the tiny card
+    first = write(tmp_path / "m" / "first.yaml", {"name": "first", "site": "../sites/local.yaml", "defaults": trained})
+    second = write(tmp_path / "m" / "second.yaml", {"name": "second", "site": "../sites/local.yaml", "defaults": trained,
                                                     "slurm": {"env": {"EB_SITE_VAR": "matrix"}}})
     for path in (first, second):
         assert run_cli("plan", path, tmp_path=tmp_path).returncode == 0
@@ -286,7 +287,7 @@ def test_preflight_names_the_node_and_both_versions_where_its_echobench_is_anoth
     init = skew / "echobench" / "__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{echobench.__version__}"', '__version__ = "0.0.1.skew"'))
     site = cluster_site(tmp_path / "site.yaml", partition="debug", python=sys.executable, pythonpath=[str(skew)])
-    matrix = write(tmp_path / "m.yaml", {"name": "skewed", "site": "site.yaml", "defaults": TINY})
+    matrix = write(tmp_path / "m.yaml", {"name": "skewed", "site": "site.yaml", "defaults": {**TINY, "card": TINY_CARD}})
     proc = run_cli("preflight", matrix, "--out", tmp_path / "sweep", tmp_path=tmp_path, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = json.loads((tmp_path / "sweep" / "preflight.json").read_text())["checks"]
