@@ -8,6 +8,7 @@ the refusals. The card is tiny (2 blocks of width 64, 32 tokens): each run takes
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import ONE_THREAD, ROOT, cli_env, record, run_cli, two_launchers
+from conftest import ONE_THREAD, ROOT, TINY_CARD, cli_env, record, run_cli, two_launchers
 from echobench.model.decoder import Decoder, decoder_flops, recompute_flops
 from echobench.predict.cards.card import ModelCard, card_params, load_card_file
 from echobench.predict.cards.run import run_card
@@ -24,10 +25,10 @@ from echobench.predict.cards.work import model_flops_per_token
 from echobench.predict.frameworks import framework
 from echobench.records.config import RunConfig, run_id, upgraded
 
-SEQ = 32
-MODEL = {"layers": 2, "hidden": 64, "ffn": 128, "activation": "swiglu", "heads": 4, "kv_heads": 2, "vocab": 512,
-         "tied_embeddings": True, "positions": "rotary", "bias": False, "causal": True, "norm": "rmsnorm"}
-RUN = {"seq": SEQ, "micro_batch": 2, "grad_accum": 1, "global_batch": 4, "layout": "ddp", "precision": "fp32"}
+# The suite's tiny card (tests/fixtures/tiny-card.yaml); write_card writes it with changes.
+TINY = yaml.safe_load(Path(TINY_CARD).read_text())
+MODEL, RUN, HARDWARE = TINY["model"], TINY["run"], TINY["hardware"]
+SEQ = RUN["seq"]
 # As tests/test_torchtitan.py's: the ranks see the same samples and only the order of the floating-point
 # reductions differs (measured ~1e-7 relative over 3 steps, one thread per process).
 RTOL = 5e-6
@@ -39,7 +40,7 @@ def card(**changes) -> ModelCard:
 
 def write_card(path, model: dict | None = None, run: dict | None = None):
     path.write_text(yaml.safe_dump({"model": {**MODEL, **(model or {})}, "run": {**RUN, **(run or {})},
-                                    "hardware": {"profile": "h100-hgx-ib", "gpus": 2, "gpus_per_node": 2}}))
+                                    "hardware": HARDWARE}))
     return path
 
 

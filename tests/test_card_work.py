@@ -182,7 +182,6 @@ def test_early_stop_is_torchs_checkpoint_and_skips_the_last_linear_only_where_it
         assert forward["all_reduce"].calls == 2 * L + L + 1  # the block's two, the re-run's one, the embedding's
 
 
-
 def test_swiglu_adds_a_third_mlp_gemm_gqa_narrows_k_and_v_and_fp8_moves_the_block_linears_to_float8():
     card, layout = card_of("lf-mpt-7b-8gpu")
     mlp = lambda c: sum(m.flops for m in work(c, layout).matmuls if m.part == "mlp")  # noqa: E731

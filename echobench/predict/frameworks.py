@@ -93,7 +93,7 @@ class Framework:
     # pipeline messages without sequence parallelism split over the TP ranks, all-gathered on arrival
     p2p_scatter_gather: bool = False
     # activation checkpointing through torch's non-reentrant checkpoint: its early stop ends a
-    # whole-block re-run at the block's last linear (recompute.py; checkpoint_early_stop, skips_last_linear)
+    # whole-block re-run at the block's last linear (recompute.py; skips_last_linear)
     ac_early_stop: bool = False
 
 
@@ -202,13 +202,6 @@ def layout_framework(layout) -> Framework:
     return compiled(fw) if layout.compile else fw
 
 
-def checkpoint_early_stop(fw: Framework) -> bool:
-    """Whether the run's blocks are checkpointed by torch's non-reentrant checkpoint, whose early stop
-    ends a block's re-run at its last linear (recompute.py): what follows that linear (a TP
-    reduction, the residual add) is not re-run."""
-    return fw.ac_early_stop
-
-
 def skips_last_linear(layout, fw: Framework) -> bool:
     """Whether early stop leaves the block's last linear itself un-re-run: a plain autograd op saves
     its inputs before it computes, so the re-run stops before it. A linear that is an autograd
@@ -216,13 +209,13 @@ def skips_last_linear(layout, fw: Framework) -> bool:
     linears (a Megatron layout's), an eager float8 linear (torchao's Float8Linear). Compiled, the
     partitioner re-runs only what the backward reads, which leaves it out as well."""
     plain = layout.precision != "fp8" and layout.layout != "megatron"
-    return checkpoint_early_stop(fw) and (plain or layout.compile)
+    return fw.ac_early_stop and (plain or layout.compile)
 
 
 def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
     """The layout's options (SETTINGS and fsdp_reduce_once) with the framework's defaults where the
-    row leaves them out (None), and a note naming each default taken; ac_early_stop
-    (checkpoint_early_stop) beside them."""
+    row leaves them out (None), and a note naming each default taken; the framework's ac_early_stop
+    beside them."""
     out, taken = {}, []
     for key in SETTINGS:
         value = getattr(layout, key)
@@ -230,7 +223,7 @@ def resolved(layout, fw: Framework) -> tuple[dict, list[str]]:
             value = getattr(fw, key)
             taken.append(f"{key} {value}")
         out[key] = value
-    out["ac_early_stop"] = checkpoint_early_stop(fw)
+    out["ac_early_stop"] = fw.ac_early_stop
     out["fsdp_reduce_once"] = layout.fsdp_reduce_once
     if layout.fsdp_reduce_once is None:
         out["fsdp_reduce_once"] = fw.reduce_once_pp if layout.pp > 1 else fw.reduce_once

@@ -36,7 +36,7 @@ pre-norm block's MLP down projection, whose output nothing in the block saves) i
 nor what follows it (its row-parallel reduction, the residual add). A whole-block policy (full,
 selective-layer-2) wrapped that way re-runs every linear but `down` (recomputed_linears'
 early_stop) where that linear is a plain autograd op; one that is an autograd Function saves after
-it computes and runs before the stop (frameworks.checkpoint_early_stop, skips_last_linear).
+it computes and runs before the stop (frameworks.Framework.ac_early_stop, skips_last_linear).
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ def preflight_spec(matrix: Matrix, runs: list[PlannedRun], executor: str) -> dic
     slurm = matrix.spec.slurm
     gpus = (any(gpu_run(r, slurm) for r in runs) if executor == "slurm"
             else any(r.cfg.device == "cuda" for r in runs))
-    extras = [m for r in runs for m in backend_imports(r.cfg.framework, r.cfg.te, r.cfg.precision, echo=r.cfg.card is None)]
+    extras = [m for r in runs
+              for m in backend_imports(r.cfg.framework, r.cfg.te, r.cfg.precision, echo=r.cfg.card is None)]
     return {"nodes": 2 if executor == "slurm" and any(r.cfg.nodes > 1 for r in runs) else 1,
             "nproc": max(r.cfg.gpus_per_node for r in runs), "expect_gpus": gpus, "device": "cuda" if gpus else "cpu",
             "device_name": matrix.spec.hardware.device, "imports": list(dict.fromkeys([*RUN_PATH, *extras])),
