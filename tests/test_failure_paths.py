@@ -234,6 +234,28 @@ def test_a_launcher_of_several_nodes_says_where_it_waits_before_it_does(capsys, 
     assert capsys.readouterr().err.startswith("echobench: node 2 of 3: waiting for the other nodes at node-a:29512 ")
 
 
+def test_a_cpu_runs_workers_are_forked_from_what_its_node_check_imports(tmp_path):
+    """A CPU node imports torch and the run's backends once, in torchrun's forkserver, and forks its workers
+    from it; a GPU run's workers (device cuda, or auto) are processes of their own, as torchrun starts them."""
+    from echobench.train.launch import node_command
+    from echobench.train.nodecheck import ECHO_IMPORTS, RUN_PATH
+
+    def command(**settings):
+        return node_command(RunConfig(**{"scale": "tiny", **settings}), tmp_path, 2, 1, 0, None, 29500)
+
+    def preload(cmd):
+        return next((a.removeprefix("--preload=").split(",") for a in cmd if a.startswith("--preload=")), None)
+
+    echo = command(device="cpu")
+    assert preload(echo) == [*RUN_PATH, *ECHO_IMPORTS] and "--start-method=forkserver" in echo
+    assert echo[echo.index("--start-method=forkserver") + 1:][:2] == [str(ROOT / "echobench" / "__main__.py"), "run"]
+    assert "megatron.core" in preload(command(device="cpu", framework="megatron", parallelism="tp2"))
+    assert not set(ECHO_IMPORTS) & set(preload(command(device="cpu", card=str(TINY_CARD))))
+    for device in ("cuda", "auto"):
+        gpu = command(device=device)
+        assert preload(gpu) is None and "--run-path" not in gpu and gpu[-7:-4] == ["-m", "echobench", "run"], gpu
+
+
 def test_a_node_other_than_the_first_without_master_addr_is_refused(cli, tmp_path):
     """It would wait at its own 127.0.0.1 for ever: one line, before anything runs or is written."""
     from echobench.train.launch import torchrun_command
@@ -362,6 +384,41 @@ def test_a_process_that_had_a_group_exits_without_interpreter_teardown():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert proc.stdout == "record written"  # flushed, and no atexit handler ran
+
+
+FORKED_EXIT = """
+import multiprocessing
+
+
+def worker(said):
+    import torch.distributed as dist
+    from echobench.train.distributed import exit_process, shutdown
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    shutdown()
+    exit_process(0)
+    said.put("returned")
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("forkserver")
+    said = context.Queue()
+    child = context.Process(target=worker, args=(said,))
+    child.start()
+    print(said.get(timeout=60), end="")
+    child.join(60)
+    raise SystemExit(child.exitcode)
+"""
+
+
+def test_a_forked_worker_that_had_a_group_returns_to_multiprocessing(tmp_path):
+    """A worker forked by torchrun's multiprocessing (a CPU run's, launch.rank_preload) must return from
+    its entry point: torchrun waits for the return value, and multiprocessing ends the process without
+    the interpreter's teardown anyway. os._exit there would leave torchrun waiting for ever."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_EXIT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cli_env(), cwd=ROOT,
+                          timeout=240)
+    assert (proc.returncode, proc.stdout) == (0, "returned"), proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -36,7 +36,7 @@ from echobench.hardware.profile import (
     load_profile,
     save_profile,
 )
-from echobench.train.launch import child_env, torchrun_command, under_torchrun
+from echobench.train.launch import child_env, rank_preload, torchrun_command, under_torchrun
 from echobench.sweep.matrix import expand, load_matrix
 
 DEFAULT_MAX_BYTES = {"cuda": 2**30, "cpu": 64 * 2**20}
@@ -95,7 +95,8 @@ def calibrate_command(dev: torch.device, dtype_flag: str, dtype: torch.dtype | N
         args = ["--device", dev.type, "--dtype", dtype_flag, *shape_args, "--budget-s", gemm_budget_s,
                 "--out", out or path, *(["--max-bytes", max_bytes] if max_bytes else []),
                 *(["--comm-budget-s", comm_budget_s] if comm_budget_s else [])]
-        code = launch_node(list(map(str, args)), nproc, *rendezvous)
+        code = launch_node(list(map(str, args)), nproc, *rendezvous,
+                           preload=rank_preload(dev.type, ["echobench.calibrate.commcalibrate"]))
         where = f"{nproc} processes" + (f" of node {node_rank} of {nnodes}" if nnodes > 1 else "")
         if code:
             raise CalibrateError(f"calibrate --comm on {where}: torchrun exited with code {code} (its output is "
@@ -256,12 +257,13 @@ def calibrate_in_group(device: str, runs, paths: Sequence, **options) -> Hardwar
 
 
 def launch_node(args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-                master_port: int = 29500) -> int:
+                master_port: int = 29500, preload: Sequence[str] = ()) -> int:
     """torchrun for this node (launch.torchrun_command: standalone on one node, else the rendezvous
     of node_rank of nnodes, as `echobench run` launches a node) running `echobench calibrate --comm
     ARGS` on nproc processes with the environment `run --nproc` gives its workers
-    (launch.child_env); torchrun's exit code."""
+    (launch.child_env), forked from `preload` where it names modules (launch.rank_preload); torchrun's
+    exit code."""
     with tempfile.TemporaryDirectory(prefix="echobench-calibrate-") as tmp:
         cmd = torchrun_command(["--comm", *args], nproc, nnodes, node_rank, master_addr, master_port,
-                               Path(tmp) / f"node-{node_rank}.json", command="calibrate")
+                               Path(tmp) / f"node-{node_rank}.json", command="calibrate", preload=preload)
         return subprocess.call(cmd, env=child_env(nproc))

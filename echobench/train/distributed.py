@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass
@@ -95,7 +96,8 @@ def shutdown(abort: bool = False) -> None:
 
 def exit_process(code: int) -> None:
     """Ends a process that had a process group without Python's interpreter teardown (output
-    flushed first); returns in one that had none.
+    flushed first); returns in one that had none, and in a worker forked by torchrun's multiprocessing
+    (launch.rank_preload), which must return to it: it hands torchrun the entry point's return value.
 
     A gloo worker thread may still be dropping the tensors of the last collective when Python
     finalises; it then needs the GIL, cannot have it, and aborts the process ("terminate called
@@ -103,8 +105,8 @@ def exit_process(code: int) -> None:
     while DDP's reducer or FSDP's state still holds it). The record is written by then, but
     torchrun would report the run as failed.
     """
-    if not _group_ended:
-        return
+    if not _group_ended or multiprocessing.parent_process() is not None:
+        return  # a forked worker: multiprocessing ends it without the interpreter's teardown already
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

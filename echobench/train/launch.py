@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from echobench.records.config import RunConfig
 from echobench.records.results import RECORD_FILE, Env, Record, now_iso, scheduler_context
 from echobench.records.states import RunState
 from echobench.train.fabric import launch_env
+from echobench.train.nodecheck import RUN_PATH, backend_imports
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
 # ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
@@ -310,15 +312,31 @@ def rendezvous_note(nnodes: int, node_rank: int, master_addr: str | None, master
            f"the first node)"
 
 
+def rank_preload(device: str, imports: Sequence[str]) -> tuple[str, ...]:
+    """The modules a node's workers are forked with (torchrun_command's preload): on a CPU run, what the node
+    check imports (nodecheck.RUN_PATH, then `imports`: a run's backend_imports), imported once per node
+    instead of once per worker, which is most of a CPU worker's start (torch, transformers, megatron-core:
+    2-5 CPU s each). () on a GPU (device cuda or auto), whose workers torchrun starts as processes of their
+    own: a module that touched CUDA before the fork would leave every forked worker without it, and that has
+    not been checked on a GPU."""
+    return RUN_PATH + tuple(imports) if device == "cpu" else ()
+
+
 def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: int,
-                     master_addr: str | None, master_port: int, note: Path, command: str = "run") -> list[str]:
+                     master_addr: str | None, master_port: int, note: Path, command: str = "run",
+                     preload: Sequence[str] = ()) -> list[str]:
     """torchrun (through echobench.train.torchrun, which writes `note` when it ends) for this node, its
     workers running `echobench COMMAND RUN_ARGS` (calibrate --comm too: commcalibrate.launch_node).
-    With several nodes it says on stderr where it is about to wait for the others; ValueError
+    With `preload`, the workers are forked from a forkserver that imported those modules (torchrun's
+    --run-path entry point, started with --start-method=forkserver); else each is a `python -m echobench`
+    of its own. With several nodes it says on stderr where it is about to wait for the others; ValueError
     (rendezvous_problem) for flags that would wait for ever."""
     if problem := rendezvous_problem(nnodes, node_rank, master_addr):
         raise ValueError(problem)
-    cmd = [sys.executable, "-m", "echobench.train.torchrun", str(note), f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "echobench.train.torchrun", str(note)]
+    if preload:
+        cmd.append(f"--preload={','.join(preload)}")
+    cmd.append(f"--nproc-per-node={nproc}")
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
@@ -328,6 +346,9 @@ def torchrun_command(run_args: list[str], nproc: int, nnodes: int, node_rank: in
         print(f"echobench: {rendezvous_note(nnodes, node_rank, master_addr, master_port)}", file=sys.stderr, flush=True)
     if binding := os.environ.get("ECHOBENCH_NUMA_BINDING"):  # slurm.numa_binding, set by the job script
         cmd += numa_binding_args(binding)
+    if preload:
+        return cmd + ["--run-path", "--start-method=forkserver", str(Path(__file__).parents[1] / "__main__.py"),
+                      command, *run_args]
     return cmd + ["-m", "echobench", command, *run_args]
 
 
@@ -365,6 +386,7 @@ def usable_cpus() -> int:
 def child_env(nproc: int, cfg: RunConfig | None = None) -> dict:
     env = with_source_path(dict(os.environ))
     env[LAUNCHED] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # forked workers' output line by line, as torchrun's `python -u` gives the others
     # Share the job's cores between the local ranks instead of oversubscribing them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
     if fabric := env.get("ECHOBENCH_FABRIC"):  # the job's slurm.fabric: what only the node can decide
@@ -419,7 +441,9 @@ def node_command(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int, 
     if nproc is None:
         return [sys.executable, "-m", "echobench", "run", *run_args]
     return torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
-                            node_note_path(out_dir, node_rank))
+                            node_note_path(out_dir, node_rank),
+                            preload=rank_preload(cfg.device, backend_imports(cfg.framework, cfg.te, cfg.precision,
+                                                                             echo=cfg.card is None)))
 
 
 def pass_on_sigterm(proc: subprocess.Popen | None) -> None:

@@ -1,4 +1,4 @@
-"""torchrun for one node, leaving a note of how it ended: `python -m echobench.train.torchrun REPORT ARGS`.
+"""torchrun for one node, leaving a note of how it ended: `python -m echobench.train.torchrun REPORT [--preload=MODULES] ARGS`.
 
 A run's record is assembled from files the ranks write when they fail (OUT/ranks/rank-N.json).
 A worker killed by a signal (SIGKILL from the kernel's OOM killer or a user, a segfault) writes
@@ -14,7 +14,9 @@ failures) and its "failed (exitcode ...)" line go to the launcher's log beside R
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
 import socket
 import sys
@@ -59,6 +61,11 @@ def failed_words(failures: list[dict]) -> str:
 
 def main(argv: list[str]) -> None:
     report, torchrun_args = Path(argv[0]), argv[1:]
+    if torchrun_args and torchrun_args[0].startswith("--preload="):  # launch.torchrun_command's forked workers
+        preload, torchrun_args = torchrun_args[0].removeprefix("--preload=").split(","), torchrun_args[1:]
+        # multiprocessing's forkserver imports these once (a module that fails is skipped there: its
+        # worker then fails on the same import, with its own error) and forks every worker from them.
+        multiprocessing.set_forkserver_preload(preload)
     ignore_stack_signal()  # SLURM's USR1 before the time limit reaches the agent too: it must not end it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: after the USR1 guard
     from torch.distributed.run import main as torchrun  # lazy: torch takes seconds, USR1 must not end them
@@ -86,8 +93,21 @@ def main(argv: list[str]) -> None:
         note.update(ended=f"torchrun stopped: {type(exc).__name__}: {exc}".splitlines()[0][:300])
         raise
     finally:
+        stop_forkserver()
         note["at"] = time.time()
         write_json_atomic(report, note)
+
+
+def stop_forkserver() -> None:
+    """Ends the forkserver of forked workers, if one was started, and waits for it: it goes when torchrun
+    does, and its CPU (the workers' too) is counted with this process's children, as exec'd workers' is.
+    multiprocessing's own stop (private, as its tests use it): nothing where this Python lacks it."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        with contextlib.suppress(OSError):
+            stop()
 
 
 if __name__ == "__main__":
