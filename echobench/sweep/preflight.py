@@ -34,7 +34,7 @@ from echobench.sweep.executors.slurm_script import preflight_log, render_preflig
 from echobench.train.launch import with_source_path
 from echobench.sweep.matrix import Matrix, PlannedRun, gpu_run
 from echobench.sweep.state import poll_cap
-from echobench.train.nodecheck import MARK, RUN_PATH, backend_imports, source_identity
+from echobench.train.nodecheck import MARK, RUN_PATH, run_imports, source_identity
 
 CHECKS_S = 300  # the checks themselves: imports, a compile, torchrun and an all-reduce (plus the start-up allowance)
 POLL_S = (2.0, 30.0)  # how often the job is looked at: from 2 s, doubling to 30 s while nothing changes
@@ -82,8 +82,7 @@ def preflight_spec(matrix: Matrix, runs: list[PlannedRun], executor: str) -> dic
     slurm = matrix.spec.slurm
     gpus = (any(gpu_run(r, slurm) for r in runs) if executor == "slurm"
             else any(r.cfg.device == "cuda" for r in runs))
-    extras = [m for r in runs
-              for m in backend_imports(r.cfg.framework, r.cfg.te, r.cfg.precision, echo=r.cfg.card is None)]
+    extras = [m for r in runs for m in run_imports(r.cfg)]
     return {"nodes": 2 if executor == "slurm" and any(r.cfg.nodes > 1 for r in runs) else 1,
             "nproc": max(r.cfg.gpus_per_node for r in runs), "expect_gpus": gpus, "device": "cuda" if gpus else "cpu",
             "device_name": matrix.spec.hardware.device, "imports": list(dict.fromkeys([*RUN_PATH, *extras])),

@@ -96,8 +96,8 @@ def shutdown(abort: bool = False) -> None:
 
 def exit_process(code: int) -> None:
     """Ends a process that had a process group without Python's interpreter teardown (output
-    flushed first); returns in one that had none, and in a worker forked by torchrun's multiprocessing
-    (launch.rank_preload), which must return to it: it hands torchrun the entry point's return value.
+    flushed first); returns in one that had none, and in a worker torchrun forked from a forkserver
+    (launch.rank_preload), which must return: torchrun waits for the entry point's return value.
 
     A gloo worker thread may still be dropping the tensors of the last collective when Python
     finalises; it then needs the GIL, cannot have it, and aborts the process ("terminate called
@@ -106,7 +106,7 @@ def exit_process(code: int) -> None:
     torchrun would report the run as failed.
     """
     if not _group_ended or multiprocessing.parent_process() is not None:
-        return  # a forked worker: multiprocessing ends it without the interpreter's teardown already
+        return  # a forkserver's worker: multiprocessing ends it by os._exit after the return
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

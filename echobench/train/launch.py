@@ -38,7 +38,7 @@ from echobench.records.config import RunConfig
 from echobench.records.results import RECORD_FILE, Env, Record, now_iso, scheduler_context
 from echobench.records.states import RunState
 from echobench.train.fabric import launch_env
-from echobench.train.nodecheck import RUN_PATH, backend_imports
+from echobench.train.nodecheck import RUN_PATH, run_imports
 
 # How long node 0 waits, after its workers failed, for the other nodes' torchrun to say how theirs
 # ended (they notice a dead worker within torchrun's monitor interval; a shared filesystem may lag).
@@ -314,9 +314,9 @@ def rendezvous_note(nnodes: int, node_rank: int, master_addr: str | None, master
 
 def rank_preload(device: str, imports: Sequence[str]) -> tuple[str, ...]:
     """The modules a node's workers are forked with (torchrun_command's preload): on a CPU run, what the node
-    check imports (nodecheck.RUN_PATH, then `imports`: a run's backend_imports), imported once per node
-    instead of once per worker, which is most of a CPU worker's start (torch, transformers, megatron-core:
-    2-5 CPU s each). () on a GPU (device cuda or auto), whose workers torchrun starts as processes of their
+    check imports (nodecheck.RUN_PATH, then `imports`: a run's run_imports), imported once per node
+    instead of once per worker, which is most of a CPU worker's start (torch, transformers, megatron-core).
+    () on a GPU (device cuda or auto), whose workers torchrun starts as processes of their
     own: a module that touched CUDA before the fork would leave every forked worker without it, and that has
     not been checked on a GPU."""
     return RUN_PATH + tuple(imports) if device == "cpu" else ()
@@ -442,8 +442,7 @@ def node_command(cfg: RunConfig, out_dir: Path, nproc: int | None, nnodes: int, 
         return [sys.executable, "-m", "echobench", "run", *run_args]
     return torchrun_command(run_args, nproc, nnodes, node_rank, master_addr, master_port,
                             node_note_path(out_dir, node_rank),
-                            preload=rank_preload(cfg.device, backend_imports(cfg.framework, cfg.te, cfg.precision,
-                                                                             echo=cfg.card is None)))
+                            preload=rank_preload(cfg.device, run_imports(cfg)))
 
 
 def pass_on_sigterm(proc: subprocess.Popen | None) -> None:

@@ -61,6 +61,11 @@ def backend_imports(framework: str, te: str = "auto", precision: str = "auto", e
     return extra
 
 
+def run_imports(cfg) -> list[str]:
+    """backend_imports of a run's settings (a RunConfig): what its nodes import beyond RUN_PATH."""
+    return backend_imports(cfg.framework, cfg.te, cfg.precision, echo=cfg.card is None)
+
+
 @dataclass
 class Check:
     name: str

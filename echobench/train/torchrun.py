@@ -1,4 +1,5 @@
-"""torchrun for one node, leaving a note of how it ended: `python -m echobench.train.torchrun REPORT [--preload=MODULES] ARGS`.
+"""torchrun for one node, leaving a note of how it ended:
+`python -m echobench.train.torchrun REPORT [--preload=MODULES] ARGS`.
 
 A run's record is assembled from files the ranks write when they fail (OUT/ranks/rank-N.json).
 A worker killed by a signal (SIGKILL from the kernel's OOM killer or a user, a segfault) writes

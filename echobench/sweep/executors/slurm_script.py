@@ -26,7 +26,7 @@ from echobench.sweep.executors import comm_command, sweep_cache
 from echobench.train.fabric import fabric_env, left_to_hook
 from echobench.train.launch import source_root
 from echobench.sweep.cluster import PORT_SPREAD, parse_time
-from echobench.train.nodecheck import backend_imports
+from echobench.train.nodecheck import run_imports
 
 
 # The rendezvous host and log settings of a job that starts one launcher per node (runs, the comm calibration).
@@ -291,7 +291,7 @@ def render_script(cfg, run_dir: Path, slurm, log: Path | None = None) -> str:
         'RUN_CONFIG=${1:-$RUN_DIR/run.yaml}',
         f"NPROC={int(cfg.gpus_per_node)}",
         f"EXPECT_GPU={expect_gpu}",
-        f"IMPORTS={q(','.join(backend_imports(cfg.framework, cfg.te, cfg.precision, echo=cfg.card is None)))}",
+        f"IMPORTS={q(','.join(run_imports(cfg)))}",
         # Jobs sharing a node need their own port; the range stays below the ephemeral ports (cluster.EPHEMERAL).
         f"MASTER_PORT=$(( {int(slurm.master_port)} + SLURM_JOB_ID % {PORT_SPREAD} ))",
         *job_environment(slurm),
